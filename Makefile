@@ -1,0 +1,41 @@
+# Two commands do everything on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tidemark-installed
+PROTO_DIR := proto
+PROTO_SRC := $(wildcard $(PROTO_DIR)/tidemark/v1/*.proto)
+PROTO_STAMP := $(PROTO_DIR)/tidemark/v1/.generated
+DATA_DIR ?= ./data
+PORT ?= 10911
+PYTEST_ARGS ?=
+
+.PHONY: setup gen run test lint bench demo clean
+
+setup: $(STAMP) $(PROTO_STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+gen: $(PROTO_STAMP)
+
+$(PROTO_STAMP): $(PROTO_SRC) $(STAMP)
+	$(PY) -m grpc_tools.protoc -I $(PROTO_DIR) \
+		--python_out=$(PROTO_DIR) --pyi_out=$(PROTO_DIR) --grpc_python_out=$(PROTO_DIR) \
+		$(PROTO_SRC)
+	touch $@
+
+run: setup
+	$(VENV)/bin/tidemark broker --data-dir $(DATA_DIR) --port $(PORT)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) $(PROTO_DIR)/tidemark/v1/*_pb2*.py $(PROTO_DIR)/tidemark/v1/*_pb2*.pyi $(PROTO_STAMP)

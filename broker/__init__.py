@@ -1,0 +1,1 @@
+"""Tidemark broker: message store, consumer offset manager and gRPC services."""

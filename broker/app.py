@@ -1,0 +1,77 @@
+"""`tidemark broker`: run the daemon in the foreground until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from broker import config as broker_config
+from broker.errors import BrokerError
+from tidemark.logs import setup_logging
+
+log = logging.getLogger("tidemark.broker")
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="tidemark broker", description="Run a Tidemark broker.")
+    parser.add_argument("--config", type=Path, default=None, metavar="FILE", help="TOML config file ([broker] table)")
+    parser.add_argument("--print-config", action="store_true", help="print the effective config and exit")
+    broker_config.add_arguments(parser)
+    return parser
+
+
+async def _serve(config: broker_config.BrokerConfig) -> None:
+    from broker.server import BrokerServer
+
+    server = BrokerServer(config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+        await stop.wait()
+        log.info("shutdown requested event=broker_stopping")
+    finally:
+        await server.stop()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = broker_config.load_config(file=args.config, overrides=broker_config.overrides_from_args(args))
+    except ValueError as e:
+        print(f"tidemark broker: {e}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        sys.stdout.write(broker_config.render(config))
+        return 0
+    setup_logging(config.log_level, config.log_format)
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
+        uvloop = None
+    try:
+        if uvloop is not None:
+            uvloop.run(_serve(config))
+        else:
+            asyncio.run(_serve(config))
+    except BrokerError as e:
+        log.error("broker cannot start event=broker_start_failed error=%s", e)
+        print(f"tidemark broker: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"tidemark broker: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

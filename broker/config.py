@@ -1,0 +1,207 @@
+"""Broker settings: one frozen dataclass, filled from defaults < TOML file < TIDEMARK_* env < flags.
+
+Every field carries its help text, so the CLI flags, the environment variables,
+the config file keys and the configuration reference all come from one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import enum
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tidemark.protocol import DEFAULT_DELAY_LEVELS, DEFAULT_PORT, parse_delay_levels
+
+ENV_PREFIX = "TIDEMARK_"
+
+
+class FlushDiskType(enum.Enum):
+    """RocketMQ's flushDiskType: when a send is acknowledged relative to fsync."""
+
+    ASYNC = "async"
+    SYNC = "sync"
+
+
+def _setting(default: Any, help: str, **kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokerConfig:
+    data_dir: Path = _setting(Path("./data"), "Store root: commitlog/, consumequeue/, config/")
+    host: str = _setting("127.0.0.1", "Address to listen on (0.0.0.0 in containers)")
+    port: int = _setting(DEFAULT_PORT, "gRPC port (RocketMQ's 10911); 0 picks a free port")
+    broker_name: str = _setting("broker-a", "Broker name in routes and message queues")
+    advertise_addr: str = _setting("", "host:port clients should use (default host:port)")
+    flush: FlushDiskType = _setting(FlushDiskType.ASYNC, "async: fsync every flush interval; sync: ack after fsync")
+    flush_interval_ms: int = _setting(500, "Async flush interval of the commitlog")
+    commitlog_segment_size: int = _setting(64 * 1024 * 1024, "Bytes per commitlog segment file")
+    consume_queue_entries_per_file: int = _setting(300_000, "20-byte entries per consume queue file")
+    max_message_size: int = _setting(4 * 1024 * 1024, "Largest accepted message (body + properties)")
+    file_reserved_hours: float = _setting(72.0, "Commitlog retention before segments may be deleted")
+    auto_create_topic: bool = _setting(False, "Create unknown topics on first send")
+    default_topic_queue_nums: int = _setting(4, "Queues of an auto-created topic")
+    flush_consumer_offset_interval_ms: int = _setting(5000, "How often consumerOffset.json is written when changed")
+    force_empty_offsets: bool = _setting(False, "Start with an empty offset table if consumerOffset.json and its .bak are both unreadable")
+    channel_expired_timeout_ms: int = _setting(120_000, "A consumer silent this long is removed from its group")
+    watch_grace_ms: int = _setting(5000, "A broken watch stream counts as a leave after this grace")
+    lock_expiry_ms: int = _setting(60_000, "Queue ownership lock lifetime without renewal")
+    max_long_polling_ms: int = _setting(30_000, "Upper bound on a pull's suspend timeout")
+    delay_levels: str = _setting(DEFAULT_DELAY_LEVELS, "Delay levels for scheduled and retried messages")
+    retry_queue_nums: int = _setting(1, "Queues of an auto-created %RETRY% topic")
+    max_reconsume_times: int = _setting(16, "Default retries before a message goes to %DLQ%")
+    metrics_port: int = _setting(0, "Prometheus metrics HTTP port (0 = off)")
+    log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR")
+    log_format: str = _setting("kv", "kv (key=value) or json")
+
+    def __post_init__(self) -> None:
+        problems = list(_problems(self))
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def address(self) -> str:
+        return self.advertise_addr or f"{self.host}:{self.port}"
+
+    @property
+    def delay_levels_ms(self) -> tuple[int, ...]:
+        return parse_delay_levels(self.delay_levels)
+
+    @property
+    def config_dir(self) -> Path:
+        return Path(self.data_dir) / "config"
+
+
+def _problems(c: BrokerConfig):
+    if not 0 <= c.port <= 65535:
+        yield f"port must be 0..65535, got {c.port}"
+    if not c.broker_name or any(ch.isspace() for ch in c.broker_name):
+        yield f"broker_name must be non-empty without spaces, got {c.broker_name!r}"
+    for name in ("flush_interval_ms", "flush_consumer_offset_interval_ms", "channel_expired_timeout_ms",
+                 "lock_expiry_ms", "commitlog_segment_size", "consume_queue_entries_per_file",
+                 "max_message_size", "default_topic_queue_nums", "retry_queue_nums"):
+        if getattr(c, name) <= 0:
+            yield f"{name} must be > 0, got {getattr(c, name)}"
+    if c.max_reconsume_times < 0:
+        yield f"max_reconsume_times must be >= 0, got {c.max_reconsume_times}"
+    if c.file_reserved_hours < 0:
+        yield f"file_reserved_hours must be >= 0, got {c.file_reserved_hours}"
+    if c.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        yield f"log_level must be DEBUG, INFO, WARNING or ERROR, got {c.log_level!r}"
+    if c.log_format not in ("kv", "json"):
+        yield f"log_format must be kv or json, got {c.log_format!r}"
+    try:
+        parse_delay_levels(c.delay_levels)
+    except ValueError as e:
+        yield str(e)
+
+
+def fields() -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(BrokerConfig)
+
+
+def _convert(f: dataclasses.Field, raw: Any, origin: str) -> Any:
+    """Turn a string (env, flag) or TOML value into the field's type, or raise ValueError naming the origin."""
+    default = f.default
+    try:
+        if isinstance(default, bool):
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in ("1", "true", "yes", "on"):
+                return True
+            if text in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"expected true/false, got {raw!r}")
+        if isinstance(default, enum.Enum):
+            return type(default)(str(raw).lower())
+        if isinstance(default, Path):
+            return Path(str(raw))
+        if isinstance(default, int):
+            if isinstance(raw, bool):
+                raise ValueError(f"expected an integer, got {raw!r}")
+            return int(raw)
+        if isinstance(default, float):
+            return float(raw)
+        return str(raw)
+    except ValueError as e:
+        raise ValueError(f"{origin}: invalid value for {f.name}: {e}") from None
+
+
+def load_config(*, file: Path | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> BrokerConfig:
+    """Build the effective config. Raises ValueError with a one-line message on bad input."""
+    env = os.environ if env is None else env
+    by_name = {f.name: f for f in fields()}
+    values: dict[str, Any] = {}
+    if file is not None:
+        try:
+            with open(file, "rb") as fh:
+                doc = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ValueError(f"config file {file} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"config file {file} is not valid TOML: {e}") from None
+        table = doc.get("broker", doc)
+        for key, raw in table.items():
+            name = key.replace("-", "_")
+            if name not in by_name:
+                raise ValueError(f"config file {file}: unknown setting {key!r}")
+            values[name] = _convert(by_name[name], raw, f"config file {file}")
+    for name, f in by_name.items():
+        env_key = ENV_PREFIX + name.upper()
+        if env_key in env and env[env_key] != "":
+            values[name] = _convert(f, env[env_key], f"environment {env_key}")
+    for name, raw in (overrides or {}).items():
+        if raw is not None:
+            values[name] = _convert(by_name[name], raw, f"--{name.replace('_', '-')}")
+    return BrokerConfig(**values)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting; values stay None unless given, so lower layers show through."""
+    for f in fields():
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "flush":
+            parser.add_argument(flag, choices=[m.value for m in FlushDiskType], default=None, help=f.metadata["help"])
+        elif isinstance(f.default, bool):
+            parser.add_argument(flag, nargs="?", const="true", default=None, metavar="BOOL", help=f.metadata["help"])
+        else:
+            parser.add_argument(flag, default=None, metavar=f.name.upper(), help=f.metadata["help"])
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {f.name: getattr(args, f.name) for f in fields() if getattr(args, f.name, None) is not None}
+
+
+def render(config: BrokerConfig) -> str:
+    """The effective config as TOML (what `tidemark broker --print-config` prints)."""
+    lines = ["[broker]"]
+    for f in fields():
+        value = getattr(config, f.name)
+        if isinstance(value, enum.Enum):
+            value = value.value
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int | float):
+            text = str(value)
+        else:
+            text = '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+        lines.append(f"{f.name} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+def reference_table(sequence: Sequence[dataclasses.Field] | None = None) -> str:
+    """Markdown table of every setting: key, flag, environment variable, default, meaning."""
+    rows = ["| setting | flag | environment | default | meaning |", "| --- | --- | --- | --- | --- |"]
+    for f in sequence or fields():
+        default = f.default.value if isinstance(f.default, enum.Enum) else f.default
+        rows.append(f"| `{f.name}` | `--{f.name.replace('_', '-')}` | `{ENV_PREFIX}{f.name.upper()}` "
+                    f"| `{default}` | {f.metadata['help']} |")
+    return "\n".join(rows)

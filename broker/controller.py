@@ -1,0 +1,164 @@
+"""BrokerController: builds the broker's domain objects, owns their lifecycle and timers.
+
+load() recovers the store and reads config files (synchronously, before the
+server reports ready); start() starts the background work; shutdown() stops it
+in reverse order and persists everything. Operations that span several
+managers (deleting a topic or a group) live here so the servicers stay thin.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from broker.config import BrokerConfig, FlushDiskType
+from broker.consumer_manager import ConsumerManager
+from broker.epoch import EpochSequence
+from broker.errors import FailedPreconditionError, NotFoundError
+from broker.groups import SubscriptionGroupManager, check_group
+from broker.locks import QueueLockManager
+from broker.long_polling import PullRequestHoldService
+from broker.offset_commits import OffsetCommitService
+from broker.offsets import ConsumerOffsetManager
+from broker.permission import BrokerPermission
+from broker.pull import PullService
+from broker.retry import SendBackService
+from broker.schedule import ScheduleMessageService
+from broker.send import SendService
+from broker.store import FlushMode, MessageStore, StoreConfig
+from broker.topics import TopicConfigManager
+from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator
+from tidemark.scheduler import Scheduler
+
+log = logging.getLogger("tidemark.broker")
+
+VERSION = "0.1.0"
+RETENTION_CHECK_INTERVAL_S = 600.0
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class StartupReport:
+    recovery: object
+    offsets: object
+    topics: int
+    groups: int
+
+
+class BrokerController:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.clock_ms = now_ms
+        config_dir = config.config_dir
+        self.store = MessageStore(StoreConfig(
+            data_dir=config.data_dir,
+            commitlog_segment_size=config.commitlog_segment_size,
+            consume_queue_entries_per_file=config.consume_queue_entries_per_file,
+            flush_mode=FlushMode.SYNC if config.flush is FlushDiskType.SYNC else FlushMode.ASYNC,
+            flush_interval_ms=config.flush_interval_ms,
+            max_message_size=config.max_message_size,
+            file_reserved_hours=config.file_reserved_hours,
+        ))
+        self.topics = TopicConfigManager(config_dir)
+        self.groups = SubscriptionGroupManager(config_dir, retry_queue_nums=config.retry_queue_nums,
+                                               retry_max_times=config.max_reconsume_times)
+        self.epochs = EpochSequence()
+        self.locks = QueueLockManager(epochs=self.epochs, expiry_ms=config.lock_expiry_ms)
+        self.offsets = ConsumerOffsetManager(config_dir, epochs=self.epochs, ownership=self.locks,
+                                             allow_empty_on_corruption=config.force_empty_offsets)
+        self.permission = BrokerPermission(config.broker_name)
+        self.hold = PullRequestHoldService()
+        self.schedule = ScheduleMessageService(store=self.store, config_dir=config_dir,
+                                               levels_ms=config.delay_levels_ms, clock_ms=self.clock_ms,
+                                               can_deliver=lambda: self.permission.writable)
+        self.commits = OffsetCommitService(store=self.store, topics=self.topics, offsets=self.offsets,
+                                           groups=self.groups)
+        self.sender = SendService(config=config, store=self.store, topics=self.topics,
+                                  permission=self.permission, schedule=self.schedule,
+                                  ids=MessageIdGenerator(), clock_ms=self.clock_ms)
+        self.puller = PullService(store=self.store, topics=self.topics, offsets=self.offsets,
+                                  commits=self.commits, locks=self.locks, hold=self.hold,
+                                  permission=self.permission, max_long_polling_ms=config.max_long_polling_ms)
+        self.send_back = SendBackService(store=self.store, topics=self.topics, groups=self.groups,
+                                         permission=self.permission, schedule=self.schedule,
+                                         clock_ms=self.clock_ms)
+        self.consumers = ConsumerManager(expiry_ms=config.channel_expired_timeout_ms,
+                                         watch_grace_ms=config.watch_grace_ms, clock_ms=self.clock_ms,
+                                         on_leave=self._on_consumer_leave)
+        self.scheduler = Scheduler("broker")
+        self.ready = False
+        self._started = False
+
+    def load(self) -> StartupReport:
+        """Recover the store and read config files. Raises ConfigFileError on unusable files."""
+        recovery = self.store.load()
+        topics = self.topics.load()
+        groups = self.groups.load()
+        offsets = self.offsets.load()
+        self.schedule.load()
+        self.topics.ensure_system_topic(SCHEDULE_TOPIC, len(self.config.delay_levels_ms))
+        self.store.add_dispatch_listener(self.hold.notify)
+        return StartupReport(recovery, offsets, topics, groups)
+
+    async def start(self) -> None:
+        await self.store.start()
+        s = self.scheduler
+        s.every("persist-consumer-offsets", self.config.flush_consumer_offset_interval_ms / 1000,
+                self.offsets.persist_if_dirty)
+        s.every("scan-consumers", 1.0, self.consumers.scan)
+        s.every("expire-queue-locks", 1.0, self._expire_locks)
+        s.every("delete-expired-commitlog", RETENTION_CHECK_INTERVAL_S, self.store.delete_expired_segments)
+        await s.start()
+        await self.schedule.start()
+        self._started = True
+        self.ready = True
+
+    async def shutdown(self) -> None:
+        """Stop background work, then persist offsets and flush the store. Idempotent."""
+        self.ready = False
+        self.hold.close()
+        if self._started:
+            await self.scheduler.stop()
+            await self.schedule.shutdown()
+        self.offsets.persist_now()
+        await self.store.shutdown()
+        self._started = False
+
+    def _expire_locks(self) -> None:
+        for lock in self.locks.expire():
+            log.info("queue lock expired event=lock_expire group=%s topic=%s queue_id=%d client_id=%s owner_epoch=%d",
+                     lock.group, lock.topic, lock.queue_id, lock.client_id, lock.owner_epoch)
+
+    def _on_consumer_leave(self, group: str, client_id: str) -> None:
+        released = self.locks.release_client(group, client_id)
+        if released:
+            log.info("queue locks released event=lock_release group=%s client_id=%s queues=%d",
+                     group, client_id, len(released))
+
+    def delete_topic(self, name: str) -> None:
+        self.topics.delete(name)
+        self.store.delete_topic(name)
+        removed = self.offsets.clean_topic(name)
+        self.locks.forget_topic(name)
+        log.info("topic data removed event=topic_cleanup topic=%s offset_entries=%d", name, removed)
+
+    def delete_group(self, group: str) -> None:
+        check_group(group)
+        members = self.consumers.consumer_ids(group)
+        if members:
+            raise FailedPreconditionError(f"group {group!r} has {len(members)} live member(s); stop them first")
+        removed = self.offsets.remove_group(group)
+        had_config = self.groups.get(group) is not None
+        if had_config:
+            self.groups.delete(group)
+        if not removed and not had_config:
+            raise NotFoundError(f"group {group!r} is unknown on this broker")
+        self.locks.forget_group(group)
+        log.info("group deleted event=group_delete group=%s offset_entries=%d", group, removed)
+
+    def known_groups(self) -> list[str]:
+        return sorted(set(self.offsets.groups()) | set(self.groups.groups()) | set(self.consumers.groups()))

@@ -1,0 +1,43 @@
+"""Broker-wide source of owner epochs and offset reset generations.
+
+Neither owner epochs (broker/locks.py) nor reset generations (broker/offsets)
+are persisted: after a restart every queue must be locked again and every reset
+generation starts from "never reset". Fencing still needs them to stay
+monotonic across restarts, because a consumer that survived the restart may
+still carry a value issued by the previous broker process. Seeding the counter
+with the wall clock in microseconds at startup makes every value this process
+issues larger than any value an earlier process issued, as long as the earlier
+process issued fewer than one value per microsecond of its uptime (it cannot
+come close) and the wall clock did not step back across the restart.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class EpochSequence:
+    """A strictly increasing integer sequence, seeded with the wall clock in microseconds.
+
+    Not thread-safe: the broker calls it from its event-loop thread only.
+    """
+
+    __slots__ = ("_last",)
+
+    def __init__(self, seed: int | None = None) -> None:
+        """`seed` is the value just before the first one issued; tests pass it for
+        predictable numbers, the broker leaves it to the wall clock."""
+        self._last = time.time_ns() // 1000 if seed is None else int(seed)
+
+    def next(self) -> int:
+        """Return a value larger than every value returned before."""
+        self._last += 1
+        return self._last
+
+    @property
+    def last(self) -> int:
+        """The most recent value issued (the seed before the first call)."""
+        return self._last
+
+    def __repr__(self) -> str:
+        return f"EpochSequence(last={self._last})"

@@ -1,0 +1,48 @@
+"""Domain errors of the broker.
+
+Domain modules raise these; only `broker/services` translates them to gRPC
+status codes (see `services/errors.py`). The message is what the client sees,
+so it says what was wrong and with which value.
+"""
+
+from __future__ import annotations
+
+
+class BrokerError(Exception):
+    """Root of every error the broker reports to a caller."""
+
+
+class InvalidArgumentError(BrokerError):
+    """The request is malformed: bad name, offset out of range, oversize message..."""
+
+
+class NotFoundError(BrokerError):
+    """An unknown topic, group or message."""
+
+
+class AlreadyExistsError(BrokerError):
+    """Creating something that exists."""
+
+
+class FailedPreconditionError(BrokerError):
+    """The request is valid but the state forbids it now."""
+
+
+class FencedError(FailedPreconditionError):
+    """A commit or pull from a client whose owner epoch is older than the queue's."""
+
+
+class StaleResetGenerationError(FailedPreconditionError):
+    """A commit made before the committer saw an admin offset reset."""
+
+
+class PermissionDeniedError(BrokerError):
+    """The broker or topic is not writable/readable (RocketMQ's NO_PERMISSION)."""
+
+
+class StoreError(BrokerError):
+    """The message store cannot serve the request (I/O failure, shutting down)."""
+
+
+class ConfigFileError(BrokerError):
+    """A config file (offsets, topics, groups) is present but cannot be used."""

@@ -1,0 +1,104 @@
+"""SubscriptionGroupManager: per-group settings, persisted in config/subscriptionGroup.json.
+
+As in RocketMQ, a group's config is created on first use (heartbeat, commit)
+with the broker's defaults; admins may change retry settings afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from broker.config_file import load_json, save_json
+from broker.errors import InvalidArgumentError, NotFoundError
+from tidemark.protocol import InvalidNameError, check_group_name
+
+log = logging.getLogger("tidemark.broker.groups")
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    group: str
+    consume_enable: bool = True
+    consume_broadcast_enable: bool = True
+    retry_queue_nums: int = 1
+    retry_max_times: int = 16
+
+
+def check_group(group: str) -> None:
+    """Raise InvalidArgumentError saying what is wrong with a group name."""
+    try:
+        check_group_name(group)
+    except InvalidNameError as e:
+        raise InvalidArgumentError(str(e)) from None
+
+
+class SubscriptionGroupManager:
+    def __init__(self, config_dir: Path, *, retry_queue_nums: int = 1, retry_max_times: int = 16) -> None:
+        self._path = Path(config_dir) / "subscriptionGroup.json"
+        self._defaults = GroupConfig(group="", retry_queue_nums=retry_queue_nums, retry_max_times=retry_max_times)
+        self._groups: dict[str, GroupConfig] = {}
+
+    def load(self) -> int:
+        doc = load_json(self._path, log) or {}
+        for name, raw in doc.get("subscriptionGroupTable", {}).items():
+            try:
+                self._groups[name] = GroupConfig(
+                    group=name,
+                    consume_enable=bool(raw.get("consumeEnable", True)),
+                    consume_broadcast_enable=bool(raw.get("consumeBroadcastEnable", True)),
+                    retry_queue_nums=int(raw.get("retryQueueNums", self._defaults.retry_queue_nums)),
+                    retry_max_times=int(raw.get("retryMaxTimes", self._defaults.retry_max_times)),
+                )
+            except (TypeError, ValueError, AttributeError):
+                log.warning("skipping malformed group entry event=group_skip group=%r", name)
+        return len(self._groups)
+
+    def _save(self) -> None:
+        save_json(self._path, {"subscriptionGroupTable": {
+            g.group: {"groupName": g.group, "consumeEnable": g.consume_enable,
+                      "consumeBroadcastEnable": g.consume_broadcast_enable,
+                      "retryQueueNums": g.retry_queue_nums, "retryMaxTimes": g.retry_max_times}
+            for g in self._groups.values()
+        }})
+
+    def get(self, group: str) -> GroupConfig | None:
+        return self._groups.get(group)
+
+    def find_or_default(self, group: str) -> GroupConfig:
+        """The group's config, or the defaults without creating it (read paths)."""
+        return self._groups.get(group) or replace(self._defaults, group=group)
+
+    def ensure(self, group: str) -> GroupConfig:
+        """The group's config, created with defaults on first use."""
+        found = self._groups.get(group)
+        if found is not None:
+            return found
+        check_group(group)
+        config = replace(self._defaults, group=group)
+        self._groups[group] = config
+        self._save()
+        log.info("group config created event=group_create group=%s", group)
+        return config
+
+    def update(self, group: str, **changes: object) -> GroupConfig:
+        config = self.ensure(group)
+        clean = {k: v for k, v in changes.items() if v is not None}
+        for key in ("retry_queue_nums",):
+            if key in clean and not 1 <= int(clean[key]) <= 64:
+                raise InvalidArgumentError(f"{key} must be between 1 and 64, got {clean[key]}")
+        if "retry_max_times" in clean and int(clean["retry_max_times"]) < 0:
+            raise InvalidArgumentError(f"retry_max_times must be >= 0, got {clean['retry_max_times']}")
+        config = replace(config, **clean)
+        self._groups[group] = config
+        self._save()
+        return config
+
+    def delete(self, group: str) -> None:
+        if self._groups.pop(group, None) is None:
+            raise NotFoundError(f"group {group!r} has no config on this broker")
+        self._save()
+
+    def groups(self) -> list[str]:
+        return sorted(self._groups)

@@ -1,0 +1,261 @@
+"""Queue ownership locks with owner epochs (RocketMQ's RebalanceLockManager, plus fencing).
+
+Orderly consumers and the zero-duplicate handover lock the queues they consume.
+A lock lives `expiry_ms` (60 s, RocketMQ's REBALANCE_LOCK_MAX_LIVE_TIME) unless
+renewed. Each grant carries an owner epoch; commits and pulls quote it so the
+broker can reject a client that lost the queue (see ConsumerOffsetManager).
+
+Epoch rule: the epoch changes only when the queue passes to a different client.
+A renewal, or a re-grant to the last holder after its lock expired or was
+released with nobody else in between, keeps the epoch: that client's earlier
+commits cannot conflict with anybody's, so fencing them would only cost it a
+needless re-read. Epoch history outlives expiry and release for the same
+reason: `current_epoch` must keep answering after the holder is gone, so that a
+late commit from an owner that was replaced is still recognised as stale.
+
+Pure domain module: no grpc, no I/O. Called from the broker's event-loop thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from broker.epoch import EpochSequence
+from broker.errors import FencedError
+
+DEFAULT_LOCK_EXPIRY_MS = 60_000
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class LockGrant:
+    """A queue now held by the requesting client, with the epoch it must quote."""
+
+    topic: str
+    queue_id: int
+    owner_epoch: int
+    expire_timestamp: int  # wall clock, ms since the epoch; for the client and for logs
+
+
+@dataclass(frozen=True, slots=True)
+class LockInfo:
+    """One lock as seen by admin tools and logs."""
+
+    group: str
+    topic: str
+    queue_id: int
+    client_id: str
+    owner_epoch: int
+    expire_timestamp: int
+    live: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _QueueLock:
+    """The last grant of one queue. Replaced on every change, never mutated."""
+
+    client_id: str  # the last holder, kept after expiry/release for the epoch rule
+    owner_epoch: int
+    held: bool  # False once released or reaped by expire(); the record stays as history
+    expires_at: float  # on the injected monotonic clock, seconds
+    expire_timestamp: int  # wall clock ms, reported only
+
+    def is_live(self, now: float) -> bool:
+        return self.held and now < self.expires_at
+
+
+QueueKey = tuple[str, int]  # (topic, queue_id)
+
+
+class QueueLockManager:
+    """Per-group queue locks and owner epochs for one broker process."""
+
+    def __init__(
+        self,
+        *,
+        epochs: EpochSequence,
+        expiry_ms: int = DEFAULT_LOCK_EXPIRY_MS,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock_ms: Callable[[], int] = _wall_clock_ms,
+    ) -> None:
+        if expiry_ms <= 0:
+            raise ValueError(f"lock expiry must be positive, got {expiry_ms} ms")
+        self._epochs = epochs
+        self._expiry_ms = int(expiry_ms)
+        # Expiry is judged on a monotonic clock so a wall-clock step cannot
+        # free (or pin) every lock at once; the wall clock is only reported.
+        self._clock = clock
+        self._wall_clock_ms = wall_clock_ms
+        self._groups: dict[str, dict[QueueKey, _QueueLock]] = {}
+
+    # -- grant and release -------------------------------------------------
+
+    def lock(
+        self, group: str, client_id: str, queues: Iterable[tuple[str, int]]
+    ) -> list[LockGrant]:
+        """Grant or renew locks; return only the queues now held by `client_id`.
+
+        A queue is granted when it is unlocked, its lock expired, or `client_id`
+        already holds it (then the expiry is extended). A queue held live by
+        another client is left out of the answer, as RocketMQ's lockBatchMQ does.
+        """
+        now = self._clock()
+        expires_at = now + self._expiry_ms / 1000.0
+        expire_timestamp = self._wall_clock_ms() + self._expiry_ms
+        table = self._groups.get(group)
+        grants: list[LockGrant] = []
+        seen: set[QueueKey] = set()
+        for topic, queue_id in queues:
+            key = (topic, queue_id)
+            if key in seen:
+                continue
+            seen.add(key)
+            current = table.get(key) if table is not None else None
+            if current is not None and current.client_id != client_id and current.is_live(now):
+                continue
+            if current is not None and current.client_id == client_id:
+                epoch = current.owner_epoch
+            else:
+                epoch = self._epochs.next()
+            if table is None:
+                table = self._groups.setdefault(group, {})
+            table[key] = _QueueLock(client_id, epoch, True, expires_at, expire_timestamp)
+            grants.append(LockGrant(topic, queue_id, epoch, expire_timestamp))
+        return grants
+
+    def unlock(
+        self, group: str, client_id: str, queues: Iterable[tuple[str, int]]
+    ) -> list[tuple[str, int]]:
+        """Release the given queues that `client_id` holds; return those released.
+
+        Queues held by someone else are left alone. The epoch history is kept.
+        """
+        table = self._groups.get(group)
+        released: list[QueueKey] = []
+        if table is None:
+            return released
+        for topic, queue_id in queues:
+            key = (topic, queue_id)
+            current = table.get(key)
+            if current is not None and current.held and current.client_id == client_id:
+                table[key] = replace(current, held=False)
+                released.append(key)
+        return released
+
+    def release_client(self, group: str, client_id: str) -> list[tuple[str, int]]:
+        """Release every queue of `group` that `client_id` holds (client unregistered)."""
+        table = self._groups.get(group)
+        if table is None:
+            return []
+        mine = sorted(key for key, lk in table.items() if lk.held and lk.client_id == client_id)
+        return self.unlock(group, client_id, mine)
+
+    def expire(self) -> list[LockInfo]:
+        """Drop locks whose time ran out and return them (for logging).
+
+        Only the "held" mark goes: the last holder and epoch stay as history.
+        """
+        now = self._clock()
+        dropped: list[LockInfo] = []
+        for group, table in self._groups.items():
+            for key, current in table.items():
+                if current.held and not current.is_live(now):
+                    table[key] = replace(current, held=False)
+                    dropped.append(self._info(group, key, current, now))
+        dropped.sort(key=lambda i: (i.group, i.topic, i.queue_id))
+        return dropped
+
+    # -- queries -----------------------------------------------------------
+
+    def current_epoch(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The last epoch issued for the queue, even if its lock expired or was released.
+
+        None when the queue was never locked by this broker process.
+        """
+        current = self._get(group, topic, queue_id)
+        return current.owner_epoch if current is not None else None
+
+    def holder(self, group: str, topic: str, queue_id: int) -> str | None:
+        """The client holding a live lock on the queue, or None."""
+        current = self._get(group, topic, queue_id)
+        if current is not None and current.is_live(self._clock()):
+            return current.client_id
+        return None
+
+    def check_owner(
+        self, group: str, client_id: str, topic: str, queue_id: int, owner_epoch: int
+    ) -> None:
+        """Raise FencedError unless `client_id` with `owner_epoch` is the queue's owner.
+
+        The owner is the last holder with the current epoch, whether its lock is
+        live, expired or released, as long as nobody else was granted the queue
+        since (then its epoch is still current and nothing it does can conflict).
+        """
+        current = self._get(group, topic, queue_id)
+        where = f"queue {topic}:{queue_id} of group {group!r}"
+        if current is None:
+            raise FencedError(
+                f"{where}: client {client_id!r} quotes owner epoch {owner_epoch}, but the queue "
+                f"has no owner epoch on this broker (current epoch none: never locked since the "
+                f"broker started); lock the queue again"
+            )
+        if current.owner_epoch != owner_epoch or current.client_id != client_id:
+            raise FencedError(
+                f"{where}: client {client_id!r} quotes owner epoch {owner_epoch}, but the current "
+                f"epoch is {current.owner_epoch}, granted to {current.client_id!r}; "
+                f"the queue was taken over, re-read the committed offset after locking again"
+            )
+
+    def locks(self, group: str | None = None) -> list[LockInfo]:
+        """Every held lock (live, or expired but not yet dropped by expire()), sorted."""
+        now = self._clock()
+        groups = [group] if group is not None else sorted(self._groups)
+        infos: list[LockInfo] = []
+        for g in groups:
+            table = self._groups.get(g, {})
+            for key in sorted(table):
+                current = table[key]
+                if current.held:
+                    infos.append(self._info(g, key, current, now))
+        return infos
+
+    # -- cleanup -----------------------------------------------------------
+
+    def forget_topic(self, topic: str) -> None:
+        """Drop locks and epoch history of a deleted topic in every group.
+
+        Safe because a re-created topic's first grant takes a fresh, larger epoch.
+        """
+        for group in list(self._groups):
+            table = self._groups[group]
+            for key in [k for k in table if k[0] == topic]:
+                del table[key]
+            if not table:
+                del self._groups[group]
+
+    def forget_group(self, group: str) -> None:
+        """Drop locks and epoch history of a deleted group."""
+        self._groups.pop(group, None)
+
+    # -- helpers -----------------------------------------------------------
+
+    def _get(self, group: str, topic: str, queue_id: int) -> _QueueLock | None:
+        table = self._groups.get(group)
+        return table.get((topic, queue_id)) if table is not None else None
+
+    @staticmethod
+    def _info(group: str, key: QueueKey, lk: _QueueLock, now: float) -> LockInfo:
+        return LockInfo(
+            group,
+            key[0],
+            key[1],
+            lk.client_id,
+            lk.owner_epoch,
+            lk.expire_timestamp,
+            lk.is_live(now),
+        )

@@ -1,0 +1,216 @@
+"""OffsetCommitService: offset operations that need topics and the store around the offset table.
+
+ConsumerOffsetManager keeps the table and the fencing rules; this module checks
+names and ranges against the topics and the store (RocketMQ stores a negative
+offset; Tidemark refuses it), batches oneway commits, resets offsets for
+admins and computes consume stats (lag).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from broker.errors import (
+    BrokerError,
+    FencedError,
+    InvalidArgumentError,
+    NotFoundError,
+    StaleResetGenerationError,
+)
+from broker.groups import SubscriptionGroupManager, check_group
+from broker.offsets import ConsumerOffsetManager, Fence
+from broker.store import MessageStore
+from broker.topics import TopicConfig, TopicConfigManager
+
+log = logging.getLogger("tidemark.broker.offsets")
+
+MAX_REPORTED_REJECTIONS = 1000
+
+
+class RejectReason(enum.Enum):
+    FENCED = "FENCED"
+    STALE_RESET_GENERATION = "STALE_RESET_GENERATION"
+    INVALID = "INVALID"
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    fence: Fence | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    commit: Commit
+    reason: RejectReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    applied: int
+    rejected: int
+    rejections: list[Rejection]
+
+
+class ResetKind(enum.Enum):
+    EARLIEST = "earliest"
+    LATEST = "latest"
+    TIMESTAMP = "timestamp"
+    OFFSET = "offset"
+    SHIFT_BY = "shift_by"
+
+
+@dataclass(frozen=True, slots=True)
+class ResetTarget:
+    kind: ResetKind
+    value: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetChange:
+    topic: str
+    queue_id: int
+    old_offset: int
+    new_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueProgress:
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    consumer_offset: int
+    lag: int
+    last_timestamp: int
+
+
+class OffsetCommitService:
+    def __init__(self, *, store: MessageStore, topics: TopicConfigManager, offsets: ConsumerOffsetManager,
+                 groups: SubscriptionGroupManager) -> None:
+        self._store = store
+        self._topics = topics
+        self._offsets = offsets
+        self._groups = groups
+        self.commits_applied = 0
+
+    def _queue_topic(self, group: str, topic_name: str, queue_id: int) -> TopicConfig:
+        check_group(group)
+        topic = self._topics.require(topic_name)
+        if not 0 <= queue_id < topic.queue_nums:
+            raise InvalidArgumentError(
+                f"queue id {queue_id} is out of range for topic {topic_name!r} (queues 0..{topic.queue_nums - 1})")
+        return topic
+
+    def validate(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self._queue_topic(group, topic, queue_id)
+        if offset < 0:
+            raise InvalidArgumentError(f"offset must be >= 0, got {offset}")
+        max_offset = self._store.max_offset(topic, queue_id)
+        if offset > max_offset:
+            raise InvalidArgumentError(
+                f"offset {offset} is above the max offset {max_offset} of {topic}:{queue_id}")
+
+    def commit(self, group: str, topic: str, queue_id: int, offset: int, fence: Fence | None) -> bool:
+        """Validate and apply one commit; FencedError / StaleResetGenerationError when rejected."""
+        self.validate(group, topic, queue_id, offset)
+        self._groups.ensure(group)
+        changed = self._offsets.commit(group, topic, queue_id, offset, fence)
+        self.commits_applied += 1
+        return changed
+
+    def commit_batch(self, commits: Iterable[Commit]) -> BatchResult:
+        """Apply commits in order; a rejected one is reported, the rest still apply."""
+        applied = rejected = 0
+        rejections: list[Rejection] = []
+        for c in commits:
+            try:
+                self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+                applied += 1
+                continue
+            except FencedError as e:
+                reason, message = RejectReason.FENCED, str(e)
+            except StaleResetGenerationError as e:
+                reason, message = RejectReason.STALE_RESET_GENERATION, str(e)
+            except BrokerError as e:
+                reason, message = RejectReason.INVALID, str(e)
+            rejected += 1
+            if len(rejections) < MAX_REPORTED_REJECTIONS:
+                rejections.append(Rejection(c, reason, message))
+        return BatchResult(applied, rejected, rejections)
+
+    def query(self, group: str, topic: str, queue_id: int) -> tuple[int, int]:
+        """(committed offset or -1, reset generation)."""
+        self._queue_topic(group, topic, queue_id)
+        return (self._offsets.query(group, topic, queue_id),
+                self._offsets.reset_generation(group, topic, queue_id))
+
+    def reset(self, group: str, topic_name: str, queue_id: int | None, target: ResetTarget,
+              *, dry_run: bool) -> list[OffsetChange]:
+        check_group(group)
+        topic = self._topics.require(topic_name)
+        if queue_id is None:
+            queue_ids = list(range(topic.queue_nums))
+        else:
+            self._queue_topic(group, topic_name, queue_id)
+            queue_ids = [queue_id]
+        changes = [self._reset_one(group, topic_name, q, target) for q in queue_ids]
+        if not dry_run:
+            self._groups.ensure(group)
+            for change in changes:
+                self._offsets.reset(group, topic_name, change.queue_id, change.new_offset)
+            log.info("offsets reset event=offset_reset group=%s topic=%s target=%s value=%d queues=%d",
+                     group, topic_name, target.kind.value, target.value, len(changes))
+        return changes
+
+    def _reset_one(self, group: str, topic: str, queue_id: int, target: ResetTarget) -> OffsetChange:
+        low = self._store.min_offset(topic, queue_id)
+        high = self._store.max_offset(topic, queue_id)
+        old = self._offsets.query(group, topic, queue_id)
+        kind = target.kind
+        if kind is ResetKind.EARLIEST:
+            new = low
+        elif kind is ResetKind.LATEST:
+            new = high
+        elif kind is ResetKind.TIMESTAMP:
+            if target.value < 0:
+                raise InvalidArgumentError(f"timestamp must be >= 0, got {target.value}")
+            new = self._store.search_offset_by_timestamp(topic, queue_id, target.value)
+        elif kind is ResetKind.OFFSET:
+            if not low <= target.value <= high:
+                raise InvalidArgumentError(
+                    f"offset {target.value} is outside [{low}, {high}] for {topic}:{queue_id}")
+            new = target.value
+        else:
+            base = old if old >= 0 else low
+            new = min(max(base + target.value, low), high)
+        return OffsetChange(topic, queue_id, old, new)
+
+    def progress(self, group: str, topic_name: str | None) -> list[QueueProgress]:
+        """Per-queue consume progress of a group (GetConsumeStats)."""
+        check_group(group)
+        if topic_name:
+            topics = [self._topics.require(topic_name)]
+        else:
+            names = self._offsets.topics_of_group(group)
+            if not names and self._groups.get(group) is None:
+                raise NotFoundError(f"group {group!r} has no offsets on this broker")
+            topics = [t for t in (self._topics.get(n) for n in names) if t is not None]
+        rows = []
+        for topic in sorted(topics, key=lambda t: t.name):
+            for q in range(topic.queue_nums):
+                low = self._store.min_offset(topic.name, q)
+                high = self._store.max_offset(topic.name, q)
+                committed = self._offsets.query(group, topic.name, q)
+                # Without a commit, everything still stored counts as not consumed.
+                lag = max(0, high - (committed if committed >= 0 else low))
+                last = self._store.store_timestamp_at(topic.name, q, committed - 1) if committed > 0 else None
+                rows.append(QueueProgress(topic.name, q, low, high, committed, lag, last or 0))
+        return rows

@@ -1,0 +1,30 @@
+"""Consumer offsets: the committed-offset table with fencing, and consumerOffset.json.
+
+`manager` holds the in-memory table and its rules; `persistence` the file
+format and crash-safe loading. Pure domain code: no grpc.
+"""
+
+from broker.offsets.manager import ConsumerOffsetManager, Fence, OwnershipView, PersistReport
+from broker.offsets.persistence import (
+    OFFSET_FILE_NAME,
+    DecodeResult,
+    LoadReport,
+    LoadSource,
+    OffsetFileError,
+    decode_offset_table,
+    encode_offset_table,
+)
+
+__all__ = [
+    "OFFSET_FILE_NAME",
+    "ConsumerOffsetManager",
+    "DecodeResult",
+    "Fence",
+    "LoadReport",
+    "LoadSource",
+    "OffsetFileError",
+    "OwnershipView",
+    "PersistReport",
+    "decode_offset_table",
+    "encode_offset_table",
+]

@@ -1,0 +1,390 @@
+"""ConsumerOffsetManager: committed consumer offsets per (topic, group, queue), with fencing.
+
+RocketMQ's broker keeps `topic@group -> queueId -> offset` in memory, answers
+queries from it and flushes it to consumerOffset.json every 5 s. Tidemark adds
+fencing (docs/architecture.md, "Offsets and fencing"): a commit may carry the
+committer's owner epoch and the reset generation it last saw, so a consumer
+that lost its queue, or that has not yet seen an admin reset, cannot move the
+offset.
+
+Fencing state (reset generation, last fenced commit) lives in memory only.
+Generations and epochs come from the broker-wide EpochSequence, whose values
+grow across restarts, so a value quoted by a client from before a restart
+never looks newer than one issued after it.
+
+The table is kept as two parallel maps rather than one record per entry: the
+plain `{queue: offset}` dicts are exactly what gets persisted, so a snapshot is
+a shallow copy of 1,000 small dicts instead of building 100,000 objects on the
+event loop. The fencing state exists only for entries that were ever fenced or
+reset.
+
+Threading: every method except the file write runs on the broker's event-loop
+thread. persist_if_dirty copies the table there, then encodes and writes in a
+worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Protocol
+
+from broker.epoch import EpochSequence
+from broker.errors import FencedError, InvalidArgumentError, StaleResetGenerationError
+from broker.offsets.persistence import (
+    OFFSET_FILE_NAME,
+    TOPIC_GROUP_SEPARATOR,
+    LoadReport,
+    OffsetTable,
+    TableKey,
+    count_entries,
+    encode_offset_table,
+    load_offset_file,
+    write_offset_file,
+)
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """What a commit quotes to prove it is current; every field optional."""
+
+    client_id: str = ""
+    owner_epoch: int | None = None  # from LockGrant; None for an unfenced (RocketMQ) commit
+    reset_generation: int | None = None  # the queue's generation the committer last saw
+
+
+class OwnershipView(Protocol):
+    """The lock manager as the offset manager sees it (QueueLockManager satisfies it)."""
+
+    def current_epoch(self, group: str, topic: str, queue_id: int) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PersistReport:
+    duration_s: float  # snapshot + encode + write, wall time
+    size_bytes: int
+    entries: int
+    snapshot_s: float = 0.0  # the part spent on the event-loop thread
+
+
+@dataclass(frozen=True, slots=True)
+class _FenceState:
+    """Per-entry fencing memory. Replaced on change, never mutated."""
+
+    reset_generation: int = 0
+    # (owner epoch, reset generation) of the last fenced commit: a later commit
+    # quoting the same pair is the same owner in the same era, so it may only
+    # move forward; a late oneway commit arriving out of order must not rewind.
+    last_fenced: tuple[int, int] | None = None
+
+
+_NO_FENCE_STATE = _FenceState()
+
+
+class ConsumerOffsetManager:
+    """The broker's committed-offset table (RocketMQ's ConsumerOffsetManager)."""
+
+    def __init__(
+        self,
+        config_dir: Path,
+        *,
+        epochs: EpochSequence,
+        ownership: OwnershipView | None = None,
+        allow_empty_on_corruption: bool = False,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self._path = Path(config_dir) / OFFSET_FILE_NAME
+        self._epochs = epochs
+        self._ownership = ownership
+        self._allow_empty_on_corruption = allow_empty_on_corruption
+        self._log = logger or _log
+        self._offsets: OffsetTable = {}
+        self._fences: dict[TableKey, dict[int, _FenceState]] = {}
+        # Dirty tracking by version numbers, not a flag: a persist records the
+        # version it snapshotted, so a commit landing during the write keeps
+        # the table dirty.
+        self._version = 0
+        self._persisted_version = 0
+        self._persist_lock = asyncio.Lock()
+        # Serialises the file writes themselves: persist_now may run while a
+        # worker thread is still writing an older snapshot (its awaiting task
+        # may even have been cancelled), and the newest snapshot must win.
+        self._write_lock = threading.Lock()
+        self._written_version = -1
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    # -- load ----------------------------------------------------------------
+
+    def load(self) -> LoadReport:
+        """Replace the table with consumerOffset.json's content (or its .bak).
+
+        Raises ConfigFileError when the files are damaged and no good backup
+        exists, unless the manager was built with allow_empty_on_corruption.
+        """
+        table, report = load_offset_file(
+            self._path, allow_empty_on_corruption=self._allow_empty_on_corruption, logger=self._log
+        )
+        self._offsets = table
+        self._fences = {}
+        self._version += 1
+        self._persisted_version = self._version
+        self._log.info("loaded %d consumer offsets from %s", report.entries, report.source.value)
+        return report
+
+    # -- commit / query / reset ---------------------------------------------
+
+    def commit(
+        self, group: str, topic: str, queue_id: int, offset: int, fence: Fence | None = None
+    ) -> bool:
+        """Store `offset` (the next offset to consume); return True if the stored value changed.
+
+        Without an owner epoch or reset generation in `fence`, the last write
+        wins, as in RocketMQ. Otherwise:
+        - reset generation older than the entry's -> StaleResetGenerationError;
+        - owner epoch older than the queue's current epoch -> FencedError (the
+          lock manager decides; when it knows no epoch for the queue, the epoch
+          of the entry's last fenced commit stands in);
+        - same owner epoch and generation as the last fenced commit -> the
+          offset only moves forward (a smaller one is ignored, returns False).
+        Nothing changes when an error is raised.
+        """
+        _check_entry(group, topic, queue_id)
+        _check_offset(offset)
+        key = (topic, group)
+        state = self._fence_state(key, queue_id)
+        if fence is not None and (
+            fence.owner_epoch is not None or fence.reset_generation is not None
+        ):
+            self._check_fence(group, topic, queue_id, fence, state)
+            if fence.owner_epoch is not None:
+                pair = (fence.owner_epoch, state.reset_generation)
+                if state.last_fenced == pair and offset < self.query(group, topic, queue_id):
+                    return False
+                if state.last_fenced != pair:
+                    self._set_fence_state(key, queue_id, replace(state, last_fenced=pair))
+        return self._store(key, queue_id, offset)
+
+    def query(self, group: str, topic: str, queue_id: int) -> int:
+        """The committed offset, or -1 when none (RocketMQ's answer)."""
+        queues = self._offsets.get((topic, group))
+        if queues is None:
+            return -1
+        return queues.get(queue_id, -1)
+
+    def reset_generation(self, group: str, topic: str, queue_id: int) -> int:
+        """The entry's reset generation; 0 when never reset since the broker started."""
+        return self._fence_state((topic, group), queue_id).reset_generation
+
+    def reset(self, group: str, topic: str, queue_id: int, offset: int) -> int:
+        """Admin reset: set the offset, start a new generation; return the old offset (-1 if none).
+
+        Commits quoting an older generation are rejected from now on; pulls
+        quoting one are answered OFFSET_RESET by the gRPC layer.
+        """
+        _check_entry(group, topic, queue_id)
+        _check_offset(offset)
+        key = (topic, group)
+        old = self.query(group, topic, queue_id)
+        state = self._fence_state(key, queue_id)
+        self._set_fence_state(key, queue_id, replace(state, reset_generation=self._epochs.next()))
+        self._store(key, queue_id, offset)
+        return old
+
+    # -- removal -----------------------------------------------------------
+
+    def remove_group(self, group: str) -> int:
+        """Forget every offset of `group` (all its topics, retry topic included).
+
+        Returns the number of queue entries removed.
+        """
+        return self._remove(
+            [k for k in self._offsets if k[1] == group] + [k for k in self._fences if k[1] == group]
+        )
+
+    def clean_topic(self, topic: str) -> int:
+        """Forget every group's offsets of a deleted topic; return the queue entries removed."""
+        return self._remove(
+            [k for k in self._offsets if k[0] == topic] + [k for k in self._fences if k[0] == topic]
+        )
+
+    def _remove(self, keys: list[TableKey]) -> int:
+        removed = 0
+        for key in keys:
+            queues = self._offsets.pop(key, None)
+            self._fences.pop(key, None)
+            if queues:
+                removed += len(queues)
+        if removed:
+            self._version += 1
+        return removed
+
+    # -- views -------------------------------------------------------------
+
+    def groups_of_topic(self, topic: str) -> list[str]:
+        return sorted({g for t, g in self._offsets if t == topic})
+
+    def topics_of_group(self, group: str) -> list[str]:
+        return sorted({t for t, g in self._offsets if g == group})
+
+    def groups(self) -> list[str]:
+        return sorted({g for _, g in self._offsets})
+
+    def offsets(self, group: str, topic: str) -> dict[int, int]:
+        """Committed offsets of one topic for one group, by queue id (ascending)."""
+        queues = self._offsets.get((topic, group), {})
+        return {q: queues[q] for q in sorted(queues)}
+
+    def lag(self, group: str, topic: str, max_offsets: Mapping[int, int]) -> dict[int, int]:
+        """Messages not yet consumed, per queue of `max_offsets` (queue id -> broker max offset).
+
+        A queue with no committed offset counts as committed at 0, i.e. its
+        whole content is lag, as RocketMQ's getConsumeStats does. Never
+        negative: a commit past the max (possible right after a store
+        truncation) shows as 0.
+        """
+        queues = self._offsets.get((topic, group), {})
+        result = {}
+        for queue_id in sorted(max_offsets):
+            committed = max(queues.get(queue_id, 0), 0)
+            result[queue_id] = max(max_offsets[queue_id] - committed, 0)
+        return result
+
+    @property
+    def dirty(self) -> bool:
+        """True when the table changed since the last successful write."""
+        return self._version != self._persisted_version
+
+    def entry_count(self) -> int:
+        return count_entries(self._offsets)
+
+    # -- persistence ---------------------------------------------------------
+
+    async def persist_if_dirty(self) -> PersistReport | None:
+        """Write consumerOffset.json if the table changed since the last write; else None.
+
+        The copy is taken on the event loop; encoding and the fsync'ed write
+        run in the default executor so a large table does not stall other
+        RPCs. Callers are serialised: a second caller waits, then finds the
+        table clean (or writes what changed meanwhile). A commit that lands
+        during the write keeps the table dirty for the next round.
+        """
+        async with self._persist_lock:
+            if not self.dirty:
+                return None
+            started = time.perf_counter()
+            version, snapshot = self._snapshot()
+            snapshot_s = time.perf_counter() - started
+            loop = asyncio.get_running_loop()
+            size = await loop.run_in_executor(None, self._write, version, snapshot)
+            self._mark_persisted(version)
+            return PersistReport(
+                time.perf_counter() - started, size, count_entries(snapshot), snapshot_s
+            )
+
+    def persist_now(self) -> PersistReport:
+        """Write consumerOffset.json synchronously, dirty or not (graceful shutdown)."""
+        started = time.perf_counter()
+        version, snapshot = self._snapshot()
+        snapshot_s = time.perf_counter() - started
+        size = self._write(version, snapshot)
+        self._mark_persisted(version)
+        return PersistReport(
+            time.perf_counter() - started, size, count_entries(snapshot), snapshot_s
+        )
+
+    def _snapshot(self) -> tuple[int, OffsetTable]:
+        # Inner dicts are copied because commits mutate them in place while
+        # the worker thread encodes.
+        return self._version, {key: queues.copy() for key, queues in self._offsets.items()}
+
+    def _write(self, version: int, snapshot: OffsetTable) -> int:
+        data = encode_offset_table(snapshot)
+        with self._write_lock:
+            if version < self._written_version:
+                # A newer snapshot reached the disk first (persist_now while an
+                # abandoned worker write was queued); never overwrite it.
+                return len(data)
+            write_offset_file(self._path, data)
+            self._written_version = version
+        return len(data)
+
+    def _mark_persisted(self, version: int) -> None:
+        self._persisted_version = max(self._persisted_version, version)
+
+    # -- helpers -------------------------------------------------------------
+
+    def _check_fence(
+        self, group: str, topic: str, queue_id: int, fence: Fence, state: _FenceState
+    ) -> None:
+        where = f"queue {topic}:{queue_id} of group {group!r}"
+        who = f"client {fence.client_id!r}" if fence.client_id else "the committer"
+        if fence.reset_generation is not None and fence.reset_generation < state.reset_generation:
+            raise StaleResetGenerationError(
+                f"the offset of {where} was reset by an admin (generation {state.reset_generation}); "
+                f"{who} committed with generation {fence.reset_generation}, from before the reset. "
+                f"The commit was ignored; continue from the reset offset {self.query(group, topic, queue_id)}"
+            )
+        if fence.owner_epoch is None:
+            return
+        current = (
+            self._ownership.current_epoch(group, topic, queue_id)
+            if self._ownership is not None
+            else None
+        )
+        if current is None and state.last_fenced is not None:
+            current = state.last_fenced[0]
+        if current is not None and fence.owner_epoch < current:
+            raise FencedError(
+                f"commit to {where} by {who} is fenced: its owner epoch {fence.owner_epoch} is older "
+                f"than the queue's current epoch {current}; another consumer owns the queue now"
+            )
+
+    def _fence_state(self, key: TableKey, queue_id: int) -> _FenceState:
+        states = self._fences.get(key)
+        if states is None:
+            return _NO_FENCE_STATE
+        return states.get(queue_id, _NO_FENCE_STATE)
+
+    def _set_fence_state(self, key: TableKey, queue_id: int, state: _FenceState) -> None:
+        self._fences.setdefault(key, {})[queue_id] = state
+
+    def _store(self, key: TableKey, queue_id: int, offset: int) -> bool:
+        queues = self._offsets.get(key)
+        if queues is None:
+            queues = self._offsets[key] = {}
+        elif queues.get(queue_id) == offset:
+            return False
+        queues[queue_id] = offset
+        self._version += 1
+        return True
+
+
+def _check_entry(group: str, topic: str, queue_id: int) -> None:
+    # Name rules are the gRPC layer's job; these guard the file format itself:
+    # an '@' inside a name would make the "topic@group" key ambiguous.
+    for kind, name in (("topic", topic), ("group", group)):
+        if not name or TOPIC_GROUP_SEPARATOR in name:
+            raise InvalidArgumentError(
+                f"{kind} name {name!r} must be non-empty and must not contain '@'"
+            )
+    if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
+        raise InvalidArgumentError(f"queue id must be a non-negative integer, got {queue_id!r}")
+
+
+def _check_offset(offset: int) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int):
+        raise InvalidArgumentError(f"offset must be an integer, got {offset!r}")
+    if offset < 0:
+        raise InvalidArgumentError(
+            f"offset {offset} is negative; a committed offset is the next offset to consume (>= 0)"
+        )

@@ -1,0 +1,166 @@
+"""ScheduleMessageService: delay levels as a schedule topic with one queue per level.
+
+A delayed message is stored on SCHEDULE_TOPIC_XXXX, queue level-1, with its
+real topic and queue in properties and its due time (ms) as the consume-queue
+tags code. One owned task walks each level's queue in order and re-puts due
+messages on their real topic with their original properties and msg id. The
+progress per level is kept in config/delayOffset.json (RocketMQ's shape),
+written when it changed and at shutdown, so a restart neither repeats nor skips
+deliveries; after a kill -9 deliveries since the last write are repeated
+(at-least-once), never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from broker.config_file import load_json
+from broker.errors import BrokerError
+from broker.store import GetStatus, MessageRecord, MessageStore, StoredMessage
+from tidemark.fsutil import atomic_write
+from tidemark.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
+
+log = logging.getLogger("tidemark.broker.schedule")
+
+_BATCH = 64
+_IDLE_WAIT_S = 1.0
+
+
+def deliver_timestamp(store_timestamp: int, level: int, levels_ms: tuple[int, ...]) -> int:
+    """When a message stored at store_timestamp with a delay level is due (levels are 1-based)."""
+    return store_timestamp + levels_ms[level - 1]
+
+
+def real_record(message: StoredMessage) -> MessageRecord:
+    """The message as it goes back on its real topic and queue."""
+    props = dict(message.properties)
+    topic = props.pop(PropertyKey.REAL_TOPIC)
+    queue_id = int(props.pop(PropertyKey.REAL_QID))
+    props.pop(PropertyKey.DELAY, None)
+    props.pop(PropertyKey.DELIVER_TIMESTAMP, None)
+    return MessageRecord(
+        topic=topic,
+        queue_id=queue_id,
+        body=message.body,
+        properties=props,
+        tags_code=tag_hash(props.get(PropertyKey.TAGS, "")),
+        flag=message.flag,
+        born_timestamp=message.born_timestamp,
+        born_host=message.born_host,
+        reconsume_times=message.reconsume_times,
+        sys_flag=message.sys_flag,
+    )
+
+
+class ScheduleMessageService:
+    def __init__(self, *, store: MessageStore, config_dir: Path, levels_ms: tuple[int, ...],
+                 clock_ms: Callable[[], int], can_deliver: Callable[[], bool] = lambda: True) -> None:
+        self._store = store
+        self._path = Path(config_dir) / "delayOffset.json"
+        self._levels = levels_ms
+        self._clock_ms = clock_ms
+        self._can_deliver = can_deliver
+        self._offsets: dict[int, int] = {}
+        self._dirty = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.delivered = 0
+
+    @property
+    def levels_ms(self) -> tuple[int, ...]:
+        return self._levels
+
+    def load(self) -> None:
+        doc = load_json(self._path, log) or {}
+        for level, offset in doc.get("offsetTable", {}).items():
+            try:
+                self._offsets[int(level)] = int(offset)
+            except (TypeError, ValueError):
+                log.warning("skipping malformed delay offset event=delay_offset_skip level=%r", level)
+
+    def to_schedule_record(self, record: MessageRecord, level: int, now: int) -> MessageRecord:
+        """Re-address a message with a delay level to the schedule topic."""
+        props = dict(record.properties)
+        props[PropertyKey.REAL_TOPIC] = record.topic
+        props[PropertyKey.REAL_QID] = str(record.queue_id)
+        props[PropertyKey.DELAY] = str(level)
+        due = deliver_timestamp(now, level, self._levels)
+        props[PropertyKey.DELIVER_TIMESTAMP] = str(due)
+        self._wake.set()
+        return replace(record, topic=SCHEDULE_TOPIC, queue_id=level - 1, properties=props, tags_code=due)
+
+    def progress(self) -> dict[int, int]:
+        return dict(self._offsets)
+
+    def pending(self) -> int:
+        """Messages waiting in the schedule topic (all levels)."""
+        return sum(max(0, self._store.max_offset(SCHEDULE_TOPIC, level - 1) - self._offset(level))
+                   for level in range(1, len(self._levels) + 1))
+
+    def _offset(self, level: int) -> int:
+        queue_id = level - 1
+        return max(self._offsets.get(level, 0), self._store.min_offset(SCHEDULE_TOPIC, queue_id))
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="schedule-delivery")
+
+    async def shutdown(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self.persist()
+
+    def persist(self) -> None:
+        if not self._dirty:
+            return
+        doc = {"offsetTable": {str(level): offset for level, offset in sorted(self._offsets.items())}}
+        atomic_write(self._path, json.dumps(doc, indent=4).encode("utf-8"), keep_backup=True)
+        self._dirty = False
+
+    async def _run(self) -> None:
+        while True:
+            next_due: int | None = None
+            if self._can_deliver():
+                for level in range(1, len(self._levels) + 1):
+                    due = await self._deliver_level(level)
+                    if due is not None and (next_due is None or due < next_due):
+                        next_due = due
+            self.persist()
+            wait = _IDLE_WAIT_S if next_due is None else max(0.0, (next_due - self._clock_ms()) / 1000)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=min(wait, _IDLE_WAIT_S))
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _deliver_level(self, level: int) -> int | None:
+        """Deliver every due message of a level; return the due time of the next one, if any."""
+        queue_id = level - 1
+        while True:
+            offset = self._offset(level)
+            result = self._store.get_messages(SCHEDULE_TOPIC, queue_id, offset, _BATCH)
+            if result.status is not GetStatus.FOUND:
+                return None
+            now = self._clock_ms()
+            for message in result.messages:
+                if message.tags_code > now:
+                    return message.tags_code
+                try:
+                    await self._store.put_messages([real_record(message)])
+                except (BrokerError, KeyError, ValueError) as e:
+                    # A message whose real topic is gone or malformed is skipped, not retried forever.
+                    log.error("scheduled message dropped event=schedule_drop level=%d offset=%d error=%s",
+                              level, message.queue_offset, e)
+                self._offsets[level] = message.queue_offset + 1
+                self._dirty = True
+                self.delivered += 1

@@ -1,0 +1,151 @@
+"""SendService: validates producer messages and puts them in the store (RocketMQ's SendMessageProcessor).
+
+Picks the queue (given, or round-robin over the topic's write queues), fills in
+TAGS/KEYS/UNIQ_KEY properties, and routes messages with a delay level to the
+schedule topic.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from broker.config import BrokerConfig
+from broker.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from broker.permission import BrokerPermission
+from broker.schedule import ScheduleMessageService
+from broker.store import MessageRecord, MessageStore, PutResult
+from broker.topics import TopicConfig, TopicConfigManager
+from tidemark.protocol import (
+    MessageIdGenerator,
+    PropertyKey,
+    is_retry_topic,
+    is_system_topic,
+    tag_hash,
+)
+
+log = logging.getLogger("tidemark.broker.send")
+
+# The store encodes properties with these separators (RocketMQ's NAME_VALUE / PROPERTY separators).
+_RESERVED_CHARS = ("\x01", "\x02")
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingMessage:
+    """A message as a producer sent it, before the broker adds its properties."""
+
+    body: bytes
+    tags: str = ""
+    keys: str = ""
+    properties: Mapping[str, str] = field(default_factory=dict)
+    flag: int = 0
+    born_timestamp: int = 0
+    delay_level: int = 0
+    born_host: str = ""
+    reconsume_times: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    msg_id: str
+    queue_id: int
+    put: PutResult
+
+
+class SendService:
+    def __init__(self, *, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
+                 permission: BrokerPermission, schedule: ScheduleMessageService,
+                 ids: MessageIdGenerator, clock_ms) -> None:
+        self._config = config
+        self._store = store
+        self._topics = topics
+        self._permission = permission
+        self._schedule = schedule
+        self._ids = ids
+        self._clock_ms = clock_ms
+        self._next_queue: dict[str, int] = {}
+
+    def _topic_for_send(self, name: str) -> TopicConfig:
+        """The topic to send to, auto-created where the broker allows it."""
+        topic = self._topics.get(name)
+        if topic is not None:
+            return topic
+        if is_retry_topic(name):
+            # A consumer's fallback send to its retry topic creates it, as RocketMQ does.
+            return self._topics.ensure_system_topic(name, self._config.retry_queue_nums)
+        if self._config.auto_create_topic and not is_system_topic(name):
+            return self._topics.create(name, self._config.default_topic_queue_nums)
+        self._topics.require(name)  # InvalidArgumentError for a bad name, else NotFoundError
+        raise NotFoundError(f"topic {name!r} does not exist on this broker")
+
+    async def send(self, topic_name: str, queue_id: int | None, messages: Sequence[OutgoingMessage]) -> list[Sent]:
+        if not messages:
+            raise InvalidArgumentError("a send needs at least one message (empty batch)")
+        topic = self._topic_for_send(topic_name)
+        self._permission.check_writable()
+        if not topic.writable:
+            raise PermissionDeniedError(f"topic {topic.name!r} is not writable")
+        if queue_id is None:
+            queue_id = self._pick_queue(topic)
+        elif not 0 <= queue_id < topic.write_queue_nums:
+            raise InvalidArgumentError(
+                f"queue id {queue_id} is out of range for topic {topic.name!r} "
+                f"(write queues 0..{topic.write_queue_nums - 1})")
+        if len(messages) > 1 and any(m.delay_level for m in messages):
+            raise InvalidArgumentError("delayed messages cannot be sent in a batch")
+        now = self._clock_ms()
+        records, ids = [], []
+        for index, message in enumerate(messages):
+            record, msg_id = self._record(topic.name, queue_id, message, now, index if len(messages) > 1 else None)
+            records.append(record)
+            ids.append(msg_id)
+        if messages[0].delay_level > 0:
+            records = [self._schedule.to_schedule_record(records[0], messages[0].delay_level, now)]
+        results = await self._store.put_messages(records)
+        return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]
+
+    def _pick_queue(self, topic: TopicConfig) -> int:
+        n = self._next_queue.get(topic.name, 0)
+        self._next_queue[topic.name] = n + 1
+        return n % topic.write_queue_nums
+
+    def _record(self, topic: str, queue_id: int, m: OutgoingMessage, now: int,
+                index: int | None) -> tuple[MessageRecord, str]:
+        where = f"message {index} of the batch" if index is not None else "message"
+        if not isinstance(m.body, bytes | bytearray):
+            raise InvalidArgumentError(f"{where}: body must be bytes")
+        if not 0 <= m.delay_level <= len(self._config.delay_levels_ms):
+            raise InvalidArgumentError(
+                f"{where}: delay level {m.delay_level} is out of range 0..{len(self._config.delay_levels_ms)}")
+        properties = dict(m.properties)
+        for key, value in properties.items():
+            if not key or any(c in key or c in value for c in _RESERVED_CHARS):
+                raise InvalidArgumentError(f"{where}: property {key!r} is empty or contains control characters \\x01/\\x02")
+        for name, value in (("tags", m.tags), ("keys", m.keys)):
+            if any(c in value for c in _RESERVED_CHARS):
+                raise InvalidArgumentError(f"{where}: {name} contain control characters \\x01/\\x02")
+        if "||" in m.tags:
+            raise InvalidArgumentError(f"{where}: tag {m.tags!r} must not contain '||'")
+        if m.tags:
+            properties[PropertyKey.TAGS] = m.tags
+        if m.keys:
+            properties[PropertyKey.KEYS] = m.keys
+        msg_id = properties.get(PropertyKey.UNIQ_KEY) or self._ids.next()
+        properties[PropertyKey.UNIQ_KEY] = msg_id
+        size = len(m.body) + sum(len(k) + len(v) + 2 for k, v in properties.items())
+        if size > self._config.max_message_size:
+            raise InvalidArgumentError(
+                f"{where} is {size} bytes (body + properties); max_message_size is {self._config.max_message_size}")
+        record = MessageRecord(
+            topic=topic,
+            queue_id=queue_id,
+            body=bytes(m.body),
+            properties=properties,
+            tags_code=tag_hash(m.tags),
+            flag=m.flag,
+            born_timestamp=m.born_timestamp or now,
+            born_host=m.born_host,
+            reconsume_times=m.reconsume_times,
+        )
+        return record, msg_id

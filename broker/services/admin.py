@@ -1,0 +1,155 @@
+"""AdminService: topics, routes, broker info and permission, groups and retention."""
+
+from __future__ import annotations
+
+import grpc
+
+from broker.controller import VERSION, BrokerController
+from broker.errors import InvalidArgumentError, NotFoundError
+from broker.groups import GroupConfig, check_group
+from broker.services.convert import queue, topic_config
+from broker.services.errors import rpc
+from tidemark.protocol import format_duration_ms
+from tidemark.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+
+
+def _group_config(g: GroupConfig) -> admin_pb2.GroupConfig:
+    return admin_pb2.GroupConfig(group=g.group, consume_enable=g.consume_enable,
+                                 consume_broadcast_enable=g.consume_broadcast_enable,
+                                 retry_queue_nums=g.retry_queue_nums, retry_max_times=g.retry_max_times)
+
+
+def _optional(request, name: str):
+    return getattr(request, name) if request.HasField(name) else None
+
+
+class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
+    def __init__(self, broker: BrokerController) -> None:
+        self._b = broker
+
+    @rpc
+    async def CreateTopic(self, request, context: grpc.aio.ServicerContext):
+        return topic_config(self._b.topics.create(request.name, request.queue_nums))
+
+    @rpc
+    async def UpdateTopic(self, request, context: grpc.aio.ServicerContext):
+        return topic_config(self._b.topics.update(
+            request.name,
+            read_queue_nums=_optional(request, "read_queue_nums"),
+            write_queue_nums=_optional(request, "write_queue_nums"),
+            readable=_optional(request, "readable"),
+            writable=_optional(request, "writable")))
+
+    @rpc
+    async def DeleteTopic(self, request, context: grpc.aio.ServicerContext):
+        self._b.delete_topic(request.name)
+        return admin_pb2.DeleteTopicResponse()
+
+    @rpc
+    async def ListTopics(self, request, context: grpc.aio.ServicerContext):
+        topics = self._b.topics.list(include_system=request.include_system)
+        return admin_pb2.ListTopicsResponse(topics=[topic_config(t) for t in topics])
+
+    @rpc
+    async def GetRoute(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        t = b.topics.require(request.topic)
+        perm = b.permission
+        return admin_pb2.TopicRoute(topic=t.name, queue_datas=[admin_pb2.QueueData(
+            broker_name=b.config.broker_name, broker_addr=b.config.address,
+            read_queue_nums=t.read_queue_nums, write_queue_nums=t.write_queue_nums,
+            readable=t.readable and perm.readable, writable=t.writable and perm.writable)])
+
+    @rpc
+    async def GetTopicStats(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        t = b.topics.require(request.topic)
+        name = b.config.broker_name
+        rows = []
+        for q in range(t.queue_nums):
+            high = b.store.max_offset(t.name, q)
+            last = b.store.store_timestamp_at(t.name, q, high - 1) if high > 0 else None
+            rows.append(admin_pb2.TopicQueueStats(queue=queue(t.name, name, q),
+                                                  min_offset=b.store.min_offset(t.name, q),
+                                                  max_offset=high, last_update_timestamp=last or 0))
+        return admin_pb2.GetTopicStatsResponse(queues=rows)
+
+    def _broker_info(self) -> admin_pb2.BrokerInfo:
+        c = self._b.config
+        return admin_pb2.BrokerInfo(broker_name=c.broker_name, broker_addr=c.address,
+                                    readable=self._b.permission.readable, writable=self._b.permission.writable,
+                                    version=VERSION, flush_mode=c.flush.value,
+                                    delay_levels=[format_duration_ms(ms) for ms in c.delay_levels_ms])
+
+    @rpc
+    async def GetBrokerInfo(self, request, context: grpc.aio.ServicerContext):
+        return self._broker_info()
+
+    @rpc
+    async def UpdateBrokerPermission(self, request, context: grpc.aio.ServicerContext):
+        self._b.permission.update(readable=request.readable, writable=request.writable)
+        return self._broker_info()
+
+    @rpc
+    async def ListGroups(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        if request.topic:
+            b.topics.require(request.topic)
+            names = b.offsets.groups_of_topic(request.topic)
+        else:
+            names = b.known_groups()
+        out = []
+        for g in names:
+            members = b.consumers.members(g)
+            model = members[0].message_model if members else "MESSAGE_MODEL_UNSPECIFIED"
+            out.append(admin_pb2.GroupSummary(group=g, topics=b.offsets.topics_of_group(g),
+                                              member_count=len(members),
+                                              message_model=common_pb2.MessageModel.Value(model)))
+        return admin_pb2.ListGroupsResponse(groups=out)
+
+    @rpc
+    async def DescribeGroup(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        check_group(request.group)
+        if request.group not in b.known_groups():
+            raise NotFoundError(f"group {request.group!r} is unknown on this broker")
+        members = [admin_pb2.GroupMember(
+            client_id=m.client_id, host=m.host,
+            subscriptions=[common_pb2.Subscription(topic=t, expression=e) for t, e in m.subscriptions],
+            owned_queues=[common_pb2.MessageQueue(topic=t, broker_name=bn, queue_id=q) for t, bn, q in m.owned_queues],
+            message_model=common_pb2.MessageModel.Value(m.message_model),
+            consume_type=common_pb2.ConsumeType.Value(m.consume_type),
+            orderly=m.orderly, last_heartbeat_timestamp=m.last_heartbeat_ms,
+            allocate_strategy=m.allocate_strategy) for m in b.consumers.members(request.group)]
+        locks = [admin_pb2.QueueLockInfo(queue=queue(lk.topic, b.config.broker_name, lk.queue_id),
+                                         client_id=lk.client_id, owner_epoch=lk.owner_epoch,
+                                         expire_timestamp=lk.expire_timestamp)
+                 for lk in b.locks.locks(request.group) if lk.live]
+        return admin_pb2.DescribeGroupResponse(group=request.group, members=members, locks=locks)
+
+    @rpc
+    async def DeleteGroup(self, request, context: grpc.aio.ServicerContext):
+        self._b.delete_group(request.group)
+        return admin_pb2.DeleteGroupResponse()
+
+    @rpc
+    async def GetGroupConfig(self, request, context: grpc.aio.ServicerContext):
+        check_group(request.group)
+        found = self._b.groups.get(request.group)
+        if found is None:
+            raise NotFoundError(f"group {request.group!r} has no config on this broker")
+        return _group_config(found)
+
+    @rpc
+    async def UpdateGroupConfig(self, request, context: grpc.aio.ServicerContext):
+        check_group(request.group)
+        changes = {name: _optional(request, name) for name in
+                   ("consume_enable", "consume_broadcast_enable", "retry_queue_nums", "retry_max_times")}
+        if all(v is None for v in changes.values()):
+            raise InvalidArgumentError("nothing to update: give at least one setting")
+        return _group_config(self._b.groups.update(request.group, **changes))
+
+    @rpc
+    async def DeleteExpiredCommitLog(self, request, context: grpc.aio.ServicerContext):
+        deleted = self._b.store.delete_expired_segments(force=True)
+        return admin_pb2.DeleteExpiredCommitLogResponse(deleted_segments=deleted)

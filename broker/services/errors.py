@@ -1,0 +1,67 @@
+"""The one place where broker errors become gRPC status codes."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from broker.errors import (
+    AlreadyExistsError,
+    BrokerError,
+    ConfigFileError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    StoreError,
+)
+
+log = logging.getLogger("tidemark.broker.rpc")
+
+_STATUS: tuple[tuple[type[BrokerError], grpc.StatusCode], ...] = (
+    (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFoundError, grpc.StatusCode.NOT_FOUND),
+    (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
+    (FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (StoreError, grpc.StatusCode.UNAVAILABLE),
+    (ConfigFileError, grpc.StatusCode.INTERNAL),
+)
+
+
+ERROR_CLASS_KEY = "tidemark-error"
+
+
+def status_for(error: BrokerError) -> grpc.StatusCode:
+    for cls, code in _STATUS:
+        if isinstance(error, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
+
+
+def rpc(handler: H) -> H:
+    """Wrap a unary or client-streaming handler: domain errors abort with their status and message."""
+
+    @functools.wraps(handler)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await handler(self, request, context)
+        except BrokerError as e:
+            # The class name lets clients tell e.g. a fenced commit from other FAILED_PRECONDITIONs.
+            context.set_trailing_metadata(((ERROR_CLASS_KEY, type(e).__name__),))
+            await context.abort(status_for(e), str(e))
+        except ValueError as e:
+            # Out-of-range numbers and similar that slipped past explicit validation.
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Exception:
+            log.exception("rpc failed event=rpc_error method=%s", handler.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}; see the broker log")
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,109 @@
+"""MembershipService: heartbeats, member lists, the consumer-ids watch and queue locks."""
+
+from __future__ import annotations
+
+import grpc
+
+from broker.consumer_manager import ConsumerInfo
+from broker.controller import BrokerController
+from broker.errors import BrokerError, InvalidArgumentError
+from broker.groups import check_group
+from broker.pull import check_queue
+from broker.services.convert import queue
+from broker.services.errors import rpc, status_for
+from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
+from tidemark.v1 import common_pb2, membership_pb2, membership_pb2_grpc
+
+
+def _client_id(client_id: str) -> str:
+    if not client_id or len(client_id) > 255:
+        raise InvalidArgumentError("client_id must be 1..255 characters")
+    return client_id
+
+
+class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
+    def __init__(self, broker: BrokerController) -> None:
+        self._b = broker
+
+    @rpc
+    async def Heartbeat(self, request, context: grpc.aio.ServicerContext):
+        check_group(request.group)
+        _client_id(request.client_id)
+        subscriptions = []
+        for s in request.subscriptions:
+            # Names only: a topic deleted while its consumers run must not make their heartbeats fail.
+            try:
+                check_topic_name(s.topic)
+                parse_tag_expression(s.expression)
+            except (InvalidNameError, ValueError) as e:
+                raise InvalidArgumentError(f"subscription to {s.topic!r}: {e}") from None
+            subscriptions.append((s.topic, s.expression or "*"))
+        config = self._b.groups.ensure(request.group)
+        if request.message_model != common_pb2.BROADCASTING:
+            # As RocketMQ's heartbeat does: a clustering group gets its retry topic up front.
+            self._b.topics.ensure_system_topic(retry_topic(request.group), config.retry_queue_nums)
+        self._b.consumers.heartbeat(ConsumerInfo(
+            client_id=request.client_id,
+            group=request.group,
+            subscriptions=tuple(subscriptions),
+            message_model=common_pb2.MessageModel.Name(request.message_model or common_pb2.CLUSTERING),
+            consume_type=common_pb2.ConsumeType.Name(request.consume_type or common_pb2.CONSUME_PASSIVELY),
+            orderly=request.orderly,
+            owned_queues=tuple((q.topic, q.broker_name, q.queue_id) for q in request.owned_queues),
+            allocate_strategy=request.allocate_strategy,
+            host=context.peer() or "",
+        ))
+        return membership_pb2.HeartbeatResponse()
+
+    @rpc
+    async def UnregisterClient(self, request, context: grpc.aio.ServicerContext):
+        check_group(request.group)
+        self._b.consumers.unregister(request.group, _client_id(request.client_id))
+        return membership_pb2.UnregisterClientResponse()
+
+    @rpc
+    async def GetConsumerList(self, request, context: grpc.aio.ServicerContext):
+        check_group(request.group)
+        return membership_pb2.GetConsumerListResponse(client_ids=self._b.consumers.consumer_ids(request.group))
+
+    async def WatchConsumerIds(self, request, context: grpc.aio.ServicerContext):
+        try:
+            check_group(request.group)
+            _client_id(request.client_id)
+        except BrokerError as e:
+            await context.abort(status_for(e), str(e))
+        consumers = self._b.consumers
+        updates = consumers.watch(request.group, request.client_id)
+        try:
+            while True:
+                ids = await updates.get()
+                yield membership_pb2.ConsumerIdsChanged(group=request.group, client_ids=ids)
+        finally:
+            # A client that unregistered first is no longer a member, so this only starts a grace for crashes.
+            consumers.unwatch(request.group, request.client_id, updates, broken=True)
+
+    def _queues(self, request) -> list[tuple[str, int]]:
+        check_group(request.group)
+        _client_id(request.client_id)
+        out = []
+        for q in request.queues:
+            if q.broker_name and q.broker_name != self._b.config.broker_name:
+                raise InvalidArgumentError(
+                    f"queue {q.topic}:{q.queue_id} belongs to broker {q.broker_name!r}, "
+                    f"not {self._b.config.broker_name!r}")
+            check_queue(self._b.topics.require(q.topic), q.queue_id)
+            out.append((q.topic, q.queue_id))
+        return out
+
+    @rpc
+    async def LockQueues(self, request, context: grpc.aio.ServicerContext):
+        grants = self._b.locks.lock(request.group, request.client_id, self._queues(request))
+        name = self._b.config.broker_name
+        return membership_pb2.LockQueuesResponse(locked=[
+            membership_pb2.QueueLock(queue=queue(g.topic, name, g.queue_id), owner_epoch=g.owner_epoch,
+                                     expire_timestamp=g.expire_timestamp) for g in grants])
+
+    @rpc
+    async def UnlockQueues(self, request, context: grpc.aio.ServicerContext):
+        self._b.locks.unlock(request.group, request.client_id, self._queues(request))
+        return membership_pb2.UnlockQueuesResponse()

@@ -1,0 +1,124 @@
+"""MessagingService: send, pull, send-back, view and key search."""
+
+from __future__ import annotations
+
+import grpc
+
+from broker.controller import BrokerController
+from broker.errors import InvalidArgumentError, NotFoundError
+from broker.pull import PullRequest
+from broker.send import OutgoingMessage
+from broker.services.convert import fence_from_pb, message_ext
+from broker.services.errors import rpc
+from broker.store import StoredMessage
+from tidemark.protocol import split_keys
+from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
+
+MAX_KEY_QUERY_RESULTS = 1000
+_PULL_STATUS = {name: messaging_pb2.PullStatus.Value(name) for name in
+                ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL", "OFFSET_RESET")}
+
+
+class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, broker: BrokerController) -> None:
+        self._b = broker
+
+    @rpc
+    async def SendMessage(self, request, context: grpc.aio.ServicerContext):
+        queue_id = request.queue_id if request.HasField("queue_id") else None
+        messages = [OutgoingMessage(body=m.body, tags=m.tags, keys=m.keys, properties=dict(m.properties),
+                                    flag=m.flag, born_timestamp=m.born_timestamp, delay_level=m.delay_level,
+                                    born_host=m.born_host)
+                    for m in request.messages]
+        sent = await self._b.sender.send(request.topic, queue_id, messages)
+        return messaging_pb2.SendMessageResponse(
+            broker_name=self._b.config.broker_name,
+            results=[messaging_pb2.SendResult(msg_id=s.msg_id, queue_id=s.queue_id,
+                                              queue_offset=s.put.queue_offset,
+                                              commit_log_offset=s.put.commit_log_offset)
+                     for s in sent])
+
+    @rpc
+    async def PullMessage(self, request, context: grpc.aio.ServicerContext):
+        outcome = await self._b.puller.pull(PullRequest(
+            group=request.group,
+            topic=request.topic,
+            queue_id=request.queue_id,
+            queue_offset=request.queue_offset,
+            max_msg_nums=request.max_msg_nums,
+            suspend_timeout_ms=request.suspend_timeout_ms,
+            subscription=request.subscription,
+            commit_offset=request.commit_offset if request.HasField("commit_offset") else None,
+            fence=fence_from_pb(request.fence, request.HasField("fence")),
+        ))
+        name = self._b.config.broker_name
+        return messaging_pb2.PullMessageResponse(
+            status=_PULL_STATUS[outcome.status.value],
+            messages=[message_ext(m, name) for m in outcome.messages],
+            next_begin_offset=outcome.next_begin_offset,
+            min_offset=outcome.min_offset,
+            max_offset=outcome.max_offset,
+            reset_generation=outcome.reset_generation,
+        )
+
+    @rpc
+    async def ConsumerSendMsgBack(self, request, context: grpc.aio.ServicerContext):
+        result = await self._b.send_back.send_back(
+            group=request.group, commit_log_offset=request.commit_log_offset, msg_id=request.msg_id,
+            delay_level=request.delay_level, max_reconsume_times=request.max_reconsume_times)
+        return messaging_pb2.ConsumerSendMsgBackResponse(
+            topic=result.topic, queue_id=result.queue_id, queue_offset=result.queue_offset,
+            delay_level=result.delay_level, reconsume_times=result.reconsume_times)
+
+    @rpc
+    async def ViewMessage(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        topic = b.topics.require(request.topic)
+        if not 0 <= request.queue_id < topic.queue_nums:
+            raise InvalidArgumentError(f"queue id {request.queue_id} is out of range for topic {topic.name!r}")
+        if request.queue_offset < 0:
+            raise InvalidArgumentError(f"queue offset must be >= 0, got {request.queue_offset}")
+        message = b.store.message_at(request.topic, request.queue_id, request.queue_offset)
+        if message is None:
+            low = b.store.min_offset(request.topic, request.queue_id)
+            high = b.store.max_offset(request.topic, request.queue_id)
+            raise NotFoundError(f"no message at {request.topic}:{request.queue_id}@{request.queue_offset} "
+                                f"(queue holds offsets {low}..{high - 1})")
+        return messaging_pb2.ViewMessageResponse(message=message_ext(message, b.config.broker_name))
+
+    @rpc
+    async def QueryMessageByKey(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        topic = b.topics.require(request.topic)
+        if not request.key:
+            raise InvalidArgumentError("key must not be empty")
+        end = request.end_timestamp or b.clock_ms()
+        if request.begin_timestamp < 0 or end < request.begin_timestamp:
+            raise InvalidArgumentError(f"time range [{request.begin_timestamp}, {end}] is empty or negative")
+        limit = min(request.max_num or 64, MAX_KEY_QUERY_RESULTS)
+        found: list[StoredMessage] = []
+        for q in range(topic.queue_nums):
+            found.extend(_scan_keys(b, request.topic, q, request.key, request.begin_timestamp, end, limit))
+        found.sort(key=lambda m: m.store_timestamp)
+        name = b.config.broker_name
+        return messaging_pb2.QueryMessageByKeyResponse(messages=[message_ext(m, name) for m in found[:limit]])
+
+
+def _scan_keys(b: BrokerController, topic: str, queue_id: int, key: str, begin: int, end: int,
+               limit: int) -> list[StoredMessage]:
+    """Messages of one queue stored within [begin, end] whose keys include key (no key index: a bounded scan)."""
+    store = b.store
+    offset = store.search_offset_by_timestamp(topic, queue_id, begin)
+    high = store.max_offset(topic, queue_id)
+    out: list[StoredMessage] = []
+    while offset < high and len(out) < limit:
+        result = store.get_messages(topic, queue_id, offset, 256)
+        if not result.messages:
+            break
+        for m in result.messages:
+            if m.store_timestamp > end:
+                return out
+            if key in split_keys(m.keys):
+                out.append(m)
+        offset = result.next_begin_offset
+    return out

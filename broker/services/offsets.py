@@ -1,0 +1,104 @@
+"""OffsetService: commits (acknowledged and oneway-streamed), queries, reset and consume stats."""
+
+from __future__ import annotations
+
+import grpc
+
+from broker.controller import BrokerController
+from broker.errors import InvalidArgumentError
+from broker.offset_commits import Commit, ResetKind, ResetTarget
+from broker.pull import check_queue
+from broker.services.convert import fence_from_pb, queue
+from broker.services.errors import rpc
+from tidemark.v1 import offsets_pb2, offsets_pb2_grpc
+
+_REJECT = {"FENCED": offsets_pb2.FENCED, "STALE_RESET_GENERATION": offsets_pb2.STALE_RESET_GENERATION,
+           "INVALID": offsets_pb2.INVALID}
+
+
+def _commit(pb) -> Commit:
+    return Commit(pb.group, pb.topic, pb.queue_id, pb.offset, fence_from_pb(pb.fence, pb.HasField("fence")))
+
+
+class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
+    def __init__(self, broker: BrokerController) -> None:
+        self._b = broker
+
+    @rpc
+    async def UpdateConsumerOffset(self, request, context: grpc.aio.ServicerContext):
+        c = _commit(request.commit)
+        self._b.commits.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+        return offsets_pb2.UpdateConsumerOffsetResponse()
+
+    @rpc
+    async def CommitOffsets(self, request_iterator, context: grpc.aio.ServicerContext):
+        applied = rejected = 0
+        rejections = []
+        async for batch in request_iterator:
+            result = self._b.commits.commit_batch(_commit(pb) for pb in batch.commits)
+            applied += result.applied
+            rejected += result.rejected
+            room = 1000 - len(rejections)
+            for r in result.rejections[:room]:
+                c = r.commit
+                rejections.append(offsets_pb2.RejectedCommit(
+                    commit=offsets_pb2.OffsetCommit(group=c.group, topic=c.topic, queue_id=c.queue_id,
+                                                    offset=c.offset),
+                    reason=_REJECT[r.reason.value], message=r.message))
+        return offsets_pb2.CommitOffsetsResponse(applied=applied, rejected=rejected, rejections=rejections)
+
+    @rpc
+    async def QueryConsumerOffset(self, request, context: grpc.aio.ServicerContext):
+        offset, generation = self._b.commits.query(request.group, request.topic, request.queue_id)
+        return offsets_pb2.QueryConsumerOffsetResponse(offset=offset, reset_generation=generation)
+
+    def _checked(self, topic: str, queue_id: int) -> None:
+        check_queue(self._b.topics.require(topic), queue_id)
+
+    @rpc
+    async def GetMinOffset(self, request, context: grpc.aio.ServicerContext):
+        self._checked(request.topic, request.queue_id)
+        return offsets_pb2.OffsetResponse(offset=self._b.store.min_offset(request.topic, request.queue_id))
+
+    @rpc
+    async def GetMaxOffset(self, request, context: grpc.aio.ServicerContext):
+        self._checked(request.topic, request.queue_id)
+        return offsets_pb2.OffsetResponse(offset=self._b.store.max_offset(request.topic, request.queue_id))
+
+    @rpc
+    async def SearchOffsetByTimestamp(self, request, context: grpc.aio.ServicerContext):
+        self._checked(request.topic, request.queue_id)
+        if request.timestamp < 0:
+            raise InvalidArgumentError(f"timestamp must be >= 0, got {request.timestamp}")
+        return offsets_pb2.OffsetResponse(
+            offset=self._b.store.search_offset_by_timestamp(request.topic, request.queue_id, request.timestamp))
+
+    @rpc
+    async def ResetOffset(self, request, context: grpc.aio.ServicerContext):
+        which = request.WhichOneof("target")
+        if which is None:
+            raise InvalidArgumentError("a reset needs a target: to_earliest, to_latest, timestamp, offset or shift_by")
+        if which in ("to_earliest", "to_latest") and not getattr(request, which):
+            raise InvalidArgumentError(f"{which} must be true when given")
+        kind = {"to_earliest": ResetKind.EARLIEST, "to_latest": ResetKind.LATEST, "timestamp": ResetKind.TIMESTAMP,
+                "offset": ResetKind.OFFSET, "shift_by": ResetKind.SHIFT_BY}[which]
+        value = 0 if kind in (ResetKind.EARLIEST, ResetKind.LATEST) else getattr(request, which)
+        queue_id = request.queue_id if request.HasField("queue_id") else None
+        changes = self._b.commits.reset(request.group, request.topic, queue_id, ResetTarget(kind, value),
+                                        dry_run=request.dry_run)
+        name = self._b.config.broker_name
+        return offsets_pb2.ResetOffsetResponse(
+            applied=not request.dry_run,
+            changes=[offsets_pb2.QueueOffsetChange(queue=queue(c.topic, name, c.queue_id),
+                                                   old_offset=c.old_offset, new_offset=c.new_offset)
+                     for c in changes])
+
+    @rpc
+    async def GetConsumeStats(self, request, context: grpc.aio.ServicerContext):
+        rows = self._b.commits.progress(request.group, request.topic or None)
+        name = self._b.config.broker_name
+        return offsets_pb2.GetConsumeStatsResponse(
+            queues=[offsets_pb2.QueueStats(queue=queue(r.topic, name, r.queue_id), min_offset=r.min_offset,
+                                           max_offset=r.max_offset, consumer_offset=r.consumer_offset,
+                                           lag=r.lag, last_timestamp=r.last_timestamp) for r in rows],
+            total_lag=sum(r.lag for r in rows))

@@ -1,0 +1,480 @@
+"""MessageStore: the facade the broker talks to (RocketMQ's DefaultMessageStore).
+
+Layout under `data_dir`: `commitlog/` (CommitLog), `consumequeue/` (ConsumeQueueTable),
+`checkpoint` and `abort` (checkpoint.py).
+
+Threading: every public method runs on the event-loop thread. fsync work runs
+on the store's own single flush thread, which also serialises flush jobs, so
+the final flush at shutdown always runs after any job a cancelled flush left
+behind.
+
+Lifecycle (StoreState): CREATED -load()-> LOADED -start()-> RUNNING -shutdown()-> SHUT_DOWN.
+Reads work when LOADED or RUNNING; puts only when RUNNING. After an I/O error
+on the write or flush path the store refuses further puts (fail-stop): what
+reached the disk is unknown until a restart recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from tidemark.protocol import InvalidNameError, check_topic_name
+
+from broker.errors import InvalidArgumentError, StoreError
+from broker.store import codec
+from broker.store.checkpoint import (
+    ABORT_FILE_NAME,
+    CHECKPOINT_FILE_NAME,
+    AbortFile,
+    StoreCheckpoint,
+)
+from broker.store.commitlog import CommitLog
+from broker.store.consumequeue import ConsumeQueueTable
+from broker.store.flush import DirtySet, FlushJob, FlushService
+from broker.store.model import (
+    FlushMode,
+    GetResult,
+    GetStatus,
+    MessageRecord,
+    PutResult,
+    RecoveryReport,
+    StoreConfig,
+    StoredMessage,
+)
+
+__all__ = [
+    "FlushMode",
+    "GetResult",
+    "GetStatus",
+    "MessageRecord",
+    "MessageStore",
+    "PutResult",
+    "RecoveryReport",
+    "StoreConfig",
+    "StoredMessage",
+]
+
+log = logging.getLogger(__name__)
+
+_MAX_QUEUE_ID = 2**31 - 1
+# Consume-queue entries read per pread while scanning for matches.
+_ENTRY_READ_BATCH = 256
+
+DispatchListener = Callable[[str, int, int], None]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class StoreState(enum.Enum):
+    CREATED = "created"
+    LOADED = "loaded"
+    RUNNING = "running"
+    SHUT_DOWN = "shut_down"
+
+
+class MessageStore:
+    """Commit log + consume queues + checkpoint, with recovery and flushing."""
+
+    def __init__(self, config: StoreConfig, *, clock: Callable[[], int] = _now_ms) -> None:
+        self._config = config
+        self._clock = clock
+        self._commitlog = CommitLog(
+            config.data_dir / "commitlog",
+            segment_size=config.commitlog_segment_size,
+            dirty=DirtySet(),
+        )
+        self._queues = ConsumeQueueTable(
+            config.data_dir / "consumequeue",
+            entries_per_file=config.consume_queue_entries_per_file,
+            dirty=DirtySet(),
+        )
+        self._checkpoint = StoreCheckpoint(config.data_dir / CHECKPOINT_FILE_NAME)
+        self._abort = AbortFile(config.data_dir / ABORT_FILE_NAME)
+        self._listeners: list[DispatchListener] = []
+        self._state = StoreState.CREATED
+        self._failure: BaseException | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self._flusher: FlushService | None = None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    def load(self) -> RecoveryReport:
+        """Open the files and recover: scan the commit log from the checkpoint, truncate a
+        torn or corrupt tail, repair the consume queues, then make the repair durable."""
+        if self._state is not StoreState.CREATED:
+            raise StoreError(f"load() is called once, on a new store (state: {self._state.value})")
+        began = time.monotonic()
+        self._config.data_dir.mkdir(parents=True, exist_ok=True)
+        clean = not self._abort.exists()
+        if not clean:
+            log.warning("the store was not shut down cleanly; recovering from the checkpoint")
+        checkpoint = self._checkpoint.load()
+        self._commitlog.open()
+        dropped = self._queues.load()
+        tombstones = self._checkpoint.tombstones()
+        redispatched = 0
+
+        def redispatch(
+            topic: str, queue_id: int, queue_offset: int, phys: int, size: int, tags: int
+        ) -> None:
+            nonlocal redispatched
+            if phys < tombstones.get(topic, -1):
+                return  # a record of a deleted topic's earlier life
+            if self._queues.get_or_create(topic, queue_id).ensure_entry(
+                queue_offset, phys, size, tags
+            ):
+                redispatched += 1
+
+        scan = self._commitlog.recover(checkpoint, redispatch)
+        for queue in self._queues:
+            dropped += queue.truncate_from_commit_log_offset(scan.end)
+            queue.correct_min_offset(self._commitlog.min_offset)
+        cl_job, end = self._commitlog.take_flush_job()
+        self._make_durable(cl_job, self._queues.take_flush_job(), end, allow_backwards=True)
+        self._abort.create()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-flush")
+        self._state = StoreState.LOADED
+        report = RecoveryReport(
+            clean_shutdown=clean,
+            scanned_from=scan.scanned_from,
+            commit_log_end=scan.end,
+            truncated_bytes=scan.truncated_bytes,
+            redispatched=redispatched,
+            consume_queue_entries_dropped=dropped,
+            duration_s=time.monotonic() - began,
+        )
+        log.info("store loaded: %s", report)
+        return report
+
+    async def start(self) -> None:
+        """Start the owned flush task."""
+        if self._state is StoreState.RUNNING:
+            return
+        if self._state is not StoreState.LOADED:
+            raise StoreError(f"start() needs a loaded store (state: {self._state.value})")
+        self._flusher = FlushService(
+            mode=self._config.flush_mode,
+            interval_s=self._config.flush_interval_ms / 1000,
+            flushed_offset=self._commitlog.max_offset,
+            flush_commit_log=self._flush_commit_log,
+            flush_all=self._flush_all,
+            on_failure=self._fail,
+        )
+        self._flusher.start()
+        self._state = StoreState.RUNNING
+
+    async def shutdown(self) -> None:
+        """Stop the flush task, flush everything, write a clean checkpoint, close files."""
+        previous, self._state = self._state, StoreState.SHUT_DOWN
+        if previous in (StoreState.CREATED, StoreState.SHUT_DOWN):
+            return
+        flusher = self._flusher
+        try:
+            if flusher is not None:
+                await flusher.stop()
+            if self._failure is not None:
+                raise StoreError(
+                    f"store failed earlier ({self._failure}); not marking the shutdown clean"
+                )
+            cl_job, end = self._commitlog.full_flush_job()
+            await self._in_thread(self._make_durable, cl_job, self._queues.full_flush_job(), end)
+            if flusher is not None:
+                flusher.flushed(end)
+            self._abort.remove()
+        finally:
+            if flusher is not None:
+                flusher.fail_all(StoreError("the store is shut down"))
+            self._commitlog.close()
+            self._queues.close()
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._failure is None:
+            self._failure = exc
+
+    # -- flushing ------------------------------------------------------------------
+
+    async def _in_thread(self, fn: Callable[..., object], *args: object) -> object:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _make_durable(
+        self, cl_job: FlushJob, cq_job: FlushJob, end: int, *, allow_backwards: bool = False
+    ) -> None:
+        """Flush thread (or load): both logs first, then the checkpoint that vouches for them."""
+        cl_job.run()
+        cq_job.run()
+        self._checkpoint.write(end, allow_backwards=allow_backwards)
+
+    async def _flush_commit_log(self) -> int:
+        job, end = self._commitlog.take_flush_job()
+        if job:
+            try:
+                await self._in_thread(job.run)
+            except BaseException:
+                self._commitlog.restore_flush_job(job)
+                raise
+        return end
+
+    async def _flush_all(self) -> int:
+        cl_job, end = self._commitlog.take_flush_job()
+        cq_job = self._queues.take_flush_job()
+        if not cl_job and not cq_job and self._checkpoint.offset == end:
+            return end
+        try:
+            await self._in_thread(self._make_durable, cl_job, cq_job, end)
+        except BaseException:
+            self._commitlog.restore_flush_job(cl_job)
+            self._queues.restore_flush_job(cq_job)
+            raise
+        return end
+
+    # -- writing -------------------------------------------------------------------
+
+    async def put_messages(self, records: Sequence[MessageRecord]) -> list[PutResult]:
+        """Append a batch for one (topic, queue id) with consecutive queue offsets.
+
+        ASYNC flush: returns once the bytes reached the OS. SYNC flush: returns
+        once an fsync covering them finished (shared with concurrent puts).
+        """
+        if self._state is not StoreState.RUNNING or self._failure is not None:
+            raise StoreError(self._not_writable_reason())
+        if not records:
+            raise InvalidArgumentError("a put needs at least one message")
+        topic, queue_id = records[0].topic, records[0].queue_id
+        _check_queue(topic, queue_id)
+        for record in records:
+            if record.topic != topic or record.queue_id != queue_id:
+                raise InvalidArgumentError(
+                    f"a batch goes to one queue: got {record.topic!r}/{record.queue_id} "
+                    f"after {topic!r}/{queue_id}"
+                )
+        queue = self._queues.get(topic, queue_id)
+        base = queue.max_offset if queue is not None else 0
+        store_timestamp = self._clock()
+        batch = codec.encode_batch(
+            records,
+            first_queue_offset=base,
+            store_timestamp=store_timestamp,
+            max_message_size=self._config.max_message_size,
+            max_record_size=self._commitlog.max_record_size,
+        )
+        if queue is None:
+            queue = self._queues.get_or_create(topic, queue_id)
+        try:
+            positions = self._commitlog.append(batch)
+            pack = codec.CQ_ENTRY.pack
+            queue.append(
+                base,
+                b"".join(
+                    [
+                        pack(p, s, r.tags_code)
+                        for p, s, r in zip(positions, batch.sizes, records, strict=True)
+                    ]
+                ),
+            )
+        except (StoreError, OSError) as exc:
+            self._fail(exc)
+            log.error("store write failed; refusing further writes until a restart: %s", exc)
+            raise StoreError(f"message store write failed: {exc}") from exc
+        new_max = base + len(records)
+        for listener in self._listeners:
+            try:
+                listener(topic, queue_id, new_max)
+            except Exception:
+                log.exception("dispatch listener %r failed", listener)
+        results = [
+            PutResult(base + i, pos, store_timestamp, size)
+            for i, (pos, size) in enumerate(zip(positions, batch.sizes, strict=True))
+        ]
+        if self._config.flush_mode is FlushMode.SYNC:
+            await self._flusher.wait_flushed(positions[-1] + batch.sizes[-1])
+        return results
+
+    def _not_writable_reason(self) -> str:
+        if self._failure is not None:
+            return (
+                f"the message store failed ({self._failure}) and accepts no writes until restarted"
+            )
+        return f"the message store is not running (state: {self._state.value})"
+
+    def add_dispatch_listener(self, listener: DispatchListener) -> None:
+        """listener(topic, queue_id, new_max_offset), called on the loop thread after each put."""
+        self._listeners.append(listener)
+
+    # -- reading -------------------------------------------------------------------
+
+    def _readable(self) -> None:
+        if self._state not in (StoreState.LOADED, StoreState.RUNNING):
+            raise StoreError(f"the message store is not open (state: {self._state.value})")
+
+    def get_messages(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_count: int,
+        *,
+        matcher: Callable[[int], bool] | None = None,
+        exact_matcher: Callable[[StoredMessage], bool] | None = None,
+        max_scan: int = 2000,
+    ) -> GetResult:
+        """Up to max_count matching messages from `offset`, examining at most max_scan entries.
+
+        `matcher` sees the consume queue's tags code (cheap); `exact_matcher`
+        the decoded message. next_begin_offset follows the last entry examined,
+        so a pull that matched nothing still moves forward.
+        """
+        self._readable()
+        if offset < 0 or max_count < 1 or max_scan < 1:
+            raise InvalidArgumentError(
+                f"offset {offset} must be >= 0, max_count {max_count} and max_scan {max_scan} >= 1"
+            )
+        queue = self._queues.get(topic, queue_id)
+        low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
+        if high == 0 or low == high:
+            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], high, low, high)
+        if offset < low:
+            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], low, low, high)
+        if offset == high:
+            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, low, high)
+        if offset > high:
+            # RocketMQ's answer: back to min when it is 0, else to max.
+            return GetResult(
+                GetStatus.OFFSET_OVERFLOW_BADLY, [], low if low == 0 else high, low, high
+            )
+        messages: list[StoredMessage] = []
+        commit_log_min = self._commitlog.min_offset
+        limit = min(high, offset + max_scan)
+        pos = offset
+        chunk = max(max_count, 32)
+        while pos < limit and len(messages) < max_count:
+            entries = queue.read_entries(pos, min(limit - pos, chunk))
+            if not entries:
+                break
+            chunk = _ENTRY_READ_BATCH
+            for phys, size, tags_code in entries:
+                pos += 1
+                if phys < commit_log_min or (matcher is not None and not matcher(tags_code)):
+                    continue
+                message = self._commitlog.read_message(phys, size)
+                if message is None or (exact_matcher is not None and not exact_matcher(message)):
+                    continue
+                messages.append(message)
+                if len(messages) >= max_count:
+                    break
+        status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
+        return GetResult(status, messages, pos, low, high)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        queue = self._queues.get(topic, queue_id)
+        return queue.min_offset if queue is not None else 0
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The next queue offset to be assigned."""
+        queue = self._queues.get(topic, queue_id)
+        return queue.max_offset if queue is not None else 0
+
+    def _entry(self, topic: str, queue_id: int, offset: int) -> tuple[int, int, int] | None:
+        self._readable()
+        queue = self._queues.get(topic, queue_id)
+        if queue is None or not queue.min_offset <= offset < queue.max_offset:
+            return None
+        return queue.entry_at(offset)
+
+    def store_timestamp_at(self, topic: str, queue_id: int, offset: int) -> int | None:
+        entry = self._entry(topic, queue_id, offset)
+        return self._commitlog.read_store_timestamp(entry[0]) if entry is not None else None
+
+    def message_at(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        entry = self._entry(topic, queue_id, offset)
+        if entry is None or entry[0] < self._commitlog.min_offset:
+            return None
+        return self._commitlog.read_message(entry[0], entry[1])
+
+    def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp: int) -> int:
+        """First offset in [min, max) stored at or after `timestamp`; max when there is none."""
+        self._readable()
+        queue = self._queues.get(topic, queue_id)
+        if queue is None:
+            return 0
+        commitlog = self._commitlog
+
+        def stored_at_or_after(entry: tuple[int, int, int]) -> bool:
+            stored = commitlog.read_store_timestamp(entry[0])
+            return stored is not None and stored >= timestamp
+
+        return queue.first_offset_where(queue.min_offset, queue.max_offset, stored_at_or_after)
+
+    def read_message(self, commit_log_offset: int) -> StoredMessage | None:
+        """The message whose record starts at this commit-log offset, if any."""
+        self._readable()
+        if not self._commitlog.min_offset <= commit_log_offset < self._commitlog.max_offset:
+            return None
+        return self._commitlog.read_message(commit_log_offset)
+
+    # -- administration ------------------------------------------------------------
+
+    def delete_topic(self, topic: str) -> None:
+        """Remove the topic's consume queues; a re-created topic starts at offset 0.
+
+        A tombstone in the checkpoint keeps recovery from re-dispatching the
+        old records still in the commit log. Blocks the loop for a few small
+        fsyncs, which an admin operation can afford.
+        """
+        self._readable()
+        if (
+            topic not in self._queues.topics()
+            and not (self._config.data_dir / "consumequeue" / topic).exists()
+        ):
+            return
+        self._checkpoint.add_tombstone(topic, self._commitlog.max_offset)
+        self._queues.delete_topic(topic)
+        log.info("deleted topic %s from the store", topic)
+
+    def delete_expired_segments(self, *, force: bool = False) -> int:
+        """Delete commit-log segments older than file_reserved_hours (all but the active
+        one when forced) and move consume-queue min offsets past them."""
+        self._readable()
+        deleted = self._commitlog.delete_expired(
+            now_s=time.time(), reserved_s=self._config.file_reserved_hours * 3600, force=force
+        )
+        if deleted:
+            for queue in self._queues:
+                queue.correct_min_offset(self._commitlog.min_offset)
+        return deleted
+
+    def topics(self) -> list[str]:
+        return self._queues.topics()
+
+    def queue_ids(self, topic: str) -> list[int]:
+        return self._queues.queue_ids(topic)
+
+    @property
+    def commit_log_min_offset(self) -> int:
+        return self._commitlog.min_offset
+
+    @property
+    def commit_log_max_offset(self) -> int:
+        return self._commitlog.max_offset
+
+    def store_size_bytes(self) -> int:
+        return self._commitlog.size_bytes() + self._queues.size_bytes()
+
+
+def _check_queue(topic: str, queue_id: int) -> None:
+    try:
+        check_topic_name(topic)
+    except InvalidNameError as exc:
+        raise InvalidArgumentError(str(exc)) from None
+    if type(queue_id) is not int or not 0 <= queue_id <= _MAX_QUEUE_ID:
+        raise InvalidArgumentError(
+            f"queue id {queue_id!r} must be an integer between 0 and {_MAX_QUEUE_ID}"
+        )

@@ -1,0 +1,145 @@
+"""TopicConfigManager: the topics a broker serves, persisted in config/topics.json."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from broker.config_file import load_json, save_json
+from broker.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from tidemark.protocol import (
+    SCHEDULE_TOPIC,
+    InvalidNameError,
+    check_topic_name,
+    is_system_topic,
+)
+
+log = logging.getLogger("tidemark.broker.topics")
+
+MAX_QUEUE_NUMS = 1024
+PERM_READ = 4
+PERM_WRITE = 2
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    readable: bool = True
+    writable: bool = True
+
+    @property
+    def system(self) -> bool:
+        return is_system_topic(self.name)
+
+    @property
+    def queue_nums(self) -> int:
+        """Queues that exist for reading (RocketMQ reads up to readQueueNums)."""
+        return max(self.read_queue_nums, self.write_queue_nums)
+
+    @property
+    def perm(self) -> int:
+        return (PERM_READ if self.readable else 0) | (PERM_WRITE if self.writable else 0)
+
+
+def _check_queue_nums(label: str, n: int) -> None:
+    if not isinstance(n, int) or not 1 <= n <= MAX_QUEUE_NUMS:
+        raise InvalidArgumentError(f"{label} must be between 1 and {MAX_QUEUE_NUMS}, got {n}")
+
+
+class TopicConfigManager:
+    def __init__(self, config_dir: Path) -> None:
+        self._path = Path(config_dir) / "topics.json"
+        self._topics: dict[str, TopicConfig] = {}
+
+    def load(self) -> int:
+        doc = load_json(self._path, log) or {}
+        table = doc.get("topicConfigTable", {})
+        for name, raw in table.items():
+            try:
+                perm = int(raw.get("perm", PERM_READ | PERM_WRITE))
+                self._topics[name] = TopicConfig(
+                    name=name,
+                    read_queue_nums=int(raw["readQueueNums"]),
+                    write_queue_nums=int(raw["writeQueueNums"]),
+                    readable=bool(perm & PERM_READ),
+                    writable=bool(perm & PERM_WRITE),
+                )
+            except (KeyError, TypeError, ValueError, AttributeError):
+                log.warning("skipping malformed topic entry event=topic_skip topic=%r", name)
+        return len(self._topics)
+
+    def _save(self) -> None:
+        save_json(self._path, {"topicConfigTable": {
+            t.name: {"topicName": t.name, "readQueueNums": t.read_queue_nums,
+                     "writeQueueNums": t.write_queue_nums, "perm": t.perm}
+            for t in self._topics.values()
+        }})
+
+    def get(self, name: str) -> TopicConfig | None:
+        return self._topics.get(name)
+
+    def require(self, name: str) -> TopicConfig:
+        """The topic's config, or NotFoundError naming it."""
+        try:
+            check_topic_name(name)
+        except InvalidNameError as e:
+            raise InvalidArgumentError(str(e)) from None
+        topic = self._topics.get(name)
+        if topic is None:
+            raise NotFoundError(f"topic {name!r} does not exist on this broker")
+        return topic
+
+    def list(self, *, include_system: bool = False) -> list[TopicConfig]:
+        return sorted((t for t in self._topics.values() if include_system or not t.system), key=lambda t: t.name)
+
+    def create(self, name: str, queue_nums: int, *, system: bool = False) -> TopicConfig:
+        try:
+            check_topic_name(name, allow_system=system)
+        except InvalidNameError as e:
+            raise InvalidArgumentError(str(e)) from None
+        _check_queue_nums("queue_nums", queue_nums)
+        if name in self._topics:
+            raise AlreadyExistsError(f"topic {name!r} already exists")
+        topic = TopicConfig(name=name, read_queue_nums=queue_nums, write_queue_nums=queue_nums)
+        self._topics[name] = topic
+        self._save()
+        log.info("topic created event=topic_create topic=%s queues=%d", name, queue_nums)
+        return topic
+
+    def ensure_system_topic(self, name: str, queue_nums: int) -> TopicConfig:
+        """Create a %RETRY%/%DLQ%/schedule topic on first use."""
+        topic = self._topics.get(name)
+        return topic if topic is not None else self.create(name, queue_nums, system=True)
+
+    def update(self, name: str, *, read_queue_nums: int | None = None, write_queue_nums: int | None = None,
+               readable: bool | None = None, writable: bool | None = None) -> TopicConfig:
+        topic = self.require(name)
+        changes = {}
+        if read_queue_nums is not None:
+            _check_queue_nums("read_queue_nums", read_queue_nums)
+            changes["read_queue_nums"] = read_queue_nums
+        if write_queue_nums is not None:
+            _check_queue_nums("write_queue_nums", write_queue_nums)
+            changes["write_queue_nums"] = write_queue_nums
+        if readable is not None:
+            changes["readable"] = readable
+        if writable is not None:
+            changes["writable"] = writable
+        topic = replace(topic, **changes)
+        self._topics[name] = topic
+        self._save()
+        log.info("topic updated event=topic_update topic=%s read=%d write=%d perm=%d",
+                 name, topic.read_queue_nums, topic.write_queue_nums, topic.perm)
+        return topic
+
+    def delete(self, name: str) -> TopicConfig:
+        topic = self.require(name)
+        if name == SCHEDULE_TOPIC:
+            raise InvalidArgumentError(f"topic {name!r} is the broker's schedule topic and cannot be deleted")
+        del self._topics[name]
+        self._save()
+        log.info("topic deleted event=topic_delete topic=%s", name)
+        return topic

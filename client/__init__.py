@@ -1,0 +1,57 @@
+"""Tidemark client library: Producer, PushConsumer, PullConsumer (lite pull) and Admin.
+
+Synchronous API for scripts and PySpark executors; each component runs its
+asyncio core on a loop thread it owns. Every error is a TidemarkError.
+"""
+
+from client.admin import Admin
+from client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
+from client.consumer.listener import ConsumeConcurrentlyContext, ConsumeOrderlyContext
+from client.consumer.lite_pull_consumer import PullConsumer
+from client.consumer.push_consumer import PushConsumer
+from client.errors import (
+    AlreadyExistsError,
+    ClientStateError,
+    FailedPreconditionError,
+    FencedError,
+    InternalError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    RequestTimeoutError,
+    StaleResetGenerationError,
+    TidemarkError,
+    UnavailableError,
+)
+from client.message import (
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    ConsumeOrderlyStatus,
+    Message,
+    MessageExt,
+    MessageModel,
+    MessageQueue,
+    PullResult,
+    PullStatus,
+    SendResult,
+)
+from client.producer.producer import Producer
+from client.producer.selector import MessageQueueSelector, SelectMessageQueueByHash, SelectMessageQueueByRandom
+from client.settings import (
+    ClientSettings,
+    ProducerSettings,
+    PullConsumerSettings,
+    PushConsumerSettings,
+)
+from client.types import ResetTarget
+
+__all__ = [
+    "Admin", "AllocateMessageQueueStrategy", "strategy_by_name", "ConsumeConcurrentlyContext",
+    "ConsumeOrderlyContext", "PullConsumer", "PushConsumer", "AlreadyExistsError", "ClientStateError",
+    "FailedPreconditionError", "FencedError", "InternalError", "InvalidArgumentError", "NotFoundError",
+    "PermissionDeniedError", "RequestTimeoutError", "StaleResetGenerationError", "TidemarkError",
+    "UnavailableError", "ConsumeConcurrentlyStatus", "ConsumeFromWhere", "ConsumeOrderlyStatus", "Message",
+    "MessageExt", "MessageModel", "MessageQueue", "PullResult", "PullStatus", "SendResult", "Producer",
+    "MessageQueueSelector", "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "ClientSettings",
+    "ProducerSettings", "PullConsumerSettings", "PushConsumerSettings", "ResetTarget",
+]

@@ -1,0 +1,344 @@
+"""Admin: topics, offsets, groups and messages across every broker (RocketMQ's MQAdmin).
+
+Synchronous; used by the `tidemark` CLI and the Spark connector's driver side.
+Calls that concern a topic go to the brokers holding it and merge the answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import Any, TypeVar
+
+from client.errors import ClientStateError, NotFoundError
+from client.message import MessageExt, MessageQueue, PullResult
+from client.remoting.cluster import BrokerCluster
+from client.remoting.connection import BrokerConnection
+from client.runtime import LoopThread
+from client.settings import ClientSettings, build
+from client.types import (
+    BrokerInfo,
+    CommitOffsetsResult,
+    GroupConfig,
+    GroupDescription,
+    GroupSummary,
+    OffsetChange,
+    OffsetCommit,
+    QueueStats,
+    ResetTarget,
+    TopicConfig,
+    TopicQueueStats,
+    TopicRoute,
+)
+
+T = TypeVar("T")
+
+
+class Admin:
+    def __init__(self, settings: ClientSettings | None = None, /, **overrides: Any) -> None:
+        self.settings: ClientSettings = build(ClientSettings, settings, overrides)  # type: ignore[assignment]
+        self._loop = LoopThread("admin")
+        self._cluster: BrokerCluster | None = None
+
+    def start(self) -> Admin:
+        if self._cluster is not None:
+            return self
+        self._loop.start()
+        s = self.settings
+
+        async def connect() -> BrokerCluster:
+            cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s)
+            try:
+                await cluster.discover()
+            except BaseException:
+                await cluster.close()
+                raise
+            return cluster
+
+        try:
+            self._cluster = self._loop.run(connect(), timeout=s.request_timeout_s * 2)
+        except BaseException:
+            self._loop.stop()
+            raise
+        return self
+
+    def shutdown(self) -> None:
+        if self._cluster is not None:
+            cluster, self._cluster = self._cluster, None
+            self._loop.run(cluster.close(), timeout=self.settings.request_timeout_s)
+        self._loop.stop()
+
+    def __enter__(self) -> Admin:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    @property
+    def cluster(self) -> BrokerCluster:
+        if self._cluster is None:
+            raise ClientStateError("admin client is not started")
+        return self._cluster
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return self._loop.run(coro, timeout=timeout or self.settings.request_timeout_s * 4 + 30)
+
+    async def _brokers(self) -> dict[str, BrokerConnection]:
+        return await self.cluster.discover()
+
+    async def _for_topic(self, topic: str) -> list[BrokerConnection]:
+        route = await self.cluster.route(topic, refresh=True)
+        return [await self.cluster.connection(d.broker_name) for d in route.queue_datas]
+
+    async def _conn(self, mq: MessageQueue) -> BrokerConnection:
+        return await self.cluster.connection(mq.broker_name)
+
+    # -- brokers ---------------------------------------------------------------
+
+    def brokers(self) -> list[BrokerInfo]:
+        async def go() -> list[BrokerInfo]:
+            return [await c.broker_info() for c in (await self._brokers()).values()]
+        return self._run(go())
+
+    def update_broker_permission(self, broker_name: str, *, readable: bool, writable: bool) -> BrokerInfo:
+        async def go() -> BrokerInfo:
+            return await (await self.cluster.connection(broker_name)).update_broker_permission(
+                readable=readable, writable=writable)
+        return self._run(go())
+
+    def delete_expired_commitlog(self) -> int:
+        async def go() -> int:
+            return sum([await c.delete_expired_commitlog() for c in (await self._brokers()).values()])
+        return self._run(go())
+
+    # -- topics ----------------------------------------------------------------
+
+    def create_topic(self, name: str, queue_nums: int, *, brokers: Sequence[str] | None = None) -> list[TopicConfig]:
+        """Create a topic with queue_nums queues on each named broker (default: every broker)."""
+        async def go() -> list[TopicConfig]:
+            conns = await self._brokers()
+            targets = [await self.cluster.connection(b) for b in brokers] if brokers else list(conns.values())
+            created = [await c.create_topic(name, queue_nums) for c in targets]
+            self.cluster.forget_route(name)
+            return created
+        return self._run(go())
+
+    def update_topic(self, name: str, **changes: Any) -> list[TopicConfig]:
+        async def go() -> list[TopicConfig]:
+            return [await c.update_topic(name, **changes) for c in await self._for_topic(name)]
+        return self._run(go())
+
+    def delete_topic(self, name: str) -> None:
+        async def go() -> None:
+            for c in await self._for_topic(name):
+                await c.delete_topic(name)
+            self.cluster.forget_route(name)
+        self._run(go())
+
+    def list_topics(self, *, include_system: bool = False) -> dict[str, list[tuple[str, TopicConfig]]]:
+        """topic -> [(broker name, config)] over every broker."""
+        async def go() -> dict[str, list[tuple[str, TopicConfig]]]:
+            out: dict[str, list[tuple[str, TopicConfig]]] = {}
+            for name, c in sorted((await self._brokers()).items()):
+                for t in await c.list_topics(include_system=include_system):
+                    out.setdefault(t.name, []).append((name, t))
+            return dict(sorted(out.items()))
+        return self._run(go())
+
+    def route(self, topic: str) -> TopicRoute:
+        return self._run(self.cluster.route(topic, refresh=True))
+
+    def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        """Readable queues of a topic on every broker, sorted."""
+        return self.route(topic).read_queues()
+
+    def topic_stats(self, topic: str) -> list[TopicQueueStats]:
+        async def go() -> list[TopicQueueStats]:
+            rows: list[TopicQueueStats] = []
+            for c in await self._for_topic(topic):
+                rows.extend(await c.topic_stats(topic))
+            return sorted(rows, key=lambda r: r.queue)
+        return self._run(go())
+
+    # -- offsets ---------------------------------------------------------------
+
+    def min_offset(self, mq: MessageQueue) -> int:
+        return self._run(self._call_mq(mq, "min_offset"))
+
+    def max_offset(self, mq: MessageQueue) -> int:
+        return self._run(self._call_mq(mq, "max_offset"))
+
+    def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        return self._run(self._call_mq(mq, "search_offset", timestamp_ms))
+
+    async def _call_mq(self, mq: MessageQueue, method: str, *args: Any) -> Any:
+        return await getattr(await self._conn(mq), method)(mq, *args)
+
+    def offsets(self, mqs: Sequence[MessageQueue]) -> dict[MessageQueue, tuple[int, int]]:
+        """(min offset, max offset) of many queues in one round of calls."""
+        async def one(mq: MessageQueue) -> tuple[int, int]:
+            c = await self._conn(mq)
+            return await c.min_offset(mq), await c.max_offset(mq)
+
+        async def go() -> dict[MessageQueue, tuple[int, int]]:
+            values = await asyncio.gather(*(one(mq) for mq in mqs))
+            return dict(zip(mqs, values, strict=True))
+        return self._run(go())
+
+    def committed(self, group: str, mq: MessageQueue) -> int:
+        """The group's committed offset for a queue, -1 when none."""
+        async def go() -> int:
+            return (await (await self._conn(mq)).query_consumer_offset(group, mq))[0]
+        return self._run(go())
+
+    def commit(self, group: str, offsets: Mapping[MessageQueue, int], *, sync: bool = True) -> CommitOffsetsResult:
+        """Commit offsets for a group (acknowledged per queue when sync, else over the oneway stream)."""
+        async def go() -> CommitOffsetsResult:
+            applied = rejected = 0
+            rejections = []
+            by_broker: dict[str, list[OffsetCommit]] = {}
+            for mq, offset in offsets.items():
+                by_broker.setdefault(mq.broker_name, []).append(OffsetCommit(group, mq, offset))
+            for broker, commits in by_broker.items():
+                conn = await self.cluster.connection(broker)
+                if sync:
+                    for c in commits:
+                        await conn.update_consumer_offset(c)
+                    applied += len(commits)
+                else:
+                    result = await conn.commit_offsets(commits)
+                    applied += result.applied
+                    rejected += result.rejected
+                    rejections.extend(result.rejections)
+            return CommitOffsetsResult(applied, rejected, rejections)
+        return self._run(go())
+
+    def reset_offset(self, group: str, topic: str, target: ResetTarget, value: int = 0, *,
+                     queue: MessageQueue | None = None, dry_run: bool = False) -> list[OffsetChange]:
+        async def go() -> list[OffsetChange]:
+            if queue is not None:
+                return await (await self._conn(queue)).reset_offset(
+                    group, topic, target, value, queue_id=queue.queue_id, dry_run=dry_run)
+            changes: list[OffsetChange] = []
+            for c in await self._for_topic(topic):
+                changes.extend(await c.reset_offset(group, topic, target, value, dry_run=dry_run))
+            return sorted(changes, key=lambda ch: ch.queue)
+        return self._run(go())
+
+    def consume_stats(self, group: str, topic: str = "") -> list[QueueStats]:
+        """Per-queue progress of a group on every broker (NotFoundError when no broker knows it)."""
+        async def go() -> list[QueueStats]:
+            rows: list[QueueStats] = []
+            conns = await self._for_topic(topic) if topic else list((await self._brokers()).values())
+            found = False
+            for c in conns:
+                try:
+                    rows.extend(await c.consume_stats(group, topic))
+                    found = True
+                except NotFoundError:
+                    continue
+            if not found:
+                raise NotFoundError(f"group {group!r} has no offsets on any broker")
+            return sorted(rows, key=lambda r: r.queue)
+        return self._run(go())
+
+    # -- groups ----------------------------------------------------------------
+
+    def list_groups(self, topic: str = "") -> list[GroupSummary]:
+        async def go() -> list[GroupSummary]:
+            merged: dict[str, GroupSummary] = {}
+            conns = await self._for_topic(topic) if topic else list((await self._brokers()).values())
+            for c in conns:
+                for g in await c.list_groups(topic):
+                    prev = merged.get(g.group)
+                    if prev is None:
+                        merged[g.group] = g
+                    else:
+                        merged[g.group] = GroupSummary(g.group, tuple(sorted(set(prev.topics) | set(g.topics))),
+                                                       max(prev.member_count, g.member_count),
+                                                       prev.message_model if prev.member_count else g.message_model)
+            return [merged[k] for k in sorted(merged)]
+        return self._run(go())
+
+    def describe_group(self, group: str) -> GroupDescription:
+        async def go() -> GroupDescription:
+            members: dict[str, Any] = {}
+            locks = []
+            found = False
+            for c in (await self._brokers()).values():
+                try:
+                    d = await c.describe_group(group)
+                except NotFoundError:
+                    continue
+                found = True
+                for m in d.members:
+                    members.setdefault(m.client_id, m)
+                locks.extend(d.locks)
+            if not found:
+                raise NotFoundError(f"group {group!r} is unknown on every broker")
+            return GroupDescription(group, tuple(members[k] for k in sorted(members)),
+                                    tuple(sorted(locks, key=lambda lk: lk.queue)))
+        return self._run(go())
+
+    def consumer_ids(self, group: str) -> list[str]:
+        async def go() -> list[str]:
+            ids: set[str] = set()
+            for c in (await self._brokers()).values():
+                ids.update(await c.consumer_ids(group))
+            return sorted(ids)
+        return self._run(go())
+
+    def delete_group(self, group: str) -> None:
+        async def go() -> None:
+            deleted = False
+            for c in (await self._brokers()).values():
+                try:
+                    await c.delete_group(group)
+                    deleted = True
+                except NotFoundError:
+                    continue
+            if not deleted:
+                raise NotFoundError(f"group {group!r} is unknown on every broker")
+        self._run(go())
+
+    def group_config(self, group: str) -> GroupConfig:
+        async def go() -> GroupConfig:
+            return await (await self.cluster.any_connection()).group_config(group)
+        return self._run(go())
+
+    def update_group_config(self, group: str, **changes: Any) -> list[GroupConfig]:
+        async def go() -> list[GroupConfig]:
+            return [await c.update_group_config(group, **changes) for c in (await self._brokers()).values()]
+        return self._run(go())
+
+    # -- messages --------------------------------------------------------------
+
+    def pull(self, mq: MessageQueue, offset: int, *, max_nums: int = 32, suspend_ms: int = 0,
+             subscription: str = "*") -> PullResult:
+        """Read a queue without a group (nothing is committed)."""
+        async def go() -> PullResult:
+            return await (await self._conn(mq)).pull("", mq, offset, max_nums=max_nums, suspend_ms=suspend_ms,
+                                                     subscription=subscription)
+        return self._run(go(), timeout=self.settings.request_timeout_s + suspend_ms / 1000 + 5)
+
+    def view_message(self, mq: MessageQueue, offset: int) -> MessageExt:
+        async def go() -> MessageExt:
+            return await (await self._conn(mq)).view_message(mq.topic, mq.queue_id, offset)
+        return self._run(go())
+
+    def query_message_by_key(self, topic: str, key: str, begin_ms: int, end_ms: int,
+                             max_num: int = 64) -> list[MessageExt]:
+        async def go() -> list[MessageExt]:
+            found: list[MessageExt] = []
+            for c in await self._for_topic(topic):
+                found.extend(await c.query_message_by_key(topic, key, begin_ms, end_ms, max_num))
+            return sorted(found, key=lambda m: m.store_timestamp)[:max_num]
+        return self._run(go())
+
+    def send_back(self, group: str, message: MessageExt, *, delay_level: int = 0,
+                  max_reconsume_times: int = 0) -> Any:
+        async def go() -> Any:
+            conn = await self.cluster.connection(message.broker_name)
+            return await conn.send_back(group, message, delay_level=delay_level,
+                                        max_reconsume_times=max_reconsume_times)
+        return self._run(go())

@@ -1,0 +1,71 @@
+"""`tidemark`: the broker daemon and the client/admin commands.
+
+Errors print one line on stderr and exit 1; bad usage exits 2 (argparse).
+Every client command takes --broker HOST:PORT[,HOST:PORT...] (env TIDEMARK_BROKER).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from client.cli import dlq_cmds, group_cmds, message_cmds, topic_cmds
+from client.errors import TidemarkError
+from client.settings import BROKER_ENV, default_brokers
+
+
+def client_options() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--broker", default=None, metavar="HOST:PORT",
+                        help=f"broker address(es), comma separated (default ${BROKER_ENV} or 127.0.0.1:10911)")
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    common.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per-request timeout")
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from broker.app import build_parser as broker_parser
+
+    parser = argparse.ArgumentParser(prog="tidemark", description="Tidemark message broker and tools.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    broker = sub.add_parser("broker", help="run a broker in the foreground")
+    broker_parser(broker)
+    broker.set_defaults(run=_run_broker)
+    common = client_options()
+    topic_cmds.register(sub, common)
+    message_cmds.register(sub, common)
+    group_cmds.register(sub, common)
+    dlq_cmds.register(sub, common)
+    return parser
+
+
+def _run_broker(args: argparse.Namespace) -> int:
+    from broker.app import run
+
+    return run(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "broker":
+        logging.basicConfig(level=logging.ERROR, format="%(message)s")
+        try:
+            args.brokers = default_brokers() if not args.broker else tuple(
+                a.strip() for a in args.broker.split(",") if a.strip())
+        except TidemarkError as e:
+            parser.error(str(e))
+    try:
+        return args.run(args) or 0
+    except TidemarkError as e:
+        print(f"tidemark: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""tidemark topic create | update | delete | list | describe."""
+
+from __future__ import annotations
+
+import argparse
+
+from client.admin import Admin
+from client.cli.output import emit, iso_ms
+from client.errors import InvalidArgumentError
+
+
+def admin(args: argparse.Namespace) -> Admin:
+    return Admin(brokers=args.brokers, request_timeout_s=args.timeout).start()
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    topic = sub.add_parser("topic", help="manage topics")
+    tsub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+
+    p = tsub.add_parser("create", parents=[common], help="create a topic on every broker (or --broker-name)")
+    p.add_argument("name")
+    p.add_argument("--queues", type=int, default=4, help="read and write queues per broker (default 4)")
+    p.add_argument("--broker-name", action="append", default=None, help="only on this broker (repeatable)")
+    p.set_defaults(run=create)
+
+    p = tsub.add_parser("update", parents=[common], help="change queue numbers or permission")
+    p.add_argument("name")
+    p.add_argument("--read-queues", type=int)
+    p.add_argument("--write-queues", type=int)
+    p.add_argument("--perm", choices=["RW", "R", "W", "-"], help="RW (default), R (read only), W or - (closed)")
+    p.set_defaults(run=update)
+
+    p = tsub.add_parser("delete", parents=[common], help="delete a topic, its queues and its group offsets")
+    p.add_argument("name")
+    p.set_defaults(run=delete)
+
+    p = tsub.add_parser("list", parents=[common], help="list topics")
+    p.add_argument("--system", action="store_true", help="include %%RETRY%%, %%DLQ%% and schedule topics")
+    p.set_defaults(run=list_topics)
+
+    p = tsub.add_parser("describe", parents=[common], help="queues per broker with min/max offsets")
+    p.add_argument("name")
+    p.set_defaults(run=describe)
+
+
+def _config_row(broker: str, t) -> dict:
+    return {"topic": t.name, "broker": broker, "read_queues": t.read_queue_nums, "write_queues": t.write_queue_nums,
+            "perm": t.perm}
+
+
+def create(args: argparse.Namespace) -> int:
+    with admin(args) as a:
+        created = a.create_topic(args.name, args.queues, brokers=args.broker_name)
+        names = args.broker_name or sorted(b.broker_name for b in a.brokers())
+    emit([_config_row(b, t) for b, t in zip(names, created, strict=True)],
+         ["topic", "broker", "read_queues", "write_queues", "perm"], as_json=args.json)
+    return 0
+
+
+def update(args: argparse.Namespace) -> int:
+    changes = {}
+    if args.read_queues is not None:
+        changes["read_queue_nums"] = args.read_queues
+    if args.write_queues is not None:
+        changes["write_queue_nums"] = args.write_queues
+    if args.perm is not None:
+        changes["readable"] = "R" in args.perm
+        changes["writable"] = "W" in args.perm
+    if not changes:
+        raise InvalidArgumentError("nothing to update: give --read-queues, --write-queues or --perm")
+    with admin(args) as a:
+        updated = a.update_topic(args.name, **changes)
+        names = [d.broker_name for d in a.route(args.name).queue_datas]
+    emit([_config_row(b, t) for b, t in zip(names, updated, strict=True)],
+         ["topic", "broker", "read_queues", "write_queues", "perm"], as_json=args.json)
+    return 0
+
+
+def delete(args: argparse.Namespace) -> int:
+    with admin(args) as a:
+        a.delete_topic(args.name)
+    if args.json:
+        emit([{"topic": args.name, "deleted": True}], ["topic", "deleted"], as_json=True)
+    else:
+        print(f"topic {args.name} deleted")
+    return 0
+
+
+def list_topics(args: argparse.Namespace) -> int:
+    with admin(args) as a:
+        topics = a.list_topics(include_system=args.system)
+    rows = [_config_row(b, t) for entries in topics.values() for b, t in entries]
+    emit(rows, ["topic", "broker", "read_queues", "write_queues", "perm"], as_json=args.json)
+    return 0
+
+
+def describe(args: argparse.Namespace) -> int:
+    with admin(args) as a:
+        stats = a.topic_stats(args.name)
+    rows = [{"topic": s.queue.topic, "broker": s.queue.broker_name, "queue": s.queue.queue_id,
+             "min_offset": s.min_offset, "max_offset": s.max_offset, "messages": s.max_offset - s.min_offset,
+             "last_update": iso_ms(s.last_update_timestamp)} for s in stats]
+    total = sum(r["messages"] for r in rows)
+    emit(rows, ["topic", "broker", "queue", "min_offset", "max_offset", "messages", "last_update"],
+         as_json=args.json, footer=f"{len(rows)} queues, {total} messages")
+    return 0

@@ -1,0 +1,100 @@
+"""GroupMembership: heartbeats to every broker and a consumer-ids watch on each.
+
+A change pushed by any broker triggers a rebalance (seed 001's "consumer ids
+changed" trigger); the periodic rebalance covers a lost push. A broken watch is
+re-opened after a short pause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from client.errors import TidemarkError
+from client.message import MessageQueue
+from client.remoting.cluster import BrokerCluster
+from client.remoting.connection import BrokerConnection
+
+log = logging.getLogger("tidemark.client.membership")
+
+WATCH_RETRY_DELAY_S = 1.0
+
+
+@dataclass(frozen=True)
+class HeartbeatData:
+    subscriptions: tuple[tuple[str, str], ...]
+    message_model: str
+    consume_type: str
+    orderly: bool
+    owned_queues: tuple[MessageQueue, ...]
+    allocate_strategy: str
+
+
+class GroupMembership:
+    def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str,
+                 data: Callable[[], HeartbeatData], on_change: Callable[[], None]) -> None:
+        self._cluster = cluster
+        self._group = group
+        self._client_id = client_id
+        self._data = data
+        self._on_change = on_change
+        self._watches: dict[str, asyncio.Task] = {}
+
+    async def heartbeat(self) -> None:
+        data = self._data()
+        brokers = await self._cluster.discover()
+
+        async def one(conn: BrokerConnection) -> None:
+            owned = [q for q in data.owned_queues if q.broker_name == conn.broker_name]
+            await conn.heartbeat(client_id=self._client_id, group=self._group, subscriptions=data.subscriptions,
+                                 message_model=data.message_model, consume_type=data.consume_type,
+                                 orderly=data.orderly, owned_queues=owned,
+                                 allocate_strategy=data.allocate_strategy)
+
+        results = await asyncio.gather(*(one(c) for c in brokers.values()), return_exceptions=True)
+        for conn, result in zip(brokers.values(), results, strict=True):
+            if isinstance(result, TidemarkError):
+                log.warning("heartbeat failed event=heartbeat_failed group=%s broker=%s error=%s",
+                            self._group, conn.address, result)
+            elif isinstance(result, BaseException):
+                raise result
+        self._ensure_watches(brokers)
+
+    def _ensure_watches(self, brokers: dict[str, BrokerConnection]) -> None:
+        loop = asyncio.get_running_loop()
+        for name, conn in brokers.items():
+            task = self._watches.get(name)
+            if task is None or task.done():
+                self._watches[name] = loop.create_task(self._watch(conn), name=f"watch:{self._group}:{name}")
+
+    async def _watch(self, conn: BrokerConnection) -> None:
+        last: list[str] | None = None
+        while True:
+            try:
+                async for ids in conn.watch_consumer_ids(self._group, self._client_id):
+                    if ids != last:
+                        last = ids
+                        self._on_change()
+            except TidemarkError as e:
+                log.info("consumer watch broke, reopening event=watch_broken group=%s broker=%s error=%s",
+                         self._group, conn.address, e)
+            await asyncio.sleep(WATCH_RETRY_DELAY_S)
+
+    async def leave(self) -> None:
+        """Close the watches, then unregister from every broker (graceful shutdown)."""
+        for task in self._watches.values():
+            task.cancel()
+        for task in self._watches.values():
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        self._watches.clear()
+        for conn in (await self._cluster.discover()).values():
+            try:
+                await conn.unregister(self._client_id, self._group)
+            except TidemarkError as e:
+                log.warning("unregister failed event=unregister_failed group=%s broker=%s error=%s",
+                            self._group, conn.address, e)

@@ -1,0 +1,215 @@
+"""OffsetStore: where a consumer keeps its progress (seed 003).
+
+- RemoteBrokerOffsetStore (CLUSTERING): an in-memory table persisted to the
+  brokers oneway over the CommitOffsets stream every 5 s, on shutdown and when a
+  queue is dropped. Each commit carries the queue's fence (owner epoch, reset
+  generation) so the broker can refuse a stale owner.
+- LocalFileOffsetStore (BROADCASTING):
+  ~/.tidemark_offsets/<clientId>/<group>/offsets.json (TIDEMARK_OFFSET_DIR
+  overrides the root), written atomically.
+
+Both are confined to the consumer's event loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from client.errors import TidemarkError
+from client.message import MessageQueue
+from client.remoting.cluster import BrokerCluster
+from client.types import CommitOffsetsResult, CommitRejectReason, OffsetCommit, RejectedCommit
+from tidemark.fsutil import atomic_write
+
+log = logging.getLogger("tidemark.client.offsets")
+
+OFFSET_DIR_ENV = "TIDEMARK_OFFSET_DIR"
+
+
+class ReadOffsetType(enum.Enum):
+    READ_FROM_MEMORY = "READ_FROM_MEMORY"
+    READ_FROM_STORE = "READ_FROM_STORE"
+    MEMORY_FIRST_THEN_STORE = "MEMORY_FIRST_THEN_STORE"
+
+
+@dataclass(slots=True)
+class _Entry:
+    offset: int
+    owner_epoch: int | None = None
+    reset_generation: int | None = None
+
+
+class OffsetStore(ABC):
+    def __init__(self) -> None:
+        self._table: dict[MessageQueue, _Entry] = {}
+
+    async def load(self) -> None:
+        """Read persisted offsets (local store only)."""
+
+    def update_offset(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
+        """Record progress in memory; increase_only keeps the larger of old and new (concurrent completions)."""
+        entry = self._table.get(mq)
+        if entry is None:
+            self._table[mq] = _Entry(offset)
+        elif not increase_only or offset > entry.offset:
+            entry.offset = offset
+
+    def set_fence(self, mq: MessageQueue, *, owner_epoch: int | None, reset_generation: int | None) -> None:
+        entry = self._table.setdefault(mq, _Entry(-1))
+        entry.owner_epoch = owner_epoch
+        entry.reset_generation = reset_generation
+
+    def read_memory(self, mq: MessageQueue) -> int:
+        entry = self._table.get(mq)
+        return entry.offset if entry is not None else -1
+
+    @abstractmethod
+    async def read_offset(self, mq: MessageQueue, kind: ReadOffsetType) -> int:
+        """-1 when there is no offset (a new group); READ_FROM_STORE asks the broker or the file."""
+
+    @abstractmethod
+    async def persist_all(self, mqs: Iterable[MessageQueue]) -> CommitOffsetsResult | None: ...
+
+    @abstractmethod
+    async def persist(self, mq: MessageQueue) -> None:
+        """Persist one queue now (acknowledged), e.g. before releasing it."""
+
+    def remove_offset(self, mq: MessageQueue) -> None:
+        self._table.pop(mq, None)
+
+    def clone_offset_table(self, topic: str | None = None) -> dict[MessageQueue, int]:
+        return {mq: e.offset for mq, e in self._table.items() if topic is None or mq.topic == topic}
+
+
+class RemoteBrokerOffsetStore(OffsetStore):
+    def __init__(self, cluster: BrokerCluster, group: str, client_id: str, *,
+                 on_rejected: Callable[[RejectedCommit], None] | None = None) -> None:
+        super().__init__()
+        self._cluster = cluster
+        self._group = group
+        self._client_id = client_id
+        self._on_rejected = on_rejected or (lambda r: None)
+        self._generations: dict[MessageQueue, int] = {}
+
+    def _commit(self, mq: MessageQueue, entry: _Entry) -> OffsetCommit:
+        return OffsetCommit(self._group, mq, entry.offset, client_id=self._client_id,
+                            owner_epoch=entry.owner_epoch, reset_generation=entry.reset_generation)
+
+    def commit_for(self, mq: MessageQueue) -> OffsetCommit | None:
+        entry = self._table.get(mq)
+        return self._commit(mq, entry) if entry is not None and entry.offset >= 0 else None
+
+    async def read_offset(self, mq: MessageQueue, kind: ReadOffsetType) -> int:
+        if kind is not ReadOffsetType.READ_FROM_STORE:
+            entry = self._table.get(mq)
+            if entry is not None or kind is ReadOffsetType.READ_FROM_MEMORY:
+                return entry.offset if entry is not None else -1
+        conn = await self._cluster.connection(mq.broker_name)
+        offset, generation = await conn.query_consumer_offset(self._group, mq)
+        self._generations[mq] = generation
+        if offset >= 0:
+            self.update_offset(mq, offset, increase_only=False)
+        return offset
+
+    def generation(self, mq: MessageQueue) -> int:
+        """The reset generation the broker reported with the last offset read from it."""
+        return self._generations.get(mq, 0)
+
+    async def persist_all(self, mqs: Iterable[MessageQueue]) -> CommitOffsetsResult | None:
+        """Oneway-style: one CommitOffsets stream per broker; offsets of queues no longer owned are forgotten."""
+        wanted = set(mqs)
+        by_broker: dict[str, list[OffsetCommit]] = {}
+        for mq in list(self._table):
+            entry = self._table[mq]
+            if mq not in wanted:
+                del self._table[mq]
+            elif entry.offset >= 0:
+                by_broker.setdefault(mq.broker_name, []).append(self._commit(mq, entry))
+        if not by_broker:
+            return None
+        applied = rejected = 0
+        rejections: list[RejectedCommit] = []
+        for broker, commits in by_broker.items():
+            try:
+                conn = await self._cluster.connection(broker)
+                result = await conn.commit_offsets(commits)
+            except TidemarkError as e:
+                log.warning("offset persist failed event=persist_failed group=%s broker=%s error=%s",
+                            self._group, broker, e)
+                continue
+            applied += result.applied
+            rejected += result.rejected
+            rejections.extend(result.rejections)
+        for r in rejections:
+            if r.reason is not CommitRejectReason.INVALID:
+                self._on_rejected(r)
+            log.warning("offset commit rejected event=commit_rejected group=%s queue=%s offset=%d reason=%s msg=%s",
+                        self._group, r.queue, r.offset, r.reason.value, r.message)
+        return CommitOffsetsResult(applied, rejected, rejections)
+
+    async def persist(self, mq: MessageQueue) -> None:
+        """Acknowledged commit of one queue (FencedError when the broker refuses it)."""
+        commit = self.commit_for(mq)
+        if commit is not None:
+            conn = await self._cluster.connection(mq.broker_name)
+            await conn.update_consumer_offset(commit)
+
+
+def local_offsets_path(client_id: str, group: str) -> Path:
+    root = os.environ.get(OFFSET_DIR_ENV) or str(Path.home() / ".tidemark_offsets")
+    return Path(root) / client_id / group / "offsets.json"
+
+
+class LocalFileOffsetStore(OffsetStore):
+    """Broadcasting: each client keeps its own offsets in a local file (written atomically)."""
+
+    def __init__(self, client_id: str, group: str) -> None:
+        super().__init__()
+        self.path = local_offsets_path(client_id, group)
+
+    async def load(self) -> None:
+        for mq, offset in self._read_file().items():
+            self._table[mq] = _Entry(offset)
+
+    def _read_file(self) -> dict[MessageQueue, int]:
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as e:
+            log.warning("local offsets unreadable, starting without them event=local_offsets_bad path=%s error=%s",
+                        self.path, e)
+            return {}
+        out = {}
+        for item in doc.get("offsetTable", []):
+            try:
+                out[MessageQueue(str(item["topic"]), str(item["brokerName"]), int(item["queueId"]))] = int(item["offset"])
+            except (KeyError, TypeError, ValueError):
+                log.warning("skipping malformed local offset event=local_offset_skip entry=%r", item)
+        return out
+
+    async def read_offset(self, mq: MessageQueue, kind: ReadOffsetType) -> int:
+        if kind is ReadOffsetType.READ_FROM_STORE:
+            offset = self._read_file().get(mq, -1)
+            if offset >= 0:
+                self.update_offset(mq, offset, increase_only=False)
+            return offset
+        return self.read_memory(mq)
+
+    async def persist_all(self, mqs: Iterable[MessageQueue]) -> None:
+        wanted = set(mqs)
+        doc = {"offsetTable": [
+            {"topic": mq.topic, "brokerName": mq.broker_name, "queueId": mq.queue_id, "offset": e.offset}
+            for mq, e in sorted(self._table.items()) if mq in wanted and e.offset >= 0]}
+        atomic_write(self.path, json.dumps(doc, indent=2).encode("utf-8"))
+        return None
+
+    async def persist(self, mq: MessageQueue) -> None:
+        await self.persist_all(self._table.keys())

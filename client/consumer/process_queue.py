@@ -1,0 +1,289 @@
+"""ProcessQueue: the consumer's cache of pulled but unfinished messages of one queue.
+
+It is RocketMQ's ProcessQueue. The pull side puts every pulled batch in; the
+consume side takes messages out as they finish. Its central job is offset
+safety: messages of a queue finish out of order under concurrent consumption,
+so the offset that may be committed is the smallest offset still unfinished
+(seed 000) — never "the last one that finished", which would skip a slow
+message if the client died.
+
+Concurrency: a ProcessQueue is confined to the consumer's asyncio event-loop
+thread. Listener threads never touch it; their results are handed back to the
+loop first. That is why, unlike RocketMQ's, it holds no lock.
+
+Timestamps are seconds from one clock chosen by the caller (the consumer uses
+``time.monotonic()``, which is also the default); comparisons only make sense
+between values from the same clock.
+
+This module is pure: no I/O, no grpc.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+
+from client.message import MessageExt
+
+__all__ = ["PULL_MAX_IDLE_TIME_S", "REBALANCE_LOCK_MAX_LIVE_TIME_S", "ProcessQueue"]
+
+# RocketMQ's defaults: a queue not pulled for 120 s is considered stuck and is
+# dropped by rebalance; a client-side lock older than 30 s is no longer trusted
+# (the broker's lock lives longer, so renewal every 20 s keeps it alive).
+PULL_MAX_IDLE_TIME_S = 120.0
+REBALANCE_LOCK_MAX_LIVE_TIME_S = 30.0
+
+# Rebuild the heaps when dead entries outnumber live ones by this much; the
+# constant keeps tiny caches from rebuilding on every removal.
+_COMPACT_SLACK = 64
+
+
+class ProcessQueue:
+    """Pulled-but-unfinished messages of one MessageQueue, keyed by queue offset.
+
+    Concurrent consumption uses :meth:`put_messages` and
+    :meth:`remove_messages`; orderly consumption uses :meth:`put_messages`,
+    :meth:`take_messages`, :meth:`commit` and
+    :meth:`make_messages_consume_again`. Confined to one event-loop thread.
+    """
+
+    def __init__(self, *, now: float | None = None) -> None:
+        # Why a dict plus heaps rather than a sorted container: pulls add in
+        # ascending runs and completions remove in any order, while reads only
+        # ever need the smallest and largest key. A dict gives O(1) membership
+        # and removal; a min-heap and a max-heap with lazy deletion (an entry
+        # is live iff its offset is still in the dict) give O(log n) inserts
+        # and amortised O(log n) min/max, with no O(n) list shifting and no
+        # sort per call. Dead entries are purged when they surface at the top
+        # and by a rebuild once they outnumber live ones (_compact).
+        self._msgs: dict[int, MessageExt] = {}
+        self._min_heap: list[int] = []
+        self._max_heap: list[int] = []  # negated offsets
+        # Orderly mode: messages handed to the listener and not yet committed.
+        # Kept out of _msgs so a retry can put them back (RocketMQ's
+        # consumingMsgOrderlyTreeMap). Small: at most one batch.
+        self._consuming: dict[int, MessageExt] = {}
+        self._msg_count = 0
+        self._msg_size = 0
+        self._queue_offset_max = -1
+        self._dropped = False
+        start = time.monotonic() if now is None else now
+        self.last_pull_timestamp: float = start
+        self.last_consume_timestamp: float = start
+        #: Orderly mode: whether this client holds the broker lock on the queue.
+        self.locked: bool = False
+        self.last_lock_timestamp: float = start
+
+    # -- state --------------------------------------------------------------
+
+    @property
+    def msg_count(self) -> int:
+        """Messages held, including those being consumed orderly."""
+        return self._msg_count
+
+    @property
+    def msg_size(self) -> int:
+        """Body bytes of the messages held (pull_threshold_size_for_queue)."""
+        return self._msg_size
+
+    @property
+    def queue_offset_max(self) -> int:
+        """Largest offset ever put since creation or :meth:`clear`; -1 before that."""
+        return self._queue_offset_max
+
+    @property
+    def dropped(self) -> bool:
+        """True once rebalance gave the queue away; pull and consume must stop."""
+        return self._dropped
+
+    def mark_dropped(self) -> None:
+        """Flag the queue as no longer owned. Irreversible: a new owner gets a new ProcessQueue."""
+        self._dropped = True
+
+    def has_temp_message(self) -> bool:
+        """Whether messages are waiting to be consumed (not counting those being consumed)."""
+        return bool(self._msgs)
+
+    def min_offset(self) -> int | None:
+        """Smallest unfinished offset, waiting or being consumed; None when there is none."""
+        candidates = []
+        if self._msgs:
+            candidates.append(self._peek_min())
+        if self._consuming:
+            candidates.append(min(self._consuming))
+        return min(candidates) if candidates else None
+
+    def max_span(self) -> int:
+        """Largest minus smallest waiting offset; 0 with fewer than two messages.
+
+        The pull side stops pulling when this exceeds consume_concurrently_max_span:
+        one stuck message must not let the cache grow without bound behind it.
+        """
+        if len(self._msgs) < 2:
+            return 0
+        return self._peek_max() - self._peek_min()
+
+    def is_pull_expired(self, now: float, max_idle_s: float = PULL_MAX_IDLE_TIME_S) -> bool:
+        """Whether nothing was pulled for longer than ``max_idle_s``."""
+        return now - self.last_pull_timestamp > max_idle_s
+
+    def is_lock_expired(self, now: float, expiry_s: float = REBALANCE_LOCK_MAX_LIVE_TIME_S) -> bool:
+        """Whether the client-side view of the broker lock is too old to trust."""
+        return now - self.last_lock_timestamp > expiry_s
+
+    # -- pull side ----------------------------------------------------------
+
+    def put_messages(self, msgs: Sequence[MessageExt]) -> bool:
+        """Cache pulled messages by queue offset.
+
+        Offsets already held (waiting or being consumed) are ignored, so a
+        re-pulled message is never consumed twice. Returns True when the cache
+        had nothing waiting and now has: the orderly consumer's hint to
+        dispatch a consume task (a running task that loops until
+        :meth:`take_messages` is empty would pick the messages up anyway, so a
+        spare dispatch is harmless where a missed one would stall the queue).
+        """
+        was_empty = not self._msgs
+        added = False
+        for msg in msgs:
+            offset = msg.queue_offset
+            if offset in self._msgs or offset in self._consuming:
+                continue
+            self._insert(msg)
+            self._msg_count += 1
+            self._msg_size += len(msg.body)
+            if offset > self._queue_offset_max:
+                self._queue_offset_max = offset
+            added = True
+        return was_empty and added
+
+    # -- concurrent consumption ---------------------------------------------
+
+    def remove_messages(self, msgs: Sequence[MessageExt], *, now: float | None = None) -> int:
+        """Forget finished messages and return the offset now safe to commit.
+
+        RocketMQ's removeMessage (seed 000): -1 when nothing was cached before
+        the call; otherwise the smallest offset still cached, or
+        ``queue_offset_max + 1`` when the cache is now empty. Feed the result
+        to an increase-only offset store, skipping -1.
+        """
+        self.last_consume_timestamp = time.monotonic() if now is None else now
+        if not self._msgs:
+            return -1
+        for msg in msgs:
+            removed = self._msgs.pop(msg.queue_offset, None)
+            if removed is not None:
+                self._msg_count -= 1
+                self._msg_size -= len(removed.body)
+        if not self._msgs:
+            # Everything pulled has finished: drop the dead heap entries now
+            # rather than carry them until the next rebuild.
+            self._min_heap.clear()
+            self._max_heap.clear()
+            return self._queue_offset_max + 1
+        self._compact()
+        return self._peek_min()
+
+    # -- orderly consumption ------------------------------------------------
+
+    def take_messages(self, batch_size: int) -> list[MessageExt]:
+        """Move up to ``batch_size`` smallest waiting messages to "consuming", in offset order."""
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        taken: list[MessageExt] = []
+        while self._msgs and len(taken) < batch_size:
+            offset = self._pop_min()
+            msg = self._msgs.pop(offset)
+            self._consuming[offset] = msg
+            taken.append(msg)
+        self._compact()
+        return taken
+
+    def commit(self) -> int:
+        """Orderly success: forget the consuming messages.
+
+        Returns the offset to commit (largest consuming offset + 1), or -1 when
+        nothing was being consumed.
+        """
+        if not self._consuming:
+            return -1
+        next_offset = max(self._consuming) + 1
+        self._msg_count -= len(self._consuming)
+        self._msg_size -= sum(len(m.body) for m in self._consuming.values())
+        self._consuming.clear()
+        return next_offset
+
+    def make_messages_consume_again(self, msgs: Sequence[MessageExt]) -> None:
+        """Orderly suspend: put consuming messages back so the next take returns them first.
+
+        The given objects are stored, so the caller may pass copies with an
+        incremented ``reconsume_times``. Messages that are not being consumed
+        (e.g. after :meth:`clear`) are ignored: putting them back would
+        resurrect messages the queue no longer owns.
+        """
+        for msg in msgs:
+            previous = self._consuming.pop(msg.queue_offset, None)
+            if previous is None:
+                continue
+            self._insert(msg)
+            self._msg_size += len(msg.body) - len(previous.body)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def clear(self) -> None:
+        """Forget every message (queue dropped or offset reset); keeps the dropped flag."""
+        self._msgs.clear()
+        self._consuming.clear()
+        self._min_heap.clear()
+        self._max_heap.clear()
+        self._msg_count = 0
+        self._msg_size = 0
+        self._queue_offset_max = -1
+
+    def __repr__(self) -> str:
+        return (
+            f"ProcessQueue(msg_count={self._msg_count}, msg_size={self._msg_size}, "
+            f"min_offset={self.min_offset()}, queue_offset_max={self._queue_offset_max}, "
+            f"consuming={len(self._consuming)}, dropped={self._dropped}, locked={self.locked})"
+        )
+
+    # -- heap bookkeeping ---------------------------------------------------
+
+    def _insert(self, msg: MessageExt) -> None:
+        self._msgs[msg.queue_offset] = msg
+        heapq.heappush(self._min_heap, msg.queue_offset)
+        heapq.heappush(self._max_heap, -msg.queue_offset)
+
+    def _peek_min(self) -> int:
+        heap = self._min_heap
+        while heap[0] not in self._msgs:
+            heapq.heappop(heap)
+        return heap[0]
+
+    def _pop_min(self) -> int:
+        heap = self._min_heap
+        while True:
+            offset = heapq.heappop(heap)
+            if offset in self._msgs:
+                return offset
+
+    def _peek_max(self) -> int:
+        heap = self._max_heap
+        while -heap[0] not in self._msgs:
+            heapq.heappop(heap)
+        return -heap[0]
+
+    def _compact(self) -> None:
+        # Entries removed from the middle stay in the heaps until they reach
+        # the top; without a rebuild a long-stuck smallest message would let
+        # them pile up. Rebuilding once dead entries exceed live ones keeps
+        # memory O(live) at amortised O(1) per removal.
+        live = len(self._msgs)
+        limit = 2 * live + _COMPACT_SLACK
+        if len(self._min_heap) > limit:
+            self._min_heap = list(self._msgs)
+            heapq.heapify(self._min_heap)
+        if len(self._max_heap) > limit:
+            self._max_heap = [-offset for offset in self._msgs]
+            heapq.heapify(self._max_heap)

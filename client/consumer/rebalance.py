@@ -1,0 +1,71 @@
+"""RebalanceService: decentralised queue allocation, topic by topic (seed 001).
+
+Every client sorts the same queue list and the same client-id list and runs
+the same strategy, so each computes its own share and all agree. Runs at
+start, on a consumer-ids push and every rebalance interval; only a changed
+result leads to queues moving, and that is logged the way RocketMQ logs it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from client.consumer.allocate import AllocateMessageQueueStrategy
+from client.consumer.ownership import QueueOwnership
+from client.errors import NotFoundError, TidemarkError
+from client.message import MessageModel, MessageQueue
+from client.remoting.cluster import BrokerCluster
+
+log = logging.getLogger("tidemark.client.rebalance")
+
+
+class RebalanceService:
+    def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, model: MessageModel,
+                 strategy: AllocateMessageQueueStrategy, ownership: QueueOwnership,
+                 topics: Callable[[], list[str]]) -> None:
+        self._cluster = cluster
+        self._group = group
+        self._client_id = client_id
+        self._model = model
+        self._strategy = strategy
+        self._ownership = ownership
+        self._topics = topics
+        self.rebalances = 0
+        self.changes = 0
+
+    async def do_rebalance(self) -> None:
+        self.rebalances += 1
+        for topic in self._topics():
+            try:
+                await self.rebalance_by_topic(topic)
+            except NotFoundError as e:
+                log.debug("rebalance skipped event=rebalance_skip group=%s topic=%s reason=%s", self._group, topic, e)
+            except TidemarkError as e:
+                log.warning("rebalance failed event=rebalance_failed group=%s topic=%s error=%s",
+                            self._group, topic, e)
+
+    async def allocation(self, topic: str) -> tuple[list[MessageQueue], list[str], set[MessageQueue]]:
+        """(all queues, all client ids, this client's share) for a topic."""
+        route = await self._cluster.route(topic, refresh=True)
+        mq_all = route.read_queues()
+        if self._model is MessageModel.BROADCASTING:
+            return mq_all, [self._client_id], set(mq_all)
+        conn = await self._cluster.connection(route.queue_datas[0].broker_name)
+        cid_all = await conn.consumer_ids(self._group)
+        if not mq_all or not cid_all:
+            return mq_all, cid_all, set()
+        return mq_all, cid_all, set(self._strategy.allocate(self._group, self._client_id, mq_all, cid_all))
+
+    async def rebalance_by_topic(self, topic: str) -> None:
+        mq_all, cid_all, mine = await self.allocation(topic)
+        if self._model is MessageModel.CLUSTERING and not cid_all:
+            log.warning("no consumer ids for group event=rebalance_no_cids group=%s topic=%s", self._group, topic)
+            return
+        if await self._ownership.update(topic, mine):
+            self.changes += 1
+            log.info("rebalanced result changed. allocateMessageQueueStrategyName=%s, group=%s, topic=%s, "
+                     "clientId=%s, mqAllSize=%d, cidAllSize=%d, rebalanceResultSize=%d, rebalanceResultSet=[%s] "
+                     "event=rebalance_changed",
+                     self._strategy.name, self._group, topic, self._client_id, len(mq_all), len(cid_all),
+                     len(mine), ", ".join(str(q) for q in sorted(mine)))

@@ -1,0 +1,64 @@
+"""Sending a failed message back for retry (seed 002, client side).
+
+First ConsumerSendMsgBack to the broker that stored it; if that fails, a direct
+send of a copy to %RETRY%<group> with delay level 3 + reconsume times (the
+broker moves it to the DLQ past max reconsume times); if that fails too, the
+caller keeps the message for local re-consumption.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from client.errors import TidemarkError
+from client.message import Message, MessageExt
+from client.remoting.cluster import BrokerCluster
+from tidemark.protocol import PropertyKey, retry_topic
+
+log = logging.getLogger("tidemark.client.retry")
+
+
+class SendBackService:
+    def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, max_reconsume_times: int,
+                 delay_levels: int = 18) -> None:
+        self._cluster = cluster
+        self._group = group
+        self._client_id = client_id
+        self.max_reconsume_times = max_reconsume_times
+        self._delay_levels = delay_levels
+        self.sent_back = 0
+        self.fallback_sends = 0
+        self.failed = 0
+
+    async def send_back(self, msg: MessageExt, delay_level: int = 0) -> bool:
+        """True when the broker has the message for retry (or in the DLQ)."""
+        try:
+            conn = await self._cluster.connection(msg.broker_name)
+            await conn.send_back(self._group, msg, delay_level=delay_level,
+                                 max_reconsume_times=self.max_reconsume_times, client_id=self._client_id)
+            self.sent_back += 1
+            return True
+        except TidemarkError as e:
+            log.warning("send back failed, sending to retry topic directly event=send_back_failed group=%s "
+                        "msg_id=%s error=%s", self._group, msg.msg_id, e)
+        try:
+            await self._send_to_retry_topic(msg, delay_level)
+            self.fallback_sends += 1
+            return True
+        except TidemarkError as e:
+            self.failed += 1
+            log.warning("retry send failed, consuming again locally event=retry_send_failed group=%s msg_id=%s "
+                        "error=%s", self._group, msg.msg_id, e)
+            return False
+
+    async def _send_to_retry_topic(self, msg: MessageExt, delay_level: int) -> None:
+        props = dict(msg.properties)
+        props.setdefault(PropertyKey.RETRY_TOPIC, msg.topic)
+        props[PropertyKey.UNIQ_KEY] = msg.msg_id
+        props[PropertyKey.RECONSUME_TIME] = str(msg.reconsume_times + 1)
+        props[PropertyKey.MAX_RECONSUME_TIMES] = str(self.max_reconsume_times)
+        level = delay_level if delay_level > 0 else 3 + msg.reconsume_times
+        copy = Message(topic=retry_topic(self._group), body=msg.body, tags=msg.tags, keys=msg.keys,
+                       properties=props, delay_level=min(level, self._delay_levels))
+        conn = await self._cluster.connection(msg.broker_name)
+        await conn.send(copy.topic, [copy])

@@ -1,0 +1,313 @@
+"""BrokerConnection: one gRPC channel to one broker and a typed async method per RPC.
+
+Every call goes through `_call`, which applies the timeout and turns gRPC
+errors into `client.errors` exceptions. Must be created and used on one event
+loop (grpc.aio channels are loop-bound).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import grpc
+
+from client.errors import InvalidArgumentError, from_rpc_error
+from client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
+from client.remoting import convert
+from client.types import (
+    BrokerInfo,
+    CommitOffsetsResult,
+    GroupConfig,
+    GroupDescription,
+    GroupSummary,
+    OffsetChange,
+    OffsetCommit,
+    QueueLockGrant,
+    QueueLockInfo,
+    QueueStats,
+    ResetTarget,
+    SendBackResult,
+    TopicConfig,
+    TopicQueueStats,
+    TopicRoute,
+)
+from tidemark.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    membership_pb2,
+    membership_pb2_grpc,
+    messaging_pb2,
+    messaging_pb2_grpc,
+    offsets_pb2,
+    offsets_pb2_grpc,
+)
+
+MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+_CHANNEL_OPTIONS = (
+    ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
+_MESSAGE_MODEL = {"CLUSTERING": common_pb2.CLUSTERING, "BROADCASTING": common_pb2.BROADCASTING}
+
+
+class CommitStream:
+    """An open CommitOffsets stream: write batches without waiting; close() returns the broker's summary."""
+
+    def __init__(self, conn: BrokerConnection, call: Any) -> None:
+        self._conn = conn
+        self._call = call
+
+    async def write(self, commits: Sequence[OffsetCommit]) -> None:
+        try:
+            await self._call.write(offsets_pb2.CommitOffsetsRequest(commits=[convert.commit_pb(c) for c in commits]))
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, address=self._conn.address) from None
+
+    async def close(self) -> CommitOffsetsResult:
+        try:
+            await self._call.done_writing()
+            pb = await self._call
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, address=self._conn.address) from None
+        name = self._conn.broker_name or ""
+        return CommitOffsetsResult(pb.applied, pb.rejected, [convert.rejected(r, name) for r in pb.rejections])
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+
+class BrokerConnection:
+    def __init__(self, address: str, *, timeout_s: float = 3.0) -> None:
+        self.address = address
+        self.broker_name: str | None = None
+        self._timeout = timeout_s
+        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._messaging = messaging_pb2_grpc.MessagingServiceStub(self._channel)
+        self._offsets = offsets_pb2_grpc.OffsetServiceStub(self._channel)
+        self._membership = membership_pb2_grpc.MembershipServiceStub(self._channel)
+        self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
+        try:
+            return await method(request, timeout=timeout or self._timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, address=self.address) from None
+
+    # -- messaging -------------------------------------------------------------
+
+    async def send(self, topic: str, messages: Sequence[Message], *, queue_id: int | None = None,
+                   born_host: str = "", timeout: float | None = None) -> list[SendResult]:
+        now = time.time_ns() // 1_000_000
+        request = messaging_pb2.SendMessageRequest(
+            topic=topic, messages=[convert.message_pb(m, now, born_host) for m in messages])
+        if queue_id is not None:
+            request.queue_id = queue_id
+        pb = await self._call(self._messaging.SendMessage, request, timeout)
+        return [SendResult(r.msg_id, MessageQueue(topic, pb.broker_name, r.queue_id), r.queue_offset)
+                for r in pb.results]
+
+    async def pull(self, group: str, mq: MessageQueue, offset: int, *, max_nums: int = 32,
+                   suspend_ms: int = 0, subscription: str = "*", commit: OffsetCommit | None = None,
+                   fence: OffsetCommit | None = None, timeout: float | None = None) -> PullResult:
+        """Pull from a queue; `fence` carries client id / owner epoch / reset generation (offset ignored)."""
+        request = messaging_pb2.PullMessageRequest(
+            group=group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset, max_msg_nums=max_nums,
+            suspend_timeout_ms=suspend_ms, subscription=subscription)
+        if commit is not None:
+            request.commit_offset = commit.offset
+        fence_pb = convert.fence_pb(fence) if fence is not None else None
+        if fence_pb is not None:
+            request.fence.CopyFrom(fence_pb)
+        wait = (timeout or self._timeout) + suspend_ms / 1000
+        return convert.pull_result(await self._call(self._messaging.PullMessage, request, wait))
+
+    async def send_back(self, group: str, message: MessageExt, *, delay_level: int = 0,
+                        max_reconsume_times: int = 0, client_id: str = "") -> SendBackResult:
+        pb = await self._call(self._messaging.ConsumerSendMsgBack, messaging_pb2.ConsumerSendMsgBackRequest(
+            group=group, commit_log_offset=message.commit_log_offset, msg_id=message.msg_id,
+            delay_level=delay_level, max_reconsume_times=max_reconsume_times, client_id=client_id))
+        return SendBackResult(pb.topic, pb.queue_id, pb.queue_offset, pb.delay_level, pb.reconsume_times)
+
+    async def view_message(self, topic: str, queue_id: int, offset: int) -> MessageExt:
+        pb = await self._call(self._messaging.ViewMessage, messaging_pb2.ViewMessageRequest(
+            topic=topic, queue_id=queue_id, queue_offset=offset))
+        return convert.message_ext(pb.message)
+
+    async def query_message_by_key(self, topic: str, key: str, begin_ms: int, end_ms: int,
+                                   max_num: int = 64) -> list[MessageExt]:
+        pb = await self._call(self._messaging.QueryMessageByKey, messaging_pb2.QueryMessageByKeyRequest(
+            topic=topic, key=key, begin_timestamp=begin_ms, end_timestamp=end_ms, max_num=max_num), 30.0)
+        return [convert.message_ext(m) for m in pb.messages]
+
+    # -- offsets ---------------------------------------------------------------
+
+    async def update_consumer_offset(self, commit: OffsetCommit) -> None:
+        await self._call(self._offsets.UpdateConsumerOffset,
+                         offsets_pb2.UpdateConsumerOffsetRequest(commit=convert.commit_pb(commit)))
+
+    def open_commit_stream(self, *, timeout: float | None = None) -> CommitStream:
+        return CommitStream(self, self._offsets.CommitOffsets(timeout=timeout))
+
+    async def commit_offsets(self, commits: Sequence[OffsetCommit], *, batch_size: int = 64) -> CommitOffsetsResult:
+        """Oneway-style batched commits over one stream; returns the broker's summary."""
+        stream = self.open_commit_stream(timeout=self._timeout + len(commits) / 10_000)
+        for i in range(0, len(commits), batch_size):
+            await stream.write(commits[i:i + batch_size])
+        return await stream.close()
+
+    async def query_consumer_offset(self, group: str, mq: MessageQueue) -> tuple[int, int]:
+        """(committed offset or -1, reset generation)."""
+        pb = await self._call(self._offsets.QueryConsumerOffset, offsets_pb2.QueryConsumerOffsetRequest(
+            group=group, topic=mq.topic, queue_id=mq.queue_id))
+        return pb.offset, pb.reset_generation
+
+    async def min_offset(self, mq: MessageQueue) -> int:
+        request = offsets_pb2.QueueRequest(topic=mq.topic, queue_id=mq.queue_id)
+        return (await self._call(self._offsets.GetMinOffset, request)).offset
+
+    async def max_offset(self, mq: MessageQueue) -> int:
+        request = offsets_pb2.QueueRequest(topic=mq.topic, queue_id=mq.queue_id)
+        return (await self._call(self._offsets.GetMaxOffset, request)).offset
+
+    async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
+        request = offsets_pb2.SearchOffsetByTimestampRequest(topic=mq.topic, queue_id=mq.queue_id,
+                                                             timestamp=timestamp_ms)
+        return (await self._call(self._offsets.SearchOffsetByTimestamp, request)).offset
+
+    async def reset_offset(self, group: str, topic: str, target: ResetTarget, value: int = 0, *,
+                           queue_id: int | None = None, dry_run: bool = False) -> list[OffsetChange]:
+        request = offsets_pb2.ResetOffsetRequest(group=group, topic=topic, dry_run=dry_run)
+        if queue_id is not None:
+            request.queue_id = queue_id
+        if target in (ResetTarget.EARLIEST, ResetTarget.LATEST):
+            setattr(request, target.value, True)
+        else:
+            setattr(request, target.value, value)
+        pb = await self._call(self._offsets.ResetOffset, request)
+        return [OffsetChange(convert.queue_from_pb(c.queue), c.old_offset, c.new_offset) for c in pb.changes]
+
+    async def consume_stats(self, group: str, topic: str = "") -> list[QueueStats]:
+        pb = await self._call(self._offsets.GetConsumeStats,
+                              offsets_pb2.GetConsumeStatsRequest(group=group, topic=topic))
+        return [convert.queue_stats(q) for q in pb.queues]
+
+    # -- membership ------------------------------------------------------------
+
+    async def heartbeat(self, *, client_id: str, group: str, subscriptions: Sequence[tuple[str, str]],
+                        message_model: str, consume_type: str, orderly: bool = False,
+                        owned_queues: Sequence[MessageQueue] = (), allocate_strategy: str = "") -> None:
+        await self._call(self._membership.Heartbeat, membership_pb2.HeartbeatRequest(
+            client_id=client_id, group=group,
+            subscriptions=[common_pb2.Subscription(topic=t, expression=e) for t, e in subscriptions],
+            message_model=_MESSAGE_MODEL[message_model],
+            consume_type=common_pb2.ConsumeType.Value(consume_type), orderly=orderly,
+            owned_queues=[convert.queue_pb(q) for q in owned_queues], allocate_strategy=allocate_strategy))
+
+    async def unregister(self, client_id: str, group: str) -> None:
+        await self._call(self._membership.UnregisterClient,
+                         membership_pb2.UnregisterClientRequest(client_id=client_id, group=group))
+
+    async def consumer_ids(self, group: str) -> list[str]:
+        pb = await self._call(self._membership.GetConsumerList, membership_pb2.GetConsumerListRequest(group=group))
+        return list(pb.client_ids)
+
+    async def watch_consumer_ids(self, group: str, client_id: str) -> AsyncIterator[list[str]]:
+        """The group's client ids now and after every change, until cancelled or the stream breaks."""
+        call = self._membership.WatchConsumerIds(
+            membership_pb2.WatchConsumerIdsRequest(group=group, client_id=client_id))
+        try:
+            async for change in call:
+                yield list(change.client_ids)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, address=self.address) from None
+        finally:
+            call.cancel()
+
+    async def lock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue]) -> list[QueueLockGrant]:
+        pb = await self._call(self._membership.LockQueues, membership_pb2.LockQueuesRequest(
+            group=group, client_id=client_id, queues=[convert.queue_pb(q) for q in mqs]))
+        return [QueueLockGrant(convert.queue_from_pb(g.queue), g.owner_epoch, g.expire_timestamp) for g in pb.locked]
+
+    async def unlock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue]) -> None:
+        await self._call(self._membership.UnlockQueues, membership_pb2.UnlockQueuesRequest(
+            group=group, client_id=client_id, queues=[convert.queue_pb(q) for q in mqs]))
+
+    # -- admin -----------------------------------------------------------------
+
+    async def broker_info(self) -> BrokerInfo:
+        info = convert.broker_info(await self._call(self._admin.GetBrokerInfo, admin_pb2.GetBrokerInfoRequest()))
+        self.broker_name = info.broker_name
+        return info
+
+    async def update_broker_permission(self, *, readable: bool, writable: bool) -> BrokerInfo:
+        pb = await self._call(self._admin.UpdateBrokerPermission,
+                              admin_pb2.UpdateBrokerPermissionRequest(readable=readable, writable=writable))
+        return convert.broker_info(pb)
+
+    async def create_topic(self, name: str, queue_nums: int) -> TopicConfig:
+        pb = await self._call(self._admin.CreateTopic, admin_pb2.CreateTopicRequest(name=name, queue_nums=queue_nums))
+        return convert.topic_config(pb)
+
+    async def update_topic(self, name: str, *, read_queue_nums: int | None = None,
+                           write_queue_nums: int | None = None, readable: bool | None = None,
+                           writable: bool | None = None) -> TopicConfig:
+        request = admin_pb2.UpdateTopicRequest(name=name)
+        for field, value in (("read_queue_nums", read_queue_nums), ("write_queue_nums", write_queue_nums),
+                             ("readable", readable), ("writable", writable)):
+            if value is not None:
+                setattr(request, field, value)
+        return convert.topic_config(await self._call(self._admin.UpdateTopic, request))
+
+    async def delete_topic(self, name: str) -> None:
+        await self._call(self._admin.DeleteTopic, admin_pb2.DeleteTopicRequest(name=name))
+
+    async def list_topics(self, *, include_system: bool = False) -> list[TopicConfig]:
+        pb = await self._call(self._admin.ListTopics, admin_pb2.ListTopicsRequest(include_system=include_system))
+        return [convert.topic_config(t) for t in pb.topics]
+
+    async def route(self, topic: str) -> TopicRoute:
+        return convert.topic_route(await self._call(self._admin.GetRoute, admin_pb2.GetRouteRequest(topic=topic)))
+
+    async def topic_stats(self, topic: str) -> list[TopicQueueStats]:
+        pb = await self._call(self._admin.GetTopicStats, admin_pb2.GetTopicStatsRequest(topic=topic))
+        return [convert.topic_queue_stats(q) for q in pb.queues]
+
+    async def list_groups(self, topic: str = "") -> list[GroupSummary]:
+        pb = await self._call(self._admin.ListGroups, admin_pb2.ListGroupsRequest(topic=topic))
+        return [GroupSummary(g.group, tuple(g.topics), g.member_count,
+                             common_pb2.MessageModel.Name(g.message_model)) for g in pb.groups]
+
+    async def describe_group(self, group: str) -> GroupDescription:
+        pb = await self._call(self._admin.DescribeGroup, admin_pb2.DescribeGroupRequest(group=group))
+        return GroupDescription(
+            pb.group, tuple(convert.group_member(m) for m in pb.members),
+            tuple(QueueLockInfo(convert.queue_from_pb(lk.queue), lk.client_id, lk.owner_epoch, lk.expire_timestamp)
+                  for lk in pb.locks))
+
+    async def delete_group(self, group: str) -> None:
+        await self._call(self._admin.DeleteGroup, admin_pb2.DeleteGroupRequest(group=group))
+
+    async def group_config(self, group: str) -> GroupConfig:
+        return convert.group_config(await self._call(self._admin.GetGroupConfig,
+                                                     admin_pb2.GetGroupConfigRequest(group=group)))
+
+    async def update_group_config(self, group: str, **changes: Any) -> GroupConfig:
+        request = admin_pb2.UpdateGroupConfigRequest(group=group)
+        for field, value in changes.items():
+            if field not in ("consume_enable", "consume_broadcast_enable", "retry_queue_nums", "retry_max_times"):
+                raise InvalidArgumentError(f"unknown group setting {field!r}")
+            if value is not None:
+                setattr(request, field, value)
+        return convert.group_config(await self._call(self._admin.UpdateGroupConfig, request))
+
+    async def delete_expired_commitlog(self) -> int:
+        pb = await self._call(self._admin.DeleteExpiredCommitLog, admin_pb2.DeleteExpiredCommitLogRequest())
+        return pb.deleted_segments

@@ -1,0 +1,88 @@
+"""LoopThread: the event loop a synchronous facade runs its asyncio core on.
+
+Each Producer/PushConsumer/PullConsumer owns one; nothing is shared between
+components by accident. stop() cancels what is left on the loop, closes it and
+joins the thread, so no thread or channel outlives shutdown().
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from client.errors import ClientStateError, RequestTimeoutError
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise ClientStateError(f"{self._name} is not running")
+        return self._loop
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._main, name=f"tidemark-{self._name}", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _main(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        if not self.running:
+            coro.close()
+            raise ClientStateError(f"{self._name} is not running")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run a coroutine on the loop and wait for its result (from any other thread)."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise ClientStateError(f"{self._name}: blocking call made from its own event loop thread")
+        future = self.submit(coro)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            raise RequestTimeoutError(f"{self._name}: no answer within {timeout} s") from None
+
+    def stop(self) -> None:
+        thread, loop = self._thread, self._loop
+        if thread is None or loop is None:
+            return
+        if thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+        self._thread = None
+        self._loop = None
+        self._ready.clear()

@@ -1,0 +1,189 @@
+"""Results of offset, membership and admin calls, as the client library returns them."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from client.message import MessageQueue
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommit:
+    """One queue offset to commit for a group; owner_epoch/reset_generation fence it (None: unfenced)."""
+
+    group: str
+    queue: MessageQueue
+    offset: int
+    client_id: str = ""
+    owner_epoch: int | None = None
+    reset_generation: int | None = None
+
+
+class CommitRejectReason(enum.Enum):
+    FENCED = "FENCED"
+    STALE_RESET_GENERATION = "STALE_RESET_GENERATION"
+    INVALID = "INVALID"
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedCommit:
+    group: str
+    queue: MessageQueue
+    offset: int
+    reason: CommitRejectReason
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class CommitOffsetsResult:
+    applied: int
+    rejected: int
+    rejections: list[RejectedCommit]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLockGrant:
+    queue: MessageQueue
+    owner_epoch: int
+    expire_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    name: str
+    read_queue_nums: int
+    write_queue_nums: int
+    readable: bool
+    writable: bool
+    system: bool = False
+
+    @property
+    def perm(self) -> str:
+        return ("R" if self.readable else "-") + ("W" if self.writable else "-")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueData:
+    """The queues one broker holds for a topic."""
+
+    broker_name: str
+    broker_addr: str
+    read_queue_nums: int
+    write_queue_nums: int
+    readable: bool
+    writable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRoute:
+    topic: str
+    queue_datas: tuple[QueueData, ...]
+
+    def read_queues(self) -> list[MessageQueue]:
+        return sorted(MessageQueue(self.topic, d.broker_name, q)
+                      for d in self.queue_datas if d.readable for q in range(d.read_queue_nums))
+
+    def write_queues(self) -> list[MessageQueue]:
+        return sorted(MessageQueue(self.topic, d.broker_name, q)
+                      for d in self.queue_datas if d.writable for q in range(d.write_queue_nums))
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerInfo:
+    broker_name: str
+    broker_addr: str
+    readable: bool
+    writable: bool
+    version: str
+    flush_mode: str
+    delay_levels: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A group's progress on one queue (GetConsumeStats)."""
+
+    queue: MessageQueue
+    min_offset: int
+    max_offset: int
+    consumer_offset: int
+    lag: int
+    last_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicQueueStats:
+    queue: MessageQueue
+    min_offset: int
+    max_offset: int
+    last_update_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetChange:
+    queue: MessageQueue
+    old_offset: int
+    new_offset: int
+
+
+class ResetTarget(enum.Enum):
+    EARLIEST = "to_earliest"
+    LATEST = "to_latest"
+    TIMESTAMP = "timestamp"
+    OFFSET = "offset"
+    SHIFT_BY = "shift_by"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    group: str
+    topics: tuple[str, ...]
+    member_count: int
+    message_model: str
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMember:
+    client_id: str
+    host: str
+    subscriptions: tuple[tuple[str, str], ...]
+    owned_queues: tuple[MessageQueue, ...]
+    message_model: str
+    consume_type: str
+    orderly: bool
+    last_heartbeat_timestamp: int
+    allocate_strategy: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLockInfo:
+    queue: MessageQueue
+    client_id: str
+    owner_epoch: int
+    expire_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    group: str
+    members: tuple[GroupMember, ...]
+    locks: tuple[QueueLockInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    group: str
+    consume_enable: bool
+    consume_broadcast_enable: bool
+    retry_queue_nums: int
+    retry_max_times: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendBackResult:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    delay_level: int
+    reconsume_times: int

@@ -1,0 +1,45 @@
+"""Crash-safe file replacement shared by the broker's config files and the client's local offsets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or create inside `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, *, keep_backup: bool = False) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new file.
+
+    Writes a temp file beside it, fsyncs it, optionally keeps the previous file as
+    `<name>.bak` (a hard link, so the old content stays reachable at every instant),
+    renames the temp file into place and fsyncs the directory.
+    """
+    path = Path(path)
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{path.name}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if keep_backup and path.exists():
+        bak = backup_path(path)
+        bak_tmp = directory / f".{bak.name}.tmp"
+        if bak_tmp.exists():
+            bak_tmp.unlink()
+        os.link(path, bak_tmp)
+        os.replace(bak_tmp, bak)
+    os.replace(tmp, path)
+    fsync_dir(directory)
+
+
+def backup_path(path: Path) -> Path:
+    return Path(path).with_name(Path(path).name + ".bak")

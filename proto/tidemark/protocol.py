@@ -1,0 +1,185 @@
+"""Wire-level rules shared by broker, client and connector.
+
+Names a RocketMQ user knows (MixAll's topic prefixes, MessageConst's property
+keys), the topic and group name rules, tag expressions and delay levels. Pure
+functions only: no I/O, no grpc.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+import zlib
+from dataclasses import dataclass
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+SYSTEM_TOPIC_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)
+
+TOPIC_MAX_LENGTH = 127
+GROUP_MAX_LENGTH = 255
+_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+DEFAULT_PORT = 10911
+DEFAULT_BROKER_ADDR = f"127.0.0.1:{DEFAULT_PORT}"
+
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+
+
+class PropertyKey:
+    """Message property keys, named as RocketMQ's MessageConst names them."""
+
+    KEYS = "KEYS"
+    TAGS = "TAGS"
+    UNIQ_KEY = "UNIQ_KEY"
+    DELAY = "DELAY"
+    RETRY_TOPIC = "RETRY_TOPIC"
+    REAL_TOPIC = "REAL_TOPIC"
+    REAL_QID = "REAL_QID"
+    ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+    RECONSUME_TIME = "RECONSUME_TIME"
+    MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+    CONSUME_START_TIME = "CONSUME_START_TIME"
+    # Timestamp (ms) at which a scheduled message is due.
+    DELIVER_TIMESTAMP = "DELIVER_TIMESTAMP"
+
+
+class InvalidNameError(ValueError):
+    """A topic or group name breaks the naming rules."""
+
+
+def check_topic_name(name: str, *, allow_system: bool = True) -> None:
+    """Raise InvalidNameError with a message saying what is wrong with a topic name."""
+    _check_name("topic", name, TOPIC_MAX_LENGTH)
+    if not allow_system and name.startswith("%"):
+        raise InvalidNameError(f"topic {name!r} is reserved: names starting with '%' are system topics")
+
+
+def check_group_name(name: str) -> None:
+    """Raise InvalidNameError with a message saying what is wrong with a group name."""
+    _check_name("group", name, GROUP_MAX_LENGTH)
+
+
+def _check_name(kind: str, name: str, max_length: int) -> None:
+    if not isinstance(name, str) or not name:
+        raise InvalidNameError(f"{kind} name must not be empty")
+    if len(name) > max_length:
+        raise InvalidNameError(f"{kind} name {name[:40]!r}... is {len(name)} characters; at most {max_length} allowed")
+    if not _NAME_RE.match(name):
+        raise InvalidNameError(f"{kind} name {name!r} may only contain letters, digits, '%', '|', '_' and '-'")
+
+
+def is_system_topic(topic: str) -> bool:
+    return topic.startswith(SYSTEM_TOPIC_PREFIXES) or topic == SCHEDULE_TOPIC
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def is_retry_topic(topic: str) -> bool:
+    return topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+
+
+def is_dlq_topic(topic: str) -> bool:
+    return topic.startswith(DLQ_GROUP_TOPIC_PREFIX)
+
+
+def tag_hash(tag: str) -> int:
+    """The tags code stored in a consume queue entry for a message tag (0 for none)."""
+    if not tag:
+        return 0
+    return zlib.crc32(tag.encode("utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
+class TagExpression:
+    """A parsed subscription expression: "*" (everything) or "tagA || tagB"."""
+
+    expression: str
+    tags: frozenset[str]
+    codes: frozenset[int]
+
+    @property
+    def matches_all(self) -> bool:
+        return not self.tags
+
+    def matches_code(self, code: int) -> bool:
+        """First, cheap check on the consume queue's tags code."""
+        return self.matches_all or code in self.codes
+
+    def matches_tag(self, tag: str) -> bool:
+        """Exact check on the stored tag (hash codes may collide)."""
+        return self.matches_all or tag in self.tags
+
+
+def parse_tag_expression(expression: str | None) -> TagExpression:
+    """Parse "*", "" (everything) or "a || b"; raise ValueError on an empty alternative."""
+    text = (expression or "").strip()
+    if text in ("", "*"):
+        return TagExpression("*", frozenset(), frozenset())
+    tags = [part.strip() for part in text.split("||")]
+    if any(not t for t in tags):
+        raise ValueError(f"tag expression {expression!r} has an empty tag; use '*' or 'tagA || tagB'")
+    if any("*" in t for t in tags):
+        raise ValueError(f"tag expression {expression!r}: '*' must stand alone")
+    return TagExpression(text, frozenset(tags), frozenset(tag_hash(t) for t in tags))
+
+
+_DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION_RE = re.compile(r"^(\d+)(ms|s|m|h|d)$")
+
+
+def parse_delay_levels(text: str) -> tuple[int, ...]:
+    """Parse RocketMQ's messageDelayLevel string ("1s 5s 10s 30s 1m ...") into milliseconds.
+
+    Level n (1-based) waits levels[n - 1] ms.
+    """
+    levels = []
+    for token in text.split():
+        m = _DURATION_RE.match(token)
+        if not m:
+            raise ValueError(f"delay level {token!r} is not a duration like 500ms, 5s, 1m, 2h or 1d")
+        levels.append(int(m.group(1)) * _DURATION_UNITS_MS[m.group(2)])
+    if not levels:
+        raise ValueError("at least one delay level is needed")
+    return tuple(levels)
+
+
+def format_duration_ms(ms: int) -> str:
+    for unit in ("d", "h", "m", "s"):
+        size = _DURATION_UNITS_MS[unit]
+        if ms % size == 0 and ms >= size:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
+
+
+def split_keys(keys: str) -> list[str]:
+    """RocketMQ stores several keys in one property separated by spaces."""
+    return [k for k in keys.split(" ") if k]
+
+
+class MessageIdGenerator:
+    """Unique message ids (RocketMQ's UNIQ_KEY shape: 32 upper-case hex characters).
+
+    16 bytes: a per-process prefix (pid and random bits, so two processes on one
+    host differ), milliseconds since the epoch, and a wrapping counter.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = (os.getpid() & 0xFFFF).to_bytes(2, "big") + secrets.token_bytes(4)
+        self._counter = 0
+
+    def next(self) -> str:
+        self._counter = (self._counter + 1) & 0xFFFF
+        now = time.time_ns() // 1_000_000
+        raw = self._prefix + now.to_bytes(8, "big") + self._counter.to_bytes(2, "big")
+        return raw.hex().upper()

@@ -1,0 +1,99 @@
+"""Scheduler: every periodic task of a process, owned and visible in one place.
+
+The broker registers its timers here (offset flush, expiry scans, retention),
+and so does each client (heartbeat, offset persist, rebalance, lock renewal).
+Jobs run on the event loop; an exception in one run is logged and the job
+keeps its schedule; stop() cancels and awaits every job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+log = logging.getLogger("tidemark.scheduler")
+
+JobFn = Callable[[], Awaitable[None] | None]
+
+
+@dataclass(eq=False)
+class _Job:
+    name: str
+    interval_s: float
+    fn: JobFn
+    initial_delay_s: float
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+    runs: int = 0
+
+
+class Scheduler:
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._jobs: dict[str, _Job] = {}
+        self._running = False
+
+    def every(self, name: str, interval_s: float, fn: JobFn, *, initial_delay_s: float | None = None) -> None:
+        """Run fn every interval_s seconds (first run after initial_delay_s, default one interval)."""
+        if name in self._jobs:
+            raise ValueError(f"{self._owner}: job {name!r} is already scheduled")
+        if interval_s <= 0:
+            raise ValueError(f"{self._owner}: job {name!r} needs a positive interval, got {interval_s}")
+        job = _Job(name, interval_s, fn, interval_s if initial_delay_s is None else initial_delay_s)
+        self._jobs[name] = job
+        if self._running:
+            job.task = asyncio.get_running_loop().create_task(self._loop(job), name=f"{self._owner}:{name}")
+
+    def trigger(self, name: str) -> None:
+        """Run a job as soon as possible instead of waiting for its next tick."""
+        job = self._jobs.get(name)
+        if job is not None:
+            job.wake.set()
+
+    def jobs(self) -> list[tuple[str, float, int]]:
+        """(name, interval in seconds, completed runs) of every job."""
+        return [(j.name, j.interval_s, j.runs) for j in self._jobs.values()]
+
+    async def start(self) -> None:
+        if self._running:
+            return
+        self._running = True
+        loop = asyncio.get_running_loop()
+        for job in self._jobs.values():
+            job.task = loop.create_task(self._loop(job), name=f"{self._owner}:{job.name}")
+
+    async def stop(self) -> None:
+        """Cancel every job and wait until each has finished."""
+        self._running = False
+        tasks = [j.task for j in self._jobs.values() if j.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        for job in self._jobs.values():
+            job.task = None
+
+    async def _loop(self, job: _Job) -> None:
+        delay = job.initial_delay_s
+        while True:
+            try:
+                await asyncio.wait_for(job.wake.wait(), timeout=delay)
+            except TimeoutError:
+                pass
+            job.wake.clear()
+            delay = job.interval_s
+            try:
+                result = job.fn()
+                if inspect.isawaitable(result):
+                    await result
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("scheduled job failed event=job_error owner=%s job=%s", self._owner, job.name)
+            job.runs += 1

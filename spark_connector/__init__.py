@@ -1,0 +1,1 @@
+"""Tidemark source and sink for the PySpark Python Data Source API."""

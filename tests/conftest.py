@@ -1,0 +1,51 @@
+"""Shared fixtures: real broker processes (no mocks) on free loopback ports."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from brokerproc import BrokerProcess  # noqa: E402
+
+
+@pytest.fixture
+def broker_factory(tmp_path: Path) -> Iterator:
+    """Start brokers on demand; all are killed at the end of the test."""
+    started: list[BrokerProcess] = []
+
+    def start(name: str = "broker-a", *, args: tuple[str, ...] = (), data_dir: Path | None = None,
+              env: dict[str, str] | None = None) -> BrokerProcess:
+        b = BrokerProcess(data_dir or tmp_path / f"data-{name}-{len(started)}", broker_name=name, args=args, env=env)
+        started.append(b)
+        return b.start()
+
+    yield start
+    for b in started:
+        b.kill()
+
+
+@pytest.fixture
+def broker(broker_factory) -> BrokerProcess:
+    """One fresh broker (async flush) for a test."""
+    return broker_factory()
+
+
+@pytest.fixture(scope="module")
+def module_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
+    """One broker shared by the tests of a module (use distinct topic/group names per test)."""
+    b = BrokerProcess(tmp_path_factory.mktemp("module-broker") / "data").start()
+    yield b
+    b.kill()
+
+
+@pytest.fixture
+def offset_dir(tmp_path: Path, monkeypatch) -> Path:
+    """Broadcasting consumers write local offsets here, not in ~."""
+    d = tmp_path / "local-offsets"
+    monkeypatch.setenv("TIDEMARK_OFFSET_DIR", str(d))
+    return d

@@ -1,0 +1,256 @@
+"""MessageStore writes and reads: offsets, segments, filtering and every GetStatus."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+from conftest import body_for
+
+from broker.errors import InvalidArgumentError, StoreError
+from broker.store import GetStatus, MessageRecord
+from tidemark.protocol import parse_tag_expression, tag_hash
+
+
+def _files(path) -> list[str]:
+    return sorted(os.listdir(path))
+
+
+def test_round_trip_across_segments_and_consume_queue_files(config, open_store, make_records):
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        results = []
+        for i in range(60):
+            results += await store.put_messages(make_records(1, start=i))
+        results += await store.put_messages(make_records(40, start=60))  # a batch larger than a segment
+        return store, results
+
+    store, results = asyncio.run(scenario())
+
+    assert [r.queue_offset for r in results] == list(range(100))
+    assert len(_files(config.data_dir / "commitlog")) >= 4
+    assert len(_files(config.data_dir / "consumequeue" / "T" / "0")) == 13  # 100 entries / 8 per file
+    assert (store.min_offset("T", 0), store.max_offset("T", 0)) == (0, 100)
+    for r in results:
+        message = store.message_at("T", 0, r.queue_offset)
+        assert message.body == body_for(r.queue_offset)
+        assert (message.queue_offset, message.commit_log_offset, message.store_size) == (
+            r.queue_offset, r.commit_log_offset, r.store_size,
+        )  # fmt: skip
+        assert store.read_message(r.commit_log_offset) == message
+        # a record never spans segments
+        start = r.commit_log_offset // 4096 * 4096
+        assert r.commit_log_offset + r.store_size <= start + 4096
+
+    result = store.get_messages("T", 0, 0, 1000, max_scan=1000)
+    assert result.status is GetStatus.FOUND
+    assert [m.body for m in result.messages] == [body_for(i) for i in range(100)]
+    assert (result.next_begin_offset, result.min_offset, result.max_offset) == (100, 0, 100)
+
+
+def test_batch_gets_consecutive_offsets_and_one_store_timestamp(open_store, make_records):
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        await store.put_messages(make_records(3))
+        return store, await store.put_messages(make_records(5, start=3))
+
+    store, results = asyncio.run(scenario())
+    assert [r.queue_offset for r in results] == [3, 4, 5, 6, 7]
+    assert len({r.store_timestamp for r in results}) == 1
+    offsets = [r.commit_log_offset for r in results]
+    sizes = [r.store_size for r in results]
+    assert all(offsets[i] + sizes[i] <= offsets[i + 1] for i in range(4))
+
+
+def test_queues_are_independent_and_listed(open_store, make_records):
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        await store.put_messages(make_records(2, queue_id=1))
+        await store.put_messages(make_records(3, topic="U", queue_id=0))
+        r = await store.put_messages(make_records(1, queue_id=1, start=2))
+        return store, r
+
+    store, results = asyncio.run(scenario())
+    assert results[0].queue_offset == 2
+    assert store.topics() == ["T", "U"]
+    assert store.queue_ids("T") == [1]
+    assert (store.max_offset("U", 0), store.max_offset("T", 1), store.max_offset("T", 0)) == (3, 3, 0)
+
+
+def test_max_count_limits_and_next_begin_offset_follows_the_last_returned(open_store, make_records):
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        await store.put_messages(make_records(20))
+        return store
+
+    store = asyncio.run(scenario())
+    result = store.get_messages("T", 0, 5, 4)
+    assert [m.queue_offset for m in result.messages] == [5, 6, 7, 8]
+    assert result.next_begin_offset == 9
+
+
+def test_tag_filtering_with_matcher_and_exact_matcher(open_store):
+    expression = parse_tag_expression("a || b")
+    # "c" pretends to collide with "a": same code in the consume queue, other tag in the message.
+    tags = ["a", "c", "b", "d", "a", "c"]
+    records = [
+        MessageRecord("T", 0, f"m{i}".encode(), {"TAGS": tag}, tags_code=tag_hash("a" if tag == "c" else tag))
+        for i, tag in enumerate(tags)
+    ]
+
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        await store.put_messages(records)
+        return store
+
+    store = asyncio.run(scenario())
+    cheap = store.get_messages("T", 0, 0, 10, matcher=expression.matches_code)
+    assert [m.tags for m in cheap.messages] == ["a", "c", "b", "a", "c"]
+    exact = store.get_messages(
+        "T", 0, 0, 10, matcher=expression.matches_code, exact_matcher=lambda m: expression.matches_tag(m.tags)
+    )
+    assert [m.queue_offset for m in exact.messages] == [0, 2, 4]
+    assert exact.next_begin_offset == 6
+
+
+def test_no_matched_message_still_advances(open_store, make_records):
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        await store.put_messages(make_records(50, tag="x"))
+        return store
+
+    store = asyncio.run(scenario())
+    result = store.get_messages("T", 0, 10, 32, matcher=lambda code: code == 12345, max_scan=15)
+    assert (result.status, result.messages, result.next_begin_offset) == (GetStatus.NO_MATCHED_MESSAGE, [], 25)
+    result = store.get_messages("T", 0, 40, 32, exact_matcher=lambda m: False)
+    assert (result.status, result.next_begin_offset) == (GetStatus.NO_MATCHED_MESSAGE, 50)
+
+
+def test_get_status_cases(open_store, make_records):
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        await store.put_messages(make_records(5))
+        return store
+
+    store = asyncio.run(scenario())
+
+    def outcome(topic, offset):
+        r = store.get_messages(topic, 0, offset, 10)
+        return r.status, len(r.messages), r.next_begin_offset, r.min_offset, r.max_offset
+
+    assert outcome("T", 2) == (GetStatus.FOUND, 3, 5, 0, 5)
+    assert outcome("T", 5) == (GetStatus.OFFSET_OVERFLOW_ONE, 0, 5, 0, 5)
+    assert outcome("T", 9) == (GetStatus.OFFSET_OVERFLOW_BADLY, 0, 0, 0, 5)
+    assert outcome("Unknown", 3) == (GetStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0, 0)
+    with pytest.raises(InvalidArgumentError):
+        store.get_messages("T", 0, -1, 10)
+    with pytest.raises(InvalidArgumentError):
+        store.get_messages("T", 0, 0, 0)
+    # OFFSET_TOO_SMALL needs a min offset above 0: see test_store_admin.
+
+
+def test_search_offset_by_timestamp_with_injected_clock(open_store, clock, make_records):
+    clock.now, clock.step = 1_000, 100  # put i is stored at 1000 + 100 * i
+
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        for i in range(20):
+            await store.put_messages(make_records(1, start=i))
+        return store
+
+    store = asyncio.run(scenario())
+    assert store.store_timestamp_at("T", 0, 7) == 1_700
+    assert store.store_timestamp_at("T", 0, 20) is None
+    search = store.search_offset_by_timestamp
+    assert search("T", 0, 1_700) == 7  # exact
+    assert search("T", 0, 1_650) == 7  # between 6 and 7
+    assert search("T", 0, 0) == 0  # before everything: min
+    assert search("T", 0, 2_901) == 20  # after everything: max
+    assert search("Unknown", 0, 1_000) == 0
+
+
+def test_read_message_only_at_record_starts(open_store, make_records):
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        return store, await store.put_messages(make_records(3))
+
+    store, results = asyncio.run(scenario())
+    first = results[0]
+    assert store.read_message(first.commit_log_offset).body == body_for(0)
+    assert store.read_message(first.commit_log_offset + 1) is None
+    assert store.read_message(first.commit_log_offset + 28) is None
+    assert store.read_message(store.commit_log_max_offset) is None
+    assert store.read_message(-5) is None
+    assert store.message_at("T", 0, 3) is None
+    assert store.commit_log_min_offset == 0
+    assert store.commit_log_max_offset == results[-1].commit_log_offset + results[-1].store_size
+    assert store.store_size_bytes() == store.commit_log_max_offset + 3 * 20
+
+
+def test_dispatch_listener_sees_each_put(open_store, make_records):
+    seen = []
+
+    async def scenario():
+        store, _ = open_store()
+        store.add_dispatch_listener(lambda *args: seen.append(args))
+        store.add_dispatch_listener(lambda *args: 1 / 0)  # a broken listener must not fail the put
+        await store.start()
+        await store.put_messages(make_records(2))
+        await store.put_messages(make_records(3, queue_id=4))
+
+    asyncio.run(scenario())
+    assert seen == [("T", 0, 2), ("T", 4, 3)]
+
+
+@pytest.mark.parametrize(
+    "records, match",
+    [
+        ([], "at least one"),
+        ([MessageRecord("T", 0, b"a"), MessageRecord("U", 0, b"b")], "one queue"),
+        ([MessageRecord("T", 0, b"a"), MessageRecord("T", 1, b"b")], "one queue"),
+        ([MessageRecord("T", 0, b"x" * 1001)], "max_message_size"),
+        ([MessageRecord("T", 0, b"x" * 990, {"K": "0123456789"})], "max_message_size"),
+        ([MessageRecord("T", 0, b"a", {"K": "v\x01"})], "must not contain"),
+        ([MessageRecord("../etc", 0, b"a")], "topic"),
+        ([MessageRecord("T", -1, b"a")], "queue id"),
+        ([MessageRecord("T", 0, b"ok"), MessageRecord("T", 0, b"a", flag=2**40)], "out of range"),
+    ],
+)
+def test_invalid_puts_are_rejected_and_write_nothing(open_store, records, match):
+    async def scenario():
+        store, _ = open_store(max_message_size=1000)
+        await store.start()
+        with pytest.raises(InvalidArgumentError, match=match):
+            await store.put_messages(records)
+        return store
+
+    store = asyncio.run(scenario())
+    assert store.commit_log_max_offset == 0
+    assert store.max_offset("T", 0) == 0
+
+
+def test_put_needs_a_running_store(open_store, make_records):
+    async def scenario():
+        store, _ = open_store()
+        with pytest.raises(StoreError, match="not running"):
+            await store.put_messages(make_records(1))
+        await store.start()
+        await store.put_messages(make_records(1))
+        await store.shutdown()
+        await store.shutdown()  # idempotent
+        with pytest.raises(StoreError):
+            await store.put_messages(make_records(1))
+        with pytest.raises(StoreError):
+            store.get_messages("T", 0, 0, 1)
+
+    asyncio.run(scenario())

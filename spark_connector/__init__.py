@@ -1,1 +1,52 @@
-"""Tidemark source and sink for the PySpark Python Data Source API."""
+"""Tidemark source and sink for the PySpark Python Data Source API (pyspark >= 4.2).
+
+    import spark_connector
+    spark_connector.register(spark)
+
+    df = (spark.read.format("tidemark")
+          .option("brokers", "127.0.0.1:10911").option("topic", "orders").load())
+    q = (spark.readStream.format("tidemark")
+         .option("brokers", "127.0.0.1:10911").option("topic", "orders").option("group", "spark-orders")
+         .option("maxOffsetsPerTrigger", "10000").load()
+         .writeStream.option("checkpointLocation", "/tmp/ckpt").format("console").start())
+    df.selectExpr("body").write.format("tidemark").mode("append").option("topic", "copy").save()
+
+Read options (string values, case-insensitive keys):
+  brokers               host:port[,host:port] (default: $TIDEMARK_BROKER or 127.0.0.1:10911)
+  topic                 topic name, or a comma list (reads)
+  group                 consumer group: startingOffsets=committed reads it, streaming commits to it
+  startingOffsets       earliest | latest | committed | {"topic": {"broker": {"queueId": offset}}}
+                        (JSON: -2 earliest, -1 latest; queues left out start at earliest)
+                        default: earliest for batch, latest for streaming
+  endingOffsets         batch only: latest (default) | JSON (-1 latest; queues left out end at latest)
+  startingTimestamp     ms since the epoch: each queue starts at its first message stored at or after it
+  maxOffsetsPerTrigger  streaming: at most this many offsets per micro-batch, split across queues
+                        in proportion to their backlog
+  minPartitions         split large queue ranges so there are at least about this many tasks
+  failOnDataLoss        true (default): a start offset below a queue's min offset (retention) or above
+                        its max (topic re-created) fails the query, naming the queue;
+                        false: log a warning and continue at the queue's min offset
+  tagExpression         "*" (default) or "tagA || tagB": rows whose tag does not match are skipped
+  commitOffsets         streaming, default true: commit each finished micro-batch's end offsets to
+                        `group`, so the group's consume stats show the query's lag
+  pollTimeoutMs         how long a task waits for a message it knows exists (default 60000)
+Write options: brokers, topic. Columns: body (binary|string, required), keys, tags, properties
+(map<string,string>), queue_id (int), broker (string). mode("append") only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spark_connector.arrow import ARROW_SCHEMA, SCHEMA
+from spark_connector.offsets import DataLossError
+from spark_connector.options import OptionError
+from spark_connector.source import TidemarkDataSource
+
+
+def register(spark: Any) -> None:
+    """Make format("tidemark") available in this SparkSession (readers, writers, streams)."""
+    spark.dataSource.register(TidemarkDataSource)
+
+
+__all__ = ["ARROW_SCHEMA", "SCHEMA", "DataLossError", "OptionError", "TidemarkDataSource", "register"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from brokerproc import BrokerProcess  # noqa: E402
 

@@ -171,10 +171,19 @@ def encode_batch(
             )
         try:
             buf += pack(
-                total, MESSAGE_MAGIC, 0, record.queue_id, record.flag, queue_offset, 0,
-                record.sys_flag, record.born_timestamp, store_timestamp,
-                record.reconsume_times, record.tags_code,
-            )  # fmt: skip
+                total,
+                MESSAGE_MAGIC,
+                0,
+                record.queue_id,
+                record.flag,
+                queue_offset,
+                0,
+                record.sys_flag,
+                record.born_timestamp,
+                store_timestamp,
+                record.reconsume_times,
+                record.tags_code,
+            )
         except struct.error as exc:
             raise InvalidArgumentError(f"message field out of range: {exc}") from None
         buf += host_part
@@ -195,14 +204,21 @@ def seal(buf: bytearray, view: memoryview, start: int, size: int, physical_offse
 
 
 def encode_record(
-    record: MessageRecord, *, queue_offset: int, physical_offset: int, store_timestamp: int,
+    record: MessageRecord,
+    *,
+    queue_offset: int,
+    physical_offset: int,
+    store_timestamp: int,
     max_message_size: int = 2**31 - 1,
-) -> bytes:  # fmt: skip
+) -> bytes:
     """One sealed record; for tests and tools (the store encodes whole batches)."""
     batch = encode_batch(
-        [record], first_queue_offset=queue_offset, store_timestamp=store_timestamp,
-        max_message_size=max_message_size, max_record_size=2**31 - 1,
-    )  # fmt: skip
+        [record],
+        first_queue_offset=queue_offset,
+        store_timestamp=store_timestamp,
+        max_message_size=max_message_size,
+        max_record_size=2**31 - 1,
+    )
     seal(batch.buffer, memoryview(batch.buffer), 0, batch.sizes[0], physical_offset)
     return bytes(batch.buffer)
 
@@ -223,8 +239,20 @@ def decode_record(buf: bytes | memoryview, start: int = 0) -> StoredMessage:
     """
     if len(buf) - start < MIN_RECORD_SIZE:
         raise CorruptRecordError(f"{len(buf) - start} bytes cannot hold a record")
-    (total, magic, _crc, queue_id, flag, queue_offset, phys, sys_flag,
-     born_ts, store_ts, reconsume, tags_code) = HEADER.unpack_from(buf, start)  # fmt: skip
+    (
+        total,
+        magic,
+        _crc,
+        queue_id,
+        flag,
+        queue_offset,
+        phys,
+        sys_flag,
+        born_ts,
+        store_ts,
+        reconsume,
+        tags_code,
+    ) = HEADER.unpack_from(buf, start)
     if magic != MESSAGE_MAGIC:
         raise CorruptRecordError(f"bad magic {magic:#x}")
     end = start + total
@@ -251,9 +279,21 @@ def decode_record(buf: bytes | memoryview, start: int = 0) -> StoredMessage:
     if p + n != end:
         raise CorruptRecordError(f"fields end at {p + n - start}, record size is {total}")
     return StoredMessage(
-        topic, queue_id, queue_offset, phys, total, body, properties, flag,
-        born_ts, store_ts, host, reconsume, tags_code, sys_flag,
-    )  # fmt: skip
+        topic,
+        queue_id,
+        queue_offset,
+        phys,
+        total,
+        body,
+        properties,
+        flag,
+        born_ts,
+        store_ts,
+        host,
+        reconsume,
+        tags_code,
+        sys_flag,
+    )
 
 
 def scan_topic(buf: bytes | memoryview, start: int) -> str:

@@ -246,8 +246,12 @@ class CommitLog:
         if start > segment.end:
             # The checkpoint promises bytes the files no longer have (lost or cut
             # externally); a segment start is always a record boundary.
-            log.warning("checkpoint %d is past the commit log's data (%d); rescanning segment %s",
-                        start, segment.end, segment.path.name)  # fmt: skip
+            log.warning(
+                "checkpoint %d is past the commit log's data (%d); rescanning segment %s",
+                start,
+                segment.end,
+                segment.path.name,
+            )
             return segment.start
         return start
 

@@ -187,8 +187,13 @@ class ConsumeQueue:
             self.append(offset, CQ_ENTRY.pack(commit_log_offset, size, tags_code))
             return True
         if offset > max_offset:
-            log.warning("consume queue %s: record at %d has queue offset %d past max %d; not dispatched",
-                        self._dir, commit_log_offset, offset, max_offset)  # fmt: skip
+            log.warning(
+                "consume queue %s: record at %d has queue offset %d past max %d; not dispatched",
+                self._dir,
+                commit_log_offset,
+                offset,
+                max_offset,
+            )
             return False
         if offset < self.min_offset:
             return False

@@ -238,8 +238,11 @@ class FlushService:
         while True:
             timeout = next_full - loop.time()
             if timeout > 0 and not self._waiters:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a
+                # cancel that races with the event being set, and stop() would hang.
                 try:
-                    await asyncio.wait_for(self._wakeup.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wakeup.wait()
                 except TimeoutError:
                     pass
             self._wakeup.clear()

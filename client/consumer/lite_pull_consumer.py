@@ -50,6 +50,9 @@ class AsyncLitePullConsumer:
         self.assigned: set[MessageQueue] | None = None
         self.paused: set[MessageQueue] = set()
         self.auto_commit = settings.auto_commit
+        # Offset after the last message poll() returned, per queue; it reaches the offset store (and so
+        # the broker) only through commit() or auto commit.
+        self.consumed: dict[MessageQueue, int] = {}
         self._buffer: asyncio.Queue[_Fetched] = asyncio.Queue()
         self.scheduler = Scheduler(f"pull-consumer:{settings.group}")
 
@@ -65,7 +68,8 @@ class AsyncLitePullConsumer:
             self.pull_service = PullMessageService(
                 cluster=self.cluster, settings=s, client_id=self.client_id, offset_store=self.store,
                 subscription=lambda topic: self.subscriptions.get(topic, "*"), dispatch=self._dispatch,
-                lose=lambda oq, reason: self.ownership.lose(oq.mq, reason), max_span=None)
+                lose=lambda oq, reason: self.ownership.lose(oq.mq, reason), max_span=None,
+                piggyback_commit=False)
             self.ownership = QueueOwnership(
                 cluster=self.cluster, group=s.group, client_id=self.client_id, offset_store=self.store,
                 locking=s.queue_locking and assigned is None, drain_timeout_s=s.drain_timeout_s,
@@ -82,7 +86,8 @@ class AsyncLitePullConsumer:
                     on_change=lambda: self.scheduler.trigger("rebalance"))
                 await self.membership.heartbeat()
                 sched.every("heartbeat", s.heartbeat_interval_s, self.membership.heartbeat)
-                sched.every("rebalance", s.rebalance_interval_s, self.rebalance.do_rebalance, initial_delay_s=0)
+                await self.rebalance.do_rebalance()
+                sched.every("rebalance", s.rebalance_interval_s, self.rebalance.do_rebalance)
                 if self.ownership.locking:
                     sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
                     sched.every("retry-locks", 0.25, self.ownership.retry_locks)
@@ -111,9 +116,13 @@ class AsyncLitePullConsumer:
                                              offset_store=self.store, cluster=self.cluster)
 
     def _start_pulling(self, oq: OwnedQueue) -> asyncio.Task:
-        # The consumed offset starts where pulling starts, so commit() before any poll keeps the position.
-        self.store.update_offset(oq.mq, oq.next_offset, increase_only=False)
+        self._consumed(oq.mq, oq.next_offset)
         return self.pull_service.start(oq)
+
+    def _consumed(self, mq: MessageQueue, offset: int) -> None:
+        self.consumed[mq] = offset
+        if self.auto_commit:
+            self.store.update_offset(mq, offset, increase_only=False)
 
     def _dispatch(self, oq: OwnedQueue, msgs: list[MessageExt]) -> None:
         self._buffer.put_nowait(_Fetched(oq, msgs, oq.epoch_of_cache))
@@ -136,7 +145,7 @@ class AsyncLitePullConsumer:
                     await asyncio.sleep(min(0.05, max(remaining, 0)))
                 continue
             oq.pq.remove_messages(fetched.msgs)
-            self.store.update_offset(oq.mq, fetched.msgs[-1].queue_offset + 1, increase_only=False)
+            self._consumed(oq.mq, fetched.msgs[-1].queue_offset + 1)
             return fetched.msgs
 
     def _owned(self, mq: MessageQueue) -> OwnedQueue:
@@ -156,7 +165,7 @@ class AsyncLitePullConsumer:
         oq.pq.clear()
         oq.epoch_of_cache += 1
         oq.next_offset = offset
-        self.store.update_offset(mq, offset, increase_only=False)
+        self._consumed(mq, offset)
         oq.pull_task = self.pull_service.start(oq)
 
     async def seek_edge(self, mq: MessageQueue, *, end: bool) -> None:
@@ -168,11 +177,15 @@ class AsyncLitePullConsumer:
         return (await conn.query_consumer_offset(self.settings.group, mq))[0]
 
     async def commit(self, offsets: Mapping[MessageQueue, int] | None, sync: bool) -> None:
-        if offsets is not None:
-            for mq, offset in offsets.items():
-                self._owned(mq)
-                self.store.update_offset(mq, offset, increase_only=False)
-        targets = list(offsets) if offsets is not None else [oq.mq for oq in self.ownership.queues() if oq.pulling]
+        if offsets is None:
+            offsets = {oq.mq: self.consumed[oq.mq] for oq in self.ownership.queues()
+                       if oq.pulling and oq.mq in self.consumed}
+        for mq, offset in offsets.items():
+            self._owned(mq)
+            if offset < 0:
+                raise InvalidArgumentError(f"commit offset must be >= 0, got {offset} for {mq}")
+            self.store.update_offset(mq, offset, increase_only=False)
+        targets = list(offsets)
         if sync:
             for mq in targets:
                 await self.store.persist(mq)

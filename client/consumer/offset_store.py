@@ -196,18 +196,22 @@ class LocalFileOffsetStore(OffsetStore):
         return out
 
     async def read_offset(self, mq: MessageQueue, kind: ReadOffsetType) -> int:
-        if kind is ReadOffsetType.READ_FROM_STORE:
-            offset = self._read_file().get(mq, -1)
-            if offset >= 0:
-                self.update_offset(mq, offset, increase_only=False)
-            return offset
-        return self.read_memory(mq)
+        # This process is the file's only writer, so memory is never older than the file.
+        if mq in self._table or kind is ReadOffsetType.READ_FROM_MEMORY:
+            return self.read_memory(mq)
+        offset = self._read_file().get(mq, -1)
+        if offset >= 0:
+            self.update_offset(mq, offset, increase_only=False)
+        return offset
+
+    def remove_offset(self, mq: MessageQueue) -> None:
+        """Kept: a broadcasting client's progress outlives any one assignment (as RocketMQ's no-op)."""
 
     async def persist_all(self, mqs: Iterable[MessageQueue]) -> None:
-        wanted = set(mqs)
+        """Write every known offset (not only mqs): the file is this client's whole progress."""
         doc = {"offsetTable": [
             {"topic": mq.topic, "brokerName": mq.broker_name, "queueId": mq.queue_id, "offset": e.offset}
-            for mq, e in sorted(self._table.items()) if mq in wanted and e.offset >= 0]}
+            for mq, e in sorted(self._table.items()) if e.offset >= 0]}
         atomic_write(self.path, json.dumps(doc, indent=2).encode("utf-8"))
         return None
 

@@ -33,7 +33,7 @@ Lose = Callable[[OwnedQueue, str], Awaitable[None]]
 class PullMessageService:
     def __init__(self, *, cluster: BrokerCluster, settings: ConsumerSettings, client_id: str,
                  offset_store: OffsetStore, subscription: Callable[[str], str], dispatch: Dispatch, lose: Lose,
-                 max_span: int | None) -> None:
+                 max_span: int | None, piggyback_commit: bool = True) -> None:
         self._cluster = cluster
         self._settings = settings
         self._client_id = client_id
@@ -42,6 +42,9 @@ class PullMessageService:
         self._dispatch = dispatch
         self._lose = lose
         self._max_span = max_span
+        # The push consumer piggybacks its commit on pulls (RocketMQ's commitOffset); the lite pull
+        # consumer commits only when the application (or auto commit) says so.
+        self._piggyback = piggyback_commit and isinstance(offset_store, RemoteBrokerOffsetStore)
         self.flow_control_times = 0
 
     def start(self, oq: OwnedQueue) -> asyncio.Task:
@@ -65,7 +68,7 @@ class PullMessageService:
                 self.flow_control_times += 1
                 await asyncio.sleep(FLOW_CONTROL_DELAY_S)
                 continue
-            commit = self._store.commit_for(mq) if isinstance(self._store, RemoteBrokerOffsetStore) else None
+            commit = self._store.commit_for(mq) if self._piggyback else None
             expression = self._subscription(mq.topic)
             try:
                 conn = await self._cluster.connection(mq.broker_name)

@@ -119,7 +119,9 @@ class AsyncPushConsumer:
         sched = self.scheduler
         sched.every("heartbeat", s.heartbeat_interval_s, self.membership.heartbeat)
         sched.every("persist-offsets", s.persist_consumer_offset_interval_s, self.persist_offsets)
-        sched.every("rebalance", s.rebalance_interval_s, self.rebalance.do_rebalance, initial_delay_s=0)
+        # The first rebalance finishes inside start(): when start() returns, start offsets are fixed.
+        await self.rebalance.do_rebalance()
+        sched.every("rebalance", s.rebalance_interval_s, self.rebalance.do_rebalance)
         if self.ownership.locking:
             sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
             sched.every("retry-locks", LOCK_RETRY_INTERVAL_S, self.ownership.retry_locks)

@@ -71,10 +71,14 @@ def open_store(config, clock) -> Callable[..., tuple[MessageStore, RecoveryRepor
 def make_records() -> Callable[..., list[MessageRecord]]:
     """make_records(n, start=0, topic="T", queue_id=0, tag=None) -> records with body_for(i)."""
 
-    def make(n: int, *, start: int = 0, topic: str = "T", queue_id: int = 0, tag: str | None = None):
+    def make(
+        n: int, *, start: int = 0, topic: str = "T", queue_id: int = 0, tag: str | None = None
+    ):
         props = {"TAGS": tag} if tag else {}
         return [
-            MessageRecord(topic, queue_id, body_for(i), {**props, "KEYS": f"k{i}"}, born_timestamp=i)
+            MessageRecord(
+                topic, queue_id, body_for(i), {**props, "KEYS": f"k{i}"}, born_timestamp=i
+            )
             for i in range(start, start + n)
         ]
 

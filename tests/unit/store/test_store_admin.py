@@ -14,7 +14,9 @@ from broker.store import GetStatus
 
 
 @pytest.mark.parametrize("crash", [False, True], ids=["clean-restart", "unclean-restart"])
-def test_deleted_topic_restarts_at_zero_and_old_records_stay_gone(config, open_store, make_records, crash):
+def test_deleted_topic_restarts_at_zero_and_old_records_stay_gone(
+    config, open_store, make_records, crash
+):
     async def scenario():
         store, _ = open_store()
         await store.start()
@@ -26,7 +28,10 @@ def test_deleted_topic_restarts_at_zero_and_old_records_stay_gone(config, open_s
         assert store.max_offset("T", 0) == 0
         new = await store.put_messages(make_records(2, start=100))
         assert [r.queue_offset for r in new] == [0, 1]
-        assert [m.body for m in store.get_messages("T", 0, 0, 10).messages] == [body_for(100), body_for(101)]
+        assert [m.body for m in store.get_messages("T", 0, 0, 10).messages] == [
+            body_for(100),
+            body_for(101),
+        ]
         if not crash:
             await store.shutdown()
 
@@ -36,8 +41,13 @@ def test_deleted_topic_restarts_at_zero_and_old_records_stay_gone(config, open_s
     # Unclean: the checkpoint is still 0, so the scan met the old records and had to skip them.
     assert report.scanned_from == (0 if crash else store.commit_log_max_offset)
     assert store.max_offset("T", 0) == 2
-    assert [m.body for m in store.get_messages("T", 0, 0, 10).messages] == [body_for(100), body_for(101)]
-    assert [m.body for m in store.get_messages("U", 0, 0, 10).messages] == [body_for(i) for i in range(3)]
+    assert [m.body for m in store.get_messages("T", 0, 0, 10).messages] == [
+        body_for(100),
+        body_for(101),
+    ]
+    assert [m.body for m in store.get_messages("U", 0, 0, 10).messages] == [
+        body_for(i) for i in range(3)
+    ]
     assert not any(name.startswith(".") for name in os.listdir(config.data_dir / "consumequeue"))
 
     asyncio.run(store.shutdown())
@@ -77,7 +87,11 @@ def test_forced_retention_advances_min_offsets(config, open_store, make_records)
     assert store.store_size_bytes() < size_before
 
     too_small = store.get_messages("T", 0, 0, 10)
-    assert (too_small.status, too_small.next_begin_offset, too_small.min_offset) == (GetStatus.OFFSET_TOO_SMALL, low, low)
+    assert (too_small.status, too_small.next_begin_offset, too_small.min_offset) == (
+        GetStatus.OFFSET_TOO_SMALL,
+        low,
+        low,
+    )
     found = store.get_messages("T", 0, low, 1)
     assert (found.status, found.messages[0].body) == (GetStatus.FOUND, body_for(low))
     assert store.message_at("T", 0, low - 1) is None
@@ -87,7 +101,11 @@ def test_forced_retention_advances_min_offsets(config, open_store, make_records)
     assert queue_files[0] <= low * 20 < queue_files[0] + 8 * 20  # files wholly below min are gone
 
     early = store.get_messages("Early", 0, 0, 10)
-    assert (early.status, early.min_offset, early.max_offset) == (GetStatus.NO_MESSAGE_IN_QUEUE, 3, 3)
+    assert (early.status, early.min_offset, early.max_offset) == (
+        GetStatus.NO_MESSAGE_IN_QUEUE,
+        3,
+        3,
+    )
 
     asyncio.run(store.shutdown())
     store, _ = open_store()

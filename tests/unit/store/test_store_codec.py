@@ -7,12 +7,17 @@ import struct
 import pytest
 
 from broker.errors import InvalidArgumentError
-from broker.store import MessageRecord
-from broker.store import codec
+from broker.store import MessageRecord, codec
 
 
 def _roundtrip(record: MessageRecord, **kwargs):
-    data = codec.encode_record(record, queue_offset=41, physical_offset=123_456, store_timestamp=1_700_000_000_123, **kwargs)
+    data = codec.encode_record(
+        record,
+        queue_offset=41,
+        physical_offset=123_456,
+        store_timestamp=1_700_000_000_123,
+        **kwargs,
+    )
     return data, codec.decode_record(data)
 
 
@@ -20,10 +25,17 @@ def _roundtrip(record: MessageRecord, **kwargs):
     "record",
     [
         MessageRecord(
-            "Topic_A-1", 3, b"hello", {"TAGS": "tagA", "KEYS": "k1 k2", "UNIQ_KEY": "ABC"},
-            tags_code=99, flag=7, born_timestamp=1_699_999_999_000, born_host="10.0.0.1:5000",
-            reconsume_times=2, sys_flag=4,
-        ),  # fmt: skip
+            "Topic_A-1",
+            3,
+            b"hello",
+            {"TAGS": "tagA", "KEYS": "k1 k2", "UNIQ_KEY": "ABC"},
+            tags_code=99,
+            flag=7,
+            born_timestamp=1_699_999_999_000,
+            born_host="10.0.0.1:5000",
+            reconsume_times=2,
+            sys_flag=4,
+        ),
         MessageRecord("话题-тема-🌊", 0, b"", {"ключ": "值 🌊", "": ""}),
         MessageRecord("T", 2**31 - 1, bytes(range(256)) * 4096, {}, tags_code=-(2**63), flag=-1),
     ],
@@ -33,18 +45,34 @@ def test_record_round_trip(record):
     data, message = _roundtrip(record, max_message_size=2**30)
 
     assert len(data) == message.store_size
-    assert (message.topic, message.queue_id, message.body) == (record.topic, record.queue_id, bytes(record.body))
+    assert (message.topic, message.queue_id, message.body) == (
+        record.topic,
+        record.queue_id,
+        bytes(record.body),
+    )
     assert message.properties == dict(record.properties)
-    assert (message.queue_offset, message.commit_log_offset, message.store_timestamp) == (41, 123_456, 1_700_000_000_123)
-    assert (message.tags_code, message.flag, message.born_timestamp) == (record.tags_code, record.flag, record.born_timestamp)
+    assert (message.queue_offset, message.commit_log_offset, message.store_timestamp) == (
+        41,
+        123_456,
+        1_700_000_000_123,
+    )
+    assert (message.tags_code, message.flag, message.born_timestamp) == (
+        record.tags_code,
+        record.flag,
+        record.born_timestamp,
+    )
     assert (message.born_host, message.reconsume_times, message.sys_flag) == (
-        record.born_host, record.reconsume_times, record.sys_flag,
-    )  # fmt: skip
+        record.born_host,
+        record.reconsume_times,
+        record.sys_flag,
+    )
     assert codec.crc_ok(data, 0, len(data))
 
 
 def test_convenience_properties():
-    _, message = _roundtrip(MessageRecord("T", 0, b"x", {"TAGS": "a", "KEYS": "k1 k2", "UNIQ_KEY": "id-1"}))
+    _, message = _roundtrip(
+        MessageRecord("T", 0, b"x", {"TAGS": "a", "KEYS": "k1 k2", "UNIQ_KEY": "id-1"})
+    )
     assert (message.tags, message.keys, message.msg_id) == ("a", "k1 k2", "id-1")
     _, bare = _roundtrip(MessageRecord("T", 0, b"x"))
     assert (bare.tags, bare.keys, bare.msg_id) == ("", "", "")
@@ -53,7 +81,13 @@ def test_convenience_properties():
 def test_header_layout_is_the_documented_one():
     data, _ = _roundtrip(MessageRecord("T", 5, b"body", tags_code=77))
     total, magic, _crc, queue_id, _flag, queue_offset, phys = struct.unpack_from(">iiIiiqq", data)
-    assert (total, magic, queue_id, queue_offset, phys) == (len(data), codec.MESSAGE_MAGIC, 5, 41, 123_456)
+    assert (total, magic, queue_id, queue_offset, phys) == (
+        len(data),
+        codec.MESSAGE_MAGIC,
+        5,
+        41,
+        123_456,
+    )
     assert struct.unpack_from(">q", data, 60)[0] == 77
     assert struct.unpack_from(">q", data, codec.STORE_TS_OFFSET)[0] == 1_700_000_000_123
     assert data.endswith(struct.pack(">I", 4) + b"body")
@@ -114,17 +148,31 @@ def test_batch_rejects_oversize_and_out_of_range_fields():
 
 
 def test_batch_encodes_consecutive_queue_offsets_and_seals_in_place():
-    records = [MessageRecord("T", 0, b"a"), MessageRecord("T", 0, b"bb"), MessageRecord("T", 0, b"ccc")]
-    batch = codec.encode_batch(records, first_queue_offset=10, store_timestamp=5, max_message_size=100, max_record_size=1000)
+    records = [
+        MessageRecord("T", 0, b"a"),
+        MessageRecord("T", 0, b"bb"),
+        MessageRecord("T", 0, b"ccc"),
+    ]
+    batch = codec.encode_batch(
+        records,
+        first_queue_offset=10,
+        store_timestamp=5,
+        max_message_size=100,
+        max_record_size=1000,
+    )
     view = memoryview(batch.buffer)
     start = 0
-    for i, size in enumerate(batch.sizes):
+    for size in batch.sizes:
         codec.seal(batch.buffer, view, start, size, 1000 + start)
         start += size
     start = 0
     for i, size in enumerate(batch.sizes):
         message = codec.decode_record(bytes(batch.buffer), start)
-        assert (message.queue_offset, message.commit_log_offset, message.body) == (10 + i, 1000 + start, records[i].body)
+        assert (message.queue_offset, message.commit_log_offset, message.body) == (
+            10 + i,
+            1000 + start,
+            records[i].body,
+        )
         assert codec.crc_ok(batch.buffer, start, size)
         start += size
 

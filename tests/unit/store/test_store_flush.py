@@ -37,20 +37,26 @@ class FsyncRecorder:
 
 def _covered(config, events, result) -> bool:
     """Did a finished fsync of the result's segment include the whole record?"""
-    start = result.commit_log_offset // config.commitlog_segment_size * config.commitlog_segment_size
+    start = (
+        result.commit_log_offset // config.commitlog_segment_size * config.commitlog_segment_size
+    )
     path = os.path.realpath(config.data_dir / "commitlog" / f"{start:020d}")
     end_in_segment = result.commit_log_offset + result.store_size - start
     return any(p == path and size >= end_in_segment for p, size in events)
 
 
-def test_sync_put_returns_only_after_a_covering_fsync(config, open_store, make_records, monkeypatch):
+def test_sync_put_returns_only_after_a_covering_fsync(
+    config, open_store, make_records, monkeypatch
+):
     async def scenario():
         store, _ = open_store(flush_mode=FlushMode.SYNC)
         await store.start()
         recorder = FsyncRecorder(monkeypatch)
         for i in range(40):  # crosses several segments
             (result,) = await store.put_messages(make_records(1, start=i))
-            assert _covered(config, list(recorder.events), result), f"put {i} returned before its fsync"
+            assert _covered(config, list(recorder.events), result), (
+                f"put {i} returned before its fsync"
+            )
         await store.shutdown()
 
     asyncio.run(scenario())
@@ -61,7 +67,9 @@ def test_sync_concurrent_puts_share_fsyncs(config, open_store, make_records, mon
         store, _ = open_store(flush_mode=FlushMode.SYNC)
         await store.start()
         recorder = FsyncRecorder(monkeypatch)
-        batches = await asyncio.gather(*(store.put_messages(make_records(1, start=i)) for i in range(50)))
+        batches = await asyncio.gather(
+            *(store.put_messages(make_records(1, start=i)) for i in range(50))
+        )
         fsyncs = len(recorder.commit_log(config))
         events = list(recorder.events)
         await store.shutdown()
@@ -98,7 +106,10 @@ def test_sync_puts_survive_a_crash_at_their_offsets(open_store, make_records):
     assert not report.clean_shutdown
     for r in results:
         message = store.message_at("T", 0, r.queue_offset)
-        assert (message.commit_log_offset, message.body) == (r.commit_log_offset, body_for(r.queue_offset))
+        assert (message.commit_log_offset, message.body) == (
+            r.commit_log_offset,
+            body_for(r.queue_offset),
+        )
 
 
 def test_async_put_does_not_wait_for_fsync(config, open_store, make_records, monkeypatch):
@@ -114,7 +125,9 @@ def test_async_put_does_not_wait_for_fsync(config, open_store, make_records, mon
     assert fsyncs == []
 
 
-def test_async_periodic_flush_writes_the_checkpoint_after_both_logs(config, open_store, make_records, monkeypatch):
+def test_async_periodic_flush_writes_the_checkpoint_after_both_logs(
+    config, open_store, make_records, monkeypatch
+):
     checkpoint = config.data_dir / "checkpoint"
 
     async def scenario():
@@ -125,7 +138,9 @@ def test_async_periodic_flush_writes_the_checkpoint_after_both_logs(config, open
         target = store.commit_log_max_offset
         deadline = asyncio.get_running_loop().time() + 10
         while json.loads(checkpoint.read_text())["commit_log_offset"] != target:
-            assert asyncio.get_running_loop().time() < deadline, "the periodic flush never advanced the checkpoint"
+            assert asyncio.get_running_loop().time() < deadline, (
+                "the periodic flush never advanced the checkpoint"
+            )
             await asyncio.sleep(0.01)
         return list(recorder.events), target
 
@@ -175,3 +190,24 @@ def test_flush_job_tolerates_files_deleted_under_it(tmp_path):
     shutil.rmtree(directory)  # the directory itself is gone
     job.run()
     unlinked.close()
+
+
+def test_recovery_fsyncs_what_it_scanned_before_moving_the_checkpoint(
+    config, open_store, make_records, monkeypatch
+):
+    async def crashed_run():
+        store, _ = open_store()
+        await store.start()
+        return await store.put_messages(make_records(40))
+
+    results = asyncio.run(crashed_run())  # the records may exist only in the page cache
+    recorder = FsyncRecorder(monkeypatch)
+    _, report = open_store()
+    assert report.scanned_from == 0
+
+    paths = [p for p, _ in recorder.events]
+    checkpoint_write = next(i for i, p in enumerate(paths) if p.endswith(".checkpoint.tmp"))
+    before = recorder.events[:checkpoint_write]
+    assert all(_covered(config, before, r) for r in results)
+    queue_prefix = os.path.realpath(config.data_dir / "consumequeue" / "T" / "0")
+    assert sum(1 for p, _ in before if p.startswith(queue_prefix)) == len(os.listdir(queue_prefix))

@@ -7,10 +7,10 @@ import os
 
 import pytest
 from conftest import body_for
+from tidemark.protocol import parse_tag_expression, tag_hash
 
 from broker.errors import InvalidArgumentError, StoreError
 from broker.store import GetStatus, MessageRecord
-from tidemark.protocol import parse_tag_expression, tag_hash
 
 
 def _files(path) -> list[str]:
@@ -24,21 +24,25 @@ def test_round_trip_across_segments_and_consume_queue_files(config, open_store, 
         results = []
         for i in range(60):
             results += await store.put_messages(make_records(1, start=i))
-        results += await store.put_messages(make_records(40, start=60))  # a batch larger than a segment
+        # a batch larger than a segment
+        results += await store.put_messages(make_records(40, start=60))
         return store, results
 
     store, results = asyncio.run(scenario())
 
     assert [r.queue_offset for r in results] == list(range(100))
     assert len(_files(config.data_dir / "commitlog")) >= 4
-    assert len(_files(config.data_dir / "consumequeue" / "T" / "0")) == 13  # 100 entries / 8 per file
+    # 100 entries, 8 per file
+    assert len(_files(config.data_dir / "consumequeue" / "T" / "0")) == 13
     assert (store.min_offset("T", 0), store.max_offset("T", 0)) == (0, 100)
     for r in results:
         message = store.message_at("T", 0, r.queue_offset)
         assert message.body == body_for(r.queue_offset)
         assert (message.queue_offset, message.commit_log_offset, message.store_size) == (
-            r.queue_offset, r.commit_log_offset, r.store_size,
-        )  # fmt: skip
+            r.queue_offset,
+            r.commit_log_offset,
+            r.store_size,
+        )
         assert store.read_message(r.commit_log_offset) == message
         # a record never spans segments
         start = r.commit_log_offset // 4096 * 4096
@@ -78,7 +82,11 @@ def test_queues_are_independent_and_listed(open_store, make_records):
     assert results[0].queue_offset == 2
     assert store.topics() == ["T", "U"]
     assert store.queue_ids("T") == [1]
-    assert (store.max_offset("U", 0), store.max_offset("T", 1), store.max_offset("T", 0)) == (3, 3, 0)
+    assert (store.max_offset("U", 0), store.max_offset("T", 1), store.max_offset("T", 0)) == (
+        3,
+        3,
+        0,
+    )
 
 
 def test_max_count_limits_and_next_begin_offset_follows_the_last_returned(open_store, make_records):
@@ -99,7 +107,9 @@ def test_tag_filtering_with_matcher_and_exact_matcher(open_store):
     # "c" pretends to collide with "a": same code in the consume queue, other tag in the message.
     tags = ["a", "c", "b", "d", "a", "c"]
     records = [
-        MessageRecord("T", 0, f"m{i}".encode(), {"TAGS": tag}, tags_code=tag_hash("a" if tag == "c" else tag))
+        MessageRecord(
+            "T", 0, f"m{i}".encode(), {"TAGS": tag}, tags_code=tag_hash("a" if tag == "c" else tag)
+        )
         for i, tag in enumerate(tags)
     ]
 
@@ -113,7 +123,12 @@ def test_tag_filtering_with_matcher_and_exact_matcher(open_store):
     cheap = store.get_messages("T", 0, 0, 10, matcher=expression.matches_code)
     assert [m.tags for m in cheap.messages] == ["a", "c", "b", "a", "c"]
     exact = store.get_messages(
-        "T", 0, 0, 10, matcher=expression.matches_code, exact_matcher=lambda m: expression.matches_tag(m.tags)
+        "T",
+        0,
+        0,
+        10,
+        matcher=expression.matches_code,
+        exact_matcher=lambda m: expression.matches_tag(m.tags),
     )
     assert [m.queue_offset for m in exact.messages] == [0, 2, 4]
     assert exact.next_begin_offset == 6
@@ -128,7 +143,11 @@ def test_no_matched_message_still_advances(open_store, make_records):
 
     store = asyncio.run(scenario())
     result = store.get_messages("T", 0, 10, 32, matcher=lambda code: code == 12345, max_scan=15)
-    assert (result.status, result.messages, result.next_begin_offset) == (GetStatus.NO_MATCHED_MESSAGE, [], 25)
+    assert (result.status, result.messages, result.next_begin_offset) == (
+        GetStatus.NO_MATCHED_MESSAGE,
+        [],
+        25,
+    )
     result = store.get_messages("T", 0, 40, 32, exact_matcher=lambda m: False)
     assert (result.status, result.next_begin_offset) == (GetStatus.NO_MATCHED_MESSAGE, 50)
 

@@ -33,7 +33,9 @@ def _put_run(open_store, batches, *, crash: bool) -> tuple[MessageStore, list[Pu
 
 
 def _all(store: MessageStore, topic: str = "T") -> list:
-    return store.get_messages(topic, 0, store.min_offset(topic, 0), 10_000, max_scan=10_000).messages
+    return store.get_messages(
+        topic, 0, store.min_offset(topic, 0), 10_000, max_scan=10_000
+    ).messages
 
 
 def _segment(config, offset: int) -> tuple[Path, int]:
@@ -61,13 +63,21 @@ def _cut_commit_log(config, offset: int) -> None:
 
 
 def test_clean_restart_keeps_everything(open_store, make_records):
-    store, results = _put_run(open_store, [make_records(10), *[make_records(1, start=i) for i in range(10, 30)]], crash=False)
+    store, results = _put_run(
+        open_store,
+        [make_records(10), *[make_records(1, start=i) for i in range(10, 30)]],
+        crash=False,
+    )
     first_end = results[-1].commit_log_offset + results[-1].store_size
 
     store, report = open_store()
     assert report.clean_shutdown
     assert (report.scanned_from, report.commit_log_end) == (first_end, first_end)
-    assert (report.truncated_bytes, report.redispatched, report.consume_queue_entries_dropped) == (0, 0, 0)
+    assert (report.truncated_bytes, report.redispatched, report.consume_queue_entries_dropped) == (
+        0,
+        0,
+        0,
+    )
     messages = _all(store)
     assert [(m.queue_offset, m.commit_log_offset, m.body) for m in messages] == [
         (r.queue_offset, r.commit_log_offset, body_for(r.queue_offset)) for r in results
@@ -110,7 +120,9 @@ def test_torn_last_record_is_truncated_and_its_offset_reused(config, open_store,
     assert store.message_at("T", 0, 19).body == body_for(100)
 
 
-def test_corrupt_record_after_the_checkpoint_drops_it_and_everything_after(config, open_store, make_records):
+def test_corrupt_record_after_the_checkpoint_drops_it_and_everything_after(
+    config, open_store, make_records
+):
     _, first = _put_run(open_store, [make_records(10)], crash=False)
     checkpoint = first[-1].commit_log_offset + first[-1].store_size
     _, second = _put_run(open_store, [make_records(1, start=i) for i in range(10, 40)], crash=True)
@@ -141,7 +153,8 @@ def test_segment_that_lost_its_tail_cuts_later_segments(config, open_store, make
 
     store, report = open_store()
     survivors = [r for r in results if r.commit_log_offset + r.store_size <= segments[1] + 300]
-    assert survivors[-1].commit_log_offset >= segments[1]  # some records of the damaged segment survive
+    # some records of the damaged segment survive
+    assert survivors[-1].commit_log_offset >= segments[1]
     assert report.commit_log_end == survivors[-1].commit_log_offset + survivors[-1].store_size
     assert store.max_offset("T", 0) == len(survivors)
     assert sorted(int(n) for n in os.listdir(config.data_dir / "commitlog")) == segments[:2]
@@ -149,20 +162,24 @@ def test_segment_that_lost_its_tail_cuts_later_segments(config, open_store, make
 
 
 @pytest.mark.parametrize(
-    "damage, dropped",
+    "cut_bytes, missing, dropped",
     [
-        (lambda path: os.truncate(path, path.stat().st_size - 40), 0),  # two entries missing
-        (lambda path: os.truncate(path, path.stat().st_size - 33), 1),  # and a torn one
-        (lambda path: path.unlink(), 0),  # the whole last file
+        (40, 2, 0),  # the last two entries are gone
+        (33, 2, 1),  # and one more entry is torn
+        (None, 4, 0),  # the whole last file (entries 16..19) is gone
     ],
     ids=["missing-entries", "torn-entry", "missing-file"],
 )
-def test_consume_queue_missing_its_last_entries_is_rebuilt(config, open_store, make_records, damage, dropped):
+def test_consume_queue_missing_its_last_entries_is_rebuilt(
+    config, open_store, make_records, cut_bytes, missing, dropped
+):
     _, results = _put_run(open_store, [make_records(1, start=i) for i in range(20)], crash=True)
     queue_dir = config.data_dir / "consumequeue" / "T" / "0"
     last_file = queue_dir / sorted(os.listdir(queue_dir))[-1]
-    missing = 20 - int(last_file.name) // 20 if damage.__code__.co_names == ("unlink",) else 2
-    damage(last_file)
+    if cut_bytes is None:
+        last_file.unlink()
+    else:
+        os.truncate(last_file, last_file.stat().st_size - cut_bytes)
 
     store, report = open_store()
     assert report.redispatched == missing

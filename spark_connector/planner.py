@@ -1,0 +1,188 @@
+"""Driver side: turn options and the brokers' offsets into offset ranges, and commit progress.
+
+Every function opens its own Admin client and closes it before returning, so the
+reader objects that call them hold nothing but options and plain dicts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from client import Admin
+from client.errors import NotFoundError, TidemarkError
+from client.message import MessageQueue
+from spark_connector.offsets import (
+    EARLIEST,
+    LATEST,
+    OffsetRange,
+    check_start,
+    offsets_from_json,
+    offsets_to_json,
+    rate_limit,
+    split_ranges,
+)
+from spark_connector.options import OffsetKind, OptionError, ReadOptions
+
+log = logging.getLogger("tidemark.spark")
+
+Bounds = dict[MessageQueue, tuple[int, int]]
+OffsetsJson = dict[str, dict[str, dict[str, int]]]
+
+
+def _admin(options: ReadOptions) -> Admin:
+    return Admin(brokers=options.brokers_csv)
+
+
+def topic_queues(admin: Admin, topics: tuple[str, ...]) -> list[MessageQueue]:
+    """Readable queues of every topic; an unknown topic is an OptionError naming it."""
+    mqs: list[MessageQueue] = []
+    for topic in topics:
+        try:
+            mqs.extend(admin.fetch_message_queues(topic))
+        except NotFoundError as e:
+            raise OptionError(f"tidemark option 'topic': topic {topic!r} does not exist ({e})") from None
+    return sorted(mqs)
+
+
+def _bounds(admin: Admin, options: ReadOptions) -> Bounds:
+    return admin.offsets(topic_queues(admin, options.topics))
+
+
+def _check_known(name: str, spec: Mapping[MessageQueue, int], bounds: Bounds) -> None:
+    for mq in spec:
+        if mq not in bounds:
+            have = ", ".join(f"{q.broker_name}/{q.queue_id}" for q in bounds if q.topic == mq.topic) or "none"
+            raise OptionError(f"tidemark option {name!r} names {mq}, which does not exist "
+                              f"(queues of {mq.topic}: {have})")
+
+
+def start_offsets(admin: Admin, options: ReadOptions, bounds: Bounds) -> dict[MessageQueue, int]:
+    """Where the query starts on every queue, checked against the queues' offsets (failOnDataLoss)."""
+    spec = options.starting
+    fail = options.fail_on_data_loss
+    if options.starting_timestamp is not None:
+        return {mq: admin.search_offset(mq, options.starting_timestamp) for mq in bounds}
+    if isinstance(spec, Mapping):
+        _check_known("startingOffsets", spec, bounds)
+    out: dict[MessageQueue, int] = {}
+    for mq, (low, high) in bounds.items():
+        if spec is OffsetKind.EARLIEST:
+            out[mq] = low
+        elif spec is OffsetKind.LATEST:
+            out[mq] = high
+        elif spec is OffsetKind.COMMITTED:
+            committed = admin.committed(options.group, mq)  # type: ignore[arg-type]
+            out[mq] = low if committed < 0 else check_start(mq, committed, low, high, fail_on_data_loss=fail)
+        else:
+            value = spec.get(mq, EARLIEST)  # type: ignore[union-attr]
+            if value == EARLIEST:
+                out[mq] = low
+            elif value == LATEST:
+                out[mq] = high
+            else:
+                out[mq] = check_start(mq, value, low, high, fail_on_data_loss=fail)
+    return out
+
+
+def end_offsets(options: ReadOptions, bounds: Bounds, starts: Mapping[MessageQueue, int]) -> dict[MessageQueue, int]:
+    spec = options.ending
+    if not isinstance(spec, Mapping):
+        return {mq: max(high, starts[mq]) for mq, (_, high) in bounds.items()}
+    _check_known("endingOffsets", spec, bounds)
+    out: dict[MessageQueue, int] = {}
+    for mq, (_, high) in bounds.items():
+        value = spec.get(mq, LATEST)
+        end = high if value == LATEST else value
+        if end > high:
+            raise OptionError(f"tidemark option 'endingOffsets' asks for {mq} up to {end}, beyond its max offset {high}")
+        if end < starts[mq]:
+            raise OptionError(f"tidemark option 'endingOffsets' for {mq} is {end}, before its start offset "
+                              f"{starts[mq]}")
+        out[mq] = end
+    return out
+
+
+def plan_batch(options: ReadOptions) -> list[OffsetRange]:
+    """The ranges of a batch read, split for minPartitions."""
+    with _admin(options) as admin:
+        bounds = _bounds(admin, options)
+        starts = start_offsets(admin, options, bounds)
+    ends = end_offsets(options, bounds, starts)
+    return split_ranges([OffsetRange(mq, starts[mq], ends[mq]) for mq in bounds], options.min_partitions)
+
+
+# -- streaming ---------------------------------------------------------------------
+
+
+def initial_offsets(options: ReadOptions) -> OffsetsJson:
+    with _admin(options) as admin:
+        bounds = _bounds(admin, options)
+        return offsets_to_json(start_offsets(admin, options, bounds))
+
+
+def latest_offsets(options: ReadOptions) -> OffsetsJson:
+    with _admin(options) as admin:
+        return offsets_to_json({mq: high for mq, (_, high) in _bounds(admin, options).items()})
+
+
+def next_offsets(options: ReadOptions, start: OffsetsJson, *, max_rows: int | None,
+                 target: OffsetsJson | None) -> tuple[OffsetsJson, OffsetsJson]:
+    """(end offset of the next micro-batch, latest offsets seen).
+
+    A queue the start does not know yet (new queue, or a new topic partition of the
+    stream) joins at its min offset with no rows in this batch and is read from the
+    next one; a queue whose start lies beyond its max (re-created) is handled the
+    same way once failOnDataLoss allows it. With a target (Trigger.AvailableNow) no
+    queue goes past it and queues created later are not read.
+    """
+    starts = offsets_from_json(start)
+    with _admin(options) as admin:
+        bounds = _bounds(admin, options)
+    latest = {mq: high for mq, (_, high) in bounds.items()}
+    caps = dict(latest)
+    if target is not None:
+        goal = offsets_from_json(target)
+        caps = {mq: min(high, goal[mq]) for mq, high in latest.items() if mq in goal}
+    ends: dict[MessageQueue, int] = {}
+    froms: dict[MessageQueue, int] = {}
+    for mq, cap in caps.items():
+        low, high = bounds[mq]
+        begin = starts.get(mq)
+        if begin is None:
+            ends[mq] = low
+            continue
+        resolved = check_start(mq, begin, low, high, fail_on_data_loss=options.fail_on_data_loss)
+        if begin > high:
+            ends[mq] = resolved
+        else:
+            froms[mq] = resolved
+    limited = {mq: max(froms[mq], caps[mq]) for mq in froms}
+    if max_rows is not None:
+        limited = rate_limit(froms, {mq: caps[mq] for mq in froms}, max_rows)
+    ends.update(limited)
+    merged = dict(starts)
+    merged.update(ends)
+    return offsets_to_json(merged), offsets_to_json(latest)
+
+
+def stream_ranges(options: ReadOptions, start: OffsetsJson, end: OffsetsJson) -> list[OffsetRange]:
+    """Ranges of one micro-batch: queues known at both ends, moved forward (pure, no network)."""
+    starts, ends = offsets_from_json(start), offsets_from_json(end)
+    ranges = [OffsetRange(mq, starts[mq], e) for mq, e in sorted(ends.items()) if mq in starts and e > starts[mq]]
+    return split_ranges(ranges, options.min_partitions)
+
+
+def commit_offsets(options: ReadOptions, end: OffsetsJson) -> None:
+    """Store a finished micro-batch's end offsets as the group's committed offsets (consume stats, lag)."""
+    if not (options.commit_offsets and options.group):
+        return
+    offsets = offsets_from_json(end)
+    if not offsets:
+        return
+    try:
+        with _admin(options) as admin:
+            admin.commit(options.group, offsets)
+    except TidemarkError as e:
+        # The checkpoint, not the broker, is the source of truth; the next commit catches up.
+        log.warning("tidemark offset commit failed event=spark_commit_failed group=%s error=%s", options.group, e)

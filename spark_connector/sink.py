@@ -1,0 +1,196 @@
+"""Writes: df.write / df.writeStream .format("tidemark") produce every row as a message.
+
+Columns: body (binary or string, required), keys, tags (string), properties
+(map<string,string>), queue_id (int: send to that queue) and broker (string:
+the broker of queue_id, needed only when the topic lives on several brokers).
+Other columns are ignored, so a DataFrame read from one topic can be written to
+another. Rows are sent in batches (one queue per batch, queues round-robin);
+a failed send fails the task with the broker's message. At-least-once: a
+retried task sends its rows again.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+)
+
+from client import Message, MessageQueue, MessageQueueSelector, Producer
+from client.errors import InvalidArgumentError, TidemarkError
+from spark_connector.options import OptionError, WriteOptions
+
+MAX_BATCH_MESSAGES = 512
+MAX_BATCH_BYTES = 1024 * 1024
+
+_COLUMN_TYPES: dict[str, tuple[tuple[type[DataType], ...], str]] = {
+    "body": ((BinaryType, StringType), "binary or string"),
+    "keys": ((StringType,), "string"),
+    "tags": ((StringType,), "string"),
+    "queue_id": ((IntegerType, LongType, ShortType, ByteType), "an integer type"),
+    "broker": ((StringType,), "string"),
+}
+
+
+def check_write_schema(schema: StructType) -> None:
+    """Fail at planning when body is missing or a known column has the wrong type."""
+    fields = {f.name: f.dataType for f in schema.fields}
+    if "body" not in fields:
+        raise OptionError(f"the DataFrame written to tidemark needs a 'body' column (binary or string); "
+                          f"it has {', '.join(fields) or 'no columns'}")
+    for name, (types, label) in _COLUMN_TYPES.items():
+        if name in fields and not isinstance(fields[name], types):
+            raise OptionError(f"column {name!r} written to tidemark must be {label}, not {fields[name].simpleString()}")
+    props = fields.get("properties")
+    if props is not None and not (isinstance(props, MapType) and isinstance(props.keyType, StringType)
+                                  and isinstance(props.valueType, StringType)):
+        raise OptionError(f"column 'properties' written to tidemark must be map<string,string>, "
+                          f"not {props.simpleString()}")
+
+
+class _RoundRobin(MessageQueueSelector):
+    """Spreads batches over the topic's writable queues, from a random one so tasks do not pile up."""
+
+    def __init__(self) -> None:
+        self._next = random.randrange(1 << 30)
+
+    def select(self, mqs: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
+        self._next += 1
+        return mqs[self._next % len(mqs)]
+
+
+class _Fixed(MessageQueueSelector):
+    """The queue a row's queue_id (and broker) names."""
+
+    def select(self, mqs: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
+        broker, queue_id = arg
+        matches = [q for q in mqs if q.queue_id == queue_id and (broker is None or q.broker_name == broker)]
+        if len(matches) == 1:
+            return matches[0]
+        topic = mqs[0].topic if mqs else message.topic
+        if not matches:
+            raise InvalidArgumentError(f"topic {topic!r} has no writable queue {queue_id}"
+                                       + (f" on broker {broker!r}" if broker else ""))
+        raise InvalidArgumentError(f"queue_id {queue_id} of topic {topic!r} exists on brokers "
+                                   f"{', '.join(q.broker_name for q in matches)}; add a 'broker' column")
+
+
+@dataclass
+class TidemarkCommitMessage(WriterCommitMessage):
+    messages: int
+
+
+def _column(batch: pa.RecordBatch, name: str) -> list | None:
+    index = batch.schema.get_field_index(name)
+    return batch.column(index).to_pylist() if index >= 0 else None
+
+
+def _rows(batch: pa.RecordBatch, topic: str, first_row: int) -> Iterator[tuple[Any, Message, int]]:
+    """(target queue or None, message, row number) for every row of a record batch."""
+    n = batch.num_rows
+    bodies = _column(batch, "body")
+    keys = _column(batch, "keys") or [None] * n
+    tags = _column(batch, "tags") or [None] * n
+    props = _column(batch, "properties") or [None] * n
+    queue_ids = _column(batch, "queue_id") or [None] * n
+    brokers = _column(batch, "broker") or [None] * n
+    for i in range(n):
+        body = bodies[i]  # type: ignore[index]
+        if body is None:
+            raise ValueError(f"tidemark sink: row {first_row + i} has a null body")
+        message = Message(topic=topic, body=body, tags=tags[i] or "", keys=keys[i] or "",
+                          properties=dict(props[i]) if props[i] else {})
+        target = None if queue_ids[i] is None else (brokers[i], int(queue_ids[i]))
+        yield target, message, first_row + i
+
+
+class _Sender:
+    """Groups rows into batches per target queue and sends them."""
+
+    def __init__(self, producer: Producer, topic: str) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._round_robin = _RoundRobin()
+        self._fixed = _Fixed()
+        self._pending: dict[Any, tuple[list[Message], list[int], int]] = {}
+        self.sent = 0
+
+    def add(self, target: Any, message: Message, row: int) -> None:
+        msgs, rows, size = self._pending.get(target) or ([], [], 0)
+        msgs.append(message)
+        rows.append(row)
+        size += len(message.body)
+        self._pending[target] = (msgs, rows, size)
+        if len(msgs) >= MAX_BATCH_MESSAGES or size >= MAX_BATCH_BYTES:
+            self._flush(target)
+
+    def flush_all(self) -> None:
+        for target in list(self._pending):
+            self._flush(target)
+
+    def _flush(self, target: Any) -> None:
+        msgs, rows, _ = self._pending.pop(target)
+        selector, arg = (self._round_robin, None) if target is None else (self._fixed, target)
+        try:
+            self._producer.send_batch(msgs, selector=selector, arg=arg)
+        except TidemarkError as e:
+            where = f"row {rows[0]}" if len(rows) == 1 else f"rows {rows[0]}..{rows[-1]}"
+            raise RuntimeError(f"tidemark sink: sending {where} of this task to topic {self._topic!r} failed: "
+                               f"{type(e).__name__}: {e}") from e
+        self.sent += len(msgs)
+
+
+def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
+    """Send every row of the record batches; returns how many messages were sent."""
+    producer = Producer(brokers=options.brokers_csv).start()
+    try:
+        sender = _Sender(producer, options.topic)
+        row = 0
+        for batch in batches:
+            for target, message, number in _rows(batch, options.topic, row):
+                sender.add(target, message, number)
+            row += batch.num_rows
+        sender.flush_all()
+        return sender.sent
+    finally:
+        producer.shutdown()
+
+
+class TidemarkWriter(DataSourceArrowWriter):
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TidemarkCommitMessage:
+        return TidemarkCommitMessage(produce(self.options, iterator))
+
+
+class TidemarkStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: WriteOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TidemarkCommitMessage:
+        return TidemarkCommitMessage(produce(self.options, iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Nothing to do: messages are visible as soon as each send returns (at-least-once)."""
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+        """Sent messages cannot be taken back; a retried batch sends its rows again."""

@@ -1,0 +1,153 @@
+"""The "tidemark" Python data source: batch and streaming reads, batch and streaming writes.
+
+Planning (reader construction, partitions, offsets, commit) runs in Python
+workers on the driver; read() and write() run in tasks on executors. Every
+object here holds only options, offsets and plain values: each method opens the
+network clients it needs and closes them before returning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.types import StructType
+
+from client.message import MessageExt, MessageQueue
+from spark_connector import planner
+from spark_connector.arrow import SCHEMA, to_record_batch
+from spark_connector.fetch import FetchSettings, fetch_range
+from spark_connector.offsets import OffsetRange
+from spark_connector.options import OptionError, ReadOptions, parse_read_options, parse_write_options
+from spark_connector.sink import TidemarkStreamWriter, TidemarkWriter, check_write_schema
+
+# Rows per Arrow record batch handed to Spark.
+BATCH_ROWS = 8192
+
+
+@dataclass(frozen=True)
+class QueueRangePartition(InputPartition):
+    """Messages [start, end) of one queue: one Spark task."""
+
+    topic: str
+    broker: str
+    queue_id: int
+    start: int
+    end: int
+
+    @classmethod
+    def of(cls, r: OffsetRange) -> QueueRangePartition:
+        return cls(r.mq.topic, r.mq.broker_name, r.mq.queue_id, r.start, r.end)
+
+    @property
+    def range(self) -> OffsetRange:
+        return OffsetRange(MessageQueue(self.topic, self.broker, self.queue_id), self.start, self.end)
+
+
+def _check_schema(schema: StructType) -> None:
+    if schema != SCHEMA:
+        raise OptionError(f"the tidemark source has a fixed schema; do not set one with .schema(). "
+                          f"Expected {SCHEMA.simpleString()}, got {schema.simpleString()}")
+
+
+def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Executor side: the partition's messages as Arrow record batches of about BATCH_ROWS rows."""
+    if not isinstance(partition, QueueRangePartition):
+        return  # Spark's placeholder partition when a batch read has no range
+    settings = FetchSettings(brokers=options.brokers_csv, fail_on_data_loss=options.fail_on_data_loss,
+                             poll_timeout_s=options.poll_timeout_s, tag_expression=options.tag_expression)
+    pending: list[MessageExt] = []
+    for msgs in fetch_range(settings, partition.range):
+        pending.extend(msgs)
+        if len(pending) >= BATCH_ROWS:
+            yield to_record_batch(pending)
+            pending = []
+    if pending:
+        yield to_record_batch(pending)
+
+
+class TidemarkBatchReader(DataSourceReader):
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+
+    def partitions(self) -> list[InputPartition]:
+        return [QueueRangePartition.of(r) for r in planner.plan_batch(self.options)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.options, partition)
+
+
+class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches over queue offsets; offsets are {"topic": {"broker": {"queueId": offset}}}."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._target: dict | None = None  # Trigger.AvailableNow: offsets not to go past
+        self._latest: dict | None = None  # for reportLatestOffset
+
+    def initialOffset(self) -> dict:
+        return planner.initial_offsets(self.options)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_offsets_per_trigger
+        return super().getDefaultReadLimit() if limit is None else ReadMaxRows(limit)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        end, self._latest = planner.next_offsets(self.options, start, max_rows=max_rows, target=self._target)
+        return end
+
+    def reportLatestOffset(self) -> dict | None:
+        return self._latest
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = planner.latest_offsets(self.options)
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return [QueueRangePartition.of(r) for r in planner.stream_ranges(self.options, start, end)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return read_partition(self.options, partition)
+
+    def commit(self, end: dict) -> None:
+        planner.commit_offsets(self.options, end)
+
+
+class TidemarkDataSource(DataSource):
+    """spark.read / readStream / write / writeStream .format("tidemark"); see spark_connector."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "tidemark"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        _check_schema(schema)
+        return TidemarkBatchReader(parse_read_options(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        _check_schema(schema)
+        return TidemarkStreamReader(parse_read_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        if overwrite:
+            raise OptionError("the tidemark sink only appends messages; use mode('append')")
+        check_write_schema(schema)
+        return TidemarkWriter(parse_write_options(self.options))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        # Complete output mode re-sends every result row each micro-batch, as Kafka's sink does.
+        check_write_schema(schema)
+        return TidemarkStreamWriter(parse_write_options(self.options))

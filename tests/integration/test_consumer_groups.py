@@ -1,0 +1,186 @@
+"""Consumer groups with real consumer processes: handover, expiry, fencing, orderly."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+
+import pytest
+from workload import ConsumerProcess, create_topic, wait_until
+
+from client import Admin, Message, Producer
+
+TOPIC = "Stream"
+
+
+def steady_producer(address: str, total: int, rate: float, ids: list[str], done: threading.Event) -> threading.Thread:
+    """Send `total` messages at about `rate` msg/s in small batches, round-robin over queues."""
+
+    def run() -> None:
+        with Producer(brokers=address) as producer:
+            queues = producer.fetch_publish_message_queues(TOPIC)
+            batch, sent, started = 20, 0, time.monotonic()
+            while sent < total:
+                n = min(batch, total - sent)
+                results = producer.send_batch([Message(TOPIC, b"payload-%d" % (sent + i)) for i in range(n)],
+                                              queue=queues[(sent // batch) % len(queues)])
+                ids.extend(r.msg_id for r in results)
+                sent += n
+                ahead = sent / rate - (time.monotonic() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+        done.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def scale_1_4_2(broker, tmp_path, *extra: str) -> tuple[list[str], list[tuple]]:
+    """1 consumer, then 4, then 2 (two leave gracefully) while 50,000 messages arrive; all records."""
+    create_topic(broker.address, TOPIC, 8)
+    ids: list[str] = []
+    done = threading.Event()
+    common = ("--brokers", broker.address, "--group", "scalers", "--topic", TOPIC, "--persist-interval", "1",
+              *extra)
+    consumers = [ConsumerProcess(tmp_path / "c0.txt", *common, "--instance", "c0").start()]
+    producer = steady_producer(broker.address, 50_000, 4_000, ids, done)
+    try:
+        wait_until(lambda: len(ids) >= 10_000, 60, "a first fifth of the messages")
+        consumers += [ConsumerProcess(tmp_path / f"c{i}.txt", *common, "--instance", f"c{i}").start()
+                      for i in (1, 2, 3)]
+        wait_until(lambda: len(ids) >= 30_000, 60, "three fifths of the messages")
+        for c in consumers[2:]:
+            assert c.stop() == 0
+        producer.join(120)
+        assert done.is_set()
+        wait_until(lambda: {r[0] for c in consumers for r in c.records()} >= set(ids), 120,
+                   "every message consumed")
+    finally:
+        for c in consumers:
+            if c.proc is not None:
+                c.stop()
+    return ids, [r for c in consumers for r in c.records()]
+
+
+def test_scale_out_and_in_with_handover_has_no_duplicates(broker, tmp_path):
+    ids, records = scale_1_4_2(broker, tmp_path)
+    counts = collections.Counter(r[0] for r in records)
+    duplicates = {k: v for k, v in counts.items() if v > 1}
+    print(f"handover: {len(ids)} sent, {len(records)} consumed, {len(duplicates)} duplicated")
+    assert set(counts) == set(ids)
+    assert not duplicates, f"{len(duplicates)} messages delivered more than once"
+
+
+def test_scale_out_and_in_rocketmq_style_reports_duplicates(broker, tmp_path):
+    ids, records = scale_1_4_2(broker, tmp_path, "--no-locking")
+    counts = collections.Counter(r[0] for r in records)
+    duplicates = sum(v - 1 for v in counts.values() if v > 1)
+    print(f"rocketmq-style: {len(ids)} sent, {len(records)} consumed, {duplicates} duplicate deliveries")
+    assert set(counts) == set(ids)  # still at-least-once
+
+
+def owners(address: str, group: str) -> dict[str, int]:
+    with Admin(brokers=address) as admin:
+        d = admin.describe_group(group)
+    return {m.client_id: sum(1 for q in m.owned_queues if q.topic == TOPIC) for m in d.members}
+
+
+def test_silent_consumer_expires_and_its_queues_are_taken_over(broker_factory, tmp_path):
+    broker = broker_factory(args=("--channel-expired-timeout-ms", "3000", "--lock-expiry-ms", "4000"))
+    create_topic(broker.address, TOPIC, 4)
+    common = ("--brokers", broker.address, "--group", "g", "--topic", TOPIC, "--heartbeat-interval", "1",
+              "--rebalance-interval", "1", "--lock-renew-interval", "1")
+    a = ConsumerProcess(tmp_path / "a.txt", *common, "--instance", "a").start()
+    b = ConsumerProcess(tmp_path / "b.txt", *common, "--instance", "b").start()
+    try:
+        wait_until(lambda: sorted(owners(broker.address, "g").values()) == [2, 2], 30, "two consumers, 2 queues each")
+        b.pause()  # no more heartbeats or lock renewals, yet its connections stay open
+        wait_until(lambda: list(owners(broker.address, "g").values()) == [4], 30, "a owning all four queues")
+        with Producer(brokers=broker.address) as p:
+            sent = [p.send(Message(TOPIC, b"after"), queue=q).msg_id for q in p.fetch_publish_message_queues(TOPIC)]
+        wait_until(lambda: set(sent) <= {r[0] for r in a.records()}, 30, "a consuming b's former queues")
+    finally:
+        b.kill()
+        a.stop()
+
+
+def test_paused_consumer_cannot_move_offsets_of_queues_it_lost(broker_factory, tmp_path):
+    broker = broker_factory(args=("--channel-expired-timeout-ms", "3000", "--lock-expiry-ms", "3000"))
+    create_topic(broker.address, TOPIC, 2)
+    with Producer(brokers=broker.address) as p:
+        for q in p.fetch_publish_message_queues(TOPIC):
+            p.send_batch([Message(TOPIC, b"x") for _ in range(200)], queue=q)
+    common = ("--brokers", broker.address, "--group", "f", "--topic", TOPIC, "--heartbeat-interval", "1",
+              "--rebalance-interval", "1", "--lock-renew-interval", "1", "--persist-interval", "0.3")
+    a = ConsumerProcess(tmp_path / "a.txt", *common, "--instance", "a", "--delay-ms", "20").start()
+    wait_until(lambda: len(a.records()) >= 20, 30, "a consuming")
+    a.pause()
+    b = ConsumerProcess(tmp_path / "b.txt", *common, "--instance", "b").start()
+    samples: list[dict[int, int]] = []
+    try:
+        wait_until(lambda: len(b.records()) >= 300, 60, "b taking over and consuming")
+        with Admin(brokers=broker.address) as admin:
+            def sample() -> dict[int, int]:
+                return {s.queue.queue_id: s.consumer_offset for s in admin.consume_stats("f", TOPIC)}
+            wait_until(lambda: all(v == 200 for v in sample().values()), 30, "b committing everything")
+            a.resume()
+            deadline = time.monotonic() + 6
+            while time.monotonic() < deadline:
+                samples.append(sample())
+                time.sleep(0.05)
+    finally:
+        a.stop()
+        b.stop()
+    assert all(s == {0: 200, 1: 200} for s in samples), "a stale owner moved an offset back"
+    log = (tmp_path / "a.txt.log").read_text()
+    assert "event=queue_lost" in log, log[-2000:]
+
+
+def test_orderly_consumption_keeps_per_queue_order_across_rebalance(broker, tmp_path):
+    create_topic(broker.address, TOPIC, 4)
+    ids: list[str] = []
+    done = threading.Event()
+    common = ("--brokers", broker.address, "--group", "ordered", "--topic", TOPIC, "--orderly",
+              "--delay-ms", "1", "--persist-interval", "1")
+    a = ConsumerProcess(tmp_path / "a.txt", *common, "--instance", "a").start()
+    producer = steady_producer(broker.address, 6_000, 1_500, ids, done)
+    b = c = None
+    try:
+        wait_until(lambda: len(ids) >= 1_500, 30, "some messages")
+        b = ConsumerProcess(tmp_path / "b.txt", *common, "--instance", "b").start()
+        wait_until(lambda: len(ids) >= 3_500, 30, "more messages")
+        c = ConsumerProcess(tmp_path / "c.txt", *common, "--instance", "c").start()
+        wait_until(lambda: len(ids) >= 4_500, 30, "still more")
+        assert b.stop() == 0
+        producer.join(60)
+        everyone = [a, b, c]
+        wait_until(lambda: {r[0] for p in everyone for r in p.records()} >= set(ids), 60, "all consumed")
+    finally:
+        for p in (a, b, c):
+            if p is not None and p.proc is not None:
+                p.stop()
+    rows = []
+    for p in (a, b, c):
+        for line in p.out.read_text().splitlines():
+            msg_id, qid, offset, client, start, end = line.split(" ")
+            rows.append((int(qid), int(offset), client, int(start), int(end), msg_id))
+    by_queue: dict[int, list] = collections.defaultdict(list)
+    for row in rows:
+        by_queue[row[0]].append(row)
+    for qid, items in by_queue.items():
+        per_client: dict[str, list[int]] = collections.defaultdict(list)
+        for row in sorted(items, key=lambda r: r[3]):
+            per_client[row[2]].append(row[1])
+        for client, offsets in per_client.items():
+            assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), (qid, client)
+        spans = sorted((r[3], r[4], r[2]) for r in items)
+        for (s1, e1, c1), (s2, _e2, c2) in zip(spans, spans[1:], strict=False):
+            assert c1 == c2 or e1 <= s2, f"queue {qid}: {c1} and {c2} consumed at the same time"
+    assert {r[5] for r in rows} == set(ids)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_producer_logs(caplog):
+    caplog.set_level("ERROR")

@@ -1,0 +1,102 @@
+"""Test workloads: produce quickly, wait on a condition, run consumer processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from brokerproc import _die_with_parent
+
+from client import Admin, Message, MessageQueue, Producer
+
+CONSUMER_SCRIPT = Path(__file__).parent / "consumer_proc.py"
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def create_topic(address: str, topic: str, queues: int) -> None:
+    with Admin(brokers=address) as admin:
+        admin.create_topic(topic, queues)
+
+
+def produce(address: str, topic: str, count: int, *, batch: int = 50, body: bytes = b"x" * 100,
+            tags: str = "", prefix: str = "m") -> list[str]:
+    """Send count messages spread over every queue in batches; returns their msg ids in send order."""
+    ids: list[str] = []
+    with Producer(brokers=address) as producer:
+        queues = producer.fetch_publish_message_queues(topic)
+        sent = 0
+        while sent < count:
+            n = min(batch, count - sent)
+            q = queues[(sent // batch) % len(queues)]
+            msgs = [Message(topic, body, tags=tags, keys=f"{prefix}{sent + i}") for i in range(n)]
+            ids.extend(r.msg_id for r in producer.send_batch(msgs, queue=q))
+            sent += n
+    return ids
+
+
+def queue(topic: str, queue_id: int, broker: str = "broker-a") -> MessageQueue:
+    return MessageQueue(topic, broker, queue_id)
+
+
+class ConsumerProcess:
+    """tests/consumer_proc.py as a child process; every consumed message is a line in `out`."""
+
+    def __init__(self, out: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.out = out
+        self.args = args
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 30.0) -> ConsumerProcess:
+        self.proc = subprocess.Popen([sys.executable, str(CONSUMER_SCRIPT), "--out", str(self.out), *self.args],
+                                     stdout=subprocess.PIPE, stderr=open(f"{self.out}.log", "ab"),
+                                     env={**os.environ, **(self.env or {})}, preexec_fn=_die_with_parent)
+        line = self.proc.stdout.readline().decode().strip()
+        if line != "READY":
+            self.proc.kill()
+            raise RuntimeError(f"consumer process did not start: {line!r}\n{Path(f'{self.out}.log').read_text()[-3000:]}")
+        return self
+
+    def stop(self, timeout: float = 60.0) -> int:
+        if self.proc is None:
+            return 0
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(timeout)
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
+
+    def records(self) -> list[tuple[str, int, int, str]]:
+        """(msg_id, queue_id, queue_offset, client_id) per consumed message."""
+        if not self.out.exists():
+            return []
+        rows = []
+        for line in self.out.read_text().splitlines():
+            parts = line.split(" ")
+            if len(parts) >= 4:
+                rows.append((parts[0], int(parts[1]), int(parts[2]), parts[3]))
+        return rows

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from broker.config import BrokerConfig
 from broker.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
@@ -18,8 +18,10 @@ from broker.schedule import ScheduleMessageService
 from broker.store import MessageRecord, MessageStore, PutResult
 from broker.topics import TopicConfig, TopicConfigManager
 from tidemark.protocol import (
+    RETRY_GROUP_TOPIC_PREFIX,
     MessageIdGenerator,
     PropertyKey,
+    dlq_topic,
     is_retry_topic,
     is_system_topic,
     tag_hash,
@@ -100,10 +102,33 @@ class SendService:
             record, msg_id = self._record(topic.name, queue_id, message, now, index if len(messages) > 1 else None)
             records.append(record)
             ids.append(msg_id)
-        if messages[0].delay_level > 0:
-            records = [self._schedule.to_schedule_record(records[0], messages[0].delay_level, now)]
+        delay_level = messages[0].delay_level
+        if is_retry_topic(topic.name):
+            records, delay_level = self._retry_or_dlq(topic.name, records, delay_level)
+        if delay_level > 0:
+            records = [self._schedule.to_schedule_record(records[0], delay_level, now)]
         results = await self._store.put_messages(records)
         return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]
+
+    def _retry_or_dlq(self, retry: str, records: list[MessageRecord], delay_level: int) -> tuple[list[MessageRecord], int]:
+        """A consumer's direct send to its retry topic (the send-back fallback), as RocketMQ's
+        handleRetryAndDLQ: reconsume times come from RECONSUME_TIME; past MAX_RECONSUME_TIMES the
+        message goes to the group's DLQ instead."""
+        out = []
+        for record in records:
+            props = record.properties
+            try:
+                reconsume = int(props.get(PropertyKey.RECONSUME_TIME, record.reconsume_times))
+                limit = int(props.get(PropertyKey.MAX_RECONSUME_TIMES, self._config.max_reconsume_times))
+            except ValueError:
+                raise InvalidArgumentError("RECONSUME_TIME and MAX_RECONSUME_TIMES must be integers") from None
+            record = replace(record, reconsume_times=reconsume)
+            if reconsume > limit:
+                dlq = self._topics.ensure_system_topic(dlq_topic(retry[len(RETRY_GROUP_TOPIC_PREFIX):]), 1)
+                record = replace(record, topic=dlq.name, queue_id=0)
+                delay_level = 0
+            out.append(record)
+        return out, delay_level
 
     def _pick_queue(self, topic: TopicConfig) -> int:
         n = self._next_queue.get(topic.name, 0)

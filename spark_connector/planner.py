@@ -173,16 +173,18 @@ def stream_ranges(options: ReadOptions, start: OffsetsJson, end: OffsetsJson) ->
     return split_ranges(ranges, options.min_partitions)
 
 
-def commit_offsets(options: ReadOptions, end: OffsetsJson) -> None:
-    """Store a finished micro-batch's end offsets as the group's committed offsets (consume stats, lag)."""
+def commit_offsets(options: ReadOptions, end: OffsetsJson) -> bool:
+    """Store processed offsets as the group's committed offsets (consume stats, lag); False if that failed."""
     if not (options.commit_offsets and options.group):
-        return
+        return True
     offsets = offsets_from_json(end)
     if not offsets:
-        return
+        return True
     try:
         with _admin(options) as admin:
             admin.commit(options.group, offsets)
     except TidemarkError as e:
         # The checkpoint, not the broker, is the source of truth; the next commit catches up.
         log.warning("tidemark offset commit failed event=spark_commit_failed group=%s error=%s", options.group, e)
+        return False
+    return True

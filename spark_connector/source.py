@@ -94,6 +94,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self._target: dict | None = None  # Trigger.AvailableNow: offsets not to go past
         self._latest: dict | None = None  # for reportLatestOffset
+        self._committed: dict | None = None  # last offsets committed to the group
 
     def initialOffset(self) -> dict:
         return planner.initial_offsets(self.options)
@@ -103,6 +104,10 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return super().getDefaultReadLimit() if limit is None else ReadMaxRows(limit)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        # Spark asks for the next batch only once the batch ending at `start` is done, but calls
+        # commit(end) for a batch only when it plans the one after it: the last batch of a run
+        # (Trigger.AvailableNow, or a stream that went idle) would never reach the group.
+        self._commit(start)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         end, self._latest = planner.next_offsets(self.options, start, max_rows=max_rows, target=self._target)
         return end
@@ -120,7 +125,11 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_partition(self.options, partition)
 
     def commit(self, end: dict) -> None:
-        planner.commit_offsets(self.options, end)
+        self._commit(end)
+
+    def _commit(self, end: dict) -> None:
+        if end != self._committed and planner.commit_offsets(self.options, end):
+            self._committed = end
 
 
 class TidemarkDataSource(DataSource):

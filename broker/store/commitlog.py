@@ -123,8 +123,6 @@ class CommitLog:
             self._write(segment, view[chunk_from:off], chunk_pos)
         except OSError as exc:
             raise StoreError(f"commit log write failed: {exc}") from exc
-        finally:
-            view.release()
         self._write_end = pos
         return positions
 
@@ -185,6 +183,8 @@ class CommitLog:
         if size is not None and not codec.MIN_RECORD_SIZE <= size <= available:
             return None
         data = segment.pread(size or min(available, _READ_GUESS), offset - segment.start)
+        if len(data) < codec.MIN_RECORD_SIZE:
+            return None  # the file is shorter than we think: cut under us
         total, magic = codec.PREFIX.unpack_from(data)
         if magic != codec.MESSAGE_MAGIC or not codec.MIN_RECORD_SIZE <= total <= available:
             return None

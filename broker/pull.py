@@ -27,6 +27,8 @@ MAX_PULL_BATCH = 1024
 DEFAULT_PULL_BATCH = 32
 # Consume-queue entries examined per read when filtering by tag.
 _MAX_SCAN = 4000
+# A pull answer stops growing past this many body bytes (always at least one message).
+MAX_PULL_BYTES = 8 * 1024 * 1024
 
 
 class PullStatus(enum.Enum):
@@ -138,8 +140,8 @@ class PullService:
                                         matcher=matcher, exact_matcher=exact, max_scan=_MAX_SCAN)
             status = result.status
             if status is GetStatus.FOUND:
-                return PullOutcome(PullStatus.FOUND, result.messages, result.next_begin_offset,
-                                   result.min_offset, result.max_offset)
+                messages, next_offset = _cap_bytes(result.messages, result.next_begin_offset)
+                return PullOutcome(PullStatus.FOUND, messages, next_offset, result.min_offset, result.max_offset)
             if status is GetStatus.NO_MATCHED_MESSAGE:
                 skipped = True
                 offset = result.next_begin_offset
@@ -161,6 +163,16 @@ class PullService:
                 status_out = PullStatus.NO_MATCHED_MSG if skipped else PullStatus.NO_NEW_MSG
                 return PullOutcome(status_out, [], offset, store.min_offset(req.topic, req.queue_id),
                                    store.max_offset(req.topic, req.queue_id))
+
+
+def _cap_bytes(messages: list[StoredMessage], next_offset: int) -> tuple[list[StoredMessage], int]:
+    """Keep a response under MAX_PULL_BYTES; the client continues right after the last message kept."""
+    total = 0
+    for i, m in enumerate(messages):
+        total += len(m.body)
+        if total > MAX_PULL_BYTES and i > 0:
+            return messages[:i], m.queue_offset
+    return messages, next_offset
 
 
 def _with_generation(outcome: PullOutcome, generation: int) -> PullOutcome:

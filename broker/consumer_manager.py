@@ -41,11 +41,13 @@ class _Watch:
 
 class ConsumerManager:
     def __init__(self, *, expiry_ms: int, watch_grace_ms: int, clock_ms: Callable[[], int],
-                 on_leave: Callable[[str, str], None] | None = None) -> None:
+                 on_leave: Callable[[str, str], None] | None = None,
+                 on_change: Callable[[str], None] | None = None) -> None:
         self._expiry_ms = expiry_ms
         self._grace_ms = watch_grace_ms
         self._clock_ms = clock_ms
         self._on_leave = on_leave or (lambda group, client_id: None)
+        self._on_change = on_change or (lambda group: None)
         self._members: defaultdict[str, dict[str, ConsumerInfo]] = defaultdict(dict)
         self._watches: defaultdict[str, list[_Watch]] = defaultdict(list)
         # (group, client id) -> when its last watch stream broke
@@ -121,6 +123,7 @@ class ConsumerManager:
         return any(w.client_id == client_id for w in self._watches.get(group, []))
 
     def _publish(self, group: str) -> None:
+        self._on_change(group)
         ids = self.consumer_ids(group)
         for w in self._watches.get(group, []):
             if w.queue.full():

@@ -19,6 +19,7 @@ from broker.errors import FailedPreconditionError, NotFoundError
 from broker.groups import SubscriptionGroupManager, check_group
 from broker.locks import QueueLockManager
 from broker.long_polling import PullRequestHoldService
+from broker.metrics import BrokerMetrics, StateSnapshot
 from broker.offset_commits import OffsetCommitService
 from broker.offsets import ConsumerOffsetManager
 from broker.permission import BrokerPermission
@@ -86,9 +87,11 @@ class BrokerController:
         self.send_back = SendBackService(store=self.store, topics=self.topics, groups=self.groups,
                                          permission=self.permission, schedule=self.schedule,
                                          clock_ms=self.clock_ms)
+        self.metrics = BrokerMetrics()
         self.consumers = ConsumerManager(expiry_ms=config.channel_expired_timeout_ms,
                                          watch_grace_ms=config.watch_grace_ms, clock_ms=self.clock_ms,
-                                         on_leave=self._on_consumer_leave)
+                                         on_leave=self._on_consumer_leave,
+                                         on_change=lambda g: self.metrics.membership_changes.labels(g).inc())
         self.scheduler = Scheduler("broker")
         self.ready = False
         self._started = False
@@ -108,7 +111,7 @@ class BrokerController:
         await self.store.start()
         s = self.scheduler
         s.every("persist-consumer-offsets", self.config.flush_consumer_offset_interval_ms / 1000,
-                self.offsets.persist_if_dirty)
+                self._persist_offsets)
         s.every("scan-consumers", 1.0, self.consumers.scan)
         s.every("expire-queue-locks", 1.0, self._expire_locks)
         s.every("delete-expired-commitlog", RETENTION_CHECK_INTERVAL_S, self.store.delete_expired_segments)
@@ -127,6 +130,30 @@ class BrokerController:
         self.offsets.persist_now()
         await self.store.shutdown()
         self._started = False
+
+    async def _persist_offsets(self) -> None:
+        report = await self.offsets.persist_if_dirty()
+        if report is not None:
+            self.metrics.offset_flush_seconds.observe(report.duration_s)
+            self.metrics.offset_file_bytes.set(report.size_bytes)
+            log.debug("consumer offsets persisted event=offsets_persisted entries=%d bytes=%d duration_s=%.4f",
+                      report.entries, report.size_bytes, report.duration_s)
+
+    def snapshot(self) -> StateSnapshot:
+        """State gauges for a metrics scrape (called on the event loop thread)."""
+        state = StateSnapshot(store_bytes=self.store.store_size_bytes(), schedule_pending=self.schedule.pending(),
+                              offset_entries=self.offsets.entry_count())
+        for group in self.offsets.groups():
+            for topic in self.offsets.topics_of_group(group):
+                config = self.topics.get(topic)
+                if config is None:
+                    continue
+                max_offsets = {q: self.store.max_offset(topic, q) for q in range(config.queue_nums)}
+                for queue_id, lag in sorted(self.offsets.lag(group, topic, max_offsets).items()):
+                    state.lag.append((group, topic, queue_id, lag))
+        for group in self.consumers.groups():
+            state.clients[group] = len(self.consumers.consumer_ids(group))
+        return state
 
     def _expire_locks(self) -> None:
         for lock in self.locks.expire():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -10,6 +11,7 @@ from grpc_reflection.v1alpha import reflection
 
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
+from broker.metrics import BrokerStateCollector, serve
 from broker.services.admin import AdminServicer
 from broker.services.membership import MembershipServicer
 from broker.services.messaging import MessagingServicer
@@ -43,6 +45,7 @@ class BrokerServer:
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
+        self._metrics_server = None
 
     async def start(self) -> int:
         """Recover, then serve; returns the bound port. Health turns SERVING once everything is up."""
@@ -74,6 +77,10 @@ class BrokerServer:
         await server.start()
         self._server = server
         await self.controller.start()
+        if self.config.metrics_port:
+            collector = BrokerStateCollector(asyncio.get_running_loop(), self.controller.snapshot)
+            self._metrics_server = serve(self.controller.metrics, collector, self.config.host, self.config.metrics_port)
+            log.info("metrics served event=metrics_ready host=%s port=%d", self.config.host, self.config.metrics_port)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("broker ready event=broker_ready broker=%s host=%s port=%d data_dir=%s flush=%s",
                  self.config.broker_name, self.config.host, self.port, self.config.data_dir,
@@ -87,6 +94,9 @@ class BrokerServer:
     async def stop(self, grace_s: float = 3.0) -> None:
         """Stop accepting calls, let in-flight ones finish (bounded), then flush offsets and store."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server = None
         self.controller.hold.close()
         if self._server is not None:
             await self._server.stop(grace_s)

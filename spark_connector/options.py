@@ -88,7 +88,8 @@ def _canonical(options: Mapping[str, str], allowed: tuple[str, ...], what: str) 
         if lower in SPARK_OWNED:
             continue
         if lower not in by_lower:
-            raise OptionError(f"unknown tidemark {what} option {key!r}; known options: {', '.join(allowed)}")
+            raise OptionError(f"unknown tidemark {what} option {key!r}; known options (case-insensitive): "
+                              f"{', '.join(allowed)}")
         if value is None:
             raise OptionError(f"tidemark option {by_lower[lower]!r} has no value")
         out[by_lower[lower]] = str(value)

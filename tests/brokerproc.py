@@ -5,7 +5,6 @@ The child gets PR_SET_PDEATHSIG, so a broker never outlives the test run.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import signal
@@ -24,9 +23,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Runs in a fresh single-threaded interpreter: ask for SIGKILL when the parent dies (PR_SET_PDEATHSIG
+# survives execve), then become the real command. Doing this in preexec_fn instead would run Python
+# between fork and exec in a process full of gRPC threads, which can crash the child.
+_LAUNCHER = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL); "
+    "os.getppid() == int(sys.argv[1]) or os._exit(1); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+def orphan_safe(command: list[str]) -> list[str]:
+    """command, wrapped so that the process is killed if the test process dies."""
+    return [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command]
 
 
 class BrokerProcess:
@@ -53,8 +63,7 @@ class BrokerProcess:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")
         env = {**os.environ, **self.env}
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(orphan_safe(self.command()), stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from brokerproc import _die_with_parent
+from brokerproc import orphan_safe
 
 from client import Admin, Message, MessageQueue, Producer
 
@@ -61,9 +61,10 @@ class ConsumerProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 30.0) -> ConsumerProcess:
-        self.proc = subprocess.Popen([sys.executable, str(CONSUMER_SCRIPT), "--out", str(self.out), *self.args],
-                                     stdout=subprocess.PIPE, stderr=open(f"{self.out}.log", "ab"),
-                                     env={**os.environ, **(self.env or {})}, preexec_fn=_die_with_parent)
+        with open(f"{self.out}.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                orphan_safe([sys.executable, str(CONSUMER_SCRIPT), "--out", str(self.out), *self.args]),
+                stdout=subprocess.PIPE, stderr=log, env={**os.environ, **(self.env or {})})
         line = self.proc.stdout.readline().decode().strip()
         if line != "READY":
             self.proc.kill()

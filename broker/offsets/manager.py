@@ -118,6 +118,10 @@ class ConsumerOffsetManager:
         # may even have been cancelled), and the newest snapshot must win.
         self._write_lock = threading.Lock()
         self._written_version = -1
+        # Nothing is written before load() succeeded: a broker that refuses to
+        # start on a damaged file must not replace it with an empty table on its
+        # way out (the next start would then silently rewind every group).
+        self._loaded = False
 
     @property
     def path(self) -> Path:
@@ -138,6 +142,7 @@ class ConsumerOffsetManager:
         self._fences = {}
         self._version += 1
         self._persisted_version = self._version
+        self._loaded = True
         self._log.info("loaded %d consumer offsets from %s", report.entries, report.source.value)
         return report
 
@@ -279,7 +284,7 @@ class ConsumerOffsetManager:
         during the write keeps the table dirty for the next round.
         """
         async with self._persist_lock:
-            if not self.dirty:
+            if not self.dirty or not self._loaded:
                 return None
             started = time.perf_counter()
             version, snapshot = self._snapshot()
@@ -291,8 +296,14 @@ class ConsumerOffsetManager:
                 time.perf_counter() - started, size, count_entries(snapshot), snapshot_s
             )
 
-    def persist_now(self) -> PersistReport:
-        """Write consumerOffset.json synchronously, dirty or not (graceful shutdown)."""
+    def persist_now(self) -> PersistReport | None:
+        """Write consumerOffset.json synchronously, dirty or not (graceful shutdown).
+
+        None, writing nothing, when the table was never loaded (startup failed).
+        """
+        if not self._loaded:
+            self._log.warning("consumer offsets were never loaded; leaving %s untouched", self._path)
+            return None
         started = time.perf_counter()
         version, snapshot = self._snapshot()
         snapshot_s = time.perf_counter() - started

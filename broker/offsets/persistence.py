@@ -257,7 +257,7 @@ def load_offset_file(
     if not allow_empty_on_corruption:
         raise ConfigFileError(
             f"{reason}. Refusing to start with no offsets, which would rewind every consumer group; "
-            f"repair or remove the files, or allow starting empty on corruption"
+            f"repair or remove the files, or start once with --force-empty-offsets to accept an empty table"
         )
     # Copied, not moved: with the main file gone, the next start would find
     # "no files" and no longer refuse, and the operator allowed empty once only.

@@ -97,7 +97,13 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
 
     @rpc
     async def LockQueues(self, request, context: grpc.aio.ServicerContext):
-        grants = self._b.locks.lock(request.group, request.client_id, self._queues(request))
+        queues = self._queues(request)
+        locks = self._b.locks
+        before = {q: locks.current_epoch(request.group, *q) for q in queues}
+        grants = locks.lock(request.group, request.client_id, queues)
+        changed = sum(1 for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch)
+        if changed:
+            self._b.metrics.ownership_changes.labels(request.group).inc(changed)
         name = self._b.config.broker_name
         return membership_pb2.LockQueuesResponse(locked=[
             membership_pb2.QueueLock(queue=queue(g.topic, name, g.queue_id), owner_epoch=g.owner_epoch,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from broker.controller import BrokerController
@@ -30,7 +32,11 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                                     flag=m.flag, born_timestamp=m.born_timestamp, delay_level=m.delay_level,
                                     born_host=m.born_host)
                     for m in request.messages]
+        started = time.perf_counter()
         sent = await self._b.sender.send(request.topic, queue_id, messages)
+        metrics = self._b.metrics
+        metrics.send_latency.observe(time.perf_counter() - started)
+        metrics.messages_in.labels(request.topic).inc(len(sent))
         return messaging_pb2.SendMessageResponse(
             broker_name=self._b.config.broker_name,
             results=[messaging_pb2.SendResult(msg_id=s.msg_id, queue_id=s.queue_id,
@@ -40,6 +46,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
 
     @rpc
     async def PullMessage(self, request, context: grpc.aio.ServicerContext):
+        started = time.perf_counter()
         outcome = await self._b.puller.pull(PullRequest(
             group=request.group,
             topic=request.topic,
@@ -51,6 +58,12 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
             commit_offset=request.commit_offset if request.HasField("commit_offset") else None,
             fence=fence_from_pb(request.fence, request.HasField("fence")),
         ))
+        metrics = self._b.metrics
+        metrics.pull_latency.labels(outcome.status.value).observe(time.perf_counter() - started)
+        if outcome.messages:
+            metrics.messages_out.labels(request.topic).inc(len(outcome.messages))
+        if request.HasField("commit_offset"):
+            metrics.offset_commits.labels("pull").inc()
         name = self._b.config.broker_name
         return messaging_pb2.PullMessageResponse(
             status=_PULL_STATUS[outcome.status.value],
@@ -66,6 +79,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         result = await self._b.send_back.send_back(
             group=request.group, commit_log_offset=request.commit_log_offset, msg_id=request.msg_id,
             delay_level=request.delay_level, max_reconsume_times=request.max_reconsume_times)
+        (self._b.metrics.dlq if result.to_dlq else self._b.metrics.retries).labels(request.group).inc()
         return messaging_pb2.ConsumerSendMsgBackResponse(
             topic=result.topic, queue_id=result.queue_id, queue_offset=result.queue_offset,
             delay_level=result.delay_level, reconsume_times=result.reconsume_times)

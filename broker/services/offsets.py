@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from broker.controller import BrokerController
-from broker.errors import InvalidArgumentError
+from broker.errors import FailedPreconditionError, InvalidArgumentError
 from broker.offset_commits import Commit, ResetKind, ResetTarget
 from broker.pull import check_queue
 from broker.services.convert import fence_from_pb, queue
@@ -27,7 +27,12 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
     @rpc
     async def UpdateConsumerOffset(self, request, context: grpc.aio.ServicerContext):
         c = _commit(request.commit)
-        self._b.commits.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+        try:
+            self._b.commits.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+        except FailedPreconditionError as e:
+            self._b.metrics.offset_commits_rejected.labels(type(e).__name__).inc()
+            raise
+        self._b.metrics.offset_commits.labels("unary").inc()
         return offsets_pb2.UpdateConsumerOffsetResponse()
 
     @rpc
@@ -38,6 +43,10 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
             result = self._b.commits.commit_batch(_commit(pb) for pb in batch.commits)
             applied += result.applied
             rejected += result.rejected
+            metrics = self._b.metrics
+            metrics.offset_commits.labels("stream").inc(result.applied)
+            for r in result.rejections:
+                metrics.offset_commits_rejected.labels(r.reason.value).inc()
             room = 1000 - len(rejections)
             for r in result.rejections[:room]:
                 c = r.commit

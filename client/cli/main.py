@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from client.cli import dlq_cmds, group_cmds, message_cmds, topic_cmds
+from client.cli import dlq_cmds, group_cmds, health_cmds, message_cmds, topic_cmds
 from client.errors import TidemarkError
 from client.settings import BROKER_ENV, default_brokers
 
@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     message_cmds.register(sub, common)
     group_cmds.register(sub, common)
     dlq_cmds.register(sub, common)
+    health_cmds.register(sub, common)
     return parser
 
 

@@ -80,7 +80,8 @@ class AsyncLitePullConsumer:
                 self.rebalance = RebalanceService(
                     cluster=self.cluster, group=s.group, client_id=self.client_id, model=s.message_model,
                     strategy=resolve_strategy(s.allocate_strategy), ownership=self.ownership,
-                    topics=lambda: sorted(self.subscriptions))
+                    topics=lambda: sorted(self.subscriptions),
+                    on_change=lambda: self.scheduler.trigger("heartbeat"))
                 self.membership: GroupMembership | None = GroupMembership(
                     cluster=self.cluster, group=s.group, client_id=self.client_id, data=self._heartbeat_data,
                     on_change=lambda: self.scheduler.trigger("rebalance"))

@@ -39,7 +39,6 @@ from tidemark.scheduler import Scheduler
 log = logging.getLogger("tidemark.client.consumer")
 
 LOCK_RETRY_INTERVAL_S = 0.25
-DEFAULT_MAX_RECONSUME_TIMES = 16
 
 
 def resolve_strategy(value: str | AllocateMessageQueueStrategy) -> AllocateMessageQueueStrategy:
@@ -87,17 +86,15 @@ class AsyncPushConsumer:
             await self.cluster.route(topic)  # NotFoundError for an unknown topic, before anything starts
         if self.clustering:
             self._subscriptions.setdefault(retry_topic(s.group), "*")
-        max_reconsume = s.max_reconsume_times
-        if max_reconsume < 0 and not self.orderly:
-            max_reconsume = DEFAULT_MAX_RECONSUME_TIMES
         self.offset_store: OffsetStore = (
             RemoteBrokerOffsetStore(self.cluster, s.group, self.client_id, on_rejected=self._on_rejected)
             if self.clustering else LocalFileOffsetStore(self.client_id, s.group))
         await self.offset_store.load()
         self.executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=s.consume_thread_max, thread_name_prefix=f"ConsumeMessageThread_{s.group}")
+        # -1 (default): the broker's group config decides (retry_max_times, 16 unless changed).
         self.send_back = SendBackService(cluster=self.cluster, group=s.group, client_id=self.client_id,
-                                         max_reconsume_times=max(max_reconsume, 0))
+                                         max_reconsume_times=max(s.max_reconsume_times, 0))
         service_cls = ConsumeMessageOrderlyService if self.orderly else ConsumeMessageConcurrentlyService
         self.consume_service = service_cls(listener=self._listener, settings=s, executor=self.executor,
                                            offset_store=self.offset_store, send_back=self.send_back)
@@ -111,7 +108,8 @@ class AsyncPushConsumer:
             start_offset=self._start_offset, start_pulling=self.pull_service.start)
         self.rebalance = RebalanceService(cluster=self.cluster, group=s.group, client_id=self.client_id,
                                           model=s.message_model, strategy=self.strategy, ownership=self.ownership,
-                                          topics=self._topics)
+                                          topics=self._topics,
+                                          on_change=lambda: self.scheduler.trigger("heartbeat"))
         self.membership = GroupMembership(cluster=self.cluster, group=s.group, client_id=self.client_id,
                                           data=self._heartbeat_data,
                                           on_change=lambda: self.scheduler.trigger("rebalance"))

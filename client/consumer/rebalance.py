@@ -23,7 +23,7 @@ log = logging.getLogger("tidemark.client.rebalance")
 class RebalanceService:
     def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, model: MessageModel,
                  strategy: AllocateMessageQueueStrategy, ownership: QueueOwnership,
-                 topics: Callable[[], list[str]]) -> None:
+                 topics: Callable[[], list[str]], on_change: Callable[[], None] = lambda: None) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
@@ -31,6 +31,8 @@ class RebalanceService:
         self._strategy = strategy
         self._ownership = ownership
         self._topics = topics
+        # Called after an assignment changed (the consumer heartbeats its new queues at once).
+        self._on_change = on_change
         self.rebalances = 0
         self.changes = 0
 
@@ -64,6 +66,7 @@ class RebalanceService:
             return
         if await self._ownership.update(topic, mine):
             self.changes += 1
+            self._on_change()
             log.info("rebalanced result changed. allocateMessageQueueStrategyName=%s, group=%s, topic=%s, "
                      "clientId=%s, mqAllSize=%d, cidAllSize=%d, rebalanceResultSize=%d, rebalanceResultSet=[%s] "
                      "event=rebalance_changed",

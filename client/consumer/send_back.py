@@ -56,7 +56,8 @@ class SendBackService:
         props.setdefault(PropertyKey.RETRY_TOPIC, msg.topic)
         props[PropertyKey.UNIQ_KEY] = msg.msg_id
         props[PropertyKey.RECONSUME_TIME] = str(msg.reconsume_times + 1)
-        props[PropertyKey.MAX_RECONSUME_TIMES] = str(self.max_reconsume_times)
+        if self.max_reconsume_times > 0:
+            props[PropertyKey.MAX_RECONSUME_TIMES] = str(self.max_reconsume_times)
         level = delay_level if delay_level > 0 else 3 + msg.reconsume_times
         copy = Message(topic=retry_topic(self._group), body=msg.body, tags=msg.tags, keys=msg.keys,
                        properties=props, delay_level=min(level, self._delay_levels))

@@ -1,0 +1,103 @@
+"""Prometheus metrics of a broker, served over HTTP when metrics_port is set.
+
+Event counters (messages in/out, commits, retries, flushes) are updated on the
+event loop as things happen. State gauges (lag per group/topic/queue, store
+size, clients per group, schedule backlog) are computed at scrape time by
+BrokerStateCollector, which runs its snapshot on the event loop thread so it
+never reads structures while they change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger("tidemark.broker.metrics")
+
+PREFIX = "tidemark"
+
+
+class BrokerMetrics:
+    """The broker's event metrics, in their own registry (several brokers may share a process in tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.messages_in = Counter(f"{PREFIX}_messages_in", "Messages stored, by topic", ["topic"], registry=r)
+        self.messages_out = Counter(f"{PREFIX}_messages_out", "Messages returned by pulls, by topic", ["topic"],
+                                    registry=r)
+        self.pull_latency = Histogram(f"{PREFIX}_pull_latency_seconds",
+                                      "PullMessage duration, long-polling wait included, by status", ["status"],
+                                      registry=r, buckets=(.001, .005, .01, .05, .1, .5, 1, 5, 15, 30))
+        self.send_latency = Histogram(f"{PREFIX}_send_latency_seconds", "SendMessage duration", registry=r,
+                                      buckets=(.0005, .001, .005, .01, .05, .1, .5, 1))
+        self.offset_commits = Counter(f"{PREFIX}_offset_commits", "Offset commits applied (rate = commits/s)",
+                                      ["kind"], registry=r)
+        self.offset_commits_rejected = Counter(f"{PREFIX}_offset_commits_rejected", "Offset commits refused",
+                                               ["reason"], registry=r)
+        self.offset_flush_seconds = Histogram(f"{PREFIX}_consumer_offset_flush_seconds",
+                                              "Time to write consumerOffset.json", registry=r,
+                                              buckets=(.001, .005, .01, .05, .1, .25, .5, 1, 2.5))
+        self.offset_file_bytes = Gauge(f"{PREFIX}_consumer_offset_file_bytes", "Size of the last consumerOffset.json",
+                                       registry=r)
+        self.ownership_changes = Counter(f"{PREFIX}_queue_ownership_changes",
+                                         "Queue locks granted to a new owner (rebalance handovers), by group",
+                                         ["group"], registry=r)
+        self.membership_changes = Counter(f"{PREFIX}_rebalances",
+                                          "Group membership changes pushed to consumers (each triggers a rebalance)",
+                                          ["group"], registry=r)
+        self.retries = Counter(f"{PREFIX}_retries", "Messages sent back for retry, by group", ["group"], registry=r)
+        self.dlq = Counter(f"{PREFIX}_dlq_messages", "Messages moved to a dead-letter queue, by group", ["group"],
+                           registry=r)
+
+
+@dataclass
+class StateSnapshot:
+    lag: list[tuple[str, str, int, int]] = field(default_factory=list)
+    clients: dict[str, int] = field(default_factory=dict)
+    store_bytes: int = 0
+    schedule_pending: int = 0
+    offset_entries: int = 0
+
+
+class BrokerStateCollector(Collector):
+    def __init__(self, loop: asyncio.AbstractEventLoop, snapshot: Callable[[], StateSnapshot]) -> None:
+        self._loop = loop
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        async def take() -> StateSnapshot:
+            return self._snapshot()
+
+        try:
+            state = asyncio.run_coroutine_threadsafe(take(), self._loop).result(timeout=5)
+        except Exception as e:  # the broker is stopping or busy: expose the event metrics only
+            log.warning("metrics snapshot failed event=metrics_snapshot_failed error=%s", e)
+            return
+        lag = GaugeMetricFamily(f"{PREFIX}_consumer_lag", "Messages not yet consumed by a group",
+                                labels=["group", "topic", "queue"])
+        for group, topic, queue_id, value in state.lag:
+            lag.add_metric([group, topic, str(queue_id)], value)
+        yield lag
+        clients = GaugeMetricFamily(f"{PREFIX}_group_clients", "Live clients per consumer group", labels=["group"])
+        for group, n in state.clients.items():
+            clients.add_metric([group], n)
+        yield clients
+        yield GaugeMetricFamily(f"{PREFIX}_store_size_bytes", "Bytes in commitlog and consume queues",
+                                value=state.store_bytes)
+        yield GaugeMetricFamily(f"{PREFIX}_schedule_pending", "Delayed messages not yet due", value=state.schedule_pending)
+        yield GaugeMetricFamily(f"{PREFIX}_consumer_offset_entries", "Queue entries in the offset table",
+                                value=state.offset_entries)
+
+
+def serve(metrics: BrokerMetrics, collector: BrokerStateCollector, host: str, port: int):
+    """Start the HTTP endpoint on a daemon thread; returns the server (call .shutdown() to stop)."""
+    metrics.registry.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
+    return server

@@ -1,0 +1,31 @@
+"""tidemark health: the gRPC health check of each broker (the container healthcheck)."""
+
+from __future__ import annotations
+
+import argparse
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from client.cli.output import emit
+
+
+def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("health", parents=[common], help="exit 0 when every broker reports SERVING")
+    p.set_defaults(run=health)
+
+
+def check(address: str, timeout: float) -> str:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                               timeout=timeout)
+        except grpc.RpcError as e:
+            return f"UNREACHABLE ({e.code().name})"
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def health(args: argparse.Namespace) -> int:
+    rows = [{"broker": address, "status": check(address, args.timeout)} for address in args.brokers]
+    emit(rows, ["broker", "status"], as_json=args.json)
+    return 0 if all(r["status"] == "SERVING" for r in rows) else 1

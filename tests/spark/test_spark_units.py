@@ -1,0 +1,282 @@
+"""Pure parts of the Spark connector: options, offset JSON, rate limit, range splitting, data loss, Arrow.
+
+No SparkSession and no broker: these run in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import IntegerType, MapType, StringType, StructField, StructType
+
+from client.message import MessageExt, MessageQueue
+from spark_connector import ARROW_SCHEMA, SCHEMA, DataLossError, OptionError, TidemarkDataSource
+from spark_connector.arrow import to_record_batch
+from spark_connector.offsets import (
+    OffsetFormatError,
+    OffsetRange,
+    check_start,
+    offsets_from_json,
+    offsets_to_json,
+    rate_limit,
+    split_ranges,
+)
+from spark_connector.options import OffsetKind, parse_read_options, parse_write_options
+from spark_connector.planner import stream_ranges
+from spark_connector.sink import check_write_schema
+from spark_connector.source import QueueRangePartition, TidemarkBatchReader, TidemarkStreamReader
+
+BASE = {"brokers": "127.0.0.1:1", "topic": "t"}
+
+
+def read(streaming: bool = False, **extra: str):
+    return parse_read_options({**BASE, **extra}, streaming=streaming)
+
+
+def mq(i: int, topic: str = "t", broker: str = "broker-a") -> MessageQueue:
+    return MessageQueue(topic, broker, i)
+
+
+# -- options -------------------------------------------------------------------------
+
+
+def test_defaults_differ_for_batch_and_streaming():
+    batch, stream = read(), read(streaming=True)
+    assert batch.starting is OffsetKind.EARLIEST and stream.starting is OffsetKind.LATEST
+    assert batch.ending is OffsetKind.LATEST
+    assert batch.fail_on_data_loss and stream.commit_offsets
+    assert batch.max_offsets_per_trigger is None and batch.min_partitions is None
+    assert batch.tag_expression == "*"
+
+
+def test_keys_are_case_insensitive_and_values_parsed():
+    o = parse_read_options({"BROKERS": "h:1,h2:2", "Topic": "a, b,a", "GROUP": "g", "failondataloss": "FALSE",
+                            "maxoffsetspertrigger": "100", "MinPartitions": "8", "tagexpression": "x || y",
+                            "commitOffsets": "false"}, streaming=True)
+    assert o.brokers == ("h:1", "h2:2") and o.topics == ("a", "b") and o.group == "g"
+    assert not o.fail_on_data_loss and not o.commit_offsets
+    assert o.max_offsets_per_trigger == 100 and o.min_partitions == 8
+
+
+def test_json_offsets_parse_with_sentinels():
+    o = read(startingOffsets='{"t": {"broker-a": {"0": 5, "1": -2, "2": -1}}}')
+    assert o.starting == {mq(0): 5, mq(1): -2, mq(2): -1}
+
+
+@pytest.mark.parametrize(("extra", "streaming", "names"), [
+    ({"startingOffsets": '{"t": {"broker-a": {"0": 5}'}, False, ["startingOffsets", "JSON"]),
+    ({"startingOffsets": '{"t": {"broker-a": {"x": 5}}}'}, False, ["startingOffsets", "'x'"]),
+    ({"startingOffsets": '{"t": {"broker-a": {"0": "5"}}}'}, False, ["startingOffsets", "integer"]),
+    ({"startingOffsets": '{"other": {"broker-a": {"0": 5}}}'}, False, ["startingOffsets", "'other'"]),
+    ({"startingOffsets": "newest"}, False, ["startingOffsets", "earliest | latest | committed"]),
+    ({"startingOffsets": "committed"}, False, ["committed", "group"]),
+    ({"endingOffsets": "committed"}, False, ["endingOffsets"]),
+    ({"endingOffsets": '{"t": {"broker-a": {"0": -2}}}'}, False, ["endingOffsets", "-2"]),
+    ({"endingOffsets": "latest"}, True, ["endingOffsets", "batch"]),
+    ({"maxOffsetsPerTrigger": "0"}, True, ["maxOffsetsPerTrigger", ">= 1"]),
+    ({"maxOffsetsPerTrigger": "ten"}, True, ["maxOffsetsPerTrigger", "integer"]),
+    ({"maxOffsetsPerTrigger": "10"}, False, ["maxOffsetsPerTrigger", "streaming"]),
+    ({"minPartitions": "-1"}, False, ["minPartitions"]),
+    ({"failOnDataLoss": "yes"}, False, ["failOnDataLoss", "true or false"]),
+    ({"commitOffsets": "1"}, True, ["commitOffsets", "true or false"]),
+    ({"startingTimestamp": "yesterday"}, False, ["startingTimestamp", "integer"]),
+    ({"startingTimestamp": "5", "startingOffsets": "earliest"}, False, ["startingTimestamp", "startingOffsets"]),
+    ({"tagExpression": "a || "}, False, ["tagExpression"]),
+    ({"group": "bad group!"}, False, ["group"]),
+    ({"brokers": "nohost"}, False, ["brokers", "host:port"]),
+    ({"topic": ""}, False, ["topic", "required"]),
+    ({"topic": "bad topic"}, False, ["topic"]),
+    ({"startingOffset": "earliest"}, False, ["unknown", "startingOffset"]),
+])
+def test_bad_read_options_name_the_option(extra, streaming, names):
+    with pytest.raises(OptionError) as e:
+        read(streaming, **extra)
+    for name in names:
+        assert name in str(e.value)
+
+
+def test_write_options():
+    assert parse_write_options({"TOPIC": "out", "brokers": "h:1", "checkpointLocation": "/x"}).topic == "out"
+    with pytest.raises(OptionError, match="exactly one topic"):
+        parse_write_options({"topic": "a,b"})
+    with pytest.raises(OptionError, match="unknown tidemark write option 'group'"):
+        parse_write_options({"topic": "a", "group": "g"})
+
+
+def test_write_schema_checks():
+    check_write_schema(StructType([StructField("body", StringType()), StructField("other", IntegerType())]))
+    with pytest.raises(OptionError, match="needs a 'body' column"):
+        check_write_schema(StructType([StructField("value", StringType())]))
+    with pytest.raises(OptionError, match="'queue_id'.*integer"):
+        check_write_schema(StructType([StructField("body", StringType()), StructField("queue_id", StringType())]))
+    with pytest.raises(OptionError, match="'properties'.*map<string,string>"):
+        check_write_schema(StructType([StructField("body", StringType()),
+                                       StructField("properties", MapType(StringType(), IntegerType()))]))
+
+
+# -- offsets JSON ----------------------------------------------------------------------
+
+names = st.text(alphabet="abcXYZ019_-", min_size=1, max_size=8)
+offset_maps = st.dictionaries(st.builds(MessageQueue, names, names, st.integers(0, 64)),
+                              st.integers(0, 2**62), max_size=12)
+
+
+@given(offset_maps)
+def test_offsets_json_round_trip(offsets):
+    doc = offsets_to_json(offsets)
+    text = json.dumps(doc)
+    assert offsets_from_json(json.loads(text)) == offsets
+    # Canonical: the same positions always serialize to the same string (Spark compares them).
+    assert json.dumps(offsets_to_json(dict(reversed(list(offsets.items()))))) == text
+    assert all(isinstance(k, str) for b in doc.values() for q in b.values() for k in q)
+
+
+@pytest.mark.parametrize("doc", [[], {"t": []}, {"t": {"b": 3}}, {"t": {"b": {"0": -1}}}, {"t": {"b": {"0": True}}},
+                                 {"t": {"b": {"-1": 0}}}])
+def test_offsets_json_rejects_bad_shapes(doc):
+    with pytest.raises(OffsetFormatError):
+        offsets_from_json(doc)
+
+
+# -- maxOffsetsPerTrigger split ----------------------------------------------------------
+
+
+def test_rate_limit_is_proportional_to_backlog():
+    starts = {mq(0): 0, mq(1): 0, mq(2): 0, mq(3): 0}
+    latest = {mq(0): 400, mq(1): 300, mq(2): 200, mq(3): 100}
+    assert rate_limit(starts, latest, 100) == {mq(0): 40, mq(1): 30, mq(2): 20, mq(3): 10}
+    # Kafka would round 0.5 shares up for small queues and admit 101; the total stays at the limit here.
+    assert sum(rate_limit({mq(i): 0 for i in range(101)}, {mq(i): 1 for i in range(101)}, 100).values()) == 100
+    assert rate_limit(starts, latest, 5000) == latest
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 10**5)), min_size=1, max_size=20),
+       st.integers(1, 10**5))
+def test_rate_limit_properties(queues, limit):
+    starts = {mq(i): s for i, (s, _) in enumerate(queues)}
+    latest = {mq(i): s + n for i, (s, n) in enumerate(queues)}
+    ends = rate_limit(starts, latest, limit)
+    total = sum(n for _, n in queues)
+    assert sum(ends[q] - starts[q] for q in starts) == min(limit, total)
+    for q in starts:
+        assert starts[q] <= ends[q] <= latest[q]
+        backlog = latest[q] - starts[q]
+        # Proportional within one offset.
+        assert abs((ends[q] - starts[q]) - min(limit, total) * backlog / max(total, 1)) < 1 + 1e-9
+
+
+# -- minPartitions splitting ------------------------------------------------------------
+
+
+def test_split_ranges_like_kafka():
+    ranges = [OffsetRange(mq(0), 0, 100), OffsetRange(mq(1), 0, 10), OffsetRange(mq(2), 5, 5)]
+    assert split_ranges(ranges, None) == ranges[:2]
+    assert split_ranges(ranges, 2) == ranges[:2]
+    out = split_ranges(ranges, 11)
+    assert [(r.mq.queue_id, r.start, r.end) for r in out] == \
+        [(0, 0, 10), (0, 10, 20), (0, 20, 30), (0, 30, 40), (0, 40, 50), (0, 50, 60), (0, 60, 70), (0, 70, 80),
+         (0, 80, 90), (0, 90, 100), (1, 0, 10)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**9), st.integers(0, 10**4)), min_size=1, max_size=10),
+       st.integers(1, 200))
+def test_split_ranges_cover_each_offset_once(spans, min_partitions):
+    ranges = [OffsetRange(mq(i), s, s + n) for i, (s, n) in enumerate(spans)]
+    out = split_ranges(ranges, min_partitions)
+    assert all(r.size > 0 for r in out)
+    for r in ranges:
+        pieces = [p for p in out if p.mq == r.mq]
+        assert sum(p.size for p in pieces) == r.size
+        if pieces:
+            assert pieces[0].start == r.start and pieces[-1].end == r.end
+            assert all(a.end == b.start for a, b in zip(pieces, pieces[1:], strict=False))
+    nonempty = [r for r in ranges if r.size]
+    assert len(out) >= len(nonempty)
+    if min_partitions > len(nonempty):
+        # round(size / ideal) pieces per large range: at least 2/3 of what was asked (or one per offset).
+        assert len(out) >= 2 * min(min_partitions, sum(r.size for r in nonempty)) // 3
+
+
+# -- data loss ------------------------------------------------------------------------
+
+
+def test_check_start_inside_range():
+    assert check_start(mq(0), 5, 0, 10, fail_on_data_loss=True) == 5
+    assert check_start(mq(0), 10, 0, 10, fail_on_data_loss=True) == 10
+
+
+def test_data_loss_below_min_fails_naming_the_queue_or_clamps():
+    with pytest.raises(DataLossError) as e:
+        check_start(mq(3), 5, 100, 200, fail_on_data_loss=True)
+    assert "queueId=3" in str(e.value) and "below the queue's min offset 100" in str(e.value)
+    assert "failOnDataLoss=false" in str(e.value)
+    assert check_start(mq(3), 5, 100, 200, fail_on_data_loss=False) == 100
+
+
+def test_data_loss_above_max_means_recreated_queue():
+    with pytest.raises(DataLossError, match="beyond the queue's max offset 7; the topic was probably deleted"):
+        check_start(mq(1), 50, 0, 7, fail_on_data_loss=True)
+    assert check_start(mq(1), 50, 0, 7, fail_on_data_loss=False) == 0
+
+
+def test_stream_ranges_skip_new_and_reset_queues():
+    o = read(streaming=True)
+    start = offsets_to_json({mq(0): 10, mq(1): 50, mq(2): 3})
+    end = offsets_to_json({mq(0): 20, mq(1): 0, mq(2): 3, mq(3): 0})
+    assert stream_ranges(o, start, end) == [OffsetRange(mq(0), 10, 20)]
+
+
+# -- Arrow ----------------------------------------------------------------------------
+
+
+def test_arrow_schema_is_what_pyspark_expects():
+    assert ARROW_SCHEMA.equals(to_arrow_schema(SCHEMA, timezone="UTC"))
+
+
+def test_record_batch_from_messages():
+    msgs = [MessageExt("t", "broker-a", 2, 7 + i, f"id{i}", b"body%d" % i, tags="tg" if i else "", keys="k",
+                       properties={"a": "1"} if i else {}, born_timestamp=1_700_000_000_123,
+                       store_timestamp=1_700_000_000_456, reconsume_times=i) for i in range(3)]
+    batch = to_record_batch(msgs)
+    assert batch.schema.equals(ARROW_SCHEMA)
+    rows = batch.to_pylist()
+    assert rows[0]["tags"] is None and rows[1]["tags"] == "tg"
+    assert rows[0]["properties"] == [] and rows[1]["properties"] == [("a", "1")]
+    assert batch.column("born_timestamp")[0] == pa.scalar(1_700_000_000_123_000, pa.timestamp("us", tz="UTC"))
+    assert batch.column("queue_offset").to_pylist() == [7, 8, 9]
+    mixed = to_record_batch([msgs[0], MessageExt("u", "broker-b", 1, 0, "x", b"b")])
+    assert mixed.column("topic").to_pylist() == ["t", "u"] and mixed.column("queue_id").to_pylist() == [2, 1]
+
+
+# -- nothing unpicklable --------------------------------------------------------------
+
+
+def test_source_objects_pickle():
+    ds = TidemarkDataSource({**BASE, "startingOffsets": '{"t": {"broker-a": {"0": 1}}}'})
+    reader = ds.reader(SCHEMA)
+    stream = ds.streamReader(SCHEMA)
+    stream._target = offsets_to_json({mq(0): 5})
+    sink = TidemarkDataSource(dict(BASE))
+    writer = sink.writer(StructType([StructField("body", StringType())]), False)
+    stream_writer = sink.streamWriter(StructType([StructField("body", StringType())]), False)
+    partition = QueueRangePartition("t", "broker-a", 0, 10, 20)
+    for obj in (ds, reader, stream, writer, stream_writer, partition):
+        copy = pickle.loads(pickle.dumps(obj))
+        assert type(copy) is type(obj)
+    assert pickle.loads(pickle.dumps(partition)) == partition
+    assert isinstance(reader, TidemarkBatchReader) and isinstance(stream, TidemarkStreamReader)
+    assert pickle.loads(pickle.dumps(reader)).options == reader.options
+
+
+def test_fixed_schema_and_append_only():
+    ds = TidemarkDataSource(dict(BASE))
+    with pytest.raises(OptionError, match="fixed schema"):
+        ds.reader(StructType([StructField("body", StringType())]))
+    with pytest.raises(OptionError, match="append"):
+        ds.writer(StructType([StructField("body", StringType())]), True)

@@ -36,7 +36,11 @@ from client.message import (
     SendResult,
 )
 from client.producer.producer import Producer
-from client.producer.selector import MessageQueueSelector, SelectMessageQueueByHash, SelectMessageQueueByRandom
+from client.producer.selector import (
+    MessageQueueSelector,
+    SelectMessageQueueByHash,
+    SelectMessageQueueByRandom,
+)
 from client.settings import (
     ClientSettings,
     ProducerSettings,

@@ -16,7 +16,12 @@ from dataclasses import dataclass, field
 from client.consumer.allocate import AllocateMessageQueueStrategy
 from client.errors import InvalidArgumentError
 from client.message import ConsumeFromWhere, MessageModel
-from tidemark.protocol import DEFAULT_BROKER_ADDR, DEFAULT_MAX_MESSAGE_SIZE, InvalidNameError, check_group_name
+from tidemark.protocol import (
+    DEFAULT_BROKER_ADDR,
+    DEFAULT_MAX_MESSAGE_SIZE,
+    InvalidNameError,
+    check_group_name,
+)
 
 BROKER_ENV = "TIDEMARK_BROKER"
 
@@ -45,6 +50,16 @@ def local_ip() -> str:
         return "127.0.0.1"
 
 
+def _setting(default, help: str, *, factory=None, required: bool = False):
+    """A settings field with its help text (shown in the README's configuration reference)."""
+    metadata = {"help": help}
+    if required:
+        return field(metadata=metadata)
+    if factory is not None:
+        return field(default_factory=factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 def _default_consume_timestamp() -> str:
     """RocketMQ's default: half an hour before start, as yyyyMMddHHmmss."""
     return time.strftime("%Y%m%d%H%M%S", time.localtime(time.time() - 30 * 60))
@@ -52,13 +67,12 @@ def _default_consume_timestamp() -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class ClientSettings:
-    brokers: tuple[str, ...] = field(default_factory=default_brokers)
-    client_ip: str = field(default_factory=local_ip)
-    # Default: the pid, so two processes on one host differ (RocketMQ's instanceName).
-    instance_name: str = ""
-    request_timeout_s: float = 3.0
-    # How long a topic route is trusted before it is fetched again.
-    route_refresh_interval_s: float = 30.0
+    brokers: tuple[str, ...] = _setting(None, "Broker addresses host:port (default: $TIDEMARK_BROKER or "
+                                        "127.0.0.1:10911)", factory=default_brokers)
+    client_ip: str = _setting(None, "IP part of the client id ip@instanceName", factory=local_ip)
+    instance_name: str = _setting("", "Instance part of the client id (default: the pid)")
+    request_timeout_s: float = _setting(3.0, "Timeout of one request to a broker")
+    route_refresh_interval_s: float = _setting(30.0, "How long a topic route is trusted before it is fetched again")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "brokers", parse_brokers(self.brokers))
@@ -86,10 +100,11 @@ def _positive(settings: object, *names: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ProducerSettings(ClientSettings):
-    producer_group: str = "DEFAULT_PRODUCER"
-    send_msg_timeout_s: float = 3.0
-    retry_times_when_send_failed: int = 2
-    max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE
+    producer_group: str = _setting("DEFAULT_PRODUCER", "Producer group name")
+    send_msg_timeout_s: float = _setting(3.0, "Timeout of one send")
+    retry_times_when_send_failed: int = _setting(2, "Retries of a retriable send failure, on another broker's queue "
+                                                    "when there is one")
+    max_message_size: int = _setting(DEFAULT_MAX_MESSAGE_SIZE, "Largest body accepted")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,24 +116,24 @@ class ProducerSettings(ClientSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class ConsumerSettings(ClientSettings):
-    group: str
-    message_model: MessageModel = MessageModel.CLUSTERING
-    consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET
-    consume_timestamp: str = field(default_factory=_default_consume_timestamp)
-    allocate_strategy: str | AllocateMessageQueueStrategy = "AVG"
-    pull_batch_size: int = 32
-    pull_threshold_for_queue: int = 1000
-    pull_threshold_size_for_queue: int = 100 * 1024 * 1024
-    persist_consumer_offset_interval_s: float = 5.0
-    rebalance_interval_s: float = 20.0
-    heartbeat_interval_s: float = 30.0
-    # Long polling: how long the broker may hold a pull at the end of a queue.
-    broker_suspend_max_time_ms: int = 15_000
-    # Zero-duplicate handover: own a queue only while holding its broker lock (False: RocketMQ's behaviour).
-    queue_locking: bool = True
-    # Bounded wait for in-flight messages of a queue that moves away.
-    drain_timeout_s: float = 10.0
-    lock_renew_interval_s: float = 20.0
+    group: str = _setting(None, "Consumer group (required)", required=True)
+    message_model: MessageModel = _setting(MessageModel.CLUSTERING, "CLUSTERING (queues shared) or BROADCASTING")
+    consume_from_where: ConsumeFromWhere = _setting(
+        ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, "Start of a queue the group has no offset for")
+    consume_timestamp: str = _setting(None, "yyyyMMddHHmmss for CONSUME_FROM_TIMESTAMP (default: 30 min ago)",
+                                      factory=_default_consume_timestamp)
+    allocate_strategy: str | AllocateMessageQueueStrategy = _setting(
+        "AVG", "AVG, AVG_BY_CIRCLE, CONSISTENT_HASH, CONFIG, MACHINE_ROOM, MACHINE_ROOM_NEARBY or an instance")
+    pull_batch_size: int = _setting(32, "Messages per pull")
+    pull_threshold_for_queue: int = _setting(1000, "Cached messages per queue before pulling pauses")
+    pull_threshold_size_for_queue: int = _setting(100 * 1024 * 1024, "Cached bytes per queue before pulling pauses")
+    persist_consumer_offset_interval_s: float = _setting(5.0, "How often offsets are committed (oneway)")
+    rebalance_interval_s: float = _setting(20.0, "Periodic rebalance (also on start and membership change)")
+    heartbeat_interval_s: float = _setting(30.0, "Heartbeat to every broker")
+    broker_suspend_max_time_ms: int = _setting(15_000, "Long polling: how long the broker may hold a pull")
+    queue_locking: bool = _setting(True, "Zero-duplicate handover with queue locks (False: RocketMQ's behaviour)")
+    drain_timeout_s: float = _setting(10.0, "Wait for in-flight messages of a queue that moves away")
+    lock_renew_interval_s: float = _setting(20.0, "Queue lock renewal (locks expire after 60 s)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -143,15 +158,14 @@ class ConsumerSettings(ClientSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class PushConsumerSettings(ConsumerSettings):
-    consume_thread_min: int = 20
-    consume_thread_max: int = 20
-    consume_message_batch_max_size: int = 1
-    consume_concurrently_max_span: int = 2000
-    # -1: 16 for concurrent listeners, unlimited (local retries only) for orderly ones.
-    max_reconsume_times: int = -1
-    suspend_current_queue_time_ms: int = 1000
-    # Failed messages whose send-back also failed are consumed again locally after this delay.
-    local_retry_delay_s: float = 5.0
+    consume_thread_min: int = _setting(20, "Listener threads (minimum)")
+    consume_thread_max: int = _setting(20, "Listener threads (maximum)")
+    consume_message_batch_max_size: int = _setting(1, "Messages per listener call")
+    consume_concurrently_max_span: int = _setting(2000, "Pause pulling when cached offsets span more than this")
+    max_reconsume_times: int = _setting(-1, "Retries before the DLQ; -1: the group's retry_max_times (16), "
+                                            "unlimited local retries for orderly")
+    suspend_current_queue_time_ms: int = _setting(1000, "Orderly: wait before retrying a suspended queue")
+    local_retry_delay_s: float = _setting(5.0, "Re-consume locally after this when the send-back failed")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -165,10 +179,10 @@ class PushConsumerSettings(ConsumerSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class PullConsumerSettings(ConsumerSettings):
-    pull_batch_size: int = 10
-    auto_commit: bool = True
-    auto_commit_interval_s: float = 5.0
-    poll_timeout_s: float = 5.0
+    pull_batch_size: int = _setting(10, "Messages per pull")
+    auto_commit: bool = _setting(True, "Commit polled offsets periodically (off after a manual commit())")
+    auto_commit_interval_s: float = _setting(5.0, "Auto commit interval")
+    poll_timeout_s: float = _setting(5.0, "Default poll() timeout")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -189,3 +203,18 @@ def build(cls: type, settings: object | None, overrides: dict) -> object:
         return dataclasses.replace(settings, **overrides) if settings is not None else cls(**overrides)
     except TypeError as e:
         raise InvalidArgumentError(f"{cls.__name__}: {e}") from None
+
+
+def reference_table(cls: type) -> str:
+    """Markdown table of a settings class: option, default, meaning."""
+    rows = ["| option | default | meaning |", "| --- | --- | --- |"]
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = f.default.value if hasattr(f.default, "value") else f.default
+            shown = f"`{default!r}`" if isinstance(default, str) else f"`{default}`"
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            shown = "(computed)"
+        else:
+            shown = "required"
+        rows.append(f"| `{f.name}` | {shown} | {f.metadata.get('help', '')} |")
+    return "\n".join(rows)

@@ -13,11 +13,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tidemark.protocol import parse_tag_expression
+
 from client import Admin, PullConsumer
 from client.errors import InvalidArgumentError
 from client.message import ConsumeFromWhere, MessageExt, MessageQueue
 from spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
-from tidemark.protocol import parse_tag_expression
 
 log = logging.getLogger("tidemark.spark")
 

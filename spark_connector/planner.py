@@ -146,7 +146,7 @@ def next_offsets(options: ReadOptions, start: OffsetsJson, *, max_rows: int | No
         caps = {mq: min(high, goal[mq]) for mq, high in latest.items() if mq in goal}
     ends: dict[MessageQueue, int] = {}
     froms: dict[MessageQueue, int] = {}
-    for mq, cap in caps.items():
+    for mq in caps:
         low, high = bounds[mq]
         begin = starts.get(mq)
         if begin is None:

@@ -28,7 +28,12 @@ from spark_connector import planner
 from spark_connector.arrow import SCHEMA, to_record_batch
 from spark_connector.fetch import FetchSettings, fetch_range
 from spark_connector.offsets import OffsetRange
-from spark_connector.options import OptionError, ReadOptions, parse_read_options, parse_write_options
+from spark_connector.options import (
+    OptionError,
+    ReadOptions,
+    parse_read_options,
+    parse_write_options,
+)
 from spark_connector.sink import TidemarkStreamWriter, TidemarkWriter, check_write_schema
 
 # Rows per Arrow record batch handed to Spark.

@@ -37,9 +37,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tidemark.fsutil import atomic_write, backup_path
-
 from broker.errors import ConfigFileError
+from tidemark.fsutil import atomic_write, backup_path
 
 OFFSET_FILE_NAME = "consumerOffset.json"
 TOPIC_GROUP_SEPARATOR = "@"

@@ -22,12 +22,11 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from tidemark.fsutil import fsync_dir
-from tidemark.protocol import InvalidNameError, check_topic_name
-
 from broker.errors import StoreError
 from broker.store.codec import CQ_ENTRY, CQ_ENTRY_SIZE
 from broker.store.flush import DirtySet, FileHandle, FlushJob
+from tidemark.fsutil import fsync_dir
+from tidemark.protocol import InvalidNameError, check_topic_name
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemark.fsutil import fsync_dir
-
 from broker.errors import StoreError
 from broker.store.model import FlushMode
+from tidemark.fsutil import fsync_dir
 
 log = logging.getLogger(__name__)
 

@@ -23,8 +23,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from tidemark.protocol import InvalidNameError, check_topic_name
-
 from broker.errors import InvalidArgumentError, StoreError
 from broker.store import codec
 from broker.store.checkpoint import (
@@ -46,6 +44,7 @@ from broker.store.model import (
     StoreConfig,
     StoredMessage,
 )
+from tidemark.protocol import InvalidNameError, check_topic_name
 
 __all__ = [
     "FlushMode",

@@ -13,7 +13,13 @@ from client.admin import Admin
 from client.cli.output import Progress, emit, iso_ms, message_json, print_line
 from client.consumer.push_consumer import PushConsumer
 from client.errors import InvalidArgumentError
-from client.message import ConsumeConcurrentlyStatus, ConsumeFromWhere, Message, MessageQueue, PullStatus
+from client.message import (
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    Message,
+    MessageQueue,
+    PullStatus,
+)
 from client.producer.producer import Producer
 
 

@@ -15,7 +15,11 @@ import dataclasses
 import logging
 from collections.abc import Sequence
 
-from client.consumer.listener import ConsumeConcurrentlyContext, MessageListenerConcurrently, split_by_ack_index
+from client.consumer.listener import (
+    ConsumeConcurrentlyContext,
+    MessageListenerConcurrently,
+    split_by_ack_index,
+)
 from client.consumer.offset_store import OffsetStore
 from client.consumer.queue_state import OwnedQueue
 from client.consumer.send_back import SendBackService

@@ -50,8 +50,9 @@ class OffsetStore(ABC):
     def __init__(self) -> None:
         self._table: dict[MessageQueue, _Entry] = {}
 
-    async def load(self) -> None:
+    async def load(self) -> None:  # noqa: B027 - a hook: only the local store has anything to load
         """Read persisted offsets (local store only)."""
+        return None
 
     def update_offset(self, mq: MessageQueue, offset: int, increase_only: bool) -> None:
         """Record progress in memory; increase_only keeps the larger of old and new (concurrent completions)."""

@@ -16,7 +16,14 @@ from pathlib import Path
 import pytest
 from workload import create_topic, wait_until
 
-from client import Admin, ConsumeConcurrentlyStatus, ConsumeFromWhere, Message, Producer, PushConsumer
+from client import (
+    Admin,
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    Message,
+    Producer,
+    PushConsumer,
+)
 
 GOLDEN = Path(__file__).parent.parent / "golden" / "cli"
 UPDATE = os.environ.get("TIDEMARK_UPDATE_GOLDEN") == "1"

@@ -176,7 +176,7 @@ def test_orderly_consumption_keeps_per_queue_order_across_rebalance(broker, tmp_
         for client, offsets in per_client.items():
             assert offsets == sorted(offsets) and len(set(offsets)) == len(offsets), (qid, client)
         spans = sorted((r[3], r[4], r[2]) for r in items)
-        for (s1, e1, c1), (s2, _e2, c2) in zip(spans, spans[1:], strict=False):
+        for (_s1, e1, c1), (s2, _e2, c2) in zip(spans, spans[1:], strict=False):
             assert c1 == c2 or e1 <= s2, f"queue {qid}: {c1} and {c2} consumed at the same time"
     assert {r[5] for r in rows} == set(ids)
 

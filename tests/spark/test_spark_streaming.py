@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pyspark.errors import PySparkException
 from spark_testlib import BatchLog, wait_for
@@ -47,7 +49,7 @@ def test_rate_limited_batches_exactly_once_across_restart(spark, kit, tmp_path):
     assert sorted(log.by_batch()) == list(range(10))
     # The group's committed offsets are the last batch's end.
     end = q.lastProgress["sources"][0]["endOffset"]
-    assert kit.committed(group, mqs) == {int(k): v for k, v in __import__("json").loads(end)[topic]["broker-a"].items()}
+    assert kit.committed(group, mqs) == {int(k): v for k, v in json.loads(end)[topic]["broker-a"].items()}
     assert kit.committed(group, mqs) == {0: 400, 1: 300, 2: 200, 3: 100}
 
 

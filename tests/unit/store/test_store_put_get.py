@@ -7,10 +7,10 @@ import os
 
 import pytest
 from conftest import body_for
-from tidemark.protocol import parse_tag_expression, tag_hash
 
 from broker.errors import InvalidArgumentError, StoreError
 from broker.store import GetStatus, MessageRecord
+from tidemark.protocol import parse_tag_expression, tag_hash
 
 
 def _files(path) -> list[str]:

@@ -1,0 +1,156 @@
+"""Example pipeline: produce events, aggregate them with Spark Structured Streaming, watch the lag drain.
+
+    python examples/streaming_pipeline.py --brokers 127.0.0.1:10911       # a running broker (make run)
+    python examples/streaming_pipeline.py --start-broker                  # or start a throwaway one
+
+1. Produces --events JSON events ({"user": ..., "kind": "click"|"buy", "amount": ...}) to a topic.
+2. Runs a streaming aggregation (count and sum of amount per kind) over format("tidemark") with a
+   checkpoint, maxOffsetsPerTrigger and Trigger.AvailableNow. The source commits each finished
+   micro-batch's end offsets to the consumer group, like any consumer.
+3. Prints the group's lag per queue (Admin.consume_stats; `tidemark group progress GROUP`
+   shows the same) while the query runs, until it reaches zero, then the aggregate.
+
+Run it again with the same --checkpoint (or a new one: startingOffsets=committed picks up from the
+group) and only the new events are read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from client import Admin, AlreadyExistsError, Message, NotFoundError, Producer
+
+
+def produce(brokers: str, topic: str, events: int) -> None:
+    rng = random.Random(7)
+    with Producer(brokers=brokers) as producer:
+        batch = []
+        for i in range(events):
+            kind = "buy" if rng.random() < 0.2 else "click"
+            event = {"user": f"user-{rng.randrange(50)}", "kind": kind, "amount": rng.randrange(1, 100), "seq": i}
+            batch.append(Message(topic, json.dumps(event).encode(), tags=kind, keys=event["user"]))
+            if len(batch) == 200:
+                producer.send_batch(batch)  # one batch per queue, queues round-robin
+                batch = []
+        if batch:
+            producer.send_batch(batch)
+    print(f"produced {events} events to {topic}")
+
+
+def lag(brokers: str, group: str, topic: str) -> tuple[int, str]:
+    with Admin(brokers=brokers) as admin:
+        try:
+            stats = admin.consume_stats(group, topic)
+        except NotFoundError:  # nothing committed yet: the whole backlog
+            offsets = admin.offsets(admin.fetch_message_queues(topic))
+            return sum(hi - lo for lo, hi in offsets.values()), "no offsets committed yet"
+    total = sum(s.lag for s in stats)
+    return total, "  ".join(f"q{s.queue.queue_id}: {max(s.consumer_offset, 0)}/{s.max_offset}" for s in stats)
+
+
+def run_pipeline(brokers: str, topic: str, group: str, checkpoint: str, per_trigger: int) -> int:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import functions as F
+
+    import spark_connector
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master("local[2]").appName("tidemark-demo")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_connector.register(spark)
+
+    events = (spark.readStream.format("tidemark")
+              .option("brokers", brokers).option("topic", topic).option("group", group)
+              .option("startingOffsets", "committed").option("maxOffsetsPerTrigger", str(per_trigger))
+              .load()
+              .select(F.from_json(F.col("body").cast("string"), "user string, kind string, amount int").alias("e"))
+              .select("e.*"))
+    totals = events.groupBy("kind").agg(F.count("*").alias("events"), F.sum("amount").alias("amount"))
+    query = (totals.writeStream.outputMode("complete").format("memory").queryName("totals_by_kind")
+             .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
+
+    shown = None
+    while query.isActive:
+        query.awaitTermination(1)
+        total, detail = lag(brokers, group, topic)
+        if (total, detail) != shown:
+            print(f"group {group} lag {total:>6}   {detail}")
+            shown = (total, detail)
+    if query.exception() is not None:
+        print(f"query failed: {query.exception()}", file=sys.stderr)
+        return 1
+    total, detail = lag(brokers, group, topic)
+    print(f"group {group} lag {total:>6}   {detail}   (query finished after "
+          f"{len(query.recentProgress)} micro-batches)")
+    spark.sql("select * from totals_by_kind order by kind").show()
+    spark.stop()
+    return 0 if total == 0 else 1
+
+
+def start_broker(data_dir: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(data_dir.parent / "broker.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "broker.app", "--data-dir", str(data_dir), "--port", str(port)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while b"event=broker_ready" not in (data_dir.parent / "broker.log").read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit(f"broker did not start:\n{(data_dir.parent / 'broker.log').read_text()[-2000:]}")
+        time.sleep(0.1)
+    return proc, f"127.0.0.1:{port}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--brokers", default=os.environ.get("TIDEMARK_BROKER", "127.0.0.1:10911"))
+    parser.add_argument("--start-broker", action="store_true", help="run a throwaway broker in a temp dir")
+    parser.add_argument("--topic", default="demo-events")
+    parser.add_argument("--group", default="demo-pipeline")
+    parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=1000)
+    parser.add_argument("--checkpoint", default=None, help="default: a new temp dir (the group's offsets remain)")
+    args = parser.parse_args(argv)
+
+    scratch = Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
+    broker = None
+    try:
+        if args.start_broker:
+            broker, args.brokers = start_broker(scratch / "data")
+            print(f"started a broker at {args.brokers} (data in {scratch / 'data'})")
+        with Admin(brokers=args.brokers) as admin:
+            try:
+                admin.create_topic(args.topic, 4)
+                print(f"created topic {args.topic} with 4 queues")
+            except AlreadyExistsError:
+                pass
+        produce(args.brokers, args.topic, args.events)
+        total, detail = lag(args.brokers, args.group, args.topic)
+        print(f"group {args.group} lag {total:>6}   {detail}")
+        return run_pipeline(args.brokers, args.topic, args.group, args.checkpoint or str(scratch / "checkpoint"),
+                            args.max_offsets_per_trigger)
+    finally:
+        if broker is not None:
+            broker.terminate()
+            broker.wait(30)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

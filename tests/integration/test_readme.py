@@ -1,0 +1,71 @@
+"""The README's promises: the quickstart runs as written, the configuration reference is current."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.config import reference_table as broker_reference
+from client.settings import (
+    ProducerSettings,
+    PullConsumerSettings,
+    PushConsumerSettings,
+    reference_table,
+)
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+README = ROOT / "README.md"
+BEGIN, END = "<!-- config-reference:begin -->", "<!-- config-reference:end -->"
+
+
+def expected_reference() -> str:
+    parts = ["### Broker (`tidemark broker`)", "", broker_reference(), ""]
+    for title, cls in (("Producer", ProducerSettings), ("PushConsumer", PushConsumerSettings),
+                       ("PullConsumer (lite pull)", PullConsumerSettings)):
+        parts += [f"### {title}", "", reference_table(cls), ""]
+    return "\n".join(parts)
+
+
+def test_configuration_reference_matches_the_settings_dataclasses():
+    text = README.read_text()
+    start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    wanted = "\n" + expected_reference() + "\n"
+    if os.environ.get("TIDEMARK_UPDATE_DOCS") == "1":
+        README.write_text(text[:start] + wanted + text[end:])
+        text = README.read_text()
+        start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
+    assert text[start:end] == wanted, "README configuration reference is stale: run with TIDEMARK_UPDATE_DOCS=1"
+
+
+def quickstart_commands() -> list[str]:
+    section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+@pytest.mark.spark
+def test_quickstart_runs_in_order(broker, tmp_path):
+    env = {**os.environ, "TIDEMARK_BROKER": broker.address, "PYSPARK_PYTHON": sys.executable}
+    outputs = []
+    for line in quickstart_commands():
+        argv = shlex.split(line)
+        if argv[0] == ".venv/bin/tidemark":
+            argv = [sys.executable, "-m", "client.cli.main", *argv[1:]]
+        elif argv[0] == ".venv/bin/python":
+            argv = [sys.executable, *argv[1:]]
+        else:
+            pytest.fail(f"quickstart line does not start with .venv/bin/...: {line}")
+        argv = [broker.address if a == "127.0.0.1:10911" else a for a in argv]
+        out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, f"{line}\nstdout: {out.stdout[-2000:]}\nstderr: {out.stderr[-3000:]}"
+        outputs.append(out.stdout)
+    consumed = [line for line in outputs[3].splitlines() if line.startswith("{")]
+    assert len(consumed) == 1001
+    assert "total lag 0" in outputs[4]
+    assert "total lag 0" in outputs[-1], outputs[-1]

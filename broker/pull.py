@@ -12,7 +12,7 @@ import enum
 import time
 from dataclasses import dataclass
 
-from broker.errors import InvalidArgumentError
+from broker.errors import InvalidArgumentError, PermissionDeniedError
 from broker.groups import check_group
 from broker.locks import QueueLockManager
 from broker.long_polling import PullRequestHoldService
@@ -97,7 +97,7 @@ class PullService:
             raise InvalidArgumentError(str(e)) from None
         self._permission.check_readable()
         if not topic.readable:
-            raise InvalidArgumentError(f"topic {topic.name!r} is not readable")
+            raise PermissionDeniedError(f"topic {topic.name!r} is not readable")
 
         generation = 0
         if req.group:

@@ -19,6 +19,7 @@ from broker.store import MessageRecord, MessageStore, PutResult
 from broker.topics import TopicConfig, TopicConfigManager
 from tidemark.protocol import (
     RETRY_GROUP_TOPIC_PREFIX,
+    SCHEDULE_TOPIC,
     MessageIdGenerator,
     PropertyKey,
     dlq_topic,
@@ -70,6 +71,11 @@ class SendService:
 
     def _topic_for_send(self, name: str) -> TopicConfig:
         """The topic to send to, auto-created where the broker allows it."""
+        if name == SCHEDULE_TOPIC:
+            # Only the broker writes there (RocketMQ's TopicValidator): the schedule service re-puts
+            # whatever REAL_TOPIC a message names, past that topic's own checks and permissions.
+            raise PermissionDeniedError(
+                f"sending to the broker's schedule topic {name!r} is forbidden; set a delay level instead")
         topic = self._topics.get(name)
         if topic is not None:
             return topic

@@ -7,8 +7,10 @@ keyword overrides to a component (`PushConsumer(group="g", pull_batch_size=64)`)
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,6 +43,21 @@ def parse_brokers(value: str | Sequence[str]) -> tuple[str, ...]:
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise InvalidArgumentError(f"broker address {address!r} is not host:port")
     return out
+
+
+_instances = itertools.count(1)
+_instances_lock = threading.Lock()
+
+
+def unique_instance(settings: ClientSettings) -> ClientSettings:
+    """settings with an instance name of its own when none was given: the pid for the first consumer
+    of the process, pid-2, pid-3... after, so two consumers in one process never share a client id."""
+    if settings.instance_name:
+        return settings
+    with _instances_lock:
+        n = next(_instances)
+    name = str(os.getpid()) if n == 1 else f"{os.getpid()}-{n}"
+    return dataclasses.replace(settings, instance_name=name)
 
 
 def local_ip() -> str:

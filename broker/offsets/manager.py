@@ -48,7 +48,7 @@ from broker.offsets.persistence import (
     write_offset_file,
 )
 
-_log = logging.getLogger(__name__)
+_log = logging.getLogger("tidemark.broker.offsets")
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +143,8 @@ class ConsumerOffsetManager:
         self._version += 1
         self._persisted_version = self._version
         self._loaded = True
-        self._log.info("loaded %d consumer offsets from %s", report.entries, report.source.value)
+        self._log.info("loaded %d consumer offsets event=offsets_load source=%s file=%s entries=%d",
+                       report.entries, report.source.value, report.path, report.entries)
         return report
 
     # -- commit / query / reset ---------------------------------------------

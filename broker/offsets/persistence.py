@@ -237,7 +237,7 @@ def load_offset_file(
         # rotate it into .bak over the good backup we just loaded.
         kept = _set_aside(path, logger, move=True) if main_problem is not None else None
         logger.warning(
-            "%s %s; loaded consumer offsets from the backup %s instead%s",
+            "%s %s; loaded consumer offsets from the backup %s instead%s event=offsets_load source=bak",
             path,
             main_state,
             bak,
@@ -248,7 +248,8 @@ def load_offset_file(
         return table, LoadReport(LoadSource.BACKUP, bak, count_entries(table), bak_result.skipped)
 
     if main_problem is None and bak_problem is None:
-        logger.info("no %s or %s yet; starting with no consumer offsets", path, bak.name)
+        logger.info("no %s or %s yet; starting with no consumer offsets event=offsets_load source=none",
+                    path, bak.name)
         return {}, LoadReport(LoadSource.NONE, None, 0, [])
 
     bak_state = "is missing" if bak_problem is None else f"is unusable too: {bak_problem}"
@@ -262,7 +263,8 @@ def load_offset_file(
     # "no files" and no longer refuse, and the operator allowed empty once only.
     kept = _set_aside(path, logger, move=False) if main_problem is not None else None
     logger.error(
-        "%s; starting with NO consumer offsets because empty-on-corruption is allowed%s",
+        "%s; starting with NO consumer offsets because empty-on-corruption is allowed%s "
+        "event=offsets_load source=forced-empty",
         reason,
         f" (damaged file kept as {kept})" if kept else "",
     )
@@ -285,7 +287,7 @@ def _set_aside(path: Path, logger: logging.Logger, *, move: bool) -> Path | None
 
 def _log_skipped(logger: logging.Logger, path: Path, skipped: list[str]) -> None:
     for reason in skipped[:_MAX_SKIP_LOG_LINES]:
-        logger.warning("%s: skipped malformed offset entry, %s", path, reason)
+        logger.warning("%s: skipped malformed offset entry, %s event=offsets_entry_skipped", path, reason)
     if len(skipped) > _MAX_SKIP_LOG_LINES:
         logger.warning(
             "%s: %d more malformed offset entries skipped", path, len(skipped) - _MAX_SKIP_LOG_LINES

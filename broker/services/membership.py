@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
 from broker.consumer_manager import ConsumerInfo
@@ -13,6 +15,8 @@ from broker.services.convert import queue
 from broker.services.errors import rpc, status_for
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
 from tidemark.v1 import common_pb2, membership_pb2, membership_pb2_grpc
+
+log = logging.getLogger("tidemark.broker.locks")
 
 
 def _client_id(client_id: str) -> str:
@@ -101,9 +105,12 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
         locks = self._b.locks
         before = {q: locks.current_epoch(request.group, *q) for q in queues}
         grants = locks.lock(request.group, request.client_id, queues)
-        changed = sum(1 for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch)
+        changed = [g for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch]
+        for g in changed:
+            log.info("queue lock granted event=lock_grant group=%s topic=%s queue_id=%d client_id=%s owner_epoch=%d",
+                     request.group, g.topic, g.queue_id, request.client_id, g.owner_epoch)
         if changed:
-            self._b.metrics.ownership_changes.labels(request.group).inc(changed)
+            self._b.metrics.ownership_changes.labels(request.group).inc(len(changed))
         name = self._b.config.broker_name
         return membership_pb2.LockQueuesResponse(locked=[
             membership_pb2.QueueLock(queue=queue(g.topic, name, g.queue_id), owner_epoch=g.owner_epoch,

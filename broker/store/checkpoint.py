@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tidemark.fsutil import atomic_write, fsync_dir
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tidemark.broker.store")
 
 CHECKPOINT_FILE_NAME = "checkpoint"
 ABORT_FILE_NAME = "abort"

@@ -26,7 +26,7 @@ from broker.store import codec
 from broker.store.flush import DirtySet, FileHandle, FlushJob
 from broker.store.model import StoredMessage
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tidemark.broker.store")
 
 SEGMENT_NAME = re.compile(r"^\d{20}$")
 # Recovery reads segments in chunks this big (a bigger record gets its own read).
@@ -317,7 +317,8 @@ class CommitLog:
         del self._starts[index + 1 :]
         segment.capacity = max(self._segment_size, segment.capacity)
         self._dirty.add_dir(self._dir)
-        log.warning("truncated the commit log at %d (%d bytes dropped)", pos, removed)
+        log.warning("truncated the commit log at %d event=commitlog_truncated offset=%d dropped_bytes=%d",
+                    pos, pos, removed)
         return removed
 
     # -- retention -----------------------------------------------------------------

@@ -28,7 +28,7 @@ from broker.store.flush import DirtySet, FileHandle, FlushJob
 from tidemark.fsutil import fsync_dir
 from tidemark.protocol import InvalidNameError, check_topic_name
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tidemark.broker.store")
 
 FILE_NAME = re.compile(r"^\d{20}$")
 _TRASH_PREFIX = ".deleted-"  # topic names cannot start with '.', so these never clash

@@ -23,7 +23,7 @@ from broker.errors import StoreError
 from broker.store.model import FlushMode
 from tidemark.fsutil import fsync_dir
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tidemark.broker.store")
 
 
 class FileHandle:

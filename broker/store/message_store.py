@@ -58,7 +58,7 @@ __all__ = [
     "StoredMessage",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("tidemark.broker.store")
 
 _MAX_QUEUE_ID = 2**31 - 1
 # Consume-queue entries read per pread while scanning for matches.
@@ -113,7 +113,7 @@ class MessageStore:
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
         clean = not self._abort.exists()
         if not clean:
-            log.warning("the store was not shut down cleanly; recovering from the checkpoint")
+            log.warning("the store was not shut down cleanly; recovering from the checkpoint event=store_unclean")
         checkpoint = self._checkpoint.load()
         self._commitlog.open()
         dropped = self._queues.load()
@@ -149,7 +149,7 @@ class MessageStore:
             consume_queue_entries_dropped=dropped,
             duration_s=time.monotonic() - began,
         )
-        log.info("store loaded: %s", report)
+        log.debug("store loaded: %s", report)
         return report
 
     async def start(self) -> None:
@@ -281,7 +281,8 @@ class MessageStore:
             )
         except (StoreError, OSError) as exc:
             self._fail(exc)
-            log.error("store write failed; refusing further writes until a restart: %s", exc)
+            log.error("store write failed; refusing further writes until a restart event=store_write_failed "
+                      "error=%r", str(exc))
             raise StoreError(f"message store write failed: {exc}") from exc
         new_max = base + len(records)
         for listener in self._listeners:

@@ -166,18 +166,20 @@ def consume_group(args: argparse.Namespace) -> int:
     lock = threading.Lock()
     printed = [0]
     enough = threading.Event()
-    released = threading.Event()
     where = {"last": ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, "first": ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
              "timestamp": ConsumeFromWhere.CONSUME_FROM_TIMESTAMP}[args.from_where]
 
     def listener(msgs, context):
         with lock:
-            if args.count is not None and printed[0] >= args.count:
-                enough.set()
-                # Hold the message until shutdown has committed and released its queue; the result is
-                # then ignored, so the message stays unconsumed for the group.
-                released.wait(60)
-                return ConsumeConcurrentlyStatus.RECONSUME_LATER
+            over = args.count is not None and printed[0] >= args.count
+        if over:
+            enough.set()
+            # Hold the batch until shutdown starts draining its queue: a failure then leaves it
+            # uncommitted for the group's next reader (no retry copy).
+            while not context.queue_dropped:
+                time.sleep(0.02)
+            return ConsumeConcurrentlyStatus.RECONSUME_LATER
+        with lock:
             for m in msgs:
                 print_line(message_json(m))
             printed[0] += len(msgs)
@@ -195,10 +197,7 @@ def consume_group(args: argparse.Namespace) -> int:
         while not stop.is_set() and not enough.is_set():
             stop.wait(0.1)
     finally:
-        try:
-            consumer.shutdown()
-        finally:
-            released.set()
+        consumer.shutdown()
     return 0
 
 

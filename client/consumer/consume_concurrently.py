@@ -85,7 +85,7 @@ class ConsumeMessageConcurrentlyService:
                 await asyncio.sleep(delay_s)
             if oq.pq.dropped or oq.epoch_of_cache != cache_epoch:
                 return  # the queue is moving away or was reset: the next owner/offset takes over
-            context = ConsumeConcurrentlyContext(message_queue=oq.mq)
+            context = ConsumeConcurrentlyContext(message_queue=oq.mq, _dropped=lambda: oq.pq.dropped)
             view = [for_listener(m) for m in batch]
             result = await asyncio.get_running_loop().run_in_executor(
                 self._executor, call_listener, self._listener, view, context)
@@ -113,6 +113,13 @@ class ConsumeMessageConcurrentlyService:
         self.consumed_ok += ok
         self.consumed_failed += len(failed)
         keep: list[MessageExt] = []
+        if failed and oq.pq.dropped:
+            # Draining: the final commit stops before these, so the queue's next reader gets them;
+            # a send-back now would only add a copy on the retry topic.
+            offset = oq.pq.remove_messages(batch[:ok])
+            if offset >= 0:
+                self._store.update_offset(oq.mq, offset, increase_only=True)
+            return
         if failed and self._settings.message_model is MessageModel.CLUSTERING:
             for msg in failed:
                 if not await self._send_back.send_back(msg, context.delay_level_when_next_consume):

@@ -11,7 +11,7 @@ An orderly listener is `(msgs, context) -> ConsumeOrderlyStatus`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from client.message import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, MessageExt, MessageQueue
 
@@ -23,6 +23,16 @@ class ConsumeConcurrentlyContext:
     ack_index: int | None = None
     # 0: the broker picks 3 + reconsume times; -1: straight to the DLQ; n: that delay level.
     delay_level_when_next_consume: int = 0
+    _dropped: Callable[[], bool] = field(default=lambda: False, repr=False)
+
+    @property
+    def queue_dropped(self) -> bool:
+        """The queue is moving to another consumer or this consumer is stopping.
+
+        A batch that is not CONSUME_SUCCESS then stays with the queue for its next reader instead of
+        being sent back for retry.
+        """
+        return self._dropped()
 
 
 @dataclass

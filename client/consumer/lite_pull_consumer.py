@@ -28,7 +28,7 @@ from client.errors import ClientStateError, InvalidArgumentError
 from client.message import MessageExt, MessageQueue
 from client.remoting.cluster import BrokerCluster
 from client.runtime import LoopThread
-from client.settings import PullConsumerSettings, build
+from client.settings import PullConsumerSettings, build, unique_instance
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression
 from tidemark.scheduler import Scheduler
 
@@ -214,7 +214,8 @@ class PullConsumer:
     """
 
     def __init__(self, settings: PullConsumerSettings | None = None, /, **overrides: Any) -> None:
-        self.settings: PullConsumerSettings = build(PullConsumerSettings, settings, overrides)  # type: ignore[assignment]
+        self.settings: PullConsumerSettings = unique_instance(
+            build(PullConsumerSettings, settings, overrides))  # type: ignore[assignment]
         self._subscriptions: dict[str, str] = {}
         self._assigned: set[MessageQueue] | None = None
         self._loop = LoopThread(f"pull-consumer-{self.settings.group}")

@@ -31,7 +31,7 @@ from client.errors import ClientStateError, InvalidArgumentError
 from client.message import MessageModel, MessageQueue
 from client.remoting.cluster import BrokerCluster
 from client.runtime import LoopThread
-from client.settings import PushConsumerSettings, build
+from client.settings import PushConsumerSettings, build, unique_instance
 from client.types import CommitRejectReason, RejectedCommit
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
 from tidemark.scheduler import Scheduler
@@ -182,7 +182,8 @@ class PushConsumer:
     """
 
     def __init__(self, settings: PushConsumerSettings | None = None, /, **overrides: Any) -> None:
-        self.settings: PushConsumerSettings = build(PushConsumerSettings, settings, overrides)  # type: ignore[assignment]
+        self.settings: PushConsumerSettings = unique_instance(
+            build(PushConsumerSettings, settings, overrides))  # type: ignore[assignment]
         self._subscriptions: dict[str, str] = {}
         self._listener: Any = None
         self._orderly = False

@@ -452,3 +452,33 @@ def test_broker_still_serves_after_bad_input(api: Api):
     assert status == health_pb2.HealthCheckResponse.SERVING
     api.create_topic("after", 1)
     assert api.send("after", msg("ok"), queue_id=0).results[0].queue_offset == 0
+
+
+def test_closed_topics_and_the_schedule_topic_refuse_with_permission_denied(api: Api):
+    api.create_topic("closed", 1)
+    api.create_topic("target", 1)
+    api.send("closed", msg("before"), queue_id=0)
+    PD = grpc.StatusCode.PERMISSION_DENIED
+    update = api.admin.UpdateTopic
+    update(admin_pb2.UpdateTopicRequest(name="closed", readable=False), timeout=TIMEOUT)
+    expect_error(api.messaging.PullMessage, messaging_pb2.PullMessageRequest(topic="closed", queue_id=0), PD,
+                 "'closed' is not readable")
+    update(admin_pb2.UpdateTopicRequest(name="closed", readable=True, writable=False), timeout=TIMEOUT)
+    expect_error(api.messaging.SendMessage, messaging_pb2.SendMessageRequest(topic="closed", messages=[msg("x")]),
+                 PD, "'closed' is not writable")
+    assert [m.body for m in api.pull("closed", 0, 0).messages] == [b"before"]
+
+    # Only the broker writes the schedule topic: a producer message there would be re-put on whatever
+    # REAL_TOPIC it names, past that topic's permissions.
+    schedule = "SCHEDULE_TOPIC_XXXX"
+    before = [api.max_offset(schedule, q) for q in range(18)]
+    smuggled = msg("smuggled", properties={"REAL_TOPIC": "closed", "REAL_QID": "0"})
+    expect_error(api.messaging.SendMessage, messaging_pb2.SendMessageRequest(
+        topic=schedule, queue_id=0, messages=[smuggled]), PD, "schedule topic", "forbidden")
+    assert [api.max_offset(schedule, q) for q in range(18)] == before
+    # A delayed send is the way in, and lands on the real topic only once due (level 1 = 1 s).
+    sent = api.send("target", msg("later", delay_level=1), queue_id=0).results[0]
+    assert api.max_offset("target", 0) == 0
+    response = api.pull("target", 0, 0, suspend_ms=10_000)
+    assert response.status == FOUND and response.messages[0].msg_id == sent.msg_id
+    assert api.max_offset("closed", 0) == 1

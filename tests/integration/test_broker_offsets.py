@@ -457,3 +457,19 @@ def test_bad_commits_are_refused_and_store_nothing(api: Api):
     expect_error(reset, R(group="bg", topic="badc", to_latest=False), IA, "to_latest must be true")
     assert [api.query("bg", "badc", q) for q in (0, 1)] == [10, 0]
     assert api.query_full("bg", "badc", 0).reset_generation == 0
+
+
+def test_deleting_a_topic_removes_its_offsets(api: Api, shared):
+    api.topic_with_messages("gone", [5, 5])
+    api.topic_with_messages("kept", [5])
+    api.commit("dg", "gone", 0, 3)
+    api.commit("dg2", "gone", 1, 4)
+    api.commit("dg", "kept", 0, 2)
+    api.admin.DeleteTopic(admin_pb2.DeleteTopicRequest(name="gone"), timeout=TIMEOUT)
+    listed = api.admin.ListGroups(admin_pb2.ListGroupsRequest(topic="kept"), timeout=TIMEOUT)
+    assert [(g.group, list(g.topics)) for g in listed.groups] == [("dg", ["kept"])]
+    # A re-created topic starts empty, with no offsets from its earlier life.
+    api.topic_with_messages("gone", [1, 1])
+    assert [api.query(g, "gone", q) for g in ("dg", "dg2") for q in (0, 1)] == [-1, -1, -1, -1]
+    assert api.query("dg", "kept", 0) == 2
+    assert {s.queue.topic for s in api.stats("dg").queues} == {"kept"}

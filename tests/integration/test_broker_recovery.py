@@ -234,3 +234,28 @@ def test_torn_commitlog_tail_is_cut_and_never_served(broker_factory, damage):
         stored = api.read_all(topic, last.queue_id)
         assert (stored[-1].queue_offset, stored[-1].body) == (new.queue_offset, b"after-repair")
         assert [m.body for m in stored[:-1]] == [a.body for a in survivors if a.queue_id == last.queue_id]
+
+
+def test_lost_consume_queue_entries_are_rebuilt_from_the_commitlog(broker_factory):
+    # Consume-queue files of 8 entries; a checkpoint that stays at the load so recovery replays everything.
+    broker = broker_factory(args=("--consume-queue-entries-per-file", "8", "--flush-interval-ms", "600000"))
+    topic = "cq"
+    with Api(broker.address) as api:
+        api.create_topic(topic, 3)
+        sent = {q: api.send_batch(topic, q, [f"q{q}-{i}".encode() for i in range(21)]) for q in range(3)}
+    broker.kill()
+    cq = broker.data_dir / "consumequeue" / topic
+    files = {q: sorted((cq / str(q)).iterdir()) for q in range(3)}
+    assert [len(f) for f in files.values()] == [3, 3, 3]
+    os.truncate(files[0][-1], 2 * 20 + 7)  # queue 0: a torn entry, the rest of its last file lost
+    files[1][-1].unlink()  # queue 1: its last file lost
+    for f in files[2]:  # queue 2: every file lost
+        f.unlink()
+
+    broker.start()
+    with Api(broker.address) as api:
+        for q in range(3):
+            stored = api.read_all(topic, q)
+            assert [(m.queue_offset, m.msg_id, m.body, m.commit_log_offset) for m in stored] == \
+                   [(a.queue_offset, a.msg_id, a.body, a.commit_log_offset) for a in sent[q]]
+            assert api.send(topic, q, b"next").queue_offset == 21

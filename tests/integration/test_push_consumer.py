@@ -202,3 +202,20 @@ def test_bad_input_gives_clear_errors(broker, caplog):
         consumer.owned_queues()
     with pytest.raises(ClientStateError):
         consumer.start()
+
+
+def test_two_consumers_in_one_process_split_the_queues(broker):
+    create_topic(broker.address, "Split", 4)
+    a, b = Collector(), Collector()
+    first = start_consumer(broker.address, "splitters", "Split", a)
+    second = start_consumer(broker.address, "splitters", "Split", b)
+    try:
+        assert first.client_id != second.client_id
+        wait_until(lambda: len([q for q in first.owned_queues() if q.topic == "Split"]) == 2
+                   and len([q for q in second.owned_queues() if q.topic == "Split"]) == 2, 30, "2 queues each")
+        ids = produce(broker.address, "Split", 40, batch=10)
+        wait_until(lambda: set(a.seen) | set(b.seen) >= set(ids), 30, "all consumed")
+    finally:
+        first.shutdown()
+        second.shutdown()
+    assert a.seen and b.seen and not set(a.seen) & set(b.seen)

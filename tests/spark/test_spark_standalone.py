@@ -11,7 +11,6 @@ the shared local session, builds one on spark://..., and stops it afterwards.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -32,19 +31,22 @@ import spark_connector
 SPARK_HOME = Path(pyspark.__file__).parent
 
 
-def _own_group_and_die_with_parent() -> None:
-    os.setsid()
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+# Runs in the child instead of a preexec_fn (no Python between fork and exec in a process with gRPC
+# threads): ask for SIGKILL when the test process dies, then exec spark-class (which execs java).
+_LAUNCHER = ("import ctypes, os, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL); "
+             "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execv(sys.argv[2], sys.argv[2:])")
 
 
 class Daemon:
-    """A spark-class process in its own process group; log in a file."""
+    """A spark-class process in its own process group (killed as a group); log in a file."""
 
     def __init__(self, name: str, args: list[str], log: Path, env: dict[str, str]) -> None:
         self.log = log
+        spark_class = str(SPARK_HOME / "bin" / "spark-class")
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], stdout=out,
-                                         stderr=subprocess.STDOUT, env=env, preexec_fn=_own_group_and_die_with_parent)
+            self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(os.getpid()), spark_class, *args],
+                                         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)
         self.name = name
 
     def wait_for(self, text: str, timeout: float = 90) -> None:

@@ -1,0 +1,166 @@
+"""Tidemark in the peer benchmark: the broker process and each workload's client code.
+
+Server: `python -m broker.app --data-dir TMP --port P` with its defaults
+(async flush every 500 ms, consumerOffset.json every 5 s). Clients: the public
+synchronous API (Producer.send_batch, PushConsumer with default settings),
+except workload 3, which drives the streaming CommitOffsets RPC through
+BrokerConnection.open_commit_stream() as fast as it accepts writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+from bench.procs import Server, free_port
+from bench.workloads import Pacer, Recorder, consume_until, payload
+
+NAME = "Tidemark"
+BROKER_NAME = "broker-a"
+
+
+class TidemarkServer:
+    name = NAME
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.port = free_port()
+        self.server = Server("tidemark-broker", [sys.executable, "-m", "broker.app", "--data-dir",
+                                                 str(workdir / "tidemark-data"), "--port", str(self.port)],
+                             workdir / "tidemark-broker.log")
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> TidemarkServer:
+        self.server.start()
+        self.server.wait_log(r"event=broker_ready", 60)
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def version(self) -> str:
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return version("tidemark")
+        except PackageNotFoundError:
+            return "dev"
+
+    def settings(self) -> dict[str, str]:
+        return {"storage": "commitlog + consume queues on disk, async flush every 500 ms (default)",
+                "producer": "Producer.send_batch, 32 messages per SendMessage RPC, one in flight",
+                "consumer": "PushConsumer defaults: pull batch 32, 20 listener threads, listener batch 1, "
+                            "offsets piggybacked on pulls + persisted every 5 s",
+                "commits": "client-streaming CommitOffsets, 64 commits per stream message, unfenced",
+                "group changes": "zero-duplicate handover (queue locks), AVG allocation, watch push"}
+
+    # -- harness-side setup (runs in the harness process) --------------------------------------
+
+    def create_topic(self, topic: str, queues: int) -> None:
+        from client import Admin
+        with Admin(brokers=self.address) as admin:
+            admin.create_topic(topic, queues)
+
+    def prepare_group(self, topic: str, group: str) -> None:
+        """Nothing to do: a Tidemark group exists once a consumer of it heartbeats."""
+
+
+# -- workload roles (each runs in a bench.worker process) -----------------------------------------
+
+def produce(spec: dict, ctl) -> dict:
+    from client import Message, Producer
+    topic, count, batch = spec["topic"], spec["count"], spec["batch"]
+    with Producer(brokers=spec["address"]) as producer:
+        queues = producer.fetch_publish_message_queues(topic)
+        ctl.ready()
+        start = ctl.wait_go()
+        sent = n = 0
+        while sent < count:
+            k = min(batch, count - sent)
+            producer.send_batch([Message(topic, payload(sent + i)) for i in range(k)], queue=queues[n % len(queues)])
+            sent += k
+            n += 1
+        elapsed = time.monotonic() - start
+    return {"count": sent, "elapsed_s": elapsed}
+
+
+def paced_produce(spec: dict, ctl) -> dict:
+    """Messages one by one (send_async, not batched) at a fixed rate, round-robin over queues."""
+    from client import Message, Producer
+    topic = spec["topic"]
+    with Producer(brokers=spec["address"]) as producer:
+        producer.fetch_publish_message_queues(topic)
+        ctl.ready()
+        ctl.wait_go()
+        pacer = Pacer(spec["rate"], spec["count"])
+        futures = []
+        while n := pacer.due():
+            for _ in range(n):
+                futures.append(producer.send_async(Message(topic, payload(pacer.sent))))
+                pacer.sent += 1
+        result = pacer.result()
+        errors = sum(1 for f in futures if f.exception(timeout=30) is not None)
+    return {**result, "errors": errors}
+
+
+def consume(spec: dict, ctl) -> dict:
+    from client import ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
+    rec = Recorder(latency=spec.get("latency", False), keep_seqs=bool(spec.get("seqs_path")),
+                   warmup=spec.get("warmup", 0))
+    ctl.progress = lambda: rec.count
+
+    def listener(msgs, ctx):
+        rec.record([m.body for m in msgs])
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    consumer = PushConsumer(group=spec["group"], brokers=spec["address"], instance_name=spec["instance"],
+                            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+                            queue_locking=spec.get("queue_locking", True))
+    consumer.subscribe(spec["topic"])
+    consumer.register_message_listener(listener)
+    ctl.ready()
+    go = ctl.wait_go()
+    consumer.start()
+    started = time.monotonic()
+    consume_until(rec, ctl, spec)
+    result = {**rec.result(spec.get("seqs_path")), "go": go, "started": started}
+    consumer.shutdown()
+    return result
+
+
+def commit(spec: dict, ctl) -> dict:
+    """Streaming CommitOffsets: commits_per_queue rounds of one commit per queue, 64 per stream write."""
+    from client import Message, MessageQueue, Producer
+    from client.remoting.connection import BrokerConnection
+    from client.types import OffsetCommit
+
+    topic, nq, per_queue = spec["topic"], spec["queues"], spec["per_queue"]
+    if spec.get("prefill"):
+        with Producer(brokers=spec["address"]) as producer:
+            for q in producer.fetch_publish_message_queues(topic):
+                for i in range(0, per_queue, 32):
+                    producer.send_batch([Message(topic, payload(i + j)) for j in range(min(32, per_queue - i))],
+                                        queue=q)
+
+    async def run() -> dict:
+        conn = BrokerConnection(spec["address"], timeout_s=30)
+        try:
+            await conn.broker_info()
+            mqs = [MessageQueue(topic, conn.broker_name, q) for q in range(nq)]
+            batches = [[OffsetCommit(spec["group"], mq, offset) for mq in mqs] for offset in range(1, per_queue + 1)]
+            ctl.ready()
+            start = await asyncio.get_running_loop().run_in_executor(None, ctl.wait_go)
+            stream = conn.open_commit_stream(timeout=600)
+            for b in batches:
+                await stream.write(b)
+            summary = await stream.close()
+            elapsed = time.monotonic() - start
+            return {"count": summary.applied, "rejected": summary.rejected, "elapsed_s": elapsed}
+        finally:
+            await conn.close()
+
+    return asyncio.run(run())

@@ -1,0 +1,176 @@
+"""The five peer workloads, their sizes, and what every system's client code shares.
+
+Every message is MESSAGE_SIZE bytes: 8 bytes of send time (CLOCK_MONOTONIC, which
+every process on the machine shares), 8 bytes of sequence number (to count
+duplicates the same way on every system), then fixed padding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import struct
+import threading
+import time
+from dataclasses import dataclass
+
+MESSAGE_SIZE = 1024
+_HEADER = struct.Struct("<qQ")
+_PADDING = (os.urandom(64) * (MESSAGE_SIZE // 64))[: MESSAGE_SIZE - _HEADER.size]
+
+WORKLOADS = ("produce", "consume", "commit", "latency", "membership")
+WORKLOAD_TITLES = {
+    "produce": "1. produce (1 process, batch 32)",
+    "consume": "2. consume (group of 4)",
+    "commit": "3. offset/ack commits (64 queues)",
+    "latency": "4. e2e latency at fixed rate",
+    "membership": "5. group membership change",
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Counts and bounds of one run; `full()` is what the issue asks, `smoke()` only proves it runs."""
+
+    messages: int = 200_000          # workloads 1 and 2
+    batch: int = 32
+    consumers: int = 4
+    queues: int = 8                  # Tidemark queues per topic (Redis: one stream; JetStream: one stream)
+    commit_queues: int = 64          # workload 3
+    commits_per_queue: int = 1_000
+    latency_rate: int = 5_000        # workload 4, msg/s
+    latency_seconds: float = 8.0
+    busy_rate: int = 2_000           # workload 5: steady load on the group, msg/s
+    busy_consumers: int = 2
+    join_after_s: float = 3.0
+    after_join_s: float = 5.0
+    rounds: int = 3
+    workload_timeout_s: float = 120.0
+
+    @classmethod
+    def full(cls) -> Sizes:
+        return cls()
+
+    @classmethod
+    def smoke(cls) -> Sizes:
+        return cls(messages=2_000, commits_per_queue=10, latency_rate=500, latency_seconds=1.0, busy_rate=300,
+                   join_after_s=1.0, after_join_s=1.5, rounds=1, workload_timeout_s=45.0)
+
+    def scaled(self, factor: float) -> Sizes:
+        """Counts multiplied by factor (rates and durations kept), for a slow machine."""
+        return dataclasses.replace(self, messages=max(1_000, int(self.messages * factor)),
+                                   commits_per_queue=max(10, int(self.commits_per_queue * factor)))
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def payload(seq: int, sent_ns: int | None = None) -> bytes:
+    return _HEADER.pack(time.monotonic_ns() if sent_ns is None else sent_ns, seq) + _PADDING
+
+
+def header(body: bytes) -> tuple[int, int]:
+    """(send time ns, sequence number) of a benchmark message."""
+    return _HEADER.unpack_from(body)
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+class Pacer:
+    """Fixed-rate sending: how many messages are due now, never bursting more than `max_burst`."""
+
+    def __init__(self, rate: float, total: int, max_burst: int = 64) -> None:
+        self.rate = rate
+        self.total = total
+        self.max_burst = max_burst
+        self.sent = 0
+        self.started = time.monotonic()
+
+    def due(self) -> int:
+        """Messages to send now (0 when done); sleeps until at least one is due."""
+        while self.sent < self.total:
+            should = min(self.total, int((time.monotonic() - self.started) * self.rate) + 1)
+            n = should - self.sent
+            if n > 0:
+                return min(n, self.max_burst)
+            time.sleep(max(0.0, (self.sent + 1) / self.rate - (time.monotonic() - self.started)))
+        return 0
+
+    async def adue(self) -> int:
+        import asyncio
+        while self.sent < self.total:
+            should = min(self.total, int((time.monotonic() - self.started) * self.rate) + 1)
+            n = should - self.sent
+            if n > 0:
+                return min(n, self.max_burst)
+            await asyncio.sleep(max(0.0, (self.sent + 1) / self.rate - (time.monotonic() - self.started)))
+        return 0
+
+    def result(self) -> dict:
+        elapsed = time.monotonic() - self.started
+        return {"sent": self.sent, "elapsed_s": elapsed, "achieved_rate": self.sent / elapsed if elapsed else 0.0}
+
+
+class Recorder:
+    """What a consumer saw: count, first/last receive time, sequence numbers, latencies. Thread-safe."""
+
+    def __init__(self, *, latency: bool = False, keep_seqs: bool = False, warmup: int = 0) -> None:
+        self._lock = threading.Lock()
+        self.warmup = warmup  # latencies of sequence numbers below this are not kept
+        self.count = 0
+        self.first = 0.0
+        self.last = 0.0
+        self.latency = latency
+        self.latencies_us: list[float] = []
+        self.seqs: list[int] | None = [] if keep_seqs else None
+
+    def record(self, bodies) -> None:
+        now_ns = time.monotonic_ns()
+        now = now_ns / 1e9
+        heads = [header(b) for b in bodies] if (self.latency or self.seqs is not None) else ()
+        with self._lock:
+            if not self.count:
+                self.first = now
+            self.count += len(bodies)
+            self.last = now
+            if self.latency:
+                self.latencies_us.extend((now_ns - h[0]) / 1000 for h in heads if h[1] >= self.warmup)
+            if self.seqs is not None:
+                self.seqs.extend(h[1] for h in heads)
+
+    def idle_for(self) -> float:
+        return time.monotonic() - self.last if self.count else 0.0
+
+    def result(self, seqs_path: str | None = None) -> dict:
+        out = {"count": self.count, "first": self.first, "last": self.last}
+        if self.latency:
+            out["p50_us"] = percentile(self.latencies_us, 50)
+            out["p99_us"] = percentile(self.latencies_us, 99)
+        if self.seqs is not None and seqs_path:
+            with open(seqs_path, "w") as f:
+                f.write("\n".join(map(str, self.seqs)))
+        return out
+
+
+def consume_until(rec: Recorder, ctl, spec: dict, poll: float = 0.02) -> None:
+    """Block until told to stop, or idle for spec['idle_s'] after the first message, or the deadline."""
+    deadline = time.monotonic() + spec.get("timeout_s", 120)
+    idle_s = spec.get("idle_s")
+    expect = spec.get("expect")
+    while time.monotonic() < deadline and not ctl.stopped.is_set():
+        if expect and rec.count >= expect:
+            return
+        if idle_s and rec.count and rec.idle_for() >= idle_s:
+            return
+        time.sleep(poll)
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj, separators=(",", ":"))

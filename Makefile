@@ -34,6 +34,12 @@ run: setup
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+demo: setup
+	$(PY) examples/streaming_pipeline.py --start-broker
+
+bench: setup
+	$(PY) -m bench
+
 lint: setup
 	$(VENV)/bin/ruff check .
 

@@ -114,7 +114,9 @@ def reader(args: argparse.Namespace) -> dict:
 
 
 def machine() -> str:
-    return f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, {platform.system()}"
+    load = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}, "
+            f"{platform.system()}; load average {load} at the end")
 
 
 def main() -> None:

@@ -118,6 +118,7 @@ class Worker:
                 orphan_safe([sys.executable, "-m", "bench.worker", role]), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=str(REPO))
         self.log_path = log_path
+        self._result: dict | None = None
         self.proc.stdin.write((json.dumps(spec) + "\n").encode())
         self.proc.stdin.flush()
 
@@ -153,15 +154,26 @@ class Worker:
     def go(self) -> None:
         self.send("go")
 
-    def event(self, timeout: float) -> dict:
-        return self._line(timeout)
-
-    def result(self, timeout: float) -> dict:
+    def progress(self, timeout: float = 10.0) -> int:
+        """Messages the worker's consumer has received so far (asks it on stdin)."""
+        if self._result is not None:
+            return self._result.get("count", 0)
+        self.send("progress")
         while True:
             msg = self._line(timeout)
+            if "result" in msg:  # it finished on its own (deadline or error)
+                self._result = msg["result"]
+                return self._result.get("count", 0)
+            if "progress" in msg:
+                return msg["progress"]
+
+    def result(self, timeout: float) -> dict:
+        while self._result is None:
+            msg = self._line(timeout)
             if "result" in msg:
-                self.proc.wait(30)
-                return msg["result"]
+                self._result = msg["result"]
+        self.proc.wait(30)
+        return self._result
 
     def kill(self) -> None:
         if self.proc.poll() is None:

@@ -3,13 +3,14 @@
 Reads a JSON spec line on stdin, runs `<system module>.<ROLE>(spec, ctl)` and
 prints JSON lines: {"ready": ...} once the client is set up, then
 {"result": ...}. Later stdin lines are commands: "go" (start the timed part),
-"stop" (finish and report), "progress" (print {"progress": n}).
+"stop" (finish and report), "progress" (print {"progress": n}); any other line goes to `ctl.commands` for the role.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import queue
 import sys
 import threading
 import time
@@ -21,6 +22,8 @@ SYSTEMS = {
     "tidemark": "bench.tidemark_system",
     "redis": "bench.peers.redis_streams",
     "nats": "bench.peers.nats_jetstream",
+    "echo": "bench.grpc_echo",
+    "rebalance": "bench.rebalance",
 }
 
 
@@ -30,6 +33,7 @@ class Control:
         self.stopped = threading.Event()
         self.go_at = 0.0
         self.progress = lambda: 0
+        self.commands: queue.Queue[str] = queue.Queue()
         self._out = threading.Lock()
         threading.Thread(target=self._read, name="bench-stdin", daemon=True).start()
 
@@ -43,6 +47,8 @@ class Control:
                 self.stopped.set()
             elif command == "progress":
                 self.emit({"progress": self.progress()})
+            elif command:
+                self.commands.put(command)
         self.stopped.set()  # the harness went away
         self.go.set()
 

@@ -84,14 +84,28 @@ def percentile(values: list[float], q: float) -> float:
 
 
 class Pacer:
-    """Fixed-rate sending: how many messages are due now, never bursting more than `max_burst`."""
+    """Fixed-rate sending: how many messages are due now, never bursting more than `max_burst`.
+
+    Messages carry the time they were due (`stamp`), not the time they left: a sender that falls
+    behind shows up as latency instead of silently sending later (no coordinated omission).
+    """
 
     def __init__(self, rate: float, total: int, max_burst: int = 64) -> None:
         self.rate = rate
         self.total = total
         self.max_burst = max_burst
         self.sent = 0
-        self.started = time.monotonic()
+        self.started_ns = time.monotonic_ns()
+        self.started = self.started_ns / 1e9
+
+    def stamp(self, seq: int) -> int:
+        return self.started_ns + int(seq * 1e9 / self.rate)
+
+    def next_payload(self) -> bytes:
+        """The payload of the next message (its due time, its sequence number); counts it as sent."""
+        body = payload(self.sent, self.stamp(self.sent))
+        self.sent += 1
+        return body
 
     def due(self) -> int:
         """Messages to send now (0 when done); sleeps until at least one is due."""

@@ -7,8 +7,8 @@
 2. Runs a streaming aggregation (count and sum of amount per kind) over format("tidemark") with a
    checkpoint, maxOffsetsPerTrigger and Trigger.AvailableNow. The source commits each finished
    micro-batch's end offsets to the consumer group, like any consumer.
-3. Prints the group's lag per queue (Admin.consume_stats; `tidemark group progress GROUP`
-   shows the same) while the query runs, until it reaches zero, then the aggregate.
+3. Prints the group's lag (Admin.consume_stats) while the query runs, until it reaches zero,
+   then `tidemark group progress GROUP` and the aggregate.
 
 Run it again with the same --checkpoint (or a new one: startingOffsets=committed picks up from the
 group) and only the new events are read.
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from client import Admin, AlreadyExistsError, Message, NotFoundError, Producer
+from client.cli.main import main as tidemark_cli
 
 
 def produce(brokers: str, topic: str, events: int) -> None:
@@ -58,17 +59,24 @@ def lag(brokers: str, group: str, topic: str) -> tuple[int, str]:
     return total, "  ".join(f"q{s.queue.queue_id}: {max(s.consumer_offset, 0)}/{s.max_offset}" for s in stats)
 
 
-def run_pipeline(brokers: str, topic: str, group: str, checkpoint: str, per_trigger: int) -> int:
+def progress(brokers: str, group: str, topic: str) -> None:
+    argv = ["group", "progress", group, "--broker", brokers, "--topic", topic]
+    print("$ tidemark " + " ".join(argv))
+    tidemark_cli(argv)
+
+
+def run_pipeline(brokers: str, topic: str, group: str, checkpoint: str, per_trigger: int, *,
+                 master: str, driver_host: str) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
     import spark_connector
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("tidemark-demo")
+    spark = (SparkSession.builder.master(master).appName("tidemark-demo")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.host", driver_host).config("spark.driver.bindAddress", driver_host)
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark_connector.register(spark)
@@ -96,6 +104,7 @@ def run_pipeline(brokers: str, topic: str, group: str, checkpoint: str, per_trig
     total, detail = lag(brokers, group, topic)
     print(f"group {group} lag {total:>6}   {detail}   (query finished after "
           f"{len(query.recentProgress)} micro-batches)")
+    progress(brokers, group, topic)
     spark.sql("select * from totals_by_kind order by kind").show()
     spark.stop()
     return 0 if total == 0 else 1
@@ -126,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=1000)
     parser.add_argument("--checkpoint", default=None, help="default: a new temp dir (the group's offsets remain)")
+    parser.add_argument("--master", default="local[2]", help="Spark master URL, e.g. spark://spark-master:7077")
+    parser.add_argument("--driver-host", default="127.0.0.1",
+                        help="address executors use to reach this driver (the job's host name in compose)")
     args = parser.parse_args(argv)
 
     scratch = Path(tempfile.mkdtemp(prefix="tidemark-demo-"))
@@ -144,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         total, detail = lag(args.brokers, args.group, args.topic)
         print(f"group {args.group} lag {total:>6}   {detail}")
         return run_pipeline(args.brokers, args.topic, args.group, args.checkpoint or str(scratch / "checkpoint"),
-                            args.max_offsets_per_trigger)
+                            args.max_offsets_per_trigger, master=args.master, driver_host=args.driver_host)
     finally:
         if broker is not None:
             broker.terminate()

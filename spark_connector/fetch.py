@@ -13,18 +13,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from tidemark.protocol import parse_tag_expression
-
 from client import Admin, PullConsumer
 from client.errors import InvalidArgumentError
 from client.message import ConsumeFromWhere, MessageExt, MessageQueue
 from spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
+from tidemark.protocol import parse_tag_expression
 
 log = logging.getLogger("tidemark.spark")
 
-# The lite pull consumer stores its consumed offsets for its group even in assign
-# mode with auto_commit=False (piggybacked on pulls and at shutdown), so readers use
-# a group of their own: the user's group only ever sees the offsets commit() sets.
+# Readers never commit (assign mode, auto_commit off); they still use a group of their
+# own so that the user's group only ever holds the offsets the stream's commit() sets.
+# Tags are filtered here, not by the broker: a broker-side filter would skip offsets,
+# which the gap check below could not tell from data loss.
 READER_GROUP = "tidemark-spark-reader"
 MAX_PULL_BATCH = 1024  # PullConsumerSettings allows 1..1024
 POLL_STEP_S = 1.0

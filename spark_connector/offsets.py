@@ -149,3 +149,42 @@ def check_start(mq: MessageQueue, offset: int, low: int, high: int, *, fail_on_d
         raise DataLossError(f"{message}. Set option failOnDataLoss=false to continue from offset {low} instead.")
     log.warning("tidemark data loss, continuing at min offset event=data_loss %s; continuing at %d", message, low)
     return low
+
+
+def next_batch_end(starts: Mapping[MessageQueue, int], bounds: Mapping[MessageQueue, tuple[int, int]], *,
+                   max_rows: int | None, target: Mapping[MessageQueue, int] | None,
+                   fail_on_data_loss: bool) -> dict[MessageQueue, int]:
+    """End offsets of the next micro-batch from its start and the queues' (min, max) offsets.
+
+    - A queue the start does not know (new queue or topic) joins at its min offset with no
+      rows in this batch, and is read from the next one: partitions() stays a pure function
+      of (start, end).
+    - A start below a queue's min (retention) or above its max (re-created queue) is data
+      loss (check_start). Above max, the queue rejoins at its min offset like a new one.
+    - max_rows (ReadMaxRows) is split over the queues by backlog (rate_limit).
+    - With a target (Trigger.AvailableNow) no queue passes it and queues outside it are left.
+    - Queues that disappeared keep their offsets.
+    """
+    caps = {mq: high for mq, (_, high) in bounds.items()}
+    if target is not None:
+        caps = {mq: min(high, target[mq]) for mq, high in caps.items() if mq in target}
+    ends: dict[MessageQueue, int] = {}
+    froms: dict[MessageQueue, int] = {}
+    for mq in caps:
+        low, high = bounds[mq]
+        begin = starts.get(mq)
+        if begin is None:
+            ends[mq] = low
+            continue
+        resolved = check_start(mq, begin, low, high, fail_on_data_loss=fail_on_data_loss)
+        if begin > high:
+            ends[mq] = resolved
+        else:
+            froms[mq] = resolved
+    if max_rows is None:
+        ends.update({mq: max(froms[mq], caps[mq]) for mq in froms})
+    else:
+        ends.update(rate_limit(froms, {mq: caps[mq] for mq in froms}, max_rows))
+    merged = dict(starts)
+    merged.update(ends)
+    return merged

@@ -14,17 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from client.errors import InvalidArgumentError
+from client.message import MessageQueue
+from client.settings import default_brokers, parse_brokers
+from spark_connector.offsets import EARLIEST, LATEST, OffsetFormatError, offsets_from_json
 from tidemark.protocol import (
     InvalidNameError,
     check_group_name,
     check_topic_name,
     parse_tag_expression,
 )
-
-from client.errors import InvalidArgumentError
-from client.message import MessageQueue
-from client.settings import default_brokers, parse_brokers
-from spark_connector.offsets import EARLIEST, LATEST, OffsetFormatError, offsets_from_json
 
 # Canonical spelling of each option; keys arrive lower-cased.
 READ_OPTIONS = ("brokers", "topic", "group", "startingOffsets", "endingOffsets", "startingTimestamp",

@@ -17,9 +17,9 @@ from spark_connector.offsets import (
     LATEST,
     OffsetRange,
     check_start,
+    next_batch_end,
     offsets_from_json,
     offsets_to_json,
-    rate_limit,
     split_ranges,
 )
 from spark_connector.options import OffsetKind, OptionError, ReadOptions
@@ -128,42 +128,13 @@ def latest_offsets(options: ReadOptions) -> OffsetsJson:
 
 def next_offsets(options: ReadOptions, start: OffsetsJson, *, max_rows: int | None,
                  target: OffsetsJson | None) -> tuple[OffsetsJson, OffsetsJson]:
-    """(end offset of the next micro-batch, latest offsets seen).
-
-    A queue the start does not know yet (new queue, or a new topic partition of the
-    stream) joins at its min offset with no rows in this batch and is read from the
-    next one; a queue whose start lies beyond its max (re-created) is handled the
-    same way once failOnDataLoss allows it. With a target (Trigger.AvailableNow) no
-    queue goes past it and queues created later are not read.
-    """
-    starts = offsets_from_json(start)
+    """(end offset of the next micro-batch, latest offsets seen); see offsets.next_batch_end."""
     with _admin(options) as admin:
         bounds = _bounds(admin, options)
-    latest = {mq: high for mq, (_, high) in bounds.items()}
-    caps = dict(latest)
-    if target is not None:
-        goal = offsets_from_json(target)
-        caps = {mq: min(high, goal[mq]) for mq, high in latest.items() if mq in goal}
-    ends: dict[MessageQueue, int] = {}
-    froms: dict[MessageQueue, int] = {}
-    for mq in caps:
-        low, high = bounds[mq]
-        begin = starts.get(mq)
-        if begin is None:
-            ends[mq] = low
-            continue
-        resolved = check_start(mq, begin, low, high, fail_on_data_loss=options.fail_on_data_loss)
-        if begin > high:
-            ends[mq] = resolved
-        else:
-            froms[mq] = resolved
-    limited = {mq: max(froms[mq], caps[mq]) for mq in froms}
-    if max_rows is not None:
-        limited = rate_limit(froms, {mq: caps[mq] for mq in froms}, max_rows)
-    ends.update(limited)
-    merged = dict(starts)
-    merged.update(ends)
-    return offsets_to_json(merged), offsets_to_json(latest)
+    end = next_batch_end(offsets_from_json(start), bounds, max_rows=max_rows,
+                         target=None if target is None else offsets_from_json(target),
+                         fail_on_data_loss=options.fail_on_data_loss)
+    return offsets_to_json(end), offsets_to_json({mq: high for mq, (_, high) in bounds.items()})
 
 
 def stream_ranges(options: ReadOptions, start: OffsetsJson, end: OffsetsJson) -> list[OffsetRange]:

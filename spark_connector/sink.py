@@ -116,8 +116,11 @@ def _rows(batch: pa.RecordBatch, topic: str, first_row: int) -> Iterator[tuple[A
         body = bodies[i]  # type: ignore[index]
         if body is None:
             raise ValueError(f"tidemark sink: row {first_row + i} has a null body")
-        message = Message(topic=topic, body=body, tags=tags[i] or "", keys=keys[i] or "",
-                          properties=dict(props[i]) if props[i] else {})
+        properties = dict(props[i]) if props[i] else {}
+        if None in properties.values():
+            raise ValueError(f"tidemark sink: row {first_row + i} has a null value in properties "
+                             f"{sorted(k for k, v in properties.items() if v is None)}")
+        message = Message(topic=topic, body=body, tags=tags[i] or "", keys=keys[i] or "", properties=properties)
         target = None if queue_ids[i] is None else (brokers[i], int(queue_ids[i]))
         yield target, message, first_row + i
 

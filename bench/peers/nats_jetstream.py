@@ -139,8 +139,7 @@ def paced_produce(spec: dict, ctl) -> dict:
         futures = []
         while n := await pacer.adue():
             for _ in range(n):
-                futures.append(await js.publish_async(subject, payload(pacer.sent)))
-                pacer.sent += 1
+                futures.append(await js.publish_async(subject, pacer.next_payload()))
         result = pacer.result()
         await js.publish_async_completed()
         await nc.close()

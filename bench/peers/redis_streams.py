@@ -115,8 +115,7 @@ def paced_produce(spec: dict, ctl) -> dict:
     while n := pacer.due():
         pipe = r.pipeline(transaction=False)
         for _ in range(n):
-            pipe.xadd(topic, {FIELD: payload(pacer.sent)})
-            pacer.sent += 1
+            pipe.xadd(topic, {FIELD: pacer.next_payload()})
         pipe.execute()
     r.close()
     return {**pacer.result(), "errors": 0}

@@ -107,6 +107,11 @@ def read_table(path: Path) -> dict | None:
         return None
 
 
+def entries(path: Path) -> int:
+    table = read_table(path) or {}
+    return sum(len(q) for q in table.values())
+
+
 def rocketmq_text(doc: dict) -> str:
     # RocketMQ's fastjson pretty print: 4-space indent, ", " before each newline, no trailing newline.
     return json.dumps(doc, indent=4, separators=(", ", ": "))
@@ -203,6 +208,41 @@ def test_sigterm_persists_the_latest_commits(broker_factory):
     with Api(broker.address) as api:
         assert [api.query("g", "term", q) for q in (0, 1)] == [11, 22]
         assert [api.query("g2", "term", q) for q in (0, 1)] == [33, 44]
+
+
+def test_kill_during_the_write_of_a_large_table_never_leaves_a_torn_file(broker_factory):
+    # 100,000 entries (1,000 topic@group keys x 100 queues) written every 100 ms: a write takes a
+    # good part of that, and the kill is timed to land while the temp file is being written.
+    broker = broker_factory(args=("--flush-consumer-offset-interval-ms", "100"))
+    path = offset_file(broker)
+    tmp = path.with_name(f".{path.name}.tmp")
+    topics, groups, queues = 10, 100, 100
+    with Api(broker.address) as api:
+        for t in range(topics):
+            api.admin.CreateTopic(admin_pb2.CreateTopicRequest(name=f"big{t}", queue_nums=queues), timeout=TIMEOUT)
+        api.send("big0", 0, 1)
+        batches = [offsets_pb2.CommitOffsetsRequest(commits=[
+            offsets_pb2.OffsetCommit(group=f"g{g}", topic=f"big{t}", queue_id=q, offset=0) for q in range(queues)])
+            for g in range(groups) for t in range(topics)]
+        assert api.offsets.CommitOffsets(iter(batches), timeout=120).applied == topics * groups * queues
+        # Writes during the seeding hold part of the table; wait until both files hold all of it.
+        bak = path.with_name("consumerOffset.json.bak")
+        for value in (1, 0):
+            api.commit("g0", "big0", 0, value)
+            wait_until(lambda v=value: entries(path) == topics * groups * queues
+                       and read_table(path)["big0@g0"]["0"] == v, 20, "a persist of the whole table")
+        assert entries(bak) == topics * groups * queues
+    for round_ in range(3):
+        with Api(broker.address) as api:
+            api.commit("g0", "big0", 0, 1 - round_ % 2)  # keep the table changing
+        wait_until(tmp.exists, 20, "a persist in progress", interval=0.001)
+        broker.kill()
+        # Whatever the moment, the file in place is a whole table, and so is the .bak.
+        assert entries(path) == entries(bak) == topics * groups * queues
+        broker.start()
+        assert f"source=json file={path} entries={topics * groups * queues}" in broker.log_text()
+        with Api(broker.address) as api:
+            assert api.query("g99", "big9", 99) == 0
 
 
 def _write_offsets(broker: BrokerProcess, table: dict) -> None:

@@ -4,6 +4,7 @@ reset-offset, and the error contract (one line on stderr, exit 1; usage errors e
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -25,11 +26,13 @@ def cli_broker(tmp_path_factory) -> BrokerProcess:
     b.kill()
 
 
-def tidemark(*args: str, broker: str | None, timeout: float = 60) -> subprocess.CompletedProcess:
+def tidemark(*args: str, broker: str | None, timeout: float = 60,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "client.cli.main", *args]
     if broker is not None:
         cmd += ["--broker", broker]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    environ = {k: v for k, v in os.environ.items() if k != "TIDEMARK_BROKER"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**environ, **(env or {})})
 
 
 def ok(*args: str, broker: str) -> str:
@@ -57,8 +60,11 @@ def test_topic_create_send_consume_round_trip(cli_broker):
     created = table_rows(ok("topic", "create", "cli-rt", "--queues", "4", broker=addr))
     assert created == [{"TOPIC": "cli-rt", "BROKER": "broker-a", "READ_QUEUES": "4", "WRITE_QUEUES": "4",
                         "PERM": "RW"}]
-    listed = json.loads(ok("topic", "list", "--json", broker=addr))
-    assert {"topic": "cli-rt", "broker": "broker-a", "read_queues": 4, "write_queues": 4, "perm": "RW"} in listed
+    # TIDEMARK_BROKER stands in for --broker.
+    listed = tidemark("topic", "list", "--json", broker=None, env={"TIDEMARK_BROKER": addr})
+    assert listed.returncode == 0, listed.stderr
+    assert {"topic": "cli-rt", "broker": "broker-a", "read_queues": 4, "write_queues": 4,
+            "perm": "RW"} in json.loads(listed.stdout)
 
     summary = json.loads(ok("send", "cli-rt", "--count", "1000", "--size", "64", "--tag", "T1", "--keys", "k1 k2",
                             "--json", broker=addr))

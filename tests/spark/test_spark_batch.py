@@ -5,12 +5,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
+from zoneinfo import ZoneInfo
 
 import pytest
 from pyspark.errors import PySparkException
 from spark_testlib import Sent, row_key
 
 from spark_connector import SCHEMA
+
+pytestmark = pytest.mark.spark
 
 
 def test_schema_is_exact(spark, kit):
@@ -36,6 +39,26 @@ def test_batch_read_equals_what_was_produced(spark, kit):
     assert all(before <= r.born_timestamp <= r.store_timestamp <= after for r in rows), rows[0]
     # Every queue is one partition without minPartitions.
     assert df.rdd.getNumPartitions() == 4
+
+
+def test_timestamps_are_instants_in_any_session_time_zone(spark, kit):
+    topic, mqs = kit.topic(1)
+    kit.produce(topic, mqs, [3])
+    with kit.admin() as admin:
+        stored = [admin.view_message(mqs[0], o) for o in range(3)]
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/Los_Angeles")
+    try:
+        rows = (kit.read(spark, topic).selectExpr("queue_offset", "unix_millis(born_timestamp) as born",
+                                                  "unix_millis(store_timestamp) as store",
+                                                  "date_format(store_timestamp, 'yyyy-MM-dd HH:mm:ss.SSS') as local")
+                .orderBy("queue_offset").collect())
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)
+    assert [(r.born, r.store) for r in rows] == [(m.born_timestamp, m.store_timestamp) for m in stored]
+    la = ZoneInfo("America/Los_Angeles")
+    assert [r.local for r in rows] == [
+        dt.datetime.fromtimestamp(m.store_timestamp / 1000, la).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] for m in stored]
 
 
 def _order(s: Sent):

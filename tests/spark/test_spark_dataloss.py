@@ -9,6 +9,8 @@ import pytest
 from pyspark.errors import PySparkException
 from spark_testlib import BatchLog, Kit
 
+pytestmark = pytest.mark.spark
+
 
 @pytest.fixture
 def tiny_segments(broker_factory) -> Kit:

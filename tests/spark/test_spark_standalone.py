@@ -28,6 +28,9 @@ from spark_testlib import BatchLog, Kit, row_key
 
 import spark_connector
 
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
 SPARK_HOME = Path(pyspark.__file__).parent
 
 

@@ -8,6 +8,8 @@ import pytest
 from pyspark.errors import PySparkException
 from spark_testlib import BatchLog, wait_for
 
+pytestmark = pytest.mark.spark
+
 
 def _start(kit, spark, topic, checkpoint, sink, *, trigger, **options):
     df = kit.reader(spark, topic, stream=True, **options).load()

@@ -22,6 +22,7 @@ from spark_connector.offsets import (
     OffsetFormatError,
     OffsetRange,
     check_start,
+    next_batch_end,
     offsets_from_json,
     offsets_to_json,
     rate_limit,
@@ -223,6 +224,47 @@ def test_data_loss_above_max_means_recreated_queue():
     with pytest.raises(DataLossError, match="beyond the queue's max offset 7; the topic was probably deleted"):
         check_start(mq(1), 50, 0, 7, fail_on_data_loss=True)
     assert check_start(mq(1), 50, 0, 7, fail_on_data_loss=False) == 0
+
+
+def test_next_batch_end_rate_limits_and_admits_new_queues_at_min():
+    starts = {mq(0): 10, mq(1): 0}
+    bounds = {mq(0): (0, 110), mq(1): (0, 300), mq(2): (40, 90)}  # queue 2 is new
+    end = next_batch_end(starts, bounds, max_rows=100, target=None, fail_on_data_loss=True)
+    assert end == {mq(0): 35, mq(1): 75, mq(2): 40}
+    assert next_batch_end(starts, bounds, max_rows=None, target=None, fail_on_data_loss=True) == \
+        {mq(0): 110, mq(1): 300, mq(2): 40}
+
+
+def test_next_batch_end_stops_at_the_available_now_target():
+    starts = {mq(0): 10, mq(1): 0}
+    bounds = {mq(0): (0, 110), mq(1): (0, 300), mq(2): (0, 90)}
+    target = {mq(0): 50, mq(1): 300}  # queue 2 appeared after the target was taken
+    end = next_batch_end(starts, bounds, max_rows=None, target=target, fail_on_data_loss=True)
+    assert end == {mq(0): 50, mq(1): 300}
+    # Once there, the end equals the start: Spark sees no new data and AvailableNow finishes.
+    assert next_batch_end(end, bounds, max_rows=7, target=target, fail_on_data_loss=True) == end
+
+
+def test_next_batch_end_data_loss():
+    bounds = {mq(0): (100, 200), mq(1): (0, 5)}
+    expired, recreated = {mq(0): 20, mq(1): 0}, {mq(0): 100, mq(1): 30}
+    with pytest.raises(DataLossError, match="queueId=0.*below the queue's min offset 100"):
+        next_batch_end(expired, bounds, max_rows=None, target=None, fail_on_data_loss=True)
+    with pytest.raises(DataLossError, match="queueId=1.*beyond the queue's max offset 5"):
+        next_batch_end(recreated, bounds, max_rows=None, target=None, fail_on_data_loss=True)
+    # Without failOnDataLoss: an expired start reads from the min offset (the range still starts
+    # at 20; the executor skips to 100), a re-created queue rejoins at its min with no rows.
+    # Backlogs 100 (from the min offset) and 5 share 50 rows: 47.6 -> 48, 2.4 -> 2.
+    assert next_batch_end(expired, bounds, max_rows=50, target=None, fail_on_data_loss=False) == \
+        {mq(0): 148, mq(1): 2}
+    assert next_batch_end(recreated, bounds, max_rows=None, target=None, fail_on_data_loss=False) == \
+        {mq(0): 200, mq(1): 0}
+
+
+def test_next_batch_end_keeps_vanished_queues():
+    starts = {mq(0): 5, mq(0, topic="gone"): 9}
+    assert next_batch_end(starts, {mq(0): (0, 8)}, max_rows=None, target=None, fail_on_data_loss=True) == \
+        {mq(0): 8, mq(0, topic="gone"): 9}
 
 
 def test_stream_ranges_skip_new_and_reset_queues():

@@ -7,6 +7,8 @@ from pyspark.errors import PySparkException
 from pyspark.sql import functions as F
 from spark_testlib import wait_for
 
+pytestmark = pytest.mark.spark
+
 
 def _write(kit, df, topic):
     df.write.format("tidemark").mode("append").option("brokers", kit.address).option("topic", topic).save()
@@ -45,6 +47,7 @@ def test_write_binary_bodies_and_extra_columns(spark, kit):
     ("select cast(null as string) as body", "row 0 has a null body"),
     ("select 'x' as body, 9 as queue_id", "has no writable queue 9"),
     ("select '' as body", "message body must not be empty"),
+    ("select 'x' as body, map('a', cast(null as string)) as properties", "row 0 has a null value in properties ['a']"),
 ])
 def test_write_errors_fail_with_the_reason(spark, kit, frame, expected):
     topic, _ = kit.topic(1)

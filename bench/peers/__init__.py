@@ -1,0 +1,1 @@
+"""Peer systems the benchmark compares Tidemark with (each module: a server class and workload roles)."""

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench import report
-from bench.harness import Context, _collect, _kill, _start_all, _wait_consumed
+from bench.harness import Context, _collect, _go_in_turn, _kill, _start_all, _wait_consumed
 from bench.procs import REPO
 from bench.tidemark_system import TidemarkServer
 from bench.workloads import Sizes
@@ -36,8 +36,8 @@ def max_rate(ctx: Context, server: TidemarkServer, rnd: int, messages: int) -> d
     producer = ctx.worker("tidemark", "produce", topic=topic, count=messages, batch=32)
     try:
         _start_all([consumer, producer])
-        consumer.go()
-        time.sleep(1.0)  # the consumer owns every queue before the first send
+        _go_in_turn([consumer])
+        time.sleep(0.5)  # the consumer owns every queue before the first send
         producer.go()
         p = _collect([producer], 300)[0]
         _wait_consumed([consumer], messages, 10.0, 300)
@@ -58,8 +58,8 @@ def latency(ctx: Context, server: TidemarkServer, rnd: int, rate: int, seconds: 
     producer = ctx.worker("tidemark", "paced_produce", topic=topic, rate=rate, count=count)
     try:
         _start_all([consumer, producer])
-        consumer.go()
-        time.sleep(1.0)
+        _go_in_turn([consumer])
+        time.sleep(0.5)
         producer.go()
         p = _collect([producer], seconds + 120)[0]
         _wait_consumed([consumer], p["sent"], 5.0, 120)

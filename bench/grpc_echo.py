@@ -71,7 +71,8 @@ class EchoServer:
         return f"grpcio {grpc.__version__}"
 
     def settings(self) -> dict[str, str]:
-        return {"transport": "grpc.aio server on uvloop, raw bytes stream-stream method, Python grpc.aio client",
+        return {"flush": "none (no storage)",
+                "transport": "grpc.aio server on uvloop, raw bytes stream-stream method, Python grpc.aio client",
                 "stream": "frames written and read concurrently on one stream",
                 "rtt": "one 1 KiB frame in flight, round trip time"}
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import queue
 import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,24 +121,32 @@ class Worker:
                 stdout=subprocess.PIPE, stderr=log, env=child_env(), cwd=str(REPO))
         self.log_path = log_path
         self._result: dict | None = None
+        self.lines: queue.Queue[dict | None] = queue.Queue()
+        threading.Thread(target=self._pump, name=f"worker-{role}-stdout", daemon=True).start()
         self.proc.stdin.write((json.dumps(spec) + "\n").encode())
         self.proc.stdin.flush()
 
+    def _pump(self) -> None:
+        # One reader thread per worker: select() on the pipe would miss lines already sitting in the
+        # file object's buffer when two arrive together.
+        for line in self.proc.stdout:
+            try:
+                self.lines.put(json.loads(line))
+            except ValueError:
+                continue
+        self.lines.put(None)
+
     def _line(self, timeout: float) -> dict:
-        import selectors
-        sel = selectors.DefaultSelector()
-        sel.register(self.proc.stdout, selectors.EVENT_READ)
         try:
-            if not sel.select(timeout):
-                raise TimeoutError(f"worker {self.role} silent for {timeout}s ({self.log_path})")
-        finally:
-            sel.close()
-        line = self.proc.stdout.readline()
-        if not line:
+            msg = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError(f"worker {self.role} silent for {timeout}s ({self.log_path})") from None
+        if msg is None:
+            self.lines.put(None)
             self.proc.wait(5)
             tail = self.log_path.read_text("utf-8", "replace")[-2500:]
             raise RuntimeError(f"worker {self.role} exited with {self.proc.returncode}:\n{tail}")
-        return json.loads(line)
+        return msg
 
     def ready(self, timeout: float = 60.0) -> dict:
         msg = self._line(timeout)
@@ -153,6 +163,16 @@ class Worker:
 
     def go(self) -> None:
         self.send("go")
+
+    def wait_for(self, key: str, timeout: float) -> dict:
+        """Read lines until one has `key` (a result line met on the way is kept for result())."""
+        while True:
+            msg = self._line(timeout)
+            if key in msg:
+                return msg
+            if "result" in msg:
+                self._result = msg["result"]
+                raise RuntimeError(f"worker {self.role} finished before {key!r}: {msg['result']}")
 
     def progress(self, timeout: float = 10.0) -> int:
         """Messages the worker's consumer has received so far (asks it on stdin)."""

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
+import os
 import queue
 import shutil
 import statistics
@@ -35,7 +37,7 @@ import time
 from pathlib import Path
 
 from bench import report
-from bench.harness import Context, _wait_consumed
+from bench.harness import Context
 from bench.procs import REPO, Worker
 from bench.tidemark_system import BROKER_NAME, TidemarkServer
 from bench.workloads import Sizes, header
@@ -51,6 +53,9 @@ MAX_HOSTS = 4
 
 def host(spec: dict, ctl) -> dict:
     from client import ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
+    if os.environ.get("TIDEMARK_BENCH_LOG"):  # client logs in the worker's log file, for digging
+        logging.basicConfig(level=os.environ["TIDEMARK_BENCH_LOG"], stream=sys.stderr,
+                            format="%(asctime)s %(threadName)s %(name)s %(message)s")
 
     lock = threading.Lock()
     seqs: list[int] = []
@@ -156,9 +161,8 @@ class Group:
         self._group = group
 
     def _read(self, i: int, w: Worker) -> None:
-        import json
-        for line in w.proc.stdout:
-            self.inbox.put((i, json.loads(line)))
+        while (msg := w.lines.get()) is not None:
+            self.inbox.put((i, msg))
 
     def expected(self, ids: list[str]) -> dict[str, set[int]]:
         ids = sorted(ids)

@@ -51,7 +51,8 @@ class TidemarkServer:
             return "dev"
 
     def settings(self) -> dict[str, str]:
-        return {"storage": "commitlog + consume queues on disk, async flush every 500 ms (default)",
+        return {"flush": "async flush: fsync every 500 ms (default)",
+                "storage": "commitlog + consume queues on disk, async flush every 500 ms (default)",
                 "producer": "Producer.send_batch, 32 messages per SendMessage RPC, one in flight",
                 "consumer": "PushConsumer defaults: pull batch 32, 20 listener threads, listener batch 1, "
                             "offsets piggybacked on pulls + persisted every 5 s",
@@ -127,6 +128,7 @@ def consume(spec: dict, ctl) -> dict:
     go = ctl.wait_go()
     consumer.start()
     started = time.monotonic()
+    ctl.emit({"started": started})
     consume_until(rec, ctl, spec)
     result = {**rec.result(spec.get("seqs_path")), "go": go, "started": started}
     consumer.shutdown()

@@ -49,8 +49,9 @@ class NatsServer:
         return server_version(self.binary)
 
     def settings(self) -> dict[str, str]:
-        return {"storage": "JetStream file store, R1, limits retention; OS page cache, fsync on the server's "
-                           "own timer (default)",
+        return {"flush": "file store; fsync every 2 min (default sync interval)",
+                "storage": "JetStream file store, R1, limits retention; writes go to the OS page cache at once, "
+                           "fsync on the server's sync timer (2 min by default)",
                 "producer": "js.publish_async (no batch publish in JetStream), up to 4000 acks outstanding",
                 "consumer": f"durable pull consumer, ack explicit, max_ack_pending {MAX_ACK_PENDING}, "
                             f"fetch({FETCH_BATCH}), msg.ack() per message",
@@ -161,6 +162,7 @@ def consume(spec: dict, ctl) -> dict:
         go = await _wait_go(ctl)
         sub = await js.pull_subscribe_bind(spec["group"], spec["topic"])
         started = time.monotonic()
+        ctl.emit({"started": started})
         deadline = started + spec.get("timeout_s", 120)
         idle_s, expect = spec.get("idle_s"), spec.get("expect")
         while time.monotonic() < deadline and not ctl.stopped.is_set():
@@ -168,7 +170,7 @@ def consume(spec: dict, ctl) -> dict:
                 break
             try:
                 msgs = await sub.fetch(FETCH_BATCH, timeout=0.5)
-            except (NatsTimeout, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeout):
                 continue
             rec.record([m.data for m in msgs])
             for m in msgs:

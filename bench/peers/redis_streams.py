@@ -55,8 +55,9 @@ class RedisServer:
     def settings(self) -> dict[str, str]:
         shown = " ".join(f"{k} {v or chr(34) * 2}" for k, v in self.args.items()
                          if k in ("appendonly", "appendfsync", "save", "auto-aof-rewrite-percentage"))
-        return {"storage": f"AOF, fsync every second ({shown})",
-                "producer": f"pipeline of 32 XADD per round trip (transaction=False), hiredis parser",
+        return {"flush": "AOF, appendfsync everysec (its durable default)",
+                "storage": f"AOF, fsync every second ({shown})",
+                "producer": "pipeline of 32 XADD per round trip (transaction=False), hiredis parser",
                 "consumer": f"XREADGROUP COUNT {READ_COUNT} BLOCK 500, then one XACK of the batch's ids",
                 "commits": f"one XACK per message id, {ACK_PIPELINE} commands per pipeline round trip",
                 "group changes": "none needed: a new consumer name reads '>' at once"}
@@ -143,6 +144,7 @@ def consume(spec: dict, ctl) -> dict:
     thread = threading.Thread(target=loop, name="redis-consumer", daemon=True)
     started = time.monotonic()
     thread.start()
+    ctl.emit({"started": started})
     consume_until(rec, ctl, spec)
     result = {**rec.result(spec.get("seqs_path")), "go": go, "started": started}
     done.set()

@@ -107,6 +107,8 @@ class ConsumerOffsetManager:
         self._log = logger or _log
         self._offsets: OffsetTable = {}
         self._fences: dict[TableKey, dict[int, _FenceState]] = {}
+        # Generations of reset entries, persisted beside the offsets (small: resets are rare).
+        self._generations: dict[TableKey, dict[int, int]] = {}
         # Dirty tracking by version numbers, not a flag: a persist records the
         # version it snapshotted, so a commit landing during the write keeps
         # the table dirty.
@@ -139,7 +141,9 @@ class ConsumerOffsetManager:
             self._path, allow_empty_on_corruption=self._allow_empty_on_corruption, logger=self._log
         )
         self._offsets = table
-        self._fences = {}
+        self._generations = {key: dict(queues) for key, queues in report.reset_generations.items()}
+        self._fences = {key: {q: _FenceState(reset_generation=g) for q, g in queues.items()}
+                        for key, queues in self._generations.items()}
         self._version += 1
         self._persisted_version = self._version
         self._loaded = True
@@ -202,8 +206,11 @@ class ConsumerOffsetManager:
         key = (topic, group)
         old = self.query(group, topic, queue_id)
         state = self._fence_state(key, queue_id)
-        self._set_fence_state(key, queue_id, replace(state, reset_generation=self._epochs.next()))
+        generation = self._epochs.next()
+        self._set_fence_state(key, queue_id, replace(state, reset_generation=generation))
+        self._generations.setdefault(key, {})[queue_id] = generation
         self._store(key, queue_id, offset)
+        self._version += 1  # the new generation must reach the file even if the offset is unchanged
         return old
 
     # -- removal -----------------------------------------------------------
@@ -228,6 +235,7 @@ class ConsumerOffsetManager:
         for key in keys:
             queues = self._offsets.pop(key, None)
             self._fences.pop(key, None)
+            self._generations.pop(key, None)
             if queues:
                 removed += len(queues)
         if removed:
@@ -294,7 +302,7 @@ class ConsumerOffsetManager:
             size = await loop.run_in_executor(None, self._write, version, snapshot)
             self._mark_persisted(version)
             return PersistReport(
-                time.perf_counter() - started, size, count_entries(snapshot), snapshot_s
+                time.perf_counter() - started, size, count_entries(snapshot[0]), snapshot_s
             )
 
     def persist_now(self) -> PersistReport | None:
@@ -311,16 +319,17 @@ class ConsumerOffsetManager:
         size = self._write(version, snapshot)
         self._mark_persisted(version)
         return PersistReport(
-            time.perf_counter() - started, size, count_entries(snapshot), snapshot_s
+            time.perf_counter() - started, size, count_entries(snapshot[0]), snapshot_s
         )
 
-    def _snapshot(self) -> tuple[int, OffsetTable]:
+    def _snapshot(self) -> tuple[int, tuple[OffsetTable, OffsetTable]]:
         # Inner dicts are copied because commits mutate them in place while
         # the worker thread encodes.
-        return self._version, {key: queues.copy() for key, queues in self._offsets.items()}
+        return self._version, ({key: queues.copy() for key, queues in self._offsets.items()},
+                               {key: queues.copy() for key, queues in self._generations.items()})
 
-    def _write(self, version: int, snapshot: OffsetTable) -> int:
-        data = encode_offset_table(snapshot)
+    def _write(self, version: int, snapshot: tuple[OffsetTable, OffsetTable]) -> int:
+        data = encode_offset_table(*snapshot)
         with self._write_lock:
             if version < self._written_version:
                 # A newer snapshot reached the disk first (persist_now while an

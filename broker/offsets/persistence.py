@@ -43,6 +43,9 @@ from tidemark.fsutil import atomic_write, backup_path
 OFFSET_FILE_NAME = "consumerOffset.json"
 TOPIC_GROUP_SEPARATOR = "@"
 OFFSET_TABLE_KEY = "offsetTable"
+# Extra top-level key (allowed by the file contract): reset generations of entries an admin reset,
+# so a reset still wins over a stale consumer's commit after a broker restart. Absent when empty.
+RESET_GENERATIONS_KEY = "resetGenerations"
 # Offsets are Java longs in RocketMQ; a bigger number in the file is damage.
 MAX_OFFSET = 2**63 - 1
 # A damaged file can hold thousands of bad entries; the log gets this many,
@@ -68,6 +71,8 @@ class LoadReport:
     path: Path | None
     entries: int
     skipped: list[str] = field(default_factory=list)  # one human-readable reason per skipped entry
+    # Reset generations stored beside the table (entries that were ever reset).
+    reset_generations: dict = field(default_factory=dict)
 
 
 class OffsetFileError(ValueError):
@@ -78,6 +83,7 @@ class OffsetFileError(ValueError):
 class DecodeResult:
     table: OffsetTable
     skipped: list[str]
+    reset_generations: OffsetTable = field(default_factory=dict)
 
 
 def table_key(topic: str, group: str) -> str:
@@ -87,10 +93,22 @@ def table_key(topic: str, group: str) -> str:
 # -- encode / decode -------------------------------------------------------
 
 
-def encode_offset_table(table: Mapping[TableKey, Mapping[int, int]]) -> bytes:
-    """Encode a table as consumerOffset.json bytes (RocketMQ's layout, no trailing newline)."""
+def encode_offset_table(table: Mapping[TableKey, Mapping[int, int]],
+                        reset_generations: Mapping[TableKey, Mapping[int, int]] | None = None) -> bytes:
+    """Encode a table as consumerOffset.json bytes (RocketMQ's layout, no trailing newline).
+
+    Reset generations, when there are any, follow as the extra key "resetGenerations" in the
+    same shape; a table without resets encodes exactly as RocketMQ writes it.
+    """
+    sections = [f'    "{OFFSET_TABLE_KEY}": {_encode_section(table)}']
+    if reset_generations:
+        sections.append(f'    "{RESET_GENERATIONS_KEY}": {_encode_section(reset_generations)}')
+    return ("{\n" + ", \n".join(sections) + "\n}").encode("ascii")
+
+
+def _encode_section(table: Mapping[TableKey, Mapping[int, int]]) -> str:
     if not table:
-        return b'{\n    "offsetTable": {}\n}'
+        return "{}"
     dumps = json.dumps  # the C string escaper; keys must be escaped exactly as json.dumps would
     parts = []
     for topic, group in sorted(table):
@@ -101,8 +119,7 @@ def encode_offset_table(table: Mapping[TableKey, Mapping[int, int]]) -> bytes:
             parts.append(f"        {key}: {{\n{body}\n        }}")
         else:
             parts.append(f"        {key}: {{}}")
-    text = '{\n    "offsetTable": {\n' + ", \n".join(parts) + "\n    }\n}"
-    return text.encode("ascii")
+    return "{\n" + ", \n".join(parts) + "\n    }"
 
 
 def decode_offset_table(data: bytes | str) -> DecodeResult:
@@ -167,7 +184,26 @@ def decode_offset_table(data: bytes | str) -> DecodeResult:
             queues[int(raw_qid)] = raw_offset
         if queues:
             table[(parts[0], parts[1])] = queues
-    return DecodeResult(table, skipped)
+    return DecodeResult(table, skipped, _decode_generations(doc.get(RESET_GENERATIONS_KEY), table, skipped))
+
+
+def _decode_generations(raw: object, table: OffsetTable, skipped: list[str]) -> OffsetTable:
+    """Reset generations of entries present in the table; anything malformed is skipped (a lost
+    generation only weakens reset-wins for that entry)."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        skipped.append(f'"{RESET_GENERATIONS_KEY}" is {_json_type(raw)}, expected an object')
+        return {}
+    out: OffsetTable = {}
+    for raw_key, raw_queues in raw.items():
+        key = tuple(raw_key.split(TOPIC_GROUP_SEPARATOR))
+        if key not in table or not isinstance(raw_queues, dict):
+            continue
+        for raw_qid, gen in raw_queues.items():
+            if raw_qid.isdigit() and isinstance(gen, int) and not isinstance(gen, bool) and 0 < gen <= MAX_OFFSET:
+                out.setdefault(key, {})[int(raw_qid)] = gen  # type: ignore[index]
+    return out
 
 
 def _json_type(value: object) -> str:
@@ -223,7 +259,7 @@ def load_offset_file(
     if result is not None:
         _log_skipped(logger, path, result.skipped)
         return result.table, LoadReport(
-            LoadSource.MAIN, path, count_entries(result.table), result.skipped
+            LoadSource.MAIN, path, count_entries(result.table), result.skipped, result.reset_generations
         )
 
     main_state = "is missing" if main_problem is None else f"is unusable: {main_problem}"
@@ -245,7 +281,8 @@ def load_offset_file(
         )
         _log_skipped(logger, bak, bak_result.skipped)
         table = bak_result.table
-        return table, LoadReport(LoadSource.BACKUP, bak, count_entries(table), bak_result.skipped)
+        return table, LoadReport(LoadSource.BACKUP, bak, count_entries(table), bak_result.skipped,
+                                 bak_result.reset_generations)
 
     if main_problem is None and bak_problem is None:
         logger.info("no %s or %s yet; starting with no consumer offsets event=offsets_load source=none",

@@ -30,7 +30,7 @@ def run(args: list[str], timeout: float) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def peer_smoke(tmp_path_factory) -> tuple[dict, str, Path]:
     d = tmp_path_factory.mktemp("bench-smoke")
-    r = run(["-m", "bench", "--smoke", "--out", str(d / "benchmarks.md"), "--json", str(d / "run.json")], 280)
+    run(["-m", "bench", "--smoke", "--out", str(d / "benchmarks.md"), "--json", str(d / "run.json")], 280)
     return json.loads((d / "run.json").read_text()), (d / "benchmarks.md").read_text(), d
 
 

@@ -10,7 +10,7 @@ DATA_DIR ?= ./data
 PORT ?= 10911
 PYTEST_ARGS ?=
 
-.PHONY: setup gen run test lint bench demo clean
+.PHONY: setup gen run test lint bench bench-client demo clean
 
 setup: $(STAMP) $(PROTO_STAMP)
 
@@ -39,6 +39,10 @@ demo: setup
 
 bench: setup
 	$(PY) -m bench
+
+bench-client: setup
+	$(PY) -m bench.client_e2e
+	$(PY) -m bench.rebalance
 
 lint: setup
 	$(VENV)/bin/ruff check .

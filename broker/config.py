@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import functools
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -69,7 +70,7 @@ class BrokerConfig:
     def address(self) -> str:
         return self.advertise_addr or f"{self.host}:{self.port}"
 
-    @property
+    @functools.cached_property
     def delay_levels_ms(self) -> tuple[int, ...]:
         return parse_delay_levels(self.delay_levels)
 
@@ -168,12 +169,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per setting; values stay None unless given, so lower layers show through."""
     for f in fields():
         flag = "--" + f.name.replace("_", "-")
+        text = f.metadata["help"].replace("%", "%%")  # argparse formats help strings with %
         if f.name == "flush":
-            parser.add_argument(flag, choices=[m.value for m in FlushDiskType], default=None, help=f.metadata["help"])
+            parser.add_argument(flag, choices=[m.value for m in FlushDiskType], default=None, help=text)
         elif isinstance(f.default, bool):
-            parser.add_argument(flag, nargs="?", const="true", default=None, metavar="BOOL", help=f.metadata["help"])
+            parser.add_argument(flag, nargs="?", const="true", default=None, metavar="BOOL", help=text)
         else:
-            parser.add_argument(flag, default=None, metavar=f.name.upper(), help=f.metadata["help"])
+            parser.add_argument(flag, default=None, metavar=f.name.upper(), help=text)
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -121,15 +121,28 @@ class BrokerController:
         self.ready = True
 
     async def shutdown(self) -> None:
-        """Stop background work, then persist offsets and flush the store. Idempotent."""
+        """Stop background work, then persist offsets and flush the store. Idempotent.
+
+        Each step runs even if an earlier one failed: a broken schedule file must not cost the
+        consumer offsets or the store flush.
+        """
         self.ready = False
         self.hold.close()
-        if self._started:
-            await self.scheduler.stop()
-            await self.schedule.shutdown()
-        self.offsets.persist_now()
-        await self.store.shutdown()
+        steps = [("scheduler", self.scheduler.stop), ("schedule", self.schedule.shutdown)] if self._started else []
+        steps += [("consumer offsets", self._persist_offsets_now), ("store", self.store.shutdown)]
+        failed = None
+        for name, step in steps:
+            try:
+                await step()
+            except Exception as e:
+                log.exception("shutdown step failed event=shutdown_error step=%s", name)
+                failed = failed or e
         self._started = False
+        if failed is not None:
+            raise failed
+
+    async def _persist_offsets_now(self) -> None:
+        self.offsets.persist_now()
 
     async def _persist_offsets(self) -> None:
         report = await self.offsets.persist_if_dirty()

@@ -118,11 +118,15 @@ class OffsetCommitService:
             raise InvalidArgumentError(
                 f"offset {offset} is above the max offset {max_offset} of {topic}:{queue_id}")
 
-    def commit(self, group: str, topic: str, queue_id: int, offset: int, fence: Fence | None) -> bool:
-        """Validate and apply one commit; FencedError / StaleResetGenerationError when rejected."""
+    def commit(self, group: str, topic: str, queue_id: int, offset: int, fence: Fence | None, *,
+               acknowledged: bool = False) -> bool:
+        """Validate and apply one commit; FencedError / StaleResetGenerationError when rejected.
+
+        An acknowledged (unary) commit may move the offset back within the committer's epoch; oneway
+        ones (stream, piggyback) only forward, so a late one cannot rewind a newer commit."""
         self.validate(group, topic, queue_id, offset)
         self._groups.ensure(group)
-        changed = self._offsets.commit(group, topic, queue_id, offset, fence)
+        changed = self._offsets.commit(group, topic, queue_id, offset, fence, allow_rewind=acknowledged)
         self.commits_applied += 1
         return changed
 

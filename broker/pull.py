@@ -9,6 +9,7 @@ read itself with tag filtering and long polling at the end of the queue.
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,8 @@ from broker.permission import BrokerPermission
 from broker.store import GetStatus, MessageStore, StoredMessage
 from broker.topics import TopicConfig, TopicConfigManager
 from tidemark.protocol import TagExpression, parse_tag_expression
+
+log = logging.getLogger("tidemark.broker.pull")
 
 MAX_PULL_BATCH = 1024
 DEFAULT_PULL_BATCH = 32
@@ -109,7 +112,14 @@ class PullService:
             if fence is not None and fence.reset_generation is not None and fence.reset_generation < generation:
                 return self._offset_reset(req, generation)
             if req.commit_offset is not None:
-                self._commits.commit(req.group, req.topic, req.queue_id, req.commit_offset, fence)
+                try:
+                    self._commits.commit(req.group, req.topic, req.queue_id, req.commit_offset, fence)
+                except InvalidArgumentError as e:
+                    # As RocketMQ: a bad piggybacked commit (e.g. above a re-created queue's max) is
+                    # dropped; the pull itself is still answered, so OFFSET_ILLEGAL can correct the client.
+                    log.info("piggybacked commit ignored event=piggyback_commit_ignored group=%s topic=%s "
+                             "queue_id=%d offset=%d error=%s", req.group, req.topic, req.queue_id,
+                             req.commit_offset, e)
         elif req.commit_offset is not None:
             raise InvalidArgumentError("a piggybacked commit_offset needs a group")
 
@@ -150,8 +160,12 @@ class PullService:
             elif status is GetStatus.OFFSET_TOO_SMALL:
                 return PullOutcome(PullStatus.OFFSET_ILLEGAL, [], result.min_offset,
                                    result.min_offset, result.max_offset)
-            elif status is GetStatus.OFFSET_OVERFLOW_BADLY or (
-                    status is GetStatus.NO_MESSAGE_IN_QUEUE and offset != result.max_offset):
+            elif status is GetStatus.OFFSET_OVERFLOW_BADLY:
+                # The store follows RocketMQ: back to 0 when the queue starts at 0 (it was re-created),
+                # else to its max offset.
+                return PullOutcome(PullStatus.OFFSET_ILLEGAL, [], result.next_begin_offset,
+                                   result.min_offset, result.max_offset)
+            elif status is GetStatus.NO_MESSAGE_IN_QUEUE and offset != result.max_offset:
                 return PullOutcome(PullStatus.OFFSET_ILLEGAL, [], result.max_offset,
                                    result.min_offset, result.max_offset)
             # At the end of the queue: hold the pull until a message arrives or the timeout ends.

@@ -20,7 +20,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from broker.config_file import load_json
-from broker.errors import BrokerError
 from broker.store import GetStatus, MessageRecord, MessageStore, StoredMessage
 from tidemark.fsutil import atomic_write
 from tidemark.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
@@ -29,6 +28,8 @@ log = logging.getLogger("tidemark.broker.schedule")
 
 _BATCH = 64
 _IDLE_WAIT_S = 1.0
+# After a failed write (store refusing writes), wait this long before trying the level again.
+_RETRY_AFTER_ERROR_S = 1.0
 
 
 def deliver_timestamp(store_timestamp: int, level: int, levels_ms: tuple[int, ...]) -> int:
@@ -130,12 +131,20 @@ class ScheduleMessageService:
     async def _run(self) -> None:
         while True:
             next_due: int | None = None
-            if self._can_deliver():
-                for level in range(1, len(self._levels) + 1):
-                    due = await self._deliver_level(level)
-                    if due is not None and (next_due is None or due < next_due):
-                        next_due = due
-            self.persist()
+            try:
+                if self._can_deliver():
+                    for level in range(1, len(self._levels) + 1):
+                        due = await self._deliver_level(level)
+                        if due is not None and (next_due is None or due < next_due):
+                            next_due = due
+                self.persist()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                # Store refusing writes, delayOffset.json not writable...: keep the schedule alive and
+                # try again; nothing was skipped, the progress only moves after a successful put.
+                log.exception("schedule delivery failed, retrying event=schedule_error")
+                next_due = self._clock_ms() + int(_RETRY_AFTER_ERROR_S * 1000)
             wait = _IDLE_WAIT_S if next_due is None else max(0.0, (next_due - self._clock_ms()) / 1000)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=min(wait, _IDLE_WAIT_S))
@@ -156,11 +165,14 @@ class ScheduleMessageService:
                 if message.tags_code > now:
                     return message.tags_code
                 try:
-                    await self._store.put_messages([real_record(message)])
-                except (BrokerError, KeyError, ValueError) as e:
-                    # A message whose real topic is gone or malformed is skipped, not retried forever.
+                    record = real_record(message)
+                except (KeyError, ValueError) as e:
+                    # Malformed (no real topic/queue): skipped, not retried forever.
                     log.error("scheduled message dropped event=schedule_drop level=%d offset=%d error=%s",
                               level, message.queue_offset, e)
+                else:
+                    # A StoreError propagates: the level stops here and the message is delivered later.
+                    await self._store.put_messages([record])
                 self._offsets[level] = message.queue_offset + 1
                 self._dirty = True
                 self.delivered += 1

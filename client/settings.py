@@ -122,11 +122,12 @@ class ProducerSettings(ClientSettings):
     retry_times_when_send_failed: int = _setting(2, "Retries of a retriable send failure, on another broker's queue "
                                                     "when there is one")
     max_message_size: int = _setting(DEFAULT_MAX_MESSAGE_SIZE, "Largest body accepted")
+    max_async_in_flight: int = _setting(1024, "send_async/send_oneway requests in flight before new ones wait")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_group(self.producer_group)
-        _positive(self, "send_msg_timeout_s", "max_message_size")
+        _positive(self, "send_msg_timeout_s", "max_message_size", "max_async_in_flight")
         if self.retry_times_when_send_failed < 0:
             raise InvalidArgumentError("retry_times_when_send_failed must be >= 0")
 

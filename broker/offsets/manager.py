@@ -154,7 +154,8 @@ class ConsumerOffsetManager:
     # -- commit / query / reset ---------------------------------------------
 
     def commit(
-        self, group: str, topic: str, queue_id: int, offset: int, fence: Fence | None = None
+        self, group: str, topic: str, queue_id: int, offset: int, fence: Fence | None = None,
+        *, allow_rewind: bool = False,
     ) -> bool:
         """Store `offset` (the next offset to consume); return True if the stored value changed.
 
@@ -165,7 +166,9 @@ class ConsumerOffsetManager:
           lock manager decides; when it knows no epoch for the queue, the epoch
           of the entry's last fenced commit stands in);
         - same owner epoch and generation as the last fenced commit -> the
-          offset only moves forward (a smaller one is ignored, returns False).
+          offset only moves forward (a smaller one is ignored, returns False),
+          unless allow_rewind: an acknowledged commit is the committer's latest
+          word (e.g. after seeking back), only late oneway commits are stale.
         Nothing changes when an error is raised.
         """
         _check_entry(group, topic, queue_id)
@@ -178,7 +181,7 @@ class ConsumerOffsetManager:
             self._check_fence(group, topic, queue_id, fence, state)
             if fence.owner_epoch is not None:
                 pair = (fence.owner_epoch, state.reset_generation)
-                if state.last_fenced == pair and offset < self.query(group, topic, queue_id):
+                if state.last_fenced == pair and offset < self.query(group, topic, queue_id) and not allow_rewind:
                     return False
                 if state.last_fenced != pair:
                     self._set_fence_state(key, queue_id, replace(state, last_fenced=pair))

@@ -10,7 +10,6 @@ from broker.consumer_manager import ConsumerInfo
 from broker.controller import BrokerController
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.groups import check_group
-from broker.pull import check_queue
 from broker.services.convert import queue
 from broker.services.errors import rpc, status_for
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
@@ -87,6 +86,8 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
             consumers.unwatch(request.group, request.client_id, updates, broken=True)
 
     def _queues(self, request) -> list[tuple[str, int]]:
+        """The request's queues on this broker. Bad names are errors; queues of a topic that is gone
+        (or out of its range) are left out, so one deleted topic cannot fail a whole renewal."""
         check_group(request.group)
         _client_id(request.client_id)
         out = []
@@ -95,8 +96,13 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
                 raise InvalidArgumentError(
                     f"queue {q.topic}:{q.queue_id} belongs to broker {q.broker_name!r}, "
                     f"not {self._b.config.broker_name!r}")
-            check_queue(self._b.topics.require(q.topic), q.queue_id)
-            out.append((q.topic, q.queue_id))
+            try:
+                check_topic_name(q.topic)
+            except InvalidNameError as e:
+                raise InvalidArgumentError(str(e)) from None
+            topic = self._b.topics.get(q.topic)
+            if topic is not None and 0 <= q.queue_id < topic.queue_nums:
+                out.append((q.topic, q.queue_id))
         return out
 
     @rpc

@@ -28,7 +28,7 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
     async def UpdateConsumerOffset(self, request, context: grpc.aio.ServicerContext):
         c = _commit(request.commit)
         try:
-            self._b.commits.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+            self._b.commits.commit(c.group, c.topic, c.queue_id, c.offset, c.fence, acknowledged=True)
         except FailedPreconditionError as e:
             self._b.metrics.offset_commits_rejected.labels(type(e).__name__).inc()
             raise

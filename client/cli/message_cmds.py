@@ -22,6 +22,9 @@ from client.message import (
 )
 from client.producer.producer import Producer
 
+# consume --group: a short drain, so --count ends promptly (see consume_group).
+DRAIN_TIMEOUT_S = 1.0
+
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("send", parents=[common], help="send messages")
@@ -174,10 +177,11 @@ def consume_group(args: argparse.Namespace) -> int:
             over = args.count is not None and printed[0] >= args.count
         if over:
             enough.set()
-            # Hold the batch until shutdown starts draining its queue: a failure then leaves it
-            # uncommitted for the group's next reader (no retry copy).
+            # Hold the batch past the drain timeout: its queue is then committed (before this batch)
+            # and released, and the result is ignored, so the group's next reader gets it.
             while not context.queue_dropped:
                 time.sleep(0.02)
+            time.sleep(DRAIN_TIMEOUT_S + 1.0)
             return ConsumeConcurrentlyStatus.RECONSUME_LATER
         with lock:
             for m in msgs:
@@ -189,7 +193,7 @@ def consume_group(args: argparse.Namespace) -> int:
 
     consumer = PushConsumer(group=args.group, brokers=args.brokers, request_timeout_s=args.timeout,
                             consume_from_where=where, consume_thread_min=1, consume_thread_max=1,
-                            drain_timeout_s=1.0)
+                            drain_timeout_s=DRAIN_TIMEOUT_S)
     consumer.subscribe(args.topic, args.tag)
     consumer.register_message_listener(listener)
     consumer.start()

@@ -39,8 +39,18 @@ def for_listener(msg: MessageExt) -> MessageExt:
     return msg
 
 
-def call_listener(listener, msgs: Sequence[MessageExt], context) -> object:
-    """Run a user listener; an exception counts as a failure, like RocketMQ."""
+# call_listener's answer for a batch whose queue was dropped or reset while it waited for a thread.
+SKIPPED = object()
+
+
+def call_listener(listener, msgs: Sequence[MessageExt], context, skip=None) -> object:
+    """Run a user listener on a consume thread; an exception counts as a failure, like RocketMQ.
+
+    `skip` is checked on the thread, right before the listener: a batch queued behind slow ones must
+    not run once its queue is moving away (RocketMQ's ConsumeRequest.run checks isDropped there too).
+    """
+    if skip is not None and skip():
+        return SKIPPED
     try:
         return listener(list(msgs), context)
     except Exception:
@@ -88,7 +98,10 @@ class ConsumeMessageConcurrentlyService:
             context = ConsumeConcurrentlyContext(message_queue=oq.mq, _dropped=lambda: oq.pq.dropped)
             view = [for_listener(m) for m in batch]
             result = await asyncio.get_running_loop().run_in_executor(
-                self._executor, call_listener, self._listener, view, context)
+                self._executor, call_listener, self._listener, view, context,
+                lambda: oq.pq.dropped or oq.epoch_of_cache != cache_epoch)
+            if result is SKIPPED:
+                return  # stays in the ProcessQueue: the final commit stops before it
             if not isinstance(result, ConsumeConcurrentlyStatus):
                 if result is not None:
                     log.error("listener returned %r, not a ConsumeConcurrentlyStatus; treating it as "
@@ -113,13 +126,6 @@ class ConsumeMessageConcurrentlyService:
         self.consumed_ok += ok
         self.consumed_failed += len(failed)
         keep: list[MessageExt] = []
-        if failed and oq.pq.dropped:
-            # Draining: the final commit stops before these, so the queue's next reader gets them;
-            # a send-back now would only add a copy on the retry topic.
-            offset = oq.pq.remove_messages(batch[:ok])
-            if offset >= 0:
-                self._store.update_offset(oq.mq, offset, increase_only=True)
-            return
         if failed and self._settings.message_model is MessageModel.CLUSTERING:
             for msg in failed:
                 if not await self._send_back.send_back(msg, context.delay_level_when_next_consume):

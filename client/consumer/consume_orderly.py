@@ -14,7 +14,7 @@ import concurrent.futures
 import dataclasses
 import logging
 
-from client.consumer.consume_concurrently import call_listener, for_listener
+from client.consumer.consume_concurrently import SKIPPED, call_listener, for_listener
 from client.consumer.listener import ConsumeOrderlyContext, MessageListenerOrderly
 from client.consumer.offset_store import OffsetStore
 from client.consumer.queue_state import OwnedQueue
@@ -62,7 +62,11 @@ class ConsumeMessageOrderlyService:
                     break
                 context = ConsumeOrderlyContext(message_queue=oq.mq)
                 status = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, call_listener, self._listener, [for_listener(m) for m in batch], context)
+                    self._executor, call_listener, self._listener, [for_listener(m) for m in batch], context,
+                    lambda: not oq.pulling or oq.epoch_of_cache != cache_epoch)
+                if status is SKIPPED:
+                    oq.pq.make_messages_consume_again(batch)
+                    return
                 if not oq.accepts_results or oq.epoch_of_cache != cache_epoch:
                     return
                 if status is ConsumeOrderlyStatus.SUCCESS:
@@ -73,6 +77,8 @@ class ConsumeMessageOrderlyService:
                               "event=listener_bad_status queue=%s", status, oq.mq)
                 if await self._exhausted(batch):
                     self.dead_lettered += len(batch)
+                    if not oq.accepts_results or oq.epoch_of_cache != cache_epoch:
+                        return
                     self._commit(oq, 0)
                     continue
                 self.suspended += 1
@@ -83,7 +89,9 @@ class ConsumeMessageOrderlyService:
         finally:
             self._running.pop(oq, None)
             oq.end_batch()
-            if oq.pulling and oq.epoch_of_cache == cache_epoch and oq.pq.msg_count:
+            # Also after a reset (new cache epoch): the re-pulled messages were dispatched while this
+            # task still ran, so nobody else will start consuming them.
+            if oq.pulling and oq.pq.msg_count:
                 self.submit(oq, [])
 
     def _commit(self, oq: OwnedQueue, consumed: int) -> None:

@@ -29,8 +29,8 @@ class ConsumeConcurrentlyContext:
     def queue_dropped(self) -> bool:
         """The queue is moving to another consumer or this consumer is stopping.
 
-        A batch that is not CONSUME_SUCCESS then stays with the queue for its next reader instead of
-        being sent back for retry.
+        A listener that is still running when its queue is released (after the drain timeout) has
+        its result ignored: the final commit stopped before its batch, so the next owner gets it.
         """
         return self._dropped()
 

@@ -11,6 +11,7 @@ the application commits itself) stores consumed offsets on the broker.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import logging
 from collections.abc import Iterable, Mapping
@@ -21,7 +22,7 @@ from client.consumer.membership import GroupMembership, HeartbeatData
 from client.consumer.offset_store import RemoteBrokerOffsetStore
 from client.consumer.ownership import QueueOwnership
 from client.consumer.pull_service import PullMessageService
-from client.consumer.push_consumer import resolve_strategy
+from client.consumer.push_consumer import LOCK_RETRY_INTERVAL_S, resolve_strategy
 from client.consumer.queue_state import OwnedQueue
 from client.consumer.rebalance import RebalanceService
 from client.errors import ClientStateError, InvalidArgumentError
@@ -53,7 +54,10 @@ class AsyncLitePullConsumer:
         # Offset after the last message poll() returned, per queue; it reaches the offset store (and so
         # the broker) only through commit() or auto commit.
         self.consumed: dict[MessageQueue, int] = {}
-        self._buffer: asyncio.Queue[_Fetched] = asyncio.Queue()
+        # Pulled batches in arrival order; batches of paused queues wait in _held, in order, until resume.
+        self._ready: collections.deque[_Fetched] = collections.deque()
+        self._held: dict[MessageQueue, collections.deque[_Fetched]] = {}
+        self._arrived = asyncio.Event()
         self.scheduler = Scheduler(f"pull-consumer:{settings.group}")
 
     async def start(self, subscriptions: dict[str, str], assigned: set[MessageQueue] | None) -> None:
@@ -64,7 +68,8 @@ class AsyncLitePullConsumer:
             await self.cluster.discover()
             for topic in self.subscriptions:
                 await self.cluster.route(topic)
-            self.store = RemoteBrokerOffsetStore(self.cluster, s.group, self.client_id)
+            locking = s.queue_locking and assigned is None
+            self.store = RemoteBrokerOffsetStore(self.cluster, s.group, self.client_id, require_fence=locking)
             self.pull_service = PullMessageService(
                 cluster=self.cluster, settings=s, client_id=self.client_id, offset_store=self.store,
                 subscription=lambda topic: self.subscriptions.get(topic, "*"), dispatch=self._dispatch,
@@ -72,8 +77,9 @@ class AsyncLitePullConsumer:
                 piggyback_commit=False)
             self.ownership = QueueOwnership(
                 cluster=self.cluster, group=s.group, client_id=self.client_id, offset_store=self.store,
-                locking=s.queue_locking and assigned is None, drain_timeout_s=s.drain_timeout_s,
-                start_offset=self._start_offset, start_pulling=self._start_pulling)
+                locking=locking, drain_timeout_s=s.drain_timeout_s,
+                start_offset=self._start_offset, start_pulling=self._start_pulling,
+                on_lost=self._on_queue_lost, commit_start_offset=False)
             sched = self.scheduler
             sched.every("auto-commit", s.auto_commit_interval_s, self._auto_commit)
             if assigned is None:
@@ -81,17 +87,18 @@ class AsyncLitePullConsumer:
                     cluster=self.cluster, group=s.group, client_id=self.client_id, model=s.message_model,
                     strategy=resolve_strategy(s.allocate_strategy), ownership=self.ownership,
                     topics=lambda: sorted(self.subscriptions),
-                    on_change=lambda: self.scheduler.trigger("heartbeat"))
+                    on_change=lambda: self.scheduler.trigger("heartbeat"),
+                    on_not_member=lambda: self.scheduler.trigger("heartbeat"))
                 self.membership: GroupMembership | None = GroupMembership(
                     cluster=self.cluster, group=s.group, client_id=self.client_id, data=self._heartbeat_data,
                     on_change=lambda: self.scheduler.trigger("rebalance"))
-                await self.membership.heartbeat()
                 sched.every("heartbeat", s.heartbeat_interval_s, self.membership.heartbeat)
-                await self.rebalance.do_rebalance()
                 sched.every("rebalance", s.rebalance_interval_s, self.rebalance.do_rebalance)
                 if self.ownership.locking:
                     sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
-                    sched.every("retry-locks", 0.25, self.ownership.retry_locks)
+                    sched.every("retry-locks", LOCK_RETRY_INTERVAL_S, self.ownership.retry_locks)
+                await self.membership.heartbeat()
+                await self.rebalance.do_rebalance()
             else:
                 self.membership = None
                 await self.assign(assigned)
@@ -99,6 +106,10 @@ class AsyncLitePullConsumer:
         except BaseException:
             await self.cluster.close()
             raise
+
+    def _on_queue_lost(self, mq: MessageQueue) -> None:
+        self.scheduler.trigger("heartbeat")
+        self.scheduler.trigger("rebalance")
 
     def _heartbeat_data(self) -> HeartbeatData:
         return HeartbeatData(tuple(sorted(self.subscriptions.items())), self.settings.message_model.value,
@@ -126,28 +137,47 @@ class AsyncLitePullConsumer:
             self.store.update_offset(mq, offset, increase_only=False)
 
     def _dispatch(self, oq: OwnedQueue, msgs: list[MessageExt]) -> None:
-        self._buffer.put_nowait(_Fetched(oq, msgs, oq.epoch_of_cache))
+        fetched = _Fetched(oq, msgs, oq.epoch_of_cache)
+        if oq.mq in self.paused:
+            self._held.setdefault(oq.mq, collections.deque()).append(fetched)
+        else:
+            self._ready.append(fetched)
+            self._arrived.set()
+
+    def pause(self, mqs: Iterable[MessageQueue]) -> None:
+        self.paused.update(mqs)
+
+    def resume(self, mqs: Iterable[MessageQueue]) -> None:
+        for mq in mqs:
+            self.paused.discard(mq)
+            held = self._held.pop(mq, None)
+            if held:
+                self._ready.extend(held)
+                self._arrived.set()
 
     async def poll(self, timeout_s: float) -> list[MessageExt]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
+            while self._ready:
+                fetched = self._ready.popleft()
+                oq = fetched.oq
+                if not oq.pulling or fetched.cache_epoch != oq.epoch_of_cache:
+                    continue  # the queue moved away, was reset or seeked: this batch is stale
+                if oq.mq in self.paused:
+                    self._held.setdefault(oq.mq, collections.deque()).append(fetched)
+                    continue
+                oq.pq.remove_messages(fetched.msgs)
+                self._consumed(oq.mq, fetched.msgs[-1].queue_offset + 1)
+                return fetched.msgs
             remaining = deadline - loop.time()
-            try:
-                fetched = await asyncio.wait_for(self._buffer.get(), max(remaining, 0)) if remaining > 0 \
-                    else self._buffer.get_nowait()
-            except (TimeoutError, asyncio.QueueEmpty):
+            if remaining <= 0:
                 return []
-            oq = fetched.oq
-            if not oq.pulling or fetched.cache_epoch != oq.epoch_of_cache or oq.mq in self.paused:
-                if oq.pulling and oq.mq in self.paused and fetched.cache_epoch == oq.epoch_of_cache:
-                    # Paused queues keep their batches for later.
-                    self._buffer.put_nowait(fetched)
-                    await asyncio.sleep(min(0.05, max(remaining, 0)))
-                continue
-            oq.pq.remove_messages(fetched.msgs)
-            self._consumed(oq.mq, fetched.msgs[-1].queue_offset + 1)
-            return fetched.msgs
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return []
 
     def _owned(self, mq: MessageQueue) -> OwnedQueue:
         oq = self.ownership.get(mq)
@@ -165,6 +195,7 @@ class AsyncLitePullConsumer:
             oq.pull_task.cancel()
         oq.pq.clear()
         oq.epoch_of_cache += 1
+        self._held.pop(mq, None)
         oq.next_offset = offset
         self._consumed(mq, offset)
         oq.pull_task = self.pull_service.start(oq)
@@ -322,12 +353,15 @@ class PullConsumer:
         return self._run(self._require().cluster.read_queues(topic, refresh=True))
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
+        """Stop returning batches of these queues from poll() (pulling continues up to the flow limit)."""
         core = self._require()
-        self._run(_value(lambda: core.paused.update(queues)))
+        queues = list(queues)
+        self._run(_value(lambda: core.pause(queues)))
 
     def resume(self, queues: Iterable[MessageQueue]) -> None:
         core = self._require()
-        self._run(_value(lambda: core.paused.difference_update(queues)))
+        queues = list(queues)
+        self._run(_value(lambda: core.resume(queues)))
 
 
 async def _value(fn):

@@ -91,8 +91,10 @@ class OffsetStore(ABC):
 
 class RemoteBrokerOffsetStore(OffsetStore):
     def __init__(self, cluster: BrokerCluster, group: str, client_id: str, *,
-                 on_rejected: Callable[[RejectedCommit], None] | None = None) -> None:
+                 on_rejected: Callable[[RejectedCommit], None] | None = None, require_fence: bool = False) -> None:
         super().__init__()
+        # With queue locks, every commit must carry the owner epoch: an entry without one is never sent.
+        self._require_fence = require_fence
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
@@ -103,9 +105,12 @@ class RemoteBrokerOffsetStore(OffsetStore):
         return OffsetCommit(self._group, mq, entry.offset, client_id=self._client_id,
                             owner_epoch=entry.owner_epoch, reset_generation=entry.reset_generation)
 
+    def _sendable(self, entry: _Entry | None) -> bool:
+        return entry is not None and entry.offset >= 0 and (not self._require_fence or entry.owner_epoch is not None)
+
     def commit_for(self, mq: MessageQueue) -> OffsetCommit | None:
         entry = self._table.get(mq)
-        return self._commit(mq, entry) if entry is not None and entry.offset >= 0 else None
+        return self._commit(mq, entry) if self._sendable(entry) else None
 
     async def read_offset(self, mq: MessageQueue, kind: ReadOffsetType) -> int:
         if kind is not ReadOffsetType.READ_FROM_STORE:
@@ -131,7 +136,7 @@ class RemoteBrokerOffsetStore(OffsetStore):
             entry = self._table[mq]
             if mq not in wanted:
                 del self._table[mq]
-            elif entry.offset >= 0:
+            elif self._sendable(entry):
                 by_broker.setdefault(mq.broker_name, []).append(self._commit(mq, entry))
         if not by_broker:
             return None

@@ -33,12 +33,14 @@ log = logging.getLogger("tidemark.client.ownership")
 
 StartOffset = Callable[[MessageQueue], Awaitable[int]]
 StartPulling = Callable[[OwnedQueue], asyncio.Task]
+OnLost = Callable[[MessageQueue], None]
 
 
 class QueueOwnership:
     def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, offset_store: OffsetStore,
                  locking: bool, drain_timeout_s: float, start_offset: StartOffset,
-                 start_pulling: StartPulling) -> None:
+                 start_pulling: StartPulling, on_lost: OnLost = lambda mq: None,
+                 commit_start_offset: bool = True) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
@@ -47,6 +49,12 @@ class QueueOwnership:
         self._drain_timeout = drain_timeout_s
         self._start_offset = start_offset
         self._start_pulling = start_pulling
+        # Called when ownership was taken away, so the consumer rebalances (and re-locks) at once.
+        self._on_lost = on_lost
+        # Record the computed start as the queue's progress, so a group that owned a queue and consumed
+        # nothing from it resumes there instead of re-applying consume_from_where (LAST_OFFSET would
+        # skip what arrived meanwhile). The lite pull consumer commits only what the application does.
+        self._commit_start = commit_start_offset
         self._queues: dict[MessageQueue, OwnedQueue] = {}
         self._lock = asyncio.Lock()
         self.handovers = 0
@@ -115,6 +123,7 @@ class QueueOwnership:
                 self._lose(oq, reason)
 
     async def release_all(self) -> None:
+        """Hand every queue back; also completes releases a cancelled rebalance had started."""
         async with self._lock:
             await asyncio.gather(*(self._release(oq) for oq in list(self._queues.values())))
 
@@ -138,6 +147,7 @@ class QueueOwnership:
                 log.warning("queue lock failed event=lock_failed group=%s broker=%s error=%s", self._group, broker, e)
                 continue
             by_mq = {g.queue: g for g in grants}
+            granted = []
             for oq in group:
                 grant = by_mq.get(oq.mq)
                 if grant is None:
@@ -145,10 +155,14 @@ class QueueOwnership:
                 oq.owner_epoch = grant.owner_epoch
                 log.info("queue lock granted event=lock_grant group=%s queue=%s owner_epoch=%d",
                          self._group, oq.mq, grant.owner_epoch)
-                await self._start(oq)
+                granted.append(oq)
+            # Each start reads the queue's committed offset: do them concurrently.
+            await asyncio.gather(*(self._start(oq) for oq in granted))
 
     async def _start(self, oq: OwnedQueue) -> None:
         self._store.remove_offset(oq.mq)  # RocketMQ's removeDirtyOffset: never trust a stale local value
+        # Fence first: the entry the offset read creates must never be committed without the epoch.
+        self._store.set_fence(oq.mq, owner_epoch=oq.owner_epoch, reset_generation=None)
         try:
             offset = await self._start_offset(oq.mq)
         except TidemarkError as e:
@@ -160,6 +174,8 @@ class QueueOwnership:
                 del self._queues[oq.mq]
             return
         oq.next_offset = offset
+        if self._commit_start and self._store.read_memory(oq.mq) < 0:
+            self._store.update_offset(oq.mq, offset, increase_only=False)
         if isinstance(self._store, RemoteBrokerOffsetStore):
             oq.reset_generation = self._store.generation(oq.mq)
         self._store.set_fence(oq.mq, owner_epoch=oq.owner_epoch, reset_generation=oq.reset_generation)
@@ -168,25 +184,44 @@ class QueueOwnership:
 
     async def _release(self, oq: OwnedQueue) -> None:
         if oq.state in (QueueState.ASSIGNED, QueueState.LOCKING):
+            had_lock = oq.owner_epoch is not None
             oq.transition(QueueState.RELEASED)
             self._forget(oq)
+            if had_lock:  # granted, but starting failed: do not leave the next owner waiting for expiry
+                await self._unlock(oq)
             return
-        if oq.state is not QueueState.PULLING:
-            return
-        oq.transition(QueueState.DRAINING)
+        if oq.state is QueueState.PULLING:
+            oq.transition(QueueState.DRAINING)
+            oq.release_task = asyncio.get_running_loop().create_task(self._finish_release(oq),
+                                                                     name=f"release:{oq.mq}")
+        if oq.release_task is not None:
+            await asyncio.shield(oq.release_task)
+
+    async def _unlock(self, oq: OwnedQueue) -> None:
+        try:
+            conn = await self._cluster.connection(oq.mq.broker_name)
+            await conn.unlock_queues(self._group, self._client_id, [oq.mq])
+        except TidemarkError as e:
+            log.warning("unlock failed event=unlock_failed group=%s queue=%s error=%s", self._group, oq.mq, e)
+
+    async def _finish_release(self, oq: OwnedQueue) -> None:
+        """DRAINING -> RELEASED: stop pulling, drain, commit, unlock."""
         await _cancel(oq.pull_task)
         oq.pull_task = None
         if not self.locking:
             # RocketMQ-style: persist what is known now; in-flight messages are not waited for.
             await self._persist_quietly(oq)
-            oq.transition(QueueState.RELEASED)
-            self._forget(oq)
+            if oq.state is QueueState.DRAINING:
+                oq.transition(QueueState.RELEASED)
+                self._forget(oq)
             return
         try:
             await asyncio.wait_for(oq.idle.wait(), self._drain_timeout)
         except TimeoutError:
             log.warning("drain timed out event=drain_timeout group=%s queue=%s inflight=%d",
                         self._group, oq.mq, oq.inflight)
+        if oq.state is not QueueState.DRAINING:
+            return  # lost meanwhile (lock renewal failed): nothing of ours to commit
         try:
             await self._store.persist(oq.mq)
         except FencedError as e:
@@ -195,14 +230,13 @@ class QueueOwnership:
         except TidemarkError as e:
             log.warning("final commit failed event=final_commit_failed group=%s queue=%s error=%s",
                         self._group, oq.mq, e)
-        try:
-            conn = await self._cluster.connection(oq.mq.broker_name)
-            await conn.unlock_queues(self._group, self._client_id, [oq.mq])
-        except TidemarkError as e:
-            log.warning("unlock failed event=unlock_failed group=%s queue=%s error=%s", self._group, oq.mq, e)
-        oq.transition(QueueState.RELEASED)
-        self.handovers += 1
-        self._forget(oq)
+        if oq.state is not QueueState.DRAINING:
+            return
+        await self._unlock(oq)
+        if oq.state is QueueState.DRAINING:
+            oq.transition(QueueState.RELEASED)
+            self.handovers += 1
+            self._forget(oq)
 
     async def _persist_quietly(self, oq: OwnedQueue) -> None:
         try:
@@ -221,6 +255,7 @@ class QueueOwnership:
             oq.pull_task.cancel()
             oq.pull_task = None
         self._forget(oq)
+        self._on_lost(oq.mq)
 
     def _forget(self, oq: OwnedQueue) -> None:
         self._store.remove_offset(oq.mq)

@@ -38,7 +38,8 @@ from tidemark.scheduler import Scheduler
 
 log = logging.getLogger("tidemark.client.consumer")
 
-LOCK_RETRY_INTERVAL_S = 0.25
+# How often queues waiting for their previous owner's release try to lock again.
+LOCK_RETRY_INTERVAL_S = 0.1
 
 
 def resolve_strategy(value: str | AllocateMessageQueueStrategy) -> AllocateMessageQueueStrategy:
@@ -86,8 +87,10 @@ class AsyncPushConsumer:
             await self.cluster.route(topic)  # NotFoundError for an unknown topic, before anything starts
         if self.clustering:
             self._subscriptions.setdefault(retry_topic(s.group), "*")
+        locking = self.clustering and (s.queue_locking or self.orderly)
         self.offset_store: OffsetStore = (
-            RemoteBrokerOffsetStore(self.cluster, s.group, self.client_id, on_rejected=self._on_rejected)
+            RemoteBrokerOffsetStore(self.cluster, s.group, self.client_id, on_rejected=self._on_rejected,
+                                    require_fence=locking)
             if self.clustering else LocalFileOffsetStore(self.client_id, s.group))
         await self.offset_store.load()
         self.executor = concurrent.futures.ThreadPoolExecutor(
@@ -104,25 +107,29 @@ class AsyncPushConsumer:
             max_span=None if self.orderly else s.consume_concurrently_max_span)
         self.ownership = QueueOwnership(
             cluster=self.cluster, group=s.group, client_id=self.client_id, offset_store=self.offset_store,
-            locking=self.clustering and (s.queue_locking or self.orderly), drain_timeout_s=s.drain_timeout_s,
-            start_offset=self._start_offset, start_pulling=self.pull_service.start)
+            locking=locking, drain_timeout_s=s.drain_timeout_s,
+            start_offset=self._start_offset, start_pulling=self.pull_service.start,
+            on_lost=self._on_queue_lost)
         self.rebalance = RebalanceService(cluster=self.cluster, group=s.group, client_id=self.client_id,
                                           model=s.message_model, strategy=self.strategy, ownership=self.ownership,
                                           topics=self._topics,
-                                          on_change=lambda: self.scheduler.trigger("heartbeat"))
+                                          on_change=lambda: self.scheduler.trigger("heartbeat"),
+                                          on_not_member=lambda: self.scheduler.trigger("heartbeat"))
         self.membership = GroupMembership(cluster=self.cluster, group=s.group, client_id=self.client_id,
                                           data=self._heartbeat_data,
                                           on_change=lambda: self.scheduler.trigger("rebalance"))
-        await self.membership.heartbeat()
+        # Jobs are registered before the first heartbeat opens the watch: a membership push arriving
+        # while start() runs then wakes the rebalance job as soon as the scheduler starts.
         sched = self.scheduler
         sched.every("heartbeat", s.heartbeat_interval_s, self.membership.heartbeat)
         sched.every("persist-offsets", s.persist_consumer_offset_interval_s, self.persist_offsets)
-        # The first rebalance finishes inside start(): when start() returns, start offsets are fixed.
-        await self.rebalance.do_rebalance()
         sched.every("rebalance", s.rebalance_interval_s, self.rebalance.do_rebalance)
         if self.ownership.locking:
             sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
             sched.every("retry-locks", LOCK_RETRY_INTERVAL_S, self.ownership.retry_locks)
+        await self.membership.heartbeat()
+        # The first rebalance finishes inside start(): when start() returns, start offsets are fixed.
+        await self.rebalance.do_rebalance()
         await sched.start()
         log.info("consumer started event=consumer_start group=%s client_id=%s model=%s orderly=%s locking=%s "
                  "strategy=%s topics=%s", s.group, self.client_id, s.message_model.value, self.orderly,
@@ -143,6 +150,11 @@ class AsyncPushConsumer:
         return await compute_pull_from_where(mq, where=s.consume_from_where,
                                              consume_timestamp_ms=s.consume_timestamp_ms,
                                              offset_store=self.offset_store, cluster=self.cluster)
+
+    def _on_queue_lost(self, mq: MessageQueue) -> None:
+        # Re-register (a restarted broker forgot us) and rebalance now rather than at the next timer.
+        self.scheduler.trigger("heartbeat")
+        self.scheduler.trigger("rebalance")
 
     async def _lose(self, oq: OwnedQueue, reason: str) -> None:
         await self.ownership.lose(oq.mq, reason)

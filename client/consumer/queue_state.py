@@ -55,6 +55,9 @@ class OwnedQueue:
     # Batches handed to listeners and not finished yet.
     inflight: int = 0
     pull_task: asyncio.Task | None = None
+    # DRAINING -> RELEASED runs as its own task, so cancelling whoever started it cannot skip the
+    # final commit and unlock.
+    release_task: asyncio.Task | None = None
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # Bumped when the offset is reset: results of batches from before are ignored.
     epoch_of_cache: int = 0

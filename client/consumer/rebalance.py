@@ -23,7 +23,8 @@ log = logging.getLogger("tidemark.client.rebalance")
 class RebalanceService:
     def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, model: MessageModel,
                  strategy: AllocateMessageQueueStrategy, ownership: QueueOwnership,
-                 topics: Callable[[], list[str]], on_change: Callable[[], None] = lambda: None) -> None:
+                 topics: Callable[[], list[str]], on_change: Callable[[], None] = lambda: None,
+                 on_not_member: Callable[[], None] = lambda: None) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
@@ -33,6 +34,8 @@ class RebalanceService:
         self._topics = topics
         # Called after an assignment changed (the consumer heartbeats its new queues at once).
         self._on_change = on_change
+        # Called when the broker does not list this client (e.g. it restarted): heartbeat now.
+        self._on_not_member = on_not_member
         self.rebalances = 0
         self.changes = 0
 
@@ -42,7 +45,11 @@ class RebalanceService:
             try:
                 await self.rebalance_by_topic(topic)
             except NotFoundError as e:
+                # The topic is gone (deleted) or not created yet: hand back whatever we held of it.
                 log.debug("rebalance skipped event=rebalance_skip group=%s topic=%s reason=%s", self._group, topic, e)
+                if await self._ownership.update(topic, set()):
+                    self.changes += 1
+                    self._on_change()
             except TidemarkError as e:
                 log.warning("rebalance failed event=rebalance_failed group=%s topic=%s error=%s",
                             self._group, topic, e)
@@ -61,8 +68,12 @@ class RebalanceService:
 
     async def rebalance_by_topic(self, topic: str) -> None:
         mq_all, cid_all, mine = await self.allocation(topic)
-        if self._model is MessageModel.CLUSTERING and not cid_all:
-            log.warning("no consumer ids for group event=rebalance_no_cids group=%s topic=%s", self._group, topic)
+        if self._model is MessageModel.CLUSTERING and self._client_id not in cid_all:
+            # Not registered on the broker (restarted, or expired us): register first; the membership
+            # push that follows triggers the next rebalance. Keep what we have meanwhile.
+            log.info("not in the group's member list, heartbeating event=rebalance_not_member group=%s topic=%s",
+                     self._group, topic)
+            self._on_not_member()
             return
         if await self._ownership.update(topic, mine):
             self.changes += 1

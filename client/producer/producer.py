@@ -8,6 +8,7 @@ selector (ordered messages) retries stay on the selected queue.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable, Sequence
@@ -49,6 +50,9 @@ class AsyncProducer:
 
     async def start(self) -> None:
         s = self.settings
+        # Back-pressure for send_async: beyond this many requests in flight, new ones wait their turn
+        # (unbounded, a burst overloads the channel and calls start failing).
+        self.async_slots = asyncio.Semaphore(s.max_async_in_flight)
         self._cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s)
         await self._cluster.discover()
 
@@ -198,7 +202,8 @@ class Producer:
             "oneway send failed event=send_oneway_failed topic=%s error=%s", message.topic, f.exception()))
 
     async def _send_one(self, message: Message, **kw: Any) -> SendResult:
-        return (await self._core.send_batch([message], **kw))[0]
+        async with self._core.async_slots:
+            return (await self._core.send_batch([message], **kw))[0]
 
 
 __all__ = ["AsyncProducer", "Producer", "check_message"]

@@ -66,3 +66,10 @@ def test_print_config_and_usage_errors_from_the_command_line():
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "port must be 0..65535" in bad.stderr
+
+
+def test_help_lists_every_setting():
+    out = subprocess.run([sys.executable, "-m", "client.cli.main", "broker", "--help"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--retry-queue-nums" in out.stdout and "%RETRY%" in out.stdout

@@ -125,12 +125,15 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, args", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+# consume prints JSON lines in either mode, so it has no table form.
+READ_ONLY = [(name, args, as_json) for name, args in CASES for as_json in (False, True)
+             if as_json or name != "consume-plain"]
+
+
+@pytest.mark.parametrize("name, args, as_json", READ_ONLY,
+                         ids=[f"{'json' if j else 'table'}-{n}" for n, _, j in READ_ONLY])
 def test_read_only_commands(cli_broker, name, args, as_json):
     broker, _consumer = cli_broker
-    if name == "consume-plain" and not as_json:
-        pytest.skip("consume prints JSON lines either way")
     extra = ("--json",) if as_json else ()
     check(f"{name}{'-json' if as_json else ''}", tidemark(broker.address, *args, *extra))
 

@@ -1,0 +1,86 @@
+"""Producer against real brokers: sync, async, oneway, batches, selectors, retries, bad input."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from workload import wait_until
+
+from client import (
+    Admin,
+    ClientStateError,
+    InvalidArgumentError,
+    Message,
+    NotFoundError,
+    Producer,
+    SelectMessageQueueByHash,
+)
+
+
+def count(address: str, topic: str) -> int:
+    with Admin(brokers=address) as admin:
+        return sum(high - low for low, high in admin.offsets(admin.fetch_message_queues(topic)).values())
+
+
+def test_async_oneway_and_selector(broker):
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("P", 4)
+    done = threading.Event()
+    got = []
+    with Producer(brokers=broker.address) as producer:
+        future = producer.send_async(Message("P", b"async"))
+        result = future.result(10)
+        assert result.msg_id and result.queue_offset == 0
+        producer.send_async(Message("P", b"cb"), callback=lambda r, e: (got.append((r, e)), done.set()))
+        assert done.wait(10) and got[0][1] is None and got[0][0].msg_id
+        for i in range(10):
+            producer.send_oneway(Message("P", b"oneway-%d" % i))
+        wait_until(lambda: count(broker.address, "P") == 12, 10, "oneway sends stored")
+        selector = SelectMessageQueueByHash()
+        queues = {producer.send(Message("P", b"ordered"), selector=selector, arg="order-42").message_queue
+                  for _ in range(5)}
+        assert len(queues) == 1, "one sharding key must map to one queue"
+        failed = producer.send_async(Message("NoSuchTopic", b"x"))
+        with pytest.raises(NotFoundError):
+            failed.result(10)
+
+
+def test_retry_goes_to_another_brokers_queue(broker_factory):
+    a = broker_factory("broker-a")
+    b = broker_factory("broker-b")
+    both = f"{a.address},{b.address}"
+    with Admin(brokers=both) as admin:
+        admin.create_topic("Twin", 2)
+    with Producer(brokers=both, retry_times_when_send_failed=2, send_msg_timeout_s=2) as producer:
+        assert {q.broker_name for q in producer.fetch_publish_message_queues("Twin")} == {"broker-a", "broker-b"}
+        b.kill()  # the route still lists broker-b's queues
+        results = [producer.send(Message("Twin", b"m%d" % i)) for i in range(6)]
+    assert {r.message_queue.broker_name for r in results} == {"broker-a"}
+    assert count(a.address, "Twin") == 6
+
+
+def test_bad_input_and_lifecycle(broker):
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("Q1", 1)
+        admin.create_topic("Q2", 1)
+    producer = Producer(brokers=broker.address, max_message_size=1024)
+    with pytest.raises(ClientStateError, match="start"):
+        producer.send(Message("Q1", b"x"))
+    producer.start()
+    with pytest.raises(InvalidArgumentError, match="empty"):
+        producer.send(Message("Q1", b""))
+    with pytest.raises(InvalidArgumentError, match="max_message_size"):
+        producer.send(Message("Q1", b"x" * 2000))
+    with pytest.raises(InvalidArgumentError, match="share a topic"):
+        producer.send_batch([Message("Q1", b"a"), Message("Q2", b"b")])
+    with pytest.raises(InvalidArgumentError, match="topic name"):
+        producer.send(Message("bad topic", b"x"))
+    with pytest.raises(TypeError):
+        Message("Q1", 12345)
+    producer.shutdown()
+    producer.shutdown()
+    with pytest.raises(ClientStateError, match="shut down"):
+        producer.send(Message("Q1", b"x"))
+    with pytest.raises(ClientStateError):
+        producer.start()

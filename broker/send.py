@@ -46,7 +46,6 @@ class OutgoingMessage:
     born_timestamp: int = 0
     delay_level: int = 0
     born_host: str = ""
-    reconsume_times: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +176,5 @@ class SendService:
             flag=m.flag,
             born_timestamp=m.born_timestamp or now,
             born_host=m.born_host,
-            reconsume_times=m.reconsume_times,
         )
         return record, msg_id

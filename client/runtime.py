@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from client.errors import ClientStateError, RequestTimeoutError
@@ -75,6 +75,12 @@ class LoopThread:
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise RequestTimeoutError(f"{self._name}: no answer within {timeout} s") from None
+
+    def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        """Run a plain function on the loop thread (to read or change loop-confined state) and return its result."""
+        async def run() -> T:
+            return fn()
+        return self.run(run(), timeout=timeout)
 
     def stop(self) -> None:
         thread, loop = self._thread, self._loop

@@ -211,8 +211,6 @@ def build(cls: type, settings: object | None, overrides: dict) -> object:
     """settings, with keyword overrides applied (or a new instance from the overrides)."""
     if settings is not None and not isinstance(settings, cls):
         raise InvalidArgumentError(f"expected {cls.__name__}, got {type(settings).__name__}")
-    if "brokers" in overrides and isinstance(overrides["brokers"], str):
-        overrides["brokers"] = parse_brokers(overrides["brokers"])
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(overrides) - known)
     if unknown:

@@ -1,6 +1,7 @@
 """Start real Tidemark broker processes for tests: temp data dir, free port on 127.0.0.1.
 
-The child gets PR_SET_PDEATHSIG, so a broker never outlives the test run.
+Children are started through bench.procs.orphan_safe (PR_SET_PDEATHSIG set in a launcher, never in
+a preexec_fn), so a broker never outlives the test run.
 """
 
 from __future__ import annotations
@@ -8,38 +9,74 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2_grpc
+
+from bench.procs import free_port, orphan_safe
+from tidemark.v1 import admin_pb2_grpc, membership_pb2_grpc, messaging_pb2_grpc, offsets_pb2_grpc
+
+__all__ = ["BrokerProcess", "BrokerStubs", "ChildProcess", "free_port", "orphan_safe"]
+
 READY = re.compile(r"event=broker_ready .*port=(\d+)")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class BrokerStubs:
+    """The raw gRPC stubs of one broker, for tests that check exact status codes and messages."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.messaging = messaging_pb2_grpc.MessagingServiceStub(self.channel)
+        self.offsets = offsets_pb2_grpc.OffsetServiceStub(self.channel)
+        self.membership = membership_pb2_grpc.MembershipServiceStub(self.channel)
+        self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.channel.close()
 
 
-# Runs in a fresh single-threaded interpreter: ask for SIGKILL when the parent dies (PR_SET_PDEATHSIG
-# survives execve), then become the real command. Doing this in preexec_fn instead would run Python
-# between fork and exec in a process full of gRPC threads, which can crash the child.
-_LAUNCHER = (
-    "import ctypes, os, signal, sys; "
-    "ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL); "
-    "os.getppid() == int(sys.argv[1]) or os._exit(1); "
-    "os.execv(sys.argv[2], sys.argv[2:])"
-)
+class ChildProcess:
+    """A process started by a test: graceful stop (SIGTERM, then SIGKILL after a timeout), kill -9,
+    SIGSTOP/SIGCONT."""
+
+    proc: subprocess.Popen | None = None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """Graceful stop (SIGTERM); returns the exit code."""
+        if self.proc is None:
+            return 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def pause(self) -> None:
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self.proc.send_signal(signal.SIGCONT)
 
 
-def orphan_safe(command: list[str]) -> list[str]:
-    """command, wrapped so that the process is killed if the test process dies."""
-    return [sys.executable, "-c", _LAUNCHER, str(os.getpid()), *command]
-
-
-class BrokerProcess:
+class BrokerProcess(ChildProcess):
     def __init__(self, data_dir: Path, *, port: int | None = None, broker_name: str = "broker-a",
                  args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
         self.data_dir = Path(data_dir)
@@ -78,26 +115,6 @@ class BrokerProcess:
 
     def log_text(self) -> str:
         return self.log_path.read_text("utf-8", "replace") if self.log_path.exists() else ""
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """Graceful stop (SIGTERM); returns the exit code."""
-        if self.proc is None:
-            return 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self.proc = None
-        return code
-
-    def kill(self) -> None:
-        """kill -9."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
 
     def restart(self) -> BrokerProcess:
         self.stop()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from brokerproc import orphan_safe
+from brokerproc import ChildProcess, orphan_safe
 
 from client import Admin, Message, MessageQueue, Producer
 
@@ -51,15 +50,13 @@ def queue(topic: str, queue_id: int, broker: str = "broker-a") -> MessageQueue:
     return MessageQueue(topic, broker, queue_id)
 
 
-class ConsumerProcess:
+class ConsumerProcess(ChildProcess):
     """tests/consumer_proc.py as a child process; every consumed message is a line in `out`."""
 
     def __init__(self, out: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.out = out
         self.args = args
         self.env = env
-        self.proc: subprocess.Popen | None = None
-
     def start(self, timeout: float = 30.0) -> ConsumerProcess:
         with open(f"{self.out}.log", "ab") as log:
             self.proc = subprocess.Popen(
@@ -72,24 +69,7 @@ class ConsumerProcess:
         return self
 
     def stop(self, timeout: float = 60.0) -> int:
-        if self.proc is None:
-            return 0
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(timeout)
-        self.proc = None
-        return code
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
-
-    def pause(self) -> None:
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self.proc.send_signal(signal.SIGCONT)
+        return super().stop(timeout)
 
     def records(self) -> list[tuple[str, int, int, str]]:
         """(msg_id, queue_id, queue_offset, client_id) per consumed message."""

@@ -12,7 +12,7 @@ import sys
 
 from client.cli import dlq_cmds, group_cmds, health_cmds, message_cmds, topic_cmds
 from client.errors import TidemarkError
-from client.settings import BROKER_ENV, default_brokers
+from client.settings import BROKER_ENV, default_brokers, parse_brokers
 
 
 def client_options() -> argparse.ArgumentParser:
@@ -53,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "broker":
         logging.basicConfig(level=logging.ERROR, format="%(message)s")
         try:
-            args.brokers = default_brokers() if not args.broker else tuple(
-                a.strip() for a in args.broker.split(",") if a.strip())
+            args.brokers = parse_brokers(args.broker) if args.broker else default_brokers()
         except TidemarkError as e:
             parser.error(str(e))
     try:

@@ -22,9 +22,6 @@ from client.message import (
 )
 from client.producer.producer import Producer
 
-# consume --group: a short drain, so --count ends promptly (see consume_group).
-DRAIN_TIMEOUT_S = 1.0
-
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("send", parents=[common], help="send messages")
@@ -163,37 +160,29 @@ def _start(spec: str, low: int, high: int) -> int:
 
 
 def consume_group(args: argparse.Namespace) -> int:
-    """A push consumer of the group; prints and commits. With --count, messages past the count are
-    not handed to the listener's success path, so they stay uncommitted for the group's next reader."""
+    """A push consumer of the group; prints and commits. With --count the consumer is suspended at the
+    count, so later messages never reach the listener and stay uncommitted for the group's next reader."""
     stop = _stop_event()
     lock = threading.Lock()
     printed = [0]
     enough = threading.Event()
     where = {"last": ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, "first": ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
              "timestamp": ConsumeFromWhere.CONSUME_FROM_TIMESTAMP}[args.from_where]
+    # One consume thread: messages reach the listener one at a time, so suspending at the count
+    # stops the very next one.
+    consumer = PushConsumer(group=args.group, brokers=args.brokers, request_timeout_s=args.timeout,
+                            consume_from_where=where, consume_thread_min=1, consume_thread_max=1)
 
     def listener(msgs, context):
-        with lock:
-            over = args.count is not None and printed[0] >= args.count
-        if over:
-            enough.set()
-            # Hold the batch past the drain timeout: its queue is then committed (before this batch)
-            # and released, and the result is ignored, so the group's next reader gets it.
-            while not context.queue_dropped:
-                time.sleep(0.02)
-            time.sleep(DRAIN_TIMEOUT_S + 1.0)
-            return ConsumeConcurrentlyStatus.RECONSUME_LATER
         with lock:
             for m in msgs:
                 print_line(message_json(m))
             printed[0] += len(msgs)
             if args.count is not None and printed[0] >= args.count:
+                consumer.suspend()
                 enough.set()
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    consumer = PushConsumer(group=args.group, brokers=args.brokers, request_timeout_s=args.timeout,
-                            consume_from_where=where, consume_thread_min=1, consume_thread_max=1,
-                            drain_timeout_s=DRAIN_TIMEOUT_S)
     consumer.subscribe(args.topic, args.tag)
     consumer.register_message_listener(listener)
     consumer.start()

@@ -13,7 +13,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from client.consumer.listener import (
     ConsumeConcurrentlyContext,
@@ -39,8 +39,11 @@ def for_listener(msg: MessageExt) -> MessageExt:
     return msg
 
 
-# call_listener's answer for a batch whose queue was dropped or reset while it waited for a thread.
+# call_listener's answer for a batch whose queue was dropped or reset (or the consumer suspended)
+# while it waited for a thread.
 SKIPPED = object()
+# How often an orderly queue task looks again while the consumer is suspended.
+SUSPENDED_RETRY_S = 0.2
 
 
 def call_listener(listener, msgs: Sequence[MessageExt], context, skip=None) -> object:
@@ -62,12 +65,15 @@ def call_listener(listener, msgs: Sequence[MessageExt], context, skip=None) -> o
 class ConsumeMessageConcurrentlyService:
     def __init__(self, *, listener: MessageListenerConcurrently, settings: PushConsumerSettings,
                  executor: concurrent.futures.ThreadPoolExecutor, offset_store: OffsetStore,
-                 send_back: SendBackService) -> None:
+                 send_back: SendBackService, suspended: Callable[[], bool] = lambda: False) -> None:
         self._listener = listener
         self._settings = settings
         self._executor = executor
         self._store = offset_store
         self._send_back = send_back
+        self._suspended = suspended
+        # Batches skipped while suspended; resume() hands them to the listener again.
+        self._held: list[tuple[OwnedQueue, list[MessageExt], int]] = []
         self._tasks: set[asyncio.Task] = set()
         self.consumed_ok = 0
         self.consumed_failed = 0
@@ -83,7 +89,14 @@ class ConsumeMessageConcurrentlyService:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def resume(self) -> None:
+        held, self._held = self._held, []
+        for oq, batch, cache_epoch in held:
+            if oq.pulling and oq.epoch_of_cache == cache_epoch:
+                self._spawn(oq, batch, delay_s=0.0)
+
     async def shutdown(self) -> None:
+        self._held.clear()
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
@@ -95,12 +108,14 @@ class ConsumeMessageConcurrentlyService:
                 await asyncio.sleep(delay_s)
             if oq.pq.dropped or oq.epoch_of_cache != cache_epoch:
                 return  # the queue is moving away or was reset: the next owner/offset takes over
-            context = ConsumeConcurrentlyContext(message_queue=oq.mq, _dropped=lambda: oq.pq.dropped)
+            context = ConsumeConcurrentlyContext(message_queue=oq.mq)
             view = [for_listener(m) for m in batch]
             result = await asyncio.get_running_loop().run_in_executor(
                 self._executor, call_listener, self._listener, view, context,
-                lambda: oq.pq.dropped or oq.epoch_of_cache != cache_epoch)
+                lambda: oq.pq.dropped or oq.epoch_of_cache != cache_epoch or self._suspended())
             if result is SKIPPED:
+                if self._suspended() and not oq.pq.dropped and oq.epoch_of_cache == cache_epoch:
+                    self._held.append((oq, batch, cache_epoch))  # consumed after resume()
                 return  # stays in the ProcessQueue: the final commit stops before it
             if not isinstance(result, ConsumeConcurrentlyStatus):
                 if result is not None:

@@ -13,8 +13,14 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+from collections.abc import Callable
 
-from client.consumer.consume_concurrently import SKIPPED, call_listener, for_listener
+from client.consumer.consume_concurrently import (
+    SKIPPED,
+    SUSPENDED_RETRY_S,
+    call_listener,
+    for_listener,
+)
 from client.consumer.listener import ConsumeOrderlyContext, MessageListenerOrderly
 from client.consumer.offset_store import OffsetStore
 from client.consumer.queue_state import OwnedQueue
@@ -28,12 +34,13 @@ log = logging.getLogger("tidemark.client.consume")
 class ConsumeMessageOrderlyService:
     def __init__(self, *, listener: MessageListenerOrderly, settings: PushConsumerSettings,
                  executor: concurrent.futures.ThreadPoolExecutor, offset_store: OffsetStore,
-                 send_back: SendBackService) -> None:
+                 send_back: SendBackService, suspended: Callable[[], bool] = lambda: False) -> None:
         self._listener = listener
         self._settings = settings
         self._executor = executor
         self._store = offset_store
         self._send_back = send_back
+        self._suspended = suspended
         self._running: dict[OwnedQueue, asyncio.Task] = {}
         self.consumed_ok = 0
         self.suspended = 0
@@ -46,6 +53,9 @@ class ConsumeMessageOrderlyService:
         task = asyncio.get_running_loop().create_task(self._consume_queue(oq, oq.epoch_of_cache),
                                                       name=f"consume-orderly:{oq.mq}")
         self._running[oq] = task
+
+    def resume(self) -> None:
+        """Nothing is held: each queue's task waits while the consumer is suspended."""
 
     async def shutdown(self) -> None:
         tasks = list(self._running.values())
@@ -63,9 +73,12 @@ class ConsumeMessageOrderlyService:
                 context = ConsumeOrderlyContext(message_queue=oq.mq)
                 status = await asyncio.get_running_loop().run_in_executor(
                     self._executor, call_listener, self._listener, [for_listener(m) for m in batch], context,
-                    lambda: not oq.pulling or oq.epoch_of_cache != cache_epoch)
+                    lambda: not oq.pulling or oq.epoch_of_cache != cache_epoch or self._suspended())
                 if status is SKIPPED:
                     oq.pq.make_messages_consume_again(batch)
+                    if self._suspended() and oq.pulling:
+                        await asyncio.sleep(SUSPENDED_RETRY_S)
+                        continue
                     return
                 if not oq.accepts_results or oq.epoch_of_cache != cache_epoch:
                     return

@@ -11,7 +11,7 @@ An orderly listener is `(msgs, context) -> ConsumeOrderlyStatus`.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from client.message import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, MessageExt, MessageQueue
 
@@ -23,16 +23,6 @@ class ConsumeConcurrentlyContext:
     ack_index: int | None = None
     # 0: the broker picks 3 + reconsume times; -1: straight to the DLQ; n: that delay level.
     delay_level_when_next_consume: int = 0
-    _dropped: Callable[[], bool] = field(default=lambda: False, repr=False)
-
-    @property
-    def queue_dropped(self) -> bool:
-        """The queue is moving to another consumer or this consumer is stopping.
-
-        A listener that is still running when its queue is released (after the drain timeout) has
-        its result ignored: the final commit stopped before its batch, so the next owner gets it.
-        """
-        return self._dropped()
 
 
 @dataclass

@@ -346,23 +346,16 @@ class PullConsumer:
         self._run(core.commit(offsets, sync))
 
     def assignment(self) -> set[MessageQueue]:
-        core = self._require()
-        return set(self._run(_value(core.ownership.pulling)))
+        return set(self._loop.call(self._require().ownership.pulling, timeout=5))
 
     def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
         return self._run(self._require().cluster.read_queues(topic, refresh=True))
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
         """Stop returning batches of these queues from poll() (pulling continues up to the flow limit)."""
-        core = self._require()
-        queues = list(queues)
-        self._run(_value(lambda: core.pause(queues)))
+        core, queues = self._require(), list(queues)
+        self._loop.call(lambda: core.pause(queues), timeout=5)
 
     def resume(self, queues: Iterable[MessageQueue]) -> None:
-        core = self._require()
-        queues = list(queues)
-        self._run(_value(lambda: core.resume(queues)))
-
-
-async def _value(fn):
-    return fn()
+        core, queues = self._require(), list(queues)
+        self._loop.call(lambda: core.resume(queues), timeout=5)

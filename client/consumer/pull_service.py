@@ -33,7 +33,8 @@ Lose = Callable[[OwnedQueue, str], Awaitable[None]]
 class PullMessageService:
     def __init__(self, *, cluster: BrokerCluster, settings: ConsumerSettings, client_id: str,
                  offset_store: OffsetStore, subscription: Callable[[str], str], dispatch: Dispatch, lose: Lose,
-                 max_span: int | None, piggyback_commit: bool = True) -> None:
+                 max_span: int | None, piggyback_commit: bool = True,
+                 suspended: Callable[[], bool] = lambda: False) -> None:
         self._cluster = cluster
         self._settings = settings
         self._client_id = client_id
@@ -42,6 +43,7 @@ class PullMessageService:
         self._dispatch = dispatch
         self._lose = lose
         self._max_span = max_span
+        self._suspended = suspended
         # The push consumer piggybacks its commit on pulls (RocketMQ's commitOffset); the lite pull
         # consumer commits only when the application (or auto commit) says so.
         self._piggyback = piggyback_commit and isinstance(offset_store, RemoteBrokerOffsetStore)
@@ -51,6 +53,8 @@ class PullMessageService:
         return asyncio.get_running_loop().create_task(self._run(oq), name=f"pull:{oq.mq}")
 
     def _flow_controlled(self, oq: OwnedQueue) -> bool:
+        if self._suspended():
+            return True
         s, pq = self._settings, oq.pq
         if pq.msg_count > s.pull_threshold_for_queue or pq.msg_size > s.pull_threshold_size_for_queue:
             return True

@@ -64,6 +64,8 @@ class AsyncPushConsumer:
         self.scheduler = Scheduler(f"consumer:{settings.group}")
         # One-off tasks (e.g. dropping a queue after a fenced commit), awaited at shutdown.
         self._background: set[asyncio.Task] = set()
+        # Set by PushConsumer.suspend() from any thread; read by pull loops and consume threads.
+        self.suspended = False
 
     def _topics(self) -> list[str]:
         return sorted(self._subscriptions)
@@ -100,11 +102,13 @@ class AsyncPushConsumer:
                                          max_reconsume_times=max(s.max_reconsume_times, 0))
         service_cls = ConsumeMessageOrderlyService if self.orderly else ConsumeMessageConcurrentlyService
         self.consume_service = service_cls(listener=self._listener, settings=s, executor=self.executor,
-                                           offset_store=self.offset_store, send_back=self.send_back)
+                                           offset_store=self.offset_store, send_back=self.send_back,
+                                           suspended=lambda: self.suspended)
         self.pull_service = PullMessageService(
             cluster=self.cluster, settings=s, client_id=self.client_id, offset_store=self.offset_store,
             subscription=self._subscription, dispatch=self.consume_service.submit, lose=self._lose,
-            max_span=None if self.orderly else s.consume_concurrently_max_span)
+            max_span=None if self.orderly else s.consume_concurrently_max_span,
+            suspended=lambda: self.suspended)
         self.ownership = QueueOwnership(
             cluster=self.cluster, group=s.group, client_id=self.client_id, offset_store=self.offset_store,
             locking=locking, drain_timeout_s=s.drain_timeout_s,
@@ -165,6 +169,11 @@ class AsyncPushConsumer:
                 self.ownership.lose(rejection.queue, f"commit fenced: {rejection.message}"))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
+
+    def resume(self) -> None:
+        """Loop thread: undo suspend() and hand held batches to the listener."""
+        self.suspended = False
+        self.consume_service.resume()
 
     async def persist_offsets(self) -> None:
         await self.offset_store.persist_all(self.ownership.assigned())
@@ -277,9 +286,20 @@ class PushConsumer:
             raise ClientStateError(f"consumer is {self._state.lower()}")
         return self._core
 
+    def suspend(self) -> None:
+        """Stop pulling and stop handing messages to the listener (RocketMQ's suspend()).
+
+        Safe from any thread, including a listener: batches not yet started wait, uncommitted, until
+        resume() (or go to the queue's next owner after shutdown())."""
+        self._require_running().suspended = True
+
+    def resume(self) -> None:
+        core = self._require_running()
+        self._loop.call(core.resume, timeout=5)
+
     def owned_queues(self) -> list[MessageQueue]:
         core = self._require_running()
-        return self._loop.run(_call(core.ownership.pulling), timeout=5)
+        return self._loop.call(core.ownership.pulling, timeout=5)
 
     def persist_offsets(self) -> None:
         """Commit every owned queue's progress now (normally every persist_consumer_offset_interval_s)."""
@@ -289,13 +309,9 @@ class PushConsumer:
     def stats(self) -> dict[str, int]:
         core = self._require_running()
 
-        async def collect() -> dict[str, int]:
+        def collect() -> dict[str, int]:
             return {"consumed_ok": core.consume_service.consumed_ok,
                     "rebalances": core.rebalance.rebalances, "rebalance_changes": core.rebalance.changes,
                     "handovers": core.ownership.handovers, "owned_queues": len(core.ownership.pulling()),
                     "sent_back": core.send_back.sent_back, "retry_fallbacks": core.send_back.fallback_sends}
-        return self._loop.run(collect(), timeout=5)
-
-
-async def _call(fn):
-    return fn()
+        return self._loop.call(collect, timeout=5)

@@ -7,6 +7,7 @@ functions only: no I/O, no grpc.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import secrets
@@ -121,8 +122,11 @@ class TagExpression:
         return self.matches_all or tag in self.tags
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_tag_expression(expression: str | None) -> TagExpression:
-    """Parse "*", "" (everything) or "a || b"; raise ValueError on an empty alternative."""
+    """Parse "*", "" (everything) or "a || b"; raise ValueError on an empty alternative.
+
+    Memoised: every pull (client and broker) carries its subscription, and a process sees few of them."""
     text = (expression or "").strip()
     if text in ("", "*"):
         return TagExpression("*", frozenset(), frozenset())

@@ -8,21 +8,17 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 
 import grpc
 import pytest
-from brokerproc import BrokerProcess
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from brokerproc import BrokerProcess, BrokerStubs
+from grpc_health.v1 import health_pb2
 
 from tidemark.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     offsets_pb2,
-    offsets_pb2_grpc,
 )
 
 MAX_MESSAGE_SIZE = 4096
@@ -33,19 +29,10 @@ FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = (messaging_pb2.FOUND, messag
 COLLIDING_TAGS = ("tag9LY9a", "tagtadTi")
 
 
-@dataclass
-class Api:
-    channel: grpc.Channel
-    messaging: messaging_pb2_grpc.MessagingServiceStub
-    offsets: offsets_pb2_grpc.OffsetServiceStub
-    admin: admin_pb2_grpc.AdminServiceStub
-    health: health_pb2_grpc.HealthStub
-
+class Api(BrokerStubs):
     @classmethod
     def connect(cls, address: str) -> Api:
-        ch = grpc.insecure_channel(address)
-        return cls(ch, messaging_pb2_grpc.MessagingServiceStub(ch), offsets_pb2_grpc.OffsetServiceStub(ch),
-                   admin_pb2_grpc.AdminServiceStub(ch), health_pb2_grpc.HealthStub(ch))
+        return cls(address)
 
     def create_topic(self, name: str, queues: int = 4) -> None:
         self.admin.CreateTopic(admin_pb2.CreateTopicRequest(name=name, queue_nums=queues), timeout=TIMEOUT)

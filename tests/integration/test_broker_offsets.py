@@ -15,36 +15,21 @@ from pathlib import Path
 
 import grpc
 import pytest
-from brokerproc import BrokerProcess
+from brokerproc import BrokerProcess, BrokerStubs
 from workload import wait_until
 
 from tidemark.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     offsets_pb2,
-    offsets_pb2_grpc,
 )
 
 TIMEOUT = 15
 IA, NF, FP = grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION
 
 
-class Api:
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address)
-        self.messaging = messaging_pb2_grpc.MessagingServiceStub(self.channel)
-        self.offsets = offsets_pb2_grpc.OffsetServiceStub(self.channel)
-        self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)
-
-    def __enter__(self) -> Api:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.channel.close()
-
+class Api(BrokerStubs):
     def topic_with_messages(self, topic: str, per_queue: list[int]) -> list[list[int]]:
         """Create a topic and fill queue i with per_queue[i] messages; returns store timestamps per queue."""
         self.admin.CreateTopic(admin_pb2.CreateTopicRequest(name=topic, queue_nums=len(per_queue)), timeout=TIMEOUT)

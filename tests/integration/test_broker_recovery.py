@@ -17,16 +17,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from brokerproc import BrokerStubs
 from workload import wait_until
 
 from tidemark.v1 import (
     admin_pb2,
-    admin_pb2_grpc,
     common_pb2,
     messaging_pb2,
-    messaging_pb2_grpc,
     offsets_pb2,
-    offsets_pb2_grpc,
 )
 
 TIMEOUT = 15
@@ -42,19 +40,7 @@ class Acked:
     commit_log_offset: int
 
 
-class Api:
-    def __init__(self, address: str) -> None:
-        self.channel = grpc.insecure_channel(address)
-        self.messaging = messaging_pb2_grpc.MessagingServiceStub(self.channel)
-        self.offsets = offsets_pb2_grpc.OffsetServiceStub(self.channel)
-        self.admin = admin_pb2_grpc.AdminServiceStub(self.channel)
-
-    def __enter__(self) -> Api:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.channel.close()
-
+class Api(BrokerStubs):
     def create_topic(self, name: str, queues: int) -> None:
         self.admin.CreateTopic(admin_pb2.CreateTopicRequest(name=name, queue_nums=queues), timeout=TIMEOUT)
 

@@ -219,3 +219,20 @@ def test_two_consumers_in_one_process_split_the_queues(broker):
         first.shutdown()
         second.shutdown()
     assert a.seen and b.seen and not set(a.seen) & set(b.seen)
+
+
+def test_suspend_holds_messages_back_until_resume(broker):
+    create_topic(broker.address, "Held", 1)
+    collector = Collector()
+    consumer = start_consumer(broker.address, "holders", "Held", collector, consume_thread_min=1, consume_thread_max=1,
+                              consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+    try:
+        consumer.suspend()
+        ids = produce(broker.address, "Held", 20)
+        time.sleep(1.0)  # pulls and listener calls would have happened well within this
+        assert collector.seen == []
+        consumer.resume()
+        wait_until(lambda: set(collector.seen) == set(ids), 30, "every held message after resume")
+    finally:
+        consumer.shutdown()
+    assert sorted(collector.seen) == sorted(ids)

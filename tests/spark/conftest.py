@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
-from spark_testlib import Kit
+from spark_testlib import Kit, base_builder, stop_active_session
 
 import spark_connector
 
@@ -28,29 +28,6 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 def pytest_collection_modifyitems(session, config, items) -> None:
     items.sort(key=lambda item: item.path.name == STANDALONE_MODULE)  # stable: only moves that module last
-
-
-def base_builder(master: str, app: str) -> SparkSession.Builder:
-    return (SparkSession.builder.master(master).appName(app)
-            .config("spark.ui.enabled", "false")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.default.parallelism", "2")
-            .config("spark.pyspark.python", sys.executable)
-            .config("spark.pyspark.driver.python", sys.executable)
-            .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-            .config("spark.sql.streaming.stopTimeout", "60s")
-            .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=error")
-            .config("spark.executor.extraJavaOptions", "-Dlog4j2.level=error"))
-
-
-def stop_active_session() -> None:
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        active.stop()
-    elif SparkContext._active_spark_context is not None:
-        SparkContext._active_spark_context.stop()
 
 
 def local_session() -> SparkSession:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -114,3 +116,26 @@ def wait_for(query: StreamingQuery, condition: Callable[[StreamingQuery], bool],
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not reached in {timeout}s; last progress: {query.lastProgress}")
         query.awaitTermination(0.2)
+
+
+def base_builder(master: str, app: str) -> SparkSession.Builder:
+    return (SparkSession.builder.master(master).appName(app)
+            .config("spark.ui.enabled", "false")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.default.parallelism", "2")
+            .config("spark.pyspark.python", sys.executable)
+            .config("spark.pyspark.driver.python", sys.executable)
+            .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+            .config("spark.sql.streaming.stopTimeout", "60s")
+            .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=error")
+            .config("spark.executor.extraJavaOptions", "-Dlog4j2.level=error"))
+
+
+def stop_active_session() -> None:
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        active.stop()
+    elif SparkContext._active_spark_context is not None:
+        SparkContext._active_spark_context.stop()

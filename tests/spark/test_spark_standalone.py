@@ -22,9 +22,8 @@ from pathlib import Path
 
 import pyspark
 import pytest
-from brokerproc import free_port
-from conftest import base_builder, stop_active_session
-from spark_testlib import BatchLog, Kit, row_key
+from brokerproc import free_port, orphan_safe
+from spark_testlib import BatchLog, Kit, base_builder, row_key, stop_active_session
 
 import spark_connector
 
@@ -34,12 +33,6 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 SPARK_HOME = Path(pyspark.__file__).parent
 
 
-# Runs in the child instead of a preexec_fn (no Python between fork and exec in a process with gRPC
-# threads): ask for SIGKILL when the test process dies, then exec spark-class (which execs java).
-_LAUNCHER = ("import ctypes, os, signal, sys; ctypes.CDLL('libc.so.6').prctl(1, signal.SIGKILL); "
-             "os.getppid() == int(sys.argv[1]) or os._exit(1); os.execv(sys.argv[2], sys.argv[2:])")
-
-
 class Daemon:
     """A spark-class process in its own process group (killed as a group); log in a file."""
 
@@ -47,7 +40,7 @@ class Daemon:
         self.log = log
         spark_class = str(SPARK_HOME / "bin" / "spark-class")
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-c", _LAUNCHER, str(os.getpid()), spark_class, *args],
+            self.proc = subprocess.Popen(orphan_safe([spark_class, *args]),
                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                          start_new_session=True)
         self.name = name

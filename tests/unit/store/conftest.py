@@ -19,6 +19,7 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
+from store_testlib import body_for
 
 from broker.store import MessageRecord, MessageStore, RecoveryReport, StoreConfig
 
@@ -34,11 +35,6 @@ class FakeClock:
         value = self.now
         self.now += self.step
         return value
-
-
-def body_for(i: int) -> bytes:
-    # Varying sizes, so records do not line up with segment ends by accident.
-    return f"message-{i};".encode() * (1 + i % 7)
 
 
 @pytest.fixture

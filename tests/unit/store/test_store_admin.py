@@ -8,7 +8,7 @@ import os
 import time
 
 import pytest
-from conftest import body_for
+from store_testlib import body_for
 
 from broker.store import GetStatus
 

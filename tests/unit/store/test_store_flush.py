@@ -8,7 +8,7 @@ import os
 import shutil
 
 import pytest
-from conftest import body_for
+from store_testlib import body_for
 
 from broker.errors import StoreError
 from broker.store import FlushMode

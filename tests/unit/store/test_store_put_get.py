@@ -6,7 +6,7 @@ import asyncio
 import os
 
 import pytest
-from conftest import body_for
+from store_testlib import body_for
 
 from broker.errors import InvalidArgumentError, StoreError
 from broker.store import GetStatus, MessageRecord

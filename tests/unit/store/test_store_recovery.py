@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import body_for
+from store_testlib import body_for
 
 from broker.store import GetStatus, MessageStore, PutResult
 

@@ -66,7 +66,7 @@ def host(spec: dict, ctl) -> dict:
     def make(instance: str) -> PushConsumer:
         c = PushConsumer(group=spec["group"], brokers=spec["address"], instance_name=instance,
                          consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-                         queue_locking=spec["locking"], consume_thread_min=THREADS, consume_thread_max=THREADS)
+                         queue_locking=spec["locking"], consume_thread_max=THREADS)
         c.subscribe(spec["topic"])
         cid, mine = c.client_id, seen.setdefault(c.client_id, set())
 

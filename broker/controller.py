@@ -16,14 +16,15 @@ from broker.config import BrokerConfig, FlushDiskType
 from broker.consumer_manager import ConsumerManager
 from broker.epoch import EpochSequence
 from broker.errors import FailedPreconditionError, NotFoundError
+from broker.fetch import FetchSession
 from broker.groups import SubscriptionGroupManager, check_group
-from broker.locks import QueueLockManager
+from broker.locks import LockGrant, QueueLockManager
 from broker.long_polling import PullRequestHoldService
 from broker.metrics import BrokerMetrics, StateSnapshot
 from broker.offset_commits import OffsetCommitService
 from broker.offsets import ConsumerOffsetManager
 from broker.permission import BrokerPermission
-from broker.pull import PullService
+from broker.pull import PullService, QueueReadAccess
 from broker.retry import SendBackService
 from broker.schedule import ScheduleMessageService
 from broker.send import SendService
@@ -77,13 +78,14 @@ class BrokerController:
                                                levels_ms=config.delay_levels_ms, clock_ms=self.clock_ms,
                                                can_deliver=lambda: self.permission.writable)
         self.commits = OffsetCommitService(store=self.store, topics=self.topics, offsets=self.offsets,
-                                           groups=self.groups)
+                                           groups=self.groups, on_reset=self.hold.notify)
         self.sender = SendService(config=config, store=self.store, topics=self.topics,
                                   permission=self.permission, schedule=self.schedule,
                                   ids=MessageIdGenerator(), clock_ms=self.clock_ms)
-        self.puller = PullService(store=self.store, topics=self.topics, offsets=self.offsets,
-                                  commits=self.commits, locks=self.locks, hold=self.hold,
-                                  permission=self.permission, max_long_polling_ms=config.max_long_polling_ms)
+        self.read_access = QueueReadAccess(topics=self.topics, groups=self.groups, offsets=self.offsets,
+                                           locks=self.locks, permission=self.permission)
+        self.puller = PullService(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
+                                  max_long_polling_ms=config.max_long_polling_ms)
         self.send_back = SendBackService(store=self.store, topics=self.topics, groups=self.groups,
                                          permission=self.permission, schedule=self.schedule,
                                          clock_ms=self.clock_ms)
@@ -167,6 +169,27 @@ class BrokerController:
         for group in self.consumers.groups():
             state.clients[group] = len(self.consumers.consumer_ids(group))
         return state
+
+    def lock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]]) -> list[LockGrant]:
+        """Grant or renew queue locks; a queue that changed hands is re-checked by the streams serving it,
+        so its previous owner stops receiving its messages at once."""
+        locks = self.locks
+        before = {q: locks.current_epoch(group, *q) for q in queues}
+        grants = locks.lock(group, client_id, queues)
+        changed = [g for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch]
+        for g in changed:
+            log.info("queue lock granted event=lock_grant group=%s topic=%s queue_id=%d client_id=%s owner_epoch=%d",
+                     group, g.topic, g.queue_id, client_id, g.owner_epoch)
+            self.hold.notify(g.topic, g.queue_id)
+        if changed:
+            self.metrics.ownership_changes.labels(group).inc(len(changed))
+        return grants
+
+    def fetch_session(self) -> FetchSession:
+        """A new streaming-pull session (one per Fetch stream)."""
+        commits = self.metrics.offset_commits.labels("fetch")
+        return FetchSession(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
+                            on_commit=commits.inc)
 
     def _expire_locks(self) -> None:
         for lock in self.locks.expire():

@@ -1,7 +1,11 @@
-"""PullRequestHoldService: pulls that reach the end of a queue wait here for new messages.
+"""PullRequestHoldService: who waits for a queue to change, and waking them when it does.
 
-The store calls notify() after every dispatch; a waiting pull wakes as soon as
-its queue grows past the offset it asked for, or when its suspend timeout ends.
+Two kinds of waiters: a unary pull that reached the end of its queue (held
+until a message arrives or its suspend timeout ends, RocketMQ's long polling)
+and a fetch stream that serves the queue (a watcher callback, called on every
+change for as long as the stream has the queue open). The store calls
+notify() after every append; offset resets and lock hand-overs notify too, so
+a stream re-checks the queue's owner and reset generation at once.
 """
 
 from __future__ import annotations
@@ -10,18 +14,43 @@ import asyncio
 from collections import defaultdict
 from collections.abc import Callable
 
+QueueKey = tuple[str, int]
+
 
 class PullRequestHoldService:
     def __init__(self) -> None:
-        self._waiters: defaultdict[tuple[str, int], set[asyncio.Future[None]]] = defaultdict(set)
+        self._waiters: defaultdict[QueueKey, set[asyncio.Future[None]]] = defaultdict(set)
+        self._watchers: dict[QueueKey, dict[int, Callable[[], None]]] = {}
+        self._next_watch = 0
         self._closed = False
 
-    def notify(self, topic: str, queue_id: int, max_offset: int) -> None:
-        waiters = self._waiters.pop((topic, queue_id), None)
+    def notify(self, topic: str, queue_id: int) -> None:
+        key = (topic, queue_id)
+        waiters = self._waiters.pop(key, None)
         if waiters:
             for fut in waiters:
                 if not fut.done():
                     fut.set_result(None)
+        watchers = self._watchers.get(key)
+        if watchers:
+            for callback in list(watchers.values()):
+                callback()
+
+    def watch(self, topic: str, queue_id: int, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` (on the loop thread) whenever the queue changes; returns the unwatch function."""
+        key = (topic, queue_id)
+        self._next_watch += 1
+        token = self._next_watch
+        self._watchers.setdefault(key, {})[token] = callback
+
+        def unwatch() -> None:
+            watchers = self._watchers.get(key)
+            if watchers is not None:
+                watchers.pop(token, None)
+                if not watchers:
+                    del self._watchers[key]
+
+        return unwatch
 
     async def wait(self, topic: str, queue_id: int, offset: int, timeout_s: float,
                    max_offset: Callable[[], int]) -> bool:
@@ -34,7 +63,11 @@ class PullRequestHoldService:
         key = (topic, queue_id)
         self._waiters[key].add(fut)
         try:
-            await asyncio.wait_for(fut, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                while not self._closed and max_offset() <= offset:
+                    await fut
+                    fut = asyncio.get_running_loop().create_future()
+                    self._waiters[key].add(fut)
         except TimeoutError:
             return False
         finally:
@@ -47,6 +80,9 @@ class PullRequestHoldService:
 
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())
+
+    def watching(self) -> int:
+        return sum(len(w) for w in self._watchers.values())
 
     def close(self) -> None:
         """Release every waiting pull (broker shutdown)."""

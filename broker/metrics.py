@@ -30,8 +30,11 @@ class BrokerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.messages_in = Counter(f"{PREFIX}_messages_in", "Messages stored, by topic", ["topic"], registry=r)
-        self.messages_out = Counter(f"{PREFIX}_messages_out", "Messages returned by pulls, by topic", ["topic"],
-                                    registry=r)
+        self.messages_out = Counter(f"{PREFIX}_messages_out", "Messages served (fetch streams and pulls), by topic",
+                                    ["topic"], registry=r)
+        self.fetch_frames = Counter(f"{PREFIX}_fetch_frames", "Frames sent on fetch streams", registry=r)
+        self.fetch_streams = Gauge(f"{PREFIX}_fetch_streams", "Open fetch streams (about one per consumer)",
+                                   registry=r)
         self.pull_latency = Histogram(f"{PREFIX}_pull_latency_seconds",
                                       "PullMessage duration, long-polling wait included, by status", ["status"],
                                       registry=r, buckets=(.001, .005, .01, .05, .1, .5, 1, 5, 15, 30))

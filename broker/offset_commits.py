@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from broker.errors import (
@@ -94,8 +94,10 @@ class QueueProgress:
 
 class OffsetCommitService:
     def __init__(self, *, store: MessageStore, topics: TopicConfigManager, offsets: ConsumerOffsetManager,
-                 groups: SubscriptionGroupManager) -> None:
+                 groups: SubscriptionGroupManager, on_reset: Callable[[str, int], None] = lambda t, q: None) -> None:
         self._store = store
+        # Called per reset queue, so streams serving it tell their consumer at once.
+        self._on_reset = on_reset
         self._topics = topics
         self._offsets = offsets
         self._groups = groups
@@ -170,6 +172,7 @@ class OffsetCommitService:
             self._groups.ensure(group)
             for change in changes:
                 self._offsets.reset(group, topic_name, change.queue_id, change.new_offset)
+                self._on_reset(topic_name, change.queue_id)
             log.info("offsets reset event=offset_reset group=%s topic=%s target=%s value=%d queues=%d",
                      group, topic_name, target.kind.value, target.value, len(changes))
         return changes

@@ -1,9 +1,12 @@
-"""PullService: reads a queue for a consumer (RocketMQ's PullMessageProcessor).
+"""PullService: reads a queue for a consumer (RocketMQ's PullMessageProcessor), one call per read.
 
-Order of checks: names and ranges, read permission, owner fence (a client that
-lost the queue's lock may not pull it), reset generation (a consumer that has
-not seen an admin reset is told OFFSET_RESET), piggybacked commit, then the
-read itself with tag filtering and long polling at the end of the queue.
+Order of checks (QueueReadAccess, shared with the fetch stream): names and
+ranges, read permission, the group's consume_enable, owner fence (a client
+that lost the queue's lock may not pull it), reset generation (a consumer that
+has not seen an admin reset is told OFFSET_RESET); then the piggybacked
+commit, then the read itself with tag filtering and long polling at the end of
+the queue. Consumers read through the fetch stream (fetch.py); this unary path
+serves tools, with a byte cap per answer.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from broker.errors import InvalidArgumentError, PermissionDeniedError
-from broker.groups import check_group
+from broker.groups import SubscriptionGroupManager, check_group
 from broker.locks import QueueLockManager
 from broker.long_polling import PullRequestHoldService
 from broker.offset_commits import OffsetCommitService
@@ -71,67 +74,115 @@ def check_queue(topic: TopicConfig, queue_id: int) -> None:
             f"queue id {queue_id} is out of range for topic {topic.name!r} (queues 0..{topic.queue_nums - 1})")
 
 
-class PullService:
-    def __init__(self, *, store: MessageStore, topics: TopicConfigManager, offsets: ConsumerOffsetManager,
-                 commits: OffsetCommitService, locks: QueueLockManager, hold: PullRequestHoldService,
-                 permission: BrokerPermission, max_long_polling_ms: int) -> None:
-        self._store = store
+@dataclass(frozen=True, slots=True)
+class ReadGrant:
+    """What a read of one queue may go ahead with: the topic, the parsed filter, the reset generation."""
+
+    topic: TopicConfig
+    expression: TagExpression
+    generation: int
+
+
+class QueueReadAccess:
+    """The rules a read of a queue obeys, shared by the unary pull and the fetch stream.
+
+    Names and ranges, read permission (broker and topic), the group's
+    consume_enable, the owner fence (a client that lost the queue's lock may
+    not read it) and the queue's reset generation.
+    """
+
+    def __init__(self, *, topics: TopicConfigManager, groups: SubscriptionGroupManager,
+                 offsets: ConsumerOffsetManager, locks: QueueLockManager, permission: BrokerPermission) -> None:
         self._topics = topics
+        self._groups = groups
         self._offsets = offsets
-        self._commits = commits
         self._locks = locks
-        self._hold = hold
         self._permission = permission
+
+    def check(self, group: str, topic_name: str, queue_id: int, offset: int, subscription: str,
+              fence: Fence | None) -> ReadGrant:
+        """Everything a read checks before it starts (BrokerError when refused)."""
+        topic = self._topics.require(topic_name)
+        check_queue(topic, queue_id)
+        if offset < 0:
+            raise InvalidArgumentError(f"queue offset must be >= 0, got {offset}")
+        try:
+            expression = parse_tag_expression(subscription)
+        except ValueError as e:
+            raise InvalidArgumentError(str(e)) from None
+        if group:
+            check_group(group)
+        return ReadGrant(topic, expression, self.recheck(group, topic_name, queue_id, fence))
+
+    def recheck(self, group: str, topic_name: str, queue_id: int, fence: Fence | None) -> int:
+        """What may change while a stream serves a queue: permissions, the topic, the owner.
+
+        Returns the queue's current reset generation for the group (0 without a group)."""
+        self._permission.check_readable()
+        topic = self._topics.require(topic_name)
+        if not topic.readable:
+            raise PermissionDeniedError(f"topic {topic.name!r} is not readable")
+        if not group:
+            return 0
+        config = self._groups.get(group)
+        if config is not None and not config.consume_enable:
+            raise PermissionDeniedError(f"group {group!r} may not consume (its consume_enable is false)")
+        if fence is not None and fence.owner_epoch is not None:
+            self._locks.check_owner(group, fence.client_id, topic_name, queue_id, fence.owner_epoch)
+        return self._offsets.reset_generation(group, topic_name, queue_id)
+
+    def generation(self, group: str, topic: str, queue_id: int) -> int:
+        return self._offsets.reset_generation(group, topic, queue_id)
+
+    def reset_offset(self, group: str, topic: str, queue_id: int) -> int:
+        """Where a consumer continues after an admin reset: the group's committed offset."""
+        return max(self._offsets.query(group, topic, queue_id), 0)
+
+
+def is_stale(fence: Fence | None, generation: int) -> bool:
+    """Whether the reader has not seen the queue's latest admin reset."""
+    return fence is not None and fence.reset_generation is not None and fence.reset_generation < generation
+
+
+class PullService:
+    def __init__(self, *, store: MessageStore, access: QueueReadAccess, commits: OffsetCommitService,
+                 hold: PullRequestHoldService, max_long_polling_ms: int) -> None:
+        self._store = store
+        self._access = access
+        self._commits = commits
+        self._hold = hold
         self._max_long_polling_ms = max_long_polling_ms
 
     async def pull(self, req: PullRequest) -> PullOutcome:
-        topic = self._topics.require(req.topic)
-        check_queue(topic, req.queue_id)
-        if req.queue_offset < 0:
-            raise InvalidArgumentError(f"queue offset must be >= 0, got {req.queue_offset}")
         max_nums = req.max_msg_nums or DEFAULT_PULL_BATCH
         if not 1 <= max_nums <= MAX_PULL_BATCH:
             raise InvalidArgumentError(f"max_msg_nums must be between 1 and {MAX_PULL_BATCH}, got {req.max_msg_nums}")
         if req.suspend_timeout_ms < 0:
             raise InvalidArgumentError(f"suspend_timeout_ms must be >= 0, got {req.suspend_timeout_ms}")
-        try:
-            expression = parse_tag_expression(req.subscription)
-        except ValueError as e:
-            raise InvalidArgumentError(str(e)) from None
-        self._permission.check_readable()
-        if not topic.readable:
-            raise PermissionDeniedError(f"topic {topic.name!r} is not readable")
-
-        generation = 0
-        if req.group:
-            check_group(req.group)
-            fence = req.fence
-            if fence is not None and fence.owner_epoch is not None:
-                self._locks.check_owner(req.group, fence.client_id, req.topic, req.queue_id, fence.owner_epoch)
-            generation = self._offsets.reset_generation(req.group, req.topic, req.queue_id)
-            if fence is not None and fence.reset_generation is not None and fence.reset_generation < generation:
-                return self._offset_reset(req, generation)
-            if req.commit_offset is not None:
-                try:
-                    self._commits.commit(req.group, req.topic, req.queue_id, req.commit_offset, fence)
-                except InvalidArgumentError as e:
-                    # As RocketMQ: a bad piggybacked commit (e.g. above a re-created queue's max) is
-                    # dropped; the pull itself is still answered, so OFFSET_ILLEGAL can correct the client.
-                    log.info("piggybacked commit ignored event=piggyback_commit_ignored group=%s topic=%s "
-                             "queue_id=%d offset=%d error=%s", req.group, req.topic, req.queue_id,
-                             req.commit_offset, e)
-        elif req.commit_offset is not None:
+        if req.commit_offset is not None and not req.group:
             raise InvalidArgumentError("a piggybacked commit_offset needs a group")
-
-        outcome = await self._read(req, expression, max_nums)
+        grant = self._access.check(req.group, req.topic, req.queue_id, req.queue_offset, req.subscription,
+                                   req.fence)
+        generation = grant.generation
+        if is_stale(req.fence, generation):
+            return self._offset_reset(req, generation)
+        if req.commit_offset is not None:
+            try:
+                self._commits.commit(req.group, req.topic, req.queue_id, req.commit_offset, req.fence)
+            except InvalidArgumentError as e:
+                # As RocketMQ: a bad piggybacked commit (e.g. above a re-created queue's max) is
+                # dropped; the pull itself is still answered, so OFFSET_ILLEGAL can correct the client.
+                log.info("piggybacked commit ignored event=piggyback_commit_ignored group=%s topic=%s "
+                         "queue_id=%d offset=%d error=%s", req.group, req.topic, req.queue_id,
+                         req.commit_offset, e)
+        outcome = await self._read(req, grant.expression, max_nums)
         return outcome if not generation else _with_generation(outcome, generation)
 
     def _offset_reset(self, req: PullRequest, generation: int) -> PullOutcome:
-        offset = self._offsets.query(req.group, req.topic, req.queue_id)
         return PullOutcome(
             status=PullStatus.OFFSET_RESET,
             messages=[],
-            next_begin_offset=max(offset, 0),
+            next_begin_offset=self._access.reset_offset(req.group, req.topic, req.queue_id),
             min_offset=self._store.min_offset(req.topic, req.queue_id),
             max_offset=self._store.max_offset(req.topic, req.queue_id),
             reset_generation=generation,

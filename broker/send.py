@@ -15,7 +15,7 @@ from broker.config import BrokerConfig
 from broker.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from broker.permission import BrokerPermission
 from broker.schedule import ScheduleMessageService
-from broker.store import MessageRecord, MessageStore, PutResult
+from broker.store import MessageRecord, MessageStore, PutResult, RecordsPut
 from broker.topics import TopicConfig, TopicConfigManager
 from tidemark.protocol import (
     RETRY_GROUP_TOPIC_PREFIX,
@@ -114,6 +114,28 @@ class SendService:
             records = [self._schedule.to_schedule_record(records[0], delay_level, now)]
         results = await self._store.put_messages(records)
         return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]
+
+    def append_records(self, topic_name: str, queue_id: int, data: bytes, count: int) -> RecordsPut:
+        """Store a producer's record batch (tidemark.records) in one queue, as its bytes came.
+
+        The fast path: no per-message objects. Delayed, retry and DLQ messages
+        go through send() (the broker rewrites them); system topics are refused here.
+        """
+        if is_system_topic(topic_name):
+            raise InvalidArgumentError(
+                f"record batches go to user topics; {topic_name!r} is a system topic (use SendMessage)")
+        topic = self._topic_for_send(topic_name)
+        self._permission.check_writable()
+        if not topic.writable:
+            raise PermissionDeniedError(f"topic {topic.name!r} is not writable")
+        if not 0 <= queue_id < topic.write_queue_nums:
+            raise InvalidArgumentError(
+                f"queue id {queue_id} is out of range for topic {topic.name!r} "
+                f"(write queues 0..{topic.write_queue_nums - 1})")
+        return self._store.append_records(topic.name, queue_id, data, count)
+
+    async def wait_durable(self, put: RecordsPut) -> None:
+        await self._store.wait_durable(put.end)
 
     def _retry_or_dlq(self, retry: str, records: list[MessageRecord], delay_level: int) -> tuple[list[MessageRecord], int]:
         """A consumer's direct send to its retry topic (the send-back fallback), as RocketMQ's

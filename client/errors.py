@@ -87,6 +87,18 @@ _BY_BROKER_CLASS: dict[str, type[TidemarkError]] = {
 }
 
 
+_BY_CODE_VALUE: dict[int, grpc.StatusCode] = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_status(code: int, message: str, *, error_class: str = "", address: str = "") -> TidemarkError:
+    """The exception for a status carried inside a stream message (a batch or a queue of a stream)."""
+    status = _BY_CODE_VALUE.get(code, grpc.StatusCode.UNKNOWN)
+    cls = _BY_BROKER_CLASS.get(error_class) or _BY_STATUS.get(status, InternalError)
+    if cls is UnavailableError and address:
+        message = f"broker {address}: {message}"
+    return cls(message, code=status)
+
+
 def from_rpc_error(error: grpc.RpcError, *, address: str = "") -> TidemarkError:
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else None) or str(code)

@@ -6,6 +6,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tidemark import records
 from tidemark.protocol import PropertyKey
 
 
@@ -40,26 +41,111 @@ class Message:
             raise TypeError(f"message body must be bytes or str, not {type(self.body).__name__}")
 
 
-@dataclass(frozen=True, slots=True)
-class MessageExt:
-    """A stored message as a consumer receives it."""
+_HIDDEN_PROPERTIES = (PropertyKey.TAGS, PropertyKey.KEYS, PropertyKey.UNIQ_KEY)
+_FIELDS = ("topic", "broker_name", "queue_id", "queue_offset", "msg_id", "body", "tags", "keys", "properties",
+           "born_timestamp", "store_timestamp", "reconsume_times", "commit_log_offset", "store_size", "flag",
+           "born_host")
 
-    topic: str
-    broker_name: str
-    queue_id: int
-    queue_offset: int
-    msg_id: str
-    body: bytes
-    tags: str = ""
-    keys: str = ""
-    properties: Mapping[str, str] = field(default_factory=dict)
-    born_timestamp: int = 0
-    store_timestamp: int = 0
-    reconsume_times: int = 0
-    commit_log_offset: int = 0
-    store_size: int = 0
-    flag: int = 0
-    born_host: str = ""
+
+class MessageExt:
+    """A stored message as a consumer receives it.
+
+    Built from the record bytes the broker served (`from_record`): the fixed
+    header fields are read at once, the body, properties, tags, keys and message
+    id only when first asked for, so a listener that reads only `body` never
+    pays for the rest. Treat it as immutable; `replace()` gives a changed copy.
+    """
+
+    __slots__ = ("topic", "broker_name", "queue_id", "queue_offset", "born_timestamp", "store_timestamp",
+                 "reconsume_times", "commit_log_offset", "store_size", "flag", "_record", "_at", "_body",
+                 "_properties", "_msg_id", "_tags", "_keys", "_born_host")
+
+    def __init__(self, topic: str, broker_name: str, queue_id: int, queue_offset: int, msg_id: str,
+                 body: bytes, tags: str = "", keys: str = "", properties: Mapping[str, str] | None = None,
+                 born_timestamp: int = 0, store_timestamp: int = 0, reconsume_times: int = 0,
+                 commit_log_offset: int = 0, store_size: int = 0, flag: int = 0, born_host: str = "") -> None:
+        self.topic = topic
+        self.broker_name = broker_name
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.born_timestamp = born_timestamp
+        self.store_timestamp = store_timestamp
+        self.reconsume_times = reconsume_times
+        self.commit_log_offset = commit_log_offset
+        self.store_size = store_size
+        self.flag = flag
+        self._record = None
+        self._at = 0
+        self._body = body
+        self._properties = dict(properties) if properties else {}
+        self._msg_id = msg_id
+        self._tags = tags
+        self._keys = keys
+        self._born_host = born_host
+
+    @classmethod
+    def from_record(cls, record: bytes, at: int, *, topic: str, broker_name: str) -> MessageExt:
+        """A message over the record starting at `at` (the topic is the queue's: every record of a queue
+        carries it, so it is not decoded)."""
+        self = cls.__new__(cls)
+        (self.store_size, _magic, _crc, self.queue_id, self.flag, self.queue_offset, self.commit_log_offset,
+         _sys_flag, self.born_timestamp, self.store_timestamp, self.reconsume_times,
+         _tags_code) = records.HEADER.unpack_from(record, at)
+        self.topic = topic
+        self.broker_name = broker_name
+        self._record = record
+        self._at = at
+        self._body = self._properties = None
+        return self
+
+    def _decode(self) -> None:
+        record = self._record
+        host_at, nh, _topic_at, _nt, props_at, npr, body_at, nb = records.variable_fields(record, self._at)
+        self._born_host = str(record[host_at:host_at + nh], "utf-8")
+        props = records.decode_properties(record[props_at:props_at + npr])
+        self._msg_id = props.pop(PropertyKey.UNIQ_KEY, "")
+        self._tags = props.pop(PropertyKey.TAGS, "")
+        self._keys = props.pop(PropertyKey.KEYS, "")
+        self._properties = props
+        self._body = record[body_at:body_at + nb]
+
+    @property
+    def body(self) -> bytes:
+        if self._body is None:
+            self._decode()
+        return self._body
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        """User properties (tags, keys and the message id have their own attributes)."""
+        if self._properties is None:
+            self._decode()
+        return self._properties
+
+    @property
+    def msg_id(self) -> str:
+        """Stays the same across retries (RocketMQ's UNIQ_KEY)."""
+        if self._properties is None:
+            self._decode()
+        return self._msg_id
+
+    @property
+    def tags(self) -> str:
+        if self._properties is None:
+            self._decode()
+        return self._tags
+
+    @property
+    def keys(self) -> str:
+        if self._properties is None:
+            self._decode()
+        return self._keys
+
+    @property
+    def born_host(self) -> str:
+        if self._properties is None:
+            self._decode()
+        return self._born_host
 
     @property
     def message_queue(self) -> MessageQueue:
@@ -69,6 +155,29 @@ class MessageExt:
     def origin_topic(self) -> str:
         """The topic the message was first sent to (differs for retried messages)."""
         return self.properties.get(PropertyKey.RETRY_TOPIC, self.topic)
+
+    def replace(self, **changes: object) -> MessageExt:
+        """A copy with some fields changed (like dataclasses.replace)."""
+        fields = {name: getattr(self, name) for name in _FIELDS}
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"MessageExt has no field(s) {', '.join(sorted(unknown))}")
+        fields.update(changes)
+        return MessageExt(**fields)  # type: ignore[arg-type]
+
+    def _key(self) -> tuple:
+        return tuple(getattr(self, name) for name in _FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, MessageExt):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash((self.topic, self.broker_name, self.queue_id, self.queue_offset, self.commit_log_offset))
+
+    def __repr__(self) -> str:
+        return "MessageExt(" + ", ".join(f"{name}={getattr(self, name)!r}" for name in _FIELDS) + ")"
 
 
 class SendStatus(enum.Enum):

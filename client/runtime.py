@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import enum
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -16,6 +17,58 @@ from typing import Any, TypeVar
 from client.errors import ClientStateError, RequestTimeoutError
 
 T = TypeVar("T")
+
+
+class ClientState(enum.Enum):
+    """The lifecycle of every client component (Producer, PushConsumer, PullConsumer)."""
+
+    CREATED = "created"
+    STARTING = "starting"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    SHUTDOWN = "shut down"
+
+
+_NEXT: dict[ClientState, frozenset[ClientState]] = {
+    ClientState.CREATED: frozenset({ClientState.STARTING, ClientState.SHUTDOWN}),
+    ClientState.STARTING: frozenset({ClientState.RUNNING, ClientState.SHUTDOWN}),
+    ClientState.RUNNING: frozenset({ClientState.STOPPING}),
+    ClientState.STOPPING: frozenset({ClientState.SHUTDOWN}),
+    ClientState.SHUTDOWN: frozenset(),
+}
+
+
+class Lifecycle:
+    """One component's state, the one place it changes, and the errors users see for a wrong state.
+
+    Thread-safe: a listener thread may ask for the state while start() runs.
+    """
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._state = ClientState.CREATED
+        self._lock = threading.Lock()
+
+    @property
+    def state(self) -> ClientState:
+        return self._state
+
+    def to(self, new: ClientState) -> None:
+        with self._lock:
+            if new not in _NEXT[self._state]:
+                raise ClientStateError(f"{self._what} is {self._state.value}; cannot go to {new.value}")
+            self._state = new
+
+    def require(self, *states: ClientState, action: str = "do this") -> None:
+        """ClientStateError unless in one of `states`, worded for the user."""
+        state = self._state
+        if state in states:
+            return
+        if state is ClientState.CREATED:
+            raise ClientStateError(f"cannot {action}: the {self._what} is created; call start() first")
+        if state in (ClientState.STOPPING, ClientState.SHUTDOWN):
+            raise ClientStateError(f"cannot {action}: the {self._what} was shut down")
+        raise ClientStateError(f"cannot {action}: the {self._what} is {state.value}")
 
 
 class LoopThread:

@@ -7,15 +7,17 @@ keyword overrides to a component (`PushConsumer(group="g", pull_batch_size=64)`)
 from __future__ import annotations
 
 import dataclasses
+import enum
 import itertools
 import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from client.consumer.allocate import AllocateMessageQueueStrategy
+from client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
 from client.errors import InvalidArgumentError
 from client.message import ConsumeFromWhere, MessageModel
 from tidemark.protocol import (
@@ -108,6 +110,38 @@ def _check_group(group: str) -> None:
         raise InvalidArgumentError(str(e)) from None
 
 
+def _coerce_enum(settings: object, name: str, enum_cls: type[enum.Enum], *, prefix: str = "") -> None:
+    """Accept an enum member or its name (any case, the prefix optional); store the member."""
+    value = getattr(settings, name)
+    if isinstance(value, enum_cls):
+        return
+    if isinstance(value, str):
+        key = value.strip().upper()
+        for candidate in (key, prefix + key):
+            if candidate in enum_cls.__members__:
+                object.__setattr__(settings, name, enum_cls[candidate])
+                return
+    names = ", ".join(enum_cls.__members__)
+    raise InvalidArgumentError(f"{name} must be one of {names} (or the member itself), got {value!r}")
+
+
+def _strategy(value: object, args: Mapping[str, Any]) -> AllocateMessageQueueStrategy:
+    """An allocation strategy instance from an instance, or from a name and its constructor arguments."""
+    if isinstance(value, AllocateMessageQueueStrategy):
+        return value  # (already built, maybe from a name and these args: settings are re-validated on replace)
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"allocate_strategy must be a strategy name or an AllocateMessageQueueStrategy, "
+                                   f"got {type(value).__name__}")
+    try:
+        return strategy_by_name(value, **dict(args or {}))
+    except TypeError as e:
+        raise InvalidArgumentError(
+            f"allocate_strategy {value!r} cannot be built from allocate_strategy_args={dict(args or {})!r}: {e}. "
+            f"Pass its arguments in allocate_strategy_args or pass a strategy instance") from None
+    except ValueError as e:
+        raise InvalidArgumentError(f"allocate_strategy: {e}") from None
+
+
 def _positive(settings: object, *names: str) -> None:
     for name in names:
         value = getattr(settings, name)
@@ -117,19 +151,27 @@ def _positive(settings: object, *names: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ProducerSettings(ClientSettings):
-    producer_group: str = _setting("DEFAULT_PRODUCER", "Producer group name")
     send_msg_timeout_s: float = _setting(3.0, "Timeout of one send")
     retry_times_when_send_failed: int = _setting(2, "Retries of a retriable send failure, on another broker's queue "
                                                     "when there is one")
     max_message_size: int = _setting(DEFAULT_MAX_MESSAGE_SIZE, "Largest body accepted")
-    max_async_in_flight: int = _setting(1024, "send_async/send_oneway requests in flight before new ones wait")
+    max_async_in_flight: int = _setting(10_000, "send_async/send_oneway messages unanswered before new ones wait "
+                                                "(RocketMQ's backPressureForAsyncSendNum)")
+    linger_ms: float = _setting(0.0, "send_async/send_oneway: how long a batch may wait for more messages "
+                                     "(Kafka's linger.ms; 0: send at once, batches still grow under load)")
+    batch_size: int = _setting(256 * 1024, "send_async/send_oneway: bytes of encoded messages per batch "
+                                           "(Kafka's batch.size)")
+    max_in_flight_requests: int = _setting(5, "Batches on their way to the brokers at once "
+                                              "(Kafka's max.in.flight.requests.per.connection)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check_group(self.producer_group)
-        _positive(self, "send_msg_timeout_s", "max_message_size", "max_async_in_flight")
+        _positive(self, "send_msg_timeout_s", "max_message_size", "max_async_in_flight", "batch_size",
+                  "max_in_flight_requests")
         if self.retry_times_when_send_failed < 0:
             raise InvalidArgumentError("retry_times_when_send_failed must be >= 0")
+        if not 0 <= self.linger_ms <= 60_000:
+            raise InvalidArgumentError(f"linger_ms must be between 0 and 60000, got {self.linger_ms}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +184,9 @@ class ConsumerSettings(ClientSettings):
                                       factory=_default_consume_timestamp)
     allocate_strategy: str | AllocateMessageQueueStrategy = _setting(
         "AVG", "AVG, AVG_BY_CIRCLE, CONSISTENT_HASH, CONFIG, MACHINE_ROOM, MACHINE_ROOM_NEARBY or an instance")
+    allocate_strategy_args: Mapping[str, Any] = _setting(
+        None, "Constructor arguments of a strategy given by name, e.g. {'consume_idcs': ['hz']} for "
+              "MACHINE_ROOM, {'message_queues': [...]} for CONFIG", factory=dict)
     pull_batch_size: int = _setting(32, "Messages per pull")
     pull_threshold_for_queue: int = _setting(1000, "Cached messages per queue before pulling pauses")
     pull_threshold_size_for_queue: int = _setting(100 * 1024 * 1024, "Cached bytes per queue before pulling pauses")
@@ -156,6 +201,9 @@ class ConsumerSettings(ClientSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_group(self.group)
+        _coerce_enum(self, "message_model", MessageModel)
+        _coerce_enum(self, "consume_from_where", ConsumeFromWhere, prefix="CONSUME_FROM_")
+        object.__setattr__(self, "allocate_strategy", _strategy(self.allocate_strategy, self.allocate_strategy_args))
         _positive(self, "pull_batch_size", "pull_threshold_for_queue", "pull_threshold_size_for_queue",
                   "persist_consumer_offset_interval_s", "rebalance_interval_s", "heartbeat_interval_s",
                   "drain_timeout_s", "lock_renew_interval_s")
@@ -176,8 +224,7 @@ class ConsumerSettings(ClientSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class PushConsumerSettings(ConsumerSettings):
-    consume_thread_min: int = _setting(20, "Listener threads (minimum)")
-    consume_thread_max: int = _setting(20, "Listener threads (maximum)")
+    consume_thread_max: int = _setting(20, "Listener threads (started as needed, up to this many)")
     consume_message_batch_max_size: int = _setting(1, "Messages per listener call")
     consume_concurrently_max_span: int = _setting(2000, "Pause pulling when cached offsets span more than this")
     max_reconsume_times: int = _setting(-1, "Retries before the DLQ; -1: the group's retry_max_times (16), "
@@ -187,10 +234,8 @@ class PushConsumerSettings(ConsumerSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive(self, "consume_thread_min", "consume_thread_max", "consume_message_batch_max_size",
+        _positive(self, "consume_thread_max", "consume_message_batch_max_size",
                   "consume_concurrently_max_span", "suspend_current_queue_time_ms", "local_retry_delay_s")
-        if self.consume_thread_min > self.consume_thread_max:
-            raise InvalidArgumentError("consume_thread_min must not exceed consume_thread_max")
         if self.max_reconsume_times < -1:
             raise InvalidArgumentError("max_reconsume_times must be -1 (default) or >= 0")
 

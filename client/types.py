@@ -9,6 +9,16 @@ from client.message import MessageQueue
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """What a consumer quotes to prove it still owns a queue: its client id, the owner epoch of its lock
+    and the reset generation it has seen (None: not fenced on that account)."""
+
+    client_id: str
+    owner_epoch: int | None = None
+    reset_generation: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class OffsetCommit:
     """One queue offset to commit for a group; owner_epoch/reset_generation fence it (None: unfenced)."""
 

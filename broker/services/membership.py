@@ -107,16 +107,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
 
     @rpc
     async def LockQueues(self, request, context: grpc.aio.ServicerContext):
-        queues = self._queues(request)
-        locks = self._b.locks
-        before = {q: locks.current_epoch(request.group, *q) for q in queues}
-        grants = locks.lock(request.group, request.client_id, queues)
-        changed = [g for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch]
-        for g in changed:
-            log.info("queue lock granted event=lock_grant group=%s topic=%s queue_id=%d client_id=%s owner_epoch=%d",
-                     request.group, g.topic, g.queue_id, request.client_id, g.owner_epoch)
-        if changed:
-            self._b.metrics.ownership_changes.labels(request.group).inc(len(changed))
+        grants = self._b.lock_queues(request.group, request.client_id, self._queues(request))
         name = self._b.config.broker_name
         return membership_pb2.LockQueuesResponse(locked=[
             membership_pb2.QueueLock(queue=queue(g.topic, name, g.queue_id), owner_epoch=g.owner_epoch,

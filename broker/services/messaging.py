@@ -1,17 +1,20 @@
-"""MessagingService: send, pull, send-back, view and key search."""
+"""MessagingService: the data plane (Produce and Fetch streams), unary send and pull, send-back, view, key search."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import grpc
 
+from broker.config import FlushDiskType
 from broker.controller import BrokerController
-from broker.errors import InvalidArgumentError, NotFoundError
+from broker.errors import BrokerError, InvalidArgumentError, NotFoundError
+from broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
 from broker.pull import PullRequest
 from broker.send import OutgoingMessage
 from broker.services.convert import fence_from_pb, message_ext
-from broker.services.errors import rpc
+from broker.services.errors import rpc, status_for
 from broker.store import StoredMessage
 from tidemark.protocol import split_keys
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
@@ -43,6 +46,92 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                                               queue_offset=s.put.queue_offset,
                                               commit_log_offset=s.put.commit_log_offset)
                      for s in sent])
+
+    async def Produce(self, request_iterator, context: grpc.aio.ServicerContext):
+        """Record batches in, one answer per batch, in order. A bad batch fails alone."""
+        answers: asyncio.Queue = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    answers.put_nowait(self._produce_one(request))
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.get_running_loop().create_task(read(), name="produce-reader")
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer if isinstance(answer, messaging_pb2.ProduceResponse) else await answer
+        finally:
+            reader.cancel()
+
+    def _produce_one(self, request):
+        """Store one batch now; its answer, or (SYNC flush) a task that answers once it is durable."""
+        b = self._b
+        started = time.perf_counter()
+        try:
+            put = b.sender.append_records(request.topic, request.queue_id, request.records, request.count)
+        except BrokerError as e:
+            return messaging_pb2.ProduceResponse(request_id=request.request_id, code=status_for(e).value[0],
+                                                 error=str(e))
+        metrics = b.metrics
+        metrics.messages_in.labels(request.topic).inc(request.count)
+        ok = messaging_pb2.ProduceResponse(request_id=request.request_id, first_queue_offset=put.first_offset)
+        if b.config.flush is not FlushDiskType.SYNC:
+            metrics.send_latency.observe(time.perf_counter() - started)
+            return ok
+
+        async def durable() -> messaging_pb2.ProduceResponse:
+            try:
+                await b.sender.wait_durable(put)
+            except BrokerError as e:
+                return messaging_pb2.ProduceResponse(request_id=request.request_id,
+                                                     code=status_for(e).value[0], error=str(e))
+            metrics.send_latency.observe(time.perf_counter() - started)
+            return ok
+
+        return asyncio.get_running_loop().create_task(durable())
+
+    async def Fetch(self, request_iterator, context: grpc.aio.ServicerContext):
+        """Streaming pull: the client opens queues and grants credit, the broker pushes records."""
+        b = self._b
+        session = b.fetch_session()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    kind = request.WhichOneof("kind")
+                    if kind == "credit":
+                        c = request.credit
+                        session.credit(c.handle, c.messages, c.bytes,
+                                       c.commit_offset if c.HasField("commit_offset") else None)
+                    elif kind == "open":
+                        session.open(_open_queue(request.open))
+                    elif kind == "close":
+                        session.close_queue(request.close.handle)
+            finally:
+                session.finish()
+
+        reader = asyncio.get_running_loop().create_task(read(), name="fetch-reader")
+        metrics = b.metrics
+        messages_out = metrics.messages_out
+        metrics.fetch_streams.inc()
+        try:
+            while (frame := await session.next_frame()) is not None:
+                response = messaging_pb2.FetchResponse()
+                for part in frame.records:
+                    response.records.add(handle=part.handle, count=part.count, records=part.data,
+                                         next_offset=part.next_offset, max_offset=part.max_offset)
+                    if part.count:
+                        messages_out.labels(part.topic).inc(part.count)
+                for end in frame.ended:
+                    response.ended.append(_ended_pb(end))
+                metrics.fetch_frames.inc()
+                yield response
+        finally:
+            metrics.fetch_streams.dec()
+            reader.cancel()
+            session.close()
 
     @rpc
     async def PullMessage(self, request, context: grpc.aio.ServicerContext):
@@ -116,6 +205,25 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         found.sort(key=lambda m: m.store_timestamp)
         name = b.config.broker_name
         return messaging_pb2.QueryMessageByKeyResponse(messages=[message_ext(m, name) for m in found[:limit]])
+
+
+def _open_queue(pb) -> OpenQueue:
+    return OpenQueue(handle=pb.handle, group=pb.group, topic=pb.topic, queue_id=pb.queue_id, offset=pb.offset,
+                     subscription=pb.subscription, fence=fence_from_pb(pb.fence, pb.HasField("fence")),
+                     credit_messages=pb.credit_messages, credit_bytes=pb.credit_bytes,
+                     batch_size=pb.batch_size or MAX_RECORDS_PER_READ)
+
+
+def _ended_pb(end: QueueEnded) -> messaging_pb2.FetchEnded:
+    pb = messaging_pb2.FetchEnded(handle=end.handle, next_offset=end.next_offset,
+                                  reset_generation=end.reset_generation)
+    if end.reason is EndReason.ERROR:
+        pb.code = status_for(end.error).value[0]
+        pb.error = str(end.error)
+        pb.error_class = type(end.error).__name__
+    else:
+        pb.status = _PULL_STATUS[end.reason.value]
+    return pb
 
 
 def _scan_keys(b: BrokerController, topic: str, queue_id: int, key: str, begin: int, end: int,

@@ -1,25 +1,10 @@
 """Byte layouts of the store: commit-log records, the end-of-segment marker, consume-queue entries.
 
-Pure functions over bytes, no I/O. All integers are big-endian, as RocketMQ writes them.
-
-Commit-log record (offsets in bytes):
-
-     0 total size   int32   whole record, this field included
-     4 magic        int32   MESSAGE_MAGIC
-     8 crc          uint32  zlib.crc32 of every byte from offset 12 to the end
-    12 queue id     int32
-    16 flag         int32
-    20 queue offset int64
-    28 phys offset  int64   the record's own commit-log offset (proves "this is a record start")
-    36 sys flag     int32
-    40 born ts      int64   ms
-    48 store ts     int64   ms
-    56 reconsume    int32
-    60 tags code    int64
-    68 born host    uint16 length + UTF-8
-       topic        uint16 length + UTF-8
-       properties   uint32 length + "k\\x01v\\x02" pairs (RocketMQ's messageProperties2String)
-       body         uint32 length + bytes
+Pure functions over bytes, no I/O. The record layout itself is `tidemark.records`
+(producers encode it, consumers decode it); this module adds what only the
+store needs: encoding a batch of MessageRecords (the broker's own puts: delayed,
+retry and DLQ messages), full decoding into StoredMessage, the end-of-segment
+marker and consume-queue entries.
 
 End-of-segment marker: total size int32 (bytes from the marker to the segment's logical
 end) + BLANK_MAGIC. The rest of the segment is zero padding.
@@ -30,42 +15,49 @@ Consume-queue entry (20 bytes): commit-log offset int64, size int32, tags code i
 from __future__ import annotations
 
 import struct
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from broker.errors import InvalidArgumentError
 from broker.store.model import MessageRecord, StoredMessage
+from tidemark import records
+from tidemark.records import (
+    CRC_FIELD,
+    CRC_OFFSET,
+    HEADER,
+    HEADER_SIZE,
+    MESSAGE_MAGIC,
+    MIN_RECORD_SIZE,
+    PREFIX,
+    crc_ok,
+    decode_properties,
+    seal,
+)
 
-# RocketMQ's MESSAGE_MAGIC_CODE and BLANK_MAGIC_CODE, so a hex dump looks familiar.
-MESSAGE_MAGIC = -626843481
+# RocketMQ's BLANK_MAGIC_CODE, so a hex dump looks familiar.
 BLANK_MAGIC = -875286124
 
-HEADER = struct.Struct(">iiIiiqqiqqiq")
-HEADER_SIZE = HEADER.size  # 68
-PREFIX = struct.Struct(">ii")  # total size, magic: enough to classify what starts at a position
 BLANK_SIZE = PREFIX.size
-CRC_OFFSET = 8
-CRC_FIELD = struct.Struct(">I")
-PHYS_OFFSET_FIELD = 28
-PHYS_FIELD = struct.Struct(">q")
-STORE_TS_OFFSET = 48
-STORE_TS_FIELD = struct.Struct(">q")
+PHYS_OFFSET_FIELD = records.PHYS_OFFSET_OFFSET
+PHYS_FIELD = records.I64
+STORE_TS_OFFSET = records.STORE_TS_OFFSET
+STORE_TS_FIELD = records.I64
 # The fields a recovery scan needs, read without decoding the whole record.
 SCAN_FIELDS = struct.Struct(">iiIiiqq")  # size, magic, crc, queue id, flag, queue offset, phys
-TAGS_FIELD = struct.Struct(">q")
-TAGS_OFFSET = 60
+TAGS_FIELD = records.I64
+TAGS_OFFSET = records.TAGS_OFFSET
 
-_U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
-MIN_RECORD_SIZE = HEADER_SIZE + 2 + 2 + 4 + 4  # every variable field empty
-_MAX_U16 = 0xFFFF
+_U16 = records.U16
+_U32 = records.U32
+_MAX_U16 = records.MAX_SHORT_STRING
 
 CQ_ENTRY = struct.Struct(">qiq")
 CQ_ENTRY_SIZE = CQ_ENTRY.size  # 20
 
-NAME_VALUE_SEPARATOR = "\x01"
-PROPERTY_SEPARATOR = "\x02"
+__all__ = ["BLANK_MAGIC", "CQ_ENTRY", "CQ_ENTRY_SIZE", "CRC_FIELD", "CRC_OFFSET", "HEADER", "HEADER_SIZE",
+           "MESSAGE_MAGIC", "MIN_RECORD_SIZE", "PREFIX", "CorruptRecordError", "EncodedBatch", "crc_ok",
+           "decode_properties", "decode_record", "encode_batch", "encode_blank", "encode_properties",
+           "encode_record", "scan_topic", "seal"]
 
 
 class CorruptRecordError(ValueError):
@@ -85,36 +77,11 @@ class EncodedBatch:
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
-    """RocketMQ's messageProperties2String: "k\\x01v\\x02" per pair, UTF-8."""
-    if not properties:
-        return b""
-    parts = []
-    for key, value in properties.items():
-        if type(key) is not str or type(value) is not str:
-            raise InvalidArgumentError(
-                f"message property {key!r}={value!r}: keys and values must be strings"
-            )
-        parts.append(f"{key}\x01{value}\x02")
-    text = "".join(parts)
-    # A separator inside a key or value would make the pairs ambiguous on decode;
-    # counting both over the joined text checks every key and value in C.
-    n = len(parts)
-    if text.count(NAME_VALUE_SEPARATOR) != n or text.count(PROPERTY_SEPARATOR) != n:
-        raise InvalidArgumentError(
-            "message property keys and values must not contain the characters \\x01 or \\x02"
-        )
-    return text.encode("utf-8")
-
-
-def decode_properties(data: bytes | memoryview) -> dict[str, str]:
-    if not data:
-        return {}
-    result = {}
-    for item in str(data, "utf-8").split(PROPERTY_SEPARATOR):
-        if item:
-            key, _, value = item.partition(NAME_VALUE_SEPARATOR)
-            result[key] = value
-    return result
+    """RocketMQ's messageProperties2String; InvalidArgumentError for a bad key or value."""
+    try:
+        return records.encode_properties(properties)
+    except records.RecordError as exc:
+        raise InvalidArgumentError(str(exc)) from None
 
 
 def _short_string(kind: str, text: str) -> bytes:
@@ -197,12 +164,6 @@ def encode_batch(
     return EncodedBatch(buf, sizes)
 
 
-def seal(buf: bytearray, view: memoryview, start: int, size: int, physical_offset: int) -> None:
-    """Write the record's physical offset and then its CRC, in place."""
-    PHYS_FIELD.pack_into(buf, start + PHYS_OFFSET_FIELD, physical_offset)
-    CRC_FIELD.pack_into(buf, start + CRC_OFFSET, zlib.crc32(view[start + 12 : start + size]))
-
-
 def encode_record(
     record: MessageRecord,
     *,
@@ -225,11 +186,6 @@ def encode_record(
 
 def encode_blank(size: int) -> bytes:
     return PREFIX.pack(size, BLANK_MAGIC)
-
-
-def crc_ok(buf: bytes | memoryview, start: int, size: int) -> bool:
-    (stored,) = CRC_FIELD.unpack_from(buf, start + CRC_OFFSET)
-    return zlib.crc32(memoryview(buf)[start + 12 : start + size]) == stored
 
 
 def decode_record(buf: bytes | memoryview, start: int = 0) -> StoredMessage:

@@ -34,6 +34,24 @@ _SCAN_CHUNK = 4 * 1024 * 1024
 # A first read that catches most records whole, so one pread usually suffices.
 _READ_GUESS = 4096
 
+_PHYS = codec.PHYS_FIELD.unpack_from
+
+
+def _run_intact(data: bytes, offset: int, sizes: list[int]) -> bool:
+    """Whether `data` holds records of exactly these sizes, each stating its own offset."""
+    if len(data) != sum(sizes):
+        return False
+    pos = 0
+    prefix = codec.PREFIX.unpack_from
+    for size in sizes:
+        total, magic = prefix(data, pos)
+        if total != size or magic != codec.MESSAGE_MAGIC or size < codec.MIN_RECORD_SIZE \
+                or _PHYS(data, pos + codec.PHYS_OFFSET_FIELD)[0] != offset + pos:
+            return False
+        pos += size
+    return True
+
+
 # on_record(topic, queue_id, queue_offset, commit_log_offset, size, tags_code)
 RecordCallback = Callable[[str, int, int, int, int, int], None]
 
@@ -198,6 +216,34 @@ class CommitLog:
             return None
         # A record stores its own offset: anything else means offset is inside some record.
         return message if message.commit_log_offset == offset else None
+
+    def read_run(self, offset: int, sizes: list[int]) -> tuple[bytes, int]:
+        """Records lying back to back from `offset` (sizes from the consume queue), with one pread.
+
+        Returns their bytes and how many there are. A record that is not where
+        and what the consume queue says (cut or overwritten under us) is left
+        out, as read_message would return None for it.
+        """
+        total = sum(sizes)
+        segment = self._segment_for(offset)
+        if segment is not None and offset + total <= segment.end:
+            data = segment.pread(total, offset - segment.start)
+            if _run_intact(data, offset, sizes):
+                return data, len(sizes)
+        kept = []
+        for size in sizes:
+            record = self._read_record_bytes(offset, size)
+            if record is not None:
+                kept.append(record)
+            offset += size
+        return b"".join(kept), len(kept)
+
+    def _read_record_bytes(self, offset: int, size: int) -> bytes | None:
+        segment = self._segment_for(offset)
+        if segment is None or offset + size > segment.end:
+            return None
+        data = segment.pread(size, offset - segment.start)
+        return data if _run_intact(data, offset, [size]) else None
 
     def read_store_timestamp(self, offset: int) -> int | None:
         segment = self._segment_for(offset)

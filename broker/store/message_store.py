@@ -40,10 +40,13 @@ from broker.store.model import (
     GetStatus,
     MessageRecord,
     PutResult,
+    RawRead,
+    RecordsPut,
     RecoveryReport,
     StoreConfig,
     StoredMessage,
 )
+from tidemark import records
 from tidemark.protocol import InvalidNameError, check_topic_name
 
 __all__ = [
@@ -53,6 +56,8 @@ __all__ = [
     "MessageRecord",
     "MessageStore",
     "PutResult",
+    "RawRead",
+    "RecordsPut",
     "RecoveryReport",
     "StoreConfig",
     "StoredMessage",
@@ -64,7 +69,7 @@ _MAX_QUEUE_ID = 2**31 - 1
 # Consume-queue entries read per pread while scanning for matches.
 _ENTRY_READ_BATCH = 256
 
-DispatchListener = Callable[[str, int, int], None]
+DispatchListener = Callable[[str, int], None]
 
 
 def _now_ms() -> int:
@@ -238,13 +243,12 @@ class MessageStore:
     # -- writing -------------------------------------------------------------------
 
     async def put_messages(self, records: Sequence[MessageRecord]) -> list[PutResult]:
-        """Append a batch for one (topic, queue id) with consecutive queue offsets.
+        """Append a batch of the broker's own records for one (topic, queue id), consecutive offsets.
 
         ASYNC flush: returns once the bytes reached the OS. SYNC flush: returns
         once an fsync covering them finished (shared with concurrent puts).
         """
-        if self._state is not StoreState.RUNNING or self._failure is not None:
-            raise StoreError(self._not_writable_reason())
+        self._check_writable()
         if not records:
             raise InvalidArgumentError("a put needs at least one message")
         topic, queue_id = records[0].topic, records[0].queue_id
@@ -255,8 +259,7 @@ class MessageStore:
                     f"a batch goes to one queue: got {record.topic!r}/{record.queue_id} "
                     f"after {topic!r}/{queue_id}"
                 )
-        queue = self._queues.get(topic, queue_id)
-        base = queue.max_offset if queue is not None else 0
+        base = self.max_offset(topic, queue_id)
         store_timestamp = self._clock()
         batch = codec.encode_batch(
             records,
@@ -265,38 +268,73 @@ class MessageStore:
             max_message_size=self._config.max_message_size,
             max_record_size=self._commitlog.max_record_size,
         )
-        if queue is None:
-            queue = self._queues.get_or_create(topic, queue_id)
+        positions = self._append(topic, queue_id, base, batch, [r.tags_code for r in records])
+        results = [
+            PutResult(base + i, pos, store_timestamp, size)
+            for i, (pos, size) in enumerate(zip(positions, batch.sizes, strict=True))
+        ]
+        await self.wait_durable(positions[-1] + batch.sizes[-1])
+        return results
+
+    def append_records(self, topic: str, queue_id: int, data: bytes | bytearray, count: int) -> RecordsPut:
+        """Append a producer's record batch (tidemark.records layout) as it came off the wire.
+
+        The batch is checked whole first (InvalidArgumentError, nothing stored),
+        then stamped in place (queue id, queue offsets, store time; the commit
+        log adds physical offsets and CRCs) and written with one write. Returns
+        at once; `wait_durable(put.end)` waits for the fsync in SYNC mode.
+        """
+        self._check_writable()
+        _check_queue(topic, queue_id)
+        try:
+            checked = records.check_batch(
+                data, count, topic=topic, max_message_size=self._config.max_message_size,
+                max_record_size=self._commitlog.max_record_size)
+        except records.RecordError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+        base = self.max_offset(topic, queue_id)
+        store_timestamp = self._clock()
+        buf = bytearray(data)
+        pack_i32, pack_i64 = records.I32.pack_into, records.I64.pack_into
+        offset = base
+        for start in checked.starts:
+            pack_i32(buf, start + records.QUEUE_ID_OFFSET, queue_id)
+            pack_i64(buf, start + records.QUEUE_OFFSET_OFFSET, offset)
+            pack_i64(buf, start + records.STORE_TS_OFFSET, store_timestamp)
+            offset += 1
+        batch = codec.EncodedBatch(buf, checked.sizes)
+        positions = self._append(topic, queue_id, base, batch, checked.tags_codes)
+        return RecordsPut(base, checked.msg_ids, store_timestamp, positions[-1] + checked.sizes[-1])
+
+    def _append(self, topic: str, queue_id: int, base: int, batch: codec.EncodedBatch,
+                tags_codes: Sequence[int]) -> list[int]:
+        """Write an encoded batch to the commit log and its entries to the consume queue."""
+        queue = self._queues.get_or_create(topic, queue_id)
         try:
             positions = self._commitlog.append(batch)
             pack = codec.CQ_ENTRY.pack
-            queue.append(
-                base,
-                b"".join(
-                    [
-                        pack(p, s, r.tags_code)
-                        for p, s, r in zip(positions, batch.sizes, records, strict=True)
-                    ]
-                ),
-            )
+            queue.append(base, b"".join([pack(p, s, t) for p, s, t
+                                         in zip(positions, batch.sizes, tags_codes, strict=True)]))
         except (StoreError, OSError) as exc:
             self._fail(exc)
             log.error("store write failed; refusing further writes until a restart event=store_write_failed "
                       "error=%r", str(exc))
             raise StoreError(f"message store write failed: {exc}") from exc
-        new_max = base + len(records)
         for listener in self._listeners:
             try:
-                listener(topic, queue_id, new_max)
+                listener(topic, queue_id)
             except Exception:
                 log.exception("dispatch listener %r failed", listener)
-        results = [
-            PutResult(base + i, pos, store_timestamp, size)
-            for i, (pos, size) in enumerate(zip(positions, batch.sizes, strict=True))
-        ]
+        return positions
+
+    async def wait_durable(self, end_offset: int) -> None:
+        """SYNC flush: wait until the commit log is fsynced up to end_offset (ASYNC: at once)."""
         if self._config.flush_mode is FlushMode.SYNC:
-            await self._flusher.wait_flushed(positions[-1] + batch.sizes[-1])
-        return results
+            await self._flusher.wait_flushed(end_offset)
+
+    def _check_writable(self) -> None:
+        if self._state is not StoreState.RUNNING or self._failure is not None:
+            raise StoreError(self._not_writable_reason())
 
     def _not_writable_reason(self) -> str:
         if self._failure is not None:
@@ -306,7 +344,7 @@ class MessageStore:
         return f"the message store is not running (state: {self._state.value})"
 
     def add_dispatch_listener(self, listener: DispatchListener) -> None:
-        """listener(topic, queue_id, new_max_offset), called on the loop thread after each put."""
+        """listener(topic, queue_id), called on the loop thread after each put."""
         self._listeners.append(listener)
 
     # -- reading -------------------------------------------------------------------
@@ -339,17 +377,16 @@ class MessageStore:
             )
         queue = self._queues.get(topic, queue_id)
         low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
-        if high == 0 or low == high:
-            return GetResult(GetStatus.NO_MESSAGE_IN_QUEUE, [], high, low, high)
-        if offset < low:
-            return GetResult(GetStatus.OFFSET_TOO_SMALL, [], low, low, high)
-        if offset == high:
-            return GetResult(GetStatus.OFFSET_OVERFLOW_ONE, [], offset, low, high)
-        if offset > high:
+        status = _position_status(offset, low, high)
+        if status is GetStatus.NO_MESSAGE_IN_QUEUE:
+            return GetResult(status, [], high, low, high)
+        if status is GetStatus.OFFSET_TOO_SMALL:
+            return GetResult(status, [], low, low, high)
+        if status is GetStatus.OFFSET_OVERFLOW_ONE:
+            return GetResult(status, [], offset, low, high)
+        if status is GetStatus.OFFSET_OVERFLOW_BADLY:
             # RocketMQ's answer: back to min when it is 0, else to max.
-            return GetResult(
-                GetStatus.OFFSET_OVERFLOW_BADLY, [], low if low == 0 else high, low, high
-            )
+            return GetResult(status, [], low if low == 0 else high, low, high)
         messages: list[StoredMessage] = []
         commit_log_min = self._commitlog.min_offset
         limit = min(high, offset + max_scan)
@@ -372,6 +409,74 @@ class MessageStore:
                     break
         status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
         return GetResult(status, messages, pos, low, high)
+
+    def read_records(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_count: int,
+        max_bytes: int,
+        tags_codes: frozenset[int] | None = None,
+        max_scan: int = 2000,
+    ) -> RawRead:
+        """Up to max_count records (and max_bytes, at least one record) from `offset`, as stored.
+
+        Consume-queue entries are filtered by tags code; records that lie back
+        to back in the commit log (a producer's batch) are read with one pread.
+        The consumer checks tags exactly (hash codes may collide).
+        """
+        self._readable()
+        if offset < 0 or max_count < 1 or max_bytes < 1 or max_scan < 1:
+            raise InvalidArgumentError(
+                f"offset {offset} must be >= 0, max_count {max_count}, max_bytes {max_bytes} and "
+                f"max_scan {max_scan} >= 1"
+            )
+        queue = self._queues.get(topic, queue_id)
+        low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
+        status = _position_status(offset, low, high)
+        if status is not None:
+            next_offset = {GetStatus.NO_MESSAGE_IN_QUEUE: high, GetStatus.OFFSET_TOO_SMALL: low,
+                           GetStatus.OFFSET_OVERFLOW_ONE: offset,
+                           GetStatus.OFFSET_OVERFLOW_BADLY: low if low == 0 else high}[status]
+            return RawRead(status, b"", 0, next_offset, low, high)
+        commitlog = self._commitlog
+        commit_log_min = commitlog.min_offset
+        pieces: list[bytes] = []
+        planned = nbytes = count = 0
+        run_start = run_end = -1
+        run_sizes: list[int] = []
+        limit = min(high, offset + max_scan)
+        pos = offset
+        full = False
+        while pos < limit and not full:
+            entries = queue.read_entries(pos, min(limit - pos, max(max_count - planned, 32), _ENTRY_READ_BATCH))
+            if not entries:
+                break
+            for phys, size, tags_code in entries:
+                if planned and (planned >= max_count or nbytes + size > max_bytes):
+                    full = True
+                    break
+                pos += 1
+                if phys < commit_log_min or (tags_codes is not None and tags_code not in tags_codes):
+                    continue
+                if phys != run_end:
+                    if run_sizes:
+                        data, ok = commitlog.read_run(run_start, run_sizes)
+                        pieces.append(data)
+                        count += ok
+                    run_start, run_sizes = phys, []
+                run_sizes.append(size)
+                run_end = phys + size
+                planned += 1
+                nbytes += size
+        if run_sizes:
+            data, ok = commitlog.read_run(run_start, run_sizes)
+            pieces.append(data)
+            count += ok
+        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        return RawRead(GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE, data, count, pos, low, high)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get(topic, queue_id)
@@ -467,6 +572,19 @@ class MessageStore:
 
     def store_size_bytes(self) -> int:
         return self._commitlog.size_bytes() + self._queues.size_bytes()
+
+
+def _position_status(offset: int, low: int, high: int) -> GetStatus | None:
+    """Why nothing can be read at `offset` of a queue holding [low, high); None when something can."""
+    if high == 0 or low == high:
+        return GetStatus.NO_MESSAGE_IN_QUEUE
+    if offset < low:
+        return GetStatus.OFFSET_TOO_SMALL
+    if offset == high:
+        return GetStatus.OFFSET_OVERFLOW_ONE
+    if offset > high:
+        return GetStatus.OFFSET_OVERFLOW_BADLY
+    return None
 
 
 def _check_queue(topic: str, queue_id: int) -> None:

@@ -134,6 +134,32 @@ class GetResult:
     max_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class RecordsPut:
+    """Where a producer's record batch landed: queue offsets first_offset.., durable up to `end`."""
+
+    first_offset: int
+    msg_ids: list[str]
+    store_timestamp: int
+    end: int  # commit-log offset just past the batch
+
+
+@dataclass(frozen=True, slots=True)
+class RawRead:
+    """Stored records of one queue as bytes, back to back (tidemark.records layout).
+
+    next_offset follows the last consume-queue entry examined, so a read whose
+    entries were all filtered out still moves forward.
+    """
+
+    status: GetStatus
+    data: bytes
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
 @dataclass(frozen=True)
 class RecoveryReport:
     """What load() found and repaired."""

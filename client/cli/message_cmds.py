@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 import time
 from datetime import datetime
@@ -160,27 +161,35 @@ def _start(spec: str, low: int, high: int) -> int:
 
 
 def consume_group(args: argparse.Namespace) -> int:
-    """A push consumer of the group; prints and commits. With --count the consumer is suspended at the
-    count, so later messages never reach the listener and stay uncommitted for the group's next reader."""
+    """A push consumer of the group; prints and commits what it printed.
+
+    At --count, or when stdout is closed (`| head`), the consumer is suspended: later messages never
+    reach the listener, and one that could not be printed is not acknowledged, so everything not
+    printed stays uncommitted for the group's next reader (nothing is sent to %RETRY%)."""
     stop = _stop_event()
     lock = threading.Lock()
     printed = [0]
     enough = threading.Event()
+    closed = threading.Event()
     where = {"last": ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, "first": ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
              "timestamp": ConsumeFromWhere.CONSUME_FROM_TIMESTAMP}[args.from_where]
-    # One consume thread: messages reach the listener one at a time, so suspending at the count
-    # stops the very next one.
+    # One consume thread: messages reach the listener one at a time, so suspending stops the very next one.
     consumer = PushConsumer(group=args.group, brokers=args.brokers, request_timeout_s=args.timeout,
-                            consume_from_where=where, consume_thread_min=1, consume_thread_max=1)
+                            consume_from_where=where, consume_thread_max=1)
 
     def listener(msgs, context):
         with lock:
-            for m in msgs:
-                print_line(message_json(m))
-            printed[0] += len(msgs)
-            if args.count is not None and printed[0] >= args.count:
-                consumer.suspend()
-                enough.set()
+            if enough.is_set():
+                return ConsumeConcurrentlyStatus.RECONSUME_LATER  # suspended: held, never sent back
+            for i, m in enumerate(msgs):
+                try:
+                    print_line(message_json(m))
+                except BrokenPipeError:
+                    closed.set()
+                    return _stop_at(consumer, enough, context, i)
+                printed[0] += 1
+                if args.count is not None and printed[0] >= args.count:
+                    return _stop_at(consumer, enough, context, i + 1)
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
     consumer.subscribe(args.topic, args.tag)
@@ -191,7 +200,18 @@ def consume_group(args: argparse.Namespace) -> int:
             stop.wait(0.1)
     finally:
         consumer.shutdown()
+        if closed.is_set():
+            # Nothing more can reach the reader; keep Python's exit-time flush from failing on the pipe.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _stop_at(consumer: PushConsumer, enough: threading.Event, context, done: int) -> ConsumeConcurrentlyStatus:
+    """Suspend the consumer; the first `done` messages of this batch were printed, the rest stay."""
+    consumer.suspend()
+    enough.set()
+    context.ack_index = done - 1
+    return ConsumeConcurrentlyStatus.RECONSUME_LATER
 
 
 def message_get(args: argparse.Namespace) -> int:

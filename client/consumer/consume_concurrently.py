@@ -1,29 +1,43 @@
-"""ConsumeMessageConcurrentlyService: listener batches on a thread pool, results back on the loop.
+"""ConsumeMessageConcurrentlyService: listener batches on the consume threads, results back per wake-up.
+
+A frame's messages are cut into listener batches (consume_message_batch_max_size,
+1 by default) and handed to the consume threads in one go. A thread checks the
+batch's lease right before calling the listener (a batch queued behind slow
+ones must not run once its queue moves away, as RocketMQ's ConsumeRequest
+checks isDropped) and reports back; the event loop applies everything that
+finished since its last wake-up per lease: one ProcessQueue removal, one
+offset update, one credit grant.
 
 After a batch, the messages up to ack_index count as consumed; the rest are
 sent back for retry (CLUSTERING) and, once the broker has them, count as
 consumed too, so a failing message never blocks the queue's commit offset.
 Messages that could not be sent back stay in the ProcessQueue and are consumed
 again locally after local_retry_delay_s; the commit offset stays at them.
+
+While the consumer is suspended, batches not yet started are held (not
+consumed, not committed) until resume(), and a batch's failed part is held
+too rather than sent back: suspending means "stop here", so what did not
+succeed waits for resume() or for the queue's next owner.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from functools import partial
 
+from client.consumer.consume_pool import ConsumeThreadPool
+from client.consumer.fetcher import Fetcher
+from client.consumer.lease import QueueLease
 from client.consumer.listener import (
     ConsumeConcurrentlyContext,
     MessageListenerConcurrently,
     split_by_ack_index,
 )
 from client.consumer.offset_store import OffsetStore
-from client.consumer.queue_state import OwnedQueue
 from client.consumer.send_back import SendBackService
-from client.message import ConsumeConcurrentlyStatus, MessageExt, MessageModel
+from client.message import ConsumeConcurrentlyStatus, MessageExt
 from client.settings import PushConsumerSettings
 from tidemark.protocol import PropertyKey, is_retry_topic
 
@@ -35,25 +49,17 @@ def for_listener(msg: MessageExt) -> MessageExt:
     if is_retry_topic(msg.topic):
         origin = msg.properties.get(PropertyKey.RETRY_TOPIC)
         if origin:
-            return dataclasses.replace(msg, topic=origin)
+            return msg.replace(topic=origin)
     return msg
 
 
-# call_listener's answer for a batch whose queue was dropped or reset (or the consumer suspended)
+# call_listener's answer for a batch whose lease stopped counting (or the consumer was suspended)
 # while it waited for a thread.
 SKIPPED = object()
-# How often an orderly queue task looks again while the consumer is suspended.
-SUSPENDED_RETRY_S = 0.2
 
 
-def call_listener(listener, msgs: Sequence[MessageExt], context, skip=None) -> object:
-    """Run a user listener on a consume thread; an exception counts as a failure, like RocketMQ.
-
-    `skip` is checked on the thread, right before the listener: a batch queued behind slow ones must
-    not run once its queue is moving away (RocketMQ's ConsumeRequest.run checks isDropped there too).
-    """
-    if skip is not None and skip():
-        return SKIPPED
+def call_listener(listener, msgs: Sequence[MessageExt], context) -> object:
+    """Run a user listener on a consume thread; an exception counts as a failure, like RocketMQ."""
     try:
         return listener(list(msgs), context)
     except Exception:
@@ -62,38 +68,53 @@ def call_listener(listener, msgs: Sequence[MessageExt], context, skip=None) -> o
         return None
 
 
+def checked_status(result: object, mq: object) -> ConsumeConcurrentlyStatus:
+    """A listener's answer as a status; anything else is RECONSUME_LATER (and logged)."""
+    if isinstance(result, ConsumeConcurrentlyStatus):
+        return result
+    if result is None:
+        log.error("listener returned None; return ConsumeConcurrentlyStatus.CONSUME_SUCCESS or RECONSUME_LATER. "
+                  "Treating it as RECONSUME_LATER event=listener_bad_status queue=%s", mq)
+    else:
+        log.error("listener returned %r, not a ConsumeConcurrentlyStatus; treating it as RECONSUME_LATER "
+                  "event=listener_bad_status queue=%s", result, mq)
+    return ConsumeConcurrentlyStatus.RECONSUME_LATER
+
+
 class ConsumeMessageConcurrentlyService:
     def __init__(self, *, listener: MessageListenerConcurrently, settings: PushConsumerSettings,
-                 executor: concurrent.futures.ThreadPoolExecutor, offset_store: OffsetStore,
-                 send_back: SendBackService, suspended: Callable[[], bool] = lambda: False) -> None:
+                 pool: ConsumeThreadPool, offset_store: OffsetStore, send_back: SendBackService,
+                 fetcher: Fetcher, clustering: bool, suspended: Callable[[], bool]) -> None:
         self._listener = listener
-        self._settings = settings
-        self._executor = executor
+        self._batch_size = settings.consume_message_batch_max_size
+        self._local_retry_delay_s = settings.local_retry_delay_s
+        self._pool = pool
         self._store = offset_store
         self._send_back = send_back
+        self._fetcher = fetcher
+        self._clustering = clustering
         self._suspended = suspended
-        # Batches skipped while suspended; resume() hands them to the listener again.
-        self._held: list[tuple[OwnedQueue, list[MessageExt], int]] = []
+        # Finished messages per lease since the last drain; applied in one go by apply_finished().
+        self._finished: dict[QueueLease, list[MessageExt]] = {}
+        # Batches not started (or failed) while suspended; resume() hands them to the listener again.
+        self._held: list[tuple[QueueLease, list[MessageExt]]] = []
         self._tasks: set[asyncio.Task] = set()
         self.consumed_ok = 0
         self.consumed_failed = 0
 
-    def submit(self, oq: OwnedQueue, msgs: list[MessageExt]) -> None:
-        size = self._settings.consume_message_batch_max_size
-        for i in range(0, len(msgs), size):
-            self._spawn(oq, msgs[i:i + size], delay_s=0.0)
+    # -- loop side ---------------------------------------------------------------------------
 
-    def _spawn(self, oq: OwnedQueue, batch: list[MessageExt], delay_s: float) -> None:
-        oq.begin_batch()
-        task = asyncio.get_running_loop().create_task(self._consume(oq, batch, oq.epoch_of_cache, delay_s))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def submit(self, lease: QueueLease, msgs: list[MessageExt]) -> None:
+        size = self._batch_size
+        batches = [msgs[i:i + size] for i in range(0, len(msgs), size)] if size < len(msgs) else [msgs]
+        lease.running += len(batches)
+        self._pool.submit([partial(self._consume, lease, batch) for batch in batches])
 
     def resume(self) -> None:
         held, self._held = self._held, []
-        for oq, batch, cache_epoch in held:
-            if oq.pulling and oq.epoch_of_cache == cache_epoch:
-                self._spawn(oq, batch, delay_s=0.0)
+        for lease, batch in held:
+            if lease.active:
+                self.submit(lease, batch)
 
     async def shutdown(self) -> None:
         self._held.clear()
@@ -102,57 +123,80 @@ class ConsumeMessageConcurrentlyService:
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _consume(self, oq: OwnedQueue, batch: list[MessageExt], cache_epoch: int, delay_s: float) -> None:
-        try:
-            if delay_s:
-                await asyncio.sleep(delay_s)
-            if oq.pq.dropped or oq.epoch_of_cache != cache_epoch:
-                return  # the queue is moving away or was reset: the next owner/offset takes over
-            context = ConsumeConcurrentlyContext(message_queue=oq.mq)
-            view = [for_listener(m) for m in batch]
-            result = await asyncio.get_running_loop().run_in_executor(
-                self._executor, call_listener, self._listener, view, context,
-                lambda: oq.pq.dropped or oq.epoch_of_cache != cache_epoch or self._suspended())
-            if result is SKIPPED:
-                if self._suspended() and not oq.pq.dropped and oq.epoch_of_cache == cache_epoch:
-                    self._held.append((oq, batch, cache_epoch))  # consumed after resume()
-                return  # stays in the ProcessQueue: the final commit stops before it
-            if not isinstance(result, ConsumeConcurrentlyStatus):
-                if result is not None:
-                    log.error("listener returned %r, not a ConsumeConcurrentlyStatus; treating it as "
-                              "RECONSUME_LATER event=listener_bad_status queue=%s", result, oq.mq)
-                else:
-                    log.error("listener returned None; return ConsumeConcurrentlyStatus.CONSUME_SUCCESS or "
-                              "RECONSUME_LATER. Treating it as RECONSUME_LATER event=listener_bad_status queue=%s",
-                              oq.mq)
-                result, context.ack_index = ConsumeConcurrentlyStatus.RECONSUME_LATER, None
-            await self._process_result(oq, batch, result, context, cache_epoch)
-        finally:
-            oq.end_batch()
+    def apply_finished(self) -> None:
+        """After a wake-up's completions: per lease, forget the finished messages, move the offset,
+        give the room back to the broker."""
+        finished, self._finished = self._finished, {}
+        for lease, msgs in finished.items():
+            if not lease.counts or not msgs:
+                continue
+            offset = lease.pq.remove_messages(msgs)
+            if offset >= 0:
+                self._store.update_offset(lease.mq, offset, increase_only=True)
+            self._fetcher.grant(lease, len(msgs), sum(m.store_size for m in msgs))
 
-    async def _process_result(self, oq: OwnedQueue, batch: list[MessageExt], status: ConsumeConcurrentlyStatus,
-                              context: ConsumeConcurrentlyContext, cache_epoch: int) -> None:
-        if not oq.accepts_results or oq.epoch_of_cache != cache_epoch:
-            # The queue was released, lost or reset meanwhile: its committed offset does not include this
-            # batch, so whoever reads the queue next consumes it again; a send-back would duplicate it.
+    def _done(self, lease: QueueLease, batch: list[MessageExt], result: object,
+              context: ConsumeConcurrentlyContext | None) -> None:
+        """One batch's outcome (loop thread)."""
+        lease.batch_finished()
+        if not lease.counts:
+            # Released, lost or reset meanwhile: the committed offset does not include this batch, so
+            # whoever reads the queue next consumes it again; a send-back would duplicate it.
             return
+        if result is SKIPPED:
+            if self._suspended() and lease.active:
+                self._held.append((lease, batch))  # consumed after resume()
+            return  # stays in the ProcessQueue: the final commit stops before it
+        status = checked_status(result, lease.mq)
+        if result is None or status is not result:
+            context.ack_index = None
         ok = split_by_ack_index(len(batch), status, context.ack_index)
-        failed = batch[ok:]
         self.consumed_ok += ok
-        self.consumed_failed += len(failed)
-        keep: list[MessageExt] = []
-        if failed and self._settings.message_model is MessageModel.CLUSTERING:
-            for msg in failed:
-                if not await self._send_back.send_back(msg, context.delay_level_when_next_consume):
-                    keep.append(msg)
-        elif failed:
-            log.warning("broadcast consumption failed, messages dropped event=broadcast_drop queue=%s count=%d",
-                        oq.mq, len(failed))
-        if not oq.accepts_results or oq.epoch_of_cache != cache_epoch:
+        if ok:
+            self._finished.setdefault(lease, []).extend(batch[:ok])
+        failed = batch[ok:]
+        if not failed:
             return
-        kept = {m.queue_offset for m in keep}
-        offset = oq.pq.remove_messages([m for m in batch if m.queue_offset not in kept])
-        if offset >= 0:
-            self._store.update_offset(oq.mq, offset, increase_only=True)
+        self.consumed_failed += len(failed)
+        if self._suspended():
+            self._held.append((lease, failed))
+        elif self._clustering:
+            self._spawn(self._retry(lease, failed, context.delay_level_when_next_consume))
+        else:
+            log.warning("broadcast consumption failed, messages dropped event=broadcast_drop queue=%s count=%d",
+                        lease.mq, len(failed))
+            self._finished.setdefault(lease, []).extend(failed)
+
+    async def _retry(self, lease: QueueLease, failed: list[MessageExt], delay_level: int) -> None:
+        keep = [msg for msg in failed if not await self._send_back.send_back(msg, delay_level)]
+        if not lease.counts:
+            return
+        kept = {id(m) for m in keep}
+        sent = [m for m in failed if id(m) not in kept]
+        if sent:
+            self._finished.setdefault(lease, []).extend(sent)
+            self.apply_finished()
         if keep:
-            self._spawn(oq, keep, delay_s=self._settings.local_retry_delay_s)
+            await asyncio.sleep(self._local_retry_delay_s)
+            if lease.active:
+                self.submit(lease, keep)
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("retry of failed messages failed event=consume_retry_error", exc_info=task.exception())
+
+    # -- consume threads ---------------------------------------------------------------------
+
+    def _consume(self, lease: QueueLease, batch: list[MessageExt]):
+        if not lease.active or self._suspended():
+            return partial(self._done, lease, batch, SKIPPED, None)
+        context = ConsumeConcurrentlyContext(message_queue=lease.mq)
+        view = [for_listener(m) for m in batch] if is_retry_topic(lease.mq.topic) else batch
+        result = call_listener(self._listener, view, context)
+        return partial(self._done, lease, batch, result, context)

@@ -1,61 +1,69 @@
-"""ConsumeMessageOrderlyService: one consume task per queue, messages strictly in offset order.
+"""ConsumeMessageOrderlyService: one consume task per lease, messages strictly in offset order.
 
-A queue is consumed only while this client holds its broker lock (the queue is
-PULLING in QueueOwnership). SUSPEND_CURRENT_QUEUE_A_MOMENT puts the batch back
-and retries it after the suspend time, with reconsume_times increased; when
+A queue is consumed only while this client holds its broker lock (its lease
+is ACTIVE). SUSPEND_CURRENT_QUEUE_A_MOMENT puts the batch back and retries it
+after the suspend time, with reconsume_times increased; when
 max_reconsume_times is set (>= 0) and reached, the batch goes to the DLQ and
 the queue moves on (RocketMQ's default for orderly is to retry forever).
+
+The task is supervised: if it dies of an unexpected error, `on_death` drops
+the queue's lease (the consumer re-acquires it through rebalance).
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import dataclasses
 import logging
 from collections.abc import Callable
 
-from client.consumer.consume_concurrently import (
-    SKIPPED,
-    SUSPENDED_RETRY_S,
-    call_listener,
-    for_listener,
-)
+from client.consumer.consume_concurrently import SKIPPED, call_listener, for_listener
+from client.consumer.consume_pool import ConsumeThreadPool
+from client.consumer.fetcher import Fetcher
+from client.consumer.lease import QueueLease
 from client.consumer.listener import ConsumeOrderlyContext, MessageListenerOrderly
 from client.consumer.offset_store import OffsetStore
-from client.consumer.queue_state import OwnedQueue
 from client.consumer.send_back import SendBackService
 from client.message import ConsumeOrderlyStatus, MessageExt
 from client.settings import PushConsumerSettings
+from tidemark.protocol import is_retry_topic
 
 log = logging.getLogger("tidemark.client.consume")
+
+# How often a lease's task looks again while the consumer is suspended.
+SUSPENDED_RETRY_S = 0.2
 
 
 class ConsumeMessageOrderlyService:
     def __init__(self, *, listener: MessageListenerOrderly, settings: PushConsumerSettings,
-                 executor: concurrent.futures.ThreadPoolExecutor, offset_store: OffsetStore,
-                 send_back: SendBackService, suspended: Callable[[], bool] = lambda: False) -> None:
+                 pool: ConsumeThreadPool, offset_store: OffsetStore, send_back: SendBackService, fetcher: Fetcher,
+                 suspended: Callable[[], bool], on_death: Callable[[QueueLease, BaseException], None]) -> None:
         self._listener = listener
         self._settings = settings
-        self._executor = executor
+        self._pool = pool
         self._store = offset_store
         self._send_back = send_back
+        self._fetcher = fetcher
         self._suspended = suspended
-        self._running: dict[OwnedQueue, asyncio.Task] = {}
+        self._on_death = on_death
+        self._running: dict[QueueLease, asyncio.Task] = {}
         self.consumed_ok = 0
         self.suspended = 0
         self.dead_lettered = 0
 
-    def submit(self, oq: OwnedQueue, msgs: list[MessageExt]) -> None:
-        if oq in self._running:
-            return  # the running task picks the new messages up; one task per queue
-        oq.begin_batch()
-        task = asyncio.get_running_loop().create_task(self._consume_queue(oq, oq.epoch_of_cache),
-                                                      name=f"consume-orderly:{oq.mq}")
-        self._running[oq] = task
+    def submit(self, lease: QueueLease, msgs: list[MessageExt]) -> None:
+        """The lease's messages are in its ProcessQueue already; make sure its task runs."""
+        if lease in self._running or not lease.active:
+            return  # the running task picks the new messages up; one task per lease
+        lease.batch_started()
+        task = asyncio.get_running_loop().create_task(self._consume_queue(lease), name=f"consume-orderly:{lease.mq}")
+        self._running[lease] = task
+        task.add_done_callback(lambda t: self._task_done(lease, t))
 
     def resume(self) -> None:
-        """Nothing is held: each queue's task waits while the consumer is suspended."""
+        """Nothing is held: each lease's task waits while the consumer is suspended."""
+
+    def apply_finished(self) -> None:
+        """Orderly results are applied by each lease's task as it goes."""
 
     async def shutdown(self) -> None:
         tasks = list(self._running.values())
@@ -64,54 +72,65 @@ class ConsumeMessageOrderlyService:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _consume_queue(self, oq: OwnedQueue, cache_epoch: int) -> None:
-        try:
-            while oq.pulling and oq.epoch_of_cache == cache_epoch:
-                batch = oq.pq.take_messages(self._settings.consume_message_batch_max_size)
-                if not batch:
-                    break
-                context = ConsumeOrderlyContext(message_queue=oq.mq)
-                status = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, call_listener, self._listener, [for_listener(m) for m in batch], context,
-                    lambda: not oq.pulling or oq.epoch_of_cache != cache_epoch or self._suspended())
-                if status is SKIPPED:
-                    oq.pq.make_messages_consume_again(batch)
-                    if self._suspended() and oq.pulling:
-                        await asyncio.sleep(SUSPENDED_RETRY_S)
-                        continue
-                    return
-                if not oq.accepts_results or oq.epoch_of_cache != cache_epoch:
-                    return
-                if status is ConsumeOrderlyStatus.SUCCESS:
-                    self._commit(oq, len(batch))
-                    continue
-                if not isinstance(status, ConsumeOrderlyStatus):
-                    log.error("orderly listener returned %r; treating it as SUSPEND_CURRENT_QUEUE_A_MOMENT "
-                              "event=listener_bad_status queue=%s", status, oq.mq)
-                if await self._exhausted(batch):
-                    self.dead_lettered += len(batch)
-                    if not oq.accepts_results or oq.epoch_of_cache != cache_epoch:
-                        return
-                    self._commit(oq, 0)
-                    continue
-                self.suspended += 1
-                oq.pq.make_messages_consume_again(
-                    [dataclasses.replace(m, reconsume_times=m.reconsume_times + 1) for m in batch])
-                suspend_ms = context.suspend_current_queue_time_ms or self._settings.suspend_current_queue_time_ms
-                await asyncio.sleep(suspend_ms / 1000)
-        finally:
-            self._running.pop(oq, None)
-            oq.end_batch()
-            # Also after a reset (new cache epoch): the re-pulled messages were dispatched while this
-            # task still ran, so nobody else will start consuming them.
-            if oq.pulling and oq.pq.msg_count:
-                self.submit(oq, [])
+    def _task_done(self, lease: QueueLease, task: asyncio.Task) -> None:
+        self._running.pop(lease, None)
+        lease.batch_finished()
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("orderly consume task died event=consume_task_died queue=%s", lease.mq, exc_info=error)
+            self._on_death(lease, error)
+        elif lease.active and lease.pq.has_temp_message():
+            # Messages arrived while the task was finishing: nobody else will start consuming them.
+            self.submit(lease, [])
 
-    def _commit(self, oq: OwnedQueue, consumed: int) -> None:
-        offset = oq.pq.commit()
+    def _call(self, lease: QueueLease, batch: list[MessageExt], context: ConsumeOrderlyContext) -> object:
+        """On a consume thread: skip when the lease stopped being active or the consumer is suspended."""
+        if not lease.active or self._suspended():
+            return SKIPPED
+        view = [for_listener(m) for m in batch] if is_retry_topic(lease.mq.topic) else batch
+        return call_listener(self._listener, view, context)
+
+    async def _consume_queue(self, lease: QueueLease) -> None:
+        pq = lease.pq
+        while lease.active:
+            batch = pq.take_messages(self._settings.consume_message_batch_max_size)
+            if not batch:
+                return
+            context = ConsumeOrderlyContext(message_queue=lease.mq)
+            status = await self._pool.run(lambda b=batch, c=context: self._call(lease, b, c))
+            if status is SKIPPED:
+                pq.make_messages_consume_again(batch)
+                if self._suspended() and lease.active:
+                    await asyncio.sleep(SUSPENDED_RETRY_S)
+                    continue
+                return
+            if not lease.counts:
+                return
+            if status is ConsumeOrderlyStatus.SUCCESS:
+                self._commit(lease, batch, consumed=len(batch))
+                continue
+            if not isinstance(status, ConsumeOrderlyStatus):
+                log.error("orderly listener returned %r; treating it as SUSPEND_CURRENT_QUEUE_A_MOMENT "
+                          "event=listener_bad_status queue=%s", status, lease.mq)
+            if await self._exhausted(batch):
+                self.dead_lettered += len(batch)
+                if not lease.counts:
+                    return
+                self._commit(lease, batch, consumed=0)
+                continue
+            self.suspended += 1
+            pq.make_messages_consume_again([m.replace(reconsume_times=m.reconsume_times + 1) for m in batch])
+            suspend_ms = context.suspend_current_queue_time_ms or self._settings.suspend_current_queue_time_ms
+            await asyncio.sleep(suspend_ms / 1000)
+
+    def _commit(self, lease: QueueLease, batch: list[MessageExt], consumed: int) -> None:
+        offset = lease.pq.commit()
         self.consumed_ok += consumed
         if offset >= 0:
-            self._store.update_offset(oq.mq, offset, increase_only=True)
+            self._store.update_offset(lease.mq, offset, increase_only=True)
+        self._fetcher.grant(lease, len(batch), sum(m.store_size for m in batch))
 
     async def _exhausted(self, batch: list[MessageExt]) -> bool:
         """Past max reconsume times: move the batch to the DLQ (True once the broker has all of it)."""

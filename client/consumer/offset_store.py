@@ -2,17 +2,18 @@
 
 - RemoteBrokerOffsetStore (CLUSTERING): an in-memory table persisted to the
   brokers oneway over the CommitOffsets stream every 5 s, on shutdown and when a
-  queue is dropped. Each commit carries the queue's fence (owner epoch, reset
-  generation) so the broker can refuse a stale owner.
+  queue is dropped. Each commit carries the fence of the queue's current lease
+  (owner epoch, reset generation) so the broker can refuse a stale owner.
 - LocalFileOffsetStore (BROADCASTING):
   ~/.tidemark_offsets/<clientId>/<group>/offsets.json (TIDEMARK_OFFSET_DIR
-  overrides the root), written atomically.
+  overrides the root), written atomically in a worker thread.
 
 Both are confined to the consumer's event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import logging
@@ -22,6 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from client.consumer.lease import QueueLease
 from client.errors import TidemarkError
 from client.message import MessageQueue
 from client.remoting.cluster import BrokerCluster
@@ -42,8 +44,7 @@ class ReadOffsetType(enum.Enum):
 @dataclass(slots=True)
 class _Entry:
     offset: int
-    owner_epoch: int | None = None
-    reset_generation: int | None = None
+    lease: QueueLease | None = None  # whose fence a commit of this offset quotes
 
 
 class OffsetStore(ABC):
@@ -62,10 +63,16 @@ class OffsetStore(ABC):
         elif not increase_only or offset > entry.offset:
             entry.offset = offset
 
-    def set_fence(self, mq: MessageQueue, *, owner_epoch: int | None, reset_generation: int | None) -> None:
-        entry = self._table.setdefault(mq, _Entry(-1))
-        entry.owner_epoch = owner_epoch
-        entry.reset_generation = reset_generation
+    def bind(self, lease: QueueLease, offset: int | None = None) -> None:
+        """Commits of the lease's queue quote this lease's fence from now on; offset, if given, replaces
+        the progress (a new lease starts where it starts)."""
+        entry = self._table.get(lease.mq)
+        if entry is None:
+            self._table[lease.mq] = _Entry(-1 if offset is None else offset, lease)
+        else:
+            entry.lease = lease
+            if offset is not None:
+                entry.offset = offset
 
     def read_memory(self, mq: MessageQueue) -> int:
         entry = self._table.get(mq)
@@ -85,6 +92,14 @@ class OffsetStore(ABC):
     def remove_offset(self, mq: MessageQueue) -> None:
         self._table.pop(mq, None)
 
+    def generation(self, mq: MessageQueue) -> int | None:
+        """The queue's reset generation as last read from the broker (None: the store has none)."""
+        return None
+
+    def commit_for(self, mq: MessageQueue) -> OffsetCommit | None:
+        """The commit a piggybacked or streamed commit of mq would send now (None: nothing to send)."""
+        return None
+
     def clone_offset_table(self, topic: str | None = None) -> dict[MessageQueue, int]:
         return {mq: e.offset for mq, e in self._table.items() if topic is None or mq.topic == topic}
 
@@ -102,11 +117,16 @@ class RemoteBrokerOffsetStore(OffsetStore):
         self._generations: dict[MessageQueue, int] = {}
 
     def _commit(self, mq: MessageQueue, entry: _Entry) -> OffsetCommit:
+        lease = entry.lease
+        if lease is None:
+            return OffsetCommit(self._group, mq, entry.offset, client_id=self._client_id)
         return OffsetCommit(self._group, mq, entry.offset, client_id=self._client_id,
-                            owner_epoch=entry.owner_epoch, reset_generation=entry.reset_generation)
+                            owner_epoch=lease.owner_epoch, reset_generation=lease.reset_generation)
 
     def _sendable(self, entry: _Entry | None) -> bool:
-        return entry is not None and entry.offset >= 0 and (not self._require_fence or entry.owner_epoch is not None)
+        if entry is None or entry.offset < 0:
+            return False
+        return not self._require_fence or (entry.lease is not None and entry.lease.owner_epoch is not None)
 
     def commit_for(self, mq: MessageQueue) -> OffsetCommit | None:
         entry = self._table.get(mq)
@@ -179,6 +199,7 @@ class LocalFileOffsetStore(OffsetStore):
     def __init__(self, client_id: str, group: str) -> None:
         super().__init__()
         self.path = local_offsets_path(client_id, group)
+        self._writing = asyncio.Lock()  # one write at a time: they share the temp file
 
     async def load(self) -> None:
         for mq, offset in self._read_file().items():
@@ -214,11 +235,14 @@ class LocalFileOffsetStore(OffsetStore):
         """Kept: a broadcasting client's progress outlives any one assignment (as RocketMQ's no-op)."""
 
     async def persist_all(self, mqs: Iterable[MessageQueue]) -> None:
-        """Write every known offset (not only mqs): the file is this client's whole progress."""
+        """Write every known offset (not only mqs): the file is this client's whole progress.
+
+        The snapshot is taken on the loop; the write and its fsyncs run in a worker thread."""
         doc = {"offsetTable": [
             {"topic": mq.topic, "brokerName": mq.broker_name, "queueId": mq.queue_id, "offset": e.offset}
             for mq, e in sorted(self._table.items()) if e.offset >= 0]}
-        atomic_write(self.path, json.dumps(doc, indent=2).encode("utf-8"))
+        async with self._writing:
+            await asyncio.to_thread(atomic_write, self.path, json.dumps(doc, indent=2).encode("utf-8"))
         return None
 
     async def persist(self, mq: MessageQueue) -> None:

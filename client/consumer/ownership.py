@@ -1,29 +1,35 @@
 """QueueOwnership: which queues this consumer works on, and how they change hands.
 
 Zero-duplicate handover (CLUSTERING with queue_locking, the default):
-- a queue that arrives is pulled only after this client holds its broker lock,
+- a queue that arrives is read only after this client holds its broker lock,
   starting from the committed offset read *after* the lock was granted (the
   previous owner committed before releasing, so that offset is fresh);
-- a queue that leaves stops pulling, lets in-flight batches finish (bounded by
+- a queue that leaves stops fetching, lets running batches finish (bounded by
   drain_timeout_s), commits synchronously with its owner epoch, then unlocks.
-These remove both causes of duplicates in seed 001: two owners pulling at once,
+These remove both causes of duplicates in seed 001: two owners reading at once,
 and a new owner reading an offset the old one had not committed yet.
 
 RocketMQ-style (queue_locking=False): no locks; a leaving queue is dropped at
-once and its offset persisted without waiting for in-flight messages.
+once and its offset persisted without waiting for running batches.
 
-All changes go through one asyncio.Lock, so rebalances, lock retries and
-renewals never interleave; per-queue state changes go through
-OwnedQueue.transition.
+What differs between a push and a lite pull consumer is left to its
+OwnershipHooks, as RocketMQ's RebalanceImpl leaves computePullFromWhere,
+dispatchPullRequest and removeUnnecessaryMessageQueue to its subclasses.
+
+Queue set changes go through one asyncio.Lock, so rebalances, lock retries
+and renewals never interleave; per-queue state changes go through
+OwnedQueue.transition, and each generation of a queue is a QueueLease.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
+from typing import Protocol
 
-from client.consumer.offset_store import OffsetStore, RemoteBrokerOffsetStore
+from client.consumer.lease import QueueLease
+from client.consumer.offset_store import OffsetStore
 from client.consumer.queue_state import OwnedQueue, QueueState
 from client.errors import FencedError, TidemarkError
 from client.message import MessageQueue
@@ -31,30 +37,40 @@ from client.remoting.cluster import BrokerCluster
 
 log = logging.getLogger("tidemark.client.ownership")
 
-StartOffset = Callable[[MessageQueue], Awaitable[int]]
-StartPulling = Callable[[OwnedQueue], asyncio.Task]
-OnLost = Callable[[MessageQueue], None]
+
+class OwnershipHooks(Protocol):
+    """What a consumer kind decides (RocketMQ's RebalanceImpl hooks)."""
+
+    #: Record the computed start of a queue as its progress (push: a group that owned a queue and
+    #: consumed nothing resumes there; lite pull commits only what the application polled).
+    commit_start_offset: bool
+
+    async def start_offset(self, mq: MessageQueue) -> int:
+        """computePullFromWhere: where reading a newly owned queue starts."""
+
+    async def lease_started(self, lease: QueueLease) -> None:
+        """dispatchPullRequest: start fetching the lease from its start offset."""
+
+    async def lease_draining(self, lease: QueueLease) -> None:
+        """removeUnnecessaryMessageQueue: stop fetching; return once the lease's running work is done
+        (bounded by the drain timeout)."""
+
+    def lease_ended(self, lease: QueueLease) -> None:
+        """Forget the lease: stop fetching, drop what is buffered for it."""
+
+    def queue_lost(self, mq: MessageQueue) -> None:
+        """Ownership was taken away: heartbeat and rebalance now rather than at the next timer."""
 
 
 class QueueOwnership:
     def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, offset_store: OffsetStore,
-                 locking: bool, drain_timeout_s: float, start_offset: StartOffset,
-                 start_pulling: StartPulling, on_lost: OnLost = lambda mq: None,
-                 commit_start_offset: bool = True) -> None:
+                 locking: bool, hooks: OwnershipHooks) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
         self._store = offset_store
         self.locking = locking
-        self._drain_timeout = drain_timeout_s
-        self._start_offset = start_offset
-        self._start_pulling = start_pulling
-        # Called when ownership was taken away, so the consumer rebalances (and re-locks) at once.
-        self._on_lost = on_lost
-        # Record the computed start as the queue's progress, so a group that owned a queue and consumed
-        # nothing from it resumes there instead of re-applying consume_from_where (LAST_OFFSET would
-        # skip what arrived meanwhile). The lite pull consumer commits only what the application does.
-        self._commit_start = commit_start_offset
+        self._hooks = hooks
         self._queues: dict[MessageQueue, OwnedQueue] = {}
         self._lock = asyncio.Lock()
         self.handovers = 0
@@ -74,6 +90,14 @@ class QueueOwnership:
     def pulling(self) -> list[MessageQueue]:
         return sorted(oq.mq for oq in self._queues.values() if oq.state is QueueState.PULLING)
 
+    def leases(self) -> list[QueueLease]:
+        return [oq.lease for oq in self._queues.values() if oq.pulling and oq.lease is not None]
+
+    def current(self, lease: QueueLease) -> bool:
+        """Whether a lease is its queue's current one (PULLING or DRAINING)."""
+        oq = self._queues.get(lease.mq)
+        return oq is not None and oq.current(lease)
+
     # -- changes ---------------------------------------------------------------
 
     async def update(self, topic: str, target: set[MessageQueue]) -> bool:
@@ -88,6 +112,24 @@ class QueueOwnership:
             if added:
                 await self._acquire([self._queues[mq] for mq in sorted(added)])
             return bool(removed or added)
+
+    async def restart(self, lease: QueueLease, offset: int, reset_generation: int | None, *,
+                      record: bool) -> QueueLease | None:
+        """Continue a queue from `offset` under a new lease (seek, admin reset, illegal offset).
+
+        Whatever the old lease had fetched or was consuming no longer counts; `record` makes
+        `offset` the queue's progress in the offset store (the broker said where to continue; a
+        lite pull seek leaves commits to the application). Returns the new lease, or None when
+        `lease` is not the queue's current PULLING lease any more."""
+        oq = self._queues.get(lease.mq)
+        if oq is None or oq.lease is not lease or not oq.pulling:
+            return None
+        new = lease.successor(offset, reset_generation)
+        oq.replace_lease(new)
+        self._hooks.lease_ended(lease)
+        self._store.bind(new, offset if record else None)
+        await self._hooks.lease_started(new)
+        return new
 
     async def retry_locks(self) -> None:
         """Try again to lock queues whose previous owner had not released them yet."""
@@ -121,6 +163,12 @@ class QueueOwnership:
             oq = self._queues.get(mq)
             if oq is not None:
                 self._lose(oq, reason)
+
+    def lose_lease(self, lease: QueueLease, reason: str) -> None:
+        """The broker refused a lease (fenced): its queue is lost, unless the lease is stale already."""
+        oq = self._queues.get(lease.mq)
+        if oq is not None and oq.lease is lease:
+            self._lose(oq, reason)
 
     async def release_all(self) -> None:
         """Hand every queue back; also completes releases a cancelled rebalance had started."""
@@ -160,27 +208,28 @@ class QueueOwnership:
             await asyncio.gather(*(self._start(oq) for oq in granted))
 
     async def _start(self, oq: OwnedQueue) -> None:
-        self._store.remove_offset(oq.mq)  # RocketMQ's removeDirtyOffset: never trust a stale local value
-        # Fence first: the entry the offset read creates must never be committed without the epoch.
-        self._store.set_fence(oq.mq, owner_epoch=oq.owner_epoch, reset_generation=None)
+        mq = oq.mq
+        self._store.remove_offset(mq)  # RocketMQ's removeDirtyOffset: never trust a stale local value
         try:
-            offset = await self._start_offset(oq.mq)
+            offset = await self._hooks.start_offset(mq)
         except TidemarkError as e:
             log.warning("cannot read start offset event=start_offset_failed group=%s queue=%s error=%s",
-                        self._group, oq.mq, e)
+                        self._group, mq, e)
             if oq.state is QueueState.ASSIGNED:
                 # Without locks there is nothing to wait for: try again at the next rebalance.
                 oq.transition(QueueState.RELEASED)
-                del self._queues[oq.mq]
+                del self._queues[mq]
             return
-        oq.next_offset = offset
-        if self._commit_start and self._store.read_memory(oq.mq) < 0:
-            self._store.update_offset(oq.mq, offset, increase_only=False)
-        if isinstance(self._store, RemoteBrokerOffsetStore):
-            oq.reset_generation = self._store.generation(oq.mq)
-        self._store.set_fence(oq.mq, owner_epoch=oq.owner_epoch, reset_generation=oq.reset_generation)
+        if self._queues.get(mq) is not oq or oq.state not in (QueueState.ASSIGNED, QueueState.LOCKING):
+            return  # released or lost while the offset was read
+        lease = QueueLease(mq, client_id=self._client_id, owner_epoch=oq.owner_epoch,
+                           reset_generation=self._store.generation(mq), start_offset=offset)
         oq.transition(QueueState.PULLING)
-        oq.pull_task = self._start_pulling(oq)
+        oq.replace_lease(lease)
+        self._store.bind(lease)
+        if self._hooks.commit_start_offset and self._store.read_memory(mq) < 0:
+            self._store.update_offset(mq, offset, increase_only=False)
+        await self._hooks.lease_started(lease)
 
     async def _release(self, oq: OwnedQueue) -> None:
         if oq.state in (QueueState.ASSIGNED, QueueState.LOCKING):
@@ -205,21 +254,17 @@ class QueueOwnership:
             log.warning("unlock failed event=unlock_failed group=%s queue=%s error=%s", self._group, oq.mq, e)
 
     async def _finish_release(self, oq: OwnedQueue) -> None:
-        """DRAINING -> RELEASED: stop pulling, drain, commit, unlock."""
-        await _cancel(oq.pull_task)
-        oq.pull_task = None
+        """DRAINING -> RELEASED: stop fetching, drain, commit, unlock."""
+        lease = oq.lease
         if not self.locking:
-            # RocketMQ-style: persist what is known now; in-flight messages are not waited for.
+            # RocketMQ-style: persist what is known now; running batches are not waited for.
+            self._hooks.lease_ended(lease)
             await self._persist_quietly(oq)
             if oq.state is QueueState.DRAINING:
                 oq.transition(QueueState.RELEASED)
                 self._forget(oq)
             return
-        try:
-            await asyncio.wait_for(oq.idle.wait(), self._drain_timeout)
-        except TimeoutError:
-            log.warning("drain timed out event=drain_timeout group=%s queue=%s inflight=%d",
-                        self._group, oq.mq, oq.inflight)
+        await self._hooks.lease_draining(lease)
         if oq.state is not QueueState.DRAINING:
             return  # lost meanwhile (lock renewal failed): nothing of ours to commit
         try:
@@ -235,6 +280,7 @@ class QueueOwnership:
         await self._unlock(oq)
         if oq.state is QueueState.DRAINING:
             oq.transition(QueueState.RELEASED)
+            self._hooks.lease_ended(lease)
             self.handovers += 1
             self._forget(oq)
 
@@ -251,11 +297,10 @@ class QueueOwnership:
         log.warning("queue ownership lost event=queue_lost group=%s queue=%s owner_epoch=%s reason=%s",
                     self._group, oq.mq, oq.owner_epoch, reason)
         oq.transition(QueueState.LOST)
-        if oq.pull_task is not None:
-            oq.pull_task.cancel()
-            oq.pull_task = None
+        if oq.lease is not None:
+            self._hooks.lease_ended(oq.lease)
         self._forget(oq)
-        self._on_lost(oq.mq)
+        self._hooks.queue_lost(oq.mq)
 
     def _forget(self, oq: OwnedQueue) -> None:
         self._store.remove_offset(oq.mq)
@@ -268,13 +313,3 @@ def _by_broker(oqs: list[OwnedQueue]) -> dict[str, list[OwnedQueue]]:
     for oq in oqs:
         out.setdefault(oq.mq.broker_name, []).append(oq)
     return out
-
-
-async def _cancel(task: asyncio.Task | None) -> None:
-    if task is None or task.done():
-        return
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass

@@ -11,9 +11,9 @@ Concurrency: a ProcessQueue is confined to the consumer's asyncio event-loop
 thread. Listener threads never touch it; their results are handed back to the
 loop first. That is why, unlike RocketMQ's, it holds no lock.
 
-Timestamps are seconds from one clock chosen by the caller (the consumer uses
-``time.monotonic()``, which is also the default); comparisons only make sense
-between values from the same clock.
+One ProcessQueue belongs to one QueueLease (one generation of ownership):
+when a queue is reset, seeked or handed over, the next lease starts with a
+new, empty ProcessQueue, so nothing of the old generation can leak into it.
 
 This module is pure: no I/O, no grpc.
 """
@@ -21,18 +21,11 @@ This module is pure: no I/O, no grpc.
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Sequence
 
 from client.message import MessageExt
 
-__all__ = ["PULL_MAX_IDLE_TIME_S", "REBALANCE_LOCK_MAX_LIVE_TIME_S", "ProcessQueue"]
-
-# RocketMQ's defaults: a queue not pulled for 120 s is considered stuck and is
-# dropped by rebalance; a client-side lock older than 30 s is no longer trusted
-# (the broker's lock lives longer, so renewal every 20 s keeps it alive).
-PULL_MAX_IDLE_TIME_S = 120.0
-REBALANCE_LOCK_MAX_LIVE_TIME_S = 30.0
+__all__ = ["ProcessQueue"]
 
 # Rebuild the heaps when dead entries outnumber live ones by this much; the
 # constant keeps tiny caches from rebuilding on every removal.
@@ -48,7 +41,7 @@ class ProcessQueue:
     :meth:`make_messages_consume_again`. Confined to one event-loop thread.
     """
 
-    def __init__(self, *, now: float | None = None) -> None:
+    def __init__(self) -> None:
         # Why a dict plus heaps rather than a sorted container: pulls add in
         # ascending runs and completions remove in any order, while reads only
         # ever need the smallest and largest key. A dict gives O(1) membership
@@ -67,13 +60,9 @@ class ProcessQueue:
         self._msg_count = 0
         self._msg_size = 0
         self._queue_offset_max = -1
-        self._dropped = False
-        start = time.monotonic() if now is None else now
-        self.last_pull_timestamp: float = start
-        self.last_consume_timestamp: float = start
-        #: Orderly mode: whether this client holds the broker lock on the queue.
-        self.locked: bool = False
-        self.last_lock_timestamp: float = start
+        # The broker's read position: every offset below it was either put here or filtered out by
+        # the subscription on the way. An empty cache may commit up to it.
+        self._scanned = 0
 
     # -- state --------------------------------------------------------------
 
@@ -84,7 +73,7 @@ class ProcessQueue:
 
     @property
     def msg_size(self) -> int:
-        """Body bytes of the messages held (pull_threshold_size_for_queue)."""
+        """Record bytes of the messages held (pull_threshold_size_for_queue): what they cost here."""
         return self._msg_size
 
     @property
@@ -93,13 +82,9 @@ class ProcessQueue:
         return self._queue_offset_max
 
     @property
-    def dropped(self) -> bool:
-        """True once rebalance gave the queue away; pull and consume must stop."""
-        return self._dropped
-
-    def mark_dropped(self) -> None:
-        """Flag the queue as no longer owned. Irreversible: a new owner gets a new ProcessQueue."""
-        self._dropped = True
+    def next_offset(self) -> int:
+        """The offset to commit once everything held is finished: past every put or skipped offset."""
+        return max(self._queue_offset_max + 1, self._scanned)
 
     def has_temp_message(self) -> bool:
         """Whether messages are waiting to be consumed (not counting those being consumed)."""
@@ -124,14 +109,6 @@ class ProcessQueue:
             return 0
         return self._peek_max() - self._peek_min()
 
-    def is_pull_expired(self, now: float, max_idle_s: float = PULL_MAX_IDLE_TIME_S) -> bool:
-        """Whether nothing was pulled for longer than ``max_idle_s``."""
-        return now - self.last_pull_timestamp > max_idle_s
-
-    def is_lock_expired(self, now: float, expiry_s: float = REBALANCE_LOCK_MAX_LIVE_TIME_S) -> bool:
-        """Whether the client-side view of the broker lock is too old to trust."""
-        return now - self.last_lock_timestamp > expiry_s
-
     # -- pull side ----------------------------------------------------------
 
     def put_messages(self, msgs: Sequence[MessageExt]) -> bool:
@@ -152,36 +129,43 @@ class ProcessQueue:
                 continue
             self._insert(msg)
             self._msg_count += 1
-            self._msg_size += len(msg.body)
+            self._msg_size += msg.store_size
             if offset > self._queue_offset_max:
                 self._queue_offset_max = offset
             added = True
         return was_empty and added
 
+    def advance_to(self, offset: int) -> None:
+        """The broker's read position moved to `offset`: what it skipped below matched no subscription.
+
+        Counts as consumed once everything held before it is finished (RocketMQ's
+        correctTagsOffset, which only applies to an empty cache)."""
+        if offset > self._scanned:
+            self._scanned = offset
+
     # -- concurrent consumption ---------------------------------------------
 
-    def remove_messages(self, msgs: Sequence[MessageExt], *, now: float | None = None) -> int:
+    def remove_messages(self, msgs: Sequence[MessageExt]) -> int:
         """Forget finished messages and return the offset now safe to commit.
 
         RocketMQ's removeMessage (seed 000): -1 when nothing was cached before
         the call; otherwise the smallest offset still cached, or
-        ``queue_offset_max + 1`` when the cache is now empty. Feed the result
-        to an increase-only offset store, skipping -1.
+        ``next_offset`` (past everything put or skipped) when the cache is now
+        empty. Feed the result to an increase-only offset store, skipping -1.
         """
-        self.last_consume_timestamp = time.monotonic() if now is None else now
         if not self._msgs:
             return -1
         for msg in msgs:
             removed = self._msgs.pop(msg.queue_offset, None)
             if removed is not None:
                 self._msg_count -= 1
-                self._msg_size -= len(removed.body)
+                self._msg_size -= removed.store_size
         if not self._msgs:
             # Everything pulled has finished: drop the dead heap entries now
             # rather than carry them until the next rebuild.
             self._min_heap.clear()
             self._max_heap.clear()
-            return self._queue_offset_max + 1
+            return self.next_offset
         self._compact()
         return self._peek_min()
 
@@ -210,8 +194,10 @@ class ProcessQueue:
             return -1
         next_offset = max(self._consuming) + 1
         self._msg_count -= len(self._consuming)
-        self._msg_size -= sum(len(m.body) for m in self._consuming.values())
+        self._msg_size -= sum(m.store_size for m in self._consuming.values())
         self._consuming.clear()
+        if not self._msgs and self._scanned > next_offset:
+            return self._scanned
         return next_offset
 
     def make_messages_consume_again(self, msgs: Sequence[MessageExt]) -> None:
@@ -227,12 +213,12 @@ class ProcessQueue:
             if previous is None:
                 continue
             self._insert(msg)
-            self._msg_size += len(msg.body) - len(previous.body)
+            self._msg_size += msg.store_size - previous.store_size
 
     # -- lifecycle ----------------------------------------------------------
 
     def clear(self) -> None:
-        """Forget every message (queue dropped or offset reset); keeps the dropped flag."""
+        """Forget every message."""
         self._msgs.clear()
         self._consuming.clear()
         self._min_heap.clear()
@@ -240,12 +226,13 @@ class ProcessQueue:
         self._msg_count = 0
         self._msg_size = 0
         self._queue_offset_max = -1
+        self._scanned = 0
 
     def __repr__(self) -> str:
         return (
             f"ProcessQueue(msg_count={self._msg_count}, msg_size={self._msg_size}, "
             f"min_offset={self.min_offset()}, queue_offset_max={self._queue_offset_max}, "
-            f"consuming={len(self._consuming)}, dropped={self._dropped}, locked={self.locked})"
+            f"consuming={len(self._consuming)}, scanned={self._scanned})"
         )
 
     # -- heap bookkeeping ---------------------------------------------------

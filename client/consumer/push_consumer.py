@@ -1,196 +1,110 @@
-"""PushConsumer: subscribe, register a listener, start; messages arrive on a thread pool.
+"""PushConsumer: subscribe, register a listener, start; messages arrive on the consume threads.
 
-The asyncio core (AsyncPushConsumer) owns: the broker cluster, the offset store
-(remote for CLUSTERING, local file for BROADCASTING), queue ownership, the
-rebalance service, group membership, the pull service, the consume service,
-and one Scheduler with every timer (heartbeat 30 s, offset persist 5 s,
-rebalance 20 s, lock renewal 20 s, lock retry). The synchronous PushConsumer
-runs it on its own loop thread.
+The asyncio core (AsyncPushConsumer) is a ConsumerCore whose fetched
+messages go to a consume service: concurrent (listener batches on the consume
+threads, ack_index, retry by send-back) or orderly (one task per queue, in
+offset order, under the queue's lock). Commits ride on the fetch stream's
+credit frames and are persisted every persist_consumer_offset_interval_s.
+The synchronous PushConsumer runs the core on its own loop thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 from typing import Any
 
-from client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
 from client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
-from client.consumer.consume_from_where import compute_pull_from_where
 from client.consumer.consume_orderly import ConsumeMessageOrderlyService
+from client.consumer.consume_pool import ConsumeThreadPool
+from client.consumer.core import ConsumerCore
+from client.consumer.fetcher import FetchLimits
+from client.consumer.lease import QueueLease
 from client.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
-from client.consumer.membership import GroupMembership, HeartbeatData
-from client.consumer.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
-from client.consumer.ownership import QueueOwnership
-from client.consumer.pull_service import PullMessageService
-from client.consumer.queue_state import OwnedQueue
-from client.consumer.rebalance import RebalanceService
 from client.consumer.send_back import SendBackService
 from client.errors import ClientStateError, InvalidArgumentError
-from client.message import MessageModel, MessageQueue
-from client.remoting.cluster import BrokerCluster
-from client.runtime import LoopThread
+from client.message import MessageExt, MessageQueue
+from client.runtime import ClientState, Lifecycle, LoopThread
 from client.settings import PushConsumerSettings, build, unique_instance
-from client.types import CommitRejectReason, RejectedCommit
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
-from tidemark.scheduler import Scheduler
 
 log = logging.getLogger("tidemark.client.consumer")
 
-# How often queues waiting for their previous owner's release try to lock again.
-LOCK_RETRY_INTERVAL_S = 0.1
 
+class AsyncPushConsumer(ConsumerCore):
+    consume_type = "CONSUME_PASSIVELY"
+    commit_start_offset = True
 
-def resolve_strategy(value: str | AllocateMessageQueueStrategy) -> AllocateMessageQueueStrategy:
-    if isinstance(value, AllocateMessageQueueStrategy):
-        return value
-    try:
-        return strategy_by_name(value)
-    except ValueError as e:
-        raise InvalidArgumentError(str(e)) from None
-
-
-class AsyncPushConsumer:
     def __init__(self, settings: PushConsumerSettings, subscriptions: dict[str, str],
                  listener: MessageListenerConcurrently | MessageListenerOrderly, *, orderly: bool) -> None:
-        self.settings = settings
-        self.client_id = settings.client_id
-        self._subscriptions = dict(subscriptions)
+        super().__init__(settings, subscriptions)
+        self.settings: PushConsumerSettings = settings
         self._listener = listener
         self.orderly = orderly
-        self.strategy = resolve_strategy(settings.allocate_strategy)
-        self.clustering = settings.message_model is MessageModel.CLUSTERING
-        self.scheduler = Scheduler(f"consumer:{settings.group}")
-        # One-off tasks (e.g. dropping a queue after a fenced commit), awaited at shutdown.
-        self._background: set[asyncio.Task] = set()
-        # Set by PushConsumer.suspend() from any thread; read by pull loops and consume threads.
+        # Set by PushConsumer.suspend() from any thread; read by the fetcher and the consume threads.
         self.suspended = False
 
-    def _topics(self) -> list[str]:
-        return sorted(self._subscriptions)
+    @property
+    def locking(self) -> bool:
+        return self.clustering and (self.settings.queue_locking or self.orderly)
 
-    def _subscription(self, topic: str) -> str:
-        return self._subscriptions.get(topic, "*")
+    @property
+    def piggyback(self) -> bool:
+        return self.clustering
 
-    async def start(self) -> None:
+    def held(self) -> bool:
+        return self.suspended
+
+    def fetch_limits(self) -> FetchLimits:
         s = self.settings
-        self.cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s)
-        try:
-            await self._start()
-        except BaseException:
-            await self.cluster.close()
-            raise
+        return FetchLimits(s.pull_threshold_for_queue, s.pull_threshold_size_for_queue,
+                           None if self.orderly else s.consume_concurrently_max_span, s.pull_batch_size)
 
-    async def _start(self) -> None:
+    def assemble(self) -> None:
         s = self.settings
-        await self.cluster.discover()
-        for topic in self._topics():
-            await self.cluster.route(topic)  # NotFoundError for an unknown topic, before anything starts
         if self.clustering:
-            self._subscriptions.setdefault(retry_topic(s.group), "*")
-        locking = self.clustering and (s.queue_locking or self.orderly)
-        self.offset_store: OffsetStore = (
-            RemoteBrokerOffsetStore(self.cluster, s.group, self.client_id, on_rejected=self._on_rejected,
-                                    require_fence=locking)
-            if self.clustering else LocalFileOffsetStore(self.client_id, s.group))
-        await self.offset_store.load()
-        self.executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=s.consume_thread_max, thread_name_prefix=f"ConsumeMessageThread_{s.group}")
+            # Created by the first send-back: routes of user topics are checked before this.
+            self.subscriptions.setdefault(retry_topic(s.group), "*")
         # -1 (default): the broker's group config decides (retry_max_times, 16 unless changed).
         self.send_back = SendBackService(cluster=self.cluster, group=s.group, client_id=self.client_id,
                                          max_reconsume_times=max(s.max_reconsume_times, 0))
-        service_cls = ConsumeMessageOrderlyService if self.orderly else ConsumeMessageConcurrentlyService
-        self.consume_service = service_cls(listener=self._listener, settings=s, executor=self.executor,
-                                           offset_store=self.offset_store, send_back=self.send_back,
-                                           suspended=lambda: self.suspended)
-        self.pull_service = PullMessageService(
-            cluster=self.cluster, settings=s, client_id=self.client_id, offset_store=self.offset_store,
-            subscription=self._subscription, dispatch=self.consume_service.submit, lose=self._lose,
-            max_span=None if self.orderly else s.consume_concurrently_max_span,
-            suspended=lambda: self.suspended)
-        self.ownership = QueueOwnership(
-            cluster=self.cluster, group=s.group, client_id=self.client_id, offset_store=self.offset_store,
-            locking=locking, drain_timeout_s=s.drain_timeout_s,
-            start_offset=self._start_offset, start_pulling=self.pull_service.start,
-            on_lost=self._on_queue_lost)
-        self.rebalance = RebalanceService(cluster=self.cluster, group=s.group, client_id=self.client_id,
-                                          model=s.message_model, strategy=self.strategy, ownership=self.ownership,
-                                          topics=self._topics,
-                                          on_change=lambda: self.scheduler.trigger("heartbeat"),
-                                          on_not_member=lambda: self.scheduler.trigger("heartbeat"))
-        self.membership = GroupMembership(cluster=self.cluster, group=s.group, client_id=self.client_id,
-                                          data=self._heartbeat_data,
-                                          on_change=lambda: self.scheduler.trigger("rebalance"))
-        # Jobs are registered before the first heartbeat opens the watch: a membership push arriving
-        # while start() runs then wakes the rebalance job as soon as the scheduler starts.
-        sched = self.scheduler
-        sched.every("heartbeat", s.heartbeat_interval_s, self.membership.heartbeat)
-        sched.every("persist-offsets", s.persist_consumer_offset_interval_s, self.persist_offsets)
-        sched.every("rebalance", s.rebalance_interval_s, self.rebalance.do_rebalance)
-        if self.ownership.locking:
-            sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
-            sched.every("retry-locks", LOCK_RETRY_INTERVAL_S, self.ownership.retry_locks)
-        await self.membership.heartbeat()
-        # The first rebalance finishes inside start(): when start() returns, start offsets are fixed.
-        await self.rebalance.do_rebalance()
-        await sched.start()
-        log.info("consumer started event=consumer_start group=%s client_id=%s model=%s orderly=%s locking=%s "
+        self.pool = ConsumeThreadPool(max_threads=s.consume_thread_max, name=f"ConsumeMessageThread_{s.group}",
+                                      loop=asyncio.get_running_loop(), on_drained=self._apply_finished)
+        common = dict(listener=self._listener, settings=s, pool=self.pool, offset_store=self.offset_store,
+                      send_back=self.send_back, fetcher=self.fetcher, suspended=lambda: self.suspended)
+        self.consume_service: ConsumeMessageConcurrentlyService | ConsumeMessageOrderlyService = (
+            ConsumeMessageOrderlyService(**common, on_death=self._consume_task_died) if self.orderly
+            else ConsumeMessageConcurrentlyService(**common, clustering=self.clustering))
+        log.info("consumer starting event=consumer_start group=%s client_id=%s model=%s orderly=%s locking=%s "
                  "strategy=%s topics=%s", s.group, self.client_id, s.message_model.value, self.orderly,
-                 self.ownership.locking, self.strategy.name, ",".join(self._topics()))
+                 self.locking, self.strategy.name, ",".join(sorted(self.subscriptions)))
 
-    def _heartbeat_data(self) -> HeartbeatData:
-        return HeartbeatData(
-            subscriptions=tuple((t, e) for t, e in sorted(self._subscriptions.items())),
-            message_model=self.settings.message_model.value,
-            consume_type="CONSUME_PASSIVELY",
-            orderly=self.orderly,
-            owned_queues=tuple(self.ownership.pulling()),
-            allocate_strategy=self.strategy.name,
-        )
+    def _apply_finished(self) -> None:
+        self.consume_service.apply_finished()
 
-    async def _start_offset(self, mq: MessageQueue) -> int:
-        s = self.settings
-        return await compute_pull_from_where(mq, where=s.consume_from_where,
-                                             consume_timestamp_ms=s.consume_timestamp_ms,
-                                             offset_store=self.offset_store, cluster=self.cluster)
+    def deliver(self, lease: QueueLease, msgs: list[MessageExt]) -> None:
+        self.consume_service.submit(lease, msgs)
 
-    def _on_queue_lost(self, mq: MessageQueue) -> None:
-        # Re-register (a restarted broker forgot us) and rebalance now rather than at the next timer.
-        self.scheduler.trigger("heartbeat")
-        self.scheduler.trigger("rebalance")
+    def caught_up(self, lease: QueueLease, offset: int) -> None:
+        self.offset_store.update_offset(lease.mq, offset, increase_only=True)
 
-    async def _lose(self, oq: OwnedQueue, reason: str) -> None:
-        await self.ownership.lose(oq.mq, reason)
+    async def drain(self, lease: QueueLease) -> None:
+        if not await lease.wait_idle(self.settings.drain_timeout_s):
+            log.warning("drain timed out event=drain_timeout group=%s queue=%s running=%d", self.settings.group,
+                        lease.mq, lease.running)
 
-    def _on_rejected(self, rejection: RejectedCommit) -> None:
-        if rejection.reason is CommitRejectReason.FENCED:
-            task = asyncio.get_running_loop().create_task(
-                self.ownership.lose(rejection.queue, f"commit fenced: {rejection.message}"))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+    def _consume_task_died(self, lease: QueueLease, error: BaseException) -> None:
+        self.ownership.lose_lease(lease, f"consume task died: {error!r}")
 
     def resume(self) -> None:
-        """Loop thread: undo suspend() and hand held batches to the listener."""
+        """Loop thread: undo suspend(), hand held batches to the listener and held credit to the brokers."""
         self.suspended = False
         self.consume_service.resume()
+        self.fetcher.resume()
 
-    async def persist_offsets(self) -> None:
-        await self.offset_store.persist_all(self.ownership.assigned())
-
-    async def shutdown(self) -> None:
-        """Stop rebalancing, hand every queue back (drain, commit, unlock), leave the group."""
-        await self.scheduler.stop()
-        if self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
-        await self.ownership.release_all()
-        if not self.clustering:
-            await self.offset_store.persist_all(self.offset_store.clone_offset_table())
-        await self.membership.leave()
+    async def stop_parts(self) -> None:
         await self.consume_service.shutdown()
-        self.executor.shutdown(wait=True, cancel_futures=True)
-        await self.cluster.close()
-        log.info("consumer stopped event=consumer_stop group=%s client_id=%s", self.settings.group, self.client_id)
+        await asyncio.to_thread(self.pool.shutdown)
 
 
 class PushConsumer:
@@ -209,15 +123,19 @@ class PushConsumer:
         self._listener: Any = None
         self._orderly = False
         self._loop = LoopThread(f"push-consumer-{self.settings.group}")
+        self._life = Lifecycle("consumer")
         self._core: AsyncPushConsumer | None = None
-        self._state = "CREATED"
 
     @property
     def client_id(self) -> str:
         return self.settings.client_id
 
+    @property
+    def state(self) -> ClientState:
+        return self._life.state
+
     def subscribe(self, topic: str, expression: str = "*") -> None:
-        self._check_created("subscribe")
+        self._life.require(ClientState.CREATED, action="subscribe")
         try:
             check_topic_name(topic)
             parse_tag_expression(expression)
@@ -234,46 +152,49 @@ class PushConsumer:
         self._set_listener(listener, orderly=True)
 
     def _set_listener(self, listener: Any, *, orderly: bool) -> None:
-        self._check_created("register a listener")
+        self._life.require(ClientState.CREATED, action="register a listener")
         if not callable(listener):
             raise InvalidArgumentError(f"listener must be callable, got {type(listener).__name__}")
         self._listener, self._orderly = listener, orderly
 
-    def _check_created(self, what: str) -> None:
-        if self._state != "CREATED":
-            raise ClientStateError(f"cannot {what}: the consumer is {self._state.lower()}")
-
     def start(self) -> PushConsumer:
-        self._check_created("start")
+        self._life.require(ClientState.CREATED, action="start")
         if self._listener is None:
             raise ClientStateError("register a message listener before start()")
         if not self._subscriptions:
             raise ClientStateError("subscribe to at least one topic before start()")
+        self._life.to(ClientState.STARTING)
         self._loop.start()
-        core = AsyncPushConsumer(self.settings, self._subscriptions, self._listener, orderly=self._orderly)
+        # The core is reachable before start() returns: the listener may run (and call suspend())
+        # as soon as the first rebalance inside start() hands out a queue.
+        self._core = AsyncPushConsumer(self.settings, self._subscriptions, self._listener, orderly=self._orderly)
         try:
-            self._loop.run(core.start(), timeout=self.settings.request_timeout_s * 4 + 5)
+            self._loop.run(self._core.start(), timeout=self.settings.request_timeout_s * 4 + 5)
         except BaseException:
             self._loop.stop()
-            self._state = "SHUTDOWN"
+            self._core = None
+            self._life.to(ClientState.SHUTDOWN)
             raise
-        self._core = core
-        self._state = "RUNNING"
+        self._life.to(ClientState.RUNNING)
         return self
 
     def shutdown(self) -> None:
         """Graceful: queues are drained, committed and released; idempotent."""
-        if self._state == "SHUTDOWN":
+        state = self._life.state
+        if state in (ClientState.SHUTDOWN, ClientState.STOPPING):
             return
-        if self._state == "CREATED":
-            self._state = "SHUTDOWN"
+        if state is ClientState.CREATED:
+            self._life.to(ClientState.SHUTDOWN)
             return
-        core, self._core = self._core, None
+        self._life.require(ClientState.RUNNING, action="shut down")
+        self._life.to(ClientState.STOPPING)
+        core = self._core
         try:
             self._loop.run(core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
         finally:
             self._loop.stop()
-            self._state = "SHUTDOWN"
+            self._core = None
+            self._life.to(ClientState.SHUTDOWN)
 
     def __enter__(self) -> PushConsumer:
         return self.start()
@@ -281,33 +202,36 @@ class PushConsumer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def _require_running(self) -> AsyncPushConsumer:
-        if self._core is None:
-            raise ClientStateError(f"consumer is {self._state.lower()}")
-        return self._core
+    def _running(self, action: str) -> AsyncPushConsumer:
+        self._life.require(ClientState.STARTING, ClientState.RUNNING, action=action)
+        core = self._core
+        if core is None:
+            raise ClientStateError(f"cannot {action}: the consumer is {self._life.state.value}")
+        return core
 
     def suspend(self) -> None:
-        """Stop pulling and stop handing messages to the listener (RocketMQ's suspend()).
+        """Stop fetching and stop handing messages to the listener (RocketMQ's suspend()).
 
-        Safe from any thread, including a listener: batches not yet started wait, uncommitted, until
-        resume() (or go to the queue's next owner after shutdown())."""
-        self._require_running().suspended = True
+        Safe from any thread, including a listener, from the moment start() is called: batches not
+        yet started wait, uncommitted, until resume() (or go to the queue's next owner after shutdown()),
+        and a failed batch's messages wait too instead of being sent back for retry."""
+        self._running("suspend").suspended = True
 
     def resume(self) -> None:
-        core = self._require_running()
+        core = self._running("resume")
         self._loop.call(core.resume, timeout=5)
 
     def owned_queues(self) -> list[MessageQueue]:
-        core = self._require_running()
+        core = self._running("list owned queues")
         return self._loop.call(core.ownership.pulling, timeout=5)
 
     def persist_offsets(self) -> None:
         """Commit every owned queue's progress now (normally every persist_consumer_offset_interval_s)."""
-        core = self._require_running()
+        core = self._running("persist offsets")
         self._loop.run(core.persist_offsets(), timeout=self.settings.request_timeout_s * 4)
 
     def stats(self) -> dict[str, int]:
-        core = self._require_running()
+        core = self._running("read stats")
 
         def collect() -> dict[str, int]:
             return {"consumed_ok": core.consume_service.consumed_ok,

@@ -5,19 +5,23 @@
 
 ASSIGNED: rebalance gave us the queue. LOCKING: waiting for the broker lock
 (zero-duplicate handover; skipped in RocketMQ-style mode). PULLING: lock held,
-start offset read, pulling and consuming. DRAINING: the queue moves away; no
-new pulls or dispatches, in-flight batches finish, then the offset is committed.
+start offset read, a lease fetching and consuming. DRAINING: the queue moves
+away; no new batches start, running ones finish, then the offset is committed.
 RELEASED: committed and unlocked. LOST: ownership was taken away (lock expired
 and fenced, or the broker refused a commit); nothing more is committed.
+
+The queue's current QueueLease follows the state: it is created on entering
+PULLING (and replaced, within PULLING, by a seek or reset), drains with the
+queue, and ends when the queue is released or lost.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from client.consumer.process_queue import ProcessQueue
+from client.consumer.lease import QueueLease
 from client.message import MessageQueue
 
 
@@ -47,46 +51,37 @@ class IllegalTransition(RuntimeError):
 @dataclass(eq=False)
 class OwnedQueue:
     mq: MessageQueue
-    pq: ProcessQueue = field(default_factory=ProcessQueue)
     state: QueueState = QueueState.ASSIGNED
-    next_offset: int = -1
     owner_epoch: int | None = None
-    reset_generation: int | None = None
-    # Batches handed to listeners and not finished yet.
-    inflight: int = 0
-    pull_task: asyncio.Task | None = None
+    lease: QueueLease | None = None
     # DRAINING -> RELEASED runs as its own task, so cancelling whoever started it cannot skip the
     # final commit and unlock.
     release_task: asyncio.Task | None = None
-    idle: asyncio.Event = field(default_factory=asyncio.Event)
-    # Bumped when the offset is reset: results of batches from before are ignored.
-    epoch_of_cache: int = 0
-
-    def __post_init__(self) -> None:
-        self.idle.set()
 
     def transition(self, to: QueueState) -> None:
         if to not in _ALLOWED[self.state]:
             raise IllegalTransition(f"{self.mq}: {self.state.value} -> {to.value} is not allowed")
         self.state = to
-        if to in (QueueState.DRAINING, QueueState.RELEASED, QueueState.LOST):
-            self.pq.mark_dropped()
+        lease = self.lease
+        if lease is not None:
+            if to is QueueState.DRAINING:
+                lease.drain()
+            elif to in (QueueState.RELEASED, QueueState.LOST):
+                lease.end()
+
+    def replace_lease(self, lease: QueueLease) -> QueueLease | None:
+        """Start a new lease generation (PULLING only); the old one ends. Returns the old one."""
+        if self.state is not QueueState.PULLING:
+            raise IllegalTransition(f"{self.mq}: a lease starts only while PULLING, not {self.state.value}")
+        old, self.lease = self.lease, lease
+        if old is not None:
+            old.end()
+        return old
 
     @property
     def pulling(self) -> bool:
         return self.state is QueueState.PULLING
 
-    @property
-    def accepts_results(self) -> bool:
-        """Finished batches still move the offset while pulling or draining, never once lost."""
-        return self.state in (QueueState.PULLING, QueueState.DRAINING)
-
-    def begin_batch(self) -> None:
-        self.inflight += 1
-        self.idle.clear()
-
-    def end_batch(self) -> None:
-        self.inflight -= 1
-        if self.inflight <= 0:
-            self.inflight = 0
-            self.idle.set()
+    def current(self, lease: QueueLease) -> bool:
+        """Whether `lease` is this queue's lease and still counts."""
+        return lease is self.lease and lease.counts

@@ -1,9 +1,18 @@
 """Producer: send (sync), send_async, send_oneway, batches, queue selectors and retries.
 
-Without a selector, queues are used round-robin across the topic's writable
-queues on every broker; a retriable failure is retried (default twice) on a
-queue of another broker when there is one, as RocketMQ's producer does. With a
-selector (ordered messages) retries stay on the selected queue.
+Every message is encoded once, in the caller's thread, in the store's record
+layout (tidemark.records), and travels to the broker inside a record batch on
+the connection's Produce stream. send/send_batch send their batch at once and
+wait; send_async/send_oneway go through the RecordAccumulator, which gathers
+messages per queue (linger_ms, batch_size) while up to max_in_flight_requests
+batches are on their way.
+
+Without a selector, sync sends use the topic's queues round-robin and async
+sends stick to one queue per batch; a retriable failure is retried (default
+twice) on a queue of another broker when there is one, as RocketMQ's producer
+does. With a selector or an explicit queue (ordered messages) retries stay on
+that queue. Delayed messages and sends to retry topics take the unary
+SendMessage path: the broker rewrites those.
 """
 
 from __future__ import annotations
@@ -11,18 +20,31 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from client.errors import ClientStateError, InvalidArgumentError, TidemarkError
 from client.message import Message, MessageQueue, SendResult
+from client.producer.accumulator import ProducerBatch, RecordAccumulator
 from client.producer.selector import MessageQueueSelector
 from client.remoting.cluster import BrokerCluster
-from client.runtime import LoopThread
+from client.runtime import ClientState, Lifecycle, LoopThread
 from client.settings import ProducerSettings, build
-from tidemark.protocol import InvalidNameError, MessageIdGenerator, PropertyKey, check_topic_name
+from tidemark.protocol import (
+    InvalidNameError,
+    MessageIdGenerator,
+    PropertyKey,
+    check_topic_name,
+    is_system_topic,
+    tag_hash,
+)
+from tidemark.records import RecordBatchBuilder, RecordError, encode_properties
 
 log = logging.getLogger("tidemark.client.producer")
+
+SendCallback = Callable[[SendResult | None, Exception | None], None]
 
 
 def check_message(message: Message, max_size: int) -> None:
@@ -39,24 +61,84 @@ def check_message(message: Message, max_size: int) -> None:
         raise InvalidArgumentError(f"message body is {len(message.body)} bytes; max_message_size is {max_size}")
 
 
+_UNIQ = PropertyKey.UNIQ_KEY + "\x01"
+_TAGS = "\x02" + PropertyKey.TAGS + "\x01"
+_KEYS = "\x02" + PropertyKey.KEYS + "\x01"
+
+
+def encode_message(message: Message, ids: MessageIdGenerator) -> tuple[str, bytes, int]:
+    """(msg id, encoded properties, tags code) of a message: UNIQ_KEY (kept if given), TAGS, KEYS, the rest."""
+    tags, keys, user = message.tags, message.keys, message.properties
+    if "||" in tags:
+        raise InvalidArgumentError(f"tag {tags!r} must not contain '||'")
+    if not user:
+        # The common case, without a dict: a fresh id, maybe a tag and keys.
+        if "\x01" in tags or "\x02" in tags or "\x01" in keys or "\x02" in keys:
+            raise InvalidArgumentError("tags and keys must not contain the characters \\x01 or \\x02")
+        msg_id = ids.next()
+        text = _UNIQ + msg_id
+        if tags:
+            text += _TAGS + tags
+        if keys:
+            text += _KEYS + keys
+        return msg_id, (text + "\x02").encode("utf-8"), tag_hash(tags)
+    props = dict(user)
+    msg_id = props.get(PropertyKey.UNIQ_KEY) or ids.next()
+    props[PropertyKey.UNIQ_KEY] = msg_id
+    if tags:
+        props[PropertyKey.TAGS] = tags
+    if keys:
+        props[PropertyKey.KEYS] = keys
+    try:
+        return msg_id, encode_properties(props), tag_hash(props.get(PropertyKey.TAGS, ""))
+    except RecordError as e:
+        raise InvalidArgumentError(str(e)) from None
+
+
 class AsyncProducer:
-    """The asyncio core; use `Producer` from synchronous code."""
+    """The asyncio core: routes, streams, the sender of accumulated batches. Use `Producer` from sync code."""
 
     def __init__(self, settings: ProducerSettings) -> None:
         self.settings = settings
         self._cluster: BrokerCluster | None = None
         self._ids = MessageIdGenerator()
         self._next = 0
+        self._inflight: set[asyncio.Task] = set()
+        self._wakeup: asyncio.Event | None = None
+        self._sender: asyncio.Task | None = None
+        self.accumulator: RecordAccumulator | None = None
+        # Back-pressure for send_async/send_oneway: beyond this many unanswered messages, callers wait.
+        # Taken per message by the caller, given back per batch when its answer came.
+        self.slots = threading.Semaphore(settings.max_async_in_flight)
 
     async def start(self) -> None:
         s = self.settings
-        # Back-pressure for send_async: beyond this many requests in flight, new ones wait their turn
-        # (unbounded, a burst overloads the channel and calls start failing).
-        self.async_slots = asyncio.Semaphore(s.max_async_in_flight)
         self._cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s)
-        await self._cluster.discover()
+        try:
+            await self._cluster.discover()
+        except BaseException:
+            await self._cluster.close()
+            raise
+        loop = asyncio.get_running_loop()
+        wakeup = self._wakeup = asyncio.Event()
+        self.accumulator = RecordAccumulator(batch_size=s.batch_size, linger_s=s.linger_ms / 1000,
+                                             born_host=s.client_ip,
+                                             wake=lambda: loop.call_soon_threadsafe(wakeup.set))
+        self._sender = loop.create_task(self._send_accumulated(), name="producer-sender")
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, timeout_s: float) -> None:
+        """Send what is still accumulated (bounded by timeout_s), then close the connections."""
+        if self.accumulator is not None:
+            pending = self.accumulator.close()
+            for batch in pending:
+                self._spawn(batch)
+        if self._inflight:
+            done, late = await asyncio.wait(self._inflight, timeout=timeout_s)
+            for task in late:
+                task.cancel()
+        if self._sender is not None:
+            self._sender.cancel()
+            await asyncio.gather(self._sender, return_exceptions=True)
         if self._cluster is not None:
             await self._cluster.close()
             self._cluster = None
@@ -67,46 +149,65 @@ class AsyncProducer:
             raise ClientStateError("producer is not started")
         return self._cluster
 
-    def _with_id(self, message: Message) -> Message:
-        if message.properties.get(PropertyKey.UNIQ_KEY):
-            return message
-        props = dict(message.properties)
-        props[PropertyKey.UNIQ_KEY] = self._ids.next()
-        return Message(topic=message.topic, body=message.body, tags=message.tags, keys=message.keys,
-                       properties=props, delay_level=message.delay_level, flag=message.flag)
+    # -- record batches ----------------------------------------------------------------------
 
-    async def send_batch(self, messages: Sequence[Message], *, queue: MessageQueue | None = None,
-                         selector: MessageQueueSelector | None = None, arg: Any = None,
-                         timeout: float | None = None) -> list[SendResult]:
-        if not messages:
-            raise InvalidArgumentError("a batch needs at least one message")
-        topic = messages[0].topic
-        for m in messages:
-            check_message(m, self.settings.max_message_size)
-            if m.topic != topic:
-                raise InvalidArgumentError(f"all messages of a batch must share a topic ({topic!r} vs {m.topic!r})")
-        messages = [self._with_id(m) for m in messages]
+    async def send_records(self, topic: str, data: bytes, msg_ids: Sequence[str], *,
+                           queue: MessageQueue | None, selector: MessageQueueSelector | None, arg: Any,
+                           first: Message | None, timeout: float | None,
+                           prefer: MessageQueue | None = None) -> list[SendResult]:
+        """Send one encoded batch to one queue, retrying retriable failures; results per message.
+
+        `queue` pins every attempt to one queue; `prefer` is only the first attempt's (an accumulated
+        batch's sticky queue), retries then avoid its broker like any unpinned send."""
         timeout = timeout or self.settings.send_msg_timeout_s
         attempts = 1 + self.settings.retry_times_when_send_failed
-        last_broker = None
-        error: TidemarkError | None = None
+        avoid = None
         for attempt in range(attempts):
-            target = queue or await self._select(topic, messages[0], selector, arg, avoid=last_broker)
+            target = queue or (prefer if attempt == 0 and prefer is not None else
+                               await self._select(topic, first, selector, arg, avoid=avoid))
             try:
                 conn = await self.cluster.connection(target.broker_name)
-                return await conn.send(topic, messages, queue_id=target.queue_id,
-                                       born_host=self.settings.client_ip, timeout=timeout)
+                offset = await conn.produce_stream().send(topic, target.queue_id, len(msg_ids), data, timeout)
+                return [SendResult(msg_id, target, offset + i) for i, msg_id in enumerate(msg_ids)]
             except TidemarkError as e:
                 if not e.retriable or attempt == attempts - 1:
                     raise
-                error = e
-                last_broker = target.broker_name
+                avoid = target.broker_name
                 self.cluster.forget_route(topic)
                 log.warning("send failed, retrying event=send_retry topic=%s broker=%s attempt=%d error=%s",
                             topic, target.broker_name, attempt + 1, e)
-        raise error if error else AssertionError("unreachable")
+        raise AssertionError("unreachable")
 
-    async def _select(self, topic: str, message: Message, selector: MessageQueueSelector | None, arg: Any,
+    async def send_messages(self, messages: Sequence[Message], *, queue: MessageQueue | None,
+                            selector: MessageQueueSelector | None, arg: Any,
+                            timeout: float | None) -> list[SendResult]:
+        """The unary SendMessage path: delayed messages and retry topics (the broker rewrites those)."""
+        topic = messages[0].topic
+        messages = [self._with_id(m) for m in messages]
+        timeout = timeout or self.settings.send_msg_timeout_s
+        attempts = 1 + self.settings.retry_times_when_send_failed
+        avoid = None
+        for attempt in range(attempts):
+            target = queue or await self._select(topic, messages[0], selector, arg, avoid=avoid)
+            try:
+                conn = await self.cluster.connection(target.broker_name)
+                return await conn.send(topic, messages, queue_id=target.queue_id, born_host=self.settings.client_ip,
+                                       timeout=timeout)
+            except TidemarkError as e:
+                if not e.retriable or attempt == attempts - 1:
+                    raise
+                avoid = target.broker_name
+                self.cluster.forget_route(topic)
+        raise AssertionError("unreachable")
+
+    def _with_id(self, message: Message) -> Message:
+        if message.properties.get(PropertyKey.UNIQ_KEY):
+            return message
+        props = {**message.properties, PropertyKey.UNIQ_KEY: self._ids.next()}
+        return Message(topic=message.topic, body=message.body, tags=message.tags, keys=message.keys,
+                       properties=props, delay_level=message.delay_level, flag=message.flag)
+
+    async def _select(self, topic: str, message: Message | None, selector: MessageQueueSelector | None, arg: Any,
                       avoid: str | None) -> MessageQueue:
         mqs = await self.cluster.write_queues(topic)
         if not mqs:
@@ -117,6 +218,62 @@ class AsyncProducer:
         self._next += 1
         return candidates[self._next % len(candidates)]
 
+    # -- the sender of accumulated batches ---------------------------------------------------
+
+    async def _send_accumulated(self) -> None:
+        accumulator, wakeup = self.accumulator, self._wakeup
+        limit = self.settings.max_in_flight_requests
+        while True:
+            wakeup.clear()
+            free = limit - len(self._inflight)
+            if free > 0:
+                for batch in accumulator.drain(free):
+                    self._spawn(batch)
+            delay = accumulator.next_ready_in() if len(self._inflight) < limit else None
+            if delay == 0:
+                continue
+            if delay is None:
+                await wakeup.wait()
+            else:
+                try:
+                    async with asyncio.timeout(delay):
+                        await wakeup.wait()
+                except TimeoutError:
+                    pass
+
+    def _spawn(self, batch: ProducerBatch) -> None:
+        task = asyncio.get_running_loop().create_task(self._send_batch(batch))
+        self._inflight.add(task)
+        task.add_done_callback(self._sent)
+
+    def _sent(self, task: asyncio.Task) -> None:
+        self._inflight.discard(task)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def _send_batch(self, batch: ProducerBatch) -> None:
+        try:
+            results = await self.send_records(
+                batch.mq.topic, bytes(batch.builder.buffer), batch.msg_ids, queue=None if batch.sticky else batch.mq,
+                selector=None, arg=None, first=None, timeout=None, prefer=batch.mq)
+        except asyncio.CancelledError:
+            _fail(batch.futures, ClientStateError("the producer shut down before the message was sent"))
+            raise
+        except Exception as e:
+            _fail(batch.futures, e)
+            return
+        finally:
+            self.slots.release(batch.count)
+        for future, result in zip(batch.futures, results, strict=True):
+            if not future.done():
+                future.set_result(result)
+
+
+def _fail(futures: list[concurrent.futures.Future], error: BaseException) -> None:
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
+
 
 class Producer:
     """Synchronous producer. `Producer(brokers="h:p")` or `Producer(ProducerSettings(...))`; a context manager."""
@@ -125,31 +282,40 @@ class Producer:
         self.settings: ProducerSettings = build(ProducerSettings, settings, overrides)  # type: ignore[assignment]
         self._core = AsyncProducer(self.settings)
         self._loop = LoopThread("producer")
-        self._state = "CREATED"
+        self._life = Lifecycle("producer")
+        self._ids = MessageIdGenerator()
+        self._checked_topics: set[str] = set()
+        self._routes: dict[str, tuple[float, list[MessageQueue]]] = {}
 
     def start(self) -> Producer:
-        if self._state == "RUNNING":
+        if self._life.state is ClientState.RUNNING:
             return self
-        if self._state == "SHUTDOWN":
-            raise ClientStateError("producer was shut down; create a new one")
+        self._life.to(ClientState.STARTING)
         self._loop.start()
         try:
             self._loop.run(self._core.start(), timeout=self.settings.request_timeout_s * 2)
         except BaseException:
             self._loop.stop()
+            self._life.to(ClientState.SHUTDOWN)
             raise
-        self._state = "RUNNING"
+        self._life.to(ClientState.RUNNING)
         return self
 
     def shutdown(self) -> None:
-        if self._state != "RUNNING":
-            self._state = "SHUTDOWN"
+        """Sends what send_async/send_oneway still hold (bounded by send_msg_timeout_s), then closes."""
+        state = self._life.state
+        if state is ClientState.SHUTDOWN or state is ClientState.STOPPING:
             return
+        if state is not ClientState.RUNNING:
+            self._life.to(ClientState.SHUTDOWN)
+            return
+        self._life.to(ClientState.STOPPING)
+        wait = self.settings.send_msg_timeout_s
         try:
-            self._loop.run(self._core.shutdown(), timeout=self.settings.request_timeout_s)
+            self._loop.run(self._core.shutdown(wait), timeout=wait + self.settings.request_timeout_s + 5)
         finally:
             self._loop.stop()
-            self._state = "SHUTDOWN"
+            self._life.to(ClientState.SHUTDOWN)
 
     def __enter__(self) -> Producer:
         return self.start()
@@ -157,16 +323,13 @@ class Producer:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-    def _check(self) -> None:
-        if self._state != "RUNNING":
-            raise ClientStateError(f"producer is {self._state.lower()}; call start() first"
-                                   if self._state == "CREATED" else "producer was shut down")
-
     def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's writable queues on every broker, sorted."""
-        self._check()
+        self._life.require(ClientState.RUNNING, action="fetch queues")
         return self._loop.run(self._core.cluster.write_queues(topic, refresh=True),
                               timeout=self.settings.request_timeout_s * 2)
+
+    # -- sending -----------------------------------------------------------------------------
 
     def send(self, message: Message, *, queue: MessageQueue | None = None,
              selector: MessageQueueSelector | None = None, arg: Any = None,
@@ -178,21 +341,62 @@ class Producer:
                    selector: MessageQueueSelector | None = None, arg: Any = None,
                    timeout: float | None = None) -> list[SendResult]:
         """Send messages of one topic as one batch: one queue, consecutive offsets."""
-        self._check()
-        wait = (timeout or self.settings.send_msg_timeout_s) * (1 + self.settings.retry_times_when_send_failed) + 1
-        return self._loop.run(self._core.send_batch(messages, queue=queue, selector=selector, arg=arg,
-                                                    timeout=timeout), timeout=wait)
+        self._life.require(ClientState.RUNNING, action="send")
+        if not messages:
+            raise InvalidArgumentError("a batch needs at least one message")
+        topic = messages[0].topic
+        for m in messages:
+            self._check(m)
+            if m.topic != topic:
+                raise InvalidArgumentError(f"all messages of a batch must share a topic ({topic!r} vs {m.topic!r})")
+        s = self.settings
+        wait = (timeout or s.send_msg_timeout_s) * (1 + s.retry_times_when_send_failed) + 1
+        if _needs_unary(messages[0]):
+            if len(messages) > 1 and any(m.delay_level for m in messages):
+                raise InvalidArgumentError("delayed messages cannot be sent in a batch")
+            return self._loop.run(self._core.send_messages(messages, queue=queue, selector=selector, arg=arg,
+                                                           timeout=timeout), timeout=wait)
+        builder = RecordBatchBuilder(topic, s.client_ip)
+        msg_ids = []
+        now = time.time_ns() // 1_000_000
+        for m in messages:
+            msg_id, props, tags_code = encode_message(m, self._ids)
+            builder.append(m.body, props, tags_code=tags_code, flag=m.flag, born_timestamp=now)
+            msg_ids.append(msg_id)
+        return self._loop.run(self._core.send_records(topic, bytes(builder.buffer), msg_ids, queue=queue,
+                                                      selector=selector, arg=arg, first=messages[0],
+                                                      timeout=timeout), timeout=wait)
 
-    def send_async(self, message: Message, callback: Callable[[SendResult | None, Exception | None], None] | None = None,
-                   **kw: Any) -> concurrent.futures.Future[SendResult]:
-        """Send without blocking; the future (and callback, on the producer's thread) gets the result."""
-        self._check()
-        future = self._loop.submit(self._send_one(message, **kw))
+    def send_async(self, message: Message, callback: SendCallback | None = None, *,
+                   queue: MessageQueue | None = None, selector: MessageQueueSelector | None = None,
+                   arg: Any = None) -> concurrent.futures.Future[SendResult]:
+        """Send without blocking: the message joins its queue's batch (linger_ms, batch_size).
+
+        The future (and callback, on the producer's thread) gets the result or the error. Blocks only
+        when max_async_in_flight messages are unanswered."""
+        self._life.require(ClientState.RUNNING, action="send")
+        try:
+            self._check(message)
+            if _needs_unary(message):
+                future = self._chain(self._loop.submit(self._core.send_messages(
+                    [message], queue=queue, selector=selector, arg=arg, timeout=None)))
+            else:
+                msg_id, props, tags_code = encode_message(message, self._ids)
+                queues = self._write_queues(message.topic)
+                if queue is None and selector is not None:
+                    queue = selector.select(queues, message, arg)
+                self._core.slots.acquire()
+                try:
+                    future = self._core.accumulator.append(queues, queue, message.body, props, msg_id=msg_id,
+                                                           tags_code=tags_code, flag=message.flag)
+                except RuntimeError:
+                    self._core.slots.release()
+                    raise ClientStateError("cannot send: the producer was shut down") from None
+        except TidemarkError as e:
+            future = concurrent.futures.Future()
+            future.set_exception(e)
         if callback is not None:
-            def done(f: concurrent.futures.Future[SendResult]) -> None:
-                error = f.exception()
-                callback(None if error else f.result(), error)  # type: ignore[arg-type]
-            future.add_done_callback(done)
+            future.add_done_callback(lambda f: _call_back(callback, f))
         return future
 
     def send_oneway(self, message: Message, **kw: Any) -> None:
@@ -201,9 +405,54 @@ class Producer:
         future.add_done_callback(lambda f: f.exception() and log.warning(
             "oneway send failed event=send_oneway_failed topic=%s error=%s", message.topic, f.exception()))
 
-    async def _send_one(self, message: Message, **kw: Any) -> SendResult:
-        async with self._core.async_slots:
-            return (await self._core.send_batch([message], **kw))[0]
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _check(self, message: Message) -> None:
+        if not isinstance(message, Message):
+            raise InvalidArgumentError(f"expected a client.Message, got {type(message).__name__}")
+        body = message.body
+        if message.topic in self._checked_topics and 0 < len(body) <= self.settings.max_message_size:
+            return
+        check_message(message, self.settings.max_message_size)
+        self._checked_topics.add(message.topic)
+
+    def _write_queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's writable queues, cached for route_refresh_interval_s (one loop round trip to refresh)."""
+        cached = self._routes.get(topic)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < self.settings.route_refresh_interval_s:
+            return cached[1]
+        queues = self._loop.run(self._core.cluster.write_queues(topic), timeout=self.settings.request_timeout_s * 2)
+        if not queues:
+            raise InvalidArgumentError(f"topic {topic!r} has no writable queue")
+        self._routes[topic] = (now, queues)
+        return queues
+
+    @staticmethod
+    def _chain(source: concurrent.futures.Future) -> concurrent.futures.Future:
+        """A future of one SendResult from a future of the unary path's result list."""
+        target: concurrent.futures.Future = concurrent.futures.Future()
+
+        def copy(f: concurrent.futures.Future) -> None:
+            error = f.exception()
+            if error is not None:
+                target.set_exception(error)
+            else:
+                target.set_result(f.result()[0])
+        source.add_done_callback(copy)
+        return target
 
 
-__all__ = ["AsyncProducer", "Producer", "check_message"]
+def _needs_unary(message: Message) -> bool:
+    return bool(message.delay_level) or is_system_topic(message.topic)
+
+
+def _call_back(callback: SendCallback, future: concurrent.futures.Future) -> None:
+    error = future.exception()
+    try:
+        callback(None if error else future.result(), error)  # type: ignore[arg-type]
+    except Exception:
+        log.exception("send callback raised event=send_callback_error")
+
+
+__all__ = ["AsyncProducer", "Producer", "check_message", "encode_message"]

@@ -16,6 +16,7 @@ import grpc
 from client.errors import InvalidArgumentError, from_rpc_error
 from client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
 from client.remoting import convert
+from client.remoting.streams import FetchStream, OnBroken, OnEnded, OnRecords, ProduceStream
 from client.types import (
     BrokerInfo,
     CommitOffsetsResult,
@@ -91,9 +92,25 @@ class BrokerConnection:
         self._offsets = offsets_pb2_grpc.OffsetServiceStub(self._channel)
         self._membership = membership_pb2_grpc.MembershipServiceStub(self._channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._produce: ProduceStream | None = None
 
     async def close(self) -> None:
+        if self._produce is not None:
+            await self._produce.close()
+            self._produce = None
         await self._channel.close()
+
+    # -- data plane ------------------------------------------------------------
+
+    def produce_stream(self) -> ProduceStream:
+        """The connection's Produce stream, opened (again) when there is none or it broke."""
+        if self._produce is None or not self._produce.usable:
+            self._produce = ProduceStream(self._messaging.Produce(), self.address)
+        return self._produce
+
+    def open_fetch_stream(self, *, on_records: OnRecords, on_ended: OnEnded, on_broken: OnBroken) -> FetchStream:
+        return FetchStream(self._messaging.Fetch(), self.address, on_records=on_records, on_ended=on_ended,
+                           on_broken=on_broken)
 
     async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         try:

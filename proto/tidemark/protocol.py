@@ -8,6 +8,7 @@ functions only: no I/O, no grpc.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 import secrets
@@ -176,14 +177,12 @@ class MessageIdGenerator:
 
     16 bytes: a per-process prefix (pid and random bits, so two processes on one
     host differ), milliseconds since the epoch, and a wrapping counter.
+    Thread-safe: next() on an itertools.count is one atomic step in CPython.
     """
 
     def __init__(self) -> None:
-        self._prefix = (os.getpid() & 0xFFFF).to_bytes(2, "big") + secrets.token_bytes(4)
-        self._counter = 0
+        self._prefix = ((os.getpid() & 0xFFFF).to_bytes(2, "big") + secrets.token_bytes(4)).hex().upper()
+        self._counter = itertools.count(1)
 
     def next(self) -> str:
-        self._counter = (self._counter + 1) & 0xFFFF
-        now = time.time_ns() // 1_000_000
-        raw = self._prefix + now.to_bytes(8, "big") + self._counter.to_bytes(2, "big")
-        return raw.hex().upper()
+        return f"{self._prefix}{time.time_ns() // 1_000_000:016X}{next(self._counter) & 0xFFFF:04X}"

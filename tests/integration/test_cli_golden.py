@@ -37,7 +37,8 @@ _NORMALISE = [
     (re.compile(r"(?<=127\.0\.0\.1:)\d{2,5}"), "<PORT>", True),
     (re.compile(r'(?<="seconds": )[\d.]+'), "<S>", False),
     (re.compile(r'(?<="msgs_per_s": )\d+'), "<N>", False),
-    (re.compile(r"(?<=\s)\d+\.\d+(?=\s+\d+$)", re.M), "<S>", True),
+    # A right-aligned duration: its width varies (0.02 / 0.012), the column's does not.
+    (re.compile(r"\s+\d+\.\d+(?=\s+\d+$)", re.M), "<S>", "right"),
     (re.compile(r"(?<=<S>)(\s+)\d+$", re.M), None, True),
     (re.compile(r"\b1\d{15}\b"), "<EPOCH>", True),
 ]
@@ -47,6 +48,8 @@ def _replace(placeholder: str | None, pad: bool):
     def repl(m: re.Match) -> str:
         if placeholder is None:
             return m.group(1) + "<N>".rjust(len(m.group(0)) - len(m.group(1)))
+        if pad == "right":
+            return placeholder.rjust(len(m.group(0)))
         return placeholder.ljust(len(m.group(0))) if pad else placeholder
     return repl
 

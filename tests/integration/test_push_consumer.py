@@ -57,7 +57,7 @@ def test_at_least_once_20k_messages_8_queues(broker):
     collector = Collector(delay_ms=2.0)
     consumer = start_consumer(broker.address, "billing", "Orders", collector,
                               consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-                              consume_thread_min=20, consume_thread_max=20)
+                              consume_thread_max=20)
     try:
         wait_until(lambda: set(ids) <= set(collector.seen), 180, "every message consumed")
     finally:
@@ -172,7 +172,7 @@ def test_bad_input_gives_clear_errors(broker, caplog):
     unknown.register_message_listener(Collector())
     with pytest.raises(NotFoundError, match="NoSuchTopic"):
         unknown.start()
-    with pytest.raises(ClientStateError, match="shutdown"):
+    with pytest.raises(ClientStateError, match="shut down"):
         unknown.start()  # a failed start leaves the consumer shut down
     with pytest.raises(InvalidArgumentError, match="topic name"):
         PushConsumer(group="g1", brokers=broker.address).subscribe("bad topic")
@@ -224,7 +224,7 @@ def test_two_consumers_in_one_process_split_the_queues(broker):
 def test_suspend_holds_messages_back_until_resume(broker):
     create_topic(broker.address, "Held", 1)
     collector = Collector()
-    consumer = start_consumer(broker.address, "holders", "Held", collector, consume_thread_min=1, consume_thread_max=1,
+    consumer = start_consumer(broker.address, "holders", "Held", collector, consume_thread_max=1,
                               consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
     try:
         consumer.suspend()

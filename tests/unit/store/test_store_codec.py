@@ -36,7 +36,7 @@ def _roundtrip(record: MessageRecord, **kwargs):
             reconsume_times=2,
             sys_flag=4,
         ),
-        MessageRecord("话题-тема-🌊", 0, b"", {"ключ": "值 🌊", "": ""}),
+        MessageRecord("话题-тема-🌊", 0, b"", {"ключ": "值 🌊", "k": ""}),
         MessageRecord("T", 2**31 - 1, bytes(range(256)) * 4096, {}, tags_code=-(2**63), flag=-1),
     ],
     ids=["all-fields", "unicode-empty-body", "large-body"],

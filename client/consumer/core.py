@@ -1,0 +1,273 @@
+"""ConsumerCore: what every consumer of a group is made of, assembled in one place.
+
+Broker cluster, offset store (remote for CLUSTERING, a local file for
+BROADCASTING), the Fetcher (one stream per broker), QueueOwnership (leases,
+locks, handover), RebalanceService and GroupMembership (or a fixed
+assignment), and one Scheduler with every timer. A push consumer and a lite
+pull consumer differ only in the hooks they fill in, as RocketMQ's
+RebalanceImpl subclasses do:
+
+- `start_offset` (computePullFromWhere) and `commit_start_offset`;
+- `deliver` (dispatchPullRequest's other half): what happens to fetched
+  messages (the listener's consume threads, or poll()'s buffer);
+- `drain` (removeUnnecessaryMessageQueue): what a leaving lease waits for;
+- `forget`: drop what is buffered for a lease that ended.
+
+Everything runs on the consumer's event loop; background work is owned here
+(the scheduler's jobs and `spawn`ed tasks, whose failures are logged) and
+stopped in order by `shutdown`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from client.consumer.consume_from_where import compute_pull_from_where
+from client.consumer.fetcher import Fetcher, FetchLimits
+from client.consumer.lease import QueueLease
+from client.consumer.membership import GroupMembership, HeartbeatData
+from client.consumer.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
+from client.consumer.ownership import QueueOwnership
+from client.consumer.rebalance import RebalanceService
+from client.errors import FencedError
+from client.message import MessageExt, MessageModel, MessageQueue
+from client.remoting.cluster import BrokerCluster
+from client.remoting.streams import QueueEnd
+from client.settings import ConsumerSettings
+from client.types import CommitRejectReason, RejectedCommit
+from tidemark.scheduler import Scheduler
+
+log = logging.getLogger("tidemark.client.consumer")
+
+# How often queues waiting for their previous owner's release try to lock again.
+LOCK_RETRY_INTERVAL_S = 0.1
+# Before opening a queue again that the broker refused for a passing reason.
+REFUSED_RETRY_DELAY_S = 3.0
+
+
+class ConsumerCore:
+    """The shared assembly; subclasses fill in the hooks below."""
+
+    consume_type = "CONSUME_PASSIVELY"
+    commit_start_offset = True
+    orderly = False
+
+    def __init__(self, settings: ConsumerSettings, subscriptions: dict[str, str]) -> None:
+        self.settings = settings
+        self.client_id = settings.client_id
+        self.subscriptions = dict(subscriptions)
+        self.strategy = settings.allocate_strategy
+        self.clustering = settings.message_model is MessageModel.CLUSTERING
+        self.scheduler = Scheduler(f"consumer:{settings.group}")
+        self.membership: GroupMembership | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    @property
+    def locking(self) -> bool:
+        return self.clustering and self.settings.queue_locking
+
+    @property
+    def piggyback(self) -> bool:
+        """Commits ride on credit frames (push); a lite pull consumer commits when the application says."""
+        return False
+
+    def held(self) -> bool:
+        """Fetching pauses (credit is held back), e.g. while a push consumer is suspended."""
+        return False
+
+    def fetch_limits(self) -> FetchLimits:
+        s = self.settings
+        return FetchLimits(s.pull_threshold_for_queue, s.pull_threshold_size_for_queue, None, s.pull_batch_size)
+
+    def deliver(self, lease: QueueLease, msgs: list[MessageExt]) -> None:
+        """Fetched messages of a current lease, already in its ProcessQueue."""
+        raise NotImplementedError
+
+    async def drain(self, lease: QueueLease) -> None:
+        """What a leaving lease waits for before its final commit (nothing by default)."""
+
+    def forget(self, lease: QueueLease) -> None:
+        """Drop what is buffered for a lease that ended."""
+
+    def caught_up(self, lease: QueueLease, offset: int) -> None:
+        """Nothing of the lease is left to consume and the broker read up to `offset` (past entries our
+        subscription filtered out): that much counts as consumed (RocketMQ's correctTagsOffset)."""
+
+    def assemble(self) -> None:
+        """Build the kind's own parts once the shared ones exist."""
+
+    async def stop_parts(self) -> None:
+        """Stop the kind's own parts (after queues were handed back)."""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self, *, assigned: set[MessageQueue] | None = None) -> None:
+        s = self.settings
+        self.cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s)
+        try:
+            await self._start(assigned)
+        except BaseException:
+            await self.cluster.close()
+            raise
+
+    async def _start(self, assigned: set[MessageQueue] | None) -> None:
+        s = self.settings
+        await self.cluster.discover()
+        for topic in self.subscriptions:
+            await self.cluster.route(topic)  # NotFoundError for an unknown topic, before anything starts
+        locking = self.locking and assigned is None
+        self.offset_store: OffsetStore = (
+            RemoteBrokerOffsetStore(self.cluster, s.group, self.client_id, on_rejected=self._on_rejected,
+                                    require_fence=locking)
+            if self.clustering else LocalFileOffsetStore(self.client_id, s.group))
+        await self.offset_store.load()
+        self.fetcher = Fetcher(cluster=self.cluster, group=s.group, subscription=self.subscription,
+                               limits=self.fetch_limits(), sink=self,
+                               offset_store=self.offset_store if self.piggyback else None, held=self.held)
+        self.ownership = QueueOwnership(cluster=self.cluster, group=s.group, client_id=self.client_id,
+                                        offset_store=self.offset_store, locking=locking, hooks=self)
+        self.assemble()
+        sched = self.scheduler
+        if assigned is None:
+            self.rebalance = RebalanceService(
+                cluster=self.cluster, group=s.group, client_id=self.client_id, model=s.message_model,
+                strategy=self.strategy, ownership=self.ownership, topics=lambda: sorted(self.subscriptions),
+                on_change=lambda: sched.trigger("heartbeat"), on_not_member=lambda: sched.trigger("heartbeat"))
+            self.membership = GroupMembership(cluster=self.cluster, group=s.group, client_id=self.client_id,
+                                              data=self._heartbeat_data, on_change=lambda: sched.trigger("rebalance"))
+            # Jobs are registered before the first heartbeat opens the watch: a membership push arriving
+            # while start() runs then wakes the rebalance job as soon as the scheduler starts.
+            sched.every("heartbeat", s.heartbeat_interval_s, self.membership.heartbeat)
+            sched.every("rebalance", s.rebalance_interval_s, self.rebalance.do_rebalance)
+            if self.ownership.locking:
+                sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
+                sched.every("retry-locks", LOCK_RETRY_INTERVAL_S, self.ownership.retry_locks)
+        self.schedule_commits(sched)
+        if assigned is None:
+            await self.membership.heartbeat()
+            # The first rebalance finishes inside start(): when start() returns, start offsets are fixed.
+            await self.rebalance.do_rebalance()
+        else:
+            await self.assign(assigned)
+        await sched.start()
+
+    def schedule_commits(self, sched: Scheduler) -> None:
+        sched.every("persist-offsets", self.settings.persist_consumer_offset_interval_s, self.persist_offsets)
+
+    async def assign(self, queues: set[MessageQueue]) -> None:
+        """A fixed assignment (no group coordination): exactly these queues."""
+        topics = {mq.topic for mq in queues} | {oq.mq.topic for oq in self.ownership.queues()}
+        for topic in sorted(topics):
+            await self.ownership.update(topic, {mq for mq in queues if mq.topic == topic})
+
+    async def persist_offsets(self) -> None:
+        await self.offset_store.persist_all(self.ownership.assigned())
+
+    async def shutdown(self) -> None:
+        """Stop the timers, hand every queue back (drain, commit, unlock), leave the group, close."""
+        await self.scheduler.stop()
+        await self._stop_tasks()
+        await self.ownership.release_all()
+        if not self.clustering:
+            await self.offset_store.persist_all(self.offset_store.clone_offset_table())
+        if self.membership is not None:
+            await self.membership.leave()
+        await self.stop_parts()
+        await self.fetcher.close()
+        await self.cluster.close()
+        log.info("consumer stopped event=consumer_stop group=%s client_id=%s", self.settings.group, self.client_id)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
+        """Run background work owned by the consumer: failures are logged, shutdown waits for it."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("consumer task failed event=consumer_task_failed group=%s task=%s", self.settings.group,
+                      task.get_name(), exc_info=task.exception())
+
+    async def _stop_tasks(self) -> None:
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # -- OwnershipHooks ----------------------------------------------------------------------
+
+    def subscription(self, topic: str) -> str:
+        return self.subscriptions.get(topic, "*")
+
+    async def start_offset(self, mq: MessageQueue) -> int:
+        s = self.settings
+        return await compute_pull_from_where(mq, where=s.consume_from_where,
+                                             consume_timestamp_ms=s.consume_timestamp_ms,
+                                             offset_store=self.offset_store, cluster=self.cluster)
+
+    async def lease_started(self, lease: QueueLease) -> None:
+        await self.fetcher.start(lease, lease.start_offset)
+
+    async def lease_draining(self, lease: QueueLease) -> None:
+        self.fetcher.stop(lease)
+        await self.drain(lease)
+
+    def lease_ended(self, lease: QueueLease) -> None:
+        self.fetcher.stop(lease)
+        self.forget(lease)
+
+    def queue_lost(self, mq: MessageQueue) -> None:
+        # Re-register (a restarted broker forgot us) and rebalance now rather than at the next timer.
+        self.scheduler.trigger("heartbeat")
+        self.scheduler.trigger("rebalance")
+
+    # -- FetchSink ---------------------------------------------------------------------------
+
+    def on_messages(self, lease: QueueLease, msgs: list[MessageExt], next_offset: int) -> None:
+        pq = lease.pq
+        if msgs:
+            pq.put_messages(msgs)
+        pq.advance_to(next_offset)
+        if msgs:
+            self.deliver(lease, msgs)
+        elif pq.msg_count == 0:
+            self.caught_up(lease, pq.next_offset)
+
+    def on_ended(self, lease: QueueLease, end: QueueEnd) -> None:
+        mq = lease.mq
+        if end.status == "OFFSET_ILLEGAL":
+            log.warning("pull offset illegal event=offset_illegal queue=%s next=%d", mq, end.next_offset)
+            self.spawn(self.ownership.restart(lease, end.next_offset, lease.reset_generation, record=True),
+                       f"restart:{mq}")
+        elif end.status == "OFFSET_RESET":
+            log.info("offset reset by admin event=offset_reset_seen queue=%s offset=%d generation=%d",
+                     mq, end.next_offset, end.reset_generation)
+            self.spawn(self.ownership.restart(lease, end.next_offset, end.reset_generation, record=True),
+                       f"restart:{mq}")
+        elif isinstance(end.error, FencedError):
+            self.ownership.lose_lease(lease, f"fetch fenced: {end.error}")
+        else:
+            log.warning("broker refused to serve a queue, retrying event=fetch_refused queue=%s error=%s", mq,
+                        end.error)
+            self.fetcher.retry(lease, REFUSED_RETRY_DELAY_S)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def _heartbeat_data(self) -> HeartbeatData:
+        return HeartbeatData(
+            subscriptions=tuple(sorted(self.subscriptions.items())),
+            message_model=self.settings.message_model.value,
+            consume_type=self.consume_type,
+            orderly=self.orderly,
+            owned_queues=tuple(self.ownership.pulling()),
+            allocate_strategy=self.strategy.name,
+        )
+
+    def _on_rejected(self, rejection: RejectedCommit) -> None:
+        if rejection.reason is CommitRejectReason.FENCED:
+            self.spawn(self.ownership.lose(rejection.queue, f"commit fenced: {rejection.message}"),
+                       f"lose:{rejection.queue}")

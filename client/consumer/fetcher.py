@@ -1,0 +1,282 @@
+"""Fetcher: records from every broker a consumer reads, one Fetch stream per broker, credit per lease.
+
+Each lease being read has a handle on its broker's stream. The broker pushes
+records as they are stored, within the credit the fetcher grants: at first the
+lease's room under pull_threshold_for_queue / pull_threshold_size_for_queue,
+then back whatever the consumer finishes (`grant`). Credit is held back while
+the consumer is suspended or the lease's cache spans more than
+consume_concurrently_max_span offsets (one stuck message must not let the
+cache grow without bound), and returned in steps of a quarter of the room, so
+a credit frame (which also carries the queue's commit, RocketMQ's
+piggybacked commitOffset) goes out every few hundred messages, not per batch.
+
+Records are turned into messages that decode lazily (MessageExt.from_record);
+the exact tag check (the broker filters by hash code, codes may collide)
+drops mismatches before the consumer sees them.
+
+When a stream breaks (broker restart, network), every lease on it is opened
+again on a new stream, from where it was, after a backoff; a broker that lost
+its lock table answers that with a fence error, and the consumer re-locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from client.consumer.lease import QueueLease
+from client.consumer.offset_store import OffsetStore
+from client.errors import TidemarkError
+from client.message import MessageExt
+from client.remoting.cluster import BrokerCluster
+from client.remoting.streams import FetchStream, QueueEnd
+from tidemark.protocol import TagExpression, parse_tag_expression
+
+log = logging.getLogger("tidemark.client.fetch")
+
+RECONNECT_MIN_DELAY_S = 0.1
+RECONNECT_MAX_DELAY_S = 3.0
+
+
+class FetchSink(Protocol):
+    """Where a Fetcher delivers (the consumer core). Called on the event loop."""
+
+    def on_messages(self, lease: QueueLease, msgs: list[MessageExt], next_offset: int) -> None:
+        """Records of a lease, in offset order; next_offset is past everything read (or filtered)."""
+
+    def on_ended(self, lease: QueueLease, end: QueueEnd) -> None:
+        """The broker stopped serving the lease: restart it, lose the queue, or `retry` later."""
+
+
+@dataclass(frozen=True, slots=True)
+class FetchLimits:
+    messages: int  # pull_threshold_for_queue
+    bytes: int  # pull_threshold_size_for_queue
+    max_span: int | None  # consume_concurrently_max_span (None: no span limit)
+    batch_size: int  # pull_batch_size: a queue's records per frame, so queues take turns
+
+
+@dataclass(eq=False, slots=True)
+class _Reading:
+    lease: QueueLease
+    handle: int
+    subscription: str
+    tags: TagExpression
+    next_offset: int
+    owed_messages: int = 0
+    owed_bytes: int = 0
+
+
+class Fetcher:
+    def __init__(self, *, cluster: BrokerCluster, group: str, subscription: Callable[[str], str],
+                 limits: FetchLimits, sink: FetchSink, offset_store: OffsetStore | None,
+                 held: Callable[[], bool] = lambda: False) -> None:
+        self._cluster = cluster
+        self._group = group
+        self._subscription = subscription
+        self._limits = limits
+        self._sink = sink
+        # Piggybacked commits: the offset store's current value for the queue rides on credit frames.
+        self._store = offset_store
+        self._held = held
+        self._readings: dict[QueueLease, _Reading] = {}
+        self._by_handle: dict[int, _Reading] = {}
+        self._streams: dict[str, FetchStream] = {}
+        self._failures: dict[str, int] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._next_handle = 0
+        self._closed = False
+        self.frames = 0
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def start(self, lease: QueueLease, offset: int) -> None:
+        """Start reading a lease's queue at `offset`."""
+        subscription = self._subscription(lease.mq.topic)
+        reading = _Reading(lease, 0, subscription, parse_tag_expression(subscription), offset)
+        self._readings[lease] = reading
+        await self._open(reading)
+
+    def stop(self, lease: QueueLease) -> None:
+        """Stop reading a lease (what the broker already sent for it is dropped on arrival)."""
+        reading = self._readings.pop(lease, None)
+        if reading is None:
+            return
+        if self._by_handle.pop(reading.handle, None) is not None:
+            stream = self._streams.get(lease.mq.broker_name)
+            if stream is not None and stream.usable:
+                stream.close_queue(reading.handle)
+
+    def retry(self, lease: QueueLease, delay_s: float) -> None:
+        """Open a lease again after a delay, from where its reading stopped (after a transient refusal)."""
+        reading = self._readings.get(lease)
+        if reading is not None:
+            self._spawn(self._reopen_later(reading, delay_s), f"fetch-retry:{lease.mq}")
+
+    def grant(self, lease: QueueLease, messages: int, nbytes: int) -> None:
+        """The consumer finished this much of a lease: room for the broker to send more."""
+        reading = self._readings.get(lease)
+        if reading is not None:
+            reading.owed_messages += messages
+            reading.owed_bytes += nbytes
+            self._flush(reading, force=False)
+
+    def resume(self) -> None:
+        """After suspend: hand back every credit held meanwhile."""
+        for reading in list(self._readings.values()):
+            self._flush(reading, force=True)
+
+    def position(self, lease: QueueLease) -> int | None:
+        reading = self._readings.get(lease)
+        return reading.next_offset if reading is not None else None
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        streams, self._streams = list(self._streams.values()), {}
+        await asyncio.gather(*(s.close() for s in streams), return_exceptions=True)
+        self._readings.clear()
+        self._by_handle.clear()
+
+    # -- credit ------------------------------------------------------------------------------
+
+    def _room(self, lease: QueueLease) -> tuple[int, int]:
+        pq, limits = lease.pq, self._limits
+        return max(0, limits.messages - pq.msg_count), max(0, limits.bytes - pq.msg_size)
+
+    def _flush(self, reading: _Reading, *, force: bool) -> None:
+        if not (reading.owed_messages or reading.owed_bytes) or self._held():
+            return
+        limits, pq = self._limits, reading.lease.pq
+        if limits.max_span is not None and pq.max_span() > limits.max_span:
+            return  # released once the stuck message finishes and the span shrinks
+        if (not force and pq.msg_count and reading.owed_messages * 4 < limits.messages
+                and reading.owed_bytes * 4 < limits.bytes):
+            return
+        stream = self._streams.get(reading.lease.mq.broker_name)
+        if stream is None or not stream.usable or reading.handle not in self._by_handle:
+            return  # reopening grants the whole room again
+        commit = self._store.commit_for(reading.lease.mq) if self._store is not None else None
+        stream.credit(reading.handle, reading.owed_messages, reading.owed_bytes,
+                      commit.offset if commit is not None else None)
+        reading.owed_messages = reading.owed_bytes = 0
+
+    # -- streams -----------------------------------------------------------------------------
+
+    async def _open(self, reading: _Reading) -> None:
+        if self._closed or self._readings.get(reading.lease) is not reading:
+            return
+        broker = reading.lease.mq.broker_name
+        try:
+            stream = await self._stream(broker)
+        except TidemarkError as e:
+            log.warning("cannot open fetch stream event=fetch_stream_failed broker=%s error=%s", broker, e)
+            self._spawn(self._reopen_later(reading, self._backoff(broker)), f"fetch-reopen:{broker}")
+            return
+        self._next_handle += 1
+        reading.handle = self._next_handle
+        reading.owed_messages = reading.owed_bytes = 0
+        self._by_handle[reading.handle] = reading
+        messages, nbytes = self._room(reading.lease)
+        lease = reading.lease
+        stream.open_queue(reading.handle, self._group, lease.mq, reading.next_offset,
+                          subscription=reading.subscription, fence=lease.fence, credit_messages=messages,
+                          credit_bytes=nbytes, batch_size=self._limits.batch_size)
+
+    async def _stream(self, broker: str) -> FetchStream:
+        stream = self._streams.get(broker)
+        if stream is not None and stream.usable:
+            return stream
+        conn = await self._cluster.connection(broker)
+        holder: list[FetchStream] = []
+        stream = conn.open_fetch_stream(
+            on_records=self._on_records, on_ended=self._on_ended,
+            on_broken=lambda error: self._on_broken(broker, holder[0] if holder else None, error))
+        holder.append(stream)
+        self._streams[broker] = stream
+        return stream
+
+    def _backoff(self, broker: str) -> float:
+        failures = self._failures.get(broker, 0)
+        self._failures[broker] = failures + 1
+        return min(RECONNECT_MAX_DELAY_S, RECONNECT_MIN_DELAY_S * 2 ** failures)
+
+    async def _reopen_later(self, reading: _Reading, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        if reading.lease.counts and reading.handle not in self._by_handle:
+            await self._open(reading)
+
+    def _spawn(self, coro, name: str) -> None:
+        if self._closed:
+            coro.close()
+            return
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("fetcher task failed event=fetch_task_failed task=%s", task.get_name(),
+                      exc_info=task.exception())
+
+    # -- stream callbacks --------------------------------------------------------------------
+
+    def _on_records(self, handle: int, count: int, data: bytes, next_offset: int, max_offset: int) -> None:
+        reading = self._by_handle.get(handle)
+        if reading is None:
+            return  # closed meanwhile
+        lease = reading.lease
+        if not lease.counts:
+            return
+        self.frames += 1
+        reading.next_offset = next_offset
+        mq = lease.mq
+        if self._failures:
+            self._failures.pop(mq.broker_name, None)
+        msgs: list[MessageExt] = []
+        if count:
+            topic, broker = mq.topic, mq.broker_name
+            from_record = MessageExt.from_record
+            pos = 0
+            for _ in range(count):
+                msg = from_record(data, pos, topic=topic, broker_name=broker)
+                msgs.append(msg)
+                pos += msg.store_size
+            tags = reading.tags
+            if not tags.matches_all:
+                kept = [m for m in msgs if m.tags in tags.tags]
+                if len(kept) != len(msgs):
+                    # A hash collision on the broker: not for us, but it used credit.
+                    reading.owed_messages += len(msgs) - len(kept)
+                    reading.owed_bytes += sum(m.store_size for m in msgs) - sum(m.store_size for m in kept)
+                    msgs = kept
+        self._sink.on_messages(lease, msgs, next_offset)
+
+    def _on_ended(self, handle: int, end: QueueEnd) -> None:
+        reading = self._by_handle.pop(handle, None)
+        if reading is None or not reading.lease.counts:
+            return
+        if end.status != "ERROR":
+            reading.next_offset = end.next_offset
+        self._sink.on_ended(reading.lease, end)
+
+    def _on_broken(self, broker: str, stream: FetchStream | None, error: TidemarkError) -> None:
+        if self._closed or self._streams.get(broker) is not stream:
+            return
+        del self._streams[broker]
+        readings = [r for r in self._readings.values() if r.lease.mq.broker_name == broker]
+        for reading in readings:
+            self._by_handle.pop(reading.handle, None)
+        if not readings:
+            return
+        delay = self._backoff(broker)
+        log.warning("fetch stream broken, reopening event=fetch_stream_broken broker=%s queues=%d delay_s=%.1f "
+                    "error=%s", broker, len(readings), delay, error)
+        for reading in readings:
+            self._spawn(self._reopen_later(reading, delay), f"fetch-reopen:{reading.lease.mq}")

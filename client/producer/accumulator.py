@@ -1,0 +1,156 @@
+"""RecordAccumulator: send_async/send_oneway messages gathered into per-queue batches (Kafka's idea).
+
+The caller's thread encodes each message once, into the batch of its queue,
+under one lock; the producer's event loop drains batches and sends each as one
+Produce request. Nothing crosses threads per message: the loop is woken only
+when a batch is full or when the first message arrives while the sender sleeps.
+
+A batch is ready when it holds batch_size bytes, or once it is linger_ms old
+(0: at once; under load batches still grow while earlier requests are in
+flight). Messages without a queue or selector stick to one queue of their
+topic until its batch is drained, then move to the next queue (Kafka's sticky
+partitioner): big batches without giving up the spread over queues.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from client.message import MessageQueue
+from tidemark.records import RecordBatchBuilder
+
+
+class SendFuture(concurrent.futures.Future):
+    """A concurrent.futures.Future that shares its batch's condition.
+
+    A Future makes a Condition (and an RLock) of its own, which costs more than
+    encoding a small message; one per batch does the same job: set_result wakes
+    every waiter of the batch, and each re-checks its own future.
+    """
+
+    def __init__(self, condition: threading.Condition) -> None:  # noqa: D107 - same fields as Future's
+        self._condition = condition
+        self._state = "PENDING"
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks = []
+
+
+@dataclass(eq=False)
+class ProducerBatch:
+    """Encoded records of one queue and what waits on each of them."""
+
+    mq: MessageQueue
+    builder: RecordBatchBuilder
+    created: float
+    sticky: bool  # the queue was the producer's choice, so a retry may use another one
+    msg_ids: list[str] = field(default_factory=list)
+    futures: list[SendFuture] = field(default_factory=list)
+    condition: threading.Condition = field(default_factory=threading.Condition)
+
+    @property
+    def count(self) -> int:
+        return self.builder.count
+
+    @property
+    def size(self) -> int:
+        return len(self.builder.buffer)
+
+
+class RecordAccumulator:
+    def __init__(self, *, batch_size: int, linger_s: float, born_host: str, wake: Callable[[], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._batch_size = batch_size
+        self._linger_s = linger_s
+        self._born_host = born_host
+        self._wake = wake  # thread-safe: asks the sender to look at the accumulator
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._open: dict[MessageQueue, ProducerBatch] = {}
+        self._full: list[ProducerBatch] = []
+        self._sticky: dict[str, int] = {}
+        self._wake_pending = False
+        self._closed = False
+
+    def append(self, queues: Sequence[MessageQueue], mq: MessageQueue | None, body: bytes, properties: bytes,
+               *, msg_id: str, tags_code: int, flag: int) -> SendFuture:
+        """Add one encoded message and return its future; mq None: the topic's sticky queue among `queues`
+        (sorted, non-empty)."""
+        now = self._clock()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the producer is shut down")
+            sticky = mq is None
+            if sticky:
+                topic = queues[0].topic
+                mq = queues[self._sticky.get(topic, 0) % len(queues)]
+            batch = self._open.get(mq)
+            if batch is None:
+                batch = self._open[mq] = ProducerBatch(mq, RecordBatchBuilder(mq.topic, self._born_host), now,
+                                                       sticky)
+            batch.builder.append(body, properties, tags_code=tags_code, flag=flag,
+                                 born_timestamp=time.time_ns() // 1_000_000)
+            future = SendFuture(batch.condition)
+            batch.msg_ids.append(msg_id)
+            batch.futures.append(future)
+            wake = False
+            if batch.size >= self._batch_size:
+                del self._open[mq]
+                self._full.append(batch)
+                self._advance(batch)
+                wake = True
+            elif batch.count == 1:
+                wake = True  # a new batch: the sender sends it now (linger 0) or arms its linger timer
+            if wake and not self._wake_pending:
+                self._wake_pending = True
+            else:
+                wake = False
+        if wake:
+            self._wake()
+        return future
+
+    def _advance(self, batch: ProducerBatch) -> None:
+        """A sticky queue's batch left: the topic's next messages go to the next queue."""
+        if batch.sticky:
+            topic = batch.mq.topic
+            self._sticky[topic] = self._sticky.get(topic, 0) + 1
+
+    def drain(self, limit: int) -> list[ProducerBatch]:
+        """Up to `limit` ready batches, oldest full ones first (loop thread)."""
+        now = self._clock()
+        with self._lock:
+            self._wake_pending = False
+            out = self._full[:limit]
+            del self._full[:limit]
+            if len(out) < limit:
+                for mq, batch in list(self._open.items()):
+                    if len(out) >= limit:
+                        break
+                    if now - batch.created >= self._linger_s:
+                        del self._open[mq]
+                        self._advance(batch)
+                        out.append(batch)
+            return out
+
+    def next_ready_in(self) -> float | None:
+        """Seconds until the oldest open batch is ready (0: ready now); None when nothing is pending."""
+        with self._lock:
+            if self._full:
+                return 0.0
+            if not self._open:
+                return None
+            oldest = min(batch.created for batch in self._open.values())
+            return max(0.0, oldest + self._linger_s - self._clock())
+
+    def close(self) -> list[ProducerBatch]:
+        """Refuse new messages and hand back every pending batch."""
+        with self._lock:
+            self._closed = True
+            out = self._full + list(self._open.values())
+            self._full, self._open = [], {}
+            return out

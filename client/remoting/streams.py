@@ -1,0 +1,217 @@
+"""The data-plane streams to one broker: Produce (record batches out) and Fetch (records in).
+
+Both are long-lived bidirectional gRPC calls that carry many requests, so the
+per-call cost of gRPC is paid once per stream, not per message. This module
+only translates between protobuf and plain values and maps errors into
+`client.errors`; what the batches and queues mean is the producer's and
+consumer's business. A broken stream fails everything waiting on it with a
+retriable UnavailableError and is replaced by a new one on next use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from client.errors import (
+    RequestTimeoutError,
+    TidemarkError,
+    UnavailableError,
+    from_rpc_error,
+    from_status,
+)
+from client.message import MessageQueue
+from client.types import Fence
+from tidemark.v1 import common_pb2, messaging_pb2
+
+log = logging.getLogger("tidemark.client.streams")
+
+_STATUS_NAMES = {messaging_pb2.OFFSET_ILLEGAL: "OFFSET_ILLEGAL", messaging_pb2.OFFSET_RESET: "OFFSET_RESET"}
+
+
+def _fence_pb(fence: Fence) -> common_pb2.CommitFence:
+    pb = common_pb2.CommitFence(client_id=fence.client_id)
+    if fence.owner_epoch is not None:
+        pb.owner_epoch = fence.owner_epoch
+    if fence.reset_generation is not None:
+        pb.reset_generation = fence.reset_generation
+    return pb
+
+
+class ProduceStream:
+    """Record batches to one broker; `send` answers with the first queue offset of the batch."""
+
+    def __init__(self, call: Any, address: str) -> None:
+        self._call = call
+        self._address = address
+        self._pending: dict[int, asyncio.Future[int]] = {}
+        self._next_id = 0
+        self._write_lock = asyncio.Lock()  # gRPC takes one write at a time per call
+        self._broken: TidemarkError | None = None
+        self._reader = asyncio.get_running_loop().create_task(self._read(), name=f"produce-stream:{address}")
+
+    @property
+    def usable(self) -> bool:
+        return self._broken is None
+
+    async def send(self, topic: str, queue_id: int, count: int, data: bytes, timeout: float) -> int:
+        if self._broken is not None:
+            raise self._broken
+        self._next_id += 1
+        request_id = self._next_id
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        request = messaging_pb2.ProduceRequest(request_id=request_id, topic=topic, queue_id=queue_id,
+                                               count=count, records=data)
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._write_lock:
+                    await self._call.write(request)
+                return await future
+        except TimeoutError:
+            raise RequestTimeoutError(f"broker {self._address}: no answer to a send within {timeout} s "
+                                      f"(the batch may still have been stored)") from None
+        except (grpc.RpcError, asyncio.InvalidStateError) as e:
+            self._fail(from_rpc_error(e, address=self._address) if isinstance(e, grpc.RpcError)
+                       else UnavailableError(f"broker {self._address}: produce stream closed"))
+            raise self._broken from None
+        finally:
+            self._pending.pop(request_id, None)
+
+    async def _read(self) -> None:
+        error: TidemarkError = UnavailableError(f"broker {self._address}: produce stream ended")
+        try:
+            async for response in self._call:
+                future = self._pending.get(response.request_id)
+                if future is None or future.done():
+                    continue
+                if response.code:
+                    future.set_exception(from_status(response.code, response.error, address=self._address))
+                else:
+                    future.set_result(response.first_queue_offset)
+        except grpc.RpcError as e:
+            error = from_rpc_error(e, address=self._address)
+        finally:
+            self._fail(error)
+
+    def _fail(self, error: TidemarkError) -> None:
+        if self._broken is None:
+            self._broken = error
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+    async def close(self) -> None:
+        self._fail(UnavailableError(f"broker {self._address}: produce stream closed"))
+        self._call.cancel()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueEnd:
+    """Why the broker stopped serving a handle: a status with the offset to continue from, or an error."""
+
+    status: str  # "OFFSET_ILLEGAL", "OFFSET_RESET" or "ERROR"
+    next_offset: int = 0
+    reset_generation: int = 0
+    error: TidemarkError | None = None
+
+
+OnRecords = Callable[[int, int, bytes, int, int], None]  # handle, count, records, next_offset, max_offset
+OnEnded = Callable[[int, QueueEnd], None]
+OnBroken = Callable[[TidemarkError], None]
+
+
+class FetchStream:
+    """Queues read from one broker over one stream. Calls back on the event loop for every frame part.
+
+    open_queue / credit / close_queue return at once: requests go out in order
+    through one writer task (gRPC takes one write at a time per call).
+    """
+
+    def __init__(self, call: Any, address: str, *, on_records: OnRecords, on_ended: OnEnded,
+                 on_broken: OnBroken) -> None:
+        self._call = call
+        self._address = address
+        self._on_records = on_records
+        self._on_ended = on_ended
+        self._on_broken = on_broken
+        self._outbox: asyncio.Queue[messaging_pb2.FetchRequest | None] = asyncio.Queue()
+        self._broken = False
+        loop = asyncio.get_running_loop()
+        self._reader = loop.create_task(self._read(), name=f"fetch-read:{address}")
+        self._writer = loop.create_task(self._write(), name=f"fetch-write:{address}")
+
+    @property
+    def usable(self) -> bool:
+        return not self._broken
+
+    def open_queue(self, handle: int, group: str, mq: MessageQueue, offset: int, *, subscription: str,
+                   fence: Fence | None, credit_messages: int, credit_bytes: int, batch_size: int) -> None:
+        request = messaging_pb2.FetchRequest()
+        o = request.open
+        o.handle, o.group, o.topic, o.queue_id, o.offset = handle, group, mq.topic, mq.queue_id, offset
+        o.subscription, o.credit_messages, o.credit_bytes = subscription, credit_messages, credit_bytes
+        o.batch_size = batch_size
+        if fence is not None:
+            o.fence.CopyFrom(_fence_pb(fence))
+        self._outbox.put_nowait(request)
+
+    def credit(self, handle: int, messages: int, nbytes: int, commit_offset: int | None = None) -> None:
+        request = messaging_pb2.FetchRequest()
+        c = request.credit
+        c.handle, c.messages, c.bytes = handle, messages, nbytes
+        if commit_offset is not None:
+            c.commit_offset = commit_offset
+        self._outbox.put_nowait(request)
+
+    def close_queue(self, handle: int) -> None:
+        request = messaging_pb2.FetchRequest()
+        request.close.handle = handle
+        self._outbox.put_nowait(request)
+
+    async def _write(self) -> None:
+        try:
+            while (request := await self._outbox.get()) is not None:
+                await self._call.write(request)
+        except (grpc.RpcError, asyncio.InvalidStateError) as e:
+            self._break(from_rpc_error(e, address=self._address) if isinstance(e, grpc.RpcError)
+                        else UnavailableError(f"broker {self._address}: fetch stream closed"))
+
+    async def _read(self) -> None:
+        error: TidemarkError = UnavailableError(f"broker {self._address}: fetch stream ended")
+        try:
+            async for response in self._call:
+                for part in response.records:
+                    self._on_records(part.handle, part.count, part.records, part.next_offset, part.max_offset)
+                for end in response.ended:
+                    self._on_ended(end.handle, _queue_end(end, self._address))
+        except grpc.RpcError as e:
+            error = from_rpc_error(e, address=self._address)
+        finally:
+            self._break(error)
+
+    def _break(self, error: TidemarkError) -> None:
+        if not self._broken:
+            self._broken = True
+            self._call.cancel()
+            self._outbox.put_nowait(None)
+            self._on_broken(error)
+
+    async def close(self) -> None:
+        """Half-close politely, then stop both tasks."""
+        self._broken = True
+        self._outbox.put_nowait(None)
+        self._call.cancel()
+        await asyncio.gather(self._reader, self._writer, return_exceptions=True)
+
+
+def _queue_end(pb: messaging_pb2.FetchEnded, address: str) -> QueueEnd:
+    if pb.code:
+        return QueueEnd("ERROR", error=from_status(pb.code, pb.error, error_class=pb.error_class, address=address))
+    return QueueEnd(_STATUS_NAMES.get(pb.status, "OFFSET_ILLEGAL"), pb.next_offset, pb.reset_generation)

@@ -8,6 +8,7 @@ managers (deleting a topic or a group) live here so the servicers stay thin.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from dataclasses import dataclass
@@ -15,14 +16,14 @@ from dataclasses import dataclass
 from broker.config import BrokerConfig, FlushDiskType
 from broker.consumer_manager import ConsumerManager
 from broker.epoch import EpochSequence
-from broker.errors import FailedPreconditionError, NotFoundError
+from broker.errors import BrokerError, FailedPreconditionError, NotFoundError
 from broker.fetch import FetchSession
 from broker.groups import SubscriptionGroupManager, check_group
 from broker.locks import LockGrant, QueueLockManager
 from broker.long_polling import PullRequestHoldService
 from broker.metrics import BrokerMetrics, StateSnapshot
 from broker.offset_commits import OffsetCommitService
-from broker.offsets import ConsumerOffsetManager
+from broker.offsets import ConsumerOffsetManager, Fence
 from broker.permission import BrokerPermission
 from broker.pull import PullService, QueueReadAccess
 from broker.retry import SendBackService
@@ -36,11 +37,30 @@ from tidemark.scheduler import Scheduler
 log = logging.getLogger("tidemark.broker")
 
 VERSION = "0.1.0"
+# The longest a LockQueues call may wait for queues held by another client.
+MAX_LOCK_WAIT_MS = 30_000
 RETENTION_CHECK_INTERVAL_S = 600.0
 
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class HeldQueue:
+    """A lock grant as the new owner needs it: with where the group stands on the queue."""
+
+    grant: LockGrant
+    consumer_offset: int
+    reset_generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedOffset:
+    topic: str
+    queue_id: int
+    offset: int
+    error: BrokerError
 
 
 @dataclass(frozen=True)
@@ -170,7 +190,49 @@ class BrokerController:
             state.clients[group] = len(self.consumers.consumer_ids(group))
         return state
 
-    def lock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]]) -> list[LockGrant]:
+    async def lock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
+                          wait_ms: int = 0) -> list[LockGrant]:
+        """Grant or renew queue locks; when none of the queues another client holds is free yet, wait up
+        to wait_ms for the first to be released.
+
+        The wait ends the moment one of them is released (unlock, client gone, lock expiry all
+        notify), so a handover costs no polling interval; the caller asks again for the rest."""
+        grants = self._lock(group, client_id, queues)
+        granted = {(g.topic, g.queue_id) for g in grants}
+        missing = [q for q in queues if q not in granted]
+        deadline = asyncio.get_running_loop().time() + min(wait_ms, MAX_LOCK_WAIT_MS) / 1000
+        while missing and not grants:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0 or not await self.hold.wait_any(missing, remaining):
+                break
+            grants = self._lock(group, client_id, missing)
+        return grants
+
+    def held_queue(self, group: str, grant: LockGrant) -> HeldQueue:
+        """A grant with the queue's committed offset and reset generation, read after the grant."""
+        return HeldQueue(grant, self.offsets.query(group, grant.topic, grant.queue_id),
+                         self.offsets.reset_generation(group, grant.topic, grant.queue_id))
+
+    def unlock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
+                      final_offsets: list[tuple[str, int, int, Fence | None]] = ()) -> list[RefusedOffset]:
+        """Apply the final commits of queues being handed back, then release their locks.
+
+        A queue whose final commit is fenced stays as it is (it is somebody else's now); any other
+        refusal (an invalid offset) is reported and the queue is still released."""
+        refused: list[RefusedOffset] = []
+        keep: set[tuple[str, int]] = set()
+        for topic, queue_id, offset, fence in final_offsets:
+            try:
+                self.commits.commit(group, topic, queue_id, offset, fence, acknowledged=True)
+            except BrokerError as e:
+                refused.append(RefusedOffset(topic, queue_id, offset, e))
+                if isinstance(e, FailedPreconditionError):
+                    keep.add((topic, queue_id))
+        for topic, queue_id in self.locks.unlock(group, client_id, [q for q in queues if q not in keep]):
+            self.hold.notify(topic, queue_id)
+        return refused
+
+    def _lock(self, group: str, client_id: str, queues: list[tuple[str, int]]) -> list[LockGrant]:
         """Grant or renew queue locks; a queue that changed hands is re-checked by the streams serving it,
         so its previous owner stops receiving its messages at once."""
         locks = self.locks
@@ -193,11 +255,14 @@ class BrokerController:
 
     def _expire_locks(self) -> None:
         for lock in self.locks.expire():
+            self.hold.notify(lock.topic, lock.queue_id)
             log.info("queue lock expired event=lock_expire group=%s topic=%s queue_id=%d client_id=%s owner_epoch=%d",
                      lock.group, lock.topic, lock.queue_id, lock.client_id, lock.owner_epoch)
 
     def _on_consumer_leave(self, group: str, client_id: str) -> None:
         released = self.locks.release_client(group, client_id)
+        for topic, queue_id in released:
+            self.hold.notify(topic, queue_id)
         if released:
             log.info("queue locks released event=lock_release group=%s client_id=%s queues=%d",
                      group, client_id, len(released))

@@ -78,6 +78,27 @@ class PullRequestHoldService:
                     del self._waiters[key]
         return not self._closed and max_offset() > offset
 
+    async def wait_any(self, keys: list[QueueKey], timeout_s: float) -> bool:
+        """Wait until any of these queues is notified (a message, a reset, a lock released); False on timeout."""
+        if self._closed or timeout_s <= 0 or not keys:
+            return False
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._waiters[key].add(fut)
+        try:
+            async with asyncio.timeout(timeout_s):
+                await fut
+            return not self._closed
+        except TimeoutError:
+            return False
+        finally:
+            for key in keys:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(fut)
+                    if not waiters:
+                        del self._waiters[key]
+
     def waiting(self) -> int:
         return sum(len(w) for w in self._waiters.values())
 

@@ -112,21 +112,24 @@ class ScheduleMessageService:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="schedule-delivery")
 
     async def shutdown(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
-        self.persist()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        await self.persist()
 
-    def persist(self) -> None:
+    async def persist(self) -> None:
+        """Write delayOffset.json when progress moved: snapshot on the loop, write and fsync in a thread."""
         if not self._dirty:
             return
         doc = {"offsetTable": {str(level): offset for level, offset in sorted(self._offsets.items())}}
-        atomic_write(self._path, json.dumps(doc, indent=4).encode("utf-8"), keep_backup=True)
         self._dirty = False
+        try:
+            await asyncio.to_thread(atomic_write, self._path, json.dumps(doc, indent=4).encode("utf-8"),
+                                    keep_backup=True)
+        except BaseException:
+            self._dirty = True
+            raise
 
     async def _run(self) -> None:
         while True:
@@ -137,7 +140,7 @@ class ScheduleMessageService:
                         due = await self._deliver_level(level)
                         if due is not None and (next_due is None or due < next_due):
                             next_due = due
-                self.persist()
+                await self.persist()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -147,7 +150,8 @@ class ScheduleMessageService:
                 next_due = self._clock_ms() + int(_RETRY_AFTER_ERROR_S * 1000)
             wait = _IDLE_WAIT_S if next_due is None else max(0.0, (next_due - self._clock_ms()) / 1000)
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=min(wait, _IDLE_WAIT_S))
+                async with asyncio.timeout(min(wait, _IDLE_WAIT_S)):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
             self._wake.clear()

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
+import logging
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from client.errors import ClientStateError, RequestTimeoutError
+
+log = logging.getLogger("tidemark.client.runtime")
 
 T = TypeVar("T")
 
@@ -127,7 +130,20 @@ class LoopThread:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
+            self._log_tasks()
             raise RequestTimeoutError(f"{self._name}: no answer within {timeout} s") from None
+
+    def _log_tasks(self) -> None:
+        """What the loop was busy with when a call timed out (stack of every pending task, at DEBUG...
+        but a timed-out call is worth a WARNING)."""
+        loop = self._loop
+        if loop is None:
+            return
+        for task in asyncio.all_tasks(loop):
+            frames = task.get_stack(limit=8)
+            where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames)) or "(not started)"
+            log.warning("pending task at timeout event=loop_task_pending loop=%s task=%s at=%s", self._name,
+                        task.get_name(), where)
 
     def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Run a plain function on the loop thread (to read or change loop-confined state) and return its result."""

@@ -57,6 +57,9 @@ class QueueLockGrant:
     queue: MessageQueue
     owner_epoch: int
     expire_timestamp: int
+    # Where the group stood on the queue when the lock was granted (-1: no committed offset).
+    consumer_offset: int = -1
+    reset_generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)

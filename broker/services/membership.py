@@ -10,7 +10,7 @@ from broker.consumer_manager import ConsumerInfo
 from broker.controller import BrokerController
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.groups import check_group
-from broker.services.convert import queue
+from broker.services.convert import fence_from_pb, queue
 from broker.services.errors import rpc, status_for
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
 from tidemark.v1 import common_pb2, membership_pb2, membership_pb2_grpc
@@ -56,7 +56,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
             allocate_strategy=request.allocate_strategy,
             host=context.peer() or "",
         ))
-        return membership_pb2.HeartbeatResponse()
+        return membership_pb2.HeartbeatResponse(client_ids=self._b.consumers.consumer_ids(request.group))
 
     @rpc
     async def UnregisterClient(self, request, context: grpc.aio.ServicerContext):
@@ -107,13 +107,28 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
 
     @rpc
     async def LockQueues(self, request, context: grpc.aio.ServicerContext):
-        grants = self._b.lock_queues(request.group, request.client_id, self._queues(request))
-        name = self._b.config.broker_name
+        if request.wait_ms < 0:
+            raise InvalidArgumentError(f"wait_ms must be >= 0, got {request.wait_ms}")
+        b = self._b
+        grants = await b.lock_queues(request.group, request.client_id, self._queues(request), request.wait_ms)
+        name = b.config.broker_name
+        held = [b.held_queue(request.group, g) for g in grants]
         return membership_pb2.LockQueuesResponse(locked=[
-            membership_pb2.QueueLock(queue=queue(g.topic, name, g.queue_id), owner_epoch=g.owner_epoch,
-                                     expire_timestamp=g.expire_timestamp) for g in grants])
+            membership_pb2.QueueLock(queue=queue(h.grant.topic, name, h.grant.queue_id),
+                                     owner_epoch=h.grant.owner_epoch, expire_timestamp=h.grant.expire_timestamp,
+                                     consumer_offset=h.consumer_offset, reset_generation=h.reset_generation)
+            for h in held])
 
     @rpc
     async def UnlockQueues(self, request, context: grpc.aio.ServicerContext):
-        self._b.locks.unlock(request.group, request.client_id, self._queues(request))
-        return membership_pb2.UnlockQueuesResponse()
+        check_group(request.group)
+        _client_id(request.client_id)
+        queues = self._queues(request)
+        finals = [(f.queue.topic, f.queue.queue_id, f.offset, fence_from_pb(f.fence, f.HasField("fence")))
+                  for f in request.final_offsets]
+        refused = self._b.unlock_queues(request.group, request.client_id, queues, finals)
+        name = self._b.config.broker_name
+        return membership_pb2.UnlockQueuesResponse(refused=[
+            membership_pb2.RefusedFinalOffset(queue=queue(r.topic, name, r.queue_id), offset=r.offset,
+                                              error_class=type(r.error).__name__, message=str(r.error))
+            for r in refused])

@@ -15,13 +15,15 @@ from tidemark.protocol import is_retry_topic
 
 
 async def compute_pull_from_where(mq: MessageQueue, *, where: ConsumeFromWhere, consume_timestamp_ms: int,
-                                  offset_store: OffsetStore, cluster: BrokerCluster) -> int:
-    last = await offset_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
+                                  offset_store: OffsetStore, cluster: BrokerCluster,
+                                  committed: int | None = None) -> int:
+    """`committed`: the group's offset when the caller read it already (a lock grant carries it)."""
+    last = committed if committed is not None else await offset_store.read_offset(mq, ReadOffsetType.READ_FROM_STORE)
     if last >= 0:
         return last
-    conn = await cluster.connection(mq.broker_name)
     if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
         return 0
+    conn = await cluster.connection(mq.broker_name)
     if where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET:
         return 0 if is_retry_topic(mq.topic) else await conn.max_offset(mq)
     if is_retry_topic(mq.topic):

@@ -42,8 +42,6 @@ from tidemark.scheduler import Scheduler
 
 log = logging.getLogger("tidemark.client.consumer")
 
-# How often queues waiting for their previous owner's release try to lock again.
-LOCK_RETRY_INTERVAL_S = 0.1
 # Before opening a queue again that the broker refused for a passing reason.
 REFUSED_RETRY_DELAY_S = 3.0
 
@@ -137,24 +135,29 @@ class ConsumerCore:
             self.rebalance = RebalanceService(
                 cluster=self.cluster, group=s.group, client_id=self.client_id, model=s.message_model,
                 strategy=self.strategy, ownership=self.ownership, topics=lambda: sorted(self.subscriptions),
-                on_change=lambda: sched.trigger("heartbeat"), on_not_member=lambda: sched.trigger("heartbeat"))
+                on_change=lambda: sched.trigger("heartbeat"), on_not_member=lambda: sched.trigger("heartbeat"),
+                known_members=lambda broker: self.membership.members(broker))
             self.membership = GroupMembership(cluster=self.cluster, group=s.group, client_id=self.client_id,
-                                              data=self._heartbeat_data, on_change=lambda: sched.trigger("rebalance"))
+                                              data=self._heartbeat_data, on_change=self._members_changed)
             # Jobs are registered before the first heartbeat opens the watch: a membership push arriving
             # while start() runs then wakes the rebalance job as soon as the scheduler starts.
             sched.every("heartbeat", s.heartbeat_interval_s, self.membership.heartbeat)
             sched.every("rebalance", s.rebalance_interval_s, self.rebalance.do_rebalance)
             if self.ownership.locking:
                 sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
-                sched.every("retry-locks", LOCK_RETRY_INTERVAL_S, self.ownership.retry_locks)
         self.schedule_commits(sched)
         if assigned is None:
             await self.membership.heartbeat()
             # The first rebalance finishes inside start(): when start() returns, start offsets are fixed.
-            await self.rebalance.do_rebalance()
+            # Routes were just read and the heartbeat answered with the members: no need to ask again.
+            await self.rebalance.do_rebalance(fast=True)
         else:
             await self.assign(assigned)
         await sched.start()
+
+    def _members_changed(self) -> None:
+        self.rebalance.members_changed()
+        self.scheduler.trigger("rebalance")
 
     def schedule_commits(self, sched: Scheduler) -> None:
         sched.every("persist-offsets", self.settings.persist_consumer_offset_interval_s, self.persist_offsets)
@@ -172,6 +175,7 @@ class ConsumerCore:
         """Stop the timers, hand every queue back (drain, commit, unlock), leave the group, close."""
         await self.scheduler.stop()
         await self._stop_tasks()
+        await self.ownership.stop()
         await self.ownership.release_all()
         if not self.clustering:
             await self.offset_store.persist_all(self.offset_store.clone_offset_table())
@@ -203,11 +207,12 @@ class ConsumerCore:
     def subscription(self, topic: str) -> str:
         return self.subscriptions.get(topic, "*")
 
-    async def start_offset(self, mq: MessageQueue) -> int:
+    async def start_offset(self, mq: MessageQueue, committed: int | None) -> int:
         s = self.settings
         return await compute_pull_from_where(mq, where=s.consume_from_where,
                                              consume_timestamp_ms=s.consume_timestamp_ms,
-                                             offset_store=self.offset_store, cluster=self.cluster)
+                                             offset_store=self.offset_store, cluster=self.cluster,
+                                             committed=committed)
 
     async def lease_started(self, lease: QueueLease) -> None:
         await self.fetcher.start(lease, lease.start_offset)

@@ -1,8 +1,10 @@
-"""GroupMembership: heartbeats to every broker and a consumer-ids watch on each.
+"""GroupMembership: heartbeats to every broker, a consumer-ids watch on each, the member lists they tell.
 
 A change pushed by any broker triggers a rebalance (seed 001's "consumer ids
-changed" trigger); the periodic rebalance covers a lost push. A broken watch is
-re-opened after a short pause.
+changed" trigger); the periodic rebalance covers a lost push. A broken watch
+is re-opened after a short pause. The member list each broker last sent (in a
+heartbeat answer or a push) is kept while its watch is open, so a rebalance
+right after a change needs no GetConsumerList round trip.
 """
 
 from __future__ import annotations
@@ -41,25 +43,35 @@ class GroupMembership:
         self._data = data
         self._on_change = on_change
         self._watches: dict[str, asyncio.Task] = {}
+        self._members: dict[str, list[str]] = {}
+
+    def members(self, broker_name: str) -> list[str] | None:
+        """The group's client ids as the broker last told them, while its watch keeps them current."""
+        task = self._watches.get(broker_name)
+        if task is None or task.done():
+            return None
+        return self._members.get(broker_name)
 
     async def heartbeat(self) -> None:
         data = self._data()
         brokers = await self._cluster.discover()
 
-        async def one(conn: BrokerConnection) -> None:
+        async def one(conn: BrokerConnection) -> list[str]:
             owned = [q for q in data.owned_queues if q.broker_name == conn.broker_name]
-            await conn.heartbeat(client_id=self._client_id, group=self._group, subscriptions=data.subscriptions,
-                                 message_model=data.message_model, consume_type=data.consume_type,
-                                 orderly=data.orderly, owned_queues=owned,
-                                 allocate_strategy=data.allocate_strategy)
+            return await conn.heartbeat(client_id=self._client_id, group=self._group,
+                                        subscriptions=data.subscriptions, message_model=data.message_model,
+                                        consume_type=data.consume_type, orderly=data.orderly, owned_queues=owned,
+                                        allocate_strategy=data.allocate_strategy)
 
         results = await asyncio.gather(*(one(c) for c in brokers.values()), return_exceptions=True)
-        for conn, result in zip(brokers.values(), results, strict=True):
+        for (name, conn), result in zip(brokers.items(), results, strict=True):
             if isinstance(result, TidemarkError):
                 log.warning("heartbeat failed event=heartbeat_failed group=%s broker=%s error=%s",
                             self._group, conn.address, result)
             elif isinstance(result, BaseException):
                 raise result
+            else:
+                self._members[name] = result
         self._ensure_watches(brokers)
 
     def _ensure_watches(self, brokers: dict[str, BrokerConnection]) -> None:
@@ -67,31 +79,33 @@ class GroupMembership:
         for name, conn in brokers.items():
             task = self._watches.get(name)
             if task is None or task.done():
-                self._watches[name] = loop.create_task(self._watch(conn), name=f"watch:{self._group}:{name}")
+                self._watches[name] = loop.create_task(self._watch(name, conn), name=f"watch:{self._group}:{name}")
 
-    async def _watch(self, conn: BrokerConnection) -> None:
+    async def _watch(self, name: str, conn: BrokerConnection) -> None:
         last: list[str] | None = None
         while True:
             try:
                 async for ids in conn.watch_consumer_ids(self._group, self._client_id):
+                    self._members[name] = ids
                     if ids != last:
                         last = ids
                         self._on_change()
             except TidemarkError as e:
                 log.info("consumer watch broke, reopening event=watch_broken group=%s broker=%s error=%s",
                          self._group, conn.address, e)
+            self._members.pop(name, None)  # no longer kept current: rebalances ask the broker
             await asyncio.sleep(WATCH_RETRY_DELAY_S)
 
     async def leave(self) -> None:
         """Close the watches, then unregister from every broker (graceful shutdown)."""
-        for task in self._watches.values():
-            task.cancel()
-        for task in self._watches.values():
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        tasks = list(self._watches.values())
         self._watches.clear()
+        for task in tasks:
+            task.cancel()
+        # gather, not `except CancelledError: pass` around each await: a cancellation of leave()
+        # itself must still propagate.
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._members.clear()
         for conn in (await self._cluster.discover()).values():
             try:
                 await conn.unregister(self._client_id, self._group)

@@ -100,6 +100,9 @@ class OffsetStore(ABC):
         """The commit a piggybacked or streamed commit of mq would send now (None: nothing to send)."""
         return None
 
+    def preload(self, mq: MessageQueue, offset: int, generation: int) -> None:  # noqa: B027 - remote only
+        """The broker's committed offset and reset generation, learnt with a lock grant (remote store only)."""
+
     def clone_offset_table(self, topic: str | None = None) -> dict[MessageQueue, int]:
         return {mq: e.offset for mq, e in self._table.items() if topic is None or mq.topic == topic}
 
@@ -147,6 +150,12 @@ class RemoteBrokerOffsetStore(OffsetStore):
     def generation(self, mq: MessageQueue) -> int:
         """The reset generation the broker reported with the last offset read from it."""
         return self._generations.get(mq, 0)
+
+    def preload(self, mq: MessageQueue, offset: int, generation: int) -> None:
+        """What the broker said with a lock grant, as if read_offset(READ_FROM_STORE) had asked."""
+        self._generations[mq] = generation
+        if offset >= 0:
+            self.update_offset(mq, offset, increase_only=False)
 
     async def persist_all(self, mqs: Iterable[MessageQueue]) -> CommitOffsetsResult | None:
         """Oneway-style: one CommitOffsets stream per broker; offsets of queues no longer owned are forgotten."""

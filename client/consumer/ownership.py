@@ -37,6 +37,11 @@ from client.remoting.cluster import BrokerCluster
 
 log = logging.getLogger("tidemark.client.ownership")
 
+# How long one LockQueues call waits on the broker for a previous owner to let go.
+LOCK_WAIT_MS = 5_000
+# Pause before asking again after a broker could not be asked at all.
+LOCK_RETRY_DELAY_S = 1.0
+
 
 class OwnershipHooks(Protocol):
     """What a consumer kind decides (RocketMQ's RebalanceImpl hooks)."""
@@ -45,8 +50,9 @@ class OwnershipHooks(Protocol):
     #: consumed nothing resumes there; lite pull commits only what the application polled).
     commit_start_offset: bool
 
-    async def start_offset(self, mq: MessageQueue) -> int:
-        """computePullFromWhere: where reading a newly owned queue starts."""
+    async def start_offset(self, mq: MessageQueue, committed: int | None) -> int:
+        """computePullFromWhere: where reading a newly owned queue starts (`committed`: the group's
+        offset when the lock grant told it; None: ask the broker)."""
 
     async def lease_started(self, lease: QueueLease) -> None:
         """dispatchPullRequest: start fetching the lease from its start offset."""
@@ -73,6 +79,8 @@ class QueueOwnership:
         self._hooks = hooks
         self._queues: dict[MessageQueue, OwnedQueue] = {}
         self._lock = asyncio.Lock()
+        # Waits (on the brokers) for queues whose previous owner has not released them yet.
+        self._lock_waiter: asyncio.Task | None = None
         self.handovers = 0
 
     # -- views -----------------------------------------------------------------
@@ -131,12 +139,38 @@ class QueueOwnership:
         await self._hooks.lease_started(new)
         return new
 
-    async def retry_locks(self) -> None:
-        """Try again to lock queues whose previous owner had not released them yet."""
-        async with self._lock:
+    def _wait_for_locks(self) -> None:
+        """Make sure a task waits for the locks of every LOCKING queue (one task, started on demand)."""
+        if self._lock_waiter is None or self._lock_waiter.done():
+            self._lock_waiter = asyncio.get_running_loop().create_task(self._await_locks(), name="lock-waiter")
+            self._lock_waiter.add_done_callback(self._lock_waiter_done)
+
+    def _lock_waiter_done(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("lock waiter failed event=lock_waiter_failed group=%s", self._group, exc_info=task.exception())
+
+    async def _await_locks(self) -> None:
+        """Ask each broker to answer as soon as our LOCKING queues are released (LockQueues with a wait),
+        then start what was granted. The wait runs outside the ownership lock: rebalances go on."""
+        while True:
             waiting = [oq for oq in self._queues.values() if oq.state is QueueState.LOCKING]
-            if waiting:
-                await self._lock_and_start(waiting)
+            if not waiting:
+                return
+            results = await asyncio.gather(*(self._lock_on(broker, oqs, wait_ms=LOCK_WAIT_MS)
+                                             for broker, oqs in _by_broker(waiting).items()))
+            async with self._lock:
+                granted = [oq for oqs in results for oq in oqs
+                           if self._queues.get(oq.mq) is oq and oq.state is QueueState.LOCKING]
+                await asyncio.gather(*(self._start(oq) for oq in granted))
+            if not any(results):
+                await asyncio.sleep(LOCK_RETRY_DELAY_S)  # a broker down: do not spin
+
+    async def stop(self) -> None:
+        """Stop waiting for locks (before release_all at shutdown)."""
+        task, self._lock_waiter = self._lock_waiter, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def renew_locks(self) -> None:
         """Renew every held lock; a queue whose lock was not renewed is lost."""
@@ -187,31 +221,52 @@ class QueueOwnership:
                 await self._start(oq)
 
     async def _lock_and_start(self, oqs: Iterable[OwnedQueue]) -> None:
+        granted = []
         for broker, group in _by_broker(list(oqs)).items():
-            try:
-                conn = await self._cluster.connection(broker)
-                grants = await conn.lock_queues(self._group, self._client_id, [oq.mq for oq in group])
-            except TidemarkError as e:
-                log.warning("queue lock failed event=lock_failed group=%s broker=%s error=%s", self._group, broker, e)
+            granted.extend(await self._lock_on(broker, group, wait_ms=0))
+        # Each start reads the queue's committed offset: do them concurrently.
+        await asyncio.gather(*(self._start(oq) for oq in granted))
+        if any(oq.state is QueueState.LOCKING for oq in self._queues.values()):
+            self._wait_for_locks()
+
+    async def _lock_on(self, broker: str, oqs: list[OwnedQueue], *, wait_ms: int) -> list[OwnedQueue]:
+        """Lock queues of one broker; the granted ones, with their owner epoch set."""
+        try:
+            conn = await self._cluster.connection(broker)
+            grants = await conn.lock_queues(self._group, self._client_id, [oq.mq for oq in oqs], wait_ms=wait_ms)
+        except TidemarkError as e:
+            log.warning("queue lock failed event=lock_failed group=%s broker=%s error=%s", self._group, broker, e)
+            return []
+        by_mq = {g.queue: g for g in grants}
+        granted, stale = [], []
+        for oq in oqs:
+            grant = by_mq.get(oq.mq)
+            if grant is None:
                 continue
-            by_mq = {g.queue: g for g in grants}
-            granted = []
-            for oq in group:
-                grant = by_mq.get(oq.mq)
-                if grant is None:
-                    continue
-                oq.owner_epoch = grant.owner_epoch
-                log.info("queue lock granted event=lock_grant group=%s queue=%s owner_epoch=%d",
-                         self._group, oq.mq, grant.owner_epoch)
-                granted.append(oq)
-            # Each start reads the queue's committed offset: do them concurrently.
-            await asyncio.gather(*(self._start(oq) for oq in granted))
+            if oq.state is not QueueState.LOCKING or self._queues.get(oq.mq) is not oq:
+                stale.append(oq.mq)  # released while we waited: let the next owner have it
+                continue
+            oq.owner_epoch = grant.owner_epoch
+            oq.granted_at = (grant.consumer_offset, grant.reset_generation)
+            log.info("queue lock granted event=lock_grant group=%s queue=%s owner_epoch=%d",
+                     self._group, oq.mq, grant.owner_epoch)
+            granted.append(oq)
+        if stale:
+            try:
+                await conn.unlock_queues(self._group, self._client_id, stale)
+            except TidemarkError as e:
+                log.warning("unlock failed event=unlock_failed group=%s broker=%s error=%s", self._group, broker, e)
+        return granted
 
     async def _start(self, oq: OwnedQueue) -> None:
         mq = oq.mq
         self._store.remove_offset(mq)  # RocketMQ's removeDirtyOffset: never trust a stale local value
+        committed = None
+        if oq.granted_at is not None:
+            committed, generation = oq.granted_at
+            self._store.preload(mq, committed, generation)
         try:
-            offset = await self._hooks.start_offset(mq)
+            offset = await self._hooks.start_offset(mq, committed)
         except TidemarkError as e:
             log.warning("cannot read start offset event=start_offset_failed group=%s queue=%s error=%s",
                         self._group, mq, e)
@@ -267,17 +322,22 @@ class QueueOwnership:
         await self._hooks.lease_draining(lease)
         if oq.state is not QueueState.DRAINING:
             return  # lost meanwhile (lock renewal failed): nothing of ours to commit
+        # The final commit and the unlock in one call: the next owner may start the moment it returns.
+        commit = self._store.commit_for(oq.mq)
         try:
-            await self._store.persist(oq.mq)
-        except FencedError as e:
-            self._lose(oq, f"final commit fenced: {e}")
-            return
+            conn = await self._cluster.connection(oq.mq.broker_name)
+            refused = await conn.unlock_queues(self._group, self._client_id, [oq.mq],
+                                               [commit] if commit is not None else [])
         except TidemarkError as e:
-            log.warning("final commit failed event=final_commit_failed group=%s queue=%s error=%s",
+            log.warning("final commit and unlock failed event=final_commit_failed group=%s queue=%s error=%s",
                         self._group, oq.mq, e)
-        if oq.state is not QueueState.DRAINING:
-            return
-        await self._unlock(oq)
+            refused = []
+        for error in refused:
+            if isinstance(error, FencedError):
+                self._lose(oq, f"final commit fenced: {error}")
+                return
+            log.warning("final commit refused event=final_commit_failed group=%s queue=%s error=%s",
+                        self._group, oq.mq, error)
         if oq.state is QueueState.DRAINING:
             oq.transition(QueueState.RELEASED)
             self._hooks.lease_ended(lease)

@@ -53,6 +53,8 @@ class OwnedQueue:
     mq: MessageQueue
     state: QueueState = QueueState.ASSIGNED
     owner_epoch: int | None = None
+    # The lock grant's view of the group's progress: (committed offset, reset generation).
+    granted_at: tuple[int, int] | None = None
     lease: QueueLease | None = None
     # DRAINING -> RELEASED runs as its own task, so cancelling whoever started it cannot skip the
     # final commit and unlock.

@@ -4,10 +4,13 @@ Every client sorts the same queue list and the same client-id list and runs
 the same strategy, so each computes its own share and all agree. Runs at
 start, on a consumer-ids push and every rebalance interval; only a changed
 result leads to queues moving, and that is logged the way RocketMQ logs it.
+A pass fetches every topic's route at once and the group's member list once
+per broker, so a joining consumer's first pass costs few round trips.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 
@@ -16,6 +19,8 @@ from client.consumer.ownership import QueueOwnership
 from client.errors import NotFoundError, TidemarkError
 from client.message import MessageModel, MessageQueue
 from client.remoting.cluster import BrokerCluster
+from client.types import TopicRoute
+from tidemark.protocol import is_retry_topic
 
 log = logging.getLogger("tidemark.client.rebalance")
 
@@ -24,7 +29,8 @@ class RebalanceService:
     def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, model: MessageModel,
                  strategy: AllocateMessageQueueStrategy, ownership: QueueOwnership,
                  topics: Callable[[], list[str]], on_change: Callable[[], None] = lambda: None,
-                 on_not_member: Callable[[], None] = lambda: None) -> None:
+                 on_not_member: Callable[[], None] = lambda: None,
+                 known_members: Callable[[str], list[str] | None] = lambda broker: None) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
@@ -36,14 +42,41 @@ class RebalanceService:
         self._on_change = on_change
         # Called when the broker does not list this client (e.g. it restarted): heartbeat now.
         self._on_not_member = on_not_member
+        # The member list a broker last pushed (None: ask it).
+        self._known_members = known_members
+        self._pushed = False
         self.rebalances = 0
         self.changes = 0
 
-    async def do_rebalance(self) -> None:
+    def members_changed(self) -> None:
+        """A broker pushed a new member list: the next pass may trust cached routes and pushed lists."""
+        self._pushed = True
+
+    async def do_rebalance(self, *, fast: bool | None = None) -> None:
+        """One pass over every subscribed topic, retry topics last.
+
+        A periodic pass refreshes every route (together) and asks each broker for the member list once;
+        a fast pass (after a membership push, or at start when routes were just read) uses the cached
+        routes and the lists the brokers pushed, so a handover starts without extra round trips."""
+        fast = self._pushed if fast is None else fast
+        self._pushed = False
         self.rebalances += 1
-        for topic in self._topics():
+        topics = sorted(self._topics(), key=lambda t: (is_retry_topic(t), t))
+        routes = await asyncio.gather(*(self._cluster.route(t, refresh=not fast) for t in topics),
+                                      return_exceptions=True)
+        members: dict[str, list[str]] = {}  # broker name -> the group's client ids it knows
+        if fast:
+            for route in routes:
+                if not isinstance(route, BaseException):
+                    for data in route.queue_datas:
+                        known = self._known_members(data.broker_name)
+                        if known is not None:
+                            members[data.broker_name] = known
+        for topic, route in zip(topics, routes, strict=True):
             try:
-                await self.rebalance_by_topic(topic)
+                if isinstance(route, BaseException):
+                    raise route
+                await self._rebalance_topic(topic, route, members)
             except NotFoundError as e:
                 # The topic is gone (deleted) or not created yet: hand back whatever we held of it.
                 log.debug("rebalance skipped event=rebalance_skip group=%s topic=%s reason=%s", self._group, topic, e)
@@ -54,20 +87,23 @@ class RebalanceService:
                 log.warning("rebalance failed event=rebalance_failed group=%s topic=%s error=%s",
                             self._group, topic, e)
 
-    async def allocation(self, topic: str) -> tuple[list[MessageQueue], list[str], set[MessageQueue]]:
+    async def allocation(self, route: TopicRoute, members: dict[str, list[str]]
+                         ) -> tuple[list[MessageQueue], list[str], set[MessageQueue]]:
         """(all queues, all client ids, this client's share) for a topic."""
-        route = await self._cluster.route(topic, refresh=True)
         mq_all = route.read_queues()
         if self._model is MessageModel.BROADCASTING:
             return mq_all, [self._client_id], set(mq_all)
-        conn = await self._cluster.connection(route.queue_datas[0].broker_name)
-        cid_all = await conn.consumer_ids(self._group)
+        broker = route.queue_datas[0].broker_name
+        cid_all = members.get(broker)
+        if cid_all is None:
+            conn = await self._cluster.connection(broker)
+            cid_all = members[broker] = await conn.consumer_ids(self._group)
         if not mq_all or not cid_all:
             return mq_all, cid_all, set()
         return mq_all, cid_all, set(self._strategy.allocate(self._group, self._client_id, mq_all, cid_all))
 
-    async def rebalance_by_topic(self, topic: str) -> None:
-        mq_all, cid_all, mine = await self.allocation(topic)
+    async def _rebalance_topic(self, topic: str, route: TopicRoute, members: dict[str, list[str]]) -> None:
+        mq_all, cid_all, mine = await self.allocation(route, members)
         if self._model is MessageModel.CLUSTERING and self._client_id not in cid_all:
             # Not registered on the broker (restarted, or expired us): register first; the membership
             # push that follows triggers the next rebalance. Keep what we have meanwhile.

@@ -13,7 +13,7 @@ from typing import Any
 
 import grpc
 
-from client.errors import InvalidArgumentError, from_rpc_error
+from client.errors import InvalidArgumentError, TidemarkError, from_rpc_error, from_status
 from client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
 from client.remoting import convert
 from client.remoting.streams import FetchStream, OnBroken, OnEnded, OnRecords, ProduceStream
@@ -220,13 +220,15 @@ class BrokerConnection:
 
     async def heartbeat(self, *, client_id: str, group: str, subscriptions: Sequence[tuple[str, str]],
                         message_model: str, consume_type: str, orderly: bool = False,
-                        owned_queues: Sequence[MessageQueue] = (), allocate_strategy: str = "") -> None:
-        await self._call(self._membership.Heartbeat, membership_pb2.HeartbeatRequest(
+                        owned_queues: Sequence[MessageQueue] = (), allocate_strategy: str = "") -> list[str]:
+        """Register or refresh the client's membership; returns the group's members on this broker."""
+        pb = await self._call(self._membership.Heartbeat, membership_pb2.HeartbeatRequest(
             client_id=client_id, group=group,
             subscriptions=[common_pb2.Subscription(topic=t, expression=e) for t, e in subscriptions],
             message_model=_MESSAGE_MODEL[message_model],
             consume_type=common_pb2.ConsumeType.Value(consume_type), orderly=orderly,
             owned_queues=[convert.queue_pb(q) for q in owned_queues], allocate_strategy=allocate_strategy))
+        return list(pb.client_ids)
 
     async def unregister(self, client_id: str, group: str) -> None:
         await self._call(self._membership.UnregisterClient,
@@ -248,14 +250,28 @@ class BrokerConnection:
         finally:
             call.cancel()
 
-    async def lock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue]) -> list[QueueLockGrant]:
+    async def lock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue], *,
+                          wait_ms: int = 0) -> list[QueueLockGrant]:
+        """Lock (or renew) queues; with wait_ms the broker answers once all are granted or the wait ends."""
         pb = await self._call(self._membership.LockQueues, membership_pb2.LockQueuesRequest(
-            group=group, client_id=client_id, queues=[convert.queue_pb(q) for q in mqs]))
-        return [QueueLockGrant(convert.queue_from_pb(g.queue), g.owner_epoch, g.expire_timestamp) for g in pb.locked]
+            group=group, client_id=client_id, queues=[convert.queue_pb(q) for q in mqs], wait_ms=wait_ms),
+            self._timeout + wait_ms / 1000)
+        return [QueueLockGrant(convert.queue_from_pb(g.queue), g.owner_epoch, g.expire_timestamp, g.consumer_offset,
+                               g.reset_generation) for g in pb.locked]
 
-    async def unlock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue]) -> None:
-        await self._call(self._membership.UnlockQueues, membership_pb2.UnlockQueuesRequest(
-            group=group, client_id=client_id, queues=[convert.queue_pb(q) for q in mqs]))
+    async def unlock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue],
+                            final_offsets: Sequence[OffsetCommit] = ()) -> list[TidemarkError]:
+        """Release queues, after committing their final offsets (each fenced); the refused commits."""
+        request = membership_pb2.UnlockQueuesRequest(group=group, client_id=client_id,
+                                                     queues=[convert.queue_pb(q) for q in mqs])
+        for c in final_offsets:
+            final = request.final_offsets.add(queue=convert.queue_pb(c.queue), offset=c.offset)
+            fence = convert.fence_pb(c)
+            if fence is not None:
+                final.fence.CopyFrom(fence)
+        pb = await self._call(self._membership.UnlockQueues, request)
+        return [from_status(grpc.StatusCode.FAILED_PRECONDITION.value[0], f"{r.queue.topic}:{r.queue.queue_id}: "
+                            f"{r.message}", error_class=r.error_class, address=self.address) for r in pb.refused]
 
     # -- admin -----------------------------------------------------------------
 

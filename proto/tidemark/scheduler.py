@@ -66,24 +66,26 @@ class Scheduler:
             job.task = loop.create_task(self._loop(job), name=f"{self._owner}:{job.name}")
 
     async def stop(self) -> None:
-        """Cancel every job and wait until each has finished."""
+        """Cancel every job and wait until each has finished.
+
+        gather(return_exceptions=True) collects the jobs' own cancellations; a cancellation of the
+        caller still propagates (an `except CancelledError: pass` here would swallow it)."""
         self._running = False
         tasks = [j.task for j in self._jobs.values() if j.task is not None]
         for task in tasks:
             task.cancel()
-        for task in tasks:
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        await asyncio.gather(*tasks, return_exceptions=True)
         for job in self._jobs.values():
             job.task = None
 
     async def _loop(self, job: _Job) -> None:
         delay = job.initial_delay_s
         while True:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races with
+            # the event being set (a trigger() during stop()), and stop() would wait forever.
             try:
-                await asyncio.wait_for(job.wake.wait(), timeout=delay)
+                async with asyncio.timeout(delay):
+                    await job.wake.wait()
             except TimeoutError:
                 pass
             job.wake.clear()

@@ -61,7 +61,7 @@ SKIPPED = object()
 def call_listener(listener, msgs: Sequence[MessageExt], context) -> object:
     """Run a user listener on a consume thread; an exception counts as a failure, like RocketMQ."""
     try:
-        return listener(list(msgs), context)
+        return listener(list(msgs), context)  # a copy: the listener may keep or change its list
     except Exception:
         log.exception("listener raised, the batch will be retried event=listener_error queue=%s size=%d",
                       context.message_queue, len(msgs))
@@ -142,6 +142,14 @@ class ConsumeMessageConcurrentlyService:
         if not lease.counts:
             # Released, lost or reset meanwhile: the committed offset does not include this batch, so
             # whoever reads the queue next consumes it again; a send-back would duplicate it.
+            return
+        if result is ConsumeConcurrentlyStatus.CONSUME_SUCCESS and context.ack_index is None:
+            self.consumed_ok += len(batch)
+            finished = self._finished.get(lease)
+            if finished is None:
+                self._finished[lease] = list(batch)
+            else:
+                finished.extend(batch)
             return
         if result is SKIPPED:
             if self._suspended() and lease.active:

@@ -3,7 +3,8 @@
 Consume threads take work from one shared queue, so up to consume_thread_max
 listener calls run at once (a slow listener does not hold up the others), but
 nothing crosses threads per message: the event loop hands over a whole
-frame's batches with one call, and each thread reports back by adding a
+frame's batches with one call, wakes threads in proportion to the backlog,
+and each thread reports back by adding a
 completion to a shared list; the loop is woken once for everything that
 finished meanwhile (`on_drained` then runs once, after all the completions
 of that wake-up, so results can be applied per lease rather than per batch).
@@ -20,6 +21,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 log = logging.getLogger("tidemark.client.consume")
+
+# A thread per this many queued tasks (up to the maximum): see submit().
+TASKS_PER_THREAD = 8
 
 Completion = Callable[[], None]
 Task = Callable[[], Completion | None]
@@ -43,18 +47,24 @@ class ConsumeThreadPool:
     # -- loop side ---------------------------------------------------------------------------
 
     def submit(self, tasks: Iterable[Task]) -> None:
-        """Queue tasks for the consume threads; each may return a completion to run on the loop."""
+        """Queue tasks for the consume threads; each may return a completion to run on the loop.
+
+        Threads are woken (or started) in proportion to the backlog, one per TASKS_PER_THREAD waiting
+        tasks: a fast listener is served by a thread or two taking task after task (no wake-up per
+        message, little GIL contention), a slow one gets more threads as its backlog grows."""
         with self._cond:
             if self._stopped:
                 return
-            before = len(self._work)
-            self._work.extend(tasks)
-            added = len(self._work) - before
-            wake = min(added, self._idle)
+            work = self._work
+            work.extend(tasks)
+            busy = len(self._threads) - self._idle
+            wanted = min(self._max_threads, -(-len(work) // TASKS_PER_THREAD)) - busy
+            if wanted <= 0:
+                return
+            wake = min(wanted, self._idle)
             if wake:
                 self._cond.notify(wake)
-            missing = min(added - wake, self._max_threads - len(self._threads))
-            for _ in range(max(0, missing)):
+            for _ in range(min(wanted - wake, self._max_threads - len(self._threads))):
                 thread = threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads) + 1}",
                                           daemon=True)
                 self._threads.append(thread)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from client.message import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, MessageExt, MessageQueue
 
 
-@dataclass
+@dataclass(slots=True)
 class ConsumeConcurrentlyContext:
     message_queue: MessageQueue
     # None: every message of the batch shares the returned status.
@@ -25,7 +25,7 @@ class ConsumeConcurrentlyContext:
     delay_level_when_next_consume: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class ConsumeOrderlyContext:
     message_queue: MessageQueue
     # None: the consumer's suspend_current_queue_time_ms.

@@ -15,30 +15,63 @@ partitioner): big batches without giving up the spread over queues.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from client.message import MessageQueue
+from client.message import MessageQueue, SendResult
 from tidemark.records import RecordBatchBuilder
+
+log = logging.getLogger("tidemark.client.producer")
+
+SendCallback = Callable[[SendResult | None, Exception | None], None]
+_PENDING, _RUNNING, _FINISHED = "PENDING", "RUNNING", "FINISHED"  # concurrent.futures' state names
 
 
 class SendFuture(concurrent.futures.Future):
     """A concurrent.futures.Future that shares its batch's condition.
 
     A Future makes a Condition (and an RLock) of its own, which costs more than
-    encoding a small message; one per batch does the same job: set_result wakes
-    every waiter of the batch, and each re-checks its own future.
+    encoding a small message; one per batch does the same job: the batch's
+    results are set under one acquisition, which wakes every waiter of the batch,
+    and each re-checks its own future. `resolve` mirrors Future.set_result /
+    set_exception field for field (the class's fields have been stable since
+    concurrent.futures appeared).
     """
 
     def __init__(self, condition: threading.Condition) -> None:  # noqa: D107 - same fields as Future's
         self._condition = condition
-        self._state = "PENDING"
+        self._state = _PENDING
         self._result = None
         self._exception = None
         self._waiters = []
         self._done_callbacks = []
+
+    @staticmethod
+    def resolve(condition: threading.Condition, futures: Sequence[SendFuture], results: Sequence[object] | None,
+                error: BaseException | None = None) -> None:
+        """Finish every future of a batch: with its result, or all with `error` (cancelled ones stay)."""
+        finished = []
+        with condition:
+            for i, future in enumerate(futures):
+                if future._state is not _PENDING and future._state is not _RUNNING:
+                    continue
+                if error is None:
+                    future._result = results[i]
+                    for waiter in future._waiters:
+                        waiter.add_result(future)
+                else:
+                    future._exception = error
+                    for waiter in future._waiters:
+                        waiter.add_exception(future)
+                future._state = _FINISHED
+                if future._done_callbacks:
+                    finished.append(future)
+            condition.notify_all()
+        for future in finished:
+            future._invoke_callbacks()
 
 
 @dataclass(eq=False)
@@ -51,7 +84,21 @@ class ProducerBatch:
     sticky: bool  # the queue was the producer's choice, so a retry may use another one
     msg_ids: list[str] = field(default_factory=list)
     futures: list[SendFuture] = field(default_factory=list)
+    # send_async callbacks, called straight from the sender (not through the futures' callbacks).
+    callbacks: list[tuple[int, SendCallback]] = field(default_factory=list)
     condition: threading.Condition = field(default_factory=threading.Condition)
+
+    def finish(self, results: Sequence[SendResult] | None, error: BaseException | None = None) -> None:
+        """Hand every message its result (or the batch's error): futures first, then callbacks."""
+        SendFuture.resolve(self.condition, self.futures, results, error)
+        for index, callback in self.callbacks:
+            try:
+                if error is None:
+                    callback(results[index], None)
+                else:
+                    callback(None, error)
+            except Exception:
+                log.exception("send callback raised event=send_callback_error")
 
     @property
     def count(self) -> int:
@@ -78,7 +125,7 @@ class RecordAccumulator:
         self._closed = False
 
     def append(self, queues: Sequence[MessageQueue], mq: MessageQueue | None, body: bytes, properties: bytes,
-               *, msg_id: str, tags_code: int, flag: int) -> SendFuture:
+               *, msg_id: str, tags_code: int, flag: int, callback: SendCallback | None = None) -> SendFuture:
         """Add one encoded message and return its future; mq None: the topic's sticky queue among `queues`
         (sorted, non-empty)."""
         now = self._clock()
@@ -96,6 +143,8 @@ class RecordAccumulator:
             batch.builder.append(body, properties, tags_code=tags_code, flag=flag,
                                  born_timestamp=time.time_ns() // 1_000_000)
             future = SendFuture(batch.condition)
+            if callback is not None:
+                batch.callbacks.append((len(batch.futures), callback))
             batch.msg_ids.append(msg_id)
             batch.futures.append(future)
             wake = False

@@ -22,12 +22,12 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from client.errors import ClientStateError, InvalidArgumentError, TidemarkError
 from client.message import Message, MessageQueue, SendResult
-from client.producer.accumulator import ProducerBatch, RecordAccumulator
+from client.producer.accumulator import ProducerBatch, RecordAccumulator, SendCallback
 from client.producer.selector import MessageQueueSelector
 from client.remoting.cluster import BrokerCluster
 from client.runtime import ClientState, Lifecycle, LoopThread
@@ -44,7 +44,6 @@ from tidemark.records import RecordBatchBuilder, RecordError, encode_properties
 
 log = logging.getLogger("tidemark.client.producer")
 
-SendCallback = Callable[[SendResult | None, Exception | None], None]
 
 
 def check_message(message: Message, max_size: int) -> None:
@@ -257,22 +256,14 @@ class AsyncProducer:
                 batch.mq.topic, bytes(batch.builder.buffer), batch.msg_ids, queue=None if batch.sticky else batch.mq,
                 selector=None, arg=None, first=None, timeout=None, prefer=batch.mq)
         except asyncio.CancelledError:
-            _fail(batch.futures, ClientStateError("the producer shut down before the message was sent"))
+            batch.finish(None, ClientStateError("the producer shut down before the message was sent"))
             raise
         except Exception as e:
-            _fail(batch.futures, e)
+            batch.finish(None, e)
             return
         finally:
             self.slots.release(batch.count)
-        for future, result in zip(batch.futures, results, strict=True):
-            if not future.done():
-                future.set_result(result)
-
-
-def _fail(futures: list[concurrent.futures.Future], error: BaseException) -> None:
-    for future in futures:
-        if not future.done():
-            future.set_exception(error)
+        batch.finish(results)
 
 
 class Producer:
@@ -387,8 +378,8 @@ class Producer:
                     queue = selector.select(queues, message, arg)
                 self._core.slots.acquire()
                 try:
-                    future = self._core.accumulator.append(queues, queue, message.body, props, msg_id=msg_id,
-                                                           tags_code=tags_code, flag=message.flag)
+                    return self._core.accumulator.append(queues, queue, message.body, props, msg_id=msg_id,
+                                                         tags_code=tags_code, flag=message.flag, callback=callback)
                 except RuntimeError:
                     self._core.slots.release()
                     raise ClientStateError("cannot send: the producer was shut down") from None

@@ -1,9 +1,13 @@
-"""Executor side: read the messages [start, end) of one queue with a lite pull consumer.
+"""Executor side: the messages [start, end) of one queue as Arrow record batches.
 
-The consumer is created here, inside a Spark task, and shut down before the
-task ends; nothing of it is pickled. Offsets are checked as messages arrive: a
-gap (retention deleted messages while the task ran) or a queue that no longer
-reaches `end` (re-created) is data loss, handled per failOnDataLoss.
+A RecordReader is created here, inside a Spark task, and shut down before the
+task ends; nothing of it is pickled. It streams stored records from the
+broker without a group; frames are gathered into batches of about BATCH_ROWS
+rows and converted to Arrow in bulk (arrow.records_to_batch). Offsets are
+checked per batch: a gap (retention deleted messages while the task ran) or a
+queue that no longer reaches `end` (re-created) is data loss, handled per
+failOnDataLoss. Tags are filtered here, not by the broker: a broker-side
+filter would skip offsets, which the gap check could not tell from data loss.
 """
 
 from __future__ import annotations
@@ -13,20 +17,20 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from client import Admin, PullConsumer
-from client.errors import InvalidArgumentError
-from client.message import ConsumeFromWhere, MessageExt, MessageQueue
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from client import Admin
+from client.consumer.record_reader import QueueEndedError, RecordChunk, RecordReader
+from client.message import MessageQueue
+from spark_connector.arrow import records_to_batch
 from spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
 from tidemark.protocol import parse_tag_expression
 
 log = logging.getLogger("tidemark.spark")
 
-# Readers never commit (assign mode, auto_commit off); they still use a group of their
-# own so that the user's group only ever holds the offsets the stream's commit() sets.
-# Tags are filtered here, not by the broker: a broker-side filter would skip offsets,
-# which the gap check below could not tell from data loss.
-READER_GROUP = "tidemark-spark-reader"
-MAX_PULL_BATCH = 1024  # PullConsumerSettings allows 1..1024
+BATCH_ROWS = 8192
 POLL_STEP_S = 1.0
 
 
@@ -38,61 +42,77 @@ class FetchSettings:
     tag_expression: str = "*"
 
 
-def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[list[MessageExt]]:
-    """Lists of messages of rng in offset order (filtered by tag expression); every offset once."""
+def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Record batches of rng in offset order (filtered by tag expression); every offset once."""
     if rng.size <= 0:
         return
     tags = parse_tag_expression(settings.tag_expression)
-    consumer = PullConsumer(group=READER_GROUP, brokers=settings.brokers, auto_commit=False,
-                            pull_batch_size=max(1, min(MAX_PULL_BATCH, rng.size)),
-                            pull_threshold_for_queue=2 * MAX_PULL_BATCH,
-                            consume_from_where=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET,
-                            broker_suspend_max_time_ms=1000)
-    consumer.assign([rng.mq])
-    consumer.start()
-    try:
-        expected = _seek(consumer, settings, rng)
+    wanted = None if tags.matches_all else pa.array(sorted(tags.tags), pa.string())
+    start = rng.start
+    with RecordReader(brokers=settings.brokers) as reader:
+        while start < rng.end:
+            try:
+                for batch in _read(reader, settings, rng, start):
+                    if wanted is not None:
+                        batch = batch.filter(pc.fill_null(pc.is_in(batch.column("tags"), value_set=wanted), False))
+                    if batch.num_rows:
+                        yield batch
+                return
+            except QueueEndedError:
+                low, high = _bounds(settings.brokers, rng.mq)
+                restart = check_start(rng.mq, start, low, high, fail_on_data_loss=settings.fail_on_data_loss)
+                if restart == start or restart >= rng.end or (restart == low and start > high):
+                    # Nothing of this range survives (or the queue was re-created: later batches read it).
+                    return
+                start = restart
+
+
+def _read(reader: RecordReader, settings: FetchSettings, rng: OffsetRange, start: int) -> Iterator[pa.RecordBatch]:
+    expected = start
+    pending: list[RecordChunk] = []
+    rows = 0
+    deadline = time.monotonic() + settings.poll_timeout_s
+    for chunk in reader.read(rng.mq, start, rng.end, poll_timeout_s=POLL_STEP_S):
+        if chunk is None:
+            if time.monotonic() >= deadline:
+                if _stalled(settings, rng, expected) >= rng.end:
+                    return
+                deadline = time.monotonic() + settings.poll_timeout_s
+            continue
         deadline = time.monotonic() + settings.poll_timeout_s
-        while expected < rng.end:
-            msgs = consumer.poll(POLL_STEP_S)
-            if not msgs:
-                if time.monotonic() >= deadline:
-                    expected = _stalled(settings, rng, expected)
-                    deadline = time.monotonic() + settings.poll_timeout_s
-                continue
-            deadline = time.monotonic() + settings.poll_timeout_s
-            batch: list[MessageExt] = []
-            for m in msgs:
-                offset = m.queue_offset
-                if offset < expected:
-                    continue  # already delivered (a pull raced the seek)
-                if offset >= rng.end:
-                    break
-                if offset > expected:
-                    _gap(settings, rng.mq, expected, offset)
-                expected = offset + 1
-                if tags.matches_tag(m.tags):
-                    batch.append(m)
-            if batch:
+        if chunk.count:
+            pending.append(chunk)
+            rows += chunk.count
+        if rows >= BATCH_ROWS or (chunk.next_offset >= rng.end and pending):
+            batch, expected = _convert(settings, rng, pending, rows, expected)
+            pending, rows = [], 0
+            if batch.num_rows:
                 yield batch
-            if msgs[-1].queue_offset >= rng.end - 1:
-                break
-    finally:
-        consumer.shutdown()
+        if expected >= rng.end:
+            return
+    if pending:
+        batch, _ = _convert(settings, rng, pending, rows, expected)
+        if batch.num_rows:
+            yield batch
 
 
-def _seek(consumer: PullConsumer, settings: FetchSettings, rng: OffsetRange) -> int:
-    try:
-        consumer.seek(rng.mq, rng.start)
-        return rng.start
-    except InvalidArgumentError:
-        low, high = _bounds(settings.brokers, rng.mq)
-    start = check_start(rng.mq, rng.start, low, high, fail_on_data_loss=settings.fail_on_data_loss)
-    if start >= rng.end or (start == low and rng.start > high):
-        # Nothing of this range survives (or the queue was re-created: its data is read by later batches).
-        return rng.end
-    consumer.seek(rng.mq, start)
-    return start
+def _convert(settings: FetchSettings, rng: OffsetRange, chunks: list[RecordChunk], rows: int,
+             expected: int) -> tuple[pa.RecordBatch, int]:
+    """Chunks as one batch trimmed to [expected, end), with the gap check; returns the next expected offset."""
+    data = chunks[0].data if len(chunks) == 1 else b"".join(c.data for c in chunks)
+    batch = records_to_batch(data, rows, topic=rng.mq.topic, broker=rng.mq.broker_name)
+    offsets = batch.column("queue_offset").to_numpy()
+    keep = (offsets >= expected) & (offsets < rng.end)
+    kept = offsets[keep]
+    if len(kept):
+        # Consecutive offsets from `expected`; any hole is messages that disappeared under the read.
+        holes = np.flatnonzero(np.diff(np.concatenate(([expected - 1], kept))) != 1)
+        for i in holes:
+            _gap(settings, rng.mq, int(expected if i == 0 else kept[i - 1] + 1), int(kept[i]))
+        expected = int(kept[-1]) + 1
+    if not keep.all():
+        batch = batch.filter(pa.array(keep))
+    return batch, expected
 
 
 def _gap(settings: FetchSettings, mq: MessageQueue, expected: int, got: int) -> None:

@@ -23,9 +23,9 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
-from client.message import MessageExt, MessageQueue
+from client.message import MessageQueue
 from spark_connector import planner
-from spark_connector.arrow import SCHEMA, to_record_batch
+from spark_connector.arrow import SCHEMA
 from spark_connector.fetch import FetchSettings, fetch_range
 from spark_connector.offsets import OffsetRange
 from spark_connector.options import (
@@ -37,7 +37,6 @@ from spark_connector.options import (
 from spark_connector.sink import TidemarkStreamWriter, TidemarkWriter, check_write_schema
 
 # Rows per Arrow record batch handed to Spark.
-BATCH_ROWS = 8192
 
 
 @dataclass(frozen=True)
@@ -66,19 +65,12 @@ def _check_schema(schema: StructType) -> None:
 
 
 def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """Executor side: the partition's messages as Arrow record batches of about BATCH_ROWS rows."""
+    """Executor side: the partition's messages as Arrow record batches (about fetch.BATCH_ROWS rows each)."""
     if not isinstance(partition, QueueRangePartition):
         return  # Spark's placeholder partition when a batch read has no range
     settings = FetchSettings(brokers=options.brokers_csv, fail_on_data_loss=options.fail_on_data_loss,
                              poll_timeout_s=options.poll_timeout_s, tag_expression=options.tag_expression)
-    pending: list[MessageExt] = []
-    for msgs in fetch_range(settings, partition.range):
-        pending.extend(msgs)
-        if len(pending) >= BATCH_ROWS:
-            yield to_record_batch(pending)
-            pending = []
-    if pending:
-        yield to_record_batch(pending)
+    yield from fetch_range(settings, partition.range)
 
 
 class TidemarkBatchReader(DataSourceReader):

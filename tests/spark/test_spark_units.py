@@ -10,14 +10,16 @@ import pickle
 
 import pyarrow as pa
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, MapType, StringType, StructField, StructType
 
+from broker.store.codec import encode_record
+from broker.store.model import MessageRecord
 from client.message import MessageExt, MessageQueue
 from spark_connector import ARROW_SCHEMA, SCHEMA, DataLossError, OptionError, TidemarkDataSource
-from spark_connector.arrow import to_record_batch
+from spark_connector.arrow import records_to_batch
 from spark_connector.offsets import (
     OffsetFormatError,
     OffsetRange,
@@ -281,19 +283,60 @@ def test_arrow_schema_is_what_pyspark_expects():
     assert ARROW_SCHEMA.equals(to_arrow_schema(SCHEMA, timezone="UTC"))
 
 
-def test_record_batch_from_messages():
-    msgs = [MessageExt("t", "broker-a", 2, 7 + i, f"id{i}", b"body%d" % i, tags="tg" if i else "", keys="k",
-                       properties={"a": "1"} if i else {}, born_timestamp=1_700_000_000_123,
-                       store_timestamp=1_700_000_000_456, reconsume_times=i) for i in range(3)]
-    batch = to_record_batch(msgs)
+def _stored(records: list[MessageRecord]) -> bytes:
+    """Records as the broker stores and serves them (sealed, back to back)."""
+    out, phys = b"", 1000
+    for i, r in enumerate(records):
+        data = encode_record(r, queue_offset=7 + i, physical_offset=phys, store_timestamp=1_700_000_000_456)
+        out += data
+        phys += len(data)
+    return out
+
+
+def test_record_batch_from_stored_records():
+    recs = [MessageRecord("t", 2, b"body%d" % i,
+                          {"UNIQ_KEY": f"id{i}", "KEYS": "k", **({"TAGS": "tg", "a": "1"} if i else {})},
+                          born_timestamp=1_700_000_000_123, reconsume_times=i) for i in range(3)]
+    batch = records_to_batch(_stored(recs), 3, topic="t", broker="broker-a")
     assert batch.schema.equals(ARROW_SCHEMA)
     rows = batch.to_pylist()
     assert rows[0]["tags"] is None and rows[1]["tags"] == "tg"
+    assert [r["msg_id"] for r in rows] == ["id0", "id1", "id2"] and rows[2]["keys"] == "k"
     assert rows[0]["properties"] == [] and rows[1]["properties"] == [("a", "1")]
+    assert [r["body"] for r in rows] == [b"body0", b"body1", b"body2"]
     assert batch.column("born_timestamp")[0] == pa.scalar(1_700_000_000_123_000, pa.timestamp("us", tz="UTC"))
+    assert batch.column("store_timestamp")[0] == pa.scalar(1_700_000_000_456_000, pa.timestamp("us", tz="UTC"))
     assert batch.column("queue_offset").to_pylist() == [7, 8, 9]
-    mixed = to_record_batch([msgs[0], MessageExt("u", "broker-b", 1, 0, "x", b"b")])
-    assert mixed.column("topic").to_pylist() == ["t", "u"] and mixed.column("queue_id").to_pylist() == [2, 1]
+    assert batch.column("reconsume_times").to_pylist() == [0, 1, 2]
+    assert set(batch.column("topic").to_pylist()) == {"t"} and set(batch.column("queue_id").to_pylist()) == {2}
+
+
+_text = st.text(st.characters(blacklist_characters="\x01\x02", blacklist_categories=("Cs",)), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.binary(max_size=40), _text, _text,
+                          st.dictionaries(_text.filter(bool), _text, max_size=3)), min_size=1, max_size=30))
+def test_bulk_conversion_matches_decoding_each_record(messages):
+    """records_to_batch (numpy + Arrow kernels) agrees field by field with decoding record by record."""
+    recs = []
+    for i, (body, tags, keys, props) in enumerate(messages):
+        p = {k: v for k, v in props.items() if k not in ("UNIQ_KEY", "TAGS", "KEYS")}
+        p["UNIQ_KEY"] = f"ID{i}"
+        if tags:
+            p["TAGS"] = tags
+        if keys:
+            p["KEYS"] = keys
+        recs.append(MessageRecord("T", 1, body, p))
+    data = _stored(recs)
+    rows = records_to_batch(data, len(recs), topic="T", broker="b").to_pylist()
+    pos = 0
+    for row in rows:
+        m = MessageExt.from_record(data, pos, topic="T", broker_name="b")
+        pos += m.store_size
+        assert row["body"] == m.body and row["msg_id"] == m.msg_id and row["queue_offset"] == m.queue_offset
+        assert row["tags"] == (m.tags or None) and row["keys"] == (m.keys or None)
+        assert dict(row["properties"]) == dict(m.properties)
 
 
 # -- nothing unpicklable --------------------------------------------------------------

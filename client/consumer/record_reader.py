@@ -1,0 +1,181 @@
+"""RecordReader: a range of one queue as stored record bytes, for bulk decoders (the Spark connector).
+
+No group, no commits, no message objects: the reader opens the queue on its
+broker's Fetch stream without a group and hands out each frame's records as
+they came (tidemark.records layout), for a decoder that turns whole frames
+into columns. Reading stops at the range's end; records past it in the last
+frame are left to the caller to trim (a frame may carry more when offsets
+below the range's start were deleted and the broker skipped them).
+
+Flow control: the broker may send up to `window_bytes` that the caller has not
+taken yet; each chunk taken gives its bytes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from client.errors import TidemarkError
+from client.message import MessageQueue
+from client.remoting.cluster import BrokerCluster
+from client.remoting.streams import FetchStream, QueueEnd
+from client.runtime import ClientState, Lifecycle, LoopThread
+from client.settings import ClientSettings, build
+
+WINDOW_BYTES = 32 * 1024 * 1024
+MAX_RECORDS_PER_FRAME_PART = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class RecordChunk:
+    """Records of one queue back to back, and where the queue's reading continues after them."""
+
+    data: bytes
+    count: int
+    next_offset: int
+    max_offset: int
+
+
+class RecordReader:
+    """Synchronous; one range at a time. `with RecordReader(brokers=...) as r: for c in r.read(mq, a, b): ...`"""
+
+    def __init__(self, settings: ClientSettings | None = None, /, **overrides: Any) -> None:
+        self.settings: ClientSettings = build(ClientSettings, settings, overrides)  # type: ignore[assignment]
+        self._loop = LoopThread("record-reader")
+        self._life = Lifecycle("record reader")
+        self._cluster: BrokerCluster | None = None
+        self._streams: dict[str, FetchStream] = {}
+        self._next_handle = 0
+        self._out: queue.Queue[RecordChunk | QueueEnd | TidemarkError] | None = None
+        self._handle = 0
+
+    def start(self) -> RecordReader:
+        self._life.to(ClientState.STARTING)
+        self._loop.start()
+        s = self.settings
+
+        async def connect() -> BrokerCluster:
+            cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s)
+            try:
+                await cluster.discover()
+            except BaseException:
+                await cluster.close()
+                raise
+            return cluster
+
+        try:
+            self._cluster = self._loop.run(connect(), timeout=s.request_timeout_s * 2)
+        except BaseException:
+            self._loop.stop()
+            self._life.to(ClientState.SHUTDOWN)
+            raise
+        self._life.to(ClientState.RUNNING)
+        return self
+
+    def shutdown(self) -> None:
+        if self._life.state is not ClientState.RUNNING:
+            if self._life.state is ClientState.CREATED:
+                self._life.to(ClientState.SHUTDOWN)
+            return
+        self._life.to(ClientState.STOPPING)
+
+        async def close() -> None:
+            await asyncio.gather(*(s.close() for s in self._streams.values()), return_exceptions=True)
+            await self._cluster.close()
+
+        try:
+            self._loop.run(close(), timeout=self.settings.request_timeout_s + 5)
+        finally:
+            self._loop.stop()
+            self._life.to(ClientState.SHUTDOWN)
+
+    def __enter__(self) -> RecordReader:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def read(self, mq: MessageQueue, start: int, end: int, *, poll_timeout_s: float
+             ) -> Iterator[RecordChunk | None]:
+        """Chunks of [start, end) in offset order; None when nothing came for poll_timeout_s (the caller
+        decides whether that is data loss). Raises the broker's error if it refuses the queue; an
+        OFFSET_ILLEGAL end (the range is gone) is raised as QueueEndedError."""
+        self._life.require(ClientState.RUNNING, action="read")
+        out: queue.Queue = queue.Queue()
+        handle = self._loop.run(self._open(mq, start, end - start, out), timeout=self.settings.request_timeout_s * 2)
+        try:
+            reached = start
+            while reached < end:
+                try:
+                    item = out.get(timeout=poll_timeout_s)
+                except queue.Empty:
+                    yield None
+                    continue
+                if isinstance(item, TidemarkError):
+                    raise item
+                if isinstance(item, QueueEnd):
+                    if item.error is not None:
+                        raise item.error
+                    raise QueueEndedError(item.status, item.next_offset)
+                reached = item.next_offset
+                yield item
+                self._loop.loop.call_soon_threadsafe(self._give_back, mq.broker_name, handle, len(item.data))
+        finally:
+            self._loop.loop.call_soon_threadsafe(self._close, mq.broker_name, handle)
+
+    # -- loop side ---------------------------------------------------------------------------
+
+    async def _open(self, mq: MessageQueue, start: int, count: int, out: queue.Queue) -> int:
+        stream = self._streams.get(mq.broker_name)
+        if stream is None or not stream.usable:
+            conn = await self._cluster.connection(mq.broker_name)
+            stream = conn.open_fetch_stream(on_records=self._on_records, on_ended=self._on_ended,
+                                            on_broken=self._on_broken)
+            self._streams[mq.broker_name] = stream
+        self._next_handle += 1
+        self._handle = self._next_handle
+        self._out = out
+        stream.open_queue(self._handle, "", mq, start, subscription="*", fence=None,
+                          credit_messages=max(count, 1), credit_bytes=WINDOW_BYTES,
+                          batch_size=MAX_RECORDS_PER_FRAME_PART)
+        return self._handle
+
+    def _on_records(self, handle: int, count: int, data: bytes, next_offset: int, max_offset: int) -> None:
+        if handle == self._handle and self._out is not None:
+            self._out.put(RecordChunk(data, count, next_offset, max_offset))
+
+    def _on_ended(self, handle: int, end: QueueEnd) -> None:
+        if handle == self._handle and self._out is not None:
+            self._out.put(end)
+
+    def _on_broken(self, error: TidemarkError) -> None:
+        if self._out is not None:
+            self._out.put(error)
+
+    def _give_back(self, broker: str, handle: int, nbytes: int) -> None:
+        stream = self._streams.get(broker)
+        if stream is not None and stream.usable and handle == self._handle:
+            stream.credit(handle, 0, nbytes)
+
+    def _close(self, broker: str, handle: int) -> None:
+        stream = self._streams.get(broker)
+        if handle == self._handle:
+            self._out = None
+        if stream is not None and stream.usable:
+            stream.close_queue(handle)
+
+
+class QueueEndedError(TidemarkError):
+    """The broker stopped serving the range: its offset is illegal now (deleted or re-created queue)."""
+
+    def __init__(self, status: str, next_offset: int) -> None:
+        super().__init__(f"the broker ended the read with {status}; the queue continues at {next_offset}")
+        self.status = status
+        self.next_offset = next_offset
+
+
+__all__ = ["QueueEndedError", "RecordChunk", "RecordReader"]

@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 from pathlib import Path
 
 from broker import config as broker_config
 from broker.errors import BrokerError
-from tidemark.logs import setup_logging
+from tidemark.logs import get_logger, setup_logging
 
-log = logging.getLogger("tidemark.broker")
+log = get_logger("tidemark.broker")
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -35,7 +34,7 @@ async def _serve(config: broker_config.BrokerConfig) -> None:
     try:
         await server.start()
         await stop.wait()
-        log.info("shutdown requested event=broker_stopping")
+        log.info("shutdown requested", event="broker_stopping")
     finally:
         await server.stop()
 
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             asyncio.run(_serve(config))
     except BrokerError as e:
-        log.error("broker cannot start event=broker_start_failed error=%s", e)
+        log.error("broker cannot start", event="broker_start_failed", error=e)
         print(f"tidemark broker: {e}", file=sys.stderr)
         return 1
     except OSError as e:

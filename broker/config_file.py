@@ -39,12 +39,12 @@ def load_json(path: Path, log: logging.Logger) -> dict[str, Any] | None:
     """The file's JSON object, its backup's, or None on a first start (neither exists)."""
     doc, why = _read(path)
     if doc is not None:
-        log.info("config file loaded event=config_load file=%s source=json", path)
+        log.info("config file loaded", event="config_load", file=path, source="json")
         return doc
     bak = backup_path(path)
     bak_doc, bak_why = _read(bak)
     if bak_doc is not None:
-        log.warning("config file fell back to backup event=config_load file=%s source=bak reason=%r", path, why)
+        log.warning("config file fell back to backup", event="config_load", file=path, source="bak", reason=why)
         return bak_doc
     if why == "missing" and bak_why == "missing":
         return None

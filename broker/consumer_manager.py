@@ -11,12 +11,13 @@ trigger).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-log = logging.getLogger("tidemark.broker.consumers")
+from tidemark.logs import get_logger
+
+log = get_logger("tidemark.broker.consumers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +61,8 @@ class ConsumerManager:
         is_new = info.client_id not in members
         members[info.client_id] = replace(info, last_heartbeat_ms=now)
         if is_new:
-            log.info("consumer joined event=consumer_join group=%s client_id=%s members=%d",
-                     info.group, info.client_id, len(members))
+            log.info("consumer joined",
+                     event="consumer_join", group=info.group, client_id=info.client_id, members=len(members))
             self._publish(info.group)
         return is_new
 
@@ -72,8 +73,8 @@ class ConsumerManager:
         if not members:
             del self._members[group]
         self._broken.pop((group, client_id), None)
-        log.info("consumer left event=consumer_leave group=%s client_id=%s reason=%s members=%d",
-                 group, client_id, reason, len(members))
+        log.info("consumer left",
+                 event="consumer_leave", group=group, client_id=client_id, reason=reason, members=len(members))
         self._on_leave(group, client_id)
         self._publish(group)
         return True

@@ -9,7 +9,6 @@ managers (deleting a topic or a group) live here so the servicers stay thin.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass
 
@@ -31,10 +30,11 @@ from broker.schedule import ScheduleMessageService
 from broker.send import SendService
 from broker.store import FlushMode, MessageStore, StoreConfig
 from broker.topics import TopicConfigManager
+from tidemark.logs import get_logger
 from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator
 from tidemark.scheduler import Scheduler
 
-log = logging.getLogger("tidemark.broker")
+log = get_logger("tidemark.broker")
 
 VERSION = "0.1.0"
 # The longest a LockQueues call may wait for queues held by another client.
@@ -157,7 +157,7 @@ class BrokerController:
             try:
                 await step()
             except Exception as e:
-                log.exception("shutdown step failed event=shutdown_error step=%s", name)
+                log.exception("shutdown step failed", event="shutdown_error", step=name)
                 failed = failed or e
         self._started = False
         if failed is not None:
@@ -171,8 +171,9 @@ class BrokerController:
         if report is not None:
             self.metrics.offset_flush_seconds.observe(report.duration_s)
             self.metrics.offset_file_bytes.set(report.size_bytes)
-            log.debug("consumer offsets persisted event=offsets_persisted entries=%d bytes=%d duration_s=%.4f",
-                      report.entries, report.size_bytes, report.duration_s)
+            log.debug("consumer offsets persisted",
+                      event="offsets_persisted", entries=report.entries, bytes=report.size_bytes,
+                      duration_s=report.duration_s)
 
     def snapshot(self) -> StateSnapshot:
         """State gauges for a metrics scrape (called on the event loop thread)."""
@@ -240,8 +241,9 @@ class BrokerController:
         grants = locks.lock(group, client_id, queues)
         changed = [g for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch]
         for g in changed:
-            log.info("queue lock granted event=lock_grant group=%s topic=%s queue_id=%d client_id=%s owner_epoch=%d",
-                     group, g.topic, g.queue_id, client_id, g.owner_epoch)
+            log.info("queue lock granted",
+                     event="lock_grant", group=group, topic=g.topic, queue_id=g.queue_id, client_id=client_id,
+                     owner_epoch=g.owner_epoch)
             self.hold.notify(g.topic, g.queue_id)
         if changed:
             self.metrics.ownership_changes.labels(group).inc(len(changed))
@@ -256,23 +258,24 @@ class BrokerController:
     def _expire_locks(self) -> None:
         for lock in self.locks.expire():
             self.hold.notify(lock.topic, lock.queue_id)
-            log.info("queue lock expired event=lock_expire group=%s topic=%s queue_id=%d client_id=%s owner_epoch=%d",
-                     lock.group, lock.topic, lock.queue_id, lock.client_id, lock.owner_epoch)
+            log.info("queue lock expired",
+                     event="lock_expire", group=lock.group, topic=lock.topic, queue_id=lock.queue_id,
+                     client_id=lock.client_id, owner_epoch=lock.owner_epoch)
 
     def _on_consumer_leave(self, group: str, client_id: str) -> None:
         released = self.locks.release_client(group, client_id)
         for topic, queue_id in released:
             self.hold.notify(topic, queue_id)
         if released:
-            log.info("queue locks released event=lock_release group=%s client_id=%s queues=%d",
-                     group, client_id, len(released))
+            log.info("queue locks released",
+                     event="lock_release", group=group, client_id=client_id, queues=len(released))
 
     def delete_topic(self, name: str) -> None:
         self.topics.delete(name)
         self.store.delete_topic(name)
         removed = self.offsets.clean_topic(name)
         self.locks.forget_topic(name)
-        log.info("topic data removed event=topic_cleanup topic=%s offset_entries=%d", name, removed)
+        log.info("topic data removed", event="topic_cleanup", topic=name, offset_entries=removed)
 
     def delete_group(self, group: str) -> None:
         check_group(group)
@@ -286,7 +289,7 @@ class BrokerController:
         if not removed and not had_config:
             raise NotFoundError(f"group {group!r} is unknown on this broker")
         self.locks.forget_group(group)
-        log.info("group deleted event=group_delete group=%s offset_entries=%d", group, removed)
+        log.info("group deleted", event="group_delete", group=group, offset_entries=removed)
 
     def known_groups(self) -> list[str]:
         return sorted(set(self.offsets.groups()) | set(self.groups.groups()) | set(self.consumers.groups()))

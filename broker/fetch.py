@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -33,8 +32,9 @@ from broker.offset_commits import OffsetCommitService
 from broker.offsets import Fence
 from broker.pull import QueueReadAccess, is_stale
 from broker.store import GetStatus, MessageStore
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.broker.fetch")
+log = get_logger("tidemark.broker.fetch")
 
 # A frame stops growing past this many record bytes (it always holds at least one record).
 FRAME_BYTES = 256 * 1024
@@ -275,9 +275,9 @@ class FetchSession:
             return None
         # Too small, too large, or a queue that holds nothing below the offset asked for.
         self._drop(q, QueueEnded(q.handle, EndReason.OFFSET_ILLEGAL, next_offset=read.next_offset))
-        log.info("fetch offset illegal event=fetch_offset_illegal topic=%s queue_id=%d offset=%d next=%d "
-                 "min=%d max=%d", q.topic, q.queue_id, q.offset, read.next_offset, read.min_offset,
-                 read.max_offset)
+        log.info("fetch offset illegal",
+                 event="fetch_offset_illegal", topic=q.topic, queue_id=q.queue_id, offset=q.offset,
+                 next=read.next_offset, min=read.min_offset, max=read.max_offset)
         return None
 
     # -- helpers -----------------------------------------------------------------------------
@@ -295,8 +295,9 @@ class FetchSession:
             return False
         except InvalidArgumentError as e:
             # As RocketMQ with a bad piggybacked commit: dropped, the queue is still served.
-            log.info("piggybacked commit ignored event=piggyback_commit_ignored group=%s topic=%s queue_id=%d "
-                     "offset=%d error=%s", q.group, q.topic, q.queue_id, offset, e)
+            log.info("piggybacked commit ignored",
+                     event="piggyback_commit_ignored", group=q.group, topic=q.topic, queue_id=q.queue_id,
+                     offset=offset, error=e)
         return True
 
     def _reset(self, q: _Served, generation: int) -> None:

@@ -6,15 +6,15 @@ with the broker's defaults; admins may change retry settings afterwards.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from broker.config_file import load_json, save_json
 from broker.errors import InvalidArgumentError, NotFoundError
+from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_group_name
 
-log = logging.getLogger("tidemark.broker.groups")
+log = get_logger("tidemark.broker.groups")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +52,7 @@ class SubscriptionGroupManager:
                     retry_max_times=int(raw.get("retryMaxTimes", self._defaults.retry_max_times)),
                 )
             except (TypeError, ValueError, AttributeError):
-                log.warning("skipping malformed group entry event=group_skip group=%r", name)
+                log.warning("skipping malformed group entry", event="group_skip", group=name)
         return len(self._groups)
 
     def _save(self) -> None:
@@ -79,7 +79,7 @@ class SubscriptionGroupManager:
         config = replace(self._defaults, group=group)
         self._groups[group] = config
         self._save()
-        log.info("group config created event=group_create group=%s", group)
+        log.info("group config created", event="group_create", group=group)
         return config
 
     def update(self, group: str, **changes: object) -> GroupConfig:

@@ -10,7 +10,6 @@ never reads structures while they change.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -18,7 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-log = logging.getLogger("tidemark.broker.metrics")
+from tidemark.logs import get_logger
+
+log = get_logger("tidemark.broker.metrics")
 
 PREFIX = "tidemark"
 
@@ -81,7 +82,7 @@ class BrokerStateCollector(Collector):
         try:
             state = asyncio.run_coroutine_threadsafe(take(), self._loop).result(timeout=5)
         except Exception as e:  # the broker is stopping or busy: expose the event metrics only
-            log.warning("metrics snapshot failed event=metrics_snapshot_failed error=%s", e)
+            log.warning("metrics snapshot failed", event="metrics_snapshot_failed", error=e)
             return
         lag = GaugeMetricFamily(f"{PREFIX}_consumer_lag", "Messages not yet consumed by a group",
                                 labels=["group", "topic", "queue"])

@@ -9,7 +9,6 @@ admins and computes consume stats (lag).
 from __future__ import annotations
 
 import enum
-import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -24,8 +23,9 @@ from broker.groups import SubscriptionGroupManager, check_group
 from broker.offsets import ConsumerOffsetManager, Fence
 from broker.store import MessageStore
 from broker.topics import TopicConfig, TopicConfigManager
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.broker.offsets")
+log = get_logger("tidemark.broker.offsets")
 
 MAX_REPORTED_REJECTIONS = 1000
 
@@ -173,8 +173,9 @@ class OffsetCommitService:
             for change in changes:
                 self._offsets.reset(group, topic_name, change.queue_id, change.new_offset)
                 self._on_reset(topic_name, change.queue_id)
-            log.info("offsets reset event=offset_reset group=%s topic=%s target=%s value=%d queues=%d",
-                     group, topic_name, target.kind.value, target.value, len(changes))
+            log.info("offsets reset",
+                     event="offset_reset", group=group, topic=topic_name, target=target.kind.value,
+                     value=target.value, queues=len(changes))
         return changes
 
     def _reset_one(self, group: str, topic: str, queue_id: int, target: ResetTarget) -> OffsetChange:

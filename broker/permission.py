@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import logging
-
 from broker.errors import PermissionDeniedError
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.broker.permission")
+log = get_logger("tidemark.broker.permission")
 
 
 class BrokerPermission:
@@ -17,8 +16,8 @@ class BrokerPermission:
 
     def update(self, *, readable: bool, writable: bool) -> None:
         self.readable, self.writable = readable, writable
-        log.warning("broker permission changed event=broker_permission broker=%s readable=%s writable=%s",
-                    self._broker_name, readable, writable)
+        log.warning("broker permission changed",
+                    event="broker_permission", broker=self._broker_name, readable=readable, writable=writable)
 
     def check_writable(self) -> None:
         if not self.writable:

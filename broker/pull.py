@@ -12,7 +12,6 @@ serves tools, with a byte cap per answer.
 from __future__ import annotations
 
 import enum
-import logging
 import time
 from dataclasses import dataclass
 
@@ -25,9 +24,10 @@ from broker.offsets import ConsumerOffsetManager, Fence
 from broker.permission import BrokerPermission
 from broker.store import GetStatus, MessageStore, StoredMessage
 from broker.topics import TopicConfig, TopicConfigManager
+from tidemark.logs import get_logger
 from tidemark.protocol import TagExpression, parse_tag_expression
 
-log = logging.getLogger("tidemark.broker.pull")
+log = get_logger("tidemark.broker.pull")
 
 MAX_PULL_BATCH = 1024
 DEFAULT_PULL_BATCH = 32
@@ -172,9 +172,9 @@ class PullService:
             except InvalidArgumentError as e:
                 # As RocketMQ: a bad piggybacked commit (e.g. above a re-created queue's max) is
                 # dropped; the pull itself is still answered, so OFFSET_ILLEGAL can correct the client.
-                log.info("piggybacked commit ignored event=piggyback_commit_ignored group=%s topic=%s "
-                         "queue_id=%d offset=%d error=%s", req.group, req.topic, req.queue_id,
-                         req.commit_offset, e)
+                log.info("piggybacked commit ignored",
+                         event="piggyback_commit_ignored", group=req.group, topic=req.topic,
+                         queue_id=req.queue_id, offset=req.commit_offset, error=e)
         outcome = await self._read(req, grant.expression, max_nums)
         return outcome if not generation else _with_generation(outcome, generation)
 

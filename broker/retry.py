@@ -9,7 +9,6 @@ created on first use. A broker whose write permission is closed refuses.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,9 +18,10 @@ from broker.permission import BrokerPermission
 from broker.schedule import ScheduleMessageService
 from broker.store import MessageRecord, MessageStore
 from broker.topics import TopicConfigManager
+from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, dlq_topic, retry_topic, tag_hash
 
-log = logging.getLogger("tidemark.broker.retry")
+log = get_logger("tidemark.broker.retry")
 
 FIRST_RETRY_DELAY_LEVEL = 3
 
@@ -109,6 +109,6 @@ class SendBackService:
             self.retried += 1
         else:
             self.dead_lettered += 1
-            log.warning("message moved to DLQ event=dlq group=%s msg_id=%s reconsume_times=%d",
-                        group, message.msg_id, reconsume + 1)
+            log.warning("message moved to DLQ",
+                        event="dlq", group=group, msg_id=message.msg_id, reconsume_times=reconsume + 1)
         return SendBackResult(topic.name, queue_id, put.queue_offset, level, reconsume + 1)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -22,9 +21,10 @@ from pathlib import Path
 from broker.config_file import load_json
 from broker.store import GetStatus, MessageRecord, MessageStore, StoredMessage
 from tidemark.fsutil import atomic_write
+from tidemark.logs import get_logger
 from tidemark.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
 
-log = logging.getLogger("tidemark.broker.schedule")
+log = get_logger("tidemark.broker.schedule")
 
 _BATCH = 64
 _IDLE_WAIT_S = 1.0
@@ -82,7 +82,7 @@ class ScheduleMessageService:
             try:
                 self._offsets[int(level)] = int(offset)
             except (TypeError, ValueError):
-                log.warning("skipping malformed delay offset event=delay_offset_skip level=%r", level)
+                log.warning("skipping malformed delay offset", event="delay_offset_skip", level=level)
 
     def to_schedule_record(self, record: MessageRecord, level: int, now: int) -> MessageRecord:
         """Re-address a message with a delay level to the schedule topic."""
@@ -146,7 +146,7 @@ class ScheduleMessageService:
             except Exception:
                 # Store refusing writes, delayOffset.json not writable...: keep the schedule alive and
                 # try again; nothing was skipped, the progress only moves after a successful put.
-                log.exception("schedule delivery failed, retrying event=schedule_error")
+                log.exception("schedule delivery failed, retrying", event="schedule_error")
                 next_due = self._clock_ms() + int(_RETRY_AFTER_ERROR_S * 1000)
             wait = _IDLE_WAIT_S if next_due is None else max(0.0, (next_due - self._clock_ms()) / 1000)
             try:
@@ -172,8 +172,8 @@ class ScheduleMessageService:
                     record = real_record(message)
                 except (KeyError, ValueError) as e:
                     # Malformed (no real topic/queue): skipped, not retried forever.
-                    log.error("scheduled message dropped event=schedule_drop level=%d offset=%d error=%s",
-                              level, message.queue_offset, e)
+                    log.error("scheduled message dropped",
+                              event="schedule_drop", level=level, offset=message.queue_offset, error=e)
                 else:
                     # A StoreError propagates: the level stops here and the message is delivered later.
                     await self._store.put_messages([record])

@@ -7,7 +7,6 @@ schedule topic.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -27,8 +26,6 @@ from tidemark.protocol import (
     is_system_topic,
     tag_hash,
 )
-
-log = logging.getLogger("tidemark.broker.send")
 
 # The store encodes properties with these separators (RocketMQ's NAME_VALUE / PROPERTY separators).
 _RESERVED_CHARS = ("\x01", "\x02")

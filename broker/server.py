@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -16,6 +15,7 @@ from broker.services.admin import AdminServicer
 from broker.services.membership import MembershipServicer
 from broker.services.messaging import MessagingServicer
 from broker.services.offsets import OffsetServicer
+from tidemark.logs import get_logger
 from tidemark.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -27,7 +27,7 @@ from tidemark.v1 import (
     offsets_pb2_grpc,
 )
 
-log = logging.getLogger("tidemark.broker")
+log = get_logger("tidemark.broker")
 
 # Room for a batch of 4 MiB messages or a pull response of many messages.
 MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -51,12 +51,14 @@ class BrokerServer:
         """Recover, then serve; returns the bound port. Health turns SERVING once everything is up."""
         report = self.controller.load()
         r = report.recovery
-        log.info("store recovered event=store_recovered clean=%s scanned_from=%d end=%d truncated_bytes=%d "
-                 "redispatched=%d duration_s=%.3f", r.clean_shutdown, r.scanned_from, r.commit_log_end,
-                 r.truncated_bytes, r.redispatched, r.duration_s)
+        log.info("store recovered",
+                 event="store_recovered", clean=r.clean_shutdown, scanned_from=r.scanned_from,
+                 end=r.commit_log_end, truncated_bytes=r.truncated_bytes, redispatched=r.redispatched,
+                 duration_s=r.duration_s)
         o = report.offsets
-        log.info("consumer offsets loaded event=offsets_loaded source=%s file=%s entries=%d skipped=%d",
-                 o.source.value, o.path, o.entries, len(o.skipped))
+        log.info("consumer offsets loaded",
+                 event="offsets_loaded", source=o.source.value, file=o.path, entries=o.entries,
+                 skipped=len(o.skipped))
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
@@ -80,11 +82,11 @@ class BrokerServer:
         if self.config.metrics_port:
             collector = BrokerStateCollector(asyncio.get_running_loop(), self.controller.snapshot)
             self._metrics_server = serve(self.controller.metrics, collector, self.config.host, self.config.metrics_port)
-            log.info("metrics served event=metrics_ready host=%s port=%d", self.config.host, self.config.metrics_port)
+            log.info("metrics served", event="metrics_ready", host=self.config.host, port=self.config.metrics_port)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        log.info("broker ready event=broker_ready broker=%s host=%s port=%d data_dir=%s flush=%s",
-                 self.config.broker_name, self.config.host, self.port, self.config.data_dir,
-                 self.config.flush.value)
+        log.info("broker ready",
+                 event="broker_ready", broker=self.config.broker_name, host=self.config.host, port=self.port,
+                 data_dir=self.config.data_dir, flush=self.config.flush.value)
         return self.port
 
     async def _set_health(self, status) -> None:
@@ -102,4 +104,4 @@ class BrokerServer:
             await self._server.stop(grace_s)
             self._server = None
         await self.controller.shutdown()
-        log.info("broker stopped event=broker_stop broker=%s", self.config.broker_name)
+        log.info("broker stopped", event="broker_stop", broker=self.config.broker_name)

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from broker.config_file import load_json, save_json
 from broker.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from tidemark.logs import get_logger
 from tidemark.protocol import (
     SCHEDULE_TOPIC,
     InvalidNameError,
@@ -15,7 +15,7 @@ from tidemark.protocol import (
     is_system_topic,
 )
 
-log = logging.getLogger("tidemark.broker.topics")
+log = get_logger("tidemark.broker.topics")
 
 MAX_QUEUE_NUMS = 1024
 PERM_READ = 4
@@ -68,7 +68,7 @@ class TopicConfigManager:
                     writable=bool(perm & PERM_WRITE),
                 )
             except (KeyError, TypeError, ValueError, AttributeError):
-                log.warning("skipping malformed topic entry event=topic_skip topic=%r", name)
+                log.warning("skipping malformed topic entry", event="topic_skip", topic=name)
         return len(self._topics)
 
     def _save(self) -> None:
@@ -106,7 +106,7 @@ class TopicConfigManager:
         topic = TopicConfig(name=name, read_queue_nums=queue_nums, write_queue_nums=queue_nums)
         self._topics[name] = topic
         self._save()
-        log.info("topic created event=topic_create topic=%s queues=%d", name, queue_nums)
+        log.info("topic created", event="topic_create", topic=name, queues=queue_nums)
         return topic
 
     def ensure_system_topic(self, name: str, queue_nums: int) -> TopicConfig:
@@ -131,8 +131,9 @@ class TopicConfigManager:
         topic = replace(topic, **changes)
         self._topics[name] = topic
         self._save()
-        log.info("topic updated event=topic_update topic=%s read=%d write=%d perm=%d",
-                 name, topic.read_queue_nums, topic.write_queue_nums, topic.perm)
+        log.info("topic updated",
+                 event="topic_update", topic=name, read=topic.read_queue_nums, write=topic.write_queue_nums,
+                 perm=topic.perm)
         return topic
 
     def delete(self, name: str) -> TopicConfig:
@@ -141,5 +142,5 @@ class TopicConfigManager:
             raise InvalidArgumentError(f"topic {name!r} is the broker's schedule topic and cannot be deleted")
         del self._topics[name]
         self._save()
-        log.info("topic deleted event=topic_delete topic=%s", name)
+        log.info("topic deleted", event="topic_delete", topic=name)
         return topic

@@ -10,14 +10,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
-import logging
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from client.errors import ClientStateError, RequestTimeoutError
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.client.runtime")
+log = get_logger("tidemark.client.runtime")
 
 T = TypeVar("T")
 
@@ -142,8 +142,8 @@ class LoopThread:
         for task in asyncio.all_tasks(loop):
             frames = task.get_stack(limit=8)
             where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames)) or "(not started)"
-            log.warning("pending task at timeout event=loop_task_pending loop=%s task=%s at=%s", self._name,
-                        task.get_name(), where)
+            log.warning("pending task at timeout",
+                        event="loop_task_pending", loop=self._name, task=task.get_name(), at=where)
 
     def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Run a plain function on the loop thread (to read or change loop-confined state) and return its result."""

@@ -12,7 +12,6 @@ filter would skip offsets, which the gap check could not tell from data loss.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,9 +25,10 @@ from client.consumer.record_reader import QueueEndedError, RecordChunk, RecordRe
 from client.message import MessageQueue
 from spark_connector.arrow import records_to_batch
 from spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
+from tidemark.logs import get_logger
 from tidemark.protocol import parse_tag_expression
 
-log = logging.getLogger("tidemark.spark")
+log = get_logger("tidemark.spark")
 
 BATCH_ROWS = 8192
 POLL_STEP_S = 1.0
@@ -120,7 +120,7 @@ def _gap(settings: FetchSettings, mq: MessageQueue, expected: int, got: int) -> 
                f"deleted them)")
     if settings.fail_on_data_loss:
         raise DataLossError(f"{message}. Set option failOnDataLoss=false to skip lost messages.")
-    log.warning("tidemark data loss while reading event=data_loss %s", message)
+    log.warning("tidemark data loss while reading", event="data_loss", detail=message)
 
 
 def _stalled(settings: FetchSettings, rng: OffsetRange, expected: int) -> int:
@@ -131,7 +131,7 @@ def _stalled(settings: FetchSettings, rng: OffsetRange, expected: int) -> int:
         if settings.fail_on_data_loss:
             raise DataLossError(f"{message} (reading [{rng.start}, {rng.end}) stopped at {expected}). "
                                 f"Set option failOnDataLoss=false to skip lost messages.")
-        log.warning("tidemark data loss while reading event=data_loss %s", message)
+        log.warning("tidemark data loss while reading", event="data_loss", detail=message)
         return rng.end
     raise TimeoutError(f"{rng.mq}: no message at offset {expected} within {settings.poll_timeout_s:.0f}s "
                        f"(reading [{rng.start}, {rng.end}); queue offsets [{low}, {high}]) from {settings.brokers}; "

@@ -9,14 +9,14 @@ Spark's checkpoint as JSON with string keys:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from client.message import MessageQueue
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.spark")
+log = get_logger("tidemark.spark")
 
 # Sentinels accepted in startingOffsets / endingOffsets JSON (Kafka's -2 / -1).
 EARLIEST = -2
@@ -147,7 +147,7 @@ def check_start(mq: MessageQueue, offset: int, low: int, high: int, *, fail_on_d
     message = describe_loss(mq, offset, low, high)
     if fail_on_data_loss:
         raise DataLossError(f"{message}. Set option failOnDataLoss=false to continue from offset {low} instead.")
-    log.warning("tidemark data loss, continuing at min offset event=data_loss %s; continuing at %d", message, low)
+    log.warning("tidemark data loss, continuing at min offset", event="data_loss", detail=message, continue_at=low)
     return low
 
 

@@ -6,7 +6,6 @@ reader objects that call them hold nothing but options and plain dicts.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 
 from client import Admin
@@ -23,8 +22,9 @@ from spark_connector.offsets import (
     split_ranges,
 )
 from spark_connector.options import OffsetKind, OptionError, ReadOptions
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.spark")
+log = get_logger("tidemark.spark")
 
 Bounds = dict[MessageQueue, tuple[int, int]]
 OffsetsJson = dict[str, dict[str, dict[str, int]]]
@@ -156,6 +156,6 @@ def commit_offsets(options: ReadOptions, end: OffsetsJson) -> bool:
             admin.commit(options.group, offsets)
     except TidemarkError as e:
         # The checkpoint, not the broker, is the source of truth; the next commit catches up.
-        log.warning("tidemark offset commit failed event=spark_commit_failed group=%s error=%s", options.group, e)
+        log.warning("tidemark offset commit failed", event="spark_commit_failed", group=options.group, error=e)
         return False
     return True

@@ -47,6 +47,7 @@ from broker.offsets.persistence import (
     load_offset_file,
     write_offset_file,
 )
+from tidemark.logs import get_logger
 
 _log = logging.getLogger("tidemark.broker.offsets")
 
@@ -104,7 +105,7 @@ class ConsumerOffsetManager:
         self._epochs = epochs
         self._ownership = ownership
         self._allow_empty_on_corruption = allow_empty_on_corruption
-        self._log = logger or _log
+        self._log = get_logger(logger or _log)
         self._offsets: OffsetTable = {}
         self._fences: dict[TableKey, dict[int, _FenceState]] = {}
         # Generations of reset entries, persisted beside the offsets (small: resets are rare).
@@ -147,8 +148,8 @@ class ConsumerOffsetManager:
         self._version += 1
         self._persisted_version = self._version
         self._loaded = True
-        self._log.info("loaded %d consumer offsets event=offsets_load source=%s file=%s entries=%d",
-                       report.entries, report.source.value, report.path, report.entries)
+        self._log.info("loaded %d consumer offsets", report.entries, event="offsets_load",
+                       source=report.source.value, file=report.path, entries=report.entries)
         return report
 
     # -- commit / query / reset ---------------------------------------------

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from broker.errors import ConfigFileError
 from tidemark.fsutil import atomic_write, backup_path
+from tidemark.logs import EventLogger, get_logger
 
 OFFSET_FILE_NAME = "consumerOffset.json"
 TOPIC_GROUP_SEPARATOR = "@"
@@ -236,7 +237,7 @@ def _read(path: Path) -> DecodeResult | None:
 
 
 def load_offset_file(
-    path: Path, *, allow_empty_on_corruption: bool, logger: logging.Logger
+    path: Path, *, allow_empty_on_corruption: bool, logger: logging.Logger | EventLogger
 ) -> tuple[OffsetTable, LoadReport]:
     """Load the table from `path`, falling back to its `.bak`.
 
@@ -250,6 +251,7 @@ def load_offset_file(
     used, copied when starting empty), because persisting rotates the main file
     into .bak and would soon delete the evidence.
     """
+    logger = get_logger(logger)
     bak = backup_path(path)
     main_problem: str | None = None
     try:
@@ -272,21 +274,15 @@ def load_offset_file(
         # Move the damaged main file aside: otherwise the next persist would
         # rotate it into .bak over the good backup we just loaded.
         kept = _set_aside(path, logger, move=True) if main_problem is not None else None
-        logger.warning(
-            "%s %s; loaded consumer offsets from the backup %s instead%s event=offsets_load source=bak",
-            path,
-            main_state,
-            bak,
-            f" (damaged file moved to {kept})" if kept else "",
-        )
+        logger.warning("%s %s; loaded consumer offsets from the backup %s instead%s", path, main_state, bak, f" (damaged file moved to {kept})" if kept else "", event="offsets_load", source="bak")
         _log_skipped(logger, bak, bak_result.skipped)
         table = bak_result.table
         return table, LoadReport(LoadSource.BACKUP, bak, count_entries(table), bak_result.skipped,
                                  bak_result.reset_generations)
 
     if main_problem is None and bak_problem is None:
-        logger.info("no %s or %s yet; starting with no consumer offsets event=offsets_load source=none",
-                    path, bak.name)
+        logger.info("no %s or %s yet; starting with no consumer offsets", path, bak.name,
+                    event="offsets_load", source="none")
         return {}, LoadReport(LoadSource.NONE, None, 0, [])
 
     bak_state = "is missing" if bak_problem is None else f"is unusable too: {bak_problem}"
@@ -299,16 +295,11 @@ def load_offset_file(
     # Copied, not moved: with the main file gone, the next start would find
     # "no files" and no longer refuse, and the operator allowed empty once only.
     kept = _set_aside(path, logger, move=False) if main_problem is not None else None
-    logger.error(
-        "%s; starting with NO consumer offsets because empty-on-corruption is allowed%s "
-        "event=offsets_load source=forced-empty",
-        reason,
-        f" (damaged file kept as {kept})" if kept else "",
-    )
+    logger.error("%s; starting with NO consumer offsets because empty-on-corruption is allowed%s", reason, f" (damaged file kept as {kept})" if kept else "", event="offsets_load", source="forced-empty")
     return {}, LoadReport(LoadSource.FORCED_EMPTY, None, 0, [])
 
 
-def _set_aside(path: Path, logger: logging.Logger, *, move: bool) -> Path | None:
+def _set_aside(path: Path, logger: EventLogger, *, move: bool) -> Path | None:
     """Keep a damaged file as `<name>.corrupt` for the operator to inspect."""
     target = path.with_name(path.name + ".corrupt")
     try:
@@ -322,9 +313,9 @@ def _set_aside(path: Path, logger: logging.Logger, *, move: bool) -> Path | None
     return target
 
 
-def _log_skipped(logger: logging.Logger, path: Path, skipped: list[str]) -> None:
+def _log_skipped(logger: EventLogger, path: Path, skipped: list[str]) -> None:
     for reason in skipped[:_MAX_SKIP_LOG_LINES]:
-        logger.warning("%s: skipped malformed offset entry, %s event=offsets_entry_skipped", path, reason)
+        logger.warning("%s: skipped malformed offset entry, %s", path, reason, event="offsets_entry_skipped")
     if len(skipped) > _MAX_SKIP_LOG_LINES:
         logger.warning(
             "%s: %d more malformed offset entries skipped", path, len(skipped) - _MAX_SKIP_LOG_LINES

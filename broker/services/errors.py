@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -19,8 +18,9 @@ from broker.errors import (
     PermissionDeniedError,
     StoreError,
 )
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.broker.rpc")
+log = get_logger("tidemark.broker.rpc")
 
 _STATUS: tuple[tuple[type[BrokerError], grpc.StatusCode], ...] = (
     (InvalidArgumentError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -61,7 +61,7 @@ def rpc(handler: H) -> H:
             # Out-of-range numbers and similar that slipped past explicit validation.
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except Exception:
-            log.exception("rpc failed event=rpc_error method=%s", handler.__name__)
+            log.exception("rpc failed", event="rpc_error", method=handler.__name__)
             await context.abort(grpc.StatusCode.INTERNAL, f"internal error in {handler.__name__}; see the broker log")
 
     return wrapper  # type: ignore[return-value]

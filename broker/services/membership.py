@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import grpc
 
 from broker.consumer_manager import ConsumerInfo
@@ -14,8 +12,6 @@ from broker.services.convert import fence_from_pb, queue
 from broker.services.errors import rpc, status_for
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
 from tidemark.v1 import common_pb2, membership_pb2, membership_pb2_grpc
-
-log = logging.getLogger("tidemark.broker.locks")
 
 
 def _client_id(client_id: str) -> str:

@@ -15,13 +15,13 @@ The file is small JSON, replaced atomically:
 from __future__ import annotations
 
 import json
-import logging
 import threading
 from pathlib import Path
 
 from tidemark.fsutil import atomic_write, fsync_dir
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.broker.store")
+log = get_logger("tidemark.broker.store")
 
 CHECKPOINT_FILE_NAME = "checkpoint"
 ABORT_FILE_NAME = "abort"

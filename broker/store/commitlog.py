@@ -14,7 +14,6 @@ segment's fd. All methods run on the event-loop thread; flush jobs handed out by
 
 from __future__ import annotations
 
-import logging
 import re
 from bisect import bisect_right
 from collections.abc import Callable
@@ -25,8 +24,9 @@ from broker.errors import StoreError
 from broker.store import codec
 from broker.store.flush import DirtySet, FileHandle, FlushJob
 from broker.store.model import StoredMessage
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.broker.store")
+log = get_logger("tidemark.broker.store")
 
 SEGMENT_NAME = re.compile(r"^\d{20}$")
 # Recovery reads segments in chunks this big (a bigger record gets its own read).
@@ -363,8 +363,8 @@ class CommitLog:
         del self._starts[index + 1 :]
         segment.capacity = max(self._segment_size, segment.capacity)
         self._dirty.add_dir(self._dir)
-        log.warning("truncated the commit log at %d event=commitlog_truncated offset=%d dropped_bytes=%d",
-                    pos, pos, removed)
+        log.warning("truncated the commit log at %d", pos,
+                    event="commitlog_truncated", offset=pos, dropped_bytes=removed)
         return removed
 
     # -- retention -----------------------------------------------------------------

@@ -13,7 +13,6 @@ flush thread.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import shutil
@@ -26,9 +25,10 @@ from broker.errors import StoreError
 from broker.store.codec import CQ_ENTRY, CQ_ENTRY_SIZE
 from broker.store.flush import DirtySet, FileHandle, FlushJob
 from tidemark.fsutil import fsync_dir
+from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name
 
-log = logging.getLogger("tidemark.broker.store")
+log = get_logger("tidemark.broker.store")
 
 FILE_NAME = re.compile(r"^\d{20}$")
 _TRASH_PREFIX = ".deleted-"  # topic names cannot start with '.', so these never clash

@@ -11,7 +11,6 @@ was unlinked meanwhile (fsyncing a deleted file is harmless).
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 import threading
 from collections import deque
@@ -22,8 +21,9 @@ from pathlib import Path
 from broker.errors import StoreError
 from broker.store.model import FlushMode
 from tidemark.fsutil import fsync_dir
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.broker.store")
+log = get_logger("tidemark.broker.store")
 
 
 class FileHandle:

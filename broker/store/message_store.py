@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +46,7 @@ from broker.store.model import (
     StoredMessage,
 )
 from tidemark import records
+from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name
 
 __all__ = [
@@ -63,7 +63,7 @@ __all__ = [
     "StoredMessage",
 ]
 
-log = logging.getLogger("tidemark.broker.store")
+log = get_logger("tidemark.broker.store")
 
 _MAX_QUEUE_ID = 2**31 - 1
 # Consume-queue entries read per pread while scanning for matches.
@@ -118,7 +118,8 @@ class MessageStore:
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
         clean = not self._abort.exists()
         if not clean:
-            log.warning("the store was not shut down cleanly; recovering from the checkpoint event=store_unclean")
+            log.warning("the store was not shut down cleanly; recovering from the checkpoint",
+                        event="store_unclean")
         checkpoint = self._checkpoint.load()
         self._commitlog.open()
         dropped = self._queues.load()
@@ -317,8 +318,8 @@ class MessageStore:
                                          in zip(positions, batch.sizes, tags_codes, strict=True)]))
         except (StoreError, OSError) as exc:
             self._fail(exc)
-            log.error("store write failed; refusing further writes until a restart event=store_write_failed "
-                      "error=%r", str(exc))
+            log.error("store write failed; refusing further writes until a restart",
+                      event="store_write_failed", error=str(exc))
             raise StoreError(f"message store write failed: {exc}") from exc
         for listener in self._listeners:
             try:

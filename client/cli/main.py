@@ -7,12 +7,12 @@ Every client command takes --broker HOST:PORT[,HOST:PORT...] (env TIDEMARK_BROKE
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from client.cli import dlq_cmds, group_cmds, health_cmds, message_cmds, topic_cmds
 from client.errors import TidemarkError
 from client.settings import BROKER_ENV, default_brokers, parse_brokers
+from tidemark.logs import setup_logging
 
 
 def client_options() -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command != "broker":
-        logging.basicConfig(level=logging.ERROR, format="%(message)s")
+        setup_logging("ERROR", "plain")
         try:
             args.brokers = parse_brokers(args.broker) if args.broker else default_brokers()
         except TidemarkError as e:

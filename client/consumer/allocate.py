@@ -46,13 +46,13 @@ from __future__ import annotations
 import bisect
 import enum
 import hashlib
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
 from client.message import MessageQueue
+from tidemark.logs import get_logger
 
 __all__ = [
     "AllocateMachineRoomNearby",
@@ -71,7 +71,7 @@ __all__ = [
     "strategy_by_name",
 ]
 
-log = logging.getLogger(__name__)
+log = get_logger(__name__)
 
 # Separates the machine room (IDC) from the rest of a broker name or client id.
 ROOM_SEPARATOR = "@"

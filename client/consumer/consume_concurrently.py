@@ -23,7 +23,6 @@ succeed waits for resume() or for the queue's next owner.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -39,9 +38,10 @@ from client.consumer.offset_store import OffsetStore
 from client.consumer.send_back import SendBackService
 from client.message import ConsumeConcurrentlyStatus, MessageExt
 from client.settings import PushConsumerSettings
+from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, is_retry_topic
 
-log = logging.getLogger("tidemark.client.consume")
+log = get_logger("tidemark.client.consume")
 
 
 def for_listener(msg: MessageExt) -> MessageExt:
@@ -63,8 +63,8 @@ def call_listener(listener, msgs: Sequence[MessageExt], context) -> object:
     try:
         return listener(list(msgs), context)  # a copy: the listener may keep or change its list
     except Exception:
-        log.exception("listener raised, the batch will be retried event=listener_error queue=%s size=%d",
-                      context.message_queue, len(msgs))
+        log.exception("listener raised, the batch will be retried",
+                      event="listener_error", queue=context.message_queue, size=len(msgs))
         return None
 
 
@@ -73,11 +73,10 @@ def checked_status(result: object, mq: object) -> ConsumeConcurrentlyStatus:
     if isinstance(result, ConsumeConcurrentlyStatus):
         return result
     if result is None:
-        log.error("listener returned None; return ConsumeConcurrentlyStatus.CONSUME_SUCCESS or RECONSUME_LATER. "
-                  "Treating it as RECONSUME_LATER event=listener_bad_status queue=%s", mq)
+        log.error("listener returned None; return ConsumeConcurrentlyStatus.CONSUME_SUCCESS or RECONSUME_LATER. Treating it as RECONSUME_LATER", event="listener_bad_status", queue=mq)
     else:
-        log.error("listener returned %r, not a ConsumeConcurrentlyStatus; treating it as RECONSUME_LATER "
-                  "event=listener_bad_status queue=%s", result, mq)
+        log.error("listener returned %r, not a ConsumeConcurrentlyStatus; treating it as RECONSUME_LATER", result,
+                  event="listener_bad_status", queue=mq)
     return ConsumeConcurrentlyStatus.RECONSUME_LATER
 
 
@@ -171,8 +170,8 @@ class ConsumeMessageConcurrentlyService:
         elif self._clustering:
             self._spawn(self._retry(lease, failed, context.delay_level_when_next_consume))
         else:
-            log.warning("broadcast consumption failed, messages dropped event=broadcast_drop queue=%s count=%d",
-                        lease.mq, len(failed))
+            log.warning("broadcast consumption failed, messages dropped",
+                        event="broadcast_drop", queue=lease.mq, count=len(failed))
             self._finished.setdefault(lease, []).extend(failed)
 
     async def _retry(self, lease: QueueLease, failed: list[MessageExt], delay_level: int) -> None:
@@ -197,7 +196,7 @@ class ConsumeMessageConcurrentlyService:
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("retry of failed messages failed event=consume_retry_error", exc_info=task.exception())
+            log.error("retry of failed messages failed", event="consume_retry_error", exc_info=task.exception())
 
     # -- consume threads ---------------------------------------------------------------------
 

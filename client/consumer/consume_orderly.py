@@ -13,7 +13,6 @@ the queue's lease (the consumer re-acquires it through rebalance).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
 from client.consumer.consume_concurrently import SKIPPED, call_listener, for_listener
@@ -25,9 +24,10 @@ from client.consumer.offset_store import OffsetStore
 from client.consumer.send_back import SendBackService
 from client.message import ConsumeOrderlyStatus, MessageExt
 from client.settings import PushConsumerSettings
+from tidemark.logs import get_logger
 from tidemark.protocol import is_retry_topic
 
-log = logging.getLogger("tidemark.client.consume")
+log = get_logger("tidemark.client.consume")
 
 # How often a lease's task looks again while the consumer is suspended.
 SUSPENDED_RETRY_S = 0.2
@@ -79,7 +79,7 @@ class ConsumeMessageOrderlyService:
             return
         error = task.exception()
         if error is not None:
-            log.error("orderly consume task died event=consume_task_died queue=%s", lease.mq, exc_info=error)
+            log.error("orderly consume task died", event="consume_task_died", queue=lease.mq, exc_info=error)
             self._on_death(lease, error)
         elif lease.active and lease.pq.has_temp_message():
             # Messages arrived while the task was finishing: nobody else will start consuming them.
@@ -112,8 +112,8 @@ class ConsumeMessageOrderlyService:
                 self._commit(lease, batch, consumed=len(batch))
                 continue
             if not isinstance(status, ConsumeOrderlyStatus):
-                log.error("orderly listener returned %r; treating it as SUSPEND_CURRENT_QUEUE_A_MOMENT "
-                          "event=listener_bad_status queue=%s", status, lease.mq)
+                log.error("orderly listener returned %r; treating it as SUSPEND_CURRENT_QUEUE_A_MOMENT", status,
+                          event="listener_bad_status", queue=lease.mq)
             if await self._exhausted(batch):
                 self.dead_lettered += len(batch)
                 if not lease.counts:
@@ -140,6 +140,6 @@ class ConsumeMessageOrderlyService:
         for msg in batch:
             if not await self._send_back.send_back(msg, delay_level=-1):
                 return False
-        log.warning("orderly messages moved to DLQ event=orderly_dlq queue=%s count=%d", batch[0].message_queue,
-                    len(batch))
+        log.warning("orderly messages moved to DLQ",
+                    event="orderly_dlq", queue=batch[0].message_queue, count=len(batch))
         return True

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-log = logging.getLogger("tidemark.client.consume")
+from tidemark.logs import get_logger
+
+log = get_logger("tidemark.client.consume")
 
 # A thread per this many queued tasks (up to the maximum): see submit().
 TASKS_PER_THREAD = 8
@@ -94,7 +95,7 @@ class ConsumeThreadPool:
             try:
                 completion()
             except Exception:
-                log.exception("consume completion failed event=consume_completion_error")
+                log.exception("consume completion failed", event="consume_completion_error")
         self._on_drained()
 
     def shutdown(self) -> None:
@@ -129,7 +130,7 @@ class ConsumeThreadPool:
             try:
                 completion = task()
             except Exception:
-                log.exception("consume task failed event=consume_task_error")
+                log.exception("consume task failed", event="consume_task_error")
                 continue
             if completion is not None:
                 self._done.append(completion)

@@ -21,7 +21,6 @@ stopped in order by `shutdown`.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Coroutine
 from typing import Any
 
@@ -38,9 +37,10 @@ from client.remoting.cluster import BrokerCluster
 from client.remoting.streams import QueueEnd
 from client.settings import ConsumerSettings
 from client.types import CommitRejectReason, RejectedCommit
+from tidemark.logs import get_logger
 from tidemark.scheduler import Scheduler
 
-log = logging.getLogger("tidemark.client.consumer")
+log = get_logger("tidemark.client.consumer")
 
 # Before opening a queue again that the broker refused for a passing reason.
 REFUSED_RETRY_DELAY_S = 3.0
@@ -184,7 +184,7 @@ class ConsumerCore:
         await self.stop_parts()
         await self.fetcher.close()
         await self.cluster.close()
-        log.info("consumer stopped event=consumer_stop group=%s client_id=%s", self.settings.group, self.client_id)
+        log.info("consumer stopped", event="consumer_stop", group=self.settings.group, client_id=self.client_id)
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         """Run background work owned by the consumer: failures are logged, shutdown waits for it."""
@@ -195,8 +195,9 @@ class ConsumerCore:
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("consumer task failed event=consumer_task_failed group=%s task=%s", self.settings.group,
-                      task.get_name(), exc_info=task.exception())
+            log.error("consumer task failed",
+                      event="consumer_task_failed", group=self.settings.group, task=task.get_name(),
+                      exc_info=task.exception())
 
     async def _stop_tasks(self) -> None:
         if self._tasks:
@@ -245,19 +246,19 @@ class ConsumerCore:
     def on_ended(self, lease: QueueLease, end: QueueEnd) -> None:
         mq = lease.mq
         if end.status == "OFFSET_ILLEGAL":
-            log.warning("pull offset illegal event=offset_illegal queue=%s next=%d", mq, end.next_offset)
+            log.warning("pull offset illegal", event="offset_illegal", queue=mq, next=end.next_offset)
             self.spawn(self.ownership.restart(lease, end.next_offset, lease.reset_generation, record=True),
                        f"restart:{mq}")
         elif end.status == "OFFSET_RESET":
-            log.info("offset reset by admin event=offset_reset_seen queue=%s offset=%d generation=%d",
-                     mq, end.next_offset, end.reset_generation)
+            log.info("offset reset by admin",
+                     event="offset_reset_seen", queue=mq, offset=end.next_offset, generation=end.reset_generation)
             self.spawn(self.ownership.restart(lease, end.next_offset, end.reset_generation, record=True),
                        f"restart:{mq}")
         elif isinstance(end.error, FencedError):
             self.ownership.lose_lease(lease, f"fetch fenced: {end.error}")
         else:
-            log.warning("broker refused to serve a queue, retrying event=fetch_refused queue=%s error=%s", mq,
-                        end.error)
+            log.warning("broker refused to serve a queue, retrying",
+                        event="fetch_refused", queue=mq, error=end.error)
             self.fetcher.retry(lease, REFUSED_RETRY_DELAY_S)
 
     # -- helpers -----------------------------------------------------------------------------

@@ -22,7 +22,6 @@ its lock table answers that with a fence error, and the consumer re-locks.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,9 +32,10 @@ from client.errors import TidemarkError
 from client.message import MessageExt
 from client.remoting.cluster import BrokerCluster
 from client.remoting.streams import FetchStream, QueueEnd
+from tidemark.logs import get_logger
 from tidemark.protocol import TagExpression, parse_tag_expression
 
-log = logging.getLogger("tidemark.client.fetch")
+log = get_logger("tidemark.client.fetch")
 
 RECONNECT_MIN_DELAY_S = 0.1
 RECONNECT_MAX_DELAY_S = 3.0
@@ -175,7 +175,7 @@ class Fetcher:
         try:
             stream = await self._stream(broker)
         except TidemarkError as e:
-            log.warning("cannot open fetch stream event=fetch_stream_failed broker=%s error=%s", broker, e)
+            log.warning("cannot open fetch stream", event="fetch_stream_failed", broker=broker, error=e)
             self._spawn(self._reopen_later(reading, self._backoff(broker)), f"fetch-reopen:{broker}")
             return
         self._next_handle += 1
@@ -222,8 +222,8 @@ class Fetcher:
     def _task_done(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("fetcher task failed event=fetch_task_failed task=%s", task.get_name(),
-                      exc_info=task.exception())
+            log.error("fetcher task failed",
+                      event="fetch_task_failed", task=task.get_name(), exc_info=task.exception())
 
     # -- stream callbacks --------------------------------------------------------------------
 
@@ -276,7 +276,7 @@ class Fetcher:
         if not readings:
             return
         delay = self._backoff(broker)
-        log.warning("fetch stream broken, reopening event=fetch_stream_broken broker=%s queues=%d delay_s=%.1f "
-                    "error=%s", broker, len(readings), delay, error)
+        log.warning("fetch stream broken, reopening",
+                    event="fetch_stream_broken", broker=broker, queues=len(readings), delay_s=delay, error=error)
         for reading in readings:
             self._spawn(self._reopen_later(reading, delay), f"fetch-reopen:{reading.lease.mq}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -22,10 +21,11 @@ from client.errors import ClientStateError, InvalidArgumentError
 from client.message import MessageExt, MessageQueue
 from client.runtime import ClientState, Lifecycle, LoopThread
 from client.settings import PullConsumerSettings, build, unique_instance
+from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression
 from tidemark.scheduler import Scheduler
 
-log = logging.getLogger("tidemark.client.pull_consumer")
+log = get_logger("tidemark.client.pull_consumer")
 
 Fetched = tuple[QueueLease, list[MessageExt]]
 
@@ -272,7 +272,7 @@ class PullConsumer:
         """Commit consumed offsets (or the given ones); turns auto commit off from then on."""
         core = self._require()
         if core.auto_commit:
-            log.info("manual commit, auto commit off event=auto_commit_off group=%s", self.settings.group)
+            log.info("manual commit, auto commit off", event="auto_commit_off", group=self.settings.group)
             core.auto_commit = False
         self._run(core.commit(offsets, sync))
 

@@ -10,7 +10,6 @@ right after a change needs no GetConsumerList round trip.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -18,8 +17,9 @@ from client.errors import TidemarkError
 from client.message import MessageQueue
 from client.remoting.cluster import BrokerCluster
 from client.remoting.connection import BrokerConnection
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.client.membership")
+log = get_logger("tidemark.client.membership")
 
 WATCH_RETRY_DELAY_S = 1.0
 
@@ -66,8 +66,8 @@ class GroupMembership:
         results = await asyncio.gather(*(one(c) for c in brokers.values()), return_exceptions=True)
         for (name, conn), result in zip(brokers.items(), results, strict=True):
             if isinstance(result, TidemarkError):
-                log.warning("heartbeat failed event=heartbeat_failed group=%s broker=%s error=%s",
-                            self._group, conn.address, result)
+                log.warning("heartbeat failed",
+                            event="heartbeat_failed", group=self._group, broker=conn.address, error=result)
             elif isinstance(result, BaseException):
                 raise result
             else:
@@ -91,8 +91,8 @@ class GroupMembership:
                         last = ids
                         self._on_change()
             except TidemarkError as e:
-                log.info("consumer watch broke, reopening event=watch_broken group=%s broker=%s error=%s",
-                         self._group, conn.address, e)
+                log.info("consumer watch broke, reopening",
+                         event="watch_broken", group=self._group, broker=conn.address, error=e)
             self._members.pop(name, None)  # no longer kept current: rebalances ask the broker
             await asyncio.sleep(WATCH_RETRY_DELAY_S)
 
@@ -110,5 +110,5 @@ class GroupMembership:
             try:
                 await conn.unregister(self._client_id, self._group)
             except TidemarkError as e:
-                log.warning("unregister failed event=unregister_failed group=%s broker=%s error=%s",
-                            self._group, conn.address, e)
+                log.warning("unregister failed",
+                            event="unregister_failed", group=self._group, broker=conn.address, error=e)

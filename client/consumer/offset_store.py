@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
@@ -29,8 +28,9 @@ from client.message import MessageQueue
 from client.remoting.cluster import BrokerCluster
 from client.types import CommitOffsetsResult, CommitRejectReason, OffsetCommit, RejectedCommit
 from tidemark.fsutil import atomic_write
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.client.offsets")
+log = get_logger("tidemark.client.offsets")
 
 OFFSET_DIR_ENV = "TIDEMARK_OFFSET_DIR"
 
@@ -176,8 +176,8 @@ class RemoteBrokerOffsetStore(OffsetStore):
                 conn = await self._cluster.connection(broker)
                 result = await conn.commit_offsets(commits)
             except TidemarkError as e:
-                log.warning("offset persist failed event=persist_failed group=%s broker=%s error=%s",
-                            self._group, broker, e)
+                log.warning("offset persist failed",
+                            event="persist_failed", group=self._group, broker=broker, error=e)
                 continue
             applied += result.applied
             rejected += result.rejected
@@ -185,8 +185,9 @@ class RemoteBrokerOffsetStore(OffsetStore):
         for r in rejections:
             if r.reason is not CommitRejectReason.INVALID:
                 self._on_rejected(r)
-            log.warning("offset commit rejected event=commit_rejected group=%s queue=%s offset=%d reason=%s msg=%s",
-                        self._group, r.queue, r.offset, r.reason.value, r.message)
+            log.warning("offset commit rejected",
+                        event="commit_rejected", group=self._group, queue=r.queue, offset=r.offset,
+                        reason=r.reason.value, msg=r.message)
         return CommitOffsetsResult(applied, rejected, rejections)
 
     async def persist(self, mq: MessageQueue) -> None:
@@ -220,15 +221,15 @@ class LocalFileOffsetStore(OffsetStore):
         except FileNotFoundError:
             return {}
         except (OSError, ValueError) as e:
-            log.warning("local offsets unreadable, starting without them event=local_offsets_bad path=%s error=%s",
-                        self.path, e)
+            log.warning("local offsets unreadable, starting without them",
+                        event="local_offsets_bad", path=self.path, error=e)
             return {}
         out = {}
         for item in doc.get("offsetTable", []):
             try:
                 out[MessageQueue(str(item["topic"]), str(item["brokerName"]), int(item["queueId"]))] = int(item["offset"])
             except (KeyError, TypeError, ValueError):
-                log.warning("skipping malformed local offset event=local_offset_skip entry=%r", item)
+                log.warning("skipping malformed local offset", event="local_offset_skip", entry=item)
         return out
 
     async def read_offset(self, mq: MessageQueue, kind: ReadOffsetType) -> int:

@@ -24,7 +24,6 @@ OwnedQueue.transition, and each generation of a queue is a QueueLease.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -34,8 +33,9 @@ from client.consumer.queue_state import OwnedQueue, QueueState
 from client.errors import FencedError, TidemarkError
 from client.message import MessageQueue
 from client.remoting.cluster import BrokerCluster
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.client.ownership")
+log = get_logger("tidemark.client.ownership")
 
 # How long one LockQueues call waits on the broker for a previous owner to let go.
 LOCK_WAIT_MS = 5_000
@@ -147,7 +147,8 @@ class QueueOwnership:
 
     def _lock_waiter_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
-            log.error("lock waiter failed event=lock_waiter_failed group=%s", self._group, exc_info=task.exception())
+            log.error("lock waiter failed",
+                      event="lock_waiter_failed", group=self._group, exc_info=task.exception())
 
     async def _await_locks(self) -> None:
         """Ask each broker to answer as soon as our LOCKING queues are released (LockQueues with a wait),
@@ -184,8 +185,8 @@ class QueueOwnership:
                     grants = {g.queue: g for g in await conn.lock_queues(self._group, self._client_id,
                                                                           [oq.mq for oq in oqs])}
                 except TidemarkError as e:
-                    log.warning("lock renewal failed event=lock_renew_failed group=%s broker=%s error=%s",
-                                self._group, broker, e)
+                    log.warning("lock renewal failed",
+                                event="lock_renew_failed", group=self._group, broker=broker, error=e)
                     continue
                 for oq in oqs:
                     grant = grants.get(oq.mq)
@@ -235,7 +236,7 @@ class QueueOwnership:
             conn = await self._cluster.connection(broker)
             grants = await conn.lock_queues(self._group, self._client_id, [oq.mq for oq in oqs], wait_ms=wait_ms)
         except TidemarkError as e:
-            log.warning("queue lock failed event=lock_failed group=%s broker=%s error=%s", self._group, broker, e)
+            log.warning("queue lock failed", event="lock_failed", group=self._group, broker=broker, error=e)
             return []
         by_mq = {g.queue: g for g in grants}
         granted, stale = [], []
@@ -248,14 +249,14 @@ class QueueOwnership:
                 continue
             oq.owner_epoch = grant.owner_epoch
             oq.granted_at = (grant.consumer_offset, grant.reset_generation)
-            log.info("queue lock granted event=lock_grant group=%s queue=%s owner_epoch=%d",
-                     self._group, oq.mq, grant.owner_epoch)
+            log.info("queue lock granted",
+                     event="lock_grant", group=self._group, queue=oq.mq, owner_epoch=grant.owner_epoch)
             granted.append(oq)
         if stale:
             try:
                 await conn.unlock_queues(self._group, self._client_id, stale)
             except TidemarkError as e:
-                log.warning("unlock failed event=unlock_failed group=%s broker=%s error=%s", self._group, broker, e)
+                log.warning("unlock failed", event="unlock_failed", group=self._group, broker=broker, error=e)
         return granted
 
     async def _start(self, oq: OwnedQueue) -> None:
@@ -268,8 +269,8 @@ class QueueOwnership:
         try:
             offset = await self._hooks.start_offset(mq, committed)
         except TidemarkError as e:
-            log.warning("cannot read start offset event=start_offset_failed group=%s queue=%s error=%s",
-                        self._group, mq, e)
+            log.warning("cannot read start offset",
+                        event="start_offset_failed", group=self._group, queue=mq, error=e)
             if oq.state is QueueState.ASSIGNED:
                 # Without locks there is nothing to wait for: try again at the next rebalance.
                 oq.transition(QueueState.RELEASED)
@@ -306,7 +307,7 @@ class QueueOwnership:
             conn = await self._cluster.connection(oq.mq.broker_name)
             await conn.unlock_queues(self._group, self._client_id, [oq.mq])
         except TidemarkError as e:
-            log.warning("unlock failed event=unlock_failed group=%s queue=%s error=%s", self._group, oq.mq, e)
+            log.warning("unlock failed", event="unlock_failed", group=self._group, queue=oq.mq, error=e)
 
     async def _finish_release(self, oq: OwnedQueue) -> None:
         """DRAINING -> RELEASED: stop fetching, drain, commit, unlock."""
@@ -329,15 +330,15 @@ class QueueOwnership:
             refused = await conn.unlock_queues(self._group, self._client_id, [oq.mq],
                                                [commit] if commit is not None else [])
         except TidemarkError as e:
-            log.warning("final commit and unlock failed event=final_commit_failed group=%s queue=%s error=%s",
-                        self._group, oq.mq, e)
+            log.warning("final commit and unlock failed",
+                        event="final_commit_failed", group=self._group, queue=oq.mq, error=e)
             refused = []
         for error in refused:
             if isinstance(error, FencedError):
                 self._lose(oq, f"final commit fenced: {error}")
                 return
-            log.warning("final commit refused event=final_commit_failed group=%s queue=%s error=%s",
-                        self._group, oq.mq, error)
+            log.warning("final commit refused",
+                        event="final_commit_failed", group=self._group, queue=oq.mq, error=error)
         if oq.state is QueueState.DRAINING:
             oq.transition(QueueState.RELEASED)
             self._hooks.lease_ended(lease)
@@ -348,14 +349,14 @@ class QueueOwnership:
         try:
             await self._store.persist(oq.mq)
         except TidemarkError as e:
-            log.warning("offset persist on drop failed event=drop_persist_failed group=%s queue=%s error=%s",
-                        self._group, oq.mq, e)
+            log.warning("offset persist on drop failed",
+                        event="drop_persist_failed", group=self._group, queue=oq.mq, error=e)
 
     def _lose(self, oq: OwnedQueue, reason: str) -> None:
         if oq.state in (QueueState.RELEASED, QueueState.LOST):
             return
-        log.warning("queue ownership lost event=queue_lost group=%s queue=%s owner_epoch=%s reason=%s",
-                    self._group, oq.mq, oq.owner_epoch, reason)
+        log.warning("queue ownership lost",
+                    event="queue_lost", group=self._group, queue=oq.mq, owner_epoch=oq.owner_epoch, reason=reason)
         oq.transition(QueueState.LOST)
         if oq.lease is not None:
             self._hooks.lease_ended(oq.lease)

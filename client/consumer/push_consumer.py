@@ -11,7 +11,6 @@ The synchronous PushConsumer runs the core on its own loop thread.
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any
 
 from client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
@@ -26,9 +25,10 @@ from client.errors import ClientStateError, InvalidArgumentError
 from client.message import MessageExt, MessageQueue
 from client.runtime import ClientState, Lifecycle, LoopThread
 from client.settings import PushConsumerSettings, build, unique_instance
+from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
 
-log = logging.getLogger("tidemark.client.consumer")
+log = get_logger("tidemark.client.consumer")
 
 
 class AsyncPushConsumer(ConsumerCore):
@@ -75,9 +75,10 @@ class AsyncPushConsumer(ConsumerCore):
         self.consume_service: ConsumeMessageConcurrentlyService | ConsumeMessageOrderlyService = (
             ConsumeMessageOrderlyService(**common, on_death=self._consume_task_died) if self.orderly
             else ConsumeMessageConcurrentlyService(**common, clustering=self.clustering))
-        log.info("consumer starting event=consumer_start group=%s client_id=%s model=%s orderly=%s locking=%s "
-                 "strategy=%s topics=%s", s.group, self.client_id, s.message_model.value, self.orderly,
-                 self.locking, self.strategy.name, ",".join(sorted(self.subscriptions)))
+        log.info("consumer starting",
+                 event="consumer_start", group=s.group, client_id=self.client_id, model=s.message_model.value,
+                 orderly=self.orderly, locking=self.locking, strategy=self.strategy.name,
+                 topics=",".join(sorted(self.subscriptions)))
 
     def _apply_finished(self) -> None:
         self.consume_service.apply_finished()
@@ -90,8 +91,8 @@ class AsyncPushConsumer(ConsumerCore):
 
     async def drain(self, lease: QueueLease) -> None:
         if not await lease.wait_idle(self.settings.drain_timeout_s):
-            log.warning("drain timed out event=drain_timeout group=%s queue=%s running=%d", self.settings.group,
-                        lease.mq, lease.running)
+            log.warning("drain timed out",
+                        event="drain_timeout", group=self.settings.group, queue=lease.mq, running=lease.running)
 
     def _consume_task_died(self, lease: QueueLease, error: BaseException) -> None:
         self.ownership.lose_lease(lease, f"consume task died: {error!r}")

@@ -11,7 +11,6 @@ per broker, so a joining consumer's first pass costs few round trips.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 
 from client.consumer.allocate import AllocateMessageQueueStrategy
@@ -20,9 +19,10 @@ from client.errors import NotFoundError, TidemarkError
 from client.message import MessageModel, MessageQueue
 from client.remoting.cluster import BrokerCluster
 from client.types import TopicRoute
+from tidemark.logs import get_logger
 from tidemark.protocol import is_retry_topic
 
-log = logging.getLogger("tidemark.client.rebalance")
+log = get_logger("tidemark.client.rebalance")
 
 
 class RebalanceService:
@@ -79,13 +79,12 @@ class RebalanceService:
                 await self._rebalance_topic(topic, route, members)
             except NotFoundError as e:
                 # The topic is gone (deleted) or not created yet: hand back whatever we held of it.
-                log.debug("rebalance skipped event=rebalance_skip group=%s topic=%s reason=%s", self._group, topic, e)
+                log.debug("rebalance skipped", event="rebalance_skip", group=self._group, topic=topic, reason=e)
                 if await self._ownership.update(topic, set()):
                     self.changes += 1
                     self._on_change()
             except TidemarkError as e:
-                log.warning("rebalance failed event=rebalance_failed group=%s topic=%s error=%s",
-                            self._group, topic, e)
+                log.warning("rebalance failed", event="rebalance_failed", group=self._group, topic=topic, error=e)
 
     async def allocation(self, route: TopicRoute, members: dict[str, list[str]]
                          ) -> tuple[list[MessageQueue], list[str], set[MessageQueue]]:
@@ -107,15 +106,11 @@ class RebalanceService:
         if self._model is MessageModel.CLUSTERING and self._client_id not in cid_all:
             # Not registered on the broker (restarted, or expired us): register first; the membership
             # push that follows triggers the next rebalance. Keep what we have meanwhile.
-            log.info("not in the group's member list, heartbeating event=rebalance_not_member group=%s topic=%s",
-                     self._group, topic)
+            log.info("not in the group's member list, heartbeating",
+                     event="rebalance_not_member", group=self._group, topic=topic)
             self._on_not_member()
             return
         if await self._ownership.update(topic, mine):
             self.changes += 1
             self._on_change()
-            log.info("rebalanced result changed. allocateMessageQueueStrategyName=%s, group=%s, topic=%s, "
-                     "clientId=%s, mqAllSize=%d, cidAllSize=%d, rebalanceResultSize=%d, rebalanceResultSet=[%s] "
-                     "event=rebalance_changed",
-                     self._strategy.name, self._group, topic, self._client_id, len(mq_all), len(cid_all),
-                     len(mine), ", ".join(str(q) for q in sorted(mine)))
+            log.info("rebalanced result changed. allocateMessageQueueStrategyName=%s, group=%s, topic=%s, clientId=%s, mqAllSize=%d, cidAllSize=%d, rebalanceResultSize=%d, rebalanceResultSet=[%s]", self._strategy.name, self._group, topic, self._client_id, len(mq_all), len(cid_all), len(mine), ", ".join(str(q) for q in sorted(mine)), event="rebalance_changed")

@@ -8,14 +8,13 @@ caller keeps the message for local re-consumption.
 
 from __future__ import annotations
 
-import logging
-
 from client.errors import TidemarkError
 from client.message import Message, MessageExt
 from client.remoting.cluster import BrokerCluster
+from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, retry_topic
 
-log = logging.getLogger("tidemark.client.retry")
+log = get_logger("tidemark.client.retry")
 
 
 class SendBackService:
@@ -39,16 +38,16 @@ class SendBackService:
             self.sent_back += 1
             return True
         except TidemarkError as e:
-            log.warning("send back failed, sending to retry topic directly event=send_back_failed group=%s "
-                        "msg_id=%s error=%s", self._group, msg.msg_id, e)
+            log.warning("send back failed, sending to retry topic directly",
+                        event="send_back_failed", group=self._group, msg_id=msg.msg_id, error=e)
         try:
             await self._send_to_retry_topic(msg, delay_level)
             self.fallback_sends += 1
             return True
         except TidemarkError as e:
             self.failed += 1
-            log.warning("retry send failed, consuming again locally event=retry_send_failed group=%s msg_id=%s "
-                        "error=%s", self._group, msg.msg_id, e)
+            log.warning("retry send failed, consuming again locally",
+                        event="retry_send_failed", group=self._group, msg_id=msg.msg_id, error=e)
             return False
 
     async def _send_to_retry_topic(self, msg: MessageExt, delay_level: int) -> None:

@@ -15,16 +15,16 @@ partitioner): big batches without giving up the spread over queues.
 from __future__ import annotations
 
 import concurrent.futures
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from client.message import MessageQueue, SendResult
+from tidemark.logs import get_logger
 from tidemark.records import RecordBatchBuilder
 
-log = logging.getLogger("tidemark.client.producer")
+log = get_logger("tidemark.client.producer")
 
 SendCallback = Callable[[SendResult | None, Exception | None], None]
 _PENDING, _RUNNING, _FINISHED = "PENDING", "RUNNING", "FINISHED"  # concurrent.futures' state names
@@ -98,7 +98,7 @@ class ProducerBatch:
                 else:
                     callback(None, error)
             except Exception:
-                log.exception("send callback raised event=send_callback_error")
+                log.exception("send callback raised", event="send_callback_error")
 
     @property
     def count(self) -> int:

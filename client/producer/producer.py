@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -32,6 +31,7 @@ from client.producer.selector import MessageQueueSelector
 from client.remoting.cluster import BrokerCluster
 from client.runtime import ClientState, Lifecycle, LoopThread
 from client.settings import ProducerSettings, build
+from tidemark.logs import get_logger
 from tidemark.protocol import (
     InvalidNameError,
     MessageIdGenerator,
@@ -42,7 +42,7 @@ from tidemark.protocol import (
 )
 from tidemark.records import RecordBatchBuilder, RecordError, encode_properties
 
-log = logging.getLogger("tidemark.client.producer")
+log = get_logger("tidemark.client.producer")
 
 
 
@@ -173,8 +173,9 @@ class AsyncProducer:
                     raise
                 avoid = target.broker_name
                 self.cluster.forget_route(topic)
-                log.warning("send failed, retrying event=send_retry topic=%s broker=%s attempt=%d error=%s",
-                            topic, target.broker_name, attempt + 1, e)
+                log.warning("send failed, retrying",
+                            event="send_retry", topic=topic, broker=target.broker_name, attempt=attempt + 1,
+                            error=e)
         raise AssertionError("unreachable")
 
     async def send_messages(self, messages: Sequence[Message], *, queue: MessageQueue | None,
@@ -393,8 +394,8 @@ class Producer:
     def send_oneway(self, message: Message, **kw: Any) -> None:
         """Send without waiting for or reporting the result (failures are only logged)."""
         future = self.send_async(message, **kw)
-        future.add_done_callback(lambda f: f.exception() and log.warning(
-            "oneway send failed event=send_oneway_failed topic=%s error=%s", message.topic, f.exception()))
+        future.add_done_callback(lambda f: f.exception() and log.warning("oneway send failed",
+                                 event="send_oneway_failed", topic=message.topic, error=f.exception()))
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -443,7 +444,7 @@ def _call_back(callback: SendCallback, future: concurrent.futures.Future) -> Non
     try:
         callback(None if error else future.result(), error)  # type: ignore[arg-type]
     except Exception:
-        log.exception("send callback raised event=send_callback_error")
+        log.exception("send callback raised", event="send_callback_error")
 
 
 __all__ = ["AsyncProducer", "Producer", "check_message", "encode_message"]

@@ -9,7 +9,6 @@ route_refresh_interval_s, like RocketMQ's periodic route refresh.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections.abc import Sequence
 
@@ -17,8 +16,9 @@ from client.errors import InvalidArgumentError, NotFoundError, TidemarkError, Un
 from client.message import MessageQueue
 from client.remoting.connection import BrokerConnection
 from client.types import QueueData, TopicRoute
+from tidemark.logs import get_logger
 
-log = logging.getLogger("tidemark.client.cluster")
+log = get_logger("tidemark.client.cluster")
 
 
 class BrokerCluster:
@@ -50,7 +50,7 @@ class BrokerCluster:
             results = await asyncio.gather(*(c.broker_info() for c in missing), return_exceptions=True)
             for conn, result in zip(missing, results, strict=True):
                 if isinstance(result, TidemarkError):
-                    log.warning("broker unreachable event=broker_unreachable addr=%s error=%s", conn.address, result)
+                    log.warning("broker unreachable", event="broker_unreachable", addr=conn.address, error=result)
                     continue
                 if isinstance(result, BaseException):
                     raise result

@@ -11,7 +11,6 @@ retriable UnavailableError and is replaced by a new one on next use.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,8 +27,6 @@ from client.errors import (
 from client.message import MessageQueue
 from client.types import Fence
 from tidemark.v1 import common_pb2, messaging_pb2
-
-log = logging.getLogger("tidemark.client.streams")
 
 _STATUS_NAMES = {messaging_pb2.OFFSET_ILLEGAL: "OFFSET_ILLEGAL", messaging_pb2.OFFSET_RESET: "OFFSET_RESET"}
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-log = logging.getLogger("tidemark.scheduler")
+from tidemark.logs import get_logger
+
+log = get_logger("tidemark.scheduler")
 
 JobFn = Callable[[], Awaitable[None] | None]
 
@@ -97,5 +98,5 @@ class Scheduler:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("scheduled job failed event=job_error owner=%s job=%s", self._owner, job.name)
+                log.exception("scheduled job failed", event="job_error", owner=self._owner, job=job.name)
             job.runs += 1

@@ -1,19 +1,25 @@
 """Loading and saving the broker's small JSON config files (topics.json, subscriptionGroup.json).
 
-Writes are atomic with the previous file kept as `.bak`; a load falls back to
-the `.bak` when the main file is missing, empty or not valid JSON, and refuses
-(ConfigFileError) when a present file is unreadable and no good backup exists.
+Writes are atomic with the previous file kept as `.bak`, and run in a worker
+thread (ConfigFile); a load falls back to the `.bak` when the main file is
+missing, empty or not valid JSON, and refuses (ConfigFileError) when a present
+file is unreadable and no good backup exists.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ConfigFileError
+from broker.errors import ConfigFileError, StoreError
 from tidemark.fsutil import atomic_write, backup_path
+from tidemark.logs import get_logger
+
+log = get_logger("tidemark.broker.config")
 
 
 def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
@@ -35,16 +41,17 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, str]:
     return doc, "ok"
 
 
-def load_json(path: Path, log: logging.Logger) -> dict[str, Any] | None:
+def load_json(path: Path, logger: logging.Logger | Any) -> dict[str, Any] | None:
     """The file's JSON object, its backup's, or None on a first start (neither exists)."""
+    logger = get_logger(logger)
     doc, why = _read(path)
     if doc is not None:
-        log.info("config file loaded", event="config_load", file=path, source="json")
+        logger.info("config file loaded", event="config_load", file=path, source="json")
         return doc
     bak = backup_path(path)
     bak_doc, bak_why = _read(bak)
     if bak_doc is not None:
-        log.warning("config file fell back to backup", event="config_load", file=path, source="bak", reason=why)
+        logger.warning("config file fell back to backup", event="config_load", file=path, source="bak", reason=why)
         return bak_doc
     if why == "missing" and bak_why == "missing":
         return None
@@ -54,3 +61,70 @@ def load_json(path: Path, log: logging.Logger) -> dict[str, Any] | None:
 
 def save_json(path: Path, doc: dict[str, Any]) -> None:
     atomic_write(path, json.dumps(doc, indent=4, sort_keys=True).encode("utf-8"), keep_backup=True)
+
+
+class ConfigFile:
+    """One config file whose writes happen in a worker thread, never on the event loop.
+
+    The owner calls `changed()` after each in-memory change; a writer task then
+    renders the current document on the loop (a cheap snapshot) and writes it
+    atomically in a thread, again until nothing changed meanwhile: a burst of
+    changes costs one or two writes. `flush()` waits until every change made so
+    far is on disk; request handlers await it before they answer, so an
+    acknowledged change is durable. Without a running loop (load, tests of the
+    managers alone) changes are written at once.
+    """
+
+    def __init__(self, path: Path, render: Callable[[], dict[str, Any]]) -> None:
+        self.path = path
+        self._render = render
+        self._version = 0
+        self._written = 0
+        self._writer: asyncio.Task | None = None
+        self._written_event: asyncio.Event | None = None
+        self._failure: BaseException | None = None
+
+    @property
+    def dirty(self) -> bool:
+        return self._written != self._version
+
+    def changed(self) -> None:
+        self._version += 1
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            save_json(self.path, self._render())
+            self._written = self._version
+            return
+        if self._writer is None or self._writer.done():
+            self._writer = loop.create_task(self._write(), name=f"write:{self.path.name}")
+
+    async def _write(self) -> None:
+        while self._written != self._version:
+            version, doc = self._version, self._render()
+            try:
+                await asyncio.to_thread(save_json, self.path, doc)
+            except OSError as e:
+                self._failure = e
+                log.error("config file write failed", event="config_write_failed", file=self.path, error=e)
+                self._signal()
+                return
+            self._failure = None
+            self._written = version
+            self._signal()
+
+    def _signal(self) -> None:
+        if self._written_event is not None:
+            self._written_event.set()
+            self._written_event = None
+
+    async def flush(self) -> None:
+        """Wait until every change so far is written; StoreError if the write failed."""
+        while self.dirty:
+            if self._writer is None or self._writer.done():
+                if self._failure is not None:
+                    raise StoreError(f"cannot write {self.path.name}: {self._failure}") from None
+                self._writer = asyncio.get_running_loop().create_task(self._write())
+            if self._written_event is None:
+                self._written_event = asyncio.Event()
+            await self._written_event.wait()

@@ -151,7 +151,8 @@ class BrokerController:
         self.ready = False
         self.hold.close()
         steps = [("scheduler", self.scheduler.stop), ("schedule", self.schedule.shutdown)] if self._started else []
-        steps += [("consumer offsets", self._persist_offsets_now), ("store", self.store.shutdown)]
+        steps += [("consumer offsets", self._persist_offsets_now), ("config files", self.flush_configs),
+                  ("store", self.store.shutdown)]
         failed = None
         for name, step in steps:
             try:
@@ -164,7 +165,7 @@ class BrokerController:
             raise failed
 
     async def _persist_offsets_now(self) -> None:
-        self.offsets.persist_now()
+        await asyncio.to_thread(self.offsets.persist_now)
 
     async def _persist_offsets(self) -> None:
         report = await self.offsets.persist_if_dirty()
@@ -270,9 +271,18 @@ class BrokerController:
             log.info("queue locks released",
                      event="lock_release", group=group, client_id=client_id, queues=len(released))
 
-    def delete_topic(self, name: str) -> None:
+    async def flush_configs(self) -> None:
+        """Wait until topics.json and subscriptionGroup.json hold every change made so far."""
+        await self.topics.file.flush()
+        await self.groups.file.flush()
+
+    @property
+    def configs_dirty(self) -> bool:
+        return self.topics.file.dirty or self.groups.file.dirty
+
+    async def delete_topic(self, name: str) -> None:
         self.topics.delete(name)
-        self.store.delete_topic(name)
+        await self.store.delete_topic(name)
         removed = self.offsets.clean_topic(name)
         self.locks.forget_topic(name)
         log.info("topic data removed", event="topic_cleanup", topic=name, offset_entries=removed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from broker.config_file import load_json, save_json
+from broker.config_file import ConfigFile, load_json
 from broker.errors import InvalidArgumentError, NotFoundError
 from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_group_name
@@ -37,6 +37,7 @@ def check_group(group: str) -> None:
 class SubscriptionGroupManager:
     def __init__(self, config_dir: Path, *, retry_queue_nums: int = 1, retry_max_times: int = 16) -> None:
         self._path = Path(config_dir) / "subscriptionGroup.json"
+        self.file = ConfigFile(self._path, self._document)
         self._defaults = GroupConfig(group="", retry_queue_nums=retry_queue_nums, retry_max_times=retry_max_times)
         self._groups: dict[str, GroupConfig] = {}
 
@@ -56,12 +57,15 @@ class SubscriptionGroupManager:
         return len(self._groups)
 
     def _save(self) -> None:
-        save_json(self._path, {"subscriptionGroupTable": {
+        self.file.changed()
+
+    def _document(self) -> dict:
+        return {"subscriptionGroupTable": {
             g.group: {"groupName": g.group, "consumeEnable": g.consume_enable,
                       "consumeBroadcastEnable": g.consume_broadcast_enable,
                       "retryQueueNums": g.retry_queue_nums, "retryMaxTimes": g.retry_max_times}
             for g in self._groups.values()
-        }})
+        }}
 
     def get(self, group: str) -> GroupConfig | None:
         return self._groups.get(group)

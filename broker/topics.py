@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from broker.config_file import load_json, save_json
+from broker.config_file import ConfigFile, load_json
 from broker.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from tidemark.logs import get_logger
 from tidemark.protocol import (
@@ -53,6 +53,7 @@ class TopicConfigManager:
     def __init__(self, config_dir: Path) -> None:
         self._path = Path(config_dir) / "topics.json"
         self._topics: dict[str, TopicConfig] = {}
+        self.file = ConfigFile(self._path, self._document)
 
     def load(self) -> int:
         doc = load_json(self._path, log) or {}
@@ -72,11 +73,14 @@ class TopicConfigManager:
         return len(self._topics)
 
     def _save(self) -> None:
-        save_json(self._path, {"topicConfigTable": {
+        self.file.changed()
+
+    def _document(self) -> dict:
+        return {"topicConfigTable": {
             t.name: {"topicName": t.name, "readQueueNums": t.read_queue_nums,
                      "writeQueueNums": t.write_queue_nums, "perm": t.perm}
             for t in self._topics.values()
-        }})
+        }}
 
     def get(self, name: str) -> TopicConfig | None:
         return self._topics.get(name)

@@ -42,7 +42,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @rpc
     async def DeleteTopic(self, request, context: grpc.aio.ServicerContext):
-        self._b.delete_topic(request.name)
+        await self._b.delete_topic(request.name)
         return admin_pb2.DeleteTopicResponse()
 
     @rpc

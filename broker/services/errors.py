@@ -52,7 +52,10 @@ def rpc(handler: H) -> H:
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await handler(self, request, context)
+            response = await handler(self, request, context)
+            # An acknowledged request's config changes (a topic or group created on the way) are durable.
+            await self._b.flush_configs()
+            return response
         except BrokerError as e:
             # The class name lets clients tell e.g. a fenced commit from other FAILED_PRECONDITIONs.
             context.set_trailing_metadata(((ERROR_CLASS_KEY, type(e).__name__),))

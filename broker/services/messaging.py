@@ -77,12 +77,13 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         metrics = b.metrics
         metrics.messages_in.labels(request.topic).inc(request.count)
         ok = messaging_pb2.ProduceResponse(request_id=request.request_id, first_queue_offset=put.first_offset)
-        if b.config.flush is not FlushDiskType.SYNC:
+        if b.config.flush is not FlushDiskType.SYNC and not b.configs_dirty:
             metrics.send_latency.observe(time.perf_counter() - started)
             return ok
 
         async def durable() -> messaging_pb2.ProduceResponse:
             try:
+                await b.flush_configs()  # a topic created by this send is on disk before the answer
                 await b.sender.wait_durable(put)
             except BrokerError as e:
                 return messaging_pb2.ProduceResponse(request_id=request.request_id,

@@ -333,14 +333,17 @@ class ConsumeQueueTable:
         dirs = self._dirty.take().dirs
         return FlushJob(tuple(f for queue in self for f in queue.files()), dirs + (self._root,))
 
-    def delete_topic(self, topic: str) -> None:
-        """Close and remove the topic's queues; durable before returning.
+    def detach_topic(self, topic: str) -> None:
+        """Forget the topic's queues and close their files (loop thread; remove_topic_dir follows)."""
+        for queue in self._queues.pop(topic, {}).values():
+            queue.close()
+
+    def remove_topic_dir(self, topic: str) -> None:
+        """Remove a detached topic's directory; durable before returning (flush thread).
 
         The directory is first renamed aside and the rename fsynced, so a crash
         can never bring back part of the old queues; load() sweeps leftovers.
         """
-        for queue in self._queues.pop(topic, {}).values():
-            queue.close()
         topic_dir = self._root / topic
         if not topic_dir.exists():
             return

@@ -192,7 +192,7 @@ class MessageStore:
             await self._in_thread(self._make_durable, cl_job, self._queues.full_flush_job(), end)
             if flusher is not None:
                 flusher.flushed(end)
-            self._abort.remove()
+            await self._in_thread(self._abort.remove)
         finally:
             if flusher is not None:
                 flusher.fail_all(StoreError("the store is shut down"))
@@ -528,12 +528,13 @@ class MessageStore:
 
     # -- administration ------------------------------------------------------------
 
-    def delete_topic(self, topic: str) -> None:
+    async def delete_topic(self, topic: str) -> None:
         """Remove the topic's consume queues; a re-created topic starts at offset 0.
 
         A tombstone in the checkpoint keeps recovery from re-dispatching the
-        old records still in the commit log. Blocks the loop for a few small
-        fsyncs, which an admin operation can afford.
+        old records still in the commit log. The queues leave the table at once
+        (on the loop); the tombstone and the directory's removal are written in
+        the flush thread, in order with the checkpoint writes, never on the loop.
         """
         self._readable()
         if (
@@ -541,9 +542,14 @@ class MessageStore:
             and not (self._config.data_dir / "consumequeue" / topic).exists()
         ):
             return
-        self._checkpoint.add_tombstone(topic, self._commitlog.max_offset)
-        self._queues.delete_topic(topic)
-        log.info("deleted topic %s from the store", topic)
+        at = self._commitlog.max_offset
+        self._queues.detach_topic(topic)
+        await self._in_thread(self._remove_topic_files, topic, at)
+        log.info("deleted topic from the store", event="store_topic_deleted", topic=topic)
+
+    def _remove_topic_files(self, topic: str, at: int) -> None:
+        self._checkpoint.add_tombstone(topic, at)
+        self._queues.remove_topic_dir(topic)
 
     def delete_expired_segments(self, *, force: bool = False) -> int:
         """Delete commit-log segments older than file_reserved_hours (all but the active

@@ -22,7 +22,7 @@ def test_deleted_topic_restarts_at_zero_and_old_records_stay_gone(
         await store.start()
         await store.put_messages(make_records(10))  # old T
         await store.put_messages(make_records(3, topic="U"))
-        store.delete_topic("T")
+        await store.delete_topic("T")
         assert store.topics() == ["U"]
         assert store.get_messages("T", 0, 5, 10).status is GetStatus.NO_MESSAGE_IN_QUEUE
         assert store.max_offset("T", 0) == 0
@@ -57,7 +57,7 @@ def test_deleted_topic_restarts_at_zero_and_old_records_stay_gone(
 
 def test_delete_unknown_topic_is_a_no_op(open_store):
     store, _ = open_store()
-    store.delete_topic("Nope")
+    asyncio.run(store.delete_topic("Nope"))
     assert store.topics() == []
 
 

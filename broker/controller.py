@@ -21,10 +21,11 @@ from broker.groups import SubscriptionGroupManager, check_group
 from broker.locks import LockGrant, QueueLockManager
 from broker.long_polling import PullRequestHoldService
 from broker.metrics import BrokerMetrics, StateSnapshot
-from broker.offset_commits import OffsetCommitService
 from broker.offsets import ConsumerOffsetManager, Fence
+from broker.offsets.commits import OffsetCommitService
 from broker.permission import BrokerPermission
 from broker.pull import PullService, QueueReadAccess
+from broker.queries import MessageQueries
 from broker.retry import SendBackService
 from broker.schedule import ScheduleMessageService
 from broker.send import SendService
@@ -109,6 +110,7 @@ class BrokerController:
         self.send_back = SendBackService(store=self.store, topics=self.topics, groups=self.groups,
                                          permission=self.permission, schedule=self.schedule,
                                          clock_ms=self.clock_ms)
+        self.queries = MessageQueries(store=self.store, topics=self.topics)
         self.metrics = BrokerMetrics()
         self.consumers = ConsumerManager(expiry_ms=config.channel_expired_timeout_ms,
                                          watch_grace_ms=config.watch_grace_ms, clock_ms=self.clock_ms,

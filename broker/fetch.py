@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 from broker.errors import BrokerError, FencedError, InvalidArgumentError, StaleResetGenerationError
 from broker.long_polling import PullRequestHoldService
-from broker.offset_commits import OffsetCommitService
 from broker.offsets import Fence
+from broker.offsets.commits import OffsetCommitService
 from broker.pull import QueueReadAccess, is_stale
 from broker.store import GetStatus, MessageStore
 from tidemark.logs import get_logger

@@ -19,8 +19,8 @@ from broker.errors import InvalidArgumentError, PermissionDeniedError
 from broker.groups import SubscriptionGroupManager, check_group
 from broker.locks import QueueLockManager
 from broker.long_polling import PullRequestHoldService
-from broker.offset_commits import OffsetCommitService
 from broker.offsets import ConsumerOffsetManager, Fence
+from broker.offsets.commits import OffsetCommitService
 from broker.permission import BrokerPermission
 from broker.store import GetStatus, MessageStore, StoredMessage
 from broker.topics import TopicConfig, TopicConfigManager

@@ -10,7 +10,8 @@ import asyncio
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
-from client.errors import ClientStateError, NotFoundError
+from client.dead_letters import Requeued, requeue_copy
+from client.errors import ClientStateError, InvalidArgumentError, NotFoundError
 from client.message import MessageExt, MessageQueue, PullResult
 from client.remoting.cluster import BrokerCluster
 from client.remoting.connection import BrokerConnection
@@ -30,6 +31,7 @@ from client.types import (
     TopicQueueStats,
     TopicRoute,
 )
+from tidemark.protocol import dlq_topic
 
 T = TypeVar("T")
 
@@ -334,6 +336,46 @@ class Admin:
                 found.extend(await c.query_message_by_key(topic, key, begin_ms, end_ms, max_num))
             return sorted(found, key=lambda m: m.store_timestamp)[:max_num]
         return self._run(go())
+
+    # -- dead letters ----------------------------------------------------------
+
+    def dead_letters(self, group: str, limit: int = 1000) -> list[MessageExt]:
+        """The messages in %DLQ%<group> (oldest first per queue), at most `limit`."""
+        topic = dlq_topic(group)
+        try:
+            mqs = self.fetch_message_queues(topic)
+        except NotFoundError:
+            raise NotFoundError(f"group {group!r} has no dead-letter queue ({topic} does not exist)") from None
+        out: list[MessageExt] = []
+        for mq, (low, high) in self.offsets(mqs).items():
+            offset = low
+            while offset < high and len(out) < limit:
+                result = self.pull(mq, offset, max_nums=64)
+                out.extend(result.messages)
+                if result.next_begin_offset <= offset:
+                    break
+                offset = result.next_begin_offset
+        return out[:limit]
+
+    def requeue_dead_letters(self, group: str, msg_id: str | None = None) -> list[Requeued]:
+        """Send DLQ messages (all, or the one with msg_id) back to their original topics as fresh copies."""
+        dead = self.dead_letters(group, limit=1_000_000)
+        if msg_id is not None:
+            dead = [m for m in dead if m.msg_id == msg_id]
+            if not dead:
+                raise InvalidArgumentError(f"no message with msg id {msg_id} in {dlq_topic(group)}")
+
+        async def go() -> list[Requeued]:
+            out = []
+            for m in dead:
+                copy = requeue_copy(m)
+                queues = await self.cluster.write_queues(copy.topic)
+                target = queues[len(out) % len(queues)]
+                conn = await self.cluster.connection(target.broker_name)
+                (result,) = await conn.send(copy.topic, [copy], queue_id=target.queue_id)
+                out.append(Requeued(m.msg_id, copy.topic, result.message_queue, result.queue_offset))
+            return out
+        return self._run(go(), timeout=self.settings.request_timeout_s * (len(dead) + 4) + 30)
 
     def send_back(self, group: str, message: MessageExt, *, delay_level: int = 0,
                   max_reconsume_times: int = 0) -> Any:

@@ -25,6 +25,10 @@ class InvalidArgumentError(TidemarkError, ValueError):
     """The request was malformed (bad name, out-of-range offset, oversize message...)."""
 
 
+class InvalidTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (also a TypeError, as Python code expects)."""
+
+
 class NotFoundError(TidemarkError):
     """Unknown topic, group or message."""
 

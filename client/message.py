@@ -6,6 +6,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from client.errors import InvalidTypeError
 from tidemark import records
 from tidemark.protocol import PropertyKey
 
@@ -38,7 +39,7 @@ class Message:
         if isinstance(self.body, str):
             object.__setattr__(self, "body", self.body.encode("utf-8"))
         if not isinstance(self.body, bytes | bytearray | memoryview):
-            raise TypeError(f"message body must be bytes or str, not {type(self.body).__name__}")
+            raise InvalidTypeError(f"message body must be bytes or str, not {type(self.body).__name__}")
 
 
 _HIDDEN_PROPERTIES = (PropertyKey.TAGS, PropertyKey.KEYS, PropertyKey.UNIQ_KEY)
@@ -161,7 +162,7 @@ class MessageExt:
         fields = {name: getattr(self, name) for name in _FIELDS}
         unknown = set(changes) - set(fields)
         if unknown:
-            raise TypeError(f"MessageExt has no field(s) {', '.join(sorted(unknown))}")
+            raise InvalidTypeError(f"MessageExt has no field(s) {', '.join(sorted(unknown))}")
         fields.update(changes)
         return MessageExt(**fields)  # type: ignore[arg-type]
 

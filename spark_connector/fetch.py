@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 
 from client import Admin
 from client.consumer.record_reader import QueueEndedError, RecordChunk, RecordReader
+from client.errors import RequestTimeoutError
 from client.message import MessageQueue
 from spark_connector.arrow import records_to_batch
 from spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
@@ -133,7 +134,7 @@ def _stalled(settings: FetchSettings, rng: OffsetRange, expected: int) -> int:
                                 f"Set option failOnDataLoss=false to skip lost messages.")
         log.warning("tidemark data loss while reading", event="data_loss", detail=message)
         return rng.end
-    raise TimeoutError(f"{rng.mq}: no message at offset {expected} within {settings.poll_timeout_s:.0f}s "
+    raise RequestTimeoutError(f"{rng.mq}: no message at offset {expected} within {settings.poll_timeout_s:.0f}s "
                        f"(reading [{rng.start}, {rng.end}); queue offsets [{low}, {high}]) from {settings.brokers}; "
                        f"raise option pollTimeoutMs or check the broker")
 

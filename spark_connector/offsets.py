@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from client.errors import InvalidArgumentError, TidemarkError
 from client.message import MessageQueue
 from tidemark.logs import get_logger
 
@@ -23,11 +24,11 @@ EARLIEST = -2
 LATEST = -1
 
 
-class OffsetFormatError(ValueError):
+class OffsetFormatError(InvalidArgumentError):
     """An offsets JSON document does not have the {"topic": {"broker": {"queueId": offset}}} shape."""
 
 
-class DataLossError(RuntimeError):
+class DataLossError(TidemarkError, RuntimeError):
     """Messages the query should read are gone (retention) or the queue was re-created."""
 
 
@@ -89,7 +90,7 @@ def rate_limit(starts: Mapping[MessageQueue, int], latest: Mapping[MessageQueue,
     the limit (Kafka rounds small shares up and may overshoot).
     """
     if limit < 1:
-        raise ValueError(f"limit must be >= 1, got {limit}")
+        raise InvalidArgumentError(f"limit must be >= 1, got {limit}")
     backlog = {mq: max(0, latest[mq] - starts[mq]) for mq in latest}
     total = sum(backlog.values())
     if total <= limit:

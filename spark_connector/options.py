@@ -38,7 +38,7 @@ SPARK_OWNED = frozenset({"path", "checkpointlocation", "queryname"})
 DEFAULT_POLL_TIMEOUT_MS = 60_000
 
 
-class OptionError(ValueError):
+class OptionError(InvalidArgumentError):
     """An option of the tidemark data source is unknown, missing or malformed."""
 
 

@@ -115,10 +115,10 @@ def _rows(batch: pa.RecordBatch, topic: str, first_row: int) -> Iterator[tuple[A
     for i in range(n):
         body = bodies[i]  # type: ignore[index]
         if body is None:
-            raise ValueError(f"tidemark sink: row {first_row + i} has a null body")
+            raise InvalidArgumentError(f"tidemark sink: row {first_row + i} has a null body")
         properties = dict(props[i]) if props[i] else {}
         if None in properties.values():
-            raise ValueError(f"tidemark sink: row {first_row + i} has a null value in properties "
+            raise InvalidArgumentError(f"tidemark sink: row {first_row + i} has a null value in properties "
                              f"{sorted(k for k, v in properties.items() if v is None)}")
         message = Message(topic=topic, body=body, tags=tags[i] or "", keys=keys[i] or "", properties=properties)
         target = None if queue_ids[i] is None else (brokers[i], int(queue_ids[i]))
@@ -156,7 +156,7 @@ class _Sender:
             self._producer.send_batch(msgs, selector=selector, arg=arg)
         except TidemarkError as e:
             where = f"row {rows[0]}" if len(rows) == 1 else f"rows {rows[0]}..{rows[-1]}"
-            raise RuntimeError(f"tidemark sink: sending {where} of this task to topic {self._topic!r} failed: "
+            raise TidemarkError(f"tidemark sink: sending {where} of this task to topic {self._topic!r} failed: "
                                f"{type(e).__name__}: {e}") from e
         self.sent += len(msgs)
 

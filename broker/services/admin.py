@@ -62,17 +62,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @rpc
     async def GetTopicStats(self, request, context: grpc.aio.ServicerContext):
-        b = self._b
-        t = b.topics.require(request.topic)
-        name = b.config.broker_name
-        rows = []
-        for q in range(t.queue_nums):
-            high = b.store.max_offset(t.name, q)
-            last = b.store.store_timestamp_at(t.name, q, high - 1) if high > 0 else None
-            rows.append(admin_pb2.TopicQueueStats(queue=queue(t.name, name, q),
-                                                  min_offset=b.store.min_offset(t.name, q),
-                                                  max_offset=high, last_update_timestamp=last or 0))
-        return admin_pb2.GetTopicStatsResponse(queues=rows)
+        name = self._b.config.broker_name
+        return admin_pb2.GetTopicStatsResponse(queues=[
+            admin_pb2.TopicQueueStats(queue=queue(request.topic, name, s.queue_id), min_offset=s.min_offset,
+                                      max_offset=s.max_offset, last_update_timestamp=s.last_store_timestamp)
+            for s in self._b.queries.topic_stats(request.topic)])
 
     def _broker_info(self) -> admin_pb2.BrokerInfo:
         c = self._b.config

@@ -9,17 +9,14 @@ import grpc
 
 from broker.config import FlushDiskType
 from broker.controller import BrokerController
-from broker.errors import BrokerError, InvalidArgumentError, NotFoundError
+from broker.errors import BrokerError
 from broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
 from broker.pull import PullRequest
 from broker.send import OutgoingMessage
 from broker.services.convert import fence_from_pb, message_ext
 from broker.services.errors import rpc, status_for
-from broker.store import StoredMessage
-from tidemark.protocol import split_keys
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
 
-MAX_KEY_QUERY_RESULTS = 1000
 _PULL_STATUS = {name: messaging_pb2.PullStatus.Value(name) for name in
                 ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL", "OFFSET_RESET")}
 
@@ -176,36 +173,16 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
 
     @rpc
     async def ViewMessage(self, request, context: grpc.aio.ServicerContext):
-        b = self._b
-        topic = b.topics.require(request.topic)
-        if not 0 <= request.queue_id < topic.queue_nums:
-            raise InvalidArgumentError(f"queue id {request.queue_id} is out of range for topic {topic.name!r}")
-        if request.queue_offset < 0:
-            raise InvalidArgumentError(f"queue offset must be >= 0, got {request.queue_offset}")
-        message = b.store.message_at(request.topic, request.queue_id, request.queue_offset)
-        if message is None:
-            low = b.store.min_offset(request.topic, request.queue_id)
-            high = b.store.max_offset(request.topic, request.queue_id)
-            raise NotFoundError(f"no message at {request.topic}:{request.queue_id}@{request.queue_offset} "
-                                f"(queue holds offsets {low}..{high - 1})")
-        return messaging_pb2.ViewMessageResponse(message=message_ext(message, b.config.broker_name))
+        message = self._b.queries.message_at(request.topic, request.queue_id, request.queue_offset)
+        return messaging_pb2.ViewMessageResponse(message=message_ext(message, self._b.config.broker_name))
 
     @rpc
     async def QueryMessageByKey(self, request, context: grpc.aio.ServicerContext):
         b = self._b
-        topic = b.topics.require(request.topic)
-        if not request.key:
-            raise InvalidArgumentError("key must not be empty")
-        end = request.end_timestamp or b.clock_ms()
-        if request.begin_timestamp < 0 or end < request.begin_timestamp:
-            raise InvalidArgumentError(f"time range [{request.begin_timestamp}, {end}] is empty or negative")
-        limit = min(request.max_num or 64, MAX_KEY_QUERY_RESULTS)
-        found: list[StoredMessage] = []
-        for q in range(topic.queue_nums):
-            found.extend(_scan_keys(b, request.topic, q, request.key, request.begin_timestamp, end, limit))
-        found.sort(key=lambda m: m.store_timestamp)
+        found = b.queries.by_key(request.topic, request.key, request.begin_timestamp,
+                                 request.end_timestamp or b.clock_ms(), request.max_num)
         name = b.config.broker_name
-        return messaging_pb2.QueryMessageByKeyResponse(messages=[message_ext(m, name) for m in found[:limit]])
+        return messaging_pb2.QueryMessageByKeyResponse(messages=[message_ext(m, name) for m in found])
 
 
 def _open_queue(pb) -> OpenQueue:
@@ -225,23 +202,3 @@ def _ended_pb(end: QueueEnded) -> messaging_pb2.FetchEnded:
     else:
         pb.status = _PULL_STATUS[end.reason.value]
     return pb
-
-
-def _scan_keys(b: BrokerController, topic: str, queue_id: int, key: str, begin: int, end: int,
-               limit: int) -> list[StoredMessage]:
-    """Messages of one queue stored within [begin, end] whose keys include key (no key index: a bounded scan)."""
-    store = b.store
-    offset = store.search_offset_by_timestamp(topic, queue_id, begin)
-    high = store.max_offset(topic, queue_id)
-    out: list[StoredMessage] = []
-    while offset < high and len(out) < limit:
-        result = store.get_messages(topic, queue_id, offset, 256)
-        if not result.messages:
-            break
-        for m in result.messages:
-            if m.store_timestamp > end:
-                return out
-            if key in split_keys(m.keys):
-                out.append(m)
-        offset = result.next_begin_offset
-    return out

@@ -6,7 +6,7 @@ import grpc
 
 from broker.controller import BrokerController
 from broker.errors import FailedPreconditionError, InvalidArgumentError
-from broker.offset_commits import Commit, ResetKind, ResetTarget
+from broker.offsets.commits import Commit, CommitTally, ResetKind, ResetTarget
 from broker.pull import check_queue
 from broker.services.convert import fence_from_pb, queue
 from broker.services.errors import rpc
@@ -37,24 +37,20 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
 
     @rpc
     async def CommitOffsets(self, request_iterator, context: grpc.aio.ServicerContext):
-        applied = rejected = 0
-        rejections = []
+        tally = CommitTally()
+        metrics = self._b.metrics
         async for batch in request_iterator:
             result = self._b.commits.commit_batch(_commit(pb) for pb in batch.commits)
-            applied += result.applied
-            rejected += result.rejected
-            metrics = self._b.metrics
+            tally.add(result)
             metrics.offset_commits.labels("stream").inc(result.applied)
             for r in result.rejections:
                 metrics.offset_commits_rejected.labels(r.reason.value).inc()
-            room = 1000 - len(rejections)
-            for r in result.rejections[:room]:
-                c = r.commit
-                rejections.append(offsets_pb2.RejectedCommit(
-                    commit=offsets_pb2.OffsetCommit(group=c.group, topic=c.topic, queue_id=c.queue_id,
-                                                    offset=c.offset),
-                    reason=_REJECT[r.reason.value], message=r.message))
-        return offsets_pb2.CommitOffsetsResponse(applied=applied, rejected=rejected, rejections=rejections)
+        return offsets_pb2.CommitOffsetsResponse(applied=tally.applied, rejected=tally.rejected, rejections=[
+            offsets_pb2.RejectedCommit(
+                commit=offsets_pb2.OffsetCommit(group=r.commit.group, topic=r.commit.topic,
+                                                queue_id=r.commit.queue_id, offset=r.commit.offset),
+                reason=_REJECT[r.reason.value], message=r.message)
+            for r in tally.rejections])
 
     @rpc
     async def QueryConsumerOffset(self, request, context: grpc.aio.ServicerContext):

@@ -1,24 +1,12 @@
-"""tidemark dlq list | requeue: the dead-letter queue %DLQ%<group>.
-
-The DLQ is append-only like every topic: requeue sends a copy of a message to
-its original topic (same msg id, reconsume count back to 0).
-"""
+"""tidemark dlq list | requeue: the dead-letter queue %DLQ%<group> (rules in client.dead_letters)."""
 
 from __future__ import annotations
 
 import argparse
 
 from client.admin import Admin
-from client.cli.output import Progress, emit, iso_ms
-from client.errors import InvalidArgumentError, NotFoundError
-from client.message import Message, MessageExt
-from client.producer.producer import Producer
-from tidemark.protocol import PropertyKey, dlq_topic
-
-# Properties the broker adds on the way to the DLQ; a requeued copy starts fresh.
-_RETRY_PROPERTIES = (PropertyKey.RETRY_TOPIC, PropertyKey.ORIGIN_MESSAGE_ID, PropertyKey.MAX_RECONSUME_TIMES,
-                     PropertyKey.RECONSUME_TIME, PropertyKey.REAL_TOPIC, PropertyKey.REAL_QID, PropertyKey.DELAY,
-                     PropertyKey.DELIVER_TIMESTAMP)
+from client.cli.output import emit, iso_ms
+from tidemark.protocol import dlq_topic
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -36,24 +24,6 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(run=requeue)
 
 
-def read_dlq(admin: Admin, group: str, limit: int) -> list[MessageExt]:
-    topic = dlq_topic(group)
-    try:
-        mqs = admin.fetch_message_queues(topic)
-    except NotFoundError:
-        raise NotFoundError(f"group {group!r} has no dead-letter queue ({topic} does not exist)") from None
-    out: list[MessageExt] = []
-    for mq, (low, high) in admin.offsets(mqs).items():
-        offset = low
-        while offset < high and len(out) < limit:
-            result = admin.pull(mq, offset, max_nums=64)
-            out.extend(result.messages)
-            if result.next_begin_offset <= offset:
-                break
-            offset = result.next_begin_offset
-    return out[:limit]
-
-
 def _preview(body: bytes) -> str:
     text = body[:40].decode("utf-8", "replace")
     return text + ("..." if len(body) > 40 else "")
@@ -61,7 +31,7 @@ def _preview(body: bytes) -> str:
 
 def list_dlq(args: argparse.Namespace) -> int:
     with Admin(brokers=args.brokers, request_timeout_s=args.timeout) as admin:
-        msgs = read_dlq(admin, args.group, args.max)
+        msgs = admin.dead_letters(args.group, args.max)
     rows = [{"msg_id": m.msg_id, "original_topic": m.origin_topic, "reconsume_times": m.reconsume_times,
              "broker": m.broker_name, "queue": m.queue_id, "offset": m.queue_offset,
              "stored": iso_ms(m.store_timestamp), "body": _preview(m.body)} for m in msgs]
@@ -72,21 +42,9 @@ def list_dlq(args: argparse.Namespace) -> int:
 
 def requeue(args: argparse.Namespace) -> int:
     with Admin(brokers=args.brokers, request_timeout_s=args.timeout) as admin:
-        msgs = read_dlq(admin, args.group, 1_000_000)
-    if args.msg_id:
-        msgs = [m for m in msgs if m.msg_id == args.msg_id]
-        if not msgs:
-            raise InvalidArgumentError(f"no message with msg id {args.msg_id} in {dlq_topic(args.group)}")
-    rows = []
-    progress = Progress(len(msgs), "requeue")
-    with Producer(brokers=args.brokers, request_timeout_s=args.timeout) as producer:
-        for i, m in enumerate(msgs, 1):
-            props = {k: v for k, v in m.properties.items() if k not in _RETRY_PROPERTIES}
-            props[PropertyKey.UNIQ_KEY] = m.msg_id
-            result = producer.send(Message(m.origin_topic, m.body, tags=m.tags, keys=m.keys, properties=props))
-            rows.append({"msg_id": m.msg_id, "topic": m.origin_topic, "broker": result.message_queue.broker_name,
-                         "queue": result.message_queue.queue_id, "offset": result.queue_offset})
-            progress.update(i)
+        done = admin.requeue_dead_letters(args.group, args.msg_id if not args.all else None)
+    rows = [{"msg_id": r.msg_id, "topic": r.topic, "broker": r.queue.broker_name, "queue": r.queue.queue_id,
+             "offset": r.queue_offset} for r in done]
     emit(rows, ["msg_id", "topic", "broker", "queue", "offset"], as_json=args.json,
          footer=f"{len(rows)} message(s) requeued")
     return 0

@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
+from client.errors import InvalidArgumentError, InvalidTypeError
 from client.message import MessageQueue
 from tidemark.logs import get_logger
 
@@ -129,13 +130,13 @@ def prepare_allocation(
     rebalance.
     """
     if not current_cid:
-        raise ValueError("current_cid is empty")
+        raise InvalidArgumentError("current_cid is empty")
     mqs = sorted(set(mq_all or ()))
     if not mqs:
-        raise ValueError("mq_all is empty: there are no queues to allocate")
+        raise InvalidArgumentError("mq_all is empty: there are no queues to allocate")
     cids = sorted(set(cid_all or ()))
     if not cids:
-        raise ValueError("cid_all is empty: the consumer group has no clients")
+        raise InvalidArgumentError("cid_all is empty: the consumer group has no clients")
     if current_cid not in cids:
         log.info(
             "[BUG] ConsumerGroup: %s The consumerId: %s not in cidAll: %s",
@@ -232,7 +233,7 @@ class AllocateMessageQueueConsistentHash(AllocateMessageQueueStrategy):
         hash_function: Callable[[str], int] = md5_hash,
     ) -> None:
         if virtual_node_count < 1:
-            raise ValueError(f"virtual_node_count must be >= 1, got {virtual_node_count}")
+            raise InvalidArgumentError(f"virtual_node_count must be >= 1, got {virtual_node_count}")
         self.virtual_node_count = virtual_node_count
         self.hash_function = hash_function
 
@@ -282,7 +283,7 @@ class AllocateMessageQueueByConfig(AllocateMessageQueueStrategy):
         self.message_queues: tuple[MessageQueue, ...] = tuple(message_queues)
         for mq in self.message_queues:
             if not isinstance(mq, MessageQueue):
-                raise TypeError(f"CONFIG strategy expects MessageQueue items, got {mq!r}")
+                raise InvalidTypeError(f"CONFIG strategy expects MessageQueue items, got {mq!r}")
 
     def allocate(
         self,
@@ -320,10 +321,10 @@ class AllocateMessageQueueByMachineRoom(AllocateMessageQueueStrategy):
     def __init__(self, consume_idcs: Iterable[str]) -> None:
         if isinstance(consume_idcs, str):
             # A bare string would be read as a set of one-letter rooms.
-            raise TypeError("consume_idcs must be a collection of room names, not a string")
+            raise InvalidTypeError("consume_idcs must be a collection of room names, not a string")
         self.consume_idcs: frozenset[str] = frozenset(consume_idcs)
         if not self.consume_idcs:
-            raise ValueError(
+            raise InvalidArgumentError(
                 "consume_idcs is empty: the MACHINE_ROOM strategy would consume nothing"
             )
 
@@ -369,13 +370,13 @@ class PrefixMachineRoomResolver:
     def broker_room(self, mq: MessageQueue) -> str:
         room = _split_room(mq.broker_name)
         if room is None:
-            raise ValueError(f"machine room unknown for {mq}: broker name is not 'idc@brokerName'")
+            raise InvalidArgumentError(f"machine room unknown for {mq}: broker name is not 'idc@brokerName'")
         return room
 
     def consumer_room(self, cid: str) -> str:
         room, sep, rest = cid.partition(ROOM_SEPARATOR)
         if not sep or not room or not rest:
-            raise ValueError(f"machine room unknown for consumer id {cid!r}: expected 'idc@...'")
+            raise InvalidArgumentError(f"machine room unknown for consumer id {cid!r}: expected 'idc@...'")
         return room
 
 
@@ -433,13 +434,13 @@ class AllocateMachineRoomNearby(AllocateMessageQueueStrategy):
     def _room_of_broker(self, mq: MessageQueue) -> str:
         room = self.resolver.broker_room(mq)
         if not room:
-            raise ValueError(f"machine room is empty for {mq}")
+            raise InvalidArgumentError(f"machine room is empty for {mq}")
         return room
 
     def _room_of_consumer(self, cid: str) -> str:
         room = self.resolver.consumer_room(cid)
         if not room:
-            raise ValueError(f"machine room is empty for consumer id {cid!r}")
+            raise InvalidArgumentError(f"machine room is empty for consumer id {cid!r}")
         return room
 
     def __repr__(self) -> str:
@@ -468,5 +469,5 @@ def strategy_by_name(name: str, **kwargs: object) -> AllocateMessageQueueStrateg
     factory = STRATEGIES.get(str(name).strip().upper())
     if factory is None:
         known = ", ".join(STRATEGIES)
-        raise ValueError(f"unknown allocation strategy {name!r}; known strategies: {known}")
+        raise InvalidArgumentError(f"unknown allocation strategy {name!r}; known strategies: {known}")
     return factory(**kwargs)

@@ -22,6 +22,7 @@ import enum
 from dataclasses import dataclass
 
 from client.consumer.lease import QueueLease
+from client.errors import TidemarkError
 from client.message import MessageQueue
 
 
@@ -44,8 +45,8 @@ _ALLOWED = {
 }
 
 
-class IllegalTransition(RuntimeError):
-    pass
+class IllegalTransition(TidemarkError, RuntimeError):
+    """A queue state change the state machine does not allow (a bug in the consumer, not in the caller)."""
 
 
 @dataclass(eq=False)

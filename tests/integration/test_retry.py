@@ -19,7 +19,6 @@ from client import (
     Producer,
     PushConsumer,
 )
-from client.cli.dlq_cmds import read_dlq
 
 # Level n waits n * 100 ms, so retry k (level 3 + k) waits (3 + k) * 100 ms.
 LEVELS = " ".join(f"{n * 100}ms" for n in range(1, 19))
@@ -131,7 +130,7 @@ def test_always_failing_message_lands_in_dlq_and_queue_moves_on(broker_factory, 
 
 def _dlq_ids(admin: Admin, group: str) -> list[str]:
     try:
-        return [m.msg_id for m in read_dlq(admin, group, 100)]
+        return [m.msg_id for m in admin.dead_letters(group, 100)]
     except NotFoundError:
         return []
 

@@ -59,6 +59,25 @@ class BatchResult:
     rejections: list[Rejection]
 
 
+class CommitTally:
+    """What one CommitOffsets stream applied and refused, over all its batches.
+
+    Every refusal is counted; the first MAX_REPORTED_REJECTIONS are kept to tell
+    the client which commits they were (a stream of bad commits must not grow
+    the answer without bound)."""
+
+    def __init__(self) -> None:
+        self.applied = 0
+        self.rejected = 0
+        self.rejections: list[Rejection] = []
+
+    def add(self, result: BatchResult) -> None:
+        self.applied += result.applied
+        self.rejected += result.rejected
+        room = MAX_REPORTED_REJECTIONS - len(self.rejections)
+        self.rejections.extend(result.rejections[:room])
+
+
 class ResetKind(enum.Enum):
     EARLIEST = "earliest"
     LATEST = "latest"

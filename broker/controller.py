@@ -13,9 +13,9 @@ import time
 from dataclasses import dataclass
 
 from broker.config import BrokerConfig, FlushDiskType
-from broker.consumer_manager import ConsumerManager
+from broker.consumer_manager import ConsumerInfo, ConsumerManager
 from broker.epoch import EpochSequence
-from broker.errors import BrokerError, FailedPreconditionError, NotFoundError
+from broker.errors import BrokerError, FailedPreconditionError, NotFoundError, PermissionDeniedError
 from broker.fetch import FetchSession
 from broker.groups import SubscriptionGroupManager, check_group
 from broker.locks import LockGrant, QueueLockManager
@@ -32,7 +32,7 @@ from broker.send import SendService
 from broker.store import FlushMode, MessageStore, StoreConfig
 from broker.topics import TopicConfigManager
 from tidemark.logs import get_logger
-from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator
+from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator, retry_topic
 from tidemark.scheduler import Scheduler
 
 log = get_logger("tidemark.broker")
@@ -193,6 +193,23 @@ class BrokerController:
         for group in self.consumers.groups():
             state.clients[group] = len(self.consumers.consumer_ids(group))
         return state
+
+    def heartbeat(self, info: ConsumerInfo) -> list[str]:
+        """Register or refresh a consumer; the group's members after it.
+
+        The group's config is created on first use; a clustering group gets its retry topic up front
+        (as RocketMQ's heartbeat does). A broadcasting consumer of a group whose
+        consume_broadcast_enable is false is refused (RocketMQ's NO_PERMISSION), before anything changes."""
+        config = self.groups.get(info.group)
+        broadcasting = info.message_model == "BROADCASTING"
+        if broadcasting and config is not None and not config.consume_broadcast_enable:
+            raise PermissionDeniedError(f"group {info.group!r} may not consume in BROADCASTING mode "
+                                        f"(its consume_broadcast_enable is false)")
+        config = self.groups.ensure(info.group)
+        if not broadcasting:
+            self.topics.ensure_system_topic(retry_topic(info.group), config.retry_queue_nums)
+        self.consumers.heartbeat(info)
+        return self.consumers.consumer_ids(info.group)
 
     async def lock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
                           wait_ms: int = 0) -> list[LockGrant]:

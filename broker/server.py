@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -76,6 +77,9 @@ class BrokerServer:
         self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if not self.port:
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}")
+        if self.config.port == 0:
+            # Port 0 picked a free port: routes and broker info must advertise that one, not :0.
+            self.config = self.controller.config = dataclasses.replace(self.config, port=self.port)
         await server.start()
         self._server = server
         await self.controller.start()

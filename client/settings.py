@@ -187,13 +187,13 @@ class ConsumerSettings(ClientSettings):
     allocate_strategy_args: Mapping[str, Any] = _setting(
         None, "Constructor arguments of a strategy given by name, e.g. {'consume_idcs': ['hz']} for "
               "MACHINE_ROOM, {'message_queues': [...]} for CONFIG", factory=dict)
-    pull_batch_size: int = _setting(32, "Messages per pull")
+    pull_batch_size: int = _setting(32, "Messages of one queue per turn on the fetch stream (RocketMQ's "
+                                        "pullBatchSize): queues take turns in each frame")
     pull_threshold_for_queue: int = _setting(1000, "Cached messages per queue before pulling pauses")
     pull_threshold_size_for_queue: int = _setting(100 * 1024 * 1024, "Cached bytes per queue before pulling pauses")
     persist_consumer_offset_interval_s: float = _setting(5.0, "How often offsets are committed (oneway)")
     rebalance_interval_s: float = _setting(20.0, "Periodic rebalance (also on start and membership change)")
     heartbeat_interval_s: float = _setting(30.0, "Heartbeat to every broker")
-    broker_suspend_max_time_ms: int = _setting(15_000, "Long polling: how long the broker may hold a pull")
     queue_locking: bool = _setting(True, "Zero-duplicate handover with queue locks (False: RocketMQ's behaviour)")
     drain_timeout_s: float = _setting(10.0, "Wait for in-flight messages of a queue that moves away")
     lock_renew_interval_s: float = _setting(20.0, "Queue lock renewal (locks expire after 60 s)")
@@ -209,8 +209,6 @@ class ConsumerSettings(ClientSettings):
                   "drain_timeout_s", "lock_renew_interval_s")
         if not 1 <= self.pull_batch_size <= 1024:
             raise InvalidArgumentError(f"pull_batch_size must be 1..1024, got {self.pull_batch_size}")
-        if self.broker_suspend_max_time_ms < 0:
-            raise InvalidArgumentError("broker_suspend_max_time_ms must be >= 0")
         try:
             time.strptime(self.consume_timestamp, "%Y%m%d%H%M%S")
         except ValueError:
@@ -242,7 +240,7 @@ class PushConsumerSettings(ConsumerSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class PullConsumerSettings(ConsumerSettings):
-    pull_batch_size: int = _setting(10, "Messages per pull")
+    pull_batch_size: int = _setting(10, "Messages of one queue per turn on the fetch stream")
     auto_commit: bool = _setting(True, "Commit polled offsets periodically (off after a manual commit())")
     auto_commit_interval_s: float = _setting(5.0, "Auto commit interval")
     poll_timeout_s: float = _setting(5.0, "Default poll() timeout")

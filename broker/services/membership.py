@@ -10,7 +10,7 @@ from broker.errors import BrokerError, InvalidArgumentError
 from broker.groups import check_group
 from broker.services.convert import fence_from_pb, queue
 from broker.services.errors import rpc, status_for
-from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
+from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression
 from tidemark.v1 import common_pb2, membership_pb2, membership_pb2_grpc
 
 
@@ -37,11 +37,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
             except (InvalidNameError, ValueError) as e:
                 raise InvalidArgumentError(f"subscription to {s.topic!r}: {e}") from None
             subscriptions.append((s.topic, s.expression or "*"))
-        config = self._b.groups.ensure(request.group)
-        if request.message_model != common_pb2.BROADCASTING:
-            # As RocketMQ's heartbeat does: a clustering group gets its retry topic up front.
-            self._b.topics.ensure_system_topic(retry_topic(request.group), config.retry_queue_nums)
-        self._b.consumers.heartbeat(ConsumerInfo(
+        ids = self._b.heartbeat(ConsumerInfo(
             client_id=request.client_id,
             group=request.group,
             subscriptions=tuple(subscriptions),
@@ -52,7 +48,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
             allocate_strategy=request.allocate_strategy,
             host=context.peer() or "",
         ))
-        return membership_pb2.HeartbeatResponse(client_ids=self._b.consumers.consumer_ids(request.group))
+        return membership_pb2.HeartbeatResponse(client_ids=ids)
 
     @rpc
     async def UnregisterClient(self, request, context: grpc.aio.ServicerContext):

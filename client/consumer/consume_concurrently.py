@@ -59,10 +59,11 @@ SKIPPED = object()
 
 
 def call_listener(listener, msgs: Sequence[MessageExt], context) -> object:
-    """Run a user listener on a consume thread; an exception counts as a failure, like RocketMQ."""
+    """Run a user listener on a consume thread; anything it raises counts as a failure, like RocketMQ's
+    catch of Throwable (even SystemExit: on a consume thread there is nobody else to handle it)."""
     try:
         return listener(list(msgs), context)  # a copy: the listener may keep or change its list
-    except Exception:
+    except BaseException:
         log.exception("listener raised, the batch will be retried",
                       event="listener_error", queue=context.message_queue, size=len(msgs))
         return None

@@ -129,7 +129,7 @@ class ConsumeThreadPool:
                 task = work.popleft()
             try:
                 completion = task()
-            except Exception:
+            except BaseException:  # a consume thread must outlive any task, or its work would hang
                 log.exception("consume task failed", event="consume_task_error")
                 continue
             if completion is not None:

@@ -18,13 +18,11 @@ log = get_logger("tidemark.client.retry")
 
 
 class SendBackService:
-    def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, max_reconsume_times: int,
-                 delay_levels: int = 18) -> None:
+    def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, max_reconsume_times: int) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
         self.max_reconsume_times = max_reconsume_times
-        self._delay_levels = delay_levels
         self.sent_back = 0
         self.fallback_sends = 0
         self.failed = 0
@@ -57,8 +55,16 @@ class SendBackService:
         props[PropertyKey.RECONSUME_TIME] = str(msg.reconsume_times + 1)
         if self.max_reconsume_times > 0:
             props[PropertyKey.MAX_RECONSUME_TIMES] = str(self.max_reconsume_times)
-        level = delay_level if delay_level > 0 else 3 + msg.reconsume_times
-        copy = Message(topic=retry_topic(self._group), body=msg.body, tags=msg.tags, keys=msg.keys,
-                       properties=props, delay_level=min(level, self._delay_levels))
         conn = await self._cluster.connection(msg.broker_name)
+        info = conn.info if conn.info is not None else await conn.broker_info()
+        copy = Message(topic=retry_topic(self._group), body=msg.body, tags=msg.tags, keys=msg.keys,
+                       properties=props,
+                       delay_level=retry_delay_level(msg.reconsume_times, delay_level, len(info.delay_levels)))
         await conn.send(copy.topic, [copy])
+
+
+def retry_delay_level(reconsume_times: int, requested: int, levels: int) -> int:
+    """The delay level of a retry: the one asked for, else 3 + reconsume times (RocketMQ's rule), capped at
+    the broker's own number of levels (a broker configured with fewer would refuse a higher one)."""
+    level = requested if requested > 0 else 3 + reconsume_times
+    return max(1, min(level, levels))

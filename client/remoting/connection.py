@@ -52,6 +52,13 @@ _CHANNEL_OPTIONS = (
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 30_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # A restarted broker is found again within a couple of seconds (gRPC's default backoff grows to
+    # two minutes), and each connection dials on its own: a channel made after a broker came back does
+    # not inherit the backoff of a process-wide subchannel that saw it die.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    ("grpc.use_local_subchannel_pool", 1),
 )
 _MESSAGE_MODEL = {"CLUSTERING": common_pb2.CLUSTERING, "BROADCASTING": common_pb2.BROADCASTING}
 
@@ -86,6 +93,7 @@ class BrokerConnection:
     def __init__(self, address: str, *, timeout_s: float = 3.0) -> None:
         self.address = address
         self.broker_name: str | None = None
+        self.info: BrokerInfo | None = None  # from the last broker_info()
         self._timeout = timeout_s
         self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._messaging = messaging_pb2_grpc.MessagingServiceStub(self._channel)
@@ -276,8 +284,10 @@ class BrokerConnection:
     # -- admin -----------------------------------------------------------------
 
     async def broker_info(self) -> BrokerInfo:
+        """The broker's identity and settings (also kept as `info`)."""
         info = convert.broker_info(await self._call(self._admin.GetBrokerInfo, admin_pb2.GetBrokerInfoRequest()))
         self.broker_name = info.broker_name
+        self.info = info
         return info
 
     async def update_broker_permission(self, *, readable: bool, writable: bool) -> BrokerInfo:

@@ -102,6 +102,7 @@ class ProduceStream:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
+                future.exception()  # its sender may have stopped waiting (timeout): nothing to report twice
 
     async def close(self) -> None:
         self._fail(UnavailableError(f"broker {self._address}: produce stream closed"))

@@ -1,0 +1,353 @@
+"""The consumer core without a broker: queue states and leases, listener results against stale leases,
+ack_index and retries, suspend, offset-store fencing, the consume pool, orderly supervision, settings."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
+from client.consumer.consume_orderly import ConsumeMessageOrderlyService
+from client.consumer.consume_pool import ConsumeThreadPool
+from client.consumer.lease import LeaseStatus, QueueLease
+from client.consumer.offset_store import RemoteBrokerOffsetStore
+from client.consumer.queue_state import IllegalTransition, OwnedQueue, QueueState
+from client.errors import InvalidArgumentError
+from client.message import (
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    MessageExt,
+    MessageModel,
+    MessageQueue,
+)
+from client.settings import PullConsumerSettings, PushConsumerSettings, build
+from tidemark.scheduler import Scheduler
+
+MQ = MessageQueue("T", "broker-a", 0)
+
+
+def msg(offset: int, body: bytes = b"x") -> MessageExt:
+    return MessageExt("T", "broker-a", 0, offset, f"id{offset}", body, store_size=10)
+
+
+def lease(start: int = 0, epoch: int | None = 7) -> QueueLease:
+    return QueueLease(MQ, client_id="c1", owner_epoch=epoch, reset_generation=0, start_offset=start)
+
+
+# -- queue states and leases ------------------------------------------------------------------
+
+
+def test_a_queue_s_lease_follows_its_state():
+    oq = OwnedQueue(MQ)
+    oq.transition(QueueState.LOCKING)
+    with pytest.raises(IllegalTransition):
+        oq.replace_lease(lease())  # a lease starts only once the queue is PULLING
+    oq.transition(QueueState.PULLING)
+    first = lease()
+    assert oq.replace_lease(first) is None and oq.current(first)
+    second = first.successor(40, reset_generation=3)
+    assert oq.replace_lease(second) is first
+    assert first.status is LeaseStatus.ENDED and not oq.current(first)  # a reset: the old generation is void
+    assert (second.owner_epoch, second.reset_generation, second.start_offset) == (7, 3, 40)
+    assert second.pq is not first.pq  # a new generation starts with an empty cache
+    oq.transition(QueueState.DRAINING)
+    assert second.status is LeaseStatus.DRAINING and not second.active and second.counts
+    oq.transition(QueueState.RELEASED)
+    assert second.status is LeaseStatus.ENDED and not second.counts
+    with pytest.raises(IllegalTransition):
+        oq.transition(QueueState.PULLING)
+
+
+def test_wait_idle_returns_when_the_last_batch_finishes():
+    async def scenario():
+        le = lease()
+        le.batch_started()
+        le.batch_started()
+        waiter = asyncio.ensure_future(le.wait_idle(5))
+        await asyncio.sleep(0)
+        le.batch_finished()
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        le.batch_finished()
+        assert await waiter
+        le.batch_started()
+        assert not await le.wait_idle(0.05)  # a timeout is reported, not raised
+    asyncio.run(scenario())
+
+
+# -- listener results -------------------------------------------------------------------------
+
+
+class FakeFetcher:
+    def __init__(self) -> None:
+        self.granted: list[tuple[int, int]] = []
+
+    def grant(self, lease, messages: int, nbytes: int) -> None:
+        self.granted.append((messages, nbytes))
+
+
+class FakeSendBack:
+    def __init__(self, ok: bool = True) -> None:
+        self.ok = ok
+        self.sent: list[int] = []
+
+    async def send_back(self, m: MessageExt, delay_level: int = 0) -> bool:
+        self.sent.append(m.queue_offset)
+        return self.ok
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.offsets: list[int] = []
+
+    def update_offset(self, mq, offset: int, increase_only: bool) -> None:
+        self.offsets.append(offset)
+
+
+def consume(listener, msgs: list[MessageExt], *, suspended: bool = False, le: QueueLease | None = None,
+            send_ok: bool = True, before=None):
+    """Run one submit through a real pool and service; returns (lease, store, send-back, fetcher, service)."""
+    le = le or lease()
+    store, send_back, fetcher = FakeStore(), FakeSendBack(send_ok), FakeFetcher()
+
+    async def scenario():
+        done = asyncio.Event()
+        service_box = []
+
+        def drained():
+            service_box[0].apply_finished()
+            if le.running == 0:
+                done.set()
+        pool = ConsumeThreadPool(max_threads=2, name="t", loop=asyncio.get_running_loop(), on_drained=drained)
+        service = ConsumeMessageConcurrentlyService(
+            listener=listener, settings=PushConsumerSettings(group="g", local_retry_delay_s=0.01), pool=pool,
+            offset_store=store, send_back=send_back, fetcher=fetcher, clustering=True,
+            suspended=lambda: suspended)
+        service_box.append(service)
+        le.pq.put_messages(msgs)
+        if before is not None:
+            before(le)
+        service.submit(le, msgs)
+        await asyncio.wait_for(done.wait(), 5)
+        await asyncio.sleep(0.05)  # let a send-back task finish
+        await asyncio.to_thread(pool.shutdown)
+        return service
+
+    service = asyncio.run(scenario())
+    return le, store, send_back, fetcher, service
+
+
+def test_successful_batches_move_the_offset_and_give_credit_back():
+    le, store, send_back, fetcher, _ = consume(
+        lambda m, c: ConsumeConcurrentlyStatus.CONSUME_SUCCESS, [msg(0), msg(1), msg(2)])
+    assert store.offsets and store.offsets[-1] == 3 and not send_back.sent
+    assert sum(n for n, _ in fetcher.granted) == 3 and le.pq.msg_count == 0
+
+
+def test_ack_index_counts_the_head_and_sends_the_rest_back():
+    def listener(msgs, ctx):
+        ctx.ack_index = 0
+        return ConsumeConcurrentlyStatus.RECONSUME_LATER
+
+    settings = PushConsumerSettings(group="g", consume_message_batch_max_size=3)
+    assert settings.consume_message_batch_max_size == 3
+    le = lease()
+
+    async def scenario():
+        store, send_back, fetcher = FakeStore(), FakeSendBack(), FakeFetcher()
+        done = asyncio.Event()
+        box = []
+        pool = ConsumeThreadPool(max_threads=1, name="t", loop=asyncio.get_running_loop(),
+                                 on_drained=lambda: (box[0].apply_finished(), done.set()))
+        service = ConsumeMessageConcurrentlyService(listener=listener, settings=settings, pool=pool,
+                                                    offset_store=store, send_back=send_back, fetcher=fetcher,
+                                                    clustering=True, suspended=lambda: False)
+        box.append(service)
+        msgs = [msg(0), msg(1), msg(2)]
+        le.pq.put_messages(msgs)
+        service.submit(le, msgs)
+        await asyncio.wait_for(done.wait(), 5)
+        for _ in range(50):  # the send-back task finishes on the loop
+            if le.pq.msg_count == 0:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(pool.shutdown)
+        return store, send_back
+
+    store, send_back = asyncio.run(scenario())
+    assert send_back.sent == [1, 2]  # only the messages after ack_index are retried
+    assert store.offsets[-1] == 3 and le.pq.msg_count == 0
+
+
+def test_results_of_a_lease_that_ended_do_not_count():
+    def listener(msgs, ctx):
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    gate = threading.Event()
+
+    def slow(msgs, ctx):
+        gate.wait(5)
+        return listener(msgs, ctx)
+
+    le = lease()
+
+    def end_while_running(le_):
+        threading.Timer(0.1, lambda: (le_.end(), gate.set())).start()
+
+    le, store, send_back, fetcher, _ = consume(slow, [msg(0)], le=le, before=end_while_running)
+    assert store.offsets == [] and fetcher.granted == [] and le.pq.msg_count == 1  # nothing of it counted
+
+
+def test_while_suspended_batches_and_failures_are_held_not_sent_back():
+    le, store, send_back, fetcher, service = consume(
+        lambda m, c: ConsumeConcurrentlyStatus.RECONSUME_LATER, [msg(0), msg(1)], suspended=True)
+    assert send_back.sent == [] and store.offsets == [] and le.pq.msg_count == 2
+    assert len(service._held) == 2  # resume() hands them to the listener again
+
+
+def test_a_listener_that_raises_anything_is_a_failure_and_the_thread_survives():
+    def listener(msgs, ctx):
+        raise SystemExit("listener called exit")
+
+    le, store, send_back, _, _ = consume(listener, [msg(0)])
+    assert send_back.sent == [0] and store.offsets[-1] == 1  # retried through the broker, then counted
+
+
+# -- the consume pool ---------------------------------------------------------------------
+
+
+def test_the_pool_reports_completions_in_bulk_and_outlives_failing_tasks():
+    async def scenario():
+        drains, results = [], []
+        done = asyncio.Event()
+
+        def drained():
+            drains.append(len(results))
+            if len(results) == 50:
+                done.set()
+        pool = ConsumeThreadPool(max_threads=4, name="t", loop=asyncio.get_running_loop(), on_drained=drained)
+
+        def task(i):
+            if i == 3:
+                raise SystemExit("a task may raise anything")
+            return lambda: results.append(i)
+        pool.submit([lambda i=i: task(i) for i in range(51)])
+        await asyncio.wait_for(done.wait(), 5)
+        assert sorted(results) == [i for i in range(51) if i != 3]
+        assert len(drains) < 50  # completions are applied per wake-up, not one loop callback each
+        assert await pool.run(lambda: 42) == 42  # the threads survived the failing task
+        await asyncio.to_thread(pool.shutdown)
+    asyncio.run(scenario())
+
+
+def test_an_orderly_task_that_dies_drops_its_lease():
+    async def scenario():
+        died = []
+        pool = ConsumeThreadPool(max_threads=1, name="t", loop=asyncio.get_running_loop())
+        service = ConsumeMessageOrderlyService(
+            listener=lambda m, c: None, settings=PushConsumerSettings(group="g"), pool=pool, offset_store=FakeStore(),
+            send_back=FakeSendBack(), fetcher=FakeFetcher(), suspended=lambda: False,
+            on_death=lambda le, e: died.append((le, e)))
+        le = lease()
+        le.pq.put_messages([msg(0)])
+
+        def broken(batch_size):
+            raise RuntimeError("cache corrupted")
+        le.pq.take_messages = broken
+        service.submit(le, [])
+        for _ in range(100):
+            if died:
+                break
+            await asyncio.sleep(0.01)
+        assert died and died[0][0] is le and isinstance(died[0][1], RuntimeError)
+        assert le.running == 0
+        await asyncio.to_thread(pool.shutdown)
+    asyncio.run(scenario())
+
+
+# -- offsets ----------------------------------------------------------------------------------
+
+
+def test_commits_quote_the_fence_of_the_queue_s_current_lease():
+    store = RemoteBrokerOffsetStore(cluster=None, group="g", client_id="c1", require_fence=True)
+    store.update_offset(MQ, 5, increase_only=False)
+    assert store.commit_for(MQ) is None  # with locking, no commit without an owner epoch
+    first = lease(epoch=11)
+    store.bind(first)
+    c = store.commit_for(MQ)
+    assert (c.offset, c.owner_epoch, c.reset_generation, c.client_id) == (5, 11, 0, "c1")
+    store.bind(first.successor(40, reset_generation=2), 40)
+    c = store.commit_for(MQ)
+    assert (c.offset, c.owner_epoch, c.reset_generation) == (40, 11, 2)
+    store.preload(MQ, 33, 4)
+    assert store.read_memory(MQ) == 33 and store.generation(MQ) == 4
+
+
+# -- the scheduler ------------------------------------------------------------------------
+
+
+def test_stop_never_hangs_when_a_trigger_races_it_and_the_caller_s_cancel_propagates():
+    async def scenario():
+        runs = []
+        sched = Scheduler("t")
+
+        async def job():
+            runs.append(time.monotonic())
+            await asyncio.sleep(0)
+        sched.every("j", 0.01, job, initial_delay_s=0)
+        await sched.start()
+        for _ in range(50):
+            sched.trigger("j")  # set the wake event right when stop() cancels
+            await asyncio.wait_for(sched.stop(), 2)
+            await sched.start()
+        await sched.stop()
+
+        async def stopper():
+            sched.every("slow", 5, lambda: asyncio.sleep(10), initial_delay_s=0)
+            await sched.start()
+            await asyncio.sleep(0.01)
+            await sched.stop()
+            await asyncio.sleep(10)
+        task = asyncio.ensure_future(stopper())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(scenario())
+
+
+# -- settings ---------------------------------------------------------------------------------
+
+
+def test_settings_take_names_as_users_write_them_and_name_the_bad_one():
+    s = build(PushConsumerSettings, None, dict(group="g", message_model="clustering",
+                                               consume_from_where="FIRST_OFFSET", allocate_strategy="avg_by_circle"))
+    assert s.message_model is MessageModel.CLUSTERING
+    assert s.consume_from_where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
+    assert s.allocate_strategy.name == "AVG_BY_CIRCLE"
+    room = build(PushConsumerSettings, None, dict(group="g", allocate_strategy="MACHINE_ROOM",
+                                                  allocate_strategy_args={"consume_idcs": ["hz"]}))
+    assert room.allocate_strategy.name == "MACHINE_ROOM"
+    for bad, setting in ((dict(message_model="CLUSTER"), "message_model"),
+                         (dict(consume_from_where="yesterday"), "consume_from_where"),
+                         (dict(allocate_strategy="MACHINE_ROOM"), "allocate_strategy"),
+                         (dict(allocate_strategy="CONFIG"), "allocate_strategy"),
+                         (dict(pull_batch_size=0), "pull_batch_size")):
+        with pytest.raises(InvalidArgumentError, match=setting):
+            build(PushConsumerSettings, None, dict(group="g", **bad))
+    for removed in ("consume_thread_min", "broker_suspend_max_time_ms"):
+        with pytest.raises(InvalidArgumentError, match="unknown"):
+            build(PushConsumerSettings, None, {"group": "g", removed: 1})
+    assert build(PullConsumerSettings, None, dict(group="g", message_model="BROADCASTING")).message_model \
+        is MessageModel.BROADCASTING
+
+
+def test_a_fallback_retry_never_asks_for_more_delay_levels_than_the_broker_has():
+    from client.consumer.send_back import retry_delay_level
+    assert retry_delay_level(0, 0, 18) == 3  # RocketMQ's 3 + reconsume times
+    assert retry_delay_level(20, 0, 18) == 18
+    assert retry_delay_level(0, 0, 2) == 2  # a broker configured with two levels
+    assert retry_delay_level(5, 1, 2) == 1  # the listener's own choice, when it fits

@@ -1,0 +1,165 @@
+"""FetchSession against a real store and offset table (no gRPC): credit, long polling, filters, ends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from broker.config import BrokerConfig
+from broker.controller import BrokerController
+from broker.errors import FencedError, InvalidArgumentError, NotFoundError
+from broker.fetch import EndReason, OpenQueue
+from broker.offsets import Fence
+from broker.offsets.commits import ResetKind, ResetTarget
+from tidemark.protocol import tag_hash
+from tidemark.records import RecordBatchBuilder, encode_properties, record_spans
+
+
+def run(scenario):
+    """Run scenario(broker) on a fresh broker domain (store, offsets, locks) in a temp dir."""
+    def go(tmp_path):
+        async def main():
+            b = BrokerController(BrokerConfig(data_dir=tmp_path, flush_interval_ms=3_600_000))
+            b.load()
+            await b.start()
+            b.topics.create("T", 2)
+            try:
+                await scenario(b)
+            finally:
+                await b.shutdown()
+        asyncio.run(main())
+    return go
+
+
+def send(b: BrokerController, queue_id: int, n: int, tags: str = "", start: int = 0) -> None:
+    builder = RecordBatchBuilder("T")
+    for i in range(n):
+        props = {"UNIQ_KEY": f"M{queue_id}-{start + i}", **({"TAGS": tags} if tags else {})}
+        builder.append(b"x" * 10, encode_properties(props), tags_code=tag_hash(tags))
+    b.sender.append_records("T", queue_id, bytes(builder.buffer), n)
+
+
+async def frame(session, timeout: float = 2.0):
+    return await asyncio.wait_for(session.next_frame(), timeout)
+
+
+def offsets_of(part) -> list[int]:
+    import struct
+    return [struct.unpack_from(">q", part.data, s + 20)[0] for s, _ in record_spans(part.data)]
+
+
+def test_credit_bounds_what_is_sent_and_more_credit_resumes(tmp_path):
+    async def scenario(b):
+        send(b, 0, 20)
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "", "T", 0, 0, credit_messages=5, credit_bytes=10**6, batch_size=32))
+        f = await frame(s)
+        assert [p.count for p in f.records] == [5] and offsets_of(f.records[0]) == list(range(5))
+        with pytest.raises(asyncio.TimeoutError):
+            await frame(s, 0.2)  # no credit left: nothing more, however much is stored
+        s.credit(1, 100, 10**6)
+        f = await frame(s)
+        assert sum(p.count for p in f.records) == 15 and f.records[-1].next_offset == 20
+    run(scenario)(tmp_path)
+
+
+def test_long_polling_on_the_stream_and_queues_take_turns(tmp_path):
+    async def scenario(b):
+        s = b.fetch_session()
+        for h, q in ((1, 0), (2, 1)):
+            s.open(OpenQueue(h, "", "T", q, 0, credit_messages=100, credit_bytes=10**6, batch_size=2))
+        waiting = asyncio.ensure_future(s.next_frame())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # nothing stored yet: the stream waits
+        send(b, 0, 5)
+        send(b, 1, 5)
+        f = await asyncio.wait_for(waiting, 2)
+        f2 = [] if sum(p.count for p in f.records) == 10 else (await frame(s)).records
+        handles = [p.handle for p in f.records + f2]
+        assert handles[:4] == [1, 2, 1, 2] or handles[:4] == [2, 1, 2, 1]  # two at a time, in turn
+        assert sum(p.count for p in f.records + f2) == 10
+    run(scenario)(tmp_path)
+
+
+def test_filtered_entries_move_the_position_once_caught_up(tmp_path):
+    async def scenario(b):
+        send(b, 0, 1, tags="paid")
+        send(b, 0, 2, tags="shipped", start=1)
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "g", "T", 0, 0, subscription="paid", credit_messages=100, credit_bytes=10**6,
+                         batch_size=32))
+        f = await frame(s)
+        assert [(p.count, p.next_offset) for p in f.records] == [(1, 3)]
+        send(b, 0, 2, tags="shipped", start=3)
+        f = await frame(s)  # only skipped entries: an empty part that moves the position
+        assert [(p.count, p.next_offset) for p in f.records] == [(0, 5)]
+    run(scenario)(tmp_path)
+
+
+def test_a_queue_ends_when_its_lock_goes_to_another_client(tmp_path):
+    async def scenario(b):
+        send(b, 0, 3)
+        [grant] = await b.lock_queues("g", "A", [("T", 0)])
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "g", "T", 0, 0, fence=Fence("A", grant.owner_epoch), credit_messages=100,
+                         credit_bytes=10**6, batch_size=32))
+        assert (await frame(s)).records[0].count == 3
+        b.unlock_queues("g", "A", [("T", 0)])
+        await b.lock_queues("g", "B", [("T", 0)])
+        f = await frame(s)
+        assert [(e.handle, e.reason) for e in f.ended] == [(1, EndReason.ERROR)]
+        assert isinstance(f.ended[0].error, FencedError)
+        send(b, 0, 1, start=3)
+        with pytest.raises(asyncio.TimeoutError):
+            await frame(s, 0.2)  # nothing more reaches the old owner
+    run(scenario)(tmp_path)
+
+
+def test_an_admin_reset_ends_the_queue_with_the_new_offset_and_generation(tmp_path):
+    async def scenario(b):
+        send(b, 0, 10)
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "g", "T", 0, 10, fence=Fence("A", None, 0), credit_messages=100,
+                         credit_bytes=10**6, batch_size=32))
+        b.commits.reset("g", "T", 0, ResetTarget(ResetKind.OFFSET, 4), dry_run=False)
+        f = await frame(s)
+        [end] = f.ended
+        assert (end.reason, end.next_offset) == (EndReason.OFFSET_RESET, 4) and end.reset_generation > 0
+    run(scenario)(tmp_path)
+
+
+def test_bad_opens_and_illegal_offsets_end_with_a_reason_and_change_nothing(tmp_path):
+    async def scenario(b):
+        send(b, 0, 3)
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "g", "Nope", 0, 0, credit_messages=1, credit_bytes=1))
+        s.open(OpenQueue(2, "g", "T", 9, 0, credit_messages=1, credit_bytes=1))
+        s.open(OpenQueue(3, "g", "T", 0, 0, credit_messages=1, credit_bytes=1, batch_size=5000))
+        s.open(OpenQueue(4, "g", "T", 0, 7, credit_messages=1, credit_bytes=1))
+        f = await frame(s)
+        ends = {e.handle: e for e in f.ended}
+        assert isinstance(ends[1].error, NotFoundError)
+        assert isinstance(ends[2].error, InvalidArgumentError) and isinstance(ends[3].error, InvalidArgumentError)
+        # Past the max of a queue that starts at 0: RocketMQ's rule sends the reader back to 0 (re-created).
+        assert (ends[4].reason, ends[4].next_offset) == (EndReason.OFFSET_ILLEGAL, 0)
+        assert b.offsets.query("g", "T", 0) == -1 and b.groups.get("g") is None
+    run(scenario)(tmp_path)
+
+
+def test_commits_ride_on_credit_and_a_stale_owner_cannot_commit(tmp_path):
+    async def scenario(b):
+        send(b, 0, 10)
+        [grant] = await b.lock_queues("g", "A", [("T", 0)])
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "g", "T", 0, 0, fence=Fence("A", grant.owner_epoch), credit_messages=4,
+                         credit_bytes=10**6, batch_size=32))
+        await frame(s)
+        s.credit(1, 4, 10**6, commit_offset=4)
+        assert b.offsets.query("g", "T", 0) == 4
+        other = b.fetch_session()
+        other.open(OpenQueue(7, "g", "T", 0, 4, fence=Fence("B", grant.owner_epoch - 1), credit_messages=1,
+                             credit_bytes=10**6))
+        f = await frame(other)
+        assert isinstance(f.ended[0].error, FencedError) and b.offsets.query("g", "T", 0) == 4
+    run(scenario)(tmp_path)

@@ -181,7 +181,8 @@ class BrokerController:
     def snapshot(self) -> StateSnapshot:
         """State gauges for a metrics scrape (called on the event loop thread)."""
         state = StateSnapshot(store_bytes=self.store.store_size_bytes(), schedule_pending=self.schedule.pending(),
-                              offset_entries=self.offsets.entry_count())
+                              offset_entries=self.offsets.entry_count(), long_polls_waiting=self.hold.waiting(),
+                              job_runs={name: runs for name, _interval, runs in self.scheduler.jobs()})
         for group in self.offsets.groups():
             for topic in self.offsets.topics_of_group(group):
                 config = self.topics.get(topic)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tidemark.logs import get_logger
@@ -68,6 +68,8 @@ class StateSnapshot:
     store_bytes: int = 0
     schedule_pending: int = 0
     offset_entries: int = 0
+    long_polls_waiting: int = 0
+    job_runs: dict[str, int] = field(default_factory=dict)
 
 
 class BrokerStateCollector(Collector):
@@ -98,6 +100,13 @@ class BrokerStateCollector(Collector):
         yield GaugeMetricFamily(f"{PREFIX}_schedule_pending", "Delayed messages not yet due", value=state.schedule_pending)
         yield GaugeMetricFamily(f"{PREFIX}_consumer_offset_entries", "Queue entries in the offset table",
                                 value=state.offset_entries)
+        yield GaugeMetricFamily(f"{PREFIX}_long_polls_waiting", "Unary pulls parked at the end of their queue",
+                                value=state.long_polls_waiting)
+        runs = CounterMetricFamily(f"{PREFIX}_scheduler_job_runs", "Completed runs of each periodic broker task",
+                                   labels=["job"])
+        for job, n in sorted(state.job_runs.items()):
+            runs.add_metric([job], n)
+        yield runs
 
 
 def serve(metrics: BrokerMetrics, collector: BrokerStateCollector, host: str, port: int):

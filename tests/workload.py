@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from brokerproc import ChildProcess, orphan_safe
 
-from client import Admin, Message, MessageQueue, Producer
+from client import Admin, Message, MessageQueue, NotFoundError, Producer
 
 CONSUMER_SCRIPT = Path(__file__).parent / "consumer_proc.py"
 
@@ -23,6 +24,37 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interva
             return
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """A broker's Prometheus metrics: (name, sorted labels) -> value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    return scrape(port).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def settled(address: str, group: str, *topics: str) -> bool:
+    """Whether the group has committed everything stored in these topics (and its retry topic): nothing
+    it is going to consume is left, so nothing more can reach its listener."""
+    from tidemark.protocol import retry_topic
+
+    with Admin(brokers=address) as admin:
+        for topic in (*topics, retry_topic(group)):
+            try:
+                if any(s.lag for s in admin.consume_stats(group, topic)):
+                    return False
+            except NotFoundError:
+                continue
+    return True
 
 
 def create_topic(address: str, topic: str, queues: int) -> None:

@@ -236,6 +236,7 @@ class PushConsumer:
 
         def collect() -> dict[str, int]:
             return {"consumed_ok": core.consume_service.consumed_ok,
+                    "cached_messages": sum(le.pq.msg_count for le in core.ownership.leases()),
                     "rebalances": core.rebalance.rebalances, "rebalance_changes": core.rebalance.changes,
                     "handovers": core.ownership.handovers, "owned_queues": len(core.ownership.pulling()),
                     "sent_back": core.send_back.sent_back, "retry_fallbacks": core.send_back.fallback_sends}

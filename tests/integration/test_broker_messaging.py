@@ -11,8 +11,9 @@ import time
 
 import grpc
 import pytest
-from brokerproc import BrokerProcess, BrokerStubs
+from brokerproc import BrokerProcess, BrokerStubs, free_port
 from grpc_health.v1 import health_pb2
+from workload import metric, wait_until
 
 from tidemark.v1 import (
     admin_pb2,
@@ -22,6 +23,7 @@ from tidemark.v1 import (
 )
 
 MAX_MESSAGE_SIZE = 4096
+METRICS_PORT = free_port()
 TIMEOUT = 15
 FOUND, NO_NEW_MSG, NO_MATCHED_MSG, OFFSET_ILLEGAL = (messaging_pb2.FOUND, messaging_pb2.NO_NEW_MSG,
                                                     messaging_pb2.NO_MATCHED_MSG, messaging_pb2.OFFSET_ILLEGAL)
@@ -95,7 +97,7 @@ def expect_error(call, request, code: grpc.StatusCode, *fragments: str) -> str:
 @pytest.fixture(scope="module")
 def small_broker(tmp_path_factory) -> BrokerProcess:
     b = BrokerProcess(tmp_path_factory.mktemp("messaging") / "data",
-                      args=("--max-message-size", str(MAX_MESSAGE_SIZE))).start()
+                      args=("--max-message-size", str(MAX_MESSAGE_SIZE), "--metrics-port", str(METRICS_PORT))).start()
     yield b
     b.kill()
 
@@ -232,7 +234,8 @@ def test_long_poll_returns_as_soon_as_a_message_arrives(api: Api, small_broker):
 
     t = threading.Thread(target=poll)
     t.start()
-    time.sleep(0.5)  # let the pull reach the broker and park at the end of the queue
+    wait_until(lambda: metric(METRICS_PORT, "tidemark_long_polls_waiting") == 1, 10,
+               "the pull to park at the end of the queue")
     assert t.is_alive(), f"the pull did not wait: {outcome}"
     other = Api.connect(small_broker.address)  # another client sends
     try:
@@ -245,7 +248,6 @@ def test_long_poll_returns_as_soon_as_a_message_arrives(api: Api, small_broker):
     assert response.status == FOUND
     assert [(m.queue_offset, m.body) for m in response.messages] == [(1, b"new")]
     assert response.next_begin_offset == 2
-    assert outcome["waited"] >= 0.5
     # Woken by the arrival, well before the 10 s suspend timeout.
     assert outcome["returned"] - sent_at < 5.0
 
@@ -272,9 +274,12 @@ def test_long_poll_with_filter_ignores_non_matching_arrivals(api: Api):
 
     t = threading.Thread(target=poll)
     t.start()
-    time.sleep(0.3)
+    wait_until(lambda: metric(METRICS_PORT, "tidemark_long_polls_waiting") == 1, 10, "the pull to park")
     api.send("lp-tag", msg("skip", tags="other"), queue_id=0)
-    time.sleep(0.3)
+    # The arrival woke the pull; a scrape runs on the broker's loop after that wake-up, so it sees the
+    # pull parked again (or gone, if the non-matching message had ended it).
+    wait_until(lambda: api.max_offset("lp-tag", 0) == 1, 10, "the non-matching message stored")
+    assert metric(METRICS_PORT, "tidemark_long_polls_waiting") == 1
     assert t.is_alive(), "a non-matching message ended the long poll"
     api.send("lp-tag", msg("take", tags="wanted"), queue_id=0)
     t.join(15)

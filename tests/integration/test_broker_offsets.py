@@ -15,8 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from brokerproc import BrokerProcess, BrokerStubs
-from workload import wait_until
+from brokerproc import BrokerProcess, BrokerStubs, free_port
+from workload import metric, wait_until
 
 from tidemark.v1 import (
     admin_pb2,
@@ -161,15 +161,21 @@ def test_commit_then_kill_before_and_after_the_persist_interval(broker_factory):
 
 
 def test_persist_only_when_the_table_changed(broker_factory):
-    broker = broker_factory(args=("--flush-consumer-offset-interval-ms", "200"))
+    port = free_port()
+    broker = broker_factory(args=("--flush-consumer-offset-interval-ms", "200", "--metrics-port", str(port)))
     path = offset_file(broker)
+
+    def persist_runs() -> float:
+        return metric(port, "tidemark_scheduler_job_runs_total", job="persist-consumer-offsets")
+
     with Api(broker.address) as api:
         api.topic_with_messages("dirty", [10])
         api.commit("g", "dirty", 0, 3)
         wait_until(lambda: read_table(path) == {"dirty@g": {"0": 3}}, 10, "the persist")
         mtime = path.stat().st_mtime_ns
         api.commit("g", "dirty", 0, 3)  # same value: nothing changed
-        time.sleep(1.0)  # five intervals
+        runs = persist_runs()
+        wait_until(lambda: persist_runs() >= runs + 3, 10, "three more runs of the persist job")
         assert path.stat().st_mtime_ns == mtime
         assert not path.with_name("consumerOffset.json.bak").exists()  # a second write would have made one
         api.commit("g", "dirty", 0, 4)
@@ -335,7 +341,8 @@ def test_reset_by_timestamp_dry_run_then_execute(api: Api):
     api.topic_with_messages("rst", [0, 0])
     for q in (0, 1):
         api.send("rst", q, 10)
-    time.sleep(0.005)
+    last = max(api.pull("", "rst", q, 9).messages[0].store_timestamp for q in (0, 1))
+    wait_until(lambda: time.time_ns() // 1_000_000 > last, 5, "the clock to pass the first sends")
     boundary = [api.send("rst", q, 5)[0] for q in (0, 1)]
     stamp = api.pull("", "rst", 0, boundary[0].queue_offset).messages[0].store_timestamp
     assert api.pull("", "rst", 0, 9).messages[0].store_timestamp < stamp

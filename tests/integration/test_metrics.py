@@ -3,22 +3,11 @@
 from __future__ import annotations
 
 import threading
-import urllib.request
 
 from brokerproc import free_port
-from prometheus_client.parser import text_string_to_metric_families
-from workload import create_topic, produce, wait_until
+from workload import create_topic, produce, scrape, wait_until
 
 from client import Admin, ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
-
-
-def scrape(port: int) -> dict[tuple[str, tuple], float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
 
 
 def value(samples, name: str, **labels) -> float:

@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from workload import create_topic, produce, wait_until
+from workload import create_topic, produce, settled, wait_until
 
 from client import (
     Admin,
@@ -105,16 +105,18 @@ def test_consume_from_timestamp_on_a_new_group(broker):
     create_topic(broker.address, "Ticks", 2)
     before = produce(broker.address, "Ticks", 10, prefix="before")
     # consume_timestamp has second resolution: start the second batch in a later second.
-    time.sleep(1.05 - time.time() % 1)
+    first_second = int(time.time())
+    wait_until(lambda: int(time.time()) > first_second, 5, "the clock to reach the next second", interval=0.01)
     cut = int(time.time())
     after = produce(broker.address, "Ticks", 10, prefix="after")
     collector = Collector()
     consumer = start_consumer(broker.address, "ts-group", "Ticks", collector,
                               consume_from_where=ConsumeFromWhere.CONSUME_FROM_TIMESTAMP,
-                              consume_timestamp=time.strftime("%Y%m%d%H%M%S", time.localtime(cut)))
+                              consume_timestamp=time.strftime("%Y%m%d%H%M%S", time.localtime(cut)),
+                              persist_consumer_offset_interval_s=0.1)
     try:
         wait_until(lambda: set(after) <= set(collector.seen), 30, "messages after the timestamp")
-        time.sleep(0.3)
+        wait_until(lambda: settled(broker.address, "ts-group", "Ticks"), 30, "the group to commit everything")
     finally:
         consumer.shutdown()
     assert set(collector.seen) == set(after)
@@ -129,10 +131,11 @@ def test_existing_offset_wins_over_consume_from_where(broker):
         admin.commit("auditors", {mq: 20})
     collector = Collector()
     consumer = start_consumer(broker.address, "auditors", "Audit", collector,
-                              consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+                              consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+                              persist_consumer_offset_interval_s=0.1)
     try:
         wait_until(lambda: collector.count() >= 10, 30, "the 10 uncommitted messages")
-        time.sleep(0.5)
+        wait_until(lambda: settled(broker.address, "auditors", "Audit"), 30, "the group to commit everything")
     finally:
         consumer.shutdown()
     assert collector.seen == ids[20:]
@@ -191,8 +194,8 @@ def test_bad_input_gives_clear_errors(broker, caplog):
                               consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
     with caplog.at_level(logging.ERROR, logger="tidemark.client.consume"):
         produce(broker.address, "Valid", 1)
-        wait_until(lambda: len(calls) >= 1, 30, "first delivery")
-        time.sleep(0.3)
+        wait_until(lambda: any("listener returned None" in r.getMessage() for r in caplog.records), 30,
+                   "the listener's None reported")
     consumer.shutdown()
     consumer.shutdown()  # twice is fine
     assert any("listener returned None" in r.getMessage() for r in caplog.records)
@@ -229,8 +232,8 @@ def test_suspend_holds_messages_back_until_resume(broker):
     try:
         consumer.suspend()
         ids = produce(broker.address, "Held", 20)
-        time.sleep(1.0)  # pulls and listener calls would have happened well within this
-        assert collector.seen == []
+        wait_until(lambda: consumer.stats()["cached_messages"] == 20, 30, "all 20 fetched into the cache")
+        assert collector.seen == []  # fetched, and yet not handed to the listener
         consumer.resume()
         wait_until(lambda: set(collector.seen) == set(ids), 30, "every held message after resume")
     finally:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 import time
 
-from workload import create_topic, produce, queue, wait_until
+from workload import create_topic, produce, queue, settled, wait_until
 
 from client import (
     Admin,
@@ -71,7 +72,7 @@ def test_fails_three_times_then_succeeds_with_configured_delays(broker_factory):
         with Producer(brokers=broker.address) as p:
             msg_id = p.send(Message("Jobs", b"job-1", tags="t", keys="k1")).msg_id
         wait_until(lambda: len(deliveries.of(msg_id)) >= 4, 30, "four deliveries")
-        time.sleep(0.5)
+        wait_until(lambda: settled(broker.address, "workers", "Jobs"), 30, "the group to commit everything")
     finally:
         c.shutdown()
     got = deliveries.of(msg_id)
@@ -156,7 +157,8 @@ def test_ack_index_is_honoured_on_reconsume_later(broker_factory):
     try:
         wait_until(lambda: first.is_set() and all(len(deliveries.of(i)) >= 2 for i in ids[5:]), 30,
                    "messages 5..9 retried")
-        time.sleep(1.0)  # a wrongly retried 0..4 would arrive within this (first retry level is 300 ms)
+        # Committed everything, retry topic included: a wrongly retried 0..4 would be there, not consumed.
+        wait_until(lambda: settled(broker.address, "batchers", "Batch"), 30, "the group to commit everything")
     finally:
         c.shutdown()
     assert first.is_set()
@@ -183,7 +185,10 @@ def test_write_permission_off_keeps_commit_offset_at_the_failed_message(broker_f
         try:
             wait_until(lambda: all(deliveries.of(i) for i in ids[1:]) and len(deliveries.of(ids[0])) >= 3, 30,
                        "the others consumed and the first retried locally")
-            time.sleep(0.5)
+            # Two more local retries (0.3 s apart) span several 0.2 s offset persists made after the others
+            # were consumed: a commit past the failed message would have reached the broker by then.
+            tries = len(deliveries.of(ids[0]))
+            wait_until(lambda: len(deliveries.of(ids[0])) >= tries + 2, 30, "two more local retries")
             assert committed(broker.address, "perm", "Perm") == {0: 0}, "commit offset moved past a failed message"
             admin.update_broker_permission("broker-a", readable=True, writable=True)
             healed.set()
@@ -206,9 +211,21 @@ def test_scheduled_messages_survive_a_broker_restart_exactly_once(broker_factory
     broker.start()
     with Admin(brokers=broker.address) as admin:
         wait_until(lambda: _real_ids(admin, "Later") >= set(early) | set(late), 15, "the 3 s messages delivered")
-        time.sleep(1.0)
+        # The schedule's progress covers every scheduled message: nothing is left to deliver (again).
+        wait_until(lambda: _schedule_done(admin, broker.data_dir), 15, "the schedule progress persisted")
         delivered = _real_list(admin, "Later")
     assert sorted(delivered) == sorted(early + late), "a scheduled message was lost or delivered twice"
+
+
+def _schedule_done(admin: Admin, data_dir) -> bool:
+    """delayOffset.json has every schedule queue's progress at its max offset."""
+    path = data_dir / "config" / "delayOffset.json"
+    if not path.exists():
+        return False
+    progress = json.loads(path.read_text())["offsetTable"]
+    maxes = {mq.queue_id + 1: high for mq, (_, high) in
+             admin.offsets(admin.fetch_message_queues("SCHEDULE_TOPIC_XXXX")).items() if high}
+    return all(progress.get(str(level), 0) >= high for level, high in maxes.items())
 
 
 def _real_list(admin: Admin, topic: str) -> list[str]:

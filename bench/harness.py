@@ -113,6 +113,29 @@ def run_produce(ctx: Context, system: str, rnd: int) -> dict:
     return {"rate": _rate(r), "count": r["count"]}
 
 
+def run_produce_sync(ctx: Context, system: str, rnd: int) -> dict:
+    """Workload 1 against a Tidemark broker with sync flush (every send acknowledged after fsync)."""
+    if system != "tidemark":
+        return {}
+    s = ctx.sizes
+    topic = f"bench_sync_r{rnd}"
+    server = ctx.servers["tidemark"].sync_flush()
+    server.create_topic(topic, s.queues)
+    w = Worker("produce", {"system": "tidemark", "address": server.address, "timeout_s": s.workload_timeout_s,
+                           "topic": topic, "count": s.messages, "batch": s.batch},
+               ctx.workdir / f"worker-sync-{rnd}.log")
+    cpu_before = server.server.cpu_seconds()
+    try:
+        _start_all([w])
+        w.go()
+        r = _collect([w], s.workload_timeout_s)[0]
+    finally:
+        _kill([w])
+    out = {"rate": _rate(r), "count": r["count"]}
+    _add_cpu_per_message(out, server.server.cpu_seconds() - cpu_before)
+    return out
+
+
 def run_consume(ctx: Context, system: str, rnd: int) -> dict:
     s = ctx.sizes
     if system == "echo":
@@ -252,8 +275,8 @@ def _echo_stream(ctx: Context, per_frame: int, count: int, frame_bytes: int = 0)
     return {"rate": _rate(r), "count": r["count"]}
 
 
-RUNNERS = {"produce": run_produce, "consume": run_consume, "commit": run_commit, "latency": run_latency,
-           "membership": run_membership}
+RUNNERS = {"produce": run_produce, "produce_sync": run_produce_sync, "consume": run_consume,
+           "commit": run_commit, "latency": run_latency, "membership": run_membership}
 
 
 # -- the suite ------------------------------------------------------------------------------------
@@ -326,11 +349,16 @@ def run_suite(sizes: Sizes, workdir: Path, systems: list[str], workloads: list[s
             round_start = time.monotonic()
             for workload in workloads:
                 for key in [*servers, "echo"]:
-                    if workload == "membership" and key == "echo":
+                    if (workload == "membership" and key == "echo") or (workload == "produce_sync"
+                                                                         and key != "tidemark"):
                         continue
                     started = time.monotonic()
+                    server = ctx.echo if key == "echo" else ctx.servers[key]
+                    cpu_before = _cpu(server)
                     try:
                         r = RUNNERS[workload](ctx, key, rnd)
+                        if workload != "produce_sync":  # that one measures its own (sync-flush) broker
+                            _add_cpu_per_message(r, _cpu(server) - cpu_before)
                     except Exception as e:
                         traceback.print_exc()
                         errors.append(f"round {rnd + 1} {workload} {key}: {type(e).__name__}: {e}")
@@ -356,6 +384,18 @@ def run_suite(sizes: Sizes, workdir: Path, systems: list[str], workloads: list[s
     return {"results": results, "medians": medians(results), "skipped": skipped, "errors": errors,
             "notes": notes, "versions": versions, "settings": settings, "names": names, "rounds": rounds,
             "sizes": sizes.as_dict(), "elapsed_s": time.monotonic() - t0}
+
+
+def _cpu(server) -> float:
+    proc = getattr(server, "server", None)
+    return proc.cpu_seconds() if proc is not None else 0.0
+
+
+def _add_cpu_per_message(r: dict, cpu_s: float) -> None:
+    """The server's CPU per 1,000 messages (or commits) of the run, when the run counted them."""
+    count = r.get("received") or r.get("count")
+    if count and cpu_s > 0:
+        r["server_cpu_ms_per_1k"] = cpu_s * 1000 / (count / 1000)
 
 
 def medians(results: dict) -> dict:

@@ -93,6 +93,16 @@ class Server:
             time.sleep(0.05)
         raise TimeoutError(f"{self.name} not ready after {timeout}s")
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU the process (every thread) has used so far; 0 when it is not running."""
+        if self.proc is None:
+            return 0.0
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self, timeout: float = 20.0) -> None:
         if self.proc is None:
             return

@@ -10,7 +10,6 @@ BrokerConnection.open_commit_stream() as fast as it accepts writes.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import threading
 import time
@@ -26,12 +25,13 @@ BROKER_NAME = "broker-a"
 class TidemarkServer:
     name = NAME
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, data: str = "tidemark-data", extra: tuple[str, ...] = ()) -> None:
         self.workdir = workdir
         self.port = free_port()
+        self._sync: TidemarkServer | None = None
         self.server = Server("tidemark-broker", [sys.executable, "-m", "broker.app", "--data-dir",
-                                                 str(workdir / "tidemark-data"), "--port", str(self.port), *os.environ.get("TM_BENCH_BROKER_ARGS", "").split()],
-                             workdir / "tidemark-broker.log")
+                                                 str(workdir / data), "--port", str(self.port), *extra],
+                             workdir / f"{data}.log")
 
     @property
     def address(self) -> str:
@@ -44,6 +44,14 @@ class TidemarkServer:
 
     def stop(self) -> None:
         self.server.stop()
+        if self._sync is not None:
+            self._sync.stop()
+
+    def sync_flush(self) -> TidemarkServer:
+        """A second broker with --flush sync (started on first use, stopped with this one)."""
+        if self._sync is None:
+            self._sync = TidemarkServer(self.workdir, data="tidemark-sync-data", extra=("--flush", "sync")).start()
+        return self._sync
 
     def version(self) -> str:
         from importlib.metadata import PackageNotFoundError, version

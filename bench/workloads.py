@@ -19,9 +19,10 @@ MESSAGE_SIZE = 1024
 _HEADER = struct.Struct("<qQ")
 _PADDING = (os.urandom(64) * (MESSAGE_SIZE // 64))[: MESSAGE_SIZE - _HEADER.size]
 
-WORKLOADS = ("produce", "consume", "commit", "latency", "membership")
+WORKLOADS = ("produce", "produce_sync", "consume", "commit", "latency", "membership")
 WORKLOAD_TITLES = {
-    "produce": "1. produce (1 process, batch 32)",
+    "produce": "1. produce (1 process)",
+    "produce_sync": "1b. produce, sync flush",
     "consume": "2. consume (group of 4)",
     "commit": "3. offset/ack commits (64 queues)",
     "latency": "4. e2e latency at fixed rate",

@@ -132,6 +132,7 @@ class FetchSession:
         self._wakeup = asyncio.Event()
         self._finished = False
         self._cursor = 0  # round-robin start among served queues
+        self._scanned = False  # the last build scanned past filtered entries and has more to scan
 
     # -- requests from the client ------------------------------------------------------------
 
@@ -209,6 +210,10 @@ class FetchSession:
                 return frame
             if self._finished:
                 return None
+            if self._scanned:
+                # Filtered entries only, and more to scan: let the loop breathe, then go on.
+                await asyncio.sleep(0)
+                continue
             self._wakeup.clear()
             await self._wakeup.wait()
 
@@ -220,6 +225,7 @@ class FetchSession:
         # Passes over the ready queues, each reading up to its batch size, until the frame is full or
         # nothing more is ready: queues take turns within a frame as well as across frames.
         budget = self._frame_bytes
+        self._scanned = False
         while budget > 0:
             served = [q for q in self._served.values() if q.ready and q.has_credit()]
             if not served:
@@ -233,11 +239,14 @@ class FetchSession:
                 q = served[(start + i) % n]
                 if q.handle not in self._served:
                     continue
+                before = q.offset
                 part = self._serve(q, budget)
                 if part is not None:
                     frame.records.append(part)
                     budget -= len(part.data)
                     progressed = True
+                elif q.offset != before and q.ready:
+                    self._scanned = True  # a scan limit stopped a read that matched nothing yet
                 self._cursor = start + i + 1
             if not progressed:
                 break

@@ -114,6 +114,11 @@ class LoopThread:
             loop.run_until_complete(loop.shutdown_asyncgens())
             loop.close()
 
+    @property
+    def on_own_thread(self) -> bool:
+        """True when called from the loop's thread (a callback), where nothing may block."""
+        return threading.current_thread() is self._thread
+
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         if not self.running:
             coro.close()
@@ -122,7 +127,7 @@ class LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run a coroutine on the loop and wait for its result (from any other thread)."""
-        if threading.current_thread() is self._thread:
+        if self.on_own_thread:
             coro.close()
             raise ClientStateError(f"{self._name}: blocking call made from its own event loop thread")
         future = self.submit(coro)

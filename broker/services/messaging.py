@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import grpc
 
@@ -15,7 +16,10 @@ from broker.pull import PullRequest
 from broker.send import OutgoingMessage
 from broker.services.convert import fence_from_pb, message_ext
 from broker.services.errors import rpc, status_for
+from tidemark.logs import get_logger
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
+
+log = get_logger("tidemark.broker.messaging")
 
 _PULL_STATUS = {name: messaging_pb2.PullStatus.Value(name) for name in
                 ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL", "OFFSET_RESET")}
@@ -47,18 +51,14 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
     async def Produce(self, request_iterator, context: grpc.aio.ServicerContext):
         """Record batches in, one answer per batch, in order. A bad batch fails alone."""
         answers: asyncio.Queue = asyncio.Queue()
-
-        async def read() -> None:
-            try:
-                async for request in request_iterator:
-                    answers.put_nowait(self._produce_one(request))
-            finally:
-                answers.put_nowait(None)
-
-        reader = asyncio.get_running_loop().create_task(read(), name="produce-reader")
+        failure: list[BaseException] = []
+        reader = _reader(request_iterator, lambda request: answers.put_nowait(self._produce_one(request)),
+                         lambda: answers.put_nowait(None), failure, "produce")
         try:
             while (answer := await answers.get()) is not None:
                 yield answer if isinstance(answer, messaging_pb2.ProduceResponse) else await answer
+            if failure:
+                await context.abort(grpc.StatusCode.INTERNAL, f"produce stream failed: {failure[0]!r}")
         finally:
             reader.cancel()
 
@@ -95,22 +95,18 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         b = self._b
         session = b.fetch_session()
 
-        async def read() -> None:
-            try:
-                async for request in request_iterator:
-                    kind = request.WhichOneof("kind")
-                    if kind == "credit":
-                        c = request.credit
-                        session.credit(c.handle, c.messages, c.bytes,
-                                       c.commit_offset if c.HasField("commit_offset") else None)
-                    elif kind == "open":
-                        session.open(_open_queue(request.open))
-                    elif kind == "close":
-                        session.close_queue(request.close.handle)
-            finally:
-                session.finish()
+        def handle(request) -> None:
+            kind = request.WhichOneof("kind")
+            if kind == "credit":
+                c = request.credit
+                session.credit(c.handle, c.messages, c.bytes, c.commit_offset if c.HasField("commit_offset") else None)
+            elif kind == "open":
+                session.open(_open_queue(request.open))
+            elif kind == "close":
+                session.close_queue(request.close.handle)
 
-        reader = asyncio.get_running_loop().create_task(read(), name="fetch-reader")
+        failure: list[BaseException] = []
+        reader = _reader(request_iterator, handle, session.finish, failure, "fetch")
         metrics = b.metrics
         messages_out = metrics.messages_out
         metrics.fetch_streams.inc()
@@ -126,6 +122,8 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                     response.ended.append(_ended_pb(end))
                 metrics.fetch_frames.inc()
                 yield response
+            if failure:
+                await context.abort(grpc.StatusCode.INTERNAL, f"fetch stream failed: {failure[0]!r}")
         finally:
             metrics.fetch_streams.dec()
             reader.cancel()
@@ -183,6 +181,22 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                                  request.end_timestamp or b.clock_ms(), request.max_num)
         name = b.config.broker_name
         return messaging_pb2.QueryMessageByKeyResponse(messages=[message_ext(m, name) for m in found])
+
+
+def _reader(requests, handle: Callable[[object], None], on_end: Callable[[], None],
+            failure: list[BaseException], kind: str) -> asyncio.Task:
+    """A task that hands each request of a stream to `handle`, then calls on_end; a failure (a bug,
+    or a disk error below the store) is logged and kept in `failure` so that the stream ends with it."""
+    async def read() -> None:
+        try:
+            async for request in requests:
+                handle(request)
+        except Exception as e:
+            log.exception("stream request failed", event="stream_request_failed", stream=kind)
+            failure.append(e)
+        finally:
+            on_end()
+    return asyncio.get_running_loop().create_task(read(), name=f"{kind}-reader")
 
 
 def _open_queue(pb) -> OpenQueue:

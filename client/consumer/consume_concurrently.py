@@ -152,9 +152,14 @@ class ConsumeMessageConcurrentlyService:
                 finished.extend(batch)
             return
         if result is SKIPPED:
-            if self._suspended() and lease.active:
-                self._held.append((lease, batch))  # consumed after resume()
-            return  # stays in the ProcessQueue: the final commit stops before it
+            # Not started. A released queue keeps it in the ProcessQueue (the final commit stops before
+            # it); an active one holds it until resume(), or runs it now if resume() came meanwhile.
+            if lease.active:
+                if self._suspended():
+                    self._held.append((lease, batch))
+                else:
+                    self.submit(lease, batch)
+            return
         status = checked_status(result, lease.mq)
         if result is None or status is not result:
             context.ack_index = None
@@ -169,6 +174,7 @@ class ConsumeMessageConcurrentlyService:
         if self._suspended():
             self._held.append((lease, failed))
         elif self._clustering:
+            lease.batch_started()  # the send-back runs as part of the batch: a handover waits for it
             self._spawn(self._retry(lease, failed, context.delay_level_when_next_consume))
         else:
             log.warning("broadcast consumption failed, messages dropped",
@@ -176,7 +182,10 @@ class ConsumeMessageConcurrentlyService:
             self._finished.setdefault(lease, []).extend(failed)
 
     async def _retry(self, lease: QueueLease, failed: list[MessageExt], delay_level: int) -> None:
-        keep = [msg for msg in failed if not await self._send_back.send_back(msg, delay_level)]
+        try:
+            keep = [msg for msg in failed if not await self._send_back.send_back(msg, delay_level)]
+        finally:
+            lease.batch_finished()
         if not lease.counts:
             return
         kept = {id(m) for m in keep}

@@ -47,7 +47,7 @@ class ConsumeMessageOrderlyService:
         self._on_death = on_death
         self._running: dict[QueueLease, asyncio.Task] = {}
         self.consumed_ok = 0
-        self.suspended = 0
+        self.consumed_failed = 0  # messages of batches that asked to suspend the queue (tried again)
         self.dead_lettered = 0
 
     def submit(self, lease: QueueLease, msgs: list[MessageExt]) -> None:
@@ -120,7 +120,7 @@ class ConsumeMessageOrderlyService:
                     return
                 self._commit(lease, batch, consumed=0)
                 continue
-            self.suspended += 1
+            self.consumed_failed += len(batch)
             pq.make_messages_consume_again([m.replace(reconsume_times=m.reconsume_times + 1) for m in batch])
             suspend_ms = context.suspend_current_queue_time_ms or self._settings.suspend_current_queue_time_ms
             await asyncio.sleep(suspend_ms / 1000)

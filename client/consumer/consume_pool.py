@@ -51,15 +51,16 @@ class ConsumeThreadPool:
         """Queue tasks for the consume threads; each may return a completion to run on the loop.
 
         Threads are woken (or started) in proportion to the backlog, one per TASKS_PER_THREAD waiting
-        tasks: a fast listener is served by a thread or two taking task after task (no wake-up per
-        message, little GIL contention), a slow one gets more threads as its backlog grows."""
+        tasks, besides those already busy: a fast listener is served by a thread or two taking task
+        after task (no wake-up per message, little GIL contention), a slow one gets more threads as its
+        backlog grows, and a listener stuck in a call never keeps queued work from a free thread."""
         with self._cond:
             if self._stopped:
                 return
             work = self._work
             work.extend(tasks)
             busy = len(self._threads) - self._idle
-            wanted = min(self._max_threads, -(-len(work) // TASKS_PER_THREAD)) - busy
+            wanted = min(self._max_threads - busy, -(-len(work) // TASKS_PER_THREAD))
             if wanted <= 0:
                 return
             wake = min(wanted, self._idle)
@@ -106,13 +107,6 @@ class ConsumeThreadPool:
             self._cond.notify_all()
         for thread in self._threads:
             thread.join()
-
-    def close_soon(self) -> None:
-        """Stop taking work without waiting (the threads end after their current listener call)."""
-        with self._cond:
-            self._stopped = True
-            self._work.clear()
-            self._cond.notify_all()
 
     # -- consume threads ---------------------------------------------------------------------
 

@@ -89,7 +89,6 @@ class Fetcher:
         self._tasks: set[asyncio.Task] = set()
         self._next_handle = 0
         self._closed = False
-        self.frames = 0
 
     # -- leases ------------------------------------------------------------------------------
 
@@ -103,10 +102,12 @@ class Fetcher:
     def stop(self, lease: QueueLease) -> None:
         """Stop reading a lease (what the broker already sent for it is dropped on arrival)."""
         reading = self._readings.pop(lease, None)
-        if reading is None:
-            return
+        if reading is not None:
+            self._drop_handle(reading)
+
+    def _drop_handle(self, reading: _Reading) -> None:
         if self._by_handle.pop(reading.handle, None) is not None:
-            stream = self._streams.get(lease.mq.broker_name)
+            stream = self._streams.get(reading.lease.mq.broker_name)
             if stream is not None and stream.usable:
                 stream.close_queue(reading.handle)
 
@@ -128,10 +129,6 @@ class Fetcher:
         """After suspend: hand back every credit held meanwhile."""
         for reading in list(self._readings.values()):
             self._flush(reading, force=True)
-
-    def position(self, lease: QueueLease) -> int | None:
-        reading = self._readings.get(lease)
-        return reading.next_offset if reading is not None else None
 
     async def close(self) -> None:
         self._closed = True
@@ -178,6 +175,8 @@ class Fetcher:
             log.warning("cannot open fetch stream", event="fetch_stream_failed", broker=broker, error=e)
             self._spawn(self._reopen_later(reading, self._backoff(broker)), f"fetch-reopen:{broker}")
             return
+        if self._closed or self._readings.get(reading.lease) is not reading:
+            return  # stopped while the stream was being opened
         self._next_handle += 1
         reading.handle = self._next_handle
         reading.owed_messages = reading.owed_bytes = 0
@@ -234,29 +233,45 @@ class Fetcher:
         lease = reading.lease
         if not lease.counts:
             return
-        self.frames += 1
-        reading.next_offset = next_offset
         mq = lease.mq
+        try:
+            msgs = self._decode(reading, count, data)
+        except Exception as e:
+            # Records that do not decode: read them again from where this frame began, after a backoff
+            # (never skip them: the position only moves past what the consumer got).
+            log.error("fetched records do not decode, reading them again",
+                      event="fetch_decode_failed", queue=mq, offset=reading.next_offset, error=repr(e))
+            self._drop_handle(reading)
+            self._spawn(self._reopen_later(reading, self._backoff(mq.broker_name)), f"fetch-reopen:{mq}")
+            return
         if self._failures:
             self._failures.pop(mq.broker_name, None)
-        msgs: list[MessageExt] = []
-        if count:
-            topic, broker = mq.topic, mq.broker_name
-            from_record = MessageExt.from_record
-            pos = 0
-            for _ in range(count):
-                msg = from_record(data, pos, topic=topic, broker_name=broker)
-                msgs.append(msg)
-                pos += msg.store_size
-            tags = reading.tags
-            if not tags.matches_all:
-                kept = [m for m in msgs if m.tags in tags.tags]
-                if len(kept) != len(msgs):
-                    # A hash collision on the broker: not for us, but it used credit.
-                    reading.owed_messages += len(msgs) - len(kept)
-                    reading.owed_bytes += sum(m.store_size for m in msgs) - sum(m.store_size for m in kept)
-                    msgs = kept
         self._sink.on_messages(lease, msgs, next_offset)
+        reading.next_offset = next_offset  # once delivered: a reopen after a failure reads them again
+        if reading.owed_messages:
+            self._flush(reading, force=False)  # credit used by records the exact tag check dropped
+
+    def _decode(self, reading: _Reading, count: int, data: bytes) -> list[MessageExt]:
+        if not count:
+            return []
+        mq = reading.lease.mq
+        topic, broker = mq.topic, mq.broker_name
+        from_record = MessageExt.from_record
+        msgs: list[MessageExt] = []
+        pos = 0
+        for _ in range(count):
+            msg = from_record(data, pos, topic=topic, broker_name=broker)
+            msgs.append(msg)
+            pos += msg.store_size
+        tags = reading.tags
+        if not tags.matches_all:
+            kept = [m for m in msgs if m.tags in tags.tags]
+            if len(kept) != len(msgs):
+                # A hash collision on the broker: not for us, but it used credit.
+                reading.owed_messages += len(msgs) - len(kept)
+                reading.owed_bytes += sum(m.store_size for m in msgs) - sum(m.store_size for m in kept)
+                msgs = kept
+        return msgs
 
     def _on_ended(self, handle: int, end: QueueEnd) -> None:
         reading = self._by_handle.pop(handle, None)

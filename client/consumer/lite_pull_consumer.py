@@ -123,13 +123,14 @@ class AsyncLitePullConsumer(ConsumerCore):
         return oq.lease
 
     async def seek(self, mq: MessageQueue, offset: int) -> None:
-        lease = self._lease(mq)
+        self._lease(mq)  # assigned to us, or a specific error
         conn = await self.cluster.connection(mq.broker_name)
         low, high = await conn.min_offset(mq), await conn.max_offset(mq)
         if not low <= offset <= high:
             raise InvalidArgumentError(f"seek offset {offset} is outside [{low}, {high}] for {mq}")
         self._held.pop(mq, None)
-        await self.ownership.restart(self._lease(mq), offset, lease.reset_generation, record=False)
+        current = self._lease(mq)  # an admin reset may have replaced the lease while we asked
+        await self.ownership.restart(current, offset, current.reset_generation, record=False)
 
     async def seek_edge(self, mq: MessageQueue, *, end: bool) -> None:
         conn = await self.cluster.connection(mq.broker_name)

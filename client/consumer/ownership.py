@@ -162,9 +162,9 @@ class QueueOwnership:
             async with self._lock:
                 granted = [oq for oqs in results for oq in oqs
                            if self._queues.get(oq.mq) is oq and oq.state is QueueState.LOCKING]
-                await asyncio.gather(*(self._start(oq) for oq in granted))
-            if not any(results):
-                await asyncio.sleep(LOCK_RETRY_DELAY_S)  # a broker down: do not spin
+                started = await asyncio.gather(*(self._start(oq) for oq in granted))
+            if not any(results) or (granted and not any(started)):
+                await asyncio.sleep(LOCK_RETRY_DELAY_S)  # a broker down or not answering: do not spin
 
     async def stop(self) -> None:
         """Stop waiting for locks (before release_all at shutdown)."""
@@ -245,7 +245,11 @@ class QueueOwnership:
             if grant is None:
                 continue
             if oq.state is not QueueState.LOCKING or self._queues.get(oq.mq) is not oq:
-                stale.append(oq.mq)  # released while we waited: let the next owner have it
+                # Released while we waited: let the next owner have it, unless the queue came back to
+                # us meanwhile (a newer OwnedQueue holds or asks for this very lock: leave it be).
+                current = self._queues.get(oq.mq)
+                if current is None or current.state is QueueState.RELEASED:
+                    stale.append(oq.mq)
                 continue
             oq.owner_epoch = grant.owner_epoch
             oq.granted_at = (grant.consumer_offset, grant.reset_generation)
@@ -259,7 +263,8 @@ class QueueOwnership:
                 log.warning("unlock failed", event="unlock_failed", group=self._group, broker=broker, error=e)
         return granted
 
-    async def _start(self, oq: OwnedQueue) -> None:
+    async def _start(self, oq: OwnedQueue) -> bool:
+        """Start reading a queue from its start offset; False when that offset could not be read."""
         mq = oq.mq
         self._store.remove_offset(mq)  # RocketMQ's removeDirtyOffset: never trust a stale local value
         committed = None
@@ -275,9 +280,9 @@ class QueueOwnership:
                 # Without locks there is nothing to wait for: try again at the next rebalance.
                 oq.transition(QueueState.RELEASED)
                 del self._queues[mq]
-            return
+            return False
         if self._queues.get(mq) is not oq or oq.state not in (QueueState.ASSIGNED, QueueState.LOCKING):
-            return  # released or lost while the offset was read
+            return True  # released or lost while the offset was read
         lease = QueueLease(mq, client_id=self._client_id, owner_epoch=oq.owner_epoch,
                            reset_generation=self._store.generation(mq), start_offset=offset)
         oq.transition(QueueState.PULLING)
@@ -286,6 +291,7 @@ class QueueOwnership:
         if self._hooks.commit_start_offset and self._store.read_memory(mq) < 0:
             self._store.update_offset(mq, offset, increase_only=False)
         await self._hooks.lease_started(lease)
+        return True
 
     async def _release(self, oq: OwnedQueue) -> None:
         if oq.state in (QueueState.ASSIGNED, QueueState.LOCKING):

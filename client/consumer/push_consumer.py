@@ -235,7 +235,8 @@ class PushConsumer:
         core = self._running("read stats")
 
         def collect() -> dict[str, int]:
-            return {"consumed_ok": core.consume_service.consumed_ok,
+            service = core.consume_service
+            return {"consumed_ok": service.consumed_ok, "consumed_failed": service.consumed_failed,
                     "cached_messages": sum(le.pq.msg_count for le in core.ownership.leases()),
                     "rebalances": core.rebalance.rebalances, "rebalance_changes": core.rebalance.changes,
                     "handovers": core.ownership.handovers, "owned_queues": len(core.ownership.pulling()),

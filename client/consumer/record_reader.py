@@ -52,6 +52,7 @@ class RecordReader:
         self._next_handle = 0
         self._out: queue.Queue[RecordChunk | QueueEnd | TidemarkError] | None = None
         self._handle = 0
+        self._broker = ""  # the broker of the current read
 
     def start(self) -> RecordReader:
         self._life.to(ClientState.STARTING)
@@ -133,12 +134,14 @@ class RecordReader:
         stream = self._streams.get(mq.broker_name)
         if stream is None or not stream.usable:
             conn = await self._cluster.connection(mq.broker_name)
+            broker = mq.broker_name
             stream = conn.open_fetch_stream(on_records=self._on_records, on_ended=self._on_ended,
-                                            on_broken=self._on_broken)
-            self._streams[mq.broker_name] = stream
+                                            on_broken=lambda error: self._on_broken(broker, error))
+            self._streams[broker] = stream
         self._next_handle += 1
         self._handle = self._next_handle
         self._out = out
+        self._broker = mq.broker_name
         stream.open_queue(self._handle, "", mq, start, subscription="*", fence=None,
                           credit_messages=max(count, 1), credit_bytes=WINDOW_BYTES,
                           batch_size=MAX_RECORDS_PER_FRAME_PART)
@@ -152,8 +155,8 @@ class RecordReader:
         if handle == self._handle and self._out is not None:
             self._out.put(end)
 
-    def _on_broken(self, error: TidemarkError) -> None:
-        if self._out is not None:
+    def _on_broken(self, broker: str, error: TidemarkError) -> None:
+        if self._out is not None and broker == self._broker:  # only the stream the current read is on
             self._out.put(error)
 
     def _give_back(self, broker: str, handle: int, nbytes: int) -> None:

@@ -252,18 +252,20 @@ class AsyncProducer:
             self._wakeup.set()
 
     async def _send_batch(self, batch: ProducerBatch) -> None:
+        # Slots go back before the callbacks run: a callback may send again (and must find room).
         try:
             results = await self.send_records(
                 batch.mq.topic, bytes(batch.builder.buffer), batch.msg_ids, queue=None if batch.sticky else batch.mq,
                 selector=None, arg=None, first=None, timeout=None, prefer=batch.mq)
         except asyncio.CancelledError:
+            self.slots.release(batch.count)
             batch.finish(None, ClientStateError("the producer shut down before the message was sent"))
             raise
         except Exception as e:
+            self.slots.release(batch.count)
             batch.finish(None, e)
             return
-        finally:
-            self.slots.release(batch.count)
+        self.slots.release(batch.count)
         batch.finish(results)
 
 
@@ -365,25 +367,32 @@ class Producer:
         """Send without blocking: the message joins its queue's batch (linger_ms, batch_size).
 
         The future (and callback, on the producer's thread) gets the result or the error. Blocks only
-        when max_async_in_flight messages are unanswered."""
+        when max_async_in_flight messages are unanswered, and never when called from a send callback:
+        there a message that would have to wait (for a slot or a route) goes on its own instead."""
         self._life.require(ClientState.RUNNING, action="send")
         try:
             self._check(message)
-            if _needs_unary(message):
+            from_callback = self._loop.on_own_thread
+            queues = self._cached_queues(message.topic) if from_callback else None
+            if _needs_unary(message) or (from_callback and (queues is None or not self._core.slots.acquire(False))):
                 future = self._chain(self._loop.submit(self._core.send_messages(
                     [message], queue=queue, selector=selector, arg=arg, timeout=None)))
             else:
                 msg_id, props, tags_code = encode_message(message, self._ids)
-                queues = self._write_queues(message.topic)
-                if queue is None and selector is not None:
-                    queue = selector.select(queues, message, arg)
-                self._core.slots.acquire()
+                if queues is None:
+                    queues = self._write_queues(message.topic)
+                    self._core.slots.acquire()
                 try:
+                    if queue is None and selector is not None:
+                        queue = selector.select(queues, message, arg)
                     return self._core.accumulator.append(queues, queue, message.body, props, msg_id=msg_id,
                                                          tags_code=tags_code, flag=message.flag, callback=callback)
                 except RuntimeError:
                     self._core.slots.release()
                     raise ClientStateError("cannot send: the producer was shut down") from None
+                except BaseException:
+                    self._core.slots.release()
+                    raise
         except TidemarkError as e:
             future = concurrent.futures.Future()
             future.set_exception(e)
@@ -407,6 +416,11 @@ class Producer:
             return
         check_message(message, self.settings.max_message_size)
         self._checked_topics.add(message.topic)
+
+    def _cached_queues(self, topic: str) -> list[MessageQueue] | None:
+        """The cached writable queues, fresh or not (None if never fetched): for the loop's own thread."""
+        cached = self._routes.get(topic)
+        return None if cached is None else cached[1]
 
     def _write_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's writable queues, cached for route_refresh_interval_s (one loop round trip to refresh)."""

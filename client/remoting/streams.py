@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 
 from client.errors import (
+    InternalError,
     RequestTimeoutError,
     TidemarkError,
     UnavailableError,
@@ -26,7 +27,10 @@ from client.errors import (
 )
 from client.message import MessageQueue
 from client.types import Fence
+from tidemark.logs import get_logger
 from tidemark.v1 import common_pb2, messaging_pb2
+
+log = get_logger("tidemark.client.streams")
 
 _STATUS_NAMES = {messaging_pb2.OFFSET_ILLEGAL: "OFFSET_ILLEGAL", messaging_pb2.OFFSET_RESET: "OFFSET_RESET"}
 
@@ -191,6 +195,9 @@ class FetchStream:
                     self._on_ended(end.handle, _queue_end(end, self._address))
         except grpc.RpcError as e:
             error = from_rpc_error(e, address=self._address)
+        except Exception as e:  # a consumer-side bug: reopening every queue of the stream recovers
+            log.exception("fetch stream handler failed", event="fetch_handler_failed", broker=self._address)
+            error = InternalError(f"broker {self._address}: fetched records could not be handled: {e!r}")
         finally:
             self._break(error)
 
@@ -202,7 +209,7 @@ class FetchStream:
             self._on_broken(error)
 
     async def close(self) -> None:
-        """Half-close politely, then stop both tasks."""
+        """Cancel the call (the broker forgets every handle of it) and stop both tasks."""
         self._broken = True
         self._outbox.put_nowait(None)
         self._call.cancel()

@@ -46,6 +46,38 @@ def test_async_oneway_and_selector(broker):
             failed.result(10)
 
 
+def test_a_send_callback_may_send_again_on_success_and_on_failure(broker):
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("Cb", 1)
+        admin.create_topic("Fallback", 1)
+    followups: list = []
+    done = threading.Event()
+
+    def send_again(topic):
+        def callback(result, error):
+            followups.append(producer.send_async(Message(topic, b"again")))  # on the producer's own thread
+            done.set()
+        return callback
+
+    # One slot in all, and routes that are always stale: the callback's send must neither wait for the
+    # slot its own message holds nor block the loop to refresh a route.
+    with Producer(brokers=broker.address, max_async_in_flight=1, route_refresh_interval_s=0.001) as producer:
+        producer.send(Message("Cb", b"warm"))
+        producer.send(Message("Fallback", b"warm"))
+        producer.send_async(Message("Cb", b"first"), callback=send_again("Cb"))
+        assert done.wait(10)
+        assert followups[0].result(10).msg_id
+        with Admin(brokers=broker.address) as admin:
+            admin.delete_topic("Cb")
+        done.clear()
+        failed = producer.send_async(Message("Cb", b"lost"), callback=send_again("Fallback"))
+        assert done.wait(10)
+        with pytest.raises(NotFoundError):
+            failed.result(10)
+        assert followups[1].result(10).msg_id  # resent elsewhere from the failure callback
+    assert count(broker.address, "Fallback") == 2
+
+
 def test_retry_goes_to_another_brokers_queue(broker_factory):
     a = broker_factory("broker-a")
     b = broker_factory("broker-b")

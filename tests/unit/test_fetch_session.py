@@ -9,7 +9,7 @@ import pytest
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
 from broker.errors import FencedError, InvalidArgumentError, NotFoundError
-from broker.fetch import EndReason, OpenQueue
+from broker.fetch import MAX_SCAN, EndReason, OpenQueue
 from broker.offsets import Fence
 from broker.offsets.commits import ResetKind, ResetTarget
 from tidemark.protocol import tag_hash
@@ -94,6 +94,18 @@ def test_filtered_entries_move_the_position_once_caught_up(tmp_path):
         send(b, 0, 2, tags="shipped", start=3)
         f = await frame(s)  # only skipped entries: an empty part that moves the position
         assert [(p.count, p.next_offset) for p in f.records] == [(0, 5)]
+    run(scenario)(tmp_path)
+
+
+def test_a_filtered_run_longer_than_one_scan_is_crossed_without_new_arrivals(tmp_path):
+    async def scenario(b):
+        send(b, 0, MAX_SCAN * 2 + 10, tags="shipped")
+        send(b, 0, 1, tags="paid", start=MAX_SCAN * 2 + 10)
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "g", "T", 0, 0, subscription="paid", credit_messages=100, credit_bytes=10**6,
+                         batch_size=32))
+        f = await frame(s)  # producers idle: the session keeps scanning by itself
+        assert [(p.count, p.next_offset) for p in f.records] == [(1, MAX_SCAN * 2 + 11)]
     run(scenario)(tmp_path)
 
 

@@ -107,32 +107,27 @@ class FakeStore:
         self.offsets.append(offset)
 
 
-def consume(listener, msgs: list[MessageExt], *, suspended: bool = False, le: QueueLease | None = None,
+def consume(listener, msgs: list[MessageExt], *, suspended=False, le: QueueLease | None = None,
             send_ok: bool = True, before=None):
     """Run one submit through a real pool and service; returns (lease, store, send-back, fetcher, service)."""
     le = le or lease()
     store, send_back, fetcher = FakeStore(), FakeSendBack(send_ok), FakeFetcher()
 
     async def scenario():
-        done = asyncio.Event()
         service_box = []
-
-        def drained():
-            service_box[0].apply_finished()
-            if le.running == 0:
-                done.set()
-        pool = ConsumeThreadPool(max_threads=2, name="t", loop=asyncio.get_running_loop(), on_drained=drained)
+        pool = ConsumeThreadPool(max_threads=2, name="t", loop=asyncio.get_running_loop(),
+                                 on_drained=lambda: service_box[0].apply_finished())
         service = ConsumeMessageConcurrentlyService(
             listener=listener, settings=PushConsumerSettings(group="g", local_retry_delay_s=0.01), pool=pool,
             offset_store=store, send_back=send_back, fetcher=fetcher, clustering=True,
-            suspended=lambda: suspended)
+            suspended=suspended if callable(suspended) else lambda: suspended)
         service_box.append(service)
         le.pq.put_messages(msgs)
         if before is not None:
             before(le)
         service.submit(le, msgs)
-        await asyncio.wait_for(done.wait(), 5)
-        await asyncio.sleep(0.05)  # let a send-back task finish
+        # Batches (send-backs included) count in le.running until they are done and applied.
+        assert await le.wait_idle(5)
         await asyncio.to_thread(pool.shutdown)
         return service
 
@@ -208,6 +203,46 @@ def test_while_suspended_batches_and_failures_are_held_not_sent_back():
     assert len(service._held) == 2  # resume() hands them to the listener again
 
 
+def test_a_batch_skipped_just_before_resume_runs_after_it():
+    answers = iter([True])  # the consume thread sees "suspended"; resume() comes before its completion does
+
+    le, store, send_back, _, _ = consume(lambda m, c: ConsumeConcurrentlyStatus.CONSUME_SUCCESS, [msg(0)],
+                                         suspended=lambda: next(answers, False))
+    assert store.offsets[-1] == 1 and le.pq.msg_count == 0 and not send_back.sent
+
+
+def test_a_send_back_in_flight_keeps_the_batch_running():
+    gate = asyncio.Event()
+    seen = []
+
+    class SlowSendBack(FakeSendBack):
+        async def send_back(self, m, delay_level=0):
+            seen.append(le.running)  # the handover's wait_idle must wait for this send-back
+            gate.set()
+            return await super().send_back(m, delay_level)
+
+    le = lease()
+
+    async def scenario():
+        store, fetcher = FakeStore(), FakeFetcher()
+        box = []
+        pool = ConsumeThreadPool(max_threads=1, name="t", loop=asyncio.get_running_loop(),
+                                 on_drained=lambda: box[0].apply_finished())
+        service = ConsumeMessageConcurrentlyService(
+            listener=lambda m, c: ConsumeConcurrentlyStatus.RECONSUME_LATER, settings=PushConsumerSettings(group="g"),
+            pool=pool, offset_store=store, send_back=SlowSendBack(), fetcher=fetcher, clustering=True,
+            suspended=lambda: False)
+        box.append(service)
+        le.pq.put_messages([msg(0)])
+        service.submit(le, [msg(0)])
+        await asyncio.wait_for(gate.wait(), 5)
+        assert await le.wait_idle(5)
+        await asyncio.to_thread(pool.shutdown)
+        return store
+    store = asyncio.run(scenario())
+    assert seen == [1] and store.offsets[-1] == 1 and le.pq.msg_count == 0
+
+
 def test_a_listener_that_raises_anything_is_a_failure_and_the_thread_survives():
     def listener(msgs, ctx):
         raise SystemExit("listener called exit")
@@ -239,6 +274,23 @@ def test_the_pool_reports_completions_in_bulk_and_outlives_failing_tasks():
         assert sorted(results) == [i for i in range(51) if i != 3]
         assert len(drains) < 50  # completions are applied per wake-up, not one loop callback each
         assert await pool.run(lambda: 42) == 42  # the threads survived the failing task
+        await asyncio.to_thread(pool.shutdown)
+    asyncio.run(scenario())
+
+
+def test_a_listener_stuck_in_a_call_does_not_hold_up_work_queued_behind_it():
+    async def scenario():
+        pool = ConsumeThreadPool(max_threads=4, name="t", loop=asyncio.get_running_loop())
+        stuck, release = threading.Event(), threading.Event()
+        first = pool.run(lambda: (stuck.set(), release.wait(10)))
+        await asyncio.to_thread(stuck.wait, 5)
+        others = [pool.run(lambda i=i: i) for i in range(3)]  # fewer than a thread's share of work
+        try:
+            assert await asyncio.wait_for(asyncio.gather(*others), 5) == [0, 1, 2]
+            assert not first.done()
+        finally:
+            release.set()
+        await first
         await asyncio.to_thread(pool.shutdown)
     asyncio.run(scenario())
 

@@ -1,0 +1,107 @@
+"""QueueOwnership against a scripted broker (no gRPC): a late lock grant for a queue that came back to
+us leaves the new owner's lock alone, and a start offset that cannot be read does not spin."""
+
+from __future__ import annotations
+
+import asyncio
+
+from client.consumer.offset_store import RemoteBrokerOffsetStore
+from client.consumer.ownership import QueueOwnership
+from client.consumer.queue_state import QueueState
+from client.errors import RequestTimeoutError
+from client.message import MessageQueue
+from client.types import QueueLockGrant
+
+MQ = MessageQueue("T", "broker-a", 0)
+
+
+class ScriptedBroker:
+    """Answers LockQueues as told: waiting calls (wait_ms > 0) block until `release_waiters` is set."""
+
+    def __init__(self) -> None:
+        self.grant_now = False
+        self.release_waiters = asyncio.Event()
+        self.lock_calls: list[int] = []  # wait_ms of each call
+        self.unlocked: list[MessageQueue] = []
+
+    async def connection(self, broker_name):
+        return self
+
+    async def lock_queues(self, group, client_id, mqs, *, wait_ms=0):
+        self.lock_calls.append(wait_ms)
+        if wait_ms:
+            await self.release_waiters.wait()
+        elif not self.grant_now:
+            return []
+        return [QueueLockGrant(mq, 9, 0, 0, 0) for mq in mqs]
+
+    async def unlock_queues(self, group, client_id, mqs, final_offsets=()):
+        self.unlocked.extend(mqs)
+        return []
+
+
+class Hooks:
+    commit_start_offset = True
+
+    def __init__(self, fail_start: bool = False) -> None:
+        self.fail_start = fail_start
+        self.started = []
+        self.start_attempts = 0
+
+    async def start_offset(self, mq, committed):
+        self.start_attempts += 1
+        if self.fail_start:
+            raise RequestTimeoutError("max offset: no answer")
+        return 0
+
+    async def lease_started(self, lease):
+        self.started.append(lease)
+
+    async def lease_draining(self, lease):
+        pass
+
+    def lease_ended(self, lease):
+        pass
+
+    def queue_lost(self, mq):
+        pass
+
+
+def ownership(broker: ScriptedBroker, hooks: Hooks) -> QueueOwnership:
+    store = RemoteBrokerOffsetStore(cluster=broker, group="g", client_id="c1", require_fence=True)
+    return QueueOwnership(cluster=broker, group="g", client_id="c1", offset_store=store, locking=True, hooks=hooks)
+
+
+def test_a_late_grant_for_a_queue_that_came_back_leaves_the_new_owner_s_lock_alone():
+    async def scenario():
+        broker, hooks = ScriptedBroker(), Hooks()
+        own = ownership(broker, hooks)
+        await own.update("T", {MQ})  # refused at once; the lock waiter now waits on the broker
+        while broker.lock_calls[-1:] != [5000]:
+            await asyncio.sleep(0)
+        await own.update("T", set())  # the queue goes away while the waiter still waits...
+        broker.grant_now = True
+        await own.update("T", {MQ})  # ...and comes back, locked and read by a new OwnedQueue
+        assert own.get(MQ).state is QueueState.PULLING and len(hooks.started) == 1
+        waiter = own._lock_waiter
+        broker.release_waiters.set()  # the old wait is granted now
+        await asyncio.wait_for(waiter, 5)  # it handled the grant and found nothing left to wait for
+        assert broker.unlocked == []  # the lock is the new owner's: not given up
+        assert own.get(MQ).state is QueueState.PULLING
+    asyncio.run(scenario())
+
+
+def test_a_start_offset_that_cannot_be_read_is_retried_after_a_pause_not_at_once():
+    async def scenario():
+        broker, hooks = ScriptedBroker(), Hooks(fail_start=True)
+        broker.release_waiters.set()
+        own = ownership(broker, hooks)
+        await own.update("T", {MQ})  # refused at once, then granted to the waiter: the start fails
+        while hooks.start_attempts == 0:
+            await asyncio.sleep(0)
+        for _ in range(100):  # a spinning waiter would try again within a few loop turns
+            await asyncio.sleep(0)
+        await own.stop()
+        assert own.get(MQ).state is QueueState.LOCKING
+        assert hooks.start_attempts == 1  # the next try waits LOCK_RETRY_DELAY_S (1 s)
+    asyncio.run(scenario())

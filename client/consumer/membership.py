@@ -2,9 +2,10 @@
 
 A change pushed by any broker triggers a rebalance (seed 001's "consumer ids
 changed" trigger); the periodic rebalance covers a lost push. A broken watch
-is re-opened after a short pause. The member list each broker last sent (in a
-heartbeat answer or a push) is kept while its watch is open, so a rebalance
-right after a change needs no GetConsumerList round trip.
+is re-opened after a short pause. The member list each broker last pushed is
+kept while its watch is open (a heartbeat's answer fills in only until the
+watch opens), so a rebalance right after a change needs no GetConsumerList
+round trip.
 """
 
 from __future__ import annotations
@@ -47,10 +48,7 @@ class GroupMembership:
 
     def members(self, broker_name: str) -> list[str] | None:
         """The group's client ids as the broker last told them, while its watch keeps them current."""
-        task = self._watches.get(broker_name)
-        if task is None or task.done():
-            return None
-        return self._members.get(broker_name)
+        return self._members.get(broker_name) if self._watch_open(broker_name) else None
 
     async def heartbeat(self) -> None:
         data = self._data()
@@ -70,9 +68,15 @@ class GroupMembership:
                             event="heartbeat_failed", group=self._group, broker=conn.address, error=result)
             elif isinstance(result, BaseException):
                 raise result
-            else:
+            elif not self._watch_open(name):
+                # While a watch is open its pushes are the list (in the broker's order); an answer to a
+                # heartbeat may have been overtaken by a push and would put an older list back.
                 self._members[name] = result
         self._ensure_watches(brokers)
+
+    def _watch_open(self, broker_name: str) -> bool:
+        task = self._watches.get(broker_name)
+        return task is not None and not task.done()
 
     def _ensure_watches(self, brokers: dict[str, BrokerConnection]) -> None:
         loop = asyncio.get_running_loop()

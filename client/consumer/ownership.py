@@ -79,8 +79,10 @@ class QueueOwnership:
         self._hooks = hooks
         self._queues: dict[MessageQueue, OwnedQueue] = {}
         self._lock = asyncio.Lock()
-        # Waits (on the brokers) for queues whose previous owner has not released them yet.
-        self._lock_waiter: asyncio.Task | None = None
+        # Waits (on the brokers) for queues whose previous owner has not released them yet: one task per
+        # batch of queues asked for together, and the queues those waits are asking for now.
+        self._lock_waiters: set[asyncio.Task] = set()
+        self._asking: set[MessageQueue] = set()
         self.handovers = 0
 
     # -- views -----------------------------------------------------------------
@@ -140,12 +142,16 @@ class QueueOwnership:
         return new
 
     def _wait_for_locks(self) -> None:
-        """Make sure a task waits for the locks of every LOCKING queue (one task, started on demand)."""
-        if self._lock_waiter is None or self._lock_waiter.done():
-            self._lock_waiter = asyncio.get_running_loop().create_task(self._await_locks(), name="lock-waiter")
-            self._lock_waiter.add_done_callback(self._lock_waiter_done)
+        """Make sure every LOCKING queue is asked for by a waiting LockQueues. A wait already under way
+        keeps its queues; queues that arrived since get a waiter of their own instead of waiting for
+        that call to end (up to LOCK_WAIT_MS)."""
+        if any(oq.state is QueueState.LOCKING and oq.mq not in self._asking for oq in self._queues.values()):
+            task = asyncio.get_running_loop().create_task(self._await_locks(), name="lock-waiter")
+            self._lock_waiters.add(task)
+            task.add_done_callback(self._lock_waiter_done)
 
     def _lock_waiter_done(self, task: asyncio.Task) -> None:
+        self._lock_waiters.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("lock waiter failed",
                       event="lock_waiter_failed", group=self._group, exc_info=task.exception())
@@ -154,24 +160,32 @@ class QueueOwnership:
         """Ask each broker to answer as soon as our LOCKING queues are released (LockQueues with a wait),
         then start what was granted. The wait runs outside the ownership lock: rebalances go on."""
         while True:
-            waiting = [oq for oq in self._queues.values() if oq.state is QueueState.LOCKING]
+            waiting = [oq for oq in self._queues.values()
+                       if oq.state is QueueState.LOCKING and oq.mq not in self._asking]
             if not waiting:
                 return
-            results = await asyncio.gather(*(self._lock_on(broker, oqs, wait_ms=LOCK_WAIT_MS)
-                                             for broker, oqs in _by_broker(waiting).items()))
+            asking = {oq.mq for oq in waiting}
+            self._asking |= asking
+            try:
+                results = await asyncio.gather(*(self._lock_on(broker, oqs, wait_ms=LOCK_WAIT_MS)
+                                                 for broker, oqs in _by_broker(waiting).items()))
+            finally:
+                self._asking -= asking
             async with self._lock:
-                granted = [oq for oqs in results for oq in oqs
+                granted = [oq for oqs, _ in results for oq in oqs
                            if self._queues.get(oq.mq) is oq and oq.state is QueueState.LOCKING]
                 started = await asyncio.gather(*(self._start(oq) for oq in granted))
-            if not any(results) or (granted and not any(started)):
-                await asyncio.sleep(LOCK_RETRY_DELAY_S)  # a broker down or not answering: do not spin
+            # A grant of a queue we no longer want still ended a wait: ask again for the rest at once.
+            # Nothing granted at all (a broker down, or its wait ran out) or no start possible: pause.
+            if not any(answered for _, answered in results) or (granted and not any(started)):
+                await asyncio.sleep(LOCK_RETRY_DELAY_S)
 
     async def stop(self) -> None:
         """Stop waiting for locks (before release_all at shutdown)."""
-        task, self._lock_waiter = self._lock_waiter, None
-        if task is not None:
+        tasks, self._lock_waiters = list(self._lock_waiters), set()
+        for task in tasks:
             task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def renew_locks(self) -> None:
         """Renew every held lock; a queue whose lock was not renewed is lost."""
@@ -224,20 +238,22 @@ class QueueOwnership:
     async def _lock_and_start(self, oqs: Iterable[OwnedQueue]) -> None:
         granted = []
         for broker, group in _by_broker(list(oqs)).items():
-            granted.extend(await self._lock_on(broker, group, wait_ms=0))
+            granted.extend((await self._lock_on(broker, group, wait_ms=0))[0])
         # Each start reads the queue's committed offset: do them concurrently.
         await asyncio.gather(*(self._start(oq) for oq in granted))
         if any(oq.state is QueueState.LOCKING for oq in self._queues.values()):
             self._wait_for_locks()
 
-    async def _lock_on(self, broker: str, oqs: list[OwnedQueue], *, wait_ms: int) -> list[OwnedQueue]:
-        """Lock queues of one broker; the granted ones, with their owner epoch set."""
+    async def _lock_on(self, broker: str, oqs: list[OwnedQueue], *,
+                       wait_ms: int) -> tuple[list[OwnedQueue], bool]:
+        """Lock queues of one broker: the granted ones still wanted (owner epoch set), and whether the
+        broker granted anything at all."""
         try:
             conn = await self._cluster.connection(broker)
             grants = await conn.lock_queues(self._group, self._client_id, [oq.mq for oq in oqs], wait_ms=wait_ms)
         except TidemarkError as e:
             log.warning("queue lock failed", event="lock_failed", group=self._group, broker=broker, error=e)
-            return []
+            return [], False
         by_mq = {g.queue: g for g in grants}
         granted, stale = [], []
         for oq in oqs:
@@ -261,7 +277,7 @@ class QueueOwnership:
                 await conn.unlock_queues(self._group, self._client_id, stale)
             except TidemarkError as e:
                 log.warning("unlock failed", event="unlock_failed", group=self._group, broker=broker, error=e)
-        return granted
+        return granted, bool(grants)
 
     async def _start(self, oq: OwnedQueue) -> bool:
         """Start reading a queue from its start offset; False when that offset could not be read."""

@@ -13,6 +13,7 @@ from client.message import MessageQueue
 from client.types import QueueLockGrant
 
 MQ = MessageQueue("T", "broker-a", 0)
+MQ1 = MessageQueue("T", "broker-a", 1)
 
 
 class ScriptedBroker:
@@ -21,6 +22,7 @@ class ScriptedBroker:
     def __init__(self) -> None:
         self.grant_now = False
         self.release_waiters = asyncio.Event()
+        self.wait_grants: set[MessageQueue] | None = None  # what a waiting call grants (None: all asked)
         self.lock_calls: list[int] = []  # wait_ms of each call
         self.unlocked: list[MessageQueue] = []
 
@@ -31,6 +33,7 @@ class ScriptedBroker:
         self.lock_calls.append(wait_ms)
         if wait_ms:
             await self.release_waiters.wait()
+            mqs = [mq for mq in mqs if self.wait_grants is None or mq in self.wait_grants]
         elif not self.grant_now:
             return []
         return [QueueLockGrant(mq, 9, 0, 0, 0) for mq in mqs]
@@ -83,9 +86,9 @@ def test_a_late_grant_for_a_queue_that_came_back_leaves_the_new_owner_s_lock_alo
         broker.grant_now = True
         await own.update("T", {MQ})  # ...and comes back, locked and read by a new OwnedQueue
         assert own.get(MQ).state is QueueState.PULLING and len(hooks.started) == 1
-        waiter = own._lock_waiter
+        waiters = list(own._lock_waiters)
         broker.release_waiters.set()  # the old wait is granted now
-        await asyncio.wait_for(waiter, 5)  # it handled the grant and found nothing left to wait for
+        await asyncio.wait_for(asyncio.gather(*waiters), 5)  # it handled the grant, nothing left to ask
         assert broker.unlocked == []  # the lock is the new owner's: not given up
         assert own.get(MQ).state is QueueState.PULLING
     asyncio.run(scenario())
@@ -104,4 +107,44 @@ def test_a_start_offset_that_cannot_be_read_is_retried_after_a_pause_not_at_once
         await own.stop()
         assert own.get(MQ).state is QueueState.LOCKING
         assert hooks.start_attempts == 1  # the next try waits LOCK_RETRY_DELAY_S (1 s)
+    asyncio.run(scenario())
+
+
+def test_a_wait_that_ended_with_a_queue_we_no_longer_want_asks_again_for_the_rest_at_once():
+    async def scenario():
+        broker, hooks = ScriptedBroker(), Hooks()
+        own = ownership(broker, hooks)
+        await own.update("T", {MQ, MQ1})  # both held elsewhere: one waiting call for the two
+        while broker.lock_calls[-1:] != [5000]:
+            await asyncio.sleep(0)
+        await own.update("T", {MQ1})  # MQ goes to another member meanwhile
+        broker.wait_grants = {MQ}
+        broker.release_waiters.set()  # the wait ends with MQ granted: stale, handed back
+        for _ in range(100):
+            if broker.lock_calls.count(5000) == 2:
+                break
+            await asyncio.sleep(0)
+        await own.stop()
+        assert broker.lock_calls.count(5000) == 2  # MQ1 asked for again at once, not after a pause
+        assert broker.unlocked == [MQ]
+    asyncio.run(scenario())
+
+
+def test_a_queue_that_arrives_during_a_wait_is_asked_for_at_once_not_after_it():
+    async def scenario():
+        broker, hooks = ScriptedBroker(), Hooks()
+        own = ownership(broker, hooks)
+        await own.update("T", {MQ})  # held elsewhere: a waiting call for MQ (up to 5 s)
+        while broker.lock_calls[-1:] != [5000]:
+            await asyncio.sleep(0)
+        await own.update("T", {MQ, MQ1})  # MQ1 arrives, also held elsewhere
+        for _ in range(100):
+            if broker.lock_calls.count(5000) == 2:
+                break
+            await asyncio.sleep(0)
+        assert broker.lock_calls == [0, 5000, 0, 5000]  # its own wait, beside the one under way
+        broker.release_waiters.set()
+        while own.get(MQ1).state is not QueueState.PULLING or own.get(MQ).state is not QueueState.PULLING:
+            await asyncio.sleep(0)
+        await own.stop()
     asyncio.run(scenario())

@@ -1,0 +1,47 @@
+"""GroupMembership against a scripted broker (no gRPC): while a watch is open its pushes are the member
+list; a heartbeat's answer that a push overtook never puts an older list back."""
+
+from __future__ import annotations
+
+import asyncio
+
+from client.consumer.membership import GroupMembership, HeartbeatData
+
+
+class ScriptedBroker:
+    broker_name = "broker-a"
+    address = "127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self.heartbeat_answer = ["c1"]
+        self.pushes: asyncio.Queue[list[str]] = asyncio.Queue()
+
+    async def discover(self):
+        return {self.broker_name: self}
+
+    async def heartbeat(self, **kw) -> list[str]:
+        return list(self.heartbeat_answer)
+
+    async def watch_consumer_ids(self, group, client_id):
+        while True:
+            yield await self.pushes.get()
+
+
+def test_a_heartbeat_answer_overtaken_by_a_push_does_not_put_an_older_list_back():
+    async def scenario():
+        broker = ScriptedBroker()
+        changes = []
+        data = HeartbeatData((("T", "*"),), "CLUSTERING", "CONSUME_PASSIVELY", False, (), "AVG")
+        m = GroupMembership(cluster=broker, group="g", client_id="c1", data=lambda: data,
+                            on_change=lambda: changes.append(1))
+        await m.heartbeat()  # the first answer fills in until the watch has spoken
+        assert m.members("broker-a") == ["c1"]
+        broker.pushes.put_nowait(["c1", "c2"])  # c2 joined: pushed
+        while m.members("broker-a") != ["c1", "c2"]:
+            await asyncio.sleep(0)
+        await m.heartbeat()  # an answer computed before c2 joined, arriving after the push
+        assert m.members("broker-a") == ["c1", "c2"]
+        assert changes == [1]
+        for task in m._watches.values():
+            task.cancel()
+    asyncio.run(scenario())

@@ -21,6 +21,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
+
 from broker.errors import StoreError
 from broker.store.codec import CQ_ENTRY, CQ_ENTRY_SIZE
 from broker.store.flush import DirtySet, FileHandle, FlushJob
@@ -34,6 +36,8 @@ FILE_NAME = re.compile(r"^\d{20}$")
 _TRASH_PREFIX = ".deleted-"  # topic names cannot start with '.', so these never clash
 
 Entry = tuple[int, int, int]  # commit-log offset, size, tags code
+_CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tags", ">i8")])  # CQ_ENTRY as a numpy record
+assert _CQ_DTYPE.itemsize == CQ_ENTRY_SIZE
 
 
 class ConsumeQueue:
@@ -144,11 +148,27 @@ class ConsumeQueue:
 
     def read_entries(self, offset: int, count: int) -> list[Entry]:
         """Up to `count` entries from `offset` (clamped to what the files hold)."""
-        entries: list[Entry] = []
+        return list(CQ_ENTRY.iter_unpack(self._read_raw(offset, count)))
+
+    def read_matching(self, offset: int, count: int, codes: np.ndarray,
+                      min_phys: int) -> tuple[list[tuple[int, int, int]], int]:
+        """Among up to `count` entries from `offset`: (queue offset, commit-log offset, size) of those whose
+        tags code is in `codes` and whose record is still in the commit log (at or past `min_phys`), and
+        how many entries were examined. One vectorised pass: a filtered consumer skips entries by the
+        thousand without a Python object for each."""
+        entries = np.frombuffer(self._read_raw(offset, count), dtype=_CQ_DTYPE)
+        hits = np.flatnonzero(np.isin(entries["tags"], codes) & (entries["phys"] >= min_phys))
+        chosen = entries[hits]
+        matches = list(zip((hits + offset).tolist(), chosen["phys"].tolist(), chosen["size"].tolist(), strict=True))
+        return matches, len(entries)
+
+    def _read_raw(self, offset: int, count: int) -> bytes | memoryview:
+        """The bytes of up to `count` whole entries from `offset`."""
         pos = offset * CQ_ENTRY_SIZE
         if not self._files or pos < self._files[0].start:
-            return entries
+            return b""
         end = min((offset + count) * CQ_ENTRY_SIZE, self._end_byte())
+        parts: list[bytes] = []
         while pos < end:
             handle = self._files[bisect_right(self._starts, pos) - 1]
             n = min(end, handle.end) - pos
@@ -156,11 +176,11 @@ class ConsumeQueue:
                 break
             data = handle.pread(n, pos - handle.start)
             usable = len(data) - len(data) % CQ_ENTRY_SIZE
-            entries.extend(CQ_ENTRY.iter_unpack(memoryview(data)[:usable]))
+            parts.append(data if usable == len(data) else data[:usable])
             if usable < n:
                 break
             pos += n
-        return entries
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def entry_at(self, offset: int) -> Entry | None:
         entries = self.read_entries(offset, 1)

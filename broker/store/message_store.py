@@ -19,8 +19,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from broker.errors import InvalidArgumentError, StoreError
 from broker.store import codec
@@ -451,17 +453,23 @@ class MessageStore:
         limit = min(high, offset + max_scan)
         pos = offset
         full = False
+        codes = None if tags_codes is None else np.fromiter(tags_codes, dtype=np.int64, count=len(tags_codes))
         while pos < limit and not full:
-            entries = queue.read_entries(pos, min(limit - pos, max(max_count - planned, 32), _ENTRY_READ_BATCH))
-            if not entries:
+            if codes is None:
+                entries = queue.read_entries(pos, min(limit - pos, max(max_count - planned, 32), _ENTRY_READ_BATCH))
+                candidates: Iterable[tuple[int, int, int]] = [
+                    (pos + i, phys, size) for i, (phys, size, _) in enumerate(entries) if phys >= commit_log_min]
+                scanned = len(entries)
+            else:  # filtered: the matches of the whole scan window in one vectorised pass
+                candidates, scanned = queue.read_matching(pos, limit - pos, codes, commit_log_min)
+            if not scanned:
                 break
-            for phys, size, tags_code in entries:
+            end = pos + scanned
+            for queue_offset, phys, size in candidates:
                 if planned and (planned >= max_count or nbytes + size > max_bytes):
                     full = True
+                    end = queue_offset  # the first record not taken
                     break
-                pos += 1
-                if phys < commit_log_min or (tags_codes is not None and tags_code not in tags_codes):
-                    continue
                 if phys != run_end:
                     if run_sizes:
                         data, ok = commitlog.read_run(run_start, run_sizes)
@@ -472,6 +480,7 @@ class MessageStore:
                 run_end = phys + size
                 planned += 1
                 nbytes += size
+            pos = end
         if run_sizes:
             data, ok = commitlog.read_run(run_start, run_sizes)
             pieces.append(data)

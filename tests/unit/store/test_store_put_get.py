@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from store_testlib import body_for
 
 from broker.errors import InvalidArgumentError, StoreError
@@ -273,3 +277,44 @@ def test_put_needs_a_running_store(open_store, make_records):
             store.get_messages("T", 0, 0, 1)
 
     asyncio.run(scenario())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(tags=st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=60),
+       wanted=st.sets(st.sampled_from(["a", "b", "c", "d"]), min_size=1),
+       start=st.integers(0, 59), max_count=st.integers(1, 12), max_bytes=st.integers(1, 400),
+       max_scan=st.integers(1, 70))
+def test_filtered_raw_reads_take_exactly_what_a_scan_entry_by_entry_would(
+        open_store, tmp_path, tags, wanted, start, max_count, max_bytes, max_scan):
+    """read_records filters consume-queue entries in one vectorised pass; the reference walks them one by
+    one: the same records (bytes), count and next offset, across consume-queue file boundaries."""
+    records = [MessageRecord("T", 0, f"m{i}".encode() * 3, {"TAGS": t}, tags_code=tag_hash(t))
+               for i, t in enumerate(tags)]
+    codes = frozenset(tag_hash(t) for t in wanted)
+
+    async def scenario():
+        store, _ = open_store(data_dir=Path(tempfile.mkdtemp(dir=tmp_path)))  # a fresh store per example
+        await store.start()
+        await store.put_messages(records)
+        try:
+            got = store.read_records("T", 0, min(start, len(tags)), max_count=max_count, max_bytes=max_bytes,
+                                     tags_codes=codes, max_scan=max_scan)
+            # Reference: entry by entry, the first record always fits, then by count and bytes.
+            pos, taken, nbytes = min(start, len(tags)), [], 0
+            limit = min(len(tags), pos + max_scan)
+            while pos < limit:
+                t = tags[pos]
+                if t in wanted:
+                    size = store.read_records("T", 0, pos, max_count=1, max_bytes=1).data
+                    if taken and (len(taken) >= max_count or nbytes + len(size) > max_bytes):
+                        break
+                    taken.append(size)
+                    nbytes += len(size)
+                pos += 1
+            return got, taken, pos
+        finally:
+            await store.shutdown()
+
+    got, taken, pos = asyncio.run(scenario())
+    assert got.count == len(taken) and got.data == b"".join(taken)
+    assert got.next_offset == pos

@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tidemark-installed
+RUN_STAMP := $(VENV)/.tidemark-run-installed
 PROTO_DIR := proto
 PROTO_SRC := $(wildcard $(PROTO_DIR)/tidemark/v1/*.proto)
 PROTO_STAMP := $(PROTO_DIR)/tidemark/v1/.generated
@@ -10,28 +11,36 @@ DATA_DIR ?= ./data
 PORT ?= 10911
 PYTEST_ARGS ?=
 
-.PHONY: setup gen run test lint bench bench-client demo clean
+.PHONY: setup gen run test lint bench bench-client demo images clean
 
 setup: $(STAMP) $(PROTO_STAMP)
 
-$(STAMP): pyproject.toml
+# The broker's own dependencies and the code generator: all that `make run` needs.
+$(RUN_STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[build]'
+	touch $@
+
+# Everything: the Spark connector, tests, benchmarks.
+$(STAMP): $(RUN_STAMP)
+	$(PY) -m pip install --quiet -e '.[build,spark,dev]'
 	touch $@
 
 gen: $(PROTO_STAMP)
 
-$(PROTO_STAMP): $(PROTO_SRC) $(STAMP)
+$(PROTO_STAMP): $(PROTO_SRC) $(RUN_STAMP)
 	$(PY) -m grpc_tools.protoc -I $(PROTO_DIR) \
 		--python_out=$(PROTO_DIR) --pyi_out=$(PROTO_DIR) --grpc_python_out=$(PROTO_DIR) \
 		$(PROTO_SRC)
 	touch $@
 
-run: setup
+run: $(RUN_STAMP) $(PROTO_STAMP)
 	$(VENV)/bin/tidemark broker --data-dir $(DATA_DIR) --port $(PORT)
 
+# tests/containers/ need a container engine: installed here when run as root (CI), else they skip.
 test: setup
+	$(PY) tools/container_engine.py install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup
@@ -43,6 +52,10 @@ bench: setup
 bench-client: setup
 	$(PY) -m bench.client_e2e
 	$(PY) -m bench.rebalance
+
+# The broker and Spark images (Dockerfile), from a wheelhouse built here; see tools/images.py.
+images: $(RUN_STAMP) $(PROTO_STAMP)
+	$(PY) tools/images.py $(IMAGES_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

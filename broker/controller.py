@@ -167,7 +167,11 @@ class BrokerController:
             raise failed
 
     async def _persist_offsets_now(self) -> None:
-        await asyncio.to_thread(self.offsets.persist_now)
+        report = await asyncio.to_thread(self.offsets.persist_now)
+        if report is not None:
+            log.info("consumer offsets flushed",
+                     event="offsets_flushed", entries=report.entries, bytes=report.size_bytes,
+                     duration_s=round(report.duration_s, 4))
 
     async def _persist_offsets(self) -> None:
         report = await self.offsets.persist_if_dirty()

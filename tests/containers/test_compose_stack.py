@@ -1,0 +1,162 @@
+"""The shipped stack in a real container engine: images built as `make images` builds them,
+docker-compose.yml brought up as it is, the example pipeline's job run to its exit, then a graceful
+stop and a second start on the same volumes.
+
+Only the brokers' and Spark UI's ports are published, on 127.0.0.1 at ports Docker picks; the
+stack's own traffic stays on the network compose creates. Containers, network and volumes are
+removed at the end (the images stay, for the next run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from client import Admin
+
+ROOT = Path(__file__).resolve().parents[2]
+PROJECT = f"tidemark-test-{os.getpid()}"
+BROKERS = ("broker-a", "broker-b")
+# Empty: Docker picks the host port (the file publishes on 127.0.0.1 only).
+PUBLISH = {name: "" for name in ("BROKER_A_PORT", "BROKER_B_PORT", "BROKER_A_METRICS_PORT",
+                                 "BROKER_B_METRICS_PORT", "SPARK_UI_PORT")}
+GROUP, TOPIC = "demo-pipeline", "demo-events"
+
+pytestmark = pytest.mark.timeout(1800)
+
+
+def compose(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    done = subprocess.run(["docker-compose", "--project-name", PROJECT, "--file", str(ROOT / "docker-compose.yml"),
+                           *args], cwd=ROOT, env={**os.environ, **PUBLISH}, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, f"docker-compose {' '.join(args)}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+def docker(*args: str, timeout: float = 120) -> str:
+    done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"docker {' '.join(args)}: {done.stderr[-2000:]}"
+    return done.stdout.strip()
+
+
+def logs(container_id: str) -> str:
+    """A container's output, stdout and stderr together (the broker logs to stderr)."""
+    return subprocess.run(["docker", "logs", container_id], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=60).stdout
+
+
+def container(service: str) -> str:
+    return compose("ps", "-q", service).stdout.strip()
+
+
+def state(service: str) -> dict:
+    return json.loads(docker("inspect", "--format", "{{json .State}}", container(service)))
+
+
+def brokers_address() -> str:
+    return ",".join(compose("port", name, "10911").stdout.strip() for name in BROKERS)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out after {timeout:.0f} s waiting for {what}"
+        time.sleep(0.5)
+
+
+def healthy(service: str) -> bool:
+    return state(service).get("Health", {}).get("Status") == "healthy"
+
+
+def snapshot(address: str) -> dict:
+    """Topics, every queue's offsets, the group's committed offsets and one message per queue."""
+    with Admin(brokers=address) as admin:
+        queues = admin.fetch_message_queues(TOPIC)
+        offsets = admin.offsets(queues)
+        committed = {(s.queue.broker_name, s.queue.queue_id): s.consumer_offset for s in admin.consume_stats(GROUP)}
+        first = {(mq.broker_name, mq.queue_id): admin.view_message(mq, lo).body
+                 for mq, (lo, hi) in offsets.items() if hi > lo}
+        return {"topics": sorted(admin.list_topics()),
+                "offsets": {(mq.broker_name, mq.queue_id): span for mq, span in offsets.items()},
+                "committed": committed, "first": first}
+
+
+@pytest.fixture(scope="module")
+def images(docker_engine, tmp_path_factory) -> dict:
+    """tools/images.py, as `make images` runs it: sizes and build times."""
+    out = tmp_path_factory.mktemp("images") / "images.json"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "images.py"), "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, f"make images failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    summary = json.loads(out.read_text())
+    summary["total_s"] = round(time.monotonic() - started, 1)
+    print(f"\nimages: {json.dumps(summary)}")
+    return summary
+
+
+@pytest.fixture(scope="module")
+def stack(images):
+    """The whole stack up; the job's exit code and how long it took from `up`."""
+    started = time.monotonic()
+    try:
+        compose("up", "--detach", "--no-build")
+        job = container("job")
+        code = int(docker("wait", job, timeout=900))
+        elapsed = time.monotonic() - started
+        print(f"\nstack: job exited {code} {elapsed:.0f} s after `up`")
+        yield {"job_exit": code, "job_s": elapsed, "job_log": logs(job)}
+    finally:
+        subprocess.run(["docker-compose", "--project-name", PROJECT, "--file", str(ROOT / "docker-compose.yml"),
+                        "down", "--volumes", "--remove-orphans", "--timeout", "30"], cwd=ROOT,
+                       env={**os.environ, **PUBLISH}, capture_output=True, timeout=300)
+
+
+def test_the_broker_image_holds_only_the_broker_and_runs_as_non_root(images):
+    assert images["broker"]["bytes"] < 250e6, images
+    image = images["broker"]["tag"]
+    assert docker("image", "inspect", "--format", "{{.Config.User}}", image) == "tidemark"
+    present = docker("run", "--rm", "--entrypoint", "python", image, "-c",
+                     "import importlib.util as u; print(','.join(n for n in ('pyspark', 'pyarrow', 'grpc_tools', "
+                     "'pip') if u.find_spec(n)))")
+    assert present == "", f"the broker image carries {present}"
+
+
+def test_the_job_runs_the_pipeline_and_exits_0(stack):
+    assert stack["job_exit"] == 0, stack["job_log"][-5000:]
+    assert "total lag 0" in stack["job_log"]
+
+
+def test_the_group_has_lag_0_across_both_brokers_through_the_published_ports(stack):
+    with Admin(brokers=brokers_address()) as admin:
+        stats = admin.consume_stats(GROUP, TOPIC)
+    assert {s.queue.broker_name for s in stats} == set(BROKERS), "the topic should span both brokers"
+    assert sum(s.max_offset for s in stats) == 2000 and sum(s.lag for s in stats) == 0
+
+
+def test_both_brokers_report_healthy(stack):
+    for name in BROKERS:
+        wait_for(lambda n=name: healthy(n), 60, f"{name} healthy")
+
+
+def test_stop_is_graceful_and_a_new_start_keeps_topics_messages_and_offsets(stack):
+    before = snapshot(brokers_address())
+    compose("stop", timeout=300)
+    for service in (*BROKERS, "spark-master", "spark-worker"):
+        s = state(service)
+        assert not s["Running"] and not s["OOMKilled"], (service, s)
+        # 0: a broker's own graceful exit; 143: the JVM's exit on SIGTERM. 137 would be SIGKILL after the grace.
+        assert s["ExitCode"] == (0 if service in BROKERS else 143), (service, s)
+    for name in BROKERS:
+        log = logs(container(name))
+        assert "event=offsets_flushed" in log and "event=broker_stop" in log, log[-2000:]
+    compose("up", "--detach", "--no-build", *BROKERS)
+    for name in BROKERS:
+        wait_for(lambda n=name: healthy(n), 90, f"{name} healthy again")
+    assert snapshot(brokers_address()) == before

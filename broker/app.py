@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import signal
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from broker.errors import BrokerError
 from tidemark.logs import get_logger, setup_logging
 
 log = get_logger("tidemark.broker")
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -23,6 +25,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
+class StopFailedError(BrokerError):
+    """The broker served, but could not persist everything while stopping (e.g. a full disk)."""
+
+
 async def _serve(config: broker_config.BrokerConfig) -> None:
     from broker.server import BrokerServer
 
@@ -31,12 +37,30 @@ async def _serve(config: broker_config.BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    started = False
     try:
         await server.start()
+        started = True
         await stop.wait()
         log.info("shutdown requested", event="broker_stopping")
     finally:
-        await server.stop()
+        try:
+            await server.stop()
+        except BrokerError as e:
+            if not started:
+                raise
+            raise StopFailedError(f"stopped with an error: {e}") from e
+
+
+def _return_large_buffers_to_the_os() -> None:
+    """Serve buffers of 256 KiB and more from mmap, so memory taken by a burst of big requests goes
+    back to the OS when they are done (glibc would otherwise raise its threshold as big blocks are
+    freed and keep them in the heap). A no-op where glibc's mallopt is not available."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(M_MMAP_THRESHOLD, 256 * 1024)
+    except (OSError, AttributeError):
+        pass
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(broker_config.render(config))
         return 0
     setup_logging(config.log_level, config.log_format)
+    _return_large_buffers_to_the_os()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
@@ -58,6 +83,10 @@ def run(args: argparse.Namespace) -> int:
             uvloop.run(_serve(config))
         else:
             asyncio.run(_serve(config))
+    except StopFailedError as e:
+        log.error("broker stop failed", event="broker_stop_failed", error=e.__cause__)
+        print(f"tidemark broker: {e}", file=sys.stderr)
+        return 1
     except BrokerError as e:
         log.error("broker cannot start", event="broker_start_failed", error=e)
         print(f"tidemark broker: {e}", file=sys.stderr)

@@ -20,6 +20,8 @@ from typing import Any
 from tidemark.protocol import DEFAULT_DELAY_LEVELS, DEFAULT_PORT, parse_delay_levels
 
 ENV_PREFIX = "TIDEMARK_"
+# What a request adds around its messages: protobuf framing, topic, properties of a batch.
+REQUEST_OVERHEAD_BYTES = 64 * 1024
 
 
 class FlushDiskType(enum.Enum):
@@ -44,7 +46,13 @@ class BrokerConfig:
     flush_interval_ms: int = _setting(500, "Async flush interval of the commitlog")
     commitlog_segment_size: int = _setting(64 * 1024 * 1024, "Bytes per commitlog segment file")
     consume_queue_entries_per_file: int = _setting(300_000, "20-byte entries per consume queue file")
+    max_open_consume_queue_files: int = _setting(512, "Consume queue files kept open at once (least recently "
+                                                 "used closed first); keep well under ulimit -n")
     max_message_size: int = _setting(4 * 1024 * 1024, "Largest accepted message (body + properties)")
+    max_request_bytes: int = _setting(0, "Largest request accepted, e.g. a batch of sends "
+                                      "(0: max_message_size + 64 KiB, so a batch holds at most max_message_size)")
+    max_inflight_request_bytes: int = _setting(64 * 1024 * 1024, "Request bytes held at once across all calls; "
+                                               "more is refused (unary) or waits (streams)")
     file_reserved_hours: float = _setting(72.0, "Commitlog retention before segments may be deleted")
     auto_create_topic: bool = _setting(False, "Create unknown topics on first send")
     default_topic_queue_nums: int = _setting(4, "Queues of an auto-created topic")
@@ -75,6 +83,12 @@ class BrokerConfig:
         return parse_delay_levels(self.delay_levels)
 
     @property
+    def request_limit_bytes(self) -> int:
+        """gRPC's receive limit: max_request_bytes, or one max_message_size of messages plus framing
+        (RocketMQ's rule: a batch is at most maxMessageSize)."""
+        return self.max_request_bytes or self.max_message_size + REQUEST_OVERHEAD_BYTES
+
+    @property
     def config_dir(self) -> Path:
         return Path(self.data_dir) / "config"
 
@@ -86,9 +100,17 @@ def _problems(c: BrokerConfig):
         yield f"broker_name must be non-empty without spaces, got {c.broker_name!r}"
     for name in ("flush_interval_ms", "flush_consumer_offset_interval_ms", "channel_expired_timeout_ms",
                  "lock_expiry_ms", "commitlog_segment_size", "consume_queue_entries_per_file",
+                 "max_open_consume_queue_files",
                  "max_message_size", "default_topic_queue_nums", "retry_queue_nums"):
         if getattr(c, name) <= 0:
             yield f"{name} must be > 0, got {getattr(c, name)}"
+    if c.max_request_bytes < 0:
+        yield f"max_request_bytes must be >= 0, got {c.max_request_bytes}"
+    elif c.max_request_bytes and c.max_request_bytes < c.max_message_size + REQUEST_OVERHEAD_BYTES:
+        yield (f"max_request_bytes ({c.max_request_bytes}) must leave room for one message of max_message_size "
+               f"({c.max_message_size}) plus {REQUEST_OVERHEAD_BYTES} bytes of framing")
+    if c.max_inflight_request_bytes <= 0:
+        yield f"max_inflight_request_bytes must be > 0, got {c.max_inflight_request_bytes}"
     if c.max_reconsume_times < 0:
         yield f"max_reconsume_times must be >= 0, got {c.max_reconsume_times}"
     if c.file_reserved_hours < 0:

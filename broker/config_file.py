@@ -9,6 +9,7 @@ file is unreadable and no good backup exists.
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import logging
 from collections.abc import Callable
@@ -66,13 +67,21 @@ def save_json(path: Path, doc: dict[str, Any]) -> None:
 class ConfigFile:
     """One config file whose writes happen in a worker thread, never on the event loop.
 
-    The owner calls `changed()` after each in-memory change; a writer task then
-    renders the current document on the loop (a cheap snapshot) and writes it
-    atomically in a thread, again until nothing changed meanwhile: a burst of
-    changes costs one or two writes. `flush()` waits until every change made so
-    far is on disk; request handlers await it before they answer, so an
+    The owner calls `changed(undo)` after each in-memory change; a writer task
+    then renders the current document on the loop (a cheap snapshot) and writes
+    it atomically in a thread, again until nothing changed meanwhile: a burst
+    of changes costs one or two writes. `flush()` waits until every change made
+    so far is on disk; request handlers await it before they answer, so an
     acknowledged change is durable. Without a running loop (load, tests of the
     managers alone) changes are written at once.
+
+    When a write fails (a full disk) `flush()` raises StoreError (UNAVAILABLE:
+    "disk full: ... retry later") and first rolls back, through the `undo`
+    callables, every change not yet written: the caller was told its change
+    did not happen, so it must not be visible either. Each flush gets a fresh
+    write attempt, and `retry()` (a broker timer) rewrites a file left dirty,
+    so nothing latches. `on_state(ok, reason)` and one log line mark each
+    change between writable and failing, not each failed attempt.
     """
 
     def __init__(self, path: Path, render: Callable[[], dict[str, Any]]) -> None:
@@ -82,13 +91,20 @@ class ConfigFile:
         self._written = 0
         self._writer: asyncio.Task | None = None
         self._written_event: asyncio.Event | None = None
-        self._failure: BaseException | None = None
+        self._failure: OSError | None = None
+        self._undo: list[tuple[int, Callable[[], None]]] = []  # (version, undo) of unwritten changes
+        self.on_state: Callable[[bool, str], None] | None = None
 
     @property
     def dirty(self) -> bool:
         return self._written != self._version
 
-    def changed(self) -> None:
+    @property
+    def failing(self) -> bool:
+        """Whether the last write attempt failed."""
+        return self._failure is not None
+
+    def changed(self, undo: Callable[[], None] | None = None) -> None:
         self._version += 1
         try:
             loop = asyncio.get_running_loop()
@@ -96,22 +112,43 @@ class ConfigFile:
             save_json(self.path, self._render())
             self._written = self._version
             return
+        if undo is not None:
+            self._undo.append((self._version, undo))
         if self._writer is None or self._writer.done():
             self._writer = loop.create_task(self._write(), name=f"write:{self.path.name}")
 
+    def retry(self) -> None:
+        """Start a write if the file is behind or the last write failed, and none is under way (a timer
+        calls this: a failing file is rewritten until a write works, which ends the failing state)."""
+        if (self.dirty or self.failing) and (self._writer is None or self._writer.done()):
+            self._writer = asyncio.get_running_loop().create_task(self._write(), name=f"write:{self.path.name}")
+
     async def _write(self) -> None:
-        while self._written != self._version:
+        while self.dirty or self._failure is not None:
             version, doc = self._version, self._render()
             try:
                 await asyncio.to_thread(save_json, self.path, doc)
             except OSError as e:
-                self._failure = e
-                log.error("config file write failed", event="config_write_failed", file=self.path, error=e)
+                self._set_failure(e)
                 self._signal()
                 return
-            self._failure = None
+            self._set_failure(None)
             self._written = version
+            self._undo = [(v, undo) for v, undo in self._undo if v > version]
             self._signal()
+
+    def _set_failure(self, error: OSError | None) -> None:
+        was_failing, self._failure = self._failure is not None, error
+        if (error is not None) == was_failing:
+            return
+        reason = _describe(error) if error is not None else ""
+        if error is not None:
+            log.error("config file cannot be written: %s; changes are refused until it can", reason,
+                      event="config_write_failed", file=self.path, error=error)
+        else:
+            log.info("config file written again", event="config_write_recovered", file=self.path)
+        if self.on_state is not None:
+            self.on_state(error is None, reason)
 
     def _signal(self) -> None:
         if self._written_event is not None:
@@ -119,12 +156,38 @@ class ConfigFile:
             self._written_event = None
 
     async def flush(self) -> None:
-        """Wait until every change so far is written; StoreError if the write failed."""
+        """Wait until every change so far is written; StoreError (after a rollback) if the write failed."""
+        attempted = False
         while self.dirty:
             if self._writer is None or self._writer.done():
-                if self._failure is not None:
-                    raise StoreError(f"cannot write {self.path.name}: {self._failure}") from None
+                if attempted and self._failure is not None:
+                    self._roll_back()
+                    raise StoreError(f"{_describe(self._failure)}: cannot write {self.path.name}; the change "
+                                     "was not applied, retry later") from None
                 self._writer = asyncio.get_running_loop().create_task(self._write())
+            attempted = True
             if self._written_event is None:
                 self._written_event = asyncio.Event()
             await self._written_event.wait()
+
+    def _roll_back(self) -> None:
+        """Undo the unwritten changes, newest first.
+
+        When every one of them had an undo, memory is back to the last written
+        document and the file is clean again; a dirty file would make every
+        later request (reads included: the rpc layer flushes after each) fail
+        while the disk stays full. Known gap: a write that failed after its
+        rename (fsync of the directory) did put the change on disk.
+        """
+        undo, self._undo = self._undo, []
+        for _version, fn in reversed(undo):
+            fn()
+        if len(undo) == self._version - self._written:
+            self._written = self._version
+        else:
+            self._version += 1  # something without an undo: memory differs from the file, rewrite it
+
+
+def _describe(error: OSError) -> str:
+    kind = "disk full" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "disk I/O error"
+    return f"{kind} ({error.strerror or error})"

@@ -18,6 +18,7 @@ from broker.epoch import EpochSequence
 from broker.errors import BrokerError, FailedPreconditionError, NotFoundError, PermissionDeniedError
 from broker.fetch import FetchSession
 from broker.groups import SubscriptionGroupManager, check_group
+from broker.health import CONFIG_FILES, CONSUMER_OFFSETS, STORE, PersistenceHealth
 from broker.locks import LockGrant, QueueLockManager
 from broker.long_polling import PullRequestHoldService
 from broker.metrics import BrokerMetrics, StateSnapshot
@@ -30,6 +31,7 @@ from broker.retry import SendBackService
 from broker.schedule import ScheduleMessageService
 from broker.send import SendService
 from broker.store import FlushMode, MessageStore, StoreConfig
+from broker.store.writability import WriteState, describe
 from broker.topics import TopicConfigManager
 from tidemark.logs import get_logger
 from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator, retry_topic
@@ -81,6 +83,7 @@ class BrokerController:
             data_dir=config.data_dir,
             commitlog_segment_size=config.commitlog_segment_size,
             consume_queue_entries_per_file=config.consume_queue_entries_per_file,
+            max_open_consume_queue_files=config.max_open_consume_queue_files,
             flush_mode=FlushMode.SYNC if config.flush is FlushDiskType.SYNC else FlushMode.ASYNC,
             flush_interval_ms=config.flush_interval_ms,
             max_message_size=config.max_message_size,
@@ -112,6 +115,10 @@ class BrokerController:
                                          clock_ms=self.clock_ms)
         self.queries = MessageQueries(store=self.store, topics=self.topics)
         self.metrics = BrokerMetrics()
+        # Sends, config changes and the offset timer report disk trouble here; the server maps it to health.
+        self.persistence = PersistenceHealth(self.metrics)
+        self.store.guard.add_listener(self._on_store_write_state)
+        self.topics.file.on_state = self.groups.file.on_state = self._on_config_file_state
         self.consumers = ConsumerManager(expiry_ms=config.channel_expired_timeout_ms,
                                          watch_grace_ms=config.watch_grace_ms, clock_ms=self.clock_ms,
                                          on_leave=self._on_consumer_leave,
@@ -137,6 +144,7 @@ class BrokerController:
         s.every("persist-consumer-offsets", self.config.flush_consumer_offset_interval_ms / 1000,
                 self._persist_offsets)
         s.every("scan-consumers", 1.0, self.consumers.scan)
+        s.every("retry-config-files", 1.0, self._retry_config_files)
         s.every("expire-queue-locks", 1.0, self._expire_locks)
         s.every("delete-expired-commitlog", RETENTION_CHECK_INTERVAL_S, self.store.delete_expired_segments)
         await s.start()
@@ -174,7 +182,20 @@ class BrokerController:
                      duration_s=round(report.duration_s, 4))
 
     async def _persist_offsets(self) -> None:
-        report = await self.offsets.persist_if_dirty()
+        """The offset timer's job. A failed write (a full disk) keeps the table dirty, so the next tick
+        retries it; the failure is logged once, and shown as a metric and in health, until one works."""
+        try:
+            report = await self.offsets.persist_if_dirty()
+        except Exception as e:
+            if CONSUMER_OFFSETS not in self.persistence.failing_parts():
+                log.error("consumer offsets cannot be persisted: %s; retrying every %.0f s", describe(e),
+                          self.config.flush_consumer_offset_interval_ms / 1000,
+                          event="offsets_persist_failed", error=e)
+            self.persistence.failing(CONSUMER_OFFSETS, describe(e))
+            return
+        if CONSUMER_OFFSETS in self.persistence.failing_parts():
+            log.info("consumer offsets persisted again", event="offsets_persist_recovered")
+            self.persistence.ok(CONSUMER_OFFSETS)
         if report is not None:
             self.metrics.offset_flush_seconds.observe(report.duration_s)
             self.metrics.offset_file_bytes.set(report.size_bytes)
@@ -295,6 +316,23 @@ class BrokerController:
             log.info("queue locks released",
                      event="lock_release", group=group, client_id=client_id, queues=len(released))
 
+    def _on_store_write_state(self, state: WriteState, reason: str) -> None:
+        if state is WriteState.WRITABLE:
+            self.persistence.ok(STORE)
+        else:
+            self.persistence.failing(STORE, reason)
+
+    def _on_config_file_state(self, ok: bool, reason: str) -> None:
+        files = (self.topics.file, self.groups.file)
+        if not any(f.failing for f in files):
+            self.persistence.ok(CONFIG_FILES)
+        elif not ok:
+            self.persistence.failing(CONFIG_FILES, reason)
+
+    def _retry_config_files(self) -> None:
+        self.topics.file.retry()
+        self.groups.file.retry()
+
     async def flush_configs(self) -> None:
         """Wait until topics.json and subscriptionGroup.json hold every change made so far."""
         await self.topics.file.flush()
@@ -306,6 +344,7 @@ class BrokerController:
 
     async def delete_topic(self, name: str) -> None:
         self.topics.delete(name)
+        await self.topics.file.flush()  # a deletion topics.json cannot record is undone before data goes
         await self.store.delete_topic(name)
         removed = self.offsets.clean_topic(name)
         self.locks.forget_topic(name)

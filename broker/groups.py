@@ -56,8 +56,18 @@ class SubscriptionGroupManager:
                 log.warning("skipping malformed group entry", event="group_skip", group=name)
         return len(self._groups)
 
-    def _save(self) -> None:
-        self.file.changed()
+    def _save(self, group: str, before: GroupConfig | None) -> None:
+        """Persist; when subscriptionGroup.json cannot be written the change is undone (see ConfigFile)."""
+        after = self._groups.get(group)
+
+        def undo() -> None:
+            if self._groups.get(group) is after:
+                if before is None:
+                    self._groups.pop(group, None)
+                else:
+                    self._groups[group] = before
+
+        self.file.changed(undo)
 
     def _document(self) -> dict:
         return {"subscriptionGroupTable": {
@@ -82,27 +92,30 @@ class SubscriptionGroupManager:
         check_group(group)
         config = replace(self._defaults, group=group)
         self._groups[group] = config
-        self._save()
+        self._save(group, None)
         log.info("group config created", event="group_create", group=group)
         return config
 
     def update(self, group: str, **changes: object) -> GroupConfig:
-        config = self.ensure(group)
+        """Change a group's settings (creating its config first); every value is checked before anything changes."""
+        check_group(group)
         clean = {k: v for k, v in changes.items() if v is not None}
         for key in ("retry_queue_nums",):
             if key in clean and not 1 <= int(clean[key]) <= 64:
                 raise InvalidArgumentError(f"{key} must be between 1 and 64, got {clean[key]}")
         if "retry_max_times" in clean and int(clean["retry_max_times"]) < 0:
             raise InvalidArgumentError(f"retry_max_times must be >= 0, got {clean['retry_max_times']}")
-        config = replace(config, **clean)
+        before = self._groups.get(group)
+        config = replace(self.ensure(group), **clean)
         self._groups[group] = config
-        self._save()
+        self._save(group, before)
         return config
 
     def delete(self, group: str) -> None:
-        if self._groups.pop(group, None) is None:
+        before = self._groups.pop(group, None)
+        if before is None:
             raise NotFoundError(f"group {group!r} has no config on this broker")
-        self._save()
+        self._save(group, before)
 
     def groups(self) -> list[str]:
         return sorted(self._groups)

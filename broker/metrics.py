@@ -59,6 +59,12 @@ class BrokerMetrics:
         self.retries = Counter(f"{PREFIX}_retries", "Messages sent back for retry, by group", ["group"], registry=r)
         self.dlq = Counter(f"{PREFIX}_dlq_messages", "Messages moved to a dead-letter queue, by group", ["group"],
                            registry=r)
+        self.persistence_failing = Gauge(f"{PREFIX}_persistence_failing",
+                                         "1 while a part of the broker cannot write to disk (store: sends refused; "
+                                         "config_files; consumer_offsets), else 0", ["part"], registry=r)
+        self.persistence_failures = Counter(f"{PREFIX}_persistence_failures",
+                                            "Times a part of the broker started failing to write to disk", ["part"],
+                                            registry=r)
 
 
 @dataclass

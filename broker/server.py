@@ -11,8 +11,10 @@ from grpc_reflection.v1alpha import reflection
 
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
+from broker.datadir import DataDirLock
 from broker.metrics import BrokerStateCollector, serve
 from broker.services.admin import AdminServicer
+from broker.services.intake import RequestBudget, RequestIntake
 from broker.services.membership import MembershipServicer
 from broker.services.messaging import MessagingServicer
 from broker.services.offsets import OffsetServicer
@@ -30,8 +32,8 @@ from tidemark.v1 import (
 
 log = get_logger("tidemark.broker")
 
-# Room for a batch of 4 MiB messages or a pull response of many messages.
-MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+# Room for a pull response of many messages; requests are limited by the config (max_request_bytes).
+MAX_GRPC_SEND_BYTES = 64 * 1024 * 1024
 SERVICE_NAMES = tuple(
     module.DESCRIPTOR.services_by_name[name].full_name
     for module, name in ((messaging_pb2, "MessagingService"), (offsets_pb2, "OffsetService"),
@@ -46,10 +48,17 @@ class BrokerServer:
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
+        # SERVING only while started, not stopping, and every part can write to disk (broker/health.py).
+        self._serving = False
+        self._health_updates: set[asyncio.Task] = set()
+        self.controller.persistence.add_listener(self._on_persistence_health)
         self._metrics_server = None
+        self._data_dir_lock = DataDirLock(config.data_dir)
 
     async def start(self) -> int:
-        """Recover, then serve; returns the bound port. Health turns SERVING once everything is up."""
+        """Lock the data dir, recover, then serve; returns the bound port. Health turns SERVING once
+        everything is up. DataDirLockedError when another broker has the data dir."""
+        self._data_dir_lock.acquire()
         report = self.controller.load()
         r = report.recovery
         log.info("store recovered",
@@ -60,9 +69,10 @@ class BrokerServer:
         log.info("consumer offsets loaded",
                  event="offsets_loaded", source=o.source.value, file=o.path, entries=o.entries,
                  skipped=len(o.skipped))
-        server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
+        self.intake = RequestIntake(RequestBudget(self.config.max_inflight_request_bytes))
+        server = grpc.aio.server(interceptors=[self.intake], options=[
+            ("grpc.max_receive_message_length", self.config.request_limit_bytes),
+            ("grpc.max_send_message_length", MAX_GRPC_SEND_BYTES),
             ("grpc.so_reuseport", 0),
         ])
         messaging_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self.controller), server)
@@ -87,7 +97,8 @@ class BrokerServer:
             collector = BrokerStateCollector(asyncio.get_running_loop(), self.controller.snapshot)
             self._metrics_server = serve(self.controller.metrics, collector, self.config.host, self.config.metrics_port)
             log.info("metrics served", event="metrics_ready", host=self.config.host, port=self.config.metrics_port)
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._serving = True
+        await self._publish_health()
         log.info("broker ready",
                  event="broker_ready", broker=self.config.broker_name, host=self.config.host, port=self.port,
                  data_dir=self.config.data_dir, flush=self.config.flush.value)
@@ -97,8 +108,22 @@ class BrokerServer:
         for name in ("", *SERVICE_NAMES):
             await self._health.set(name, status)
 
+    def _on_persistence_health(self, _healthy: bool) -> None:
+        if self._serving:
+            task = asyncio.get_running_loop().create_task(self._publish_health())
+            self._health_updates.add(task)
+            task.add_done_callback(self._health_updates.discard)
+
+    async def _publish_health(self) -> None:
+        """Set every service to what the broker is now (read per service: a later change wins)."""
+        for name in ("", *SERVICE_NAMES):
+            ok = self._serving and self.controller.persistence.healthy
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING if ok
+                                   else health_pb2.HealthCheckResponse.NOT_SERVING)
+
     async def stop(self, grace_s: float = 3.0) -> None:
         """Stop accepting calls, let in-flight ones finish (bounded), then flush offsets and store."""
+        self._serving = False
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
@@ -107,5 +132,9 @@ class BrokerServer:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
-        await self.controller.shutdown()
+        if self._data_dir_lock.held:
+            try:
+                await self.controller.shutdown()
+            finally:
+                self._data_dir_lock.release()
         log.info("broker stopped", event="broker_stop", broker=self.config.broker_name)

@@ -1,4 +1,9 @@
-"""TopicConfigManager: the topics a broker serves, persisted in config/topics.json."""
+"""TopicConfigManager: the topics a broker serves, persisted in config/topics.json.
+
+Every change hands ConfigFile an undo: when topics.json cannot be written the
+caller gets UNAVAILABLE and the table goes back to what the file holds, so a
+topic the caller was told was not created does not take sends anyway.
+"""
 
 from __future__ import annotations
 
@@ -72,8 +77,17 @@ class TopicConfigManager:
                 log.warning("skipping malformed topic entry", event="topic_skip", topic=name)
         return len(self._topics)
 
-    def _save(self) -> None:
-        self.file.changed()
+    def _save(self, name: str, before: TopicConfig | None) -> None:
+        after = self._topics.get(name)
+
+        def undo() -> None:
+            if self._topics.get(name) is after:  # nobody changed it since
+                if before is None:
+                    self._topics.pop(name, None)
+                else:
+                    self._topics[name] = before
+
+        self.file.changed(undo)
 
     def _document(self) -> dict:
         return {"topicConfigTable": {
@@ -109,7 +123,7 @@ class TopicConfigManager:
             raise AlreadyExistsError(f"topic {name!r} already exists")
         topic = TopicConfig(name=name, read_queue_nums=queue_nums, write_queue_nums=queue_nums)
         self._topics[name] = topic
-        self._save()
+        self._save(name, None)
         log.info("topic created", event="topic_create", topic=name, queues=queue_nums)
         return topic
 
@@ -132,9 +146,9 @@ class TopicConfigManager:
             changes["readable"] = readable
         if writable is not None:
             changes["writable"] = writable
-        topic = replace(topic, **changes)
+        before, topic = topic, replace(topic, **changes)
         self._topics[name] = topic
-        self._save()
+        self._save(name, before)
         log.info("topic updated",
                  event="topic_update", topic=name, read=topic.read_queue_nums, write=topic.write_queue_nums,
                  perm=topic.perm)
@@ -145,6 +159,6 @@ class TopicConfigManager:
         if name == SCHEDULE_TOPIC:
             raise InvalidArgumentError(f"topic {name!r} is the broker's schedule topic and cannot be deleted")
         del self._topics[name]
-        self._save()
+        self._save(name, topic)
         log.info("topic deleted", event="topic_delete", topic=name)
         return topic

@@ -107,6 +107,9 @@ def from_rpc_error(error: grpc.RpcError, *, address: str = "") -> TidemarkError:
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else None) or str(code)
     cls = _BY_STATUS.get(code, InternalError)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
+        # gRPC's own size check (the broker's max_request_bytes): sending it again cannot help.
+        cls = InvalidArgumentError
     trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
     for key, value in trailing or ():
         if key == ERROR_CLASS_KEY and value in _BY_BROKER_CLASS:

@@ -155,20 +155,21 @@ class OffsetCommitService:
         """Apply commits in order; a rejected one is reported, the rest still apply."""
         applied = rejected = 0
         rejections: list[Rejection] = []
-        for c in commits:
-            try:
-                self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
-                applied += 1
-                continue
-            except FencedError as e:
-                reason, message = RejectReason.FENCED, str(e)
-            except StaleResetGenerationError as e:
-                reason, message = RejectReason.STALE_RESET_GENERATION, str(e)
-            except BrokerError as e:
-                reason, message = RejectReason.INVALID, str(e)
-            rejected += 1
-            if len(rejections) < MAX_REPORTED_REJECTIONS:
-                rejections.append(Rejection(c, reason, message))
+        with self._offsets.batch():  # the batch's changes reach the offset journal in one write
+            for c in commits:
+                try:
+                    self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+                    applied += 1
+                    continue
+                except FencedError as e:
+                    reason, message = RejectReason.FENCED, str(e)
+                except StaleResetGenerationError as e:
+                    reason, message = RejectReason.STALE_RESET_GENERATION, str(e)
+                except BrokerError as e:
+                    reason, message = RejectReason.INVALID, str(e)
+                rejected += 1
+                if len(rejections) < MAX_REPORTED_REJECTIONS:
+                    rejections.append(Rejection(c, reason, message))
         return BatchResult(applied, rejected, rejections)
 
     def query(self, group: str, topic: str, queue_id: int) -> tuple[int, int]:
@@ -189,8 +190,10 @@ class OffsetCommitService:
         changes = [self._reset_one(group, topic_name, q, target) for q in queue_ids]
         if not dry_run:
             self._groups.ensure(group)
+            with self._offsets.batch():
+                for change in changes:
+                    self._offsets.reset(group, topic_name, change.queue_id, change.new_offset)
             for change in changes:
-                self._offsets.reset(group, topic_name, change.queue_id, change.new_offset)
                 self._on_reset(topic_name, change.queue_id)
             log.info("offsets reset",
                      event="offset_reset", group=group, topic=topic_name, target=target.kind.value,

@@ -7,7 +7,8 @@ committer's owner epoch and the reset generation it last saw, so a consumer
 that lost its queue, or that has not yet seen an admin reset, cannot move the
 offset.
 
-Fencing state (reset generation, last fenced commit) lives in memory only.
+Fencing state (last fenced commit) lives in memory only; reset generations
+are persisted beside the table.
 Generations and epochs come from the broker-wide EpochSequence, whose values
 grow across restarts, so a value quoted by a client from before a restart
 never looks newer than one issued after it.
@@ -17,6 +18,12 @@ plain `{queue: offset}` dicts are exactly what gets persisted, so a snapshot is
 a shallow copy of 1,000 small dicts instead of building 100,000 objects on the
 event loop. The fencing state exists only for entries that were ever fenced or
 reset.
+
+Every change of the table is also appended to the offset journal
+(journal.py) before the call returns, so a broker killed between two 5 s
+snapshots loses no applied commit: load() replays the journal on top of the
+snapshot, and each successful snapshot deletes the journal segments it covers.
+Changes made inside `batch()` go out in one write.
 
 Threading: every method except the file write runs on the broker's event-loop
 thread. persist_if_dirty copies the table there, then encodes and writes in a
@@ -29,13 +36,22 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
 from broker.epoch import EpochSequence
 from broker.errors import FencedError, InvalidArgumentError, StaleResetGenerationError
+from broker.offsets.journal import (
+    JournalRecord,
+    OffsetJournal,
+    Op,
+    ReplayReport,
+    apply_records,
+    encode_records,
+)
 from broker.offsets.persistence import (
     OFFSET_FILE_NAME,
     TOPIC_GROUP_SEPARATOR,
@@ -73,6 +89,7 @@ class PersistReport:
     size_bytes: int
     entries: int
     snapshot_s: float = 0.0  # the part spent on the event-loop thread
+    journal_segments_removed: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +116,7 @@ class ConsumerOffsetManager:
         epochs: EpochSequence,
         ownership: OwnershipView | None = None,
         allow_empty_on_corruption: bool = False,
+        journal: bool = True,
         logger: logging.Logger | None = None,
     ) -> None:
         self._path = Path(config_dir) / OFFSET_FILE_NAME
@@ -125,6 +143,11 @@ class ConsumerOffsetManager:
         # start on a damaged file must not replace it with an empty table on its
         # way out (the next start would then silently rewind every group).
         self._loaded = False
+        # Without a journal (journal=False) a crash loses the changes since the last snapshot, as in RocketMQ.
+        self._journal = OffsetJournal(self._path.parent) if journal else None
+        self._pending: list[JournalRecord] = []  # records of the batch under way, written when it ends
+        self._batch_depth = 0
+        self.journal_report: ReplayReport | None = None
 
     @property
     def path(self) -> Path:
@@ -143,14 +166,57 @@ class ConsumerOffsetManager:
         )
         self._offsets = table
         self._generations = {key: dict(queues) for key, queues in report.reset_generations.items()}
+        replayed = self._replay_journal()
         self._fences = {key: {q: _FenceState(reset_generation=g) for q, g in queues.items()}
                         for key, queues in self._generations.items()}
         self._version += 1
         self._persisted_version = self._version
+        if replayed:
+            self._version += 1  # the next snapshot takes the replayed changes in and retires the journal
         self._loaded = True
         self._log.info("loaded %d consumer offsets", report.entries, event="offsets_load",
-                       source=report.source.value, file=report.path, entries=report.entries)
+                       source=report.source.value, file=report.path, entries=report.entries,
+                       journal_records=replayed)
         return report
+
+    def _replay_journal(self) -> int:
+        if self._journal is None:
+            return 0
+        records, replay = self._journal.read_all()
+        self.journal_report = replay
+        for problem in replay.damage:
+            # Expected after a crash inside a write: the commits of that last write were never answered.
+            self._log.warning("offset journal %s", problem, event="offsets_journal_damage")
+        return apply_records(self._offsets, self._generations, records)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Changes made inside reach the journal in one write when the outermost batch ends."""
+        self._batch_depth += 1
+        try:
+            yield
+        finally:
+            self._batch_depth -= 1
+            if self._batch_depth == 0:
+                self._flush_journal()
+
+    def _journal_change(self, record: JournalRecord) -> None:
+        if self._journal is None or not self._loaded:
+            return
+        self._pending.append(record)
+        if self._batch_depth == 0:
+            self._flush_journal()
+
+    def _flush_journal(self) -> None:
+        if not self._pending:
+            return
+        records, self._pending = self._pending, []
+        try:
+            self._journal.append(encode_records(records))
+        except OSError as e:
+            # The change stands in memory and reaches the next snapshot; only a crash before it loses it.
+            self._log.error("cannot append to the offset journal: %s", e, event="offsets_journal_error",
+                            records=len(records), errors=self._journal.write_errors)
 
     # -- commit / query / reset ---------------------------------------------
 
@@ -213,8 +279,9 @@ class ConsumerOffsetManager:
         generation = self._epochs.next()
         self._set_fence_state(key, queue_id, replace(state, reset_generation=generation))
         self._generations.setdefault(key, {})[queue_id] = generation
-        self._store(key, queue_id, offset)
+        self._store(key, queue_id, offset, journal=False)
         self._version += 1  # the new generation must reach the file even if the offset is unchanged
+        self._journal_change(JournalRecord(Op.RESET, topic, group, queue_id, offset, generation))
         return old
 
     # -- removal -----------------------------------------------------------
@@ -225,25 +292,29 @@ class ConsumerOffsetManager:
         Returns the number of queue entries removed.
         """
         return self._remove(
-            [k for k in self._offsets if k[1] == group] + [k for k in self._fences if k[1] == group]
+            [k for k in self._offsets if k[1] == group] + [k for k in self._fences if k[1] == group],
+            JournalRecord(Op.REMOVE_GROUP, group=group),
         )
 
     def clean_topic(self, topic: str) -> int:
         """Forget every group's offsets of a deleted topic; return the queue entries removed."""
         return self._remove(
-            [k for k in self._offsets if k[0] == topic] + [k for k in self._fences if k[0] == topic]
+            [k for k in self._offsets if k[0] == topic] + [k for k in self._fences if k[0] == topic],
+            JournalRecord(Op.CLEAN_TOPIC, topic=topic),
         )
 
-    def _remove(self, keys: list[TableKey]) -> int:
+    def _remove(self, keys: list[TableKey], record: JournalRecord) -> int:
         removed = 0
+        generations = False
         for key in keys:
             queues = self._offsets.pop(key, None)
             self._fences.pop(key, None)
-            self._generations.pop(key, None)
+            generations = self._generations.pop(key, None) is not None or generations
             if queues:
                 removed += len(queues)
-        if removed:
+        if removed or generations:
             self._version += 1
+            self._journal_change(record)
         return removed
 
     # -- views -------------------------------------------------------------
@@ -300,13 +371,13 @@ class ConsumerOffsetManager:
             if not self.dirty or not self._loaded:
                 return None
             started = time.perf_counter()
-            version, snapshot = self._snapshot()
+            version, snapshot, keep_from = self._snapshot()
             snapshot_s = time.perf_counter() - started
             loop = asyncio.get_running_loop()
-            size = await loop.run_in_executor(None, self._write, version, snapshot)
+            size, removed = await loop.run_in_executor(None, self._write, version, snapshot, keep_from)
             self._mark_persisted(version)
             return PersistReport(
-                time.perf_counter() - started, size, count_entries(snapshot[0]), snapshot_s
+                time.perf_counter() - started, size, count_entries(snapshot[0]), snapshot_s, removed
             )
 
     def persist_now(self) -> PersistReport | None:
@@ -318,30 +389,37 @@ class ConsumerOffsetManager:
             self._log.warning("consumer offsets were never loaded; leaving %s untouched", self._path)
             return None
         started = time.perf_counter()
-        version, snapshot = self._snapshot()
+        version, snapshot, keep_from = self._snapshot()
         snapshot_s = time.perf_counter() - started
-        size = self._write(version, snapshot)
+        size, removed = self._write(version, snapshot, keep_from)
         self._mark_persisted(version)
         return PersistReport(
-            time.perf_counter() - started, size, count_entries(snapshot[0]), snapshot_s
+            time.perf_counter() - started, size, count_entries(snapshot[0]), snapshot_s, removed
         )
 
-    def _snapshot(self) -> tuple[int, tuple[OffsetTable, OffsetTable]]:
+    def _snapshot(self) -> tuple[int, tuple[OffsetTable, OffsetTable], int | None]:
+        """(version, copy of the table and generations, first journal segment the copy does not cover).
+
+        The journal rotates *before* the copy: a change journaled in an older segment was made
+        before the rotation, so the copy has it; one made later lands in the new segment."""
+        keep_from = self._journal.rotate() if self._journal is not None else None
         # Inner dicts are copied because commits mutate them in place while
         # the worker thread encodes.
         return self._version, ({key: queues.copy() for key, queues in self._offsets.items()},
-                               {key: queues.copy() for key, queues in self._generations.items()})
+                               {key: queues.copy() for key, queues in self._generations.items()}), keep_from
 
-    def _write(self, version: int, snapshot: tuple[OffsetTable, OffsetTable]) -> int:
+    def _write(self, version: int, snapshot: tuple[OffsetTable, OffsetTable],
+               keep_from: int | None) -> tuple[int, int]:
+        """Write the snapshot, then delete the journal segments it covers; (bytes, segments removed)."""
         data = encode_offset_table(*snapshot)
         with self._write_lock:
-            if version < self._written_version:
-                # A newer snapshot reached the disk first (persist_now while an
-                # abandoned worker write was queued); never overwrite it.
-                return len(data)
-            write_offset_file(self._path, data)
-            self._written_version = version
-        return len(data)
+            if version >= self._written_version:
+                write_offset_file(self._path, data)
+                self._written_version = version
+            # else a newer snapshot reached the disk first (persist_now while an abandoned worker
+            # write was queued); never overwrite it. It covers these segments too.
+        removed = self._journal.discard_before(keep_from) if keep_from is not None else 0
+        return len(data), removed
 
     def _mark_persisted(self, version: int) -> None:
         self._persisted_version = max(self._persisted_version, version)
@@ -383,7 +461,7 @@ class ConsumerOffsetManager:
     def _set_fence_state(self, key: TableKey, queue_id: int, state: _FenceState) -> None:
         self._fences.setdefault(key, {})[queue_id] = state
 
-    def _store(self, key: TableKey, queue_id: int, offset: int) -> bool:
+    def _store(self, key: TableKey, queue_id: int, offset: int, *, journal: bool = True) -> bool:
         queues = self._offsets.get(key)
         if queues is None:
             queues = self._offsets[key] = {}
@@ -391,6 +469,8 @@ class ConsumerOffsetManager:
             return False
         queues[queue_id] = offset
         self._version += 1
+        if journal:
+            self._journal_change(JournalRecord(Op.SET, key[0], key[1], queue_id, offset))
         return True
 
 

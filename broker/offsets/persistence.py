@@ -253,6 +253,7 @@ def load_offset_file(
     """
     logger = get_logger(logger)
     bak = backup_path(path)
+    remove_leftover_temp_files(path, logger)
     main_problem: str | None = None
     try:
         result = _read(path)
@@ -297,6 +298,33 @@ def load_offset_file(
     kept = _set_aside(path, logger, move=False) if main_problem is not None else None
     logger.error("%s; starting with NO consumer offsets because empty-on-corruption is allowed%s", reason, f" (damaged file kept as {kept})" if kept else "", event="offsets_load", source="forced-empty")
     return {}, LoadReport(LoadSource.FORCED_EMPTY, None, 0, [])
+
+
+def temp_paths(path: Path) -> list[Path]:
+    """The temp files atomic_write uses beside `path` and its backup."""
+    return [path.with_name(f".{path.name}.tmp"), path.with_name(f".{backup_path(path).name}.tmp")]
+
+
+def remove_leftover_temp_files(path: Path, logger: logging.Logger | EventLogger) -> list[Path]:
+    """Delete temp files a crash inside a write left behind; return the ones removed.
+
+    A temp file is renamed into place only once it is complete and fsynced, so one still present
+    was never the file: the main file or its .bak holds the last good table. Left alone, a stale
+    temp file would only confuse an operator looking at the directory.
+    """
+    logger = get_logger(logger)
+    removed = []
+    for tmp in temp_paths(path):
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            logger.warning("cannot remove leftover %s: %s", tmp, e, event="offsets_tmp_left")
+            continue
+        removed.append(tmp)
+        logger.info("removed %s left by a write interrupted by a crash", tmp, event="offsets_tmp_removed")
+    return removed
 
 
 def _set_aside(path: Path, logger: EventLogger, *, move: bool) -> Path | None:

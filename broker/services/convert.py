@@ -2,19 +2,40 @@
 
 from __future__ import annotations
 
+from broker.errors import InvalidArgumentError
 from broker.offsets import Fence
 from broker.store import StoredMessage
 from broker.topics import TopicConfig
-from tidemark.protocol import PropertyKey
+from tidemark.protocol import InvalidNameError, PropertyKey, check_client_id, check_topic_name
 from tidemark.v1 import admin_pb2, common_pb2
 
 # Properties that have their own MessageExt field are not repeated in the map.
 _HIDDEN_PROPERTIES = frozenset({PropertyKey.TAGS, PropertyKey.KEYS, PropertyKey.UNIQ_KEY})
 
 
+def checked_client_id(client_id: str, *, optional: bool = False) -> str:
+    """The client id of a request, or InvalidArgumentError; `optional` lets an empty one through."""
+    if optional and not client_id:
+        return client_id
+    try:
+        check_client_id(client_id)
+    except InvalidNameError as e:
+        raise InvalidArgumentError(str(e)) from None
+    return client_id
+
+
+def checked_topic(topic: str) -> str:
+    try:
+        check_topic_name(topic)
+    except InvalidNameError as e:
+        raise InvalidArgumentError(str(e)) from None
+    return topic
+
+
 def fence_from_pb(fence: common_pb2.CommitFence, present: bool) -> Fence | None:
     if not present:
         return None
+    checked_client_id(fence.client_id, optional=True)
     return Fence(
         client_id=fence.client_id,
         owner_epoch=fence.owner_epoch if fence.HasField("owner_epoch") else None,

@@ -56,6 +56,8 @@ def rpc(handler: H) -> H:
             # An acknowledged request's config changes (a topic or group created on the way) are durable.
             await self._b.flush_configs()
             return response
+        except grpc.aio.AbortError:
+            raise  # the handler ended the call itself
         except BrokerError as e:
             # The class name lets clients tell e.g. a fenced commit from other FAILED_PRECONDITIONs.
             context.set_trailing_metadata(((ERROR_CLASS_KEY, type(e).__name__),))

@@ -8,16 +8,18 @@ from broker.consumer_manager import ConsumerInfo
 from broker.controller import BrokerController
 from broker.errors import BrokerError, InvalidArgumentError
 from broker.groups import check_group
-from broker.services.convert import fence_from_pb, queue
+from broker.services.convert import checked_client_id, checked_topic, fence_from_pb, queue
 from broker.services.errors import rpc, status_for
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression
 from tidemark.v1 import common_pb2, membership_pb2, membership_pb2_grpc
 
 
-def _client_id(client_id: str) -> str:
-    if not client_id or len(client_id) > 255:
-        raise InvalidArgumentError("client_id must be 1..255 characters")
-    return client_id
+def _enum_name(enum, field: str, value: int) -> str:
+    try:
+        return enum.Name(value)
+    except ValueError:
+        names = ", ".join(n for n in enum.keys() if not n.endswith("UNSPECIFIED"))
+        raise InvalidArgumentError(f"{field} {value} is not one of {names}") from None
 
 
 class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
@@ -27,7 +29,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
     @rpc
     async def Heartbeat(self, request, context: grpc.aio.ServicerContext):
         check_group(request.group)
-        _client_id(request.client_id)
+        checked_client_id(request.client_id)
         subscriptions = []
         for s in request.subscriptions:
             # Names only: a topic deleted while its consumers run must not make their heartbeats fail.
@@ -37,12 +39,16 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
             except (InvalidNameError, ValueError) as e:
                 raise InvalidArgumentError(f"subscription to {s.topic!r}: {e}") from None
             subscriptions.append((s.topic, s.expression or "*"))
+        for q in request.owned_queues:
+            checked_topic(q.topic)
         ids = self._b.heartbeat(ConsumerInfo(
             client_id=request.client_id,
             group=request.group,
             subscriptions=tuple(subscriptions),
-            message_model=common_pb2.MessageModel.Name(request.message_model or common_pb2.CLUSTERING),
-            consume_type=common_pb2.ConsumeType.Name(request.consume_type or common_pb2.CONSUME_PASSIVELY),
+            message_model=_enum_name(common_pb2.MessageModel, "message_model",
+                                     request.message_model or common_pb2.CLUSTERING),
+            consume_type=_enum_name(common_pb2.ConsumeType, "consume_type",
+                                    request.consume_type or common_pb2.CONSUME_PASSIVELY),
             orderly=request.orderly,
             owned_queues=tuple((q.topic, q.broker_name, q.queue_id) for q in request.owned_queues),
             allocate_strategy=request.allocate_strategy,
@@ -53,7 +59,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
     @rpc
     async def UnregisterClient(self, request, context: grpc.aio.ServicerContext):
         check_group(request.group)
-        self._b.consumers.unregister(request.group, _client_id(request.client_id))
+        self._b.consumers.unregister(request.group, checked_client_id(request.client_id))
         return membership_pb2.UnregisterClientResponse()
 
     @rpc
@@ -64,7 +70,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
     async def WatchConsumerIds(self, request, context: grpc.aio.ServicerContext):
         try:
             check_group(request.group)
-            _client_id(request.client_id)
+            checked_client_id(request.client_id)
         except BrokerError as e:
             await context.abort(status_for(e), str(e))
         consumers = self._b.consumers
@@ -81,7 +87,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
         """The request's queues on this broker. Bad names are errors; queues of a topic that is gone
         (or out of its range) are left out, so one deleted topic cannot fail a whole renewal."""
         check_group(request.group)
-        _client_id(request.client_id)
+        checked_client_id(request.client_id)
         out = []
         for q in request.queues:
             if q.broker_name and q.broker_name != self._b.config.broker_name:
@@ -114,8 +120,10 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
     @rpc
     async def UnlockQueues(self, request, context: grpc.aio.ServicerContext):
         check_group(request.group)
-        _client_id(request.client_id)
+        checked_client_id(request.client_id)
         queues = self._queues(request)
+        for f in request.final_offsets:
+            checked_topic(f.queue.topic)
         finals = [(f.queue.topic, f.queue.queue_id, f.offset, fence_from_pb(f.fence, f.HasField("fence")))
                   for f in request.final_offsets]
         refused = self._b.unlock_queues(request.group, request.client_id, queues, finals)

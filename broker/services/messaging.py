@@ -14,7 +14,7 @@ from broker.errors import BrokerError
 from broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
 from broker.pull import PullRequest
 from broker.send import OutgoingMessage
-from broker.services.convert import fence_from_pb, message_ext
+from broker.services.convert import checked_client_id, fence_from_pb, message_ext
 from broker.services.errors import rpc, status_for
 from tidemark.logs import get_logger
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
@@ -58,7 +58,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
             while (answer := await answers.get()) is not None:
                 yield answer if isinstance(answer, messaging_pb2.ProduceResponse) else await answer
             if failure:
-                await context.abort(grpc.StatusCode.INTERNAL, f"produce stream failed: {failure[0]!r}")
+                await _abort_with(context, failure[0], "produce")
         finally:
             reader.cancel()
 
@@ -123,7 +123,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                 metrics.fetch_frames.inc()
                 yield response
             if failure:
-                await context.abort(grpc.StatusCode.INTERNAL, f"fetch stream failed: {failure[0]!r}")
+                await _abort_with(context, failure[0], "fetch")
         finally:
             metrics.fetch_streams.dec()
             reader.cancel()
@@ -161,6 +161,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
 
     @rpc
     async def ConsumerSendMsgBack(self, request, context: grpc.aio.ServicerContext):
+        checked_client_id(request.client_id, optional=True)
         result = await self._b.send_back.send_back(
             group=request.group, commit_log_offset=request.commit_log_offset, msg_id=request.msg_id,
             delay_level=request.delay_level, max_reconsume_times=request.max_reconsume_times)
@@ -185,18 +186,27 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
 
 def _reader(requests, handle: Callable[[object], None], on_end: Callable[[], None],
             failure: list[BaseException], kind: str) -> asyncio.Task:
-    """A task that hands each request of a stream to `handle`, then calls on_end; a failure (a bug,
-    or a disk error below the store) is logged and kept in `failure` so that the stream ends with it."""
+    """A task that hands each request of a stream to `handle`, then calls on_end; a failure is kept in
+    `failure` so that the stream ends with it: a domain error (an undecodable message) as its status,
+    anything else (a bug, a disk error below the store) logged with its traceback."""
     async def read() -> None:
         try:
             async for request in requests:
                 handle(request)
+        except BrokerError as e:
+            failure.append(e)
         except Exception as e:
             log.exception("stream request failed", event="stream_request_failed", stream=kind)
             failure.append(e)
         finally:
             on_end()
     return asyncio.get_running_loop().create_task(read(), name=f"{kind}-reader")
+
+
+async def _abort_with(context: grpc.aio.ServicerContext, error: BaseException, kind: str) -> None:
+    if isinstance(error, BrokerError):
+        await context.abort(status_for(error), str(error))
+    await context.abort(grpc.StatusCode.INTERNAL, f"{kind} stream failed: {error!r}")
 
 
 def _open_queue(pb) -> OpenQueue:

@@ -28,7 +28,7 @@ from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.store")
 
-SEGMENT_NAME = re.compile(r"^\d{20}$")
+SEGMENT_NAME = re.compile(r"\d{20}")  # fullmatch: `$` would accept a trailing newline
 # Recovery reads segments in chunks this big (a bigger record gets its own read).
 _SCAN_CHUNK = 4 * 1024 * 1024
 # A first read that catches most records whole, so one pread usually suffices.
@@ -92,7 +92,7 @@ class CommitLog:
     def open(self) -> None:
         """Open the segment files; recover() then establishes the write position."""
         self._dir.mkdir(parents=True, exist_ok=True)
-        names = sorted(p.name for p in self._dir.iterdir() if SEGMENT_NAME.match(p.name))
+        names = sorted(p.name for p in self._dir.iterdir() if SEGMENT_NAME.fullmatch(p.name))
         for name in names:
             path = self._dir / name
             size = path.stat().st_size
@@ -115,8 +115,9 @@ class CommitLog:
         """Write an encoded batch (sealing each record); return each record's offset.
 
         The batch goes out in one pwrite unless it crosses a segment end. On an
-        I/O error the log's state is unknown: raises StoreError and the store
-        stops accepting writes until a restart recovers.
+        I/O error (a full disk) whatever part of the batch reached the files is
+        cut back first, so the log ends where it ended before the call, then
+        StoreError is raised (its __cause__ is the OSError).
         """
         buf = batch.buffer
         view = memoryview(buf)
@@ -140,9 +141,39 @@ class CommitLog:
                 off += size
             self._write(segment, view[chunk_from:off], chunk_pos)
         except OSError as exc:
+            try:
+                self.cut_back(self._write_end)
+            except OSError as undo:
+                exc.add_note(f"cutting the commit log back to {self._write_end} failed too: {undo}")
             raise StoreError(f"commit log write failed: {exc}") from exc
         self._write_end = pos
         return positions
+
+    def cut_back(self, end: int) -> None:
+        """Drop every byte at or past `end`, a record boundary at or below max_offset: the undo of
+        appends that were not acknowledged (a batch a full disk cut short, or whose consume-queue
+        entries could not be written).
+
+        Unlike recovery's truncation this also cuts bytes past a segment's known
+        size (a pwrite that failed half-way wrote some), and it never moves the
+        write position forward. Raises OSError when the truncation fails; the
+        caller retries later (writes stay refused meanwhile).
+        """
+        if end > self._write_end:
+            raise StoreError(f"cannot cut the commit log back to {end}: it ends at {self._write_end}")
+        index = bisect_right(self._starts, end) - 1  # -1: no segment yet, nothing to cut
+        if index >= 0:
+            segment = self._segments[index]
+            segment.truncate(max(0, end - segment.start))
+            self._dirty.add_file(segment)
+            for later in self._segments[index + 1 :]:
+                later.destroy()
+                self._dirty.discard_file(later)
+            if len(self._segments) > index + 1:
+                del self._segments[index + 1 :]
+                del self._starts[index + 1 :]
+                self._dirty.add_dir(self._dir)
+        self._write_end = end
 
     def _writable_segment(self) -> FileHandle:
         if not self._segments:

@@ -7,6 +7,11 @@ N lives at byte N * 20. max_offset comes from file sizes; entries are pread on
 demand, never loaded into memory. Entries of one queue point at increasing
 commit-log offsets, which is what makes the binary searches here valid.
 
+Files are opened on demand through one OpenFiles cache shared by every queue
+of the store, which bounds the fds held (a broker with 100,000 queues runs
+under `ulimit -n 1024`); a queue keeps its files' sizes in memory, so
+max_offset never needs an fd. Loading a queue only lists and stats its files.
+
 Runs on the event-loop thread; flush jobs from the shared DirtySet run in the
 flush thread.
 """
@@ -26,13 +31,14 @@ import numpy as np
 from broker.errors import StoreError
 from broker.store.codec import CQ_ENTRY, CQ_ENTRY_SIZE
 from broker.store.flush import DirtySet, FileHandle, FlushJob
+from broker.store.openfiles import OpenFiles
 from tidemark.fsutil import fsync_dir
 from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name
 
 log = get_logger("tidemark.broker.store")
 
-FILE_NAME = re.compile(r"^\d{20}$")
+FILE_NAME = re.compile(r"\d{20}")  # fullmatch
 _TRASH_PREFIX = ".deleted-"  # topic names cannot start with '.', so these never clash
 
 Entry = tuple[int, int, int]  # commit-log offset, size, tags code
@@ -47,11 +53,13 @@ class ConsumeQueue:
         *,
         entries_per_file: int,
         dirty: DirtySet,
+        open_files: OpenFiles,
         files: list[FileHandle] | None = None,
     ) -> None:
         self._dir = directory
         self._file_bytes = entries_per_file * CQ_ENTRY_SIZE
         self._dirty = dirty
+        self._open_files = open_files
         self._files = files or []
         self._starts = [f.start for f in self._files]
         # RocketMQ's minLogicOffset: entries below it point at deleted commit-log segments.
@@ -59,13 +67,13 @@ class ConsumeQueue:
 
     @classmethod
     def load(
-        cls, directory: Path, *, entries_per_file: int, dirty: DirtySet
+        cls, directory: Path, *, entries_per_file: int, dirty: DirtySet, open_files: OpenFiles
     ) -> tuple[ConsumeQueue, int]:
-        """Open a queue's files, cutting torn entries and anything after a gap.
+        """Find a queue's files (stat only, no fd), cutting torn entries and anything after a gap.
 
         Returns the queue and the number of entries dropped.
         """
-        names = sorted(p.name for p in directory.iterdir() if FILE_NAME.match(p.name))
+        names = sorted(p.name for p in directory.iterdir() if FILE_NAME.fullmatch(p.name))
         files: list[FileHandle] = []
         dropped = 0
         for name in names:
@@ -86,10 +94,12 @@ class ConsumeQueue:
                 size -= size % CQ_ENTRY_SIZE
                 os.truncate(path, size)
                 dropped += 1
-            files.append(FileHandle(path, int(name), size, size))
+            files.append(FileHandle(path, int(name), size, size, cache=open_files))
         if files:
             files[-1].capacity = max(entries_per_file * CQ_ENTRY_SIZE, files[-1].size)
-        return cls(directory, entries_per_file=entries_per_file, dirty=dirty, files=files), dropped
+        queue = cls(directory, entries_per_file=entries_per_file, dirty=dirty,
+                    open_files=open_files, files=files)
+        return queue, dropped
 
     @property
     def min_offset(self) -> int:
@@ -138,7 +148,8 @@ class ConsumeQueue:
             self._dir.mkdir(parents=True)
             self._dirty.add_dir(self._dir.parent)
             self._dirty.add_dir(self._dir.parent.parent)
-        handle = FileHandle.create(self._dir / f"{pos:020d}", pos, self._file_bytes)
+        handle = FileHandle.create(self._dir / f"{pos:020d}", pos, self._file_bytes,
+                                   cache=self._open_files)
         self._files.append(handle)
         self._starts.append(pos)
         self._dirty.add_dir(self._dir)
@@ -220,7 +231,9 @@ class ConsumeQueue:
         pos = offset * CQ_ENTRY_SIZE
         handle = self._files[bisect_right(self._starts, pos) - 1]
         # Present but maybe only in the page cache of the process that crashed:
-        # it must be fsynced before the checkpoint moves past its record.
+        # it must be fsynced before the checkpoint moves past its record, even
+        # if its fd is evicted before the flush job runs.
+        handle.mark_unsynced()
         self._dirty.add_file(handle)
         if self.entry_at(offset) == wanted:
             return False
@@ -286,10 +299,13 @@ class ConsumeQueue:
 class ConsumeQueueTable:
     """Every consume queue, by topic and queue id; created on first dispatch."""
 
-    def __init__(self, root: Path, *, entries_per_file: int, dirty: DirtySet) -> None:
+    def __init__(
+        self, root: Path, *, entries_per_file: int, dirty: DirtySet, max_open_files: int
+    ) -> None:
         self._root = root
         self._entries_per_file = entries_per_file
         self._dirty = dirty
+        self.open_files = OpenFiles(max_open_files)
         self._queues: dict[str, dict[int, ConsumeQueue]] = {}
 
     def load(self) -> int:
@@ -310,7 +326,8 @@ class ConsumeQueueTable:
             for queue_dir in topic_dir.iterdir():
                 if queue_dir.is_dir() and queue_dir.name.isdigit():
                     queue, n = ConsumeQueue.load(
-                        queue_dir, entries_per_file=self._entries_per_file, dirty=self._dirty
+                        queue_dir, entries_per_file=self._entries_per_file, dirty=self._dirty,
+                        open_files=self.open_files,
                     )
                     self._queues.setdefault(topic_dir.name, {})[int(queue_dir.name)] = queue
                     dropped += n
@@ -326,7 +343,8 @@ class ConsumeQueueTable:
         if queue is None:
             directory = self._root / topic / str(queue_id)
             queue = queues[queue_id] = ConsumeQueue(
-                directory, entries_per_file=self._entries_per_file, dirty=self._dirty
+                directory, entries_per_file=self._entries_per_file, dirty=self._dirty,
+                open_files=self.open_files,
             )
         return queue
 
@@ -350,6 +368,8 @@ class ConsumeQueueTable:
         self._dirty.restore(job)
 
     def full_flush_job(self) -> FlushJob:
+        """Every file (shutdown): open ones are fsynced, evicted ones only if written since
+        their last fsync, so 100,000 idle queues cost no open() each."""
         dirs = self._dirty.take().dirs
         return FlushJob(tuple(f for queue in self for f in queue.files()), dirs + (self._root,))
 

@@ -9,9 +9,11 @@ the final flush at shutdown always runs after any job a cancelled flush left
 behind.
 
 Lifecycle (StoreState): CREATED -load()-> LOADED -start()-> RUNNING -shutdown()-> SHUT_DOWN.
-Reads work when LOADED or RUNNING; puts only when RUNNING. After an I/O error
-on the write or flush path the store refuses further puts (fail-stop): what
-reached the disk is unknown until a restart recovers.
+Reads work when LOADED or RUNNING; puts only when RUNNING and the write guard
+says WRITABLE. An I/O error on the write or flush path (a full disk) trips the
+guard: the half-written batch is cut back, puts are refused with a StoreError
+saying to retry later, and the guard's probe gives writes back by itself once
+the disk has room and the pending flush went through (writability.py).
 """
 
 from __future__ import annotations
@@ -19,13 +21,11 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
-
 from broker.errors import InvalidArgumentError, StoreError
-from broker.store import codec
+from broker.store import codec, reads
 from broker.store.checkpoint import (
     ABORT_FILE_NAME,
     CHECKPOINT_FILE_NAME,
@@ -33,7 +33,7 @@ from broker.store.checkpoint import (
     StoreCheckpoint,
 )
 from broker.store.commitlog import CommitLog
-from broker.store.consumequeue import ConsumeQueueTable
+from broker.store.consumequeue import ConsumeQueue, ConsumeQueueTable
 from broker.store.flush import DirtySet, FlushJob, FlushService
 from broker.store.model import (
     FlushMode,
@@ -47,6 +47,7 @@ from broker.store.model import (
     StoreConfig,
     StoredMessage,
 )
+from broker.store.writability import GuardSettings, WriteGuard, describe, free_bytes
 from tidemark import records
 from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name
@@ -68,8 +69,6 @@ __all__ = [
 log = get_logger("tidemark.broker.store")
 
 _MAX_QUEUE_ID = 2**31 - 1
-# Consume-queue entries read per pread while scanning for matches.
-_ENTRY_READ_BATCH = 256
 
 DispatchListener = Callable[[str, int], None]
 
@@ -88,7 +87,8 @@ class StoreState(enum.Enum):
 class MessageStore:
     """Commit log + consume queues + checkpoint, with recovery and flushing."""
 
-    def __init__(self, config: StoreConfig, *, clock: Callable[[], int] = _now_ms) -> None:
+    def __init__(self, config: StoreConfig, *, clock: Callable[[], int] = _now_ms,
+                 guard: GuardSettings | None = None) -> None:
         self._config = config
         self._clock = clock
         self._commitlog = CommitLog(
@@ -100,12 +100,18 @@ class MessageStore:
             config.data_dir / "consumequeue",
             entries_per_file=config.consume_queue_entries_per_file,
             dirty=DirtySet(),
+            max_open_files=config.max_open_consume_queue_files,
         )
         self._checkpoint = StoreCheckpoint(config.data_dir / CHECKPOINT_FILE_NAME)
         self._abort = AbortFile(config.data_dir / ABORT_FILE_NAME)
         self._listeners: list[DispatchListener] = []
         self._state = StoreState.CREATED
-        self._failure: BaseException | None = None
+        guard = guard or GuardSettings()
+        self.guard = WriteGuard(settings=guard, free_bytes=lambda: free_bytes(config.data_dir),
+                                repair=self._repair)  # its state and listeners are public
+        self._retry_s = guard.probe_interval_s
+        self._flush_lock = asyncio.Lock()  # one flush job in flight: a failed one is restored before the next take
+        self._pending_cut: tuple[int, ConsumeQueue] | None = None  # an undo that failed, for the probe
         self._executor: ThreadPoolExecutor | None = None
         self._flusher: FlushService | None = None
 
@@ -173,8 +179,10 @@ class MessageStore:
             flush_commit_log=self._flush_commit_log,
             flush_all=self._flush_all,
             on_failure=self._fail,
+            retry_s=self._retry_s,
         )
         self._flusher.start()
+        self.guard.start()
         self._state = StoreState.RUNNING
 
     async def shutdown(self) -> None:
@@ -186,12 +194,16 @@ class MessageStore:
         try:
             if flusher is not None:
                 await flusher.stop()
-            if self._failure is not None:
-                raise StoreError(
-                    f"store failed earlier ({self._failure}); not marking the shutdown clean"
-                )
-            cl_job, end = self._commitlog.full_flush_job()
-            await self._in_thread(self._make_durable, cl_job, self._queues.full_flush_job(), end)
+            await self.guard.stop()
+            try:
+                # Also after a failure: whatever can still be made durable is, and the abort
+                # file stays unless everything was, so the next start recovers from a checkpoint.
+                self._cut_pending()
+                cl_job, end = self._commitlog.full_flush_job()
+                await self._in_thread(self._make_durable, cl_job, self._queues.full_flush_job(), end)
+            except Exception as exc:
+                raise StoreError(f"cannot make the store durable at shutdown ({describe(exc)}); not "
+                                 "marking it clean: the next start recovers from the checkpoint") from exc
             if flusher is not None:
                 flusher.flushed(end)
             await self._in_thread(self._abort.remove)
@@ -204,8 +216,27 @@ class MessageStore:
                 self._executor.shutdown(wait=False)
 
     def _fail(self, exc: BaseException) -> None:
-        if self._failure is None:
-            self._failure = exc
+        self.guard.trip(exc)
+
+    async def _repair(self) -> None:
+        """The write guard's probe: finish a failed undo, then flush whatever a failed flush left."""
+        self._cut_pending()
+        end = await self._flush_all()
+        if self._flusher is not None:
+            self._flusher.flushed(end)
+
+    def _undo_append(self, start: int, queue: ConsumeQueue) -> None:
+        """Cut a batch that was not stored whole out of the consume queue and the commit log."""
+        queue.truncate_from_commit_log_offset(start)
+        files = queue.files()
+        if files:  # entries a failed pwrite left past the file's known end
+            files[-1].truncate(files[-1].size)
+        self._commitlog.cut_back(start)
+
+    def _cut_pending(self) -> None:
+        if self._pending_cut is not None:
+            self._undo_append(*self._pending_cut)
+            self._pending_cut = None
 
     # -- flushing ------------------------------------------------------------------
 
@@ -221,16 +252,21 @@ class MessageStore:
         self._checkpoint.write(end, allow_backwards=allow_backwards)
 
     async def _flush_commit_log(self) -> int:
-        job, end = self._commitlog.take_flush_job()
-        if job:
-            try:
-                await self._in_thread(job.run)
-            except BaseException:
-                self._commitlog.restore_flush_job(job)
-                raise
-        return end
+        async with self._flush_lock:
+            job, end = self._commitlog.take_flush_job()
+            if job:
+                try:
+                    await self._in_thread(job.run)
+                except BaseException:
+                    self._commitlog.restore_flush_job(job)
+                    raise
+            return end
 
     async def _flush_all(self) -> int:
+        async with self._flush_lock:
+            return await self._flush_all_locked()
+
+    async def _flush_all_locked(self) -> int:
         cl_job, end = self._commitlog.take_flush_job()
         cq_job = self._queues.take_flush_job()
         if not cl_job and not cq_job and self._checkpoint.offset == end:
@@ -313,16 +349,19 @@ class MessageStore:
                 tags_codes: Sequence[int]) -> list[int]:
         """Write an encoded batch to the commit log and its entries to the consume queue."""
         queue = self._queues.get_or_create(topic, queue_id)
+        start = self._commitlog.max_offset
         try:
             positions = self._commitlog.append(batch)
             pack = codec.CQ_ENTRY.pack
             queue.append(base, b"".join([pack(p, s, t) for p, s, t
                                          in zip(positions, batch.sizes, tags_codes, strict=True)]))
         except (StoreError, OSError) as exc:
+            try:
+                self._undo_append(start, queue)
+            except OSError:
+                self._pending_cut = (start, queue)  # the probe finishes it before writes resume
             self._fail(exc)
-            log.error("store write failed; refusing further writes until a restart",
-                      event="store_write_failed", error=str(exc))
-            raise StoreError(f"message store write failed: {exc}") from exc
+            raise self.guard.refusal() from exc
         for listener in self._listeners:
             try:
                 listener(topic, queue_id)
@@ -336,15 +375,9 @@ class MessageStore:
             await self._flusher.wait_flushed(end_offset)
 
     def _check_writable(self) -> None:
-        if self._state is not StoreState.RUNNING or self._failure is not None:
-            raise StoreError(self._not_writable_reason())
-
-    def _not_writable_reason(self) -> str:
-        if self._failure is not None:
-            return (
-                f"the message store failed ({self._failure}) and accepts no writes until restarted"
-            )
-        return f"the message store is not running (state: {self._state.value})"
+        if self._state is not StoreState.RUNNING:
+            raise StoreError(f"the message store is not running (state: {self._state.value})")
+        self.guard.check()
 
     def add_dispatch_listener(self, listener: DispatchListener) -> None:
         """listener(topic, queue_id), called on the loop thread after each put."""
@@ -367,51 +400,14 @@ class MessageStore:
         exact_matcher: Callable[[StoredMessage], bool] | None = None,
         max_scan: int = 2000,
     ) -> GetResult:
-        """Up to max_count matching messages from `offset`, examining at most max_scan entries.
-
-        `matcher` sees the consume queue's tags code (cheap); `exact_matcher`
-        the decoded message. next_begin_offset follows the last entry examined,
-        so a pull that matched nothing still moves forward.
-        """
+        """Up to max_count matching messages from `offset`, examining at most max_scan entries (reads.py)."""
         self._readable()
         if offset < 0 or max_count < 1 or max_scan < 1:
             raise InvalidArgumentError(
                 f"offset {offset} must be >= 0, max_count {max_count} and max_scan {max_scan} >= 1"
             )
-        queue = self._queues.get(topic, queue_id)
-        low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
-        status = _position_status(offset, low, high)
-        if status is GetStatus.NO_MESSAGE_IN_QUEUE:
-            return GetResult(status, [], high, low, high)
-        if status is GetStatus.OFFSET_TOO_SMALL:
-            return GetResult(status, [], low, low, high)
-        if status is GetStatus.OFFSET_OVERFLOW_ONE:
-            return GetResult(status, [], offset, low, high)
-        if status is GetStatus.OFFSET_OVERFLOW_BADLY:
-            # RocketMQ's answer: back to min when it is 0, else to max.
-            return GetResult(status, [], low if low == 0 else high, low, high)
-        messages: list[StoredMessage] = []
-        commit_log_min = self._commitlog.min_offset
-        limit = min(high, offset + max_scan)
-        pos = offset
-        chunk = max(max_count, 32)
-        while pos < limit and len(messages) < max_count:
-            entries = queue.read_entries(pos, min(limit - pos, chunk))
-            if not entries:
-                break
-            chunk = _ENTRY_READ_BATCH
-            for phys, size, tags_code in entries:
-                pos += 1
-                if phys < commit_log_min or (matcher is not None and not matcher(tags_code)):
-                    continue
-                message = self._commitlog.read_message(phys, size)
-                if message is None or (exact_matcher is not None and not exact_matcher(message)):
-                    continue
-                messages.append(message)
-                if len(messages) >= max_count:
-                    break
-        status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
-        return GetResult(status, messages, pos, low, high)
+        return reads.get_messages(self._queues.get(topic, queue_id), self._commitlog, offset, max_count,
+                                  matcher=matcher, exact_matcher=exact_matcher, max_scan=max_scan)
 
     def read_records(
         self,
@@ -424,69 +420,15 @@ class MessageStore:
         tags_codes: frozenset[int] | None = None,
         max_scan: int = 2000,
     ) -> RawRead:
-        """Up to max_count records (and max_bytes, at least one record) from `offset`, as stored.
-
-        Consume-queue entries are filtered by tags code; records that lie back
-        to back in the commit log (a producer's batch) are read with one pread.
-        The consumer checks tags exactly (hash codes may collide).
-        """
+        """Up to max_count records (and max_bytes, at least one record) from `offset`, as stored (reads.py)."""
         self._readable()
         if offset < 0 or max_count < 1 or max_bytes < 1 or max_scan < 1:
             raise InvalidArgumentError(
                 f"offset {offset} must be >= 0, max_count {max_count}, max_bytes {max_bytes} and "
                 f"max_scan {max_scan} >= 1"
             )
-        queue = self._queues.get(topic, queue_id)
-        low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
-        status = _position_status(offset, low, high)
-        if status is not None:
-            next_offset = {GetStatus.NO_MESSAGE_IN_QUEUE: high, GetStatus.OFFSET_TOO_SMALL: low,
-                           GetStatus.OFFSET_OVERFLOW_ONE: offset,
-                           GetStatus.OFFSET_OVERFLOW_BADLY: low if low == 0 else high}[status]
-            return RawRead(status, b"", 0, next_offset, low, high)
-        commitlog = self._commitlog
-        commit_log_min = commitlog.min_offset
-        pieces: list[bytes] = []
-        planned = nbytes = count = 0
-        run_start = run_end = -1
-        run_sizes: list[int] = []
-        limit = min(high, offset + max_scan)
-        pos = offset
-        full = False
-        codes = None if tags_codes is None else np.fromiter(tags_codes, dtype=np.int64, count=len(tags_codes))
-        while pos < limit and not full:
-            if codes is None:
-                entries = queue.read_entries(pos, min(limit - pos, max(max_count - planned, 32), _ENTRY_READ_BATCH))
-                candidates: Iterable[tuple[int, int, int]] = [
-                    (pos + i, phys, size) for i, (phys, size, _) in enumerate(entries) if phys >= commit_log_min]
-                scanned = len(entries)
-            else:  # filtered: the matches of the whole scan window in one vectorised pass
-                candidates, scanned = queue.read_matching(pos, limit - pos, codes, commit_log_min)
-            if not scanned:
-                break
-            end = pos + scanned
-            for queue_offset, phys, size in candidates:
-                if planned and (planned >= max_count or nbytes + size > max_bytes):
-                    full = True
-                    end = queue_offset  # the first record not taken
-                    break
-                if phys != run_end:
-                    if run_sizes:
-                        data, ok = commitlog.read_run(run_start, run_sizes)
-                        pieces.append(data)
-                        count += ok
-                    run_start, run_sizes = phys, []
-                run_sizes.append(size)
-                run_end = phys + size
-                planned += 1
-                nbytes += size
-            pos = end
-        if run_sizes:
-            data, ok = commitlog.read_run(run_start, run_sizes)
-            pieces.append(data)
-            count += ok
-        data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
-        return RawRead(GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE, data, count, pos, low, high)
+        return reads.read_records(self._queues.get(topic, queue_id), self._commitlog, offset, max_count=max_count,
+                                  max_bytes=max_bytes, tags_codes=tags_codes, max_scan=max_scan)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get(topic, queue_id)
@@ -588,19 +530,6 @@ class MessageStore:
 
     def store_size_bytes(self) -> int:
         return self._commitlog.size_bytes() + self._queues.size_bytes()
-
-
-def _position_status(offset: int, low: int, high: int) -> GetStatus | None:
-    """Why nothing can be read at `offset` of a queue holding [low, high); None when something can."""
-    if high == 0 or low == high:
-        return GetStatus.NO_MESSAGE_IN_QUEUE
-    if offset < low:
-        return GetStatus.OFFSET_TOO_SMALL
-    if offset == high:
-        return GetStatus.OFFSET_OVERFLOW_ONE
-    if offset > high:
-        return GetStatus.OFFSET_OVERFLOW_BADLY
-    return None
 
 
 def _check_queue(topic: str, queue_id: int) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from broker.store.openfiles import DEFAULT_MAX_OPEN_FILES
 from tidemark.protocol import DEFAULT_MAX_MESSAGE_SIZE, PropertyKey
 
 # A segment must hold at least one small record plus the end-of-segment marker.
@@ -35,6 +36,8 @@ class StoreConfig:
     flush_interval_ms: int = 500
     max_message_size: int = DEFAULT_MAX_MESSAGE_SIZE  # body + encoded properties
     file_reserved_hours: float = 72.0
+    # Consume-queue fds held at once (an LRU over all queues); not a RocketMQ setting (it mmaps).
+    max_open_consume_queue_files: int = DEFAULT_MAX_OPEN_FILES
 
     def __post_init__(self) -> None:
         # Accept a str path and a "sync"/"async" string from config files; store the real types.
@@ -55,6 +58,10 @@ class StoreConfig:
             raise ValueError(f"max_message_size {self.max_message_size} must be >= 1")
         if self.file_reserved_hours < 0:
             raise ValueError(f"file_reserved_hours {self.file_reserved_hours} must be >= 0")
+        if self.max_open_consume_queue_files < 1:
+            raise ValueError(
+                f"max_open_consume_queue_files {self.max_open_consume_queue_files} must be >= 1"
+            )
 
 
 @dataclass(frozen=True, slots=True)

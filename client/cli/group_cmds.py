@@ -17,7 +17,7 @@ _DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)
 
 def parse_iso_duration_ms(text: str) -> int:
     """ISO 8601 durations as kafka-consumer-groups takes them: PT10M, PT1H30M, P1D, PT45S."""
-    m = _DURATION.match(text)
+    m = _DURATION.fullmatch(text)
     if not m or text in ("P", "PT") or not any(m.groups()):
         raise InvalidArgumentError(f"--by-duration: {text!r} is not an ISO 8601 duration like PT10M or P1DT2H")
     days, hours, minutes, seconds = m.groups()

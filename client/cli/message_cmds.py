@@ -8,12 +8,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from client.admin import Admin
 from client.cli.output import Progress, emit, iso_ms, message_json, print_line
 from client.consumer.push_consumer import PushConsumer
-from client.errors import InvalidArgumentError
+from client.errors import InvalidArgumentError, TidemarkError
 from client.message import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -22,6 +23,10 @@ from client.message import (
     PullStatus,
 )
 from client.producer.producer import Producer
+
+# `consume --group` started while no broker answers: try again, backing off up to this.
+START_RETRY_MIN_S = 0.5
+START_RETRY_MAX_S = 5.0
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -173,9 +178,7 @@ def consume_group(args: argparse.Namespace) -> int:
     closed = threading.Event()
     where = {"last": ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET, "first": ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
              "timestamp": ConsumeFromWhere.CONSUME_FROM_TIMESTAMP}[args.from_where]
-    # One consume thread: messages reach the listener one at a time, so suspending stops the very next one.
-    consumer = PushConsumer(group=args.group, brokers=args.brokers, request_timeout_s=args.timeout,
-                            consume_from_where=where, consume_thread_max=1)
+    current: list[PushConsumer] = []  # the consumer being started or running (the listener suspends it)
 
     def listener(msgs, context):
         with lock:
@@ -186,15 +189,24 @@ def consume_group(args: argparse.Namespace) -> int:
                     print_line(message_json(m))
                 except BrokenPipeError:
                     closed.set()
-                    return _stop_at(consumer, enough, context, i)
+                    return _stop_at(current[-1], enough, context, i)
                 printed[0] += 1
                 if args.count is not None and printed[0] >= args.count:
-                    return _stop_at(consumer, enough, context, i + 1)
+                    return _stop_at(current[-1], enough, context, i + 1)
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-    consumer.subscribe(args.topic, args.tag)
-    consumer.register_message_listener(listener)
-    consumer.start()
+    def build() -> PushConsumer:
+        # One consume thread: messages reach the listener one at a time, so suspending stops the very next one.
+        c = PushConsumer(group=args.group, brokers=args.brokers, request_timeout_s=args.timeout,
+                         consume_from_where=where, consume_thread_max=1)
+        c.subscribe(args.topic, args.tag)
+        c.register_message_listener(listener)
+        current.append(c)
+        return c
+
+    consumer = _start_riding_out_outages(build, stop)
+    if consumer is None:
+        return 0  # stopped before any broker answered
     try:
         while not stop.is_set() and not enough.is_set():
             stop.wait(0.1)
@@ -204,6 +216,26 @@ def consume_group(args: argparse.Namespace) -> int:
             # Nothing more can reach the reader; keep Python's exit-time flush from failing on the pipe.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _start_riding_out_outages(build: Callable[[], PushConsumer], stop: threading.Event) -> PushConsumer | None:
+    """Start a consumer, trying again with backoff while no broker can be reached (it may be restarting);
+    None when stopped first. Errors a retry cannot fix (an unknown topic, a bad group name) are raised.
+
+    Once started, the consumer itself rides through broker restarts: fetch streams reopen with backoff,
+    lost queues are locked again and resume from where this process got."""
+    delay = START_RETRY_MIN_S
+    while not stop.is_set():
+        consumer = build()
+        try:
+            return consumer.start()
+        except TidemarkError as e:
+            if not e.retriable:
+                raise
+            print(f"tidemark: no broker answered ({e}); retrying in {delay:.1f}s", file=sys.stderr, flush=True)
+        stop.wait(delay)
+        delay = min(delay * 2, START_RETRY_MAX_S)
+    return None
 
 
 def _stop_at(consumer: PushConsumer, enough: threading.Event, context, done: int) -> ConsumeConcurrentlyStatus:

@@ -9,6 +9,11 @@ Zero-duplicate handover (CLUSTERING with queue_locking, the default):
 These remove both causes of duplicates in seed 001: two owners reading at once,
 and a new owner reading an offset the old one had not committed yet.
 
+A broker restart takes every lock away (the lock table is in memory): the
+queues are LOST and locked again, and each resumes from its own progress when
+that is further along than the broker's committed offset and no admin reset
+came in between (kept_progress.py).
+
 RocketMQ-style (queue_locking=False): no locks; a leaving queue is dropped at
 once and its offset persisted without waiting for running batches.
 
@@ -27,6 +32,7 @@ import asyncio
 from collections.abc import Iterable
 from typing import Protocol
 
+from client.consumer.kept_progress import KeptProgress, resume_offset
 from client.consumer.lease import QueueLease
 from client.consumer.offset_store import OffsetStore
 from client.consumer.queue_state import OwnedQueue, QueueState
@@ -83,6 +89,8 @@ class QueueOwnership:
         # batch of queues asked for together, and the queues those waits are asking for now.
         self._lock_waiters: set[asyncio.Task] = set()
         self._asking: set[MessageQueue] = set()
+        # Progress of queues lost (not handed over), for their next lease: see kept_progress.py.
+        self._kept: dict[MessageQueue, KeptProgress] = {}
         self.handovers = 0
 
     # -- views -----------------------------------------------------------------
@@ -115,6 +123,8 @@ class QueueOwnership:
         async with self._lock:
             current = {mq for mq in self._queues if mq.topic == topic}
             removed, added = current - target, target - current
+            for mq in [mq for mq in self._kept if mq.topic == topic and mq not in target]:
+                del self._kept[mq]  # another consumer's now: its commits are the group's progress
             if removed:
                 await asyncio.gather(*(self._release(self._queues[mq]) for mq in sorted(removed)))
             for mq in sorted(added):
@@ -299,15 +309,34 @@ class QueueOwnership:
             return False
         if self._queues.get(mq) is not oq or oq.state not in (QueueState.ASSIGNED, QueueState.LOCKING):
             return True  # released or lost while the offset was read
+        generation = self._store.generation(mq)
+        kept = self._kept.pop(mq, None)
+        resumed = resume_offset(offset, committed, generation, kept)
         lease = QueueLease(mq, client_id=self._client_id, owner_epoch=oq.owner_epoch,
-                           reset_generation=self._store.generation(mq), start_offset=offset)
+                           reset_generation=generation, start_offset=resumed)
         oq.transition(QueueState.PULLING)
         oq.replace_lease(lease)
         self._store.bind(lease)
-        if self._hooks.commit_start_offset and self._store.read_memory(mq) < 0:
+        if resumed != offset:
+            log.info("queue resumed from this client's own progress",
+                     event="queue_resumed", group=self._group, queue=mq, offset=resumed, broker_offset=offset,
+                     owner_epoch=oq.owner_epoch)
+            self._store.update_offset(mq, resumed, increase_only=False)
+        elif self._hooks.commit_start_offset and self._store.read_memory(mq) < 0:
             self._store.update_offset(mq, offset, increase_only=False)
         await self._hooks.lease_started(lease)
+        if resumed != offset:
+            await self._recommit(mq)
         return True
+
+    async def _recommit(self, mq: MessageQueue) -> None:
+        """Tell the broker where a resumed queue stands, under the new lease's fence (a broker that just
+        restarted has only its older offset; the next restart would send us back there)."""
+        try:
+            await self._store.persist(mq)
+        except TidemarkError as e:
+            log.warning("re-commit of resumed progress failed",
+                        event="resume_commit_failed", group=self._group, queue=mq, error=e)
 
     async def _release(self, oq: OwnedQueue) -> None:
         if oq.state in (QueueState.ASSIGNED, QueueState.LOCKING):
@@ -379,9 +408,13 @@ class QueueOwnership:
             return
         log.warning("queue ownership lost",
                     event="queue_lost", group=self._group, queue=oq.mq, owner_epoch=oq.owner_epoch, reason=reason)
+        lease = oq.lease
+        progress = self._store.read_memory(oq.mq)
+        if self.locking and lease is not None and progress >= 0:
+            self._kept[oq.mq] = KeptProgress(progress, lease.reset_generation)
         oq.transition(QueueState.LOST)
-        if oq.lease is not None:
-            self._hooks.lease_ended(oq.lease)
+        if lease is not None:
+            self._hooks.lease_ended(lease)
         self._forget(oq)
         self._hooks.queue_lost(oq.mq)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,9 @@ from client.runtime import ClientState, Lifecycle, LoopThread
 from client.settings import ClientSettings, build
 
 WINDOW_BYTES = 32 * 1024 * 1024
+# Before opening a queue again after its broker could not be reached or its stream broke.
+REOPEN_MIN_DELAY_S = 0.1
+REOPEN_MAX_DELAY_S = 3.0
 MAX_RECORDS_PER_FRAME_PART = 1024
 
 
@@ -104,29 +108,51 @@ class RecordReader:
              ) -> Iterator[RecordChunk | None]:
         """Chunks of [start, end) in offset order; None when nothing came for poll_timeout_s (the caller
         decides whether that is data loss). Raises the broker's error if it refuses the queue; an
-        OFFSET_ILLEGAL end (the range is gone) is raised as QueueEndedError."""
+        OFFSET_ILLEGAL end (the range is gone) is raised as QueueEndedError.
+
+        A broker that cannot be reached or whose stream breaks (a restart) is not an error: the read
+        opens the queue again from where it got, after a backoff (REOPEN_MIN_DELAY_S doubling up to
+        REOPEN_MAX_DELAY_S), for as long as the caller keeps iterating; it yields None meanwhile."""
         self._life.require(ClientState.RUNNING, action="read")
-        out: queue.Queue = queue.Queue()
-        handle = self._loop.run(self._open(mq, start, end - start, out), timeout=self.settings.request_timeout_s * 2)
-        try:
-            reached = start
-            while reached < end:
-                try:
-                    item = out.get(timeout=poll_timeout_s)
-                except queue.Empty:
-                    yield None
-                    continue
-                if isinstance(item, TidemarkError):
-                    raise item
-                if isinstance(item, QueueEnd):
-                    if item.error is not None:
-                        raise item.error
-                    raise QueueEndedError(item.status, item.next_offset)
-                reached = item.next_offset
-                yield item
-                self._loop.loop.call_soon_threadsafe(self._give_back, mq.broker_name, handle, len(item.data))
-        finally:
-            self._loop.loop.call_soon_threadsafe(self._close, mq.broker_name, handle)
+        reached = start
+        failures = 0
+        while reached < end:
+            out: queue.Queue = queue.Queue()
+            try:
+                handle = self._loop.run(self._open(mq, reached, end - reached, out),
+                                        timeout=self.settings.request_timeout_s * 2)
+            except TidemarkError as e:
+                if not e.retriable:
+                    raise
+                failures += 1
+                yield from _pause(failures)
+                continue
+            try:
+                while reached < end:
+                    try:
+                        item = out.get(timeout=poll_timeout_s)
+                    except queue.Empty:
+                        yield None
+                        continue
+                    if isinstance(item, QueueEnd):
+                        if item.error is not None and not item.error.retriable:
+                            raise item.error
+                        if item.error is None:
+                            raise QueueEndedError(item.status, item.next_offset)
+                        break
+                    if isinstance(item, TidemarkError):
+                        if not item.retriable:
+                            raise item
+                        break  # the stream broke: open the queue again from `reached`
+                    reached = item.next_offset
+                    failures = 0
+                    yield item
+                    self._loop.loop.call_soon_threadsafe(self._give_back, mq.broker_name, handle, len(item.data))
+            finally:
+                self._loop.loop.call_soon_threadsafe(self._close, mq.broker_name, handle)
+            if reached < end:
+                failures += 1
+                yield from _pause(failures)
 
     # -- loop side ---------------------------------------------------------------------------
 
@@ -170,6 +196,12 @@ class RecordReader:
             self._out = None
         if stream is not None and stream.usable:
             stream.close_queue(handle)
+
+
+def _pause(failures: int) -> Iterator[None]:
+    """Back off before opening a queue again (the caller sees one None: nothing came meanwhile)."""
+    time.sleep(min(REOPEN_MAX_DELAY_S, REOPEN_MIN_DELAY_S * 2 ** (failures - 1)))
+    yield None
 
 
 class QueueEndedError(TidemarkError):

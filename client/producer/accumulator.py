@@ -22,8 +22,10 @@ from dataclasses import dataclass, field
 
 from client.message import MessageQueue, SendResult
 from tidemark.logs import get_logger
-from tidemark.records import RecordBatchBuilder
+from tidemark.records import HEADER_SIZE, RecordBatchBuilder
 
+# What one record adds besides body and properties: its header, topic and born host (both bounded).
+_RECORD_ROOM = HEADER_SIZE + 512
 log = get_logger("tidemark.client.producer")
 
 SendCallback = Callable[[SendResult | None, Exception | None], None]
@@ -111,8 +113,10 @@ class ProducerBatch:
 
 class RecordAccumulator:
     def __init__(self, *, batch_size: int, linger_s: float, born_host: str, wake: Callable[[], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 max_batch_bytes: int = 4 * 1024 * 1024, clock: Callable[[], float] = time.monotonic) -> None:
         self._batch_size = batch_size
+        # A batch never grows past this (the broker's max_message_size: RocketMQ's limit on a batch).
+        self._max_batch_bytes = max_batch_bytes
         self._linger_s = linger_s
         self._born_host = born_host
         self._wake = wake  # thread-safe: asks the sender to look at the accumulator
@@ -137,6 +141,11 @@ class RecordAccumulator:
                 topic = queues[0].topic
                 mq = queues[self._sticky.get(topic, 0) % len(queues)]
             batch = self._open.get(mq)
+            if batch is not None and batch.size + len(body) + len(properties) + _RECORD_ROOM > self._max_batch_bytes:
+                self._seal(mq, batch)  # the message would take the batch past the limit: it starts the next
+                if sticky:
+                    mq = queues[self._sticky.get(topic, 0) % len(queues)]
+                batch = self._open.get(mq)
             if batch is None:
                 batch = self._open[mq] = ProducerBatch(mq, RecordBatchBuilder(mq.topic, self._born_host), now,
                                                        sticky)
@@ -149,9 +158,7 @@ class RecordAccumulator:
             batch.futures.append(future)
             wake = False
             if batch.size >= self._batch_size:
-                del self._open[mq]
-                self._full.append(batch)
-                self._advance(batch)
+                self._seal(mq, batch)
                 wake = True
             elif batch.count == 1:
                 wake = True  # a new batch: the sender sends it now (linger 0) or arms its linger timer
@@ -162,6 +169,11 @@ class RecordAccumulator:
         if wake:
             self._wake()
         return future
+
+    def _seal(self, mq: MessageQueue, batch: ProducerBatch) -> None:
+        del self._open[mq]
+        self._full.append(batch)
+        self._advance(batch)
 
     def _advance(self, batch: ProducerBatch) -> None:
         """A sticky queue's batch left: the topic's next messages go to the next queue."""

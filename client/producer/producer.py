@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import random
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
+
+import grpc
 
 from client.errors import ClientStateError, InvalidArgumentError, TidemarkError
 from client.message import Message, MessageQueue, SendResult
@@ -121,7 +124,7 @@ class AsyncProducer:
         loop = asyncio.get_running_loop()
         wakeup = self._wakeup = asyncio.Event()
         self.accumulator = RecordAccumulator(batch_size=s.batch_size, linger_s=s.linger_ms / 1000,
-                                             born_host=s.client_ip,
+                                             born_host=s.client_ip, max_batch_bytes=s.max_message_size,
                                              wake=lambda: loop.call_soon_threadsafe(wakeup.set))
         self._sender = loop.create_task(self._send_accumulated(), name="producer-sender")
 
@@ -173,6 +176,7 @@ class AsyncProducer:
                     raise
                 avoid = target.broker_name
                 self.cluster.forget_route(topic)
+                await _back_off(e, attempt)
                 log.warning("send failed, retrying",
                             event="send_retry", topic=topic, broker=target.broker_name, attempt=attempt + 1,
                             error=e)
@@ -198,6 +202,7 @@ class AsyncProducer:
                     raise
                 avoid = target.broker_name
                 self.cluster.forget_route(topic)
+                await _back_off(e, attempt)
         raise AssertionError("unreachable")
 
     def _with_id(self, message: Message) -> Message:
@@ -348,6 +353,7 @@ class Producer:
         if _needs_unary(messages[0]):
             if len(messages) > 1 and any(m.delay_level for m in messages):
                 raise InvalidArgumentError("delayed messages cannot be sent in a batch")
+            _check_batch_size(sum(len(m.body) for m in messages), len(messages), s.max_message_size)
             return self._loop.run(self._core.send_messages(messages, queue=queue, selector=selector, arg=arg,
                                                            timeout=timeout), timeout=wait)
         builder = RecordBatchBuilder(topic, s.client_ip)
@@ -357,6 +363,7 @@ class Producer:
             msg_id, props, tags_code = encode_message(m, self._ids)
             builder.append(m.body, props, tags_code=tags_code, flag=m.flag, born_timestamp=now)
             msg_ids.append(msg_id)
+        _check_batch_size(len(builder.buffer), len(messages), s.max_message_size)
         return self._loop.run(self._core.send_records(topic, bytes(builder.buffer), msg_ids, queue=queue,
                                                       selector=selector, arg=arg, first=messages[0],
                                                       timeout=timeout), timeout=wait)
@@ -447,6 +454,20 @@ class Producer:
                 target.set_result(f.result()[0])
         source.add_done_callback(copy)
         return target
+
+
+async def _back_off(error: TidemarkError, attempt: int) -> None:
+    """An overloaded broker (RESOURCE_EXHAUSTED: request bytes in flight at its limit) gets a pause
+    before the retry, growing with each attempt (50 ms, 100 ms, ... up to 1 s, with jitter)."""
+    if error.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0) * random.uniform(0.5, 1.0))
+
+
+def _check_batch_size(size: int, count: int, max_message_size: int) -> None:
+    """RocketMQ's rule: a batch, encoded, is at most max_message_size (the broker refuses larger requests)."""
+    if count > 1 and size > max_message_size:
+        raise InvalidArgumentError(f"a batch of {count} messages is {size} bytes; a batch may hold at most "
+                                   f"max_message_size ({max_message_size}) bytes: send it in smaller batches")
 
 
 def _needs_unary(message: Message) -> bool:

@@ -23,7 +23,9 @@ SYSTEM_TOPIC_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)
 
 TOPIC_MAX_LENGTH = 127
 GROUP_MAX_LENGTH = 255
-_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_NAME_RE = re.compile(r"[%|a-zA-Z0-9_-]+")  # always fullmatch: `$` would let a trailing newline through
+CLIENT_ID_MAX_LENGTH = 255
+_CLIENT_ID_RE = re.compile(r"[\x21-\x7e]+")  # visible ASCII: client ids end up in logs and lock tables
 
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
 DEFAULT_PORT = 10911
@@ -71,8 +73,20 @@ def _check_name(kind: str, name: str, max_length: int) -> None:
         raise InvalidNameError(f"{kind} name must not be empty")
     if len(name) > max_length:
         raise InvalidNameError(f"{kind} name {name[:40]!r}... is {len(name)} characters; at most {max_length} allowed")
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise InvalidNameError(f"{kind} name {name!r} may only contain letters, digits, '%', '|', '_' and '-'")
+
+
+def check_client_id(client_id: str) -> None:
+    """Raise InvalidNameError unless client_id is 1..255 visible ASCII characters (no spaces or controls)."""
+    if not isinstance(client_id, str) or not client_id:
+        raise InvalidNameError("client id must not be empty")
+    if len(client_id) > CLIENT_ID_MAX_LENGTH:
+        raise InvalidNameError(f"client id {client_id[:40]!r}... is {len(client_id)} characters; "
+                               f"at most {CLIENT_ID_MAX_LENGTH} allowed")
+    if not _CLIENT_ID_RE.fullmatch(client_id):
+        raise InvalidNameError(f"client id {client_id!r} may only contain visible ASCII characters "
+                               f"(no spaces or control characters)")
 
 
 def is_system_topic(topic: str) -> bool:
@@ -150,7 +164,7 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
     """
     levels = []
     for token in text.split():
-        m = _DURATION_RE.match(token)
+        m = _DURATION_RE.fullmatch(token)
         if not m:
             raise ValueError(f"delay level {token!r} is not a duration like 500ms, 5s, 1m, 2h or 1d")
         levels.append(int(m.group(1)) * _DURATION_UNITS_MS[m.group(2)])

@@ -1,0 +1,131 @@
+"""Reading a queue: the two scans behind MessageStore.get_messages and read_records.
+
+Both walk a consume queue from an offset, skip entries whose commit-log bytes
+retention already deleted, and stop after max_scan entries, so a pull that
+matched nothing still moves forward. get_messages decodes each message (the
+unary pull, tools); read_records returns the records as stored, reading runs
+that lie back to back in the commit log (a producer's batch) with one pread
+(the Fetch stream). Arguments are validated by the facade; these functions only
+read, on the event-loop thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from broker.store.commitlog import CommitLog
+from broker.store.consumequeue import ConsumeQueue
+from broker.store.model import GetResult, GetStatus, RawRead, StoredMessage
+
+# Consume-queue entries read per pread while scanning for matches.
+ENTRY_READ_BATCH = 256
+
+
+def position_status(offset: int, low: int, high: int) -> GetStatus | None:
+    """Why nothing can be read at `offset` of a queue holding [low, high); None when something can."""
+    if high == 0 or low == high:
+        return GetStatus.NO_MESSAGE_IN_QUEUE
+    if offset < low:
+        return GetStatus.OFFSET_TOO_SMALL
+    if offset == high:
+        return GetStatus.OFFSET_OVERFLOW_ONE
+    if offset > high:
+        return GetStatus.OFFSET_OVERFLOW_BADLY
+    return None
+
+
+def _next_offset(status: GetStatus, offset: int, low: int, high: int) -> int:
+    """Where a reader that got `status` goes next (RocketMQ's answers; OVERFLOW_BADLY: min when 0, else max)."""
+    return {GetStatus.NO_MESSAGE_IN_QUEUE: high, GetStatus.OFFSET_TOO_SMALL: low,
+            GetStatus.OFFSET_OVERFLOW_ONE: offset, GetStatus.OFFSET_OVERFLOW_BADLY: low if low == 0 else high}[status]
+
+
+def get_messages(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, max_count: int, *,
+                 matcher: Callable[[int], bool] | None, exact_matcher: Callable[[StoredMessage], bool] | None,
+                 max_scan: int) -> GetResult:
+    """Up to max_count matching messages from `offset`, examining at most max_scan entries.
+
+    `matcher` sees the consume queue's tags code (cheap); `exact_matcher` the decoded message.
+    next_begin_offset follows the last entry examined."""
+    low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
+    status = position_status(offset, low, high)
+    if status is not None:
+        return GetResult(status, [], _next_offset(status, offset, low, high), low, high)
+    messages: list[StoredMessage] = []
+    commit_log_min = commitlog.min_offset
+    limit = min(high, offset + max_scan)
+    pos = offset
+    chunk = max(max_count, 32)
+    while pos < limit and len(messages) < max_count:
+        entries = queue.read_entries(pos, min(limit - pos, chunk))
+        if not entries:
+            break
+        chunk = ENTRY_READ_BATCH
+        for phys, size, tags_code in entries:
+            pos += 1
+            if phys < commit_log_min or (matcher is not None and not matcher(tags_code)):
+                continue
+            message = commitlog.read_message(phys, size)
+            if message is None or (exact_matcher is not None and not exact_matcher(message)):
+                continue
+            messages.append(message)
+            if len(messages) >= max_count:
+                break
+    status = GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE
+    return GetResult(status, messages, pos, low, high)
+
+
+def read_records(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, *, max_count: int, max_bytes: int,
+                 tags_codes: frozenset[int] | None, max_scan: int) -> RawRead:
+    """Up to max_count records (and max_bytes, at least one record) from `offset`, as stored.
+
+    Consume-queue entries are filtered by tags code, the whole scan window in one vectorised pass;
+    the consumer checks tags exactly (hash codes may collide)."""
+    low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
+    status = position_status(offset, low, high)
+    if status is not None:
+        return RawRead(status, b"", 0, _next_offset(status, offset, low, high), low, high)
+    commit_log_min = commitlog.min_offset
+    pieces: list[bytes] = []
+    planned = nbytes = count = 0
+    run_start = run_end = -1
+    run_sizes: list[int] = []
+    limit = min(high, offset + max_scan)
+    pos = offset
+    full = False
+    codes = None if tags_codes is None else np.fromiter(tags_codes, dtype=np.int64, count=len(tags_codes))
+    while pos < limit and not full:
+        if codes is None:
+            entries = queue.read_entries(pos, min(limit - pos, max(max_count - planned, 32), ENTRY_READ_BATCH))
+            candidates: Iterable[tuple[int, int, int]] = [
+                (pos + i, phys, size) for i, (phys, size, _) in enumerate(entries) if phys >= commit_log_min]
+            scanned = len(entries)
+        else:
+            candidates, scanned = queue.read_matching(pos, limit - pos, codes, commit_log_min)
+        if not scanned:
+            break
+        end = pos + scanned
+        for queue_offset, phys, size in candidates:
+            if planned and (planned >= max_count or nbytes + size > max_bytes):
+                full = True
+                end = queue_offset  # the first record not taken
+                break
+            if phys != run_end:
+                if run_sizes:
+                    data, ok = commitlog.read_run(run_start, run_sizes)
+                    pieces.append(data)
+                    count += ok
+                run_start, run_sizes = phys, []
+            run_sizes.append(size)
+            run_end = phys + size
+            planned += 1
+            nbytes += size
+        pos = end
+    if run_sizes:
+        data, ok = commitlog.read_run(run_start, run_sizes)
+        pieces.append(data)
+        count += ok
+    data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    return RawRead(GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE, data, count, pos, low, high)

@@ -1,0 +1,311 @@
+"""The offset journal: record format, torn tails, replay after a crash, retirement by snapshots."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import broker.offsets.manager as manager_module
+from broker.epoch import EpochSequence
+from broker.errors import StaleResetGenerationError
+from broker.offsets import ConsumerOffsetManager, Fence
+from broker.offsets.journal import (
+    JOURNAL_PREFIX,
+    JournalRecord,
+    OffsetJournal,
+    Op,
+    apply_records,
+    decode_records,
+    encode_record,
+    encode_records,
+    list_segments,
+)
+from broker.offsets.persistence import remove_leftover_temp_files, temp_paths
+
+names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="@"), min_size=1, max_size=12)
+records = st.builds(JournalRecord, op=st.sampled_from(Op), topic=names, group=names,
+                    queue_id=st.integers(0, 2**32 - 1), offset=st.integers(0, 2**63 - 1),
+                    generation=st.integers(0, 2**63 - 1))
+
+
+def crash_and_reload(directory: Path, **kw) -> ConsumerOffsetManager:
+    """What a broker killed with -9 finds: nothing flushed at exit, the files as they are."""
+    m = ConsumerOffsetManager(directory, epochs=EpochSequence(seed=10**9), **kw)
+    m.load()
+    return m
+
+
+def state(m: ConsumerOffsetManager) -> tuple[dict, dict]:
+    return ({k: dict(v) for k, v in m._offsets.items() if v}, {k: dict(v) for k, v in m._generations.items() if v})
+
+
+def segments(directory: Path) -> list[str]:
+    return [p.name for _, p in list_segments(directory)]
+
+
+# -- format ---------------------------------------------------------------------------
+
+
+@given(st.lists(records, max_size=20))
+def test_records_round_trip(recs):
+    decoded = decode_records(encode_records(recs))
+    assert decoded.records == recs and decoded.damage is None
+
+
+@given(st.lists(records, min_size=1, max_size=8), st.data())
+def test_a_torn_tail_keeps_every_whole_record_before_it(recs, data):
+    encoded = [encode_record(r) for r in recs]
+    blob = b"".join(encoded)
+    cut = data.draw(st.integers(0, len(blob) - 1))
+    decoded = decode_records(blob[:cut])
+    whole = 0
+    total = 0
+    for e in encoded:
+        if total + len(e) > cut:
+            break
+        total += len(e)
+        whole += 1
+    assert decoded.records == recs[:whole]
+    assert decoded.valid_bytes == total
+    assert (decoded.damage is None) == (cut == total)
+
+
+@given(st.lists(records, min_size=2, max_size=6), st.data())
+def test_a_damaged_byte_ends_the_replay_at_its_record(recs, data):
+    encoded = [encode_record(r) for r in recs]
+    blob = bytearray(b"".join(encoded))
+    at = data.draw(st.integers(0, len(blob) - 1))
+    blob[at] ^= data.draw(st.integers(1, 255))
+    decoded = decode_records(bytes(blob))
+    starts = [sum(len(e) for e in encoded[:i]) for i in range(len(encoded))]
+    hit = max(i for i, s in enumerate(starts) if s <= at)
+    assert decoded.records == recs[:hit]  # never a damaged record, never one after it
+    assert decoded.damage is not None
+
+
+def test_zeros_after_the_last_record_are_damage_not_records():
+    blob = encode_record(JournalRecord(Op.SET, "T", "g", 1, 5)) + bytes(64)
+    decoded = decode_records(blob)
+    assert decoded.records == [JournalRecord(Op.SET, "T", "g", 1, 5)]
+    assert "impossible record length 0" in decoded.damage
+
+
+def test_apply_records_follows_the_manager_rules():
+    table = {("T", "g"): {0: 3}, ("U", "g"): {0: 1}, ("T", "h"): {1: 9}}
+    gens: dict = {("U", "g"): {0: 77}}
+    apply_records(table, gens, [
+        JournalRecord(Op.SET, "T", "g", 0, 10),
+        JournalRecord(Op.RESET, "T", "h", 1, 2, 88),
+        JournalRecord(Op.REMOVE_GROUP, group="g"),
+        JournalRecord(Op.SET, "U", "g", 2, 4),
+        JournalRecord(Op.CLEAN_TOPIC, topic="T"),
+    ])
+    assert table == {("U", "g"): {2: 4}}
+    assert gens == {}
+
+
+# -- the manager: crash, replay, snapshot -----------------------------------------------------------
+
+ops = st.one_of(
+    st.tuples(st.just("commit"), st.sampled_from("gh"), st.sampled_from("TU"), st.integers(0, 3), st.integers(0, 50)),
+    st.tuples(st.just("reset"), st.sampled_from("gh"), st.sampled_from("TU"), st.integers(0, 3), st.integers(0, 50)),
+    st.tuples(st.just("remove_group"), st.sampled_from("gh")),
+    st.tuples(st.just("clean_topic"), st.sampled_from("TU")),
+    st.tuples(st.just("snapshot")),
+    st.tuples(st.just("batch"), st.lists(st.tuples(st.sampled_from("gh"), st.integers(0, 3), st.integers(0, 50)),
+                                         max_size=5)),
+)
+
+
+def run(m: ConsumerOffsetManager, op: tuple) -> None:
+    kind = op[0]
+    if kind == "commit":
+        m.commit(op[1], op[2], op[3], op[4])
+    elif kind == "reset":
+        m.reset(op[1], op[2], op[3], op[4])
+    elif kind == "remove_group":
+        m.remove_group(op[1])
+    elif kind == "clean_topic":
+        m.clean_topic(op[1])
+    elif kind == "snapshot":
+        m.persist_now()
+    else:
+        with m.batch():
+            for group, queue_id, offset in op[1]:
+                m.commit(group, "T", queue_id, offset)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(ops, max_size=30), st.booleans())
+def test_after_a_crash_the_table_is_what_was_applied(sequence, previous_broker):
+    with tempfile.TemporaryDirectory() as d:
+        directory = Path(d)
+        m = ConsumerOffsetManager(directory, epochs=EpochSequence(seed=1000))
+        m.load()
+        for op in sequence:
+            run(m, op)
+        if previous_broker:
+            # A second life: the first one's journal is replayed, then more changes on top.
+            m = crash_and_reload(directory)
+            for op in sequence[: len(sequence) // 2]:
+                run(m, op)
+        again = crash_and_reload(directory)
+        assert state(again) == state(m)
+        for (topic, group), queues in m._generations.items():
+            for q, gen in queues.items():
+                assert again.reset_generation(group, topic, q) == gen
+
+
+def test_a_snapshot_retires_the_journal(tmp_path):
+    m = crash_and_reload(tmp_path)
+    for i in range(100):
+        m.commit("g", "T", i % 4, i)
+    assert len(segments(tmp_path)) == 1
+    report = m.persist_now()
+    assert report.journal_segments_removed == 1
+    assert segments(tmp_path) == []  # nothing changed since the snapshot
+    m.commit("g", "T", 0, 500)
+    (only,) = segments(tmp_path)
+    assert decode_records((tmp_path / only).read_bytes()).records == [JournalRecord(Op.SET, "T", "g", 0, 500)]
+    assert crash_and_reload(tmp_path).query("g", "T", 0) == 500
+
+
+def test_the_periodic_snapshot_retires_the_journal_and_commits_during_it_survive(tmp_path):
+    m = crash_and_reload(tmp_path)
+
+    async def scenario():
+        m.commit("g", "T", 0, 1)
+        persist = asyncio.ensure_future(m.persist_if_dirty())
+        await asyncio.sleep(0)  # the snapshot was taken on the loop; the write runs in a thread
+        m.commit("g", "T", 0, 2)  # lands in the new segment
+        report = await persist
+        assert report.journal_segments_removed == 1
+        assert m.dirty
+
+    asyncio.run(scenario())
+    assert len(segments(tmp_path)) == 1
+    assert crash_and_reload(tmp_path).query("g", "T", 0) == 2
+
+
+def test_a_failed_snapshot_keeps_the_journal(tmp_path, monkeypatch):
+    m = crash_and_reload(tmp_path)
+    m.commit("g", "T", 0, 7)
+
+    def broken(path, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(manager_module, "write_offset_file", broken)
+    with pytest.raises(OSError):
+        m.persist_now()
+    m.commit("g", "T", 1, 8)
+    monkeypatch.undo()
+    assert len(segments(tmp_path)) == 2
+    assert crash_and_reload(tmp_path).offsets("g", "T") == {0: 7, 1: 8}
+    m.persist_now()
+    assert segments(tmp_path) == []
+
+
+def test_a_torn_tail_is_tolerated_and_never_appended_to(tmp_path):
+    m = crash_and_reload(tmp_path)
+    m.commit("g", "T", 0, 10)
+    m.commit("g", "T", 0, 11)
+    (name,) = segments(tmp_path)
+    torn = encode_record(JournalRecord(Op.SET, "T", "g", 0, 12))[:-3]  # the write the kill interrupted
+    with open(tmp_path / name, "ab") as f:
+        f.write(torn)
+    second = crash_and_reload(tmp_path)
+    assert second.query("g", "T", 0) == 11
+    assert second.journal_report.damage and "torn record" in second.journal_report.damage[0]
+    second.commit("g", "T", 0, 13)
+    assert len(segments(tmp_path)) == 2  # a new segment: the torn one is never continued
+    assert crash_and_reload(tmp_path).query("g", "T", 0) == 13
+
+
+def test_a_reset_generation_survives_a_crash(tmp_path):
+    m = crash_and_reload(tmp_path)
+    m.commit("g", "T", 0, 40, Fence("c1", owner_epoch=5, reset_generation=0))
+    m.reset("g", "T", 0, 3)
+    generation = m.reset_generation("g", "T", 0)
+    again = crash_and_reload(tmp_path)
+    assert again.query("g", "T", 0) == 3 and again.reset_generation("g", "T", 0) == generation
+    with pytest.raises(StaleResetGenerationError):
+        again.commit("g", "T", 0, 41, Fence("c1", owner_epoch=5, reset_generation=0))
+
+
+def test_group_removal_and_topic_cleanup_survive_a_crash(tmp_path):
+    m = crash_and_reload(tmp_path)
+    m.commit("g", "T", 0, 1)
+    m.commit("h", "T", 0, 2)
+    m.commit("h", "U", 0, 3)
+    m.persist_now()
+    m.remove_group("g")
+    m.clean_topic("U")
+    again = crash_and_reload(tmp_path)
+    assert again.groups() == ["h"] and again.topics_of_group("h") == ["T"]
+
+
+def test_a_batch_is_one_write(tmp_path, monkeypatch):
+    m = crash_and_reload(tmp_path)
+    writes = []
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: writes.append(len(data)) or real(fd, data))
+    with m.batch():
+        for q in range(50):
+            m.commit("g", "T", q, 1)
+    assert len(writes) == 1
+    assert crash_and_reload(tmp_path).entry_count() == 50
+
+
+def test_without_the_journal_a_crash_loses_what_was_not_snapshotted(tmp_path):
+    m = crash_and_reload(tmp_path, journal=False)
+    m.commit("g", "T", 0, 5)
+    m.persist_now()
+    m.commit("g", "T", 0, 9)
+    assert not any(p.name.startswith(JOURNAL_PREFIX) for p in tmp_path.iterdir())
+    assert crash_and_reload(tmp_path, journal=False).query("g", "T", 0) == 5
+
+
+def test_a_failed_append_poisons_the_segment(tmp_path, monkeypatch):
+    journal = OffsetJournal(tmp_path)
+    journal.read_all()
+    journal.append(encode_record(JournalRecord(Op.SET, "T", "g", 0, 1)))
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, data[:5]))  # a short write
+    with pytest.raises(OSError):
+        journal.append(encode_record(JournalRecord(Op.SET, "T", "g", 0, 2)))
+    monkeypatch.undo()
+    journal.append(encode_record(JournalRecord(Op.SET, "T", "g", 0, 3)))
+    recs, report = OffsetJournal(tmp_path).read_all()
+    assert [r.offset for r in recs] == [1, 3] and report.segments == 2 and len(report.damage) == 1
+
+
+# -- leftovers of an interrupted snapshot write (item 9) ----------------------------------------
+
+
+def test_a_leftover_temp_file_is_removed_at_start(tmp_path):
+    m = crash_and_reload(tmp_path)
+    m.commit("g", "T", 0, 4)
+    m.persist_now()
+    m.commit("g", "T", 0, 6)
+    m.persist_now()  # now there is a .bak too
+    main_tmp, bak_tmp = temp_paths(tmp_path / "consumerOffset.json")
+    assert main_tmp.name == ".consumerOffset.json.tmp"
+    main_tmp.write_bytes(b'{\n    "offsetTable": {\n        "T@g": {\n            "0": 9')  # killed mid-write
+    bak_tmp.write_bytes(b"")
+    again = crash_and_reload(tmp_path)
+    assert again.query("g", "T", 0) == 6
+    assert not main_tmp.exists() and not bak_tmp.exists()
+
+
+def test_removing_temp_files_leaves_the_real_ones(tmp_path):
+    for name in ("consumerOffset.json", "consumerOffset.json.bak", ".consumerOffset.json.tmp"):
+        (tmp_path / name).write_text("{}")
+    removed = remove_leftover_temp_files(tmp_path / "consumerOffset.json", manager_module._log)
+    assert [p.name for p in removed] == [".consumerOffset.json.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["consumerOffset.json", "consumerOffset.json.bak"]

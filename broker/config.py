@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import functools
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import Any
 from tidemark.protocol import DEFAULT_DELAY_LEVELS, DEFAULT_PORT, parse_delay_levels
 
 ENV_PREFIX = "TIDEMARK_"
+_INIT_USER = re.compile(r"[A-Za-z0-9_.-]{1,64}:[\x21-\x7e]{8,256}")
 # What a request adds around its messages: protobuf framing, topic, properties of a batch.
 REQUEST_OVERHEAD_BYTES = 64 * 1024
 
@@ -32,7 +34,8 @@ class FlushDiskType(enum.Enum):
 
 
 def _setting(default: Any, help: str, **kw: Any) -> Any:
-    return field(default=default, metadata={"help": help, **kw})
+    """A setting; `secret=True` keeps its value out of repr and --print-config."""
+    return field(default=default, metadata={"help": help, **kw}, repr=not kw.get("secret", False))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,6 +68,13 @@ class BrokerConfig:
     delay_levels: str = _setting(DEFAULT_DELAY_LEVELS, "Delay levels for scheduled and retried messages")
     retry_queue_nums: int = _setting(1, "Queues of an auto-created %RETRY% topic")
     max_reconsume_times: int = _setting(16, "Default retries before a message goes to %DLQ%")
+    auth: bool = _setting(False, "Authenticate every request (RocketMQ 5 signatures) and authorize it by ACL")
+    init_user: str = _setting("", "NAME:SECRET of the first super user, created when there are no users yet",
+                              secret=True)
+    auth_max_skew_s: float = _setting(300.0, "How far a request's signed time may be from the broker's clock")
+    tls_cert: str = _setting("", "PEM certificate chain served on the gRPC port (with tls_key; empty: plaintext)")
+    tls_key: str = _setting("", "PEM private key of tls_cert")
+    tls_client_ca: str = _setting("", "PEM CA bundle client certificates must chain to (mutual TLS; needs tls_cert)")
     metrics_port: int = _setting(0, "Prometheus metrics HTTP port (0 = off)")
     log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = _setting("kv", "kv (key=value) or json")
@@ -111,6 +121,11 @@ def _problems(c: BrokerConfig):
                f"({c.max_message_size}) plus {REQUEST_OVERHEAD_BYTES} bytes of framing")
     if c.max_inflight_request_bytes <= 0:
         yield f"max_inflight_request_bytes must be > 0, got {c.max_inflight_request_bytes}"
+    if c.init_user and not _INIT_USER.fullmatch(c.init_user):
+        yield "init_user must be NAME:SECRET (the secret at least 8 characters)"
+    if c.auth_max_skew_s <= 0:
+        yield f"auth_max_skew_s must be > 0, got {c.auth_max_skew_s}"
+    yield from _tls_problems(c)
     if c.max_reconsume_times < 0:
         yield f"max_reconsume_times must be >= 0, got {c.max_reconsume_times}"
     if c.file_reserved_hours < 0:
@@ -124,6 +139,19 @@ def _problems(c: BrokerConfig):
     except ValueError as e:
         yield str(e)
 
+
+
+def _tls_problems(c: BrokerConfig):
+    """A certificate without its key (or the reverse) or an unreadable file would only fail at the
+    first handshake, long after start; refuse the config instead."""
+    if bool(c.tls_cert) != bool(c.tls_key):
+        yield "tls_cert and tls_key must be given together"
+    if c.tls_client_ca and not c.tls_cert:
+        yield "tls_client_ca (mutual TLS) needs tls_cert and tls_key"
+    for name in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(c, name)
+        if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            yield f"{name} {path} is not a readable file"
 
 def fields() -> tuple[dataclasses.Field, ...]:
     return dataclasses.fields(BrokerConfig)
@@ -211,7 +239,9 @@ def render(config: BrokerConfig) -> str:
         value = getattr(config, f.name)
         if isinstance(value, enum.Enum):
             value = value.value
-        if isinstance(value, bool):
+        if f.metadata.get("secret") and value:
+            text = '"<hidden>"'  # --print-config never shows a secret
+        elif isinstance(value, bool):
             text = "true" if value else "false"
         elif isinstance(value, int | float):
             text = str(value)

@@ -9,7 +9,6 @@ file is unreadable and no good backup exists.
 from __future__ import annotations
 
 import asyncio
-import errno
 import json
 import logging
 from collections.abc import Callable
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.errors import ConfigFileError, StoreError
+from broker.store.writability import describe
 from tidemark.fsutil import atomic_write, backup_path
 from tidemark.logs import get_logger
 
@@ -60,8 +60,8 @@ def load_json(path: Path, logger: logging.Logger | Any) -> dict[str, Any] | None
                           "refusing to start with an empty configuration")
 
 
-def save_json(path: Path, doc: dict[str, Any]) -> None:
-    atomic_write(path, json.dumps(doc, indent=4, sort_keys=True).encode("utf-8"), keep_backup=True)
+def save_json(path: Path, doc: dict[str, Any], *, mode: int | None = None) -> None:
+    atomic_write(path, json.dumps(doc, indent=4, sort_keys=True).encode("utf-8"), keep_backup=True, mode=mode)
 
 
 class ConfigFile:
@@ -84,15 +84,18 @@ class ConfigFile:
     change between writable and failing, not each failed attempt.
     """
 
-    def __init__(self, path: Path, render: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, path: Path, render: Callable[[], dict[str, Any]], *, mode: int | None = None) -> None:
         self.path = path
         self._render = render
+        self._mode = mode  # file permissions, for files holding secrets (users.json: 0o600)
         self._version = 0
         self._written = 0
         self._writer: asyncio.Task | None = None
         self._written_event: asyncio.Event | None = None
         self._failure: OSError | None = None
         self._undo: list[tuple[int, Callable[[], None]]] = []  # (version, undo) of unwritten changes
+        # Versions (low, high] each rollback undid, newest last: a flush whose change is in one fails.
+        self._undone: list[tuple[int, int]] = []
         self.on_state: Callable[[bool, str], None] | None = None
 
     @property
@@ -109,7 +112,7 @@ class ConfigFile:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            save_json(self.path, self._render())
+            self._save(self._render())
             self._written = self._version
             return
         if undo is not None:
@@ -127,7 +130,7 @@ class ConfigFile:
         while self.dirty or self._failure is not None:
             version, doc = self._version, self._render()
             try:
-                await asyncio.to_thread(save_json, self.path, doc)
+                await asyncio.to_thread(self._save, doc)
             except OSError as e:
                 self._set_failure(e)
                 self._signal()
@@ -137,11 +140,17 @@ class ConfigFile:
             self._undo = [(v, undo) for v, undo in self._undo if v > version]
             self._signal()
 
+    def _save(self, doc: dict[str, Any]) -> None:
+        if self._mode is None:
+            save_json(self.path, doc)
+        else:
+            save_json(self.path, doc, mode=self._mode)
+
     def _set_failure(self, error: OSError | None) -> None:
         was_failing, self._failure = self._failure is not None, error
         if (error is not None) == was_failing:
             return
-        reason = _describe(error) if error is not None else ""
+        reason = describe(error) if error is not None else ""
         if error is not None:
             log.error("config file cannot be written: %s; changes are refused until it can", reason,
                       event="config_write_failed", file=self.path, error=error)
@@ -156,14 +165,20 @@ class ConfigFile:
             self._written_event = None
 
     async def flush(self) -> None:
-        """Wait until every change so far is written; StoreError (after a rollback) if the write failed."""
+        """Wait until every change so far is written; StoreError if the write failed and the changes
+        were rolled back, whichever caller's flush did the rollback."""
+        target = self._version
         attempted = False
-        while self.dirty:
+        while True:
+            if any(low < target <= high for low, high in self._undone):
+                raise StoreError(f"{describe(self._failure or OSError('write failed'))}: cannot write "
+                                 f"{self.path.name}; the change was not applied, retry later")
+            if self._written >= target:
+                return
             if self._writer is None or self._writer.done():
                 if attempted and self._failure is not None:
                     self._roll_back()
-                    raise StoreError(f"{_describe(self._failure)}: cannot write {self.path.name}; the change "
-                                     "was not applied, retry later") from None
+                    continue
                 self._writer = asyncio.get_running_loop().create_task(self._write())
             attempted = True
             if self._written_event is None:
@@ -182,12 +197,10 @@ class ConfigFile:
         undo, self._undo = self._undo, []
         for _version, fn in reversed(undo):
             fn()
-        if len(undo) == self._version - self._written:
-            self._written = self._version
-        else:
-            self._version += 1  # something without an undo: memory differs from the file, rewrite it
-
-
-def _describe(error: OSError) -> str:
-    kind = "disk full" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "disk I/O error"
-    return f"{kind} ({error.strerror or error})"
+        self._undone = [*self._undone[-15:], (self._written, self._version)]
+        complete = len(undo) == self._version - self._written
+        # A new version: requests after the rollback (reads flush too) are not among the undone ones.
+        self._version += 1
+        if complete:
+            self._written = self._version  # memory is the written document again
+        # else something had no undo: memory differs from the file, and the next write puts it there

@@ -12,7 +12,9 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+from broker.auth import AuthStore
 from broker.config import BrokerConfig, FlushDiskType
+from broker.config_file import ConfigFile
 from broker.consumer_manager import ConsumerInfo, ConsumerManager
 from broker.epoch import EpochSequence
 from broker.errors import BrokerError, FailedPreconditionError, NotFoundError, PermissionDeniedError
@@ -92,6 +94,7 @@ class BrokerController:
         self.topics = TopicConfigManager(config_dir)
         self.groups = SubscriptionGroupManager(config_dir, retry_queue_nums=config.retry_queue_nums,
                                                retry_max_times=config.max_reconsume_times)
+        self.auth = AuthStore(config_dir)
         self.epochs = EpochSequence()
         self.locks = QueueLockManager(epochs=self.epochs, expiry_ms=config.lock_expiry_ms)
         self.offsets = ConsumerOffsetManager(config_dir, epochs=self.epochs, ownership=self.locks,
@@ -118,7 +121,11 @@ class BrokerController:
         # Sends, config changes and the offset timer report disk trouble here; the server maps it to health.
         self.persistence = PersistenceHealth(self.metrics)
         self.store.guard.add_listener(self._on_store_write_state)
-        self.topics.file.on_state = self.groups.file.on_state = self._on_config_file_state
+        for file in self._config_files():
+            file.on_state = self._on_config_file_state
+        # CONSUMER_OFFSETS fails while the snapshot or the offset journal cannot be written.
+        self._offsets_snapshot_error: str | None = None
+        self.offsets.on_journal_state = lambda _error: self._report_offsets_health()
         self.consumers = ConsumerManager(expiry_ms=config.channel_expired_timeout_ms,
                                          watch_grace_ms=config.watch_grace_ms, clock_ms=self.clock_ms,
                                          on_leave=self._on_consumer_leave,
@@ -132,6 +139,7 @@ class BrokerController:
         recovery = self.store.load()
         topics = self.topics.load()
         groups = self.groups.load()
+        self.auth.load()
         offsets = self.offsets.load()
         self.schedule.load()
         self.topics.ensure_system_topic(SCHEDULE_TOPIC, len(self.config.delay_levels_ms))
@@ -145,6 +153,7 @@ class BrokerController:
                 self._persist_offsets)
         s.every("scan-consumers", 1.0, self.consumers.scan)
         s.every("retry-config-files", 1.0, self._retry_config_files)
+        s.every("reload-auth", 2.0, self.auth.reload_if_changed)
         s.every("expire-queue-locks", 1.0, self._expire_locks)
         s.every("delete-expired-commitlog", RETENTION_CHECK_INTERVAL_S, self.store.delete_expired_segments)
         await s.start()
@@ -175,7 +184,10 @@ class BrokerController:
             raise failed
 
     async def _persist_offsets_now(self) -> None:
-        report = await asyncio.to_thread(self.offsets.persist_now)
+        try:
+            report = await asyncio.to_thread(self.offsets.persist_now)
+        finally:
+            self.offsets.close()  # the journal's segment; what the snapshot could not take stays in it
         if report is not None:
             log.info("consumer offsets flushed",
                      event="offsets_flushed", entries=report.entries, bytes=report.size_bytes,
@@ -187,21 +199,30 @@ class BrokerController:
         try:
             report = await self.offsets.persist_if_dirty()
         except Exception as e:
-            if CONSUMER_OFFSETS not in self.persistence.failing_parts():
+            if self._offsets_snapshot_error is None:
                 log.error("consumer offsets cannot be persisted: %s; retrying every %.0f s", describe(e),
                           self.config.flush_consumer_offset_interval_ms / 1000,
                           event="offsets_persist_failed", error=e)
-            self.persistence.failing(CONSUMER_OFFSETS, describe(e))
+            self._offsets_snapshot_error = describe(e)
+            self._report_offsets_health()
             return
-        if CONSUMER_OFFSETS in self.persistence.failing_parts():
+        if self._offsets_snapshot_error is not None:
             log.info("consumer offsets persisted again", event="offsets_persist_recovered")
-            self.persistence.ok(CONSUMER_OFFSETS)
+            self._offsets_snapshot_error = None
+            self._report_offsets_health()
         if report is not None:
             self.metrics.offset_flush_seconds.observe(report.duration_s)
             self.metrics.offset_file_bytes.set(report.size_bytes)
             log.debug("consumer offsets persisted",
                       event="offsets_persisted", entries=report.entries, bytes=report.size_bytes,
                       duration_s=report.duration_s)
+
+    def _report_offsets_health(self) -> None:
+        reasons = [r for r in (self._offsets_snapshot_error, self.offsets.journal_error) if r]
+        if reasons:
+            self.persistence.failing(CONSUMER_OFFSETS, "; ".join(reasons))
+        else:
+            self.persistence.ok(CONSUMER_OFFSETS)
 
     def snapshot(self) -> StateSnapshot:
         """State gauges for a metrics scrape (called on the event loop thread)."""
@@ -322,25 +343,36 @@ class BrokerController:
         else:
             self.persistence.failing(STORE, reason)
 
+    def _config_files(self) -> tuple[ConfigFile, ...]:
+        return (self.topics.file, self.groups.file, *self.auth.files)
+
     def _on_config_file_state(self, ok: bool, reason: str) -> None:
-        files = (self.topics.file, self.groups.file)
-        if not any(f.failing for f in files):
+        if not any(f.failing for f in self._config_files()):
             self.persistence.ok(CONFIG_FILES)
         elif not ok:
             self.persistence.failing(CONFIG_FILES, reason)
 
     def _retry_config_files(self) -> None:
-        self.topics.file.retry()
-        self.groups.file.retry()
+        for file in self._config_files():
+            file.retry()
 
     async def flush_configs(self) -> None:
-        """Wait until topics.json and subscriptionGroup.json hold every change made so far."""
-        await self.topics.file.flush()
-        await self.groups.file.flush()
+        """Wait until topics.json, subscriptionGroup.json, users.json and acls.json hold every change so far.
+
+        Every file is flushed even after one failed, so each rolls back what it could not write (a user
+        deleted with its rules changes two files); then the first failure is raised."""
+        failed: BrokerError | None = None
+        for file in self._config_files():
+            try:
+                await file.flush()
+            except BrokerError as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
     @property
     def configs_dirty(self) -> bool:
-        return self.topics.file.dirty or self.groups.file.dirty
+        return any(file.dirty for file in self._config_files())
 
     async def delete_topic(self, name: str) -> None:
         self.topics.delete(name)

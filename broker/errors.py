@@ -36,6 +36,10 @@ class StaleResetGenerationError(FailedPreconditionError):
     """A commit made before the committer saw an admin offset reset."""
 
 
+class UnauthenticatedError(BrokerError):
+    """The request carries no credentials, or wrong or stale ones."""
+
+
 class PermissionDeniedError(BrokerError):
     """The broker or topic is not writable/readable (RocketMQ's NO_PERMISSION)."""
 

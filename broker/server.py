@@ -9,6 +9,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from broker import tls
+from broker.auth.guard import AccessGuard
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
 from broker.datadir import DataDirLock
@@ -69,7 +71,8 @@ class BrokerServer:
         log.info("consumer offsets loaded",
                  event="offsets_loaded", source=o.source.value, file=o.path, entries=o.entries,
                  skipped=len(o.skipped))
-        self.intake = RequestIntake(RequestBudget(self.config.max_inflight_request_bytes))
+        guard = await self._access_guard() if self.config.auth else None
+        self.intake = RequestIntake(RequestBudget(self.config.max_inflight_request_bytes), guard)
         server = grpc.aio.server(interceptors=[self.intake], options=[
             ("grpc.max_receive_message_length", self.config.request_limit_bytes),
             ("grpc.max_send_message_length", MAX_GRPC_SEND_BYTES),
@@ -84,7 +87,9 @@ class BrokerServer:
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
             server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        listen, credentials = f"{self.config.host}:{self.config.port}", tls.server_credentials(self.config)
+        self.port = (server.add_secure_port(listen, credentials) if credentials is not None
+                     else server.add_insecure_port(listen))
         if not self.port:
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}")
         if self.config.port == 0:
@@ -99,10 +104,27 @@ class BrokerServer:
             log.info("metrics served", event="metrics_ready", host=self.config.host, port=self.config.metrics_port)
         self._serving = True
         await self._publish_health()
+        warning = tls.exposure_warning(self.config, auth_enabled=self.config.auth)
+        if warning:
+            log.warning(warning, event="broker_exposed")
         log.info("broker ready",
                  event="broker_ready", broker=self.config.broker_name, host=self.config.host, port=self.port,
                  data_dir=self.config.data_dir, flush=self.config.flush.value)
         return self.port
+
+    async def _access_guard(self) -> AccessGuard:
+        """Authentication and authorization for every call (--auth); creates the first super user from
+        --init-user when there are no users yet (RocketMQ's initAuthenticationUser)."""
+        store = self.controller.auth
+        if self.config.init_user:
+            name, _, secret = self.config.init_user.partition(":")
+            if store.ensure_initial_user(name, secret):
+                await self.controller.flush_configs()
+                log.info("first super user created", event="auth_init_user", user=name)
+        if not store.has_users():
+            log.warning("auth is on and there are no users: every request will be refused; "
+                        "set TIDEMARK_INIT_USER=NAME:SECRET to create the first super user", event="auth_no_users")
+        return AccessGuard(store, max_skew_s=self.config.auth_max_skew_s)
 
     async def _set_health(self, status) -> None:
         for name in ("", *SERVICE_NAMES):

@@ -4,6 +4,13 @@ Synchronous API for scripts and PySpark executors; each component runs its
 asyncio core on a loop thread it owns. Every error is a TidemarkError.
 """
 
+import os
+
+# grpc's C core writes every refused TLS handshake to stderr at INFO level, on top of the one-line
+# exception this library raises for it; keep it to errors unless the user chose a level. (Read when
+# grpc is first imported, so it is set before any import below.)
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from client.admin import Admin
 from client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
 from client.consumer.listener import ConsumeConcurrentlyContext, ConsumeOrderlyContext
@@ -21,6 +28,8 @@ from client.errors import (
     RequestTimeoutError,
     StaleResetGenerationError,
     TidemarkError,
+    TlsHandshakeError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from client.message import (
@@ -41,6 +50,7 @@ from client.producer.selector import (
     SelectMessageQueueByHash,
     SelectMessageQueueByRandom,
 )
+from client.security import TlsSettings
 from client.settings import (
     ClientSettings,
     ProducerSettings,
@@ -48,6 +58,7 @@ from client.settings import (
     PushConsumerSettings,
 )
 from client.types import ResetTarget
+from tidemark.auth import Credentials
 
 __all__ = [
     "Admin", "AllocateMessageQueueStrategy", "strategy_by_name", "ConsumeConcurrentlyContext",
@@ -57,5 +68,7 @@ __all__ = [
     "UnavailableError", "ConsumeConcurrentlyStatus", "ConsumeFromWhere", "ConsumeOrderlyStatus", "Message",
     "MessageExt", "MessageModel", "MessageQueue", "PullResult", "PullStatus", "SendResult", "Producer",
     "MessageQueueSelector", "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "ClientSettings",
-    "ProducerSettings", "PullConsumerSettings", "PushConsumerSettings", "ResetTarget",
+    "ProducerSettings", "PullConsumerSettings", "PushConsumerSettings", "ResetTarget", "Credentials", "TlsSettings",
+    "TlsHandshakeError",
+    "UnauthenticatedError",
 ]

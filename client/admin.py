@@ -7,7 +7,8 @@ Calls that concern a topic go to the brokers holding it and merge the answers.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from client.dead_letters import Requeued, requeue_copy
@@ -18,6 +19,7 @@ from client.remoting.connection import BrokerConnection
 from client.runtime import LoopThread
 from client.settings import ClientSettings, build
 from client.types import (
+    AclRuleInfo,
     BrokerInfo,
     CommitOffsetsResult,
     GroupConfig,
@@ -30,6 +32,7 @@ from client.types import (
     TopicConfig,
     TopicQueueStats,
     TopicRoute,
+    UserInfo,
 )
 from tidemark.protocol import dlq_topic
 
@@ -49,7 +52,8 @@ class Admin:
         s = self.settings
 
         async def connect() -> BrokerCluster:
-            cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s)
+            cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s,
+                                    credentials=s.credentials, tls=s.tls)
             try:
                 await cluster.discover()
             except BaseException:
@@ -383,4 +387,85 @@ class Admin:
             conn = await self.cluster.connection(message.broker_name)
             return await conn.send_back(group, message, delay_level=delay_level,
                                         max_reconsume_times=max_reconsume_times)
+        return self._run(go())
+
+    # -- users and ACL rules ---------------------------------------------------
+    # Each broker keeps its own users and rules (RocketMQ's mqadmin applies them per broker or cluster):
+    # changes go to every broker, or the named ones; lists say which brokers hold each entry.
+
+    async def _targets(self, brokers: Sequence[str] | None) -> list[tuple[str, BrokerConnection]]:
+        if brokers:
+            return [(b, await self.cluster.connection(b)) for b in brokers]
+        return sorted((await self._brokers()).items())
+
+    async def _where_found(self, call: Callable[[BrokerConnection], Awaitable[T]]) -> list[tuple[str, T]]:
+        """call() on every broker; the answers of those that did not answer NOT_FOUND (NotFoundError if none)."""
+        found: list[tuple[str, T]] = []
+        missing: NotFoundError | None = None
+        for name, c in await self._targets(None):
+            try:
+                found.append((name, await call(c)))
+            except NotFoundError as e:
+                missing = e
+        if not found and missing is not None:
+            raise missing
+        return found
+
+    @staticmethod
+    def _merge(entries: list[tuple[str, Any]]) -> list[Any]:
+        """Equal entries from several brokers as one, with the brokers' names."""
+        where: dict[Any, list[str]] = {}
+        for broker, entry in entries:
+            where.setdefault(entry, []).append(broker)
+        return [replace(entry, brokers=tuple(brokers)) for entry, brokers in where.items()]
+
+    def create_user(self, name: str, secret_key: str, *, super_user: bool = False,
+                    brokers: Sequence[str] | None = None) -> UserInfo:
+        """Create a user (access key `name`) on every broker, or the named ones."""
+        async def go() -> UserInfo:
+            done = [(b, await c.create_user(name, secret_key, super_user=super_user))
+                    for b, c in await self._targets(brokers)]
+            return self._merge(done)[0]
+        return self._run(go())
+
+    def update_user(self, name: str, *, secret_key: str | None = None,
+                    super_user: bool | None = None) -> UserInfo:
+        """Change a user's secret key and/or super-user flag on every broker that has the user."""
+        async def go() -> UserInfo:
+            return self._merge(await self._where_found(
+                lambda c: c.update_user(name, secret_key=secret_key, super_user=super_user)))[0]
+        return self._run(go())
+
+    def delete_user(self, name: str) -> int:
+        """Delete a user and its ACL rules on every broker that has it; the number of rules deleted."""
+        async def go() -> int:
+            return sum(n for _b, n in await self._where_found(lambda c: c.delete_user(name)))
+        return self._run(go())
+
+    def list_users(self) -> list[UserInfo]:
+        async def go() -> list[UserInfo]:
+            entries = [(b, u) for b, c in await self._targets(None) for u in await c.list_users()]
+            return sorted(self._merge(entries), key=lambda u: (u.name, u.brokers))
+        return self._run(go())
+
+    def create_acl(self, user: str, resource: str, actions: Sequence[str], decision: str, *,
+                   source_ips: Sequence[str] = (), brokers: Sequence[str] | None = None) -> AclRuleInfo:
+        """Add a rule for `user` on every broker (or the named ones): resource `Topic:NAME`, `Topic:PREFIX*`,
+        `Group:NAME`, `Cluster`...; actions Pub, Sub, Create, Update, Delete, Get, List, All; Allow or Deny."""
+        async def go() -> AclRuleInfo:
+            done = [(b, await c.create_acl(user, resource, actions, decision, source_ips))
+                    for b, c in await self._targets(brokers)]
+            return self._merge(done)[0]
+        return self._run(go())
+
+    def delete_acl(self, user: str, resource: str | None = None) -> int:
+        """Delete a user's rules (all, or those on `resource`) on every broker; how many were deleted."""
+        async def go() -> int:
+            return sum(n for _b, n in await self._where_found(lambda c: c.delete_acl(user, resource)))
+        return self._run(go())
+
+    def list_acls(self, user: str | None = None) -> list[AclRuleInfo]:
+        async def go() -> list[AclRuleInfo]:
+            entries = [(b, r) for b, c in await self._targets(None) for r in await c.list_acls(user)]
+            return self._merge(entries)
         return self._run(go())

@@ -49,6 +49,10 @@ class StaleResetGenerationError(FailedPreconditionError):
     """An admin reset happened that this client had not seen; its commit was refused."""
 
 
+class UnauthenticatedError(TidemarkError):
+    """The broker refused the credentials: none, a wrong secret, or a clock too far from the broker's."""
+
+
 class PermissionDeniedError(TidemarkError):
     """The broker or topic is closed for writing or reading."""
 
@@ -57,6 +61,13 @@ class UnavailableError(TidemarkError):
     """The broker cannot be reached or is shutting down."""
 
     retriable = True
+
+
+class TlsHandshakeError(UnavailableError):
+    """The TLS handshake with a broker failed for a reason retrying cannot fix (an untrusted, expired or
+    misnamed certificate, TLS against a plaintext broker); the message says which and what to check."""
+
+    retriable = False
 
 
 class RequestTimeoutError(TidemarkError):
@@ -80,6 +91,7 @@ _BY_STATUS: dict[grpc.StatusCode, type[TidemarkError]] = {
     grpc.StatusCode.ALREADY_EXISTS: AlreadyExistsError,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPreconditionError,
     grpc.StatusCode.PERMISSION_DENIED: PermissionDeniedError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: RequestTimeoutError,
     grpc.StatusCode.RESOURCE_EXHAUSTED: UnavailableError,
@@ -103,9 +115,59 @@ def from_status(code: int, message: str, *, error_class: str = "", address: str 
     return cls(message, code=status)
 
 
-def from_rpc_error(error: grpc.RpcError, *, address: str = "") -> TidemarkError:
+# gRPC reports a failed connection as UNAVAILABLE and puts the handshake's reason in the details;
+# (marker in the details, what to tell the user) in order of precedence.
+_TLS_FAILURES = (
+    ("certificate has expired", "the broker's certificate has expired (renew it on the broker)"),
+    ("CERTIFICATE_VERIFY_FAILED", "certificate not trusted (check tls ca_file / --tls-ca-file: it must hold the "
+                                  "CA that signed the broker's certificate)"),
+    ("Hostname Verification Check failed", "the broker's certificate does not name the host dialled (connect "
+                                           "by a name the certificate holds, or set tls server_name)"),
+    ("Peer name", "the broker's certificate does not name the host dialled (connect by a name the certificate "
+                  "holds, or set tls server_name)"),
+    ("WRONG_VERSION_NUMBER", "the broker does not speak TLS (connect without tls, or start the broker with "
+                             "--tls-cert/--tls-key)"),
+)
+_HANDSHAKE_MARKERS = ("Tls handshake failed", "Ssl handshake failed", "SSL_ERROR_SSL", "Handshake failed")
+_CLOSED_MARKERS = ("Socket closed", "Connection reset", "Broken pipe", "connection closed", "End of TCP stream")
+
+
+def _connect_failure(details: str, address: str, tls: bool | None, client_cert: bool) -> TidemarkError | None:
+    """A one-line error for a connection that failed during setup, or None for any other failure."""
+    where = address or "the broker"
+    for marker, reason in _TLS_FAILURES:
+        if marker in details:
+            return TlsHandshakeError(f"TLS handshake with {where} failed: {reason}", code=grpc.StatusCode.UNAVAILABLE)
+    if any(m in details for m in _HANDSHAKE_MARKERS):
+        reason = details.split("last error: ", 1)[-1]
+        return TlsHandshakeError(f"TLS handshake with {where} failed: {reason}", code=grpc.StatusCode.UNAVAILABLE)
+    if "failed to connect" not in details or not any(m in details for m in _CLOSED_MARKERS):
+        return None
+    # The broker hung up before any answer. That is also what a broker going down looks like, so
+    # these stay retriable UnavailableErrors; the hint says which setting to look at.
+    if tls is False:
+        hint = "the broker may require TLS (set tls, or --tls / --tls-ca-file)"
+    elif tls and not client_cert:
+        hint = ("the broker may require a client certificate (mutual TLS: set tls cert_file/key_file, or "
+                "--tls-cert-file/--tls-key-file)")
+    elif tls:
+        hint = "the broker may not trust this client's certificate (mutual TLS)"
+    else:
+        hint = "it may require TLS or a client certificate"
+    return UnavailableError(f"broker {where} closed the connection during setup: {hint}",
+                            code=grpc.StatusCode.UNAVAILABLE)
+
+
+def from_rpc_error(error: grpc.RpcError, *, address: str = "", tls: bool | None = None,
+                   client_cert: bool = False) -> TidemarkError:
+    """The client exception for a failed call. `tls`/`client_cert` say how the connection dials, so a
+    connection the broker hung up on gets a hint about which setting to check."""
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else None) or str(code)
+    if code is grpc.StatusCode.UNAVAILABLE:
+        failure = _connect_failure(details, address, tls, client_cert)
+        if failure is not None:
+            return failure
     cls = _BY_STATUS.get(code, InternalError)
     if code is grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in details:
         # gRPC's own size check (the broker's max_request_bytes): sending it again cannot help.

@@ -20,6 +20,14 @@ from typing import Any
 from client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
 from client.errors import InvalidArgumentError
 from client.message import ConsumeFromWhere, MessageModel
+from client.security import (
+    TlsSettings,
+    coerce_credentials,
+    coerce_tls,
+    credentials_from_env,
+    tls_from_env,
+)
+from tidemark.auth import Credentials
 from tidemark.protocol import (
     DEFAULT_BROKER_ADDR,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -92,9 +100,17 @@ class ClientSettings:
     instance_name: str = _setting("", "Instance part of the client id (default: the pid)")
     request_timeout_s: float = _setting(3.0, "Timeout of one request to a broker")
     route_refresh_interval_s: float = _setting(30.0, "How long a topic route is trusted before it is fetched again")
+    credentials: Credentials | tuple[str, str] | None = _setting(
+        None, "tidemark.auth.Credentials or (access_key, secret_key) signing every request (default: "
+              "$TIDEMARK_ACCESS_KEY and $TIDEMARK_SECRET_KEY when both are set)", factory=credentials_from_env)
+    tls: bool | TlsSettings | None = _setting(
+        None, "False: plaintext; True: TLS with default trust roots; or TlsSettings(ca_file=, cert_file=, "
+              "key_file=, server_name=) (default: TLS when $TIDEMARK_TLS_CA_FILE is set)", factory=tls_from_env)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "brokers", parse_brokers(self.brokers))
+        object.__setattr__(self, "credentials", coerce_credentials(self.credentials))
+        object.__setattr__(self, "tls", coerce_tls(self.tls))
         if self.request_timeout_s <= 0:
             raise InvalidArgumentError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
 

@@ -200,3 +200,24 @@ class SendBackResult:
     queue_offset: int
     delay_level: int
     reconsume_times: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserInfo:
+    """A user as the brokers list it (never its secret key), and the brokers that hold it."""
+
+    name: str
+    super_user: bool
+    brokers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AclRuleInfo:
+    """An ACL rule as the brokers list it, and the brokers that hold it."""
+
+    user: str
+    resource: str
+    actions: tuple[str, ...]
+    decision: str
+    source_ips: tuple[str, ...] = ()
+    brokers: tuple[str, ...] = ()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,6 +27,7 @@ from client.errors import RequestTimeoutError
 from client.message import MessageQueue
 from spark_connector.arrow import records_to_batch
 from spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
+from spark_connector.options import Security
 from tidemark.logs import get_logger
 from tidemark.protocol import parse_tag_expression
 
@@ -41,6 +43,10 @@ class FetchSettings:
     fail_on_data_loss: bool
     poll_timeout_s: float
     tag_expression: str = "*"
+    security: Security = Security()
+
+    def client_kwargs(self) -> dict[str, Any]:
+        return {"brokers": self.brokers, **self.security.client_kwargs()}
 
 
 def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -50,7 +56,7 @@ def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.Record
     tags = parse_tag_expression(settings.tag_expression)
     wanted = None if tags.matches_all else pa.array(sorted(tags.tags), pa.string())
     start = rng.start
-    with RecordReader(brokers=settings.brokers) as reader:
+    with RecordReader(**settings.client_kwargs()) as reader:
         while start < rng.end:
             try:
                 for batch in _read(reader, settings, rng, start):
@@ -60,7 +66,7 @@ def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.Record
                         yield batch
                 return
             except QueueEndedError:
-                low, high = _bounds(settings.brokers, rng.mq)
+                low, high = _bounds(settings, rng.mq)
                 restart = check_start(rng.mq, start, low, high, fail_on_data_loss=settings.fail_on_data_loss)
                 if restart == start or restart >= rng.end or (restart == low and start > high):
                     # Nothing of this range survives (or the queue was re-created: later batches read it).
@@ -126,7 +132,7 @@ def _gap(settings: FetchSettings, mq: MessageQueue, expected: int, got: int) -> 
 
 def _stalled(settings: FetchSettings, rng: OffsetRange, expected: int) -> int:
     """No message for poll_timeout: decide between data loss and a broker that cannot deliver."""
-    low, high = _bounds(settings.brokers, rng.mq)
+    low, high = _bounds(settings, rng.mq)
     if high < rng.end or expected < low:
         message = describe_loss(rng.mq, rng.end if high < rng.end else expected, low, high)
         if settings.fail_on_data_loss:
@@ -139,6 +145,6 @@ def _stalled(settings: FetchSettings, rng: OffsetRange, expected: int) -> int:
                        f"raise option pollTimeoutMs or check the broker")
 
 
-def _bounds(brokers: str, mq: MessageQueue) -> tuple[int, int]:
-    with Admin(brokers=brokers) as admin:
+def _bounds(settings: FetchSettings, mq: MessageQueue) -> tuple[int, int]:
+    with Admin(**settings.client_kwargs()) as admin:
         return admin.offsets([mq])[mq]

@@ -16,8 +16,10 @@ from typing import Any
 
 from client.errors import InvalidArgumentError
 from client.message import MessageQueue
+from client.security import TlsSettings
 from client.settings import default_brokers, parse_brokers
 from spark_connector.offsets import EARLIEST, LATEST, OffsetFormatError, offsets_from_json
+from tidemark.auth import Credentials
 from tidemark.protocol import (
     InvalidNameError,
     check_group_name,
@@ -26,12 +28,15 @@ from tidemark.protocol import (
 )
 
 # Canonical spelling of each option; keys arrive lower-cased.
+# Credentials and TLS, for reads and writes alike; secretKey never leaves ReadOptions/WriteOptions
+# in text (Credentials keeps it out of repr; Spark redacts option keys matching "secret" in plans).
+SECURITY_OPTIONS = ("accessKey", "secretKey", "tls", "tlsCaFile", "tlsCertFile", "tlsKeyFile")
 READ_OPTIONS = ("brokers", "topic", "group", "startingOffsets", "endingOffsets", "startingTimestamp",
                 "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "tagExpression", "commitOffsets",
-                "pollTimeoutMs")
+                "pollTimeoutMs", *SECURITY_OPTIONS)
 STREAM_ONLY = ("maxOffsetsPerTrigger", "commitOffsets")
 BATCH_ONLY = ("endingOffsets",)
-WRITE_OPTIONS = ("brokers", "topic")
+WRITE_OPTIONS = ("brokers", "topic", *SECURITY_OPTIONS)
 # Keys Spark itself may put into a data source's options (DataFrameWriter.save(path), writeStream).
 SPARK_OWNED = frozenset({"path", "checkpointlocation", "queryname"})
 
@@ -54,6 +59,19 @@ OffsetSpec = OffsetKind | Mapping[MessageQueue, int]
 
 
 @dataclass(frozen=True, kw_only=True)
+class Security:
+    """Credentials and TLS from the options; None: not given, the client's own default applies
+    ($TIDEMARK_ACCESS_KEY... in the process that opens the connection)."""
+
+    credentials: Credentials | None = None
+    tls: TlsSettings | None = None
+
+    def client_kwargs(self) -> dict[str, Any]:
+        return {name: value for name, value in (("credentials", self.credentials), ("tls", self.tls))
+                if value is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
 class ReadOptions:
     streaming: bool
     brokers: tuple[str, ...]
@@ -68,20 +86,29 @@ class ReadOptions:
     tag_expression: str
     commit_offsets: bool
     poll_timeout_s: float
+    security: Security
 
     @property
     def brokers_csv(self) -> str:
         return ",".join(self.brokers)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """brokers, credentials and tls for a Producer, Admin or RecordReader."""
+        return {"brokers": self.brokers_csv, **self.security.client_kwargs()}
 
 
 @dataclass(frozen=True, kw_only=True)
 class WriteOptions:
     brokers: tuple[str, ...]
     topic: str
+    security: Security
 
     @property
     def brokers_csv(self) -> str:
         return ",".join(self.brokers)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        return {"brokers": self.brokers_csv, **self.security.client_kwargs()}
 
 
 def _canonical(options: Mapping[str, str], allowed: tuple[str, ...], what: str) -> dict[str, str]:
@@ -215,6 +242,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         commit_offsets=parse_bool("commitOffsets", opts.get("commitOffsets", "true")),
         poll_timeout_s=parse_int("pollTimeoutMs", opts.get("pollTimeoutMs", str(DEFAULT_POLL_TIMEOUT_MS)),
                                  minimum=1) / 1000,
+        security=parse_security(opts),
     )
 
 
@@ -222,8 +250,28 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     """Validate the options of df.write / df.writeStream."""
     opts = _canonical(options, WRITE_OPTIONS, "write")
     return WriteOptions(brokers=parse_brokers_option(opts.get("brokers")),
-                        topic=parse_topics(opts.get("topic"), single=True)[0])
+                        topic=parse_topics(opts.get("topic"), single=True)[0], security=parse_security(opts))
 
 
-__all__ = ["EARLIEST", "LATEST", "OffsetKind", "OffsetSpec", "OptionError", "ReadOptions", "WriteOptions",
+def parse_security(opts: Mapping[str, str]) -> Security:
+    """accessKey + secretKey (both or neither); tls=true, or any tls*File option, turns TLS on."""
+    access, secret = opts.get("accessKey", "").strip(), opts.get("secretKey", "")
+    if bool(access) != bool(secret):
+        missing = "secretKey" if access else "accessKey"
+        raise OptionError(f"tidemark options 'accessKey' and 'secretKey' go together: {missing!r} is missing")
+    files = {name: opts.get(option, "").strip() for name, option in
+             (("ca_file", "tlsCaFile"), ("cert_file", "tlsCertFile"), ("key_file", "tlsKeyFile"))}
+    tls_flag = parse_bool("tls", opts["tls"]) if "tls" in opts else None
+    if tls_flag is False and any(files.values()):
+        raise OptionError("tidemark option tls=false contradicts tlsCaFile/tlsCertFile/tlsKeyFile")
+    tls = None
+    if tls_flag or any(files.values()):
+        try:
+            tls = TlsSettings(**files)
+        except InvalidArgumentError:
+            raise OptionError("tidemark options 'tlsCertFile' and 'tlsKeyFile' go together") from None
+    return Security(credentials=Credentials(access, secret) if access else None, tls=tls)
+
+
+__all__ = ["EARLIEST", "LATEST", "OffsetKind", "OffsetSpec", "OptionError", "ReadOptions", "Security", "WriteOptions",
            "parse_read_options", "parse_write_options"]

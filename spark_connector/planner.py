@@ -31,7 +31,7 @@ OffsetsJson = dict[str, dict[str, dict[str, int]]]
 
 
 def _admin(options: ReadOptions) -> Admin:
-    return Admin(brokers=options.brokers_csv)
+    return Admin(**options.client_kwargs())
 
 
 def topic_queues(admin: Admin, topics: tuple[str, ...]) -> list[MessageQueue]:

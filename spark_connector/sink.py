@@ -163,7 +163,7 @@ class _Sender:
 
 def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
     """Send every row of the record batches; returns how many messages were sent."""
-    producer = Producer(brokers=options.brokers_csv).start()
+    producer = Producer(**options.client_kwargs()).start()
     try:
         sender = _Sender(producer, options.topic)
         row = 0

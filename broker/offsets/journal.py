@@ -10,16 +10,28 @@ and loading replays it on top of the snapshot.
 
 Files: `consumerOffset.journal.<n>` in the config directory, n counting up.
 A snapshot *rotates* the journal (later records go to segment n+1) before it
-copies the table, so every record of segments <= n is in that snapshot; once
-the snapshot is durably on disk those segments are deleted. A failed snapshot
-deletes nothing, and the next successful one deletes them all. Loading replays
-every segment left, oldest first.
+copies the table, so every record of segments <= n is in that snapshot; the
+snapshot file says so (its "offsetJournalFrom" is n+1), and once it is durably
+on disk those segments are deleted. A failed snapshot deletes nothing, and the
+next successful one deletes them all. Loading replays, oldest first, every
+segment from the snapshot's mark on (all of them for a file without the mark).
 
-Replaying a segment the snapshot already contains is harmless: records are
-assignments ("queue q of topic@group is at offset o", "entries of group g are
-gone"), so the last record touching an entry decides its value whatever the
-table held before. Replay therefore only needs the records in order, never to
-know which ones the snapshot had.
+Why the mark: records are assignments ("queue q of topic@group is at offset
+o", "entries of group g are gone"), so replaying a segment the snapshot already
+contains would be harmless *if every change had been journalled*. It is not
+when an append failed (a full disk): the change stands in memory and reaches
+the snapshot, but an older record of the same entry is still in a covered
+segment. A crash between writing the snapshot and deleting those segments
+would then replay the older record over the newer snapshot and move the offset
+backwards. Covered segments are therefore never replayed.
+
+A failed append (the disk is full) is raised to the manager, which keeps the
+change in memory and reports the journal as failing. The segment it went to
+stays usable unless part of the write reached it: a write that failed wrote
+nothing, so the next append continues the same intact segment, and a segment
+nothing ever reached is removed, so a long disk-full episode leaves no trail of
+empty files. Only a short write (a torn record inside the segment, which would
+hide every later record from the replay) moves on to a new segment.
 
 Durability: records are written with one os.write per applied batch (group
 commit: a CommitOffsets batch of 500 commits is one write), not fsynced. That
@@ -45,6 +57,7 @@ Pure functions for the format; OffsetJournal does the file work.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import re
 import struct
@@ -171,9 +184,10 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
 
 @dataclass(frozen=True, slots=True)
 class ReplayReport:
-    segments: int
+    segments: int  # replayed
     records: int
     damage: list[str]  # one line per segment whose tail was torn or damaged
+    covered: int = 0  # segments left unread: the snapshot holds them (deleted by the next snapshot)
 
 
 class OffsetJournal:
@@ -181,8 +195,8 @@ class OffsetJournal:
 
     append() runs on the event loop; rotate() and discard_before() may run in a
     worker thread (a shutdown snapshot), so the current segment is guarded by a
-    lock. A failed write poisons the segment (a short write would hide every
-    later record from the replay): the next append starts a new one.
+    lock. A short write poisons the segment (the next append starts a new one);
+    see the module docstring for the other failures.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -190,18 +204,21 @@ class OffsetJournal:
         self._lock = threading.Lock()
         self._seq = 1
         self._fd: int | None = None
+        self._size = 0  # bytes that reached segment _seq (kept across close(): a reopen appends)
         self.write_errors = 0
 
     @property
     def current_seq(self) -> int:
         return self._seq
 
-    def read_all(self) -> tuple[list[JournalRecord], ReplayReport]:
-        """Every intact record of every segment, oldest first; later appends go to a new segment."""
+    def read_all(self, first: int = 0) -> tuple[list[JournalRecord], ReplayReport]:
+        """Every intact record of the segments numbered `first` or higher (those below are in the
+        snapshot), oldest first; later appends go to a new segment."""
         records: list[JournalRecord] = []
         damage: list[str] = []
         segments = list_segments(self._dir)
-        for _, path in segments:
+        replayed = [(number, path) for number, path in segments if number >= first]
+        for _, path in replayed:
             try:
                 decoded = decode_records(path.read_bytes())
             except OSError as e:
@@ -212,14 +229,16 @@ class OffsetJournal:
                 damage.append(f"{path.name} {decoded.damage}; {len(decoded.records)} records before it kept")
         with self._lock:
             self._close_locked()
-            self._seq = (segments[-1][0] + 1) if segments else 1
-        return records, ReplayReport(len(segments), len(records), damage)
+            # Never below `first`: a segment numbered under the snapshot's mark would never be replayed.
+            self._seq, self._size = max((segments[-1][0] + 1) if segments else 1, first), 0
+        return records, ReplayReport(len(replayed), len(records), damage, len(segments) - len(replayed))
 
     def append(self, data: bytes) -> None:
         """Write encoded records to the current segment (one write; no fsync). Raises OSError."""
         if not data:
             return
         with self._lock:
+            written = 0
             try:
                 if self._fd is None:
                     self._dir.mkdir(parents=True, exist_ok=True)
@@ -227,19 +246,36 @@ class OffsetJournal:
                                        os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
                 written = os.write(self._fd, data)
                 if written != len(data):
-                    raise OSError(f"short write to the offset journal ({written} of {len(data)} bytes)")
+                    # A short write on a regular file means the next one would fail: the disk is full.
+                    raise OSError(errno.ENOSPC, f"short write to the offset journal "
+                                                f"({written} of {len(data)} bytes)")
+                self._size += written
             except OSError:
                 self.write_errors += 1
-                self._close_locked()
-                self._seq += 1
+                self._failed_locked(torn=written > 0)
                 raise
+
+    def _failed_locked(self, *, torn: bool) -> None:
+        if torn:
+            # Part of a record reached the segment: nothing after it would ever be replayed.
+            self._close_locked()
+            self._seq, self._size = self._seq + 1, 0
+        elif self._size == 0:
+            # Nothing ever reached this segment (O_CREAT made it empty): remove it and use the same
+            # number next time, so each failed batch of a disk-full episode does not leave a file.
+            self._close_locked()
+            try:
+                segment_path(self._dir, self._seq).unlink()
+            except OSError:
+                pass  # never created, or cannot go: an empty segment replays as nothing
+        # else: the failed write wrote nothing; the segment is intact and the next append continues it.
 
     def rotate(self) -> int:
         """Start a new segment; return its number. Segments below it may go once a snapshot taken after
         this call is durable."""
         with self._lock:
             self._close_locked()
-            self._seq += 1
+            self._seq, self._size = self._seq + 1, 0
             return self._seq
 
     def discard_before(self, seq: int) -> int:
@@ -256,6 +292,7 @@ class OffsetJournal:
         return removed
 
     def close(self) -> None:
+        """Close the current segment (shutdown). An append after it opens the segment again."""
         with self._lock:
             self._close_locked()
 

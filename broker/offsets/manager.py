@@ -25,6 +25,14 @@ snapshots loses no applied commit: load() replays the journal on top of the
 snapshot, and each successful snapshot deletes the journal segments it covers.
 Changes made inside `batch()` go out in one write.
 
+Unless the journal cannot be written (a full disk): the change is still
+applied and acknowledged, as RocketMQ keeps commits in memory, and reaches the
+next snapshot; only a crash before that snapshot loses it. The journal is then
+*failing*: logged once when it starts and once when it ends, shown in
+`journal_error` and passed to `on_journal_state` (the broker's health). It ends
+with the next append that works, or with a snapshot taken after the failure
+(that snapshot holds every change the journal missed).
+
 Threading: every method except the file write runs on the broker's event-loop
 thread. persist_if_dirty copies the table there, then encodes and writes in a
 worker thread.
@@ -36,7 +44,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -63,6 +71,7 @@ from broker.offsets.persistence import (
     load_offset_file,
     write_offset_file,
 )
+from broker.store.writability import describe
 from tidemark.logs import get_logger
 
 _log = logging.getLogger("tidemark.broker.offsets")
@@ -148,10 +157,21 @@ class ConsumerOffsetManager:
         self._pending: list[JournalRecord] = []  # records of the batch under way, written when it ends
         self._batch_depth = 0
         self.journal_report: ReplayReport | None = None
+        # Why the journal cannot be written (None: it can), and the table version of the last failure:
+        # a snapshot of that version or later holds every change the journal missed.
+        self._journal_error: str | None = None
+        self._journal_failed_version = 0
+        # Called on the event loop with journal_error whenever the journal starts or stops failing.
+        self.on_journal_state: Callable[[str | None], None] | None = None
 
     @property
     def path(self) -> Path:
         return self._path
+
+    @property
+    def journal_error(self) -> str | None:
+        """Why the offset journal cannot be written now; None when it can (or there is none)."""
+        return self._journal_error
 
     # -- load ----------------------------------------------------------------
 
@@ -166,7 +186,7 @@ class ConsumerOffsetManager:
         )
         self._offsets = table
         self._generations = {key: dict(queues) for key, queues in report.reset_generations.items()}
-        replayed = self._replay_journal()
+        replayed = self._replay_journal(report.journal_from)
         self._fences = {key: {q: _FenceState(reset_generation=g) for q, g in queues.items()}
                         for key, queues in self._generations.items()}
         self._version += 1
@@ -179,10 +199,11 @@ class ConsumerOffsetManager:
                        journal_records=replayed)
         return report
 
-    def _replay_journal(self) -> int:
+    def _replay_journal(self, first: int) -> int:
+        """Apply the journal segments the snapshot does not hold (numbered `first` or higher)."""
         if self._journal is None:
             return 0
-        records, replay = self._journal.read_all()
+        records, replay = self._journal.read_all(first)
         self.journal_report = replay
         for problem in replay.damage:
             # Expected after a crash inside a write: the commits of that last write were never answered.
@@ -215,8 +236,26 @@ class ConsumerOffsetManager:
             self._journal.append(encode_records(records))
         except OSError as e:
             # The change stands in memory and reaches the next snapshot; only a crash before it loses it.
-            self._log.error("cannot append to the offset journal: %s", e, event="offsets_journal_error",
-                            records=len(records), errors=self._journal.write_errors)
+            self._journal_failed_version = self._version
+            if self._journal_error is None:
+                self._journal_error = f"offset journal: {describe(e)}"
+                self._log.error("cannot append to the offset journal: %s; commits are still applied and reach "
+                                "the next snapshot, a crash before it loses them", e,
+                                event="offsets_journal_failed", records=len(records))
+                self._report_journal_state()
+            return
+        if self._journal_error is not None:
+            self._journal_recovered("written again")
+
+    def _journal_recovered(self, how: str) -> None:
+        self._journal_error = None
+        self._log.info("offset journal %s after %d failed writes", how, self._journal.write_errors,
+                       event="offsets_journal_recovered")
+        self._report_journal_state()
+
+    def _report_journal_state(self) -> None:
+        if self.on_journal_state is not None:
+            self.on_journal_state(self._journal_error)
 
     # -- commit / query / reset ---------------------------------------------
 
@@ -376,6 +415,8 @@ class ConsumerOffsetManager:
             loop = asyncio.get_running_loop()
             size, removed = await loop.run_in_executor(None, self._write, version, snapshot, keep_from)
             self._mark_persisted(version)
+            if self._journal_error is not None and version >= self._journal_failed_version:
+                self._journal_recovered("no longer needed: a snapshot holds what it missed")
             return PersistReport(
                 time.perf_counter() - started, size, count_entries(snapshot[0]), snapshot_s, removed
             )
@@ -411,7 +452,7 @@ class ConsumerOffsetManager:
     def _write(self, version: int, snapshot: tuple[OffsetTable, OffsetTable],
                keep_from: int | None) -> tuple[int, int]:
         """Write the snapshot, then delete the journal segments it covers; (bytes, segments removed)."""
-        data = encode_offset_table(*snapshot)
+        data = encode_offset_table(*snapshot, journal_from=keep_from)
         with self._write_lock:
             if version >= self._written_version:
                 write_offset_file(self._path, data)
@@ -423,6 +464,11 @@ class ConsumerOffsetManager:
 
     def _mark_persisted(self, version: int) -> None:
         self._persisted_version = max(self._persisted_version, version)
+
+    def close(self) -> None:
+        """Release the journal's open segment (shutdown, after the final snapshot)."""
+        if self._journal is not None:
+            self._journal.close()
 
     # -- helpers -------------------------------------------------------------
 

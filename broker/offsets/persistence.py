@@ -12,6 +12,11 @@ and habits they already have:
         }
     }
 
+A broker with the offset journal adds one top-level key after the table,
+`"offsetJournalFrom": <n>` (journal.py), and entries an admin reset add
+`"resetGenerations"`; RocketMQ's readers ignore keys they do not know, and a
+file without them loads as before.
+
 This is what `json.dumps(obj, indent=4, separators=(", ", ": "))` produces,
 with no trailing newline. Each line ending in a comma carries one trailing
 space after it (not shown above), as RocketMQ's fastjson pretty printer
@@ -47,6 +52,10 @@ OFFSET_TABLE_KEY = "offsetTable"
 # Extra top-level key (allowed by the file contract): reset generations of entries an admin reset,
 # so a reset still wins over a stale consumer's commit after a broker restart. Absent when empty.
 RESET_GENERATIONS_KEY = "resetGenerations"
+# Extra top-level key written by a broker with the offset journal: the first journal segment this
+# snapshot does not contain; loading replays only segments from it on (journal.py says why). Absent
+# (an older file, or no journal): every segment is replayed.
+JOURNAL_FROM_KEY = "offsetJournalFrom"
 # Offsets are Java longs in RocketMQ; a bigger number in the file is damage.
 MAX_OFFSET = 2**63 - 1
 # A damaged file can hold thousands of bad entries; the log gets this many,
@@ -74,6 +83,7 @@ class LoadReport:
     skipped: list[str] = field(default_factory=list)  # one human-readable reason per skipped entry
     # Reset generations stored beside the table (entries that were ever reset).
     reset_generations: dict = field(default_factory=dict)
+    journal_from: int = 0  # the first offset-journal segment the file does not contain
 
 
 class OffsetFileError(ValueError):
@@ -85,6 +95,7 @@ class DecodeResult:
     table: OffsetTable
     skipped: list[str]
     reset_generations: OffsetTable = field(default_factory=dict)
+    journal_from: int = 0
 
 
 def table_key(topic: str, group: str) -> str:
@@ -95,15 +106,19 @@ def table_key(topic: str, group: str) -> str:
 
 
 def encode_offset_table(table: Mapping[TableKey, Mapping[int, int]],
-                        reset_generations: Mapping[TableKey, Mapping[int, int]] | None = None) -> bytes:
+                        reset_generations: Mapping[TableKey, Mapping[int, int]] | None = None,
+                        journal_from: int | None = None) -> bytes:
     """Encode a table as consumerOffset.json bytes (RocketMQ's layout, no trailing newline).
 
     Reset generations, when there are any, follow as the extra key "resetGenerations" in the
-    same shape; a table without resets encodes exactly as RocketMQ writes it.
+    same shape, then `journal_from` as "offsetJournalFrom"; a table without either encodes exactly
+    as RocketMQ writes it.
     """
     sections = [f'    "{OFFSET_TABLE_KEY}": {_encode_section(table)}']
     if reset_generations:
         sections.append(f'    "{RESET_GENERATIONS_KEY}": {_encode_section(reset_generations)}')
+    if journal_from is not None:
+        sections.append(f'    "{JOURNAL_FROM_KEY}": {int(journal_from)}')
     return ("{\n" + ", \n".join(sections) + "\n}").encode("ascii")
 
 
@@ -185,7 +200,18 @@ def decode_offset_table(data: bytes | str) -> DecodeResult:
             queues[int(raw_qid)] = raw_offset
         if queues:
             table[(parts[0], parts[1])] = queues
-    return DecodeResult(table, skipped, _decode_generations(doc.get(RESET_GENERATIONS_KEY), table, skipped))
+    return DecodeResult(table, skipped, _decode_generations(doc.get(RESET_GENERATIONS_KEY), table, skipped),
+                        _decode_journal_from(doc.get(JOURNAL_FROM_KEY), skipped))
+
+
+def _decode_journal_from(raw: object, skipped: list[str]) -> int:
+    """The journal mark; 0 (replay every segment, as for a file without it) when absent or malformed."""
+    if raw is None:
+        return 0
+    if not isinstance(raw, int) or isinstance(raw, bool) or not 0 <= raw <= MAX_OFFSET:
+        skipped.append(f'"{JOURNAL_FROM_KEY}" {raw!r} is not a segment number; every journal segment is replayed')
+        return 0
+    return raw
 
 
 def _decode_generations(raw: object, table: OffsetTable, skipped: list[str]) -> OffsetTable:
@@ -262,7 +288,8 @@ def load_offset_file(
     if result is not None:
         _log_skipped(logger, path, result.skipped)
         return result.table, LoadReport(
-            LoadSource.MAIN, path, count_entries(result.table), result.skipped, result.reset_generations
+            LoadSource.MAIN, path, count_entries(result.table), result.skipped, result.reset_generations,
+            result.journal_from,
         )
 
     main_state = "is missing" if main_problem is None else f"is unusable: {main_problem}"
@@ -279,7 +306,7 @@ def load_offset_file(
         _log_skipped(logger, bak, bak_result.skipped)
         table = bak_result.table
         return table, LoadReport(LoadSource.BACKUP, bak, count_entries(table), bak_result.skipped,
-                                 bak_result.reset_generations)
+                                 bak_result.reset_generations, bak_result.journal_from)
 
     if main_problem is None and bak_problem is None:
         logger.info("no %s or %s yet; starting with no consumer offsets", path, bak.name,

@@ -1,9 +1,10 @@
-"""AdminService: topics, routes, broker info and permission, groups and retention."""
+"""AdminService: topics, routes, broker info and permission, groups, retention, users and ACL rules."""
 
 from __future__ import annotations
 
 import grpc
 
+from broker.auth import AclRule, Action, Decision, Resource, User
 from broker.controller import VERSION, BrokerController
 from broker.errors import InvalidArgumentError, NotFoundError
 from broker.groups import GroupConfig, check_group
@@ -21,6 +22,15 @@ def _group_config(g: GroupConfig) -> admin_pb2.GroupConfig:
 
 def _optional(request, name: str):
     return getattr(request, name) if request.HasField(name) else None
+
+
+def _user_info(u: User) -> admin_pb2.UserInfo:
+    return admin_pb2.UserInfo(name=u.name, super_user=u.super_user)  # never the secret
+
+
+def _acl_rule(r: AclRule) -> admin_pb2.AclRule:
+    return admin_pb2.AclRule(user=r.user, resource=str(r.resource), actions=[a.value for a in r.sorted_actions()],
+                             decision=r.decision.value, source_ips=list(r.source_ips))
 
 
 class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
@@ -147,3 +157,39 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def DeleteExpiredCommitLog(self, request, context: grpc.aio.ServicerContext):
         deleted = self._b.store.delete_expired_segments(force=True)
         return admin_pb2.DeleteExpiredCommitLogResponse(deleted_segments=deleted)
+
+    # -- users and ACL rules (authorized for super users by the auth interceptor) ---------
+
+    @rpc
+    async def CreateUser(self, request, context: grpc.aio.ServicerContext):
+        return _user_info(self._b.auth.create_user(request.name, request.secret_key, request.super_user))
+
+    @rpc
+    async def UpdateUser(self, request, context: grpc.aio.ServicerContext):
+        return _user_info(self._b.auth.update_user(request.name, secret_key=_optional(request, "secret_key"),
+                                                   super_user=_optional(request, "super_user")))
+
+    @rpc
+    async def DeleteUser(self, request, context: grpc.aio.ServicerContext):
+        return admin_pb2.DeleteUserResponse(deleted_acls=self._b.auth.delete_user(request.name))
+
+    @rpc
+    async def ListUsers(self, request, context: grpc.aio.ServicerContext):
+        return admin_pb2.ListUsersResponse(users=[_user_info(u) for u in self._b.auth.users()])
+
+    @rpc
+    async def CreateAcl(self, request, context: grpc.aio.ServicerContext):
+        rule = AclRule(request.user, Resource.parse(request.resource),
+                       frozenset(Action.parse(a) for a in request.actions), Decision.parse(request.decision),
+                       tuple(request.source_ips))
+        return _acl_rule(self._b.auth.create_rule(rule))
+
+    @rpc
+    async def DeleteAcl(self, request, context: grpc.aio.ServicerContext):
+        resource = _optional(request, "resource")
+        deleted = self._b.auth.delete_rules(request.user, None if resource is None else Resource.parse(resource))
+        return admin_pb2.DeleteAclResponse(deleted=deleted)
+
+    @rpc
+    async def ListAcls(self, request, context: grpc.aio.ServicerContext):
+        return admin_pb2.ListAclsResponse(rules=[_acl_rule(r) for r in self._b.auth.rules(_optional(request, "user"))])

@@ -17,6 +17,7 @@ from broker.errors import (
     NotFoundError,
     PermissionDeniedError,
     StoreError,
+    UnauthenticatedError,
 )
 from tidemark.logs import get_logger
 
@@ -28,6 +29,7 @@ _STATUS: tuple[tuple[type[BrokerError], grpc.StatusCode], ...] = (
     (AlreadyExistsError, grpc.StatusCode.ALREADY_EXISTS),
     (FailedPreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
     (PermissionDeniedError, grpc.StatusCode.PERMISSION_DENIED),
+    (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     (StoreError, grpc.StatusCode.UNAVAILABLE),
     (ConfigFileError, grpc.StatusCode.INTERNAL),
 )

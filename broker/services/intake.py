@@ -16,10 +16,13 @@ their sum across calls:
   `RESOURCE_EXHAUSTED` (the client backs off and retries), so a burst of
   large sends cannot pile up in memory while earlier ones wait for the disk;
 - a streamed message waits for room instead: the stream is not read further
-  meanwhile, so HTTP/2 flow control pushes back on that one sender.
+  meanwhile, so HTTP/2 flow control pushes back on that one sender;
+- requests up to `SMALL_REQUEST_BYTES` always get in (heartbeats, lock
+  renewals and commits must not starve behind bulk sends).
 
-A unary request's bytes count until its handler returns; a streamed message's
-until the handler asks for the next one (or the stream ends).
+A unary request's bytes count until its handler returns (a server-streaming
+call's only until it is decoded); a streamed message's until the handler asks
+for the next one, so an idle stream holds nothing.
 
 Runs on the event loop; the budget needs no lock.
 """
@@ -27,6 +30,8 @@ Runs on the event loop; the budget needs no lock.
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import inspect
 import time
 from collections.abc import AsyncIterator, Callable
@@ -35,32 +40,41 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from broker.errors import InvalidArgumentError
+from broker.auth.guard import AccessGuard
+from broker.errors import BrokerError, InvalidArgumentError
+from broker.services.access import Caller, MethodAccess
+from broker.services.errors import status_for
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.rpc")
 
 LOG_INTERVAL_S = 10.0
+# Requests up to this size are always admitted (and counted).
+SMALL_REQUEST_BYTES = 64 * 1024
 
 
 class RequestBudget:
     """Bytes of request messages held by handlers, with a ceiling.
 
-    `try_take` never blocks (unary calls); `take` waits for room (streams). A
-    single message larger than the whole budget is let through when nothing
-    else is held, so a limit below `max_request_bytes` cannot wedge a stream.
+    `try_take` never blocks (unary calls); `take` waits for room (streams).
+    Small messages (heartbeats, lock renewals, commits, credit) always get in,
+    so bulk sends filling the budget cannot starve the calls that keep
+    consumers alive; and a message larger than the whole budget gets in when
+    nothing else is held, so a limit below `max_request_bytes` cannot wedge a
+    stream.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, small: int = SMALL_REQUEST_BYTES) -> None:
         if limit <= 0:
             raise ValueError(f"request budget must be > 0 bytes, got {limit}")
         self.limit = limit
+        self.small = small
         self.held = 0
         self.refused = 0
-        self._room = asyncio.Condition()
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def _fits(self, size: int) -> bool:
-        return self.held + size <= self.limit or self.held == 0
+        return size <= self.small or self.held + size <= self.limit or self.held == 0
 
     def try_take(self, size: int) -> bool:
         if not self._fits(size):
@@ -70,18 +84,24 @@ class RequestBudget:
         return True
 
     async def take(self, size: int) -> None:
-        async with self._room:
-            await self._room.wait_for(lambda: self._fits(size))
-            self.held += size
+        while not self._fits(size):
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+        self.held += size
 
     def give(self, size: int) -> None:
+        if not size:
+            return
         self.held -= size
-        if self._room._waiters:  # type: ignore[attr-defined] - skip the task hop when nobody waits
-            asyncio.get_running_loop().create_task(self._notify())
-
-    async def _notify(self) -> None:
-        async with self._room:
-            self._room.notify_all()
+        while self._waiters:  # every waiter re-checks: one large release may admit several
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class _Throttled:
@@ -106,11 +126,14 @@ class _Throttled:
 class RequestIntake(grpc.aio.ServerInterceptor):
     """Decode requests inside the call (bad bytes: INVALID_ARGUMENT) and hold them within a byte budget."""
 
-    def __init__(self, budget: RequestBudget) -> None:
+    def __init__(self, budget: RequestBudget, guard: AccessGuard | None = None) -> None:
         self.budget = budget
+        self.guard = guard  # None: authentication and authorization are off
         self.undecodable = 0
         self._bad_request_log = _Throttled()
         self._overload_log = _Throttled()
+        self.refusals = 0
+        self._refusal_log = _Throttled()
         self._handlers: dict[str, grpc.RpcMethodHandler | None] = {}
 
     async def intercept_service(self, continuation, handler_call_details):
@@ -126,34 +149,49 @@ class RequestIntake(grpc.aio.ServerInterceptor):
         decode = h.request_deserializer or (lambda raw: raw)
         message_class = getattr(decode, "__self__", None)  # FromString of a generated message class
         descriptor = getattr(message_class, "DESCRIPTOR", None)
-        unpack = _Unpacker(self, method, decode, descriptor.full_name if descriptor else "the request type")
+        access = None if self.guard is None else MethodAccess(self.guard, method)
+        unpack = _Unpacker(self, method, decode, descriptor.full_name if descriptor else "the request type",
+                           None if access is None or access.open else access)
         budget = self.budget
         if h.request_streaming:
             inner = h.stream_stream if h.response_streaming else h.stream_unary
 
             async def call(requests, context):
-                return await inner(unpack.stream(requests, context), context)
+                caller = await unpack.caller(context)
+                async with contextlib.aclosing(unpack.stream(requests, context, caller)) as stream:
+                    return await inner(stream, context)
 
             async def call_streaming(requests, context):
-                async for response in inner(unpack.stream(requests, context), context):
-                    yield response
+                caller = await unpack.caller(context)
+                async with contextlib.aclosing(unpack.stream(requests, context, caller)) as stream:
+                    async for response in inner(stream, context):
+                        yield response
         else:
             inner = h.unary_stream if h.response_streaming else h.unary_unary
 
             async def call(raw, context):
+                caller = await unpack.caller(context)
                 size = await unpack.admit(raw, context)
+                if h.response_streaming:  # a watch: its request is done with once decoded
+                    try:
+                        request = await unpack.one(raw, context, caller)
+                    finally:
+                        budget.give(size)
+                    return await inner(request, context)
                 try:
-                    return await inner(await unpack.one(raw, context), context)
+                    return await inner(await unpack.one(raw, context, caller), context)
                 finally:
                     budget.give(size)
 
             async def call_streaming(raw, context):
+                caller = await unpack.caller(context)
                 size = await unpack.admit(raw, context)
                 try:
-                    async for response in inner(await unpack.one(raw, context), context):
-                        yield response
+                    request = await unpack.one(raw, context, caller)
                 finally:
                     budget.give(size)
+                async for response in inner(request, context):
+                    yield response
 
         # A streaming answer comes from an async generator, or from a coroutine that calls context.write.
         behaviour = call_streaming if inspect.isasyncgenfunction(inner) else call
@@ -167,6 +205,11 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                                       method=method, type=type_name, bytes=size, error=str(error)[:200],
                                       total=self.undecodable)
 
+    def refused(self, method: str, error: BrokerError) -> None:
+        self.refusals += 1
+        self._refusal_log.warning("request refused by access control", event="access_refused", method=method,
+                                  error=type(error).__name__, reason=str(error)[:200], total=self.refusals)
+
     def overloaded(self, method: str, size: int) -> None:
         self._overload_log.warning("request refused: request bytes in flight at the limit",
                                    event="request_overload", method=method, bytes=size, held=self.budget.held,
@@ -174,15 +217,36 @@ class RequestIntake(grpc.aio.ServerInterceptor):
 
 
 class _Unpacker:
-    """Decoding and budget accounting for one method's requests."""
+    """Decoding, access checks and budget accounting for one method's requests."""
 
-    __slots__ = ("_intake", "_method", "_decode", "_type_name")
+    __slots__ = ("_intake", "_method", "_decode", "_type_name", "_access")
 
-    def __init__(self, intake: RequestIntake, method: str, decode: Callable[[bytes], Any], type_name: str) -> None:
+    def __init__(self, intake: RequestIntake, method: str, decode: Callable[[bytes], Any], type_name: str,
+                 access: MethodAccess | None = None) -> None:
         self._intake = intake
         self._method = method
         self._decode = decode
         self._type_name = type_name
+        self._access = access
+
+    async def caller(self, context: grpc.aio.ServicerContext) -> Caller | None:
+        """Who calls (None when access control is off or the method is open); UNAUTHENTICATED, or
+        PERMISSION_DENIED for a super-user method, before any request byte is read."""
+        if self._access is None:
+            return None
+        try:
+            return self._access.caller(context.invocation_metadata() or (), context.peer() or "")
+        except BrokerError as e:
+            self._intake.refused(self._method, e)
+            await context.abort(status_for(e), str(e))
+
+    def _check(self, caller: Caller | None, request: Any) -> None:
+        if caller is not None:
+            try:
+                self._access.check(caller, request)
+            except BrokerError as e:
+                self._intake.refused(self._method, e)
+                raise
 
     async def admit(self, raw: bytes, context: grpc.aio.ServicerContext) -> int:
         size = len(raw)
@@ -200,23 +264,34 @@ class _Unpacker:
             self._intake.bad_request(self._method, self._type_name, len(raw), e)
             raise InvalidArgumentError(f"request could not be decoded as {self._type_name}: {str(e)[:200]}") from None
 
-    async def one(self, raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+    async def one(self, raw: bytes, context: grpc.aio.ServicerContext, caller: Caller | None = None) -> Any:
         try:
-            return self.decode(raw)
-        except InvalidArgumentError as e:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            request = self.decode(raw)
+            self._check(caller, request)
+            return request
+        except BrokerError as e:
+            await context.abort(status_for(e), str(e))
 
-    async def stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+    async def stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
+                     caller: Caller | None = None) -> AsyncIterator[Any]:
         """The stream's messages decoded. An undecodable one raises InvalidArgumentError in the handler,
-        which ends the call with INVALID_ARGUMENT as it does any domain error."""
+        which ends the call with INVALID_ARGUMENT as it does any domain error. A message counts from its
+        arrival until the handler asks for the next one: an idle stream holds nothing."""
         budget = self._intake.budget
         held = 0
+        iterator = requests.__aiter__()
         try:
-            async for raw in requests:
+            while True:
                 budget.give(held)
                 held = 0
+                try:
+                    raw = await iterator.__anext__()
+                except StopAsyncIteration:
+                    return
                 await budget.take(len(raw))
                 held = len(raw)
-                yield self.decode(raw)
+                request = self.decode(raw)
+                self._check(caller, request)  # a refused message ends the stream like any domain error
+                yield request
         finally:
             budget.give(held)

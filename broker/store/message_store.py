@@ -358,7 +358,7 @@ class MessageStore:
         except (StoreError, OSError) as exc:
             try:
                 self._undo_append(start, queue)
-            except OSError:
+            except (StoreError, OSError):
                 self._pending_cut = (start, queue)  # the probe finishes it before writes resume
             self._fail(exc)
             raise self.guard.refusal() from exc

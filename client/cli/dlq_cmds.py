@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from client.admin import Admin
+from client.cli.connect import client_kwargs
 from client.cli.output import emit, iso_ms
 from tidemark.protocol import dlq_topic
 
@@ -30,7 +31,7 @@ def _preview(body: bytes) -> str:
 
 
 def list_dlq(args: argparse.Namespace) -> int:
-    with Admin(brokers=args.brokers, request_timeout_s=args.timeout) as admin:
+    with Admin(**client_kwargs(args)) as admin:
         msgs = admin.dead_letters(args.group, args.max)
     rows = [{"msg_id": m.msg_id, "original_topic": m.origin_topic, "reconsume_times": m.reconsume_times,
              "broker": m.broker_name, "queue": m.queue_id, "offset": m.queue_offset,
@@ -41,7 +42,7 @@ def list_dlq(args: argparse.Namespace) -> int:
 
 
 def requeue(args: argparse.Namespace) -> int:
-    with Admin(brokers=args.brokers, request_timeout_s=args.timeout) as admin:
+    with Admin(**client_kwargs(args)) as admin:
         done = admin.requeue_dead_letters(args.group, args.msg_id if not args.all else None)
     rows = [{"msg_id": r.msg_id, "topic": r.topic, "broker": r.queue.broker_name, "queue": r.queue.queue_id,
              "offset": r.queue_offset} for r in done]

@@ -7,6 +7,7 @@ import re
 import time
 
 from client.admin import Admin
+from client.cli.connect import client_kwargs
 from client.cli.message_cmds import parse_time_ms
 from client.cli.output import emit, iso_ms
 from client.errors import InvalidArgumentError, NotFoundError
@@ -62,7 +63,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
 
 def _admin(args: argparse.Namespace) -> Admin:
-    return Admin(brokers=args.brokers, request_timeout_s=args.timeout).start()
+    return Admin(**client_kwargs(args)).start()
 
 
 def list_groups(args: argparse.Namespace) -> int:

@@ -8,6 +8,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from client.cli.output import emit
+from client.remoting.security import open_sync_channel
+from client.security import TlsSettings
+from tidemark.auth import Credentials, signed_metadata
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -15,17 +18,20 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(run=health)
 
 
-def check(address: str, timeout: float) -> str:
-    with grpc.insecure_channel(address) as channel:
+def check(address: str, timeout: float, *, credentials: Credentials | None = None,
+          tls: TlsSettings | None = None) -> str:
+    metadata = signed_metadata(credentials) if credentials is not None else None
+    with open_sync_channel(address, tls=tls) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
-                                                               timeout=timeout)
+                                                               timeout=timeout, metadata=metadata)
         except grpc.RpcError as e:
             return f"UNREACHABLE ({e.code().name})"
     return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
 
 def health(args: argparse.Namespace) -> int:
-    rows = [{"broker": address, "status": check(address, args.timeout)} for address in args.brokers]
+    rows = [{"broker": address, "status": check(address, args.timeout, credentials=args.credentials, tls=args.tls)}
+            for address in args.brokers]
     emit(rows, ["broker", "status"], as_json=args.json)
     return 0 if all(r["status"] == "SERVING" for r in rows) else 1

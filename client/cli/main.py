@@ -9,7 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from client.cli import dlq_cmds, group_cmds, health_cmds, message_cmds, topic_cmds
+from client.cli import (
+    auth_cmds,
+    connect,
+    dlq_cmds,
+    group_cmds,
+    health_cmds,
+    message_cmds,
+    topic_cmds,
+)
 from client.errors import TidemarkError
 from client.settings import BROKER_ENV, default_brokers, parse_brokers
 from tidemark.logs import setup_logging
@@ -21,6 +29,7 @@ def client_options() -> argparse.ArgumentParser:
                         help=f"broker address(es), comma separated (default ${BROKER_ENV} or 127.0.0.1:10911)")
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     common.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per-request timeout")
+    connect.add_arguments(common)
     return common
 
 
@@ -38,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     group_cmds.register(sub, common)
     dlq_cmds.register(sub, common)
     health_cmds.register(sub, common)
+    auth_cmds.register(sub, common)
     return parser
 
 
@@ -54,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging("ERROR", "plain")
         try:
             args.brokers = parse_brokers(args.broker) if args.broker else default_brokers()
+            connect.resolve(args)
         except TidemarkError as e:
             parser.error(str(e))
     try:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from client.admin import Admin
+from client.cli.connect import client_kwargs
 from client.cli.output import Progress, emit, iso_ms, message_json, print_line
 from client.consumer.push_consumer import PushConsumer
 from client.errors import InvalidArgumentError, TidemarkError
@@ -80,7 +81,7 @@ def parse_time_ms(text: str, option: str) -> int:
 def send(args: argparse.Namespace) -> int:
     if args.body is None and args.count is None:
         raise InvalidArgumentError("give --body TEXT or --count N")
-    with Producer(brokers=args.brokers, request_timeout_s=args.timeout, send_msg_timeout_s=args.timeout) as producer:
+    with Producer(**client_kwargs(args), send_msg_timeout_s=args.timeout) as producer:
         queue = None
         if args.queue is not None:
             mqs = [q for q in producer.fetch_publish_message_queues(args.topic) if q.queue_id == args.queue]
@@ -128,7 +129,7 @@ def _stop_event() -> threading.Event:
 def consume_plain(args: argparse.Namespace) -> int:
     """Read every queue of the topic without a group, from --from-offset."""
     stop = _stop_event()
-    with Admin(brokers=args.brokers, request_timeout_s=args.timeout) as admin:
+    with Admin(**client_kwargs(args)) as admin:
         mqs = admin.fetch_message_queues(args.topic)
         positions: dict[MessageQueue, int] = {}
         for mq, (low, high) in admin.offsets(mqs).items():
@@ -197,8 +198,7 @@ def consume_group(args: argparse.Namespace) -> int:
 
     def build() -> PushConsumer:
         # One consume thread: messages reach the listener one at a time, so suspending stops the very next one.
-        c = PushConsumer(group=args.group, brokers=args.brokers, request_timeout_s=args.timeout,
-                         consume_from_where=where, consume_thread_max=1)
+        c = PushConsumer(group=args.group, **client_kwargs(args), consume_from_where=where, consume_thread_max=1)
         c.subscribe(args.topic, args.tag)
         c.register_message_listener(listener)
         current.append(c)
@@ -247,7 +247,7 @@ def _stop_at(consumer: PushConsumer, enough: threading.Event, context, done: int
 
 
 def message_get(args: argparse.Namespace) -> int:
-    with Admin(brokers=args.brokers, request_timeout_s=args.timeout) as admin:
+    with Admin(**client_kwargs(args)) as admin:
         if args.broker_name:
             broker = args.broker_name
         else:
@@ -265,7 +265,7 @@ def message_get(args: argparse.Namespace) -> int:
 def message_search(args: argparse.Namespace) -> int:
     end = parse_time_ms(args.end, "--end") if args.end else int(time.time() * 1000)
     begin = parse_time_ms(args.begin, "--begin") if args.begin else end - 24 * 3600 * 1000
-    with Admin(brokers=args.brokers, request_timeout_s=args.timeout) as admin:
+    with Admin(**client_kwargs(args)) as admin:
         found = admin.query_message_by_key(args.topic, args.key, begin, end, args.max)
     rows = [{"msg_id": m.msg_id, "broker": m.broker_name, "queue": m.queue_id, "offset": m.queue_offset,
              "keys": m.keys, "tags": m.tags, "stored": iso_ms(m.store_timestamp)} for m in found]

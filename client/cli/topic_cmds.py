@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 
 from client.admin import Admin
+from client.cli.connect import client_kwargs
 from client.cli.output import emit, iso_ms
 from client.errors import InvalidArgumentError
 
 
 def admin(args: argparse.Namespace) -> Admin:
-    return Admin(brokers=args.brokers, request_timeout_s=args.timeout).start()
+    return Admin(**client_kwargs(args)).start()
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -106,7 +106,8 @@ class ConsumerCore:
 
     async def start(self, *, assigned: set[MessageQueue] | None = None) -> None:
         s = self.settings
-        self.cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s)
+        self.cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s,
+                                     credentials=s.credentials, tls=s.tls)
         try:
             await self._start(assigned)
         except BaseException:
@@ -164,7 +165,7 @@ class ConsumerCore:
 
     async def assign(self, queues: set[MessageQueue]) -> None:
         """A fixed assignment (no group coordination): exactly these queues."""
-        topics = {mq.topic for mq in queues} | {oq.mq.topic for oq in self.ownership.queues()}
+        topics = {mq.topic for mq in queues} | self.ownership.topics()  # with kept progress to drop
         for topic in sorted(topics):
             await self.ownership.update(topic, {mq for mq in queues if mq.topic == topic})
 

@@ -18,6 +18,13 @@ this client (or filtered out by its subscription), everything below the
 broker's by the group. The new lease then commits its start, under its new
 owner epoch, so the broker knows it too.
 
+Only when the broker has a committed offset for the queue: one with none
+cannot prove it is the queue we read. A topic deleted and re-created loses its
+offsets and reset generations (the generation is 0 again, as ours may be) and
+its queues start again at 0; resuming at the kept offset would skip the new
+queue's first messages. With the offset journal a broker restart keeps the
+committed offsets, so this costs nothing in the case kept progress is for.
+
 A queue that is handed over normally leaves nothing behind: its final commit
 reached the broker with the unlock.
 """
@@ -46,9 +53,7 @@ def resume_offset(start: int, committed: int | None, broker_generation: int | No
     if kept is None or kept.offset < 0 or kept.reset_generation != broker_generation:
         return start
     if committed is not None and committed < 0:
-        # The broker has no offset for the group (it lost its files): `start` is only consume_from_where's
-        # guess, which for "last offset" would skip what this client had not consumed yet.
-        return kept.offset
+        return start  # no offset on the broker: maybe a re-created queue (module docstring)
     known = start if committed is None else committed
     # `start` may lie past the committed offset (messages below it expired): never start before it.
     return max(start, kept.offset) if kept.offset > known else start

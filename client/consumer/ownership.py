@@ -11,8 +11,8 @@ and a new owner reading an offset the old one had not committed yet.
 
 A broker restart takes every lock away (the lock table is in memory): the
 queues are LOST and locked again, and each resumes from its own progress when
-that is further along than the broker's committed offset and no admin reset
-came in between (kept_progress.py).
+that is further along than the broker's committed offset (the broker must have
+one) and no admin reset came in between (kept_progress.py).
 
 RocketMQ-style (queue_locking=False): no locks; a leaving queue is dropped at
 once and its offset persisted without waiting for running batches.
@@ -104,6 +104,11 @@ class QueueOwnership:
     def assigned(self, topic: str | None = None) -> set[MessageQueue]:
         """Queues this client has taken on (in any state but released/lost)."""
         return {oq.mq for oq in self.queues(topic)}
+
+    def topics(self) -> set[str]:
+        """Topics this client holds queues or kept progress of: the ones update() must still visit
+        (update(topic, set()) drops both)."""
+        return {mq.topic for mq in self._queues} | {mq.topic for mq in self._kept}
 
     def pulling(self) -> list[MessageQueue]:
         return sorted(oq.mq for oq in self._queues.values() if oq.state is QueueState.PULLING)
@@ -325,7 +330,10 @@ class QueueOwnership:
         elif self._hooks.commit_start_offset and self._store.read_memory(mq) < 0:
             self._store.update_offset(mq, offset, increase_only=False)
         await self._hooks.lease_started(lease)
-        if resumed != offset:
+        # A resumed queue, and a queue the broker had no offset for: tell the broker at once. Without
+        # the latter, a broker restart before our first timed commit would find no committed offset,
+        # and kept progress is never trusted then (kept_progress.py): everything read so far again.
+        if resumed != offset or (self._hooks.commit_start_offset and committed is not None and committed < 0):
             await self._recommit(mq)
         return True
 

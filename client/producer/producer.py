@@ -115,7 +115,8 @@ class AsyncProducer:
 
     async def start(self) -> None:
         s = self.settings
-        self._cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s)
+        self._cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s,
+                                      credentials=s.credentials, tls=s.tls)
         try:
             await self._cluster.discover()
         except BaseException:

@@ -15,20 +15,29 @@ from collections.abc import Sequence
 from client.errors import InvalidArgumentError, NotFoundError, TidemarkError, UnavailableError
 from client.message import MessageQueue
 from client.remoting.connection import BrokerConnection
+from client.security import TlsSettings
 from client.types import QueueData, TopicRoute
+from tidemark.auth import Credentials
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.client.cluster")
 
 
 class BrokerCluster:
-    def __init__(self, addresses: Sequence[str], *, timeout_s: float = 3.0, route_ttl_s: float = 30.0) -> None:
+    def __init__(self, addresses: Sequence[str], *, timeout_s: float = 3.0, route_ttl_s: float = 30.0,
+                 credentials: Credentials | None = None, tls: TlsSettings | None = None) -> None:
         self._timeout = timeout_s
         self._route_ttl = route_ttl_s
-        self._by_address: dict[str, BrokerConnection] = {a: BrokerConnection(a, timeout_s=timeout_s) for a in addresses}
+        self._credentials = credentials
+        self._tls = tls
+        self._by_address: dict[str, BrokerConnection] = {a: self._connect(a) for a in addresses}
         self._by_name: dict[str, BrokerConnection] = {}
         self._routes: dict[str, tuple[float, TopicRoute]] = {}
         self._lock = asyncio.Lock()
+
+    def _connect(self, address: str) -> BrokerConnection:
+        """Every connection of the cluster dials the same way: the same credentials and TLS settings."""
+        return BrokerConnection(address, timeout_s=self._timeout, credentials=self._credentials, tls=self._tls)
 
     @property
     def addresses(self) -> list[str]:
@@ -48,9 +57,11 @@ class BrokerCluster:
         async with self._lock:
             missing = [c for c in self._by_address.values() if c.broker_name is None]
             results = await asyncio.gather(*(c.broker_info() for c in missing), return_exceptions=True)
+            failures: list[TidemarkError] = []
             for conn, result in zip(missing, results, strict=True):
                 if isinstance(result, TidemarkError):
                     log.warning("broker unreachable", event="broker_unreachable", addr=conn.address, error=result)
+                    failures.append(result)
                     continue
                 if isinstance(result, BaseException):
                     raise result
@@ -60,7 +71,11 @@ class BrokerCluster:
                         f"brokers {other.address} and {conn.address} both call themselves {result.broker_name!r}")
                 self._by_name[result.broker_name] = conn
             if not self._by_name:
-                raise UnavailableError(f"no broker reachable at {', '.join(self._by_address)}")
+                if len(failures) == 1:
+                    raise failures[0]  # its message names the broker and why (a refused TLS handshake...)
+                why = "; ".join(str(f) for f in failures)
+                raise UnavailableError(f"no broker reachable at {', '.join(self._by_address)}"
+                                       + (f": {why}" if why else ""))
             return dict(self._by_name)
 
     async def connection(self, broker_name: str) -> BrokerConnection:
@@ -94,7 +109,7 @@ class BrokerCluster:
             raise NotFoundError(f"topic {topic!r} does not exist on any broker ({', '.join(brokers)})")
         for d in datas:
             if d.broker_name not in self._by_name and d.broker_addr not in self._by_address:
-                conn = BrokerConnection(d.broker_addr, timeout_s=self._timeout)
+                conn = self._connect(d.broker_addr)
                 conn.broker_name = d.broker_name
                 self._by_address[d.broker_addr] = conn
                 self._by_name[d.broker_name] = conn

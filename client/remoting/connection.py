@@ -16,8 +16,11 @@ import grpc
 from client.errors import InvalidArgumentError, TidemarkError, from_rpc_error, from_status
 from client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
 from client.remoting import convert
+from client.remoting.security import open_channel
 from client.remoting.streams import FetchStream, OnBroken, OnEnded, OnRecords, ProduceStream
+from client.security import TlsSettings
 from client.types import (
+    AclRuleInfo,
     BrokerInfo,
     CommitOffsetsResult,
     GroupConfig,
@@ -33,7 +36,9 @@ from client.types import (
     TopicConfig,
     TopicQueueStats,
     TopicRoute,
+    UserInfo,
 )
+from tidemark.auth import Credentials
 from tidemark.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -74,14 +79,14 @@ class CommitStream:
         try:
             await self._call.write(offsets_pb2.CommitOffsetsRequest(commits=[convert.commit_pb(c) for c in commits]))
         except grpc.RpcError as e:
-            raise from_rpc_error(e, address=self._conn.address) from None
+            raise self._conn.error(e) from None
 
     async def close(self) -> CommitOffsetsResult:
         try:
             await self._call.done_writing()
             pb = await self._call
         except grpc.RpcError as e:
-            raise from_rpc_error(e, address=self._conn.address) from None
+            raise self._conn.error(e) from None
         name = self._conn.broker_name or ""
         return CommitOffsetsResult(pb.applied, pb.rejected, [convert.rejected(r, name) for r in pb.rejections])
 
@@ -90,12 +95,14 @@ class CommitStream:
 
 
 class BrokerConnection:
-    def __init__(self, address: str, *, timeout_s: float = 3.0) -> None:
+    def __init__(self, address: str, *, timeout_s: float = 3.0, credentials: Credentials | None = None,
+                 tls: TlsSettings | None = None) -> None:
         self.address = address
         self.broker_name: str | None = None
         self.info: BrokerInfo | None = None  # from the last broker_info()
         self._timeout = timeout_s
-        self._channel = grpc.aio.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._tls = tls
+        self._channel = open_channel(address, options=_CHANNEL_OPTIONS, credentials=credentials, tls=tls)
         self._messaging = messaging_pb2_grpc.MessagingServiceStub(self._channel)
         self._offsets = offsets_pb2_grpc.OffsetServiceStub(self._channel)
         self._membership = membership_pb2_grpc.MembershipServiceStub(self._channel)
@@ -120,11 +127,16 @@ class BrokerConnection:
         return FetchStream(self._messaging.Fetch(), self.address, on_records=on_records, on_ended=on_ended,
                            on_broken=on_broken)
 
+    def error(self, e: grpc.RpcError) -> TidemarkError:
+        """The client exception for a failed call on this connection (a refused TLS handshake says why)."""
+        return from_rpc_error(e, address=self.address, tls=self._tls is not None,
+                              client_cert=bool(self._tls and self._tls.cert_file))
+
     async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         try:
             return await method(request, timeout=timeout or self._timeout)
         except grpc.RpcError as e:
-            raise from_rpc_error(e, address=self.address) from None
+            raise self.error(e) from None
 
     # -- messaging -------------------------------------------------------------
 
@@ -254,7 +266,7 @@ class BrokerConnection:
             async for change in call:
                 yield list(change.client_ids)
         except grpc.RpcError as e:
-            raise from_rpc_error(e, address=self.address) from None
+            raise self.error(e) from None
         finally:
             call.cancel()
 
@@ -354,3 +366,46 @@ class BrokerConnection:
     async def delete_expired_commitlog(self) -> int:
         pb = await self._call(self._admin.DeleteExpiredCommitLog, admin_pb2.DeleteExpiredCommitLogRequest())
         return pb.deleted_segments
+
+    # -- users and ACL rules ---------------------------------------------------
+
+    async def create_user(self, name: str, secret_key: str, *, super_user: bool = False) -> UserInfo:
+        pb = await self._call(self._admin.CreateUser, admin_pb2.CreateUserRequest(
+            name=name, secret_key=secret_key, super_user=super_user))
+        return UserInfo(pb.name, pb.super_user)
+
+    async def update_user(self, name: str, *, secret_key: str | None = None,
+                          super_user: bool | None = None) -> UserInfo:
+        request = admin_pb2.UpdateUserRequest(name=name)
+        if secret_key is not None:
+            request.secret_key = secret_key
+        if super_user is not None:
+            request.super_user = super_user
+        pb = await self._call(self._admin.UpdateUser, request)
+        return UserInfo(pb.name, pb.super_user)
+
+    async def delete_user(self, name: str) -> int:
+        """Delete a user and its ACL rules; how many rules went with it."""
+        return (await self._call(self._admin.DeleteUser, admin_pb2.DeleteUserRequest(name=name))).deleted_acls
+
+    async def list_users(self) -> list[UserInfo]:
+        pb = await self._call(self._admin.ListUsers, admin_pb2.ListUsersRequest())
+        return [UserInfo(u.name, u.super_user) for u in pb.users]
+
+    async def create_acl(self, user: str, resource: str, actions: Sequence[str], decision: str,
+                         source_ips: Sequence[str] = ()) -> AclRuleInfo:
+        pb = await self._call(self._admin.CreateAcl, admin_pb2.CreateAclRequest(
+            user=user, resource=resource, actions=list(actions), decision=decision, source_ips=list(source_ips)))
+        return convert.acl_rule(pb)
+
+    async def delete_acl(self, user: str, resource: str | None = None) -> int:
+        request = admin_pb2.DeleteAclRequest(user=user)
+        if resource is not None:
+            request.resource = resource
+        return (await self._call(self._admin.DeleteAcl, request)).deleted
+
+    async def list_acls(self, user: str | None = None) -> list[AclRuleInfo]:
+        request = admin_pb2.ListAclsRequest()
+        if user is not None:
+            request.user = user
+        return [convert.acl_rule(r) for r in (await self._call(self._admin.ListAcls, request)).rules]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from client.message import Message, MessageExt, MessageQueue, PullResult, PullStatus
 from client.types import (
+    AclRuleInfo,
     BrokerInfo,
     CommitRejectReason,
     GroupConfig,
@@ -128,3 +129,7 @@ def group_member(pb: admin_pb2.GroupMember) -> GroupMember:
 def group_config(pb: admin_pb2.GroupConfig) -> GroupConfig:
     return GroupConfig(pb.group, pb.consume_enable, pb.consume_broadcast_enable, pb.retry_queue_nums,
                        pb.retry_max_times)
+
+
+def acl_rule(pb: admin_pb2.AclRule) -> AclRuleInfo:
+    return AclRuleInfo(pb.user, pb.resource, tuple(pb.actions), pb.decision, tuple(pb.source_ips))

@@ -15,18 +15,21 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, keep_backup: bool = False) -> None:
+def atomic_write(path: Path, data: bytes, *, keep_backup: bool = False, mode: int | None = None) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file.
 
     Writes a temp file beside it, fsyncs it, optionally keeps the previous file as
     `<name>.bak` (a hard link, so the old content stays reachable at every instant),
-    renames the temp file into place and fsyncs the directory.
+    renames the temp file into place and fsyncs the directory. `mode` (e.g. 0o600
+    for files holding secrets) is set before the first byte is written.
     """
     path = Path(path)
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     tmp = directory / f".{path.name}.tmp"
-    with open(tmp, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666 if mode is None else mode), "wb") as f:
+        if mode is not None:
+            os.fchmod(f.fileno(), mode)  # the umask, or a temp file left by a crash, would decide otherwise
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

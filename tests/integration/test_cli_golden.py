@@ -160,6 +160,28 @@ def test_changing_commands(cli_broker, as_json):
     check(f"topic-delete{suffix}", tidemark(broker.address, "topic", "delete", topic, *extra))
 
 
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_user_and_acl_commands(cli_broker, as_json):
+    broker, _ = cli_broker
+    suffix = "-json" if as_json else ""
+    extra = ("--json",) if as_json else ()
+    user = f"golden{suffix.replace('-', '')}"
+    with Admin(brokers=broker.address) as admin:  # a lasting super user, so `golden` may be demoted
+        if admin.list_users() == []:
+            admin.create_user("golden-admin", "golden-admin-secret", super_user=True)
+    check(f"user-create{suffix}", tidemark(broker.address, "user", "create", user, "--secret-key", "golden-secret",
+                                           "--super", *extra))
+    check(f"user-update{suffix}", tidemark(broker.address, "user", "update", user, "--no-super", *extra))
+    check(f"acl-create{suffix}", tidemark(broker.address, "acl", "create", user, "--resource", "Topic:Golden*",
+                                          "--actions", "Pub,Sub", "--decision", "Allow", "--source-ip", "10.0.0.0/8",
+                                          *extra))
+    check(f"user-list{suffix}", tidemark(broker.address, "user", "list", *extra))
+    check(f"acl-list{suffix}", tidemark(broker.address, "acl", "list", "--user", user, *extra))
+    check(f"acl-delete{suffix}", tidemark(broker.address, "acl", "delete", user, "--resource", "Topic:Golden*",
+                                          *extra))
+    check(f"user-delete{suffix}", tidemark(broker.address, "user", "delete", user, *extra))
+
+
 BAD_USAGE = [
     ("topic", "create"),                          # missing name
     ("topic", "create", "X", "--queues", "many"),  # not a number

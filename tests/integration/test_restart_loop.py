@@ -33,7 +33,7 @@ from client.errors import RequestTimeoutError, UnavailableError
 
 MESSAGES = 3000
 QUEUES = 4
-RESTARTS = 12
+RESTARTS = 15
 # Lines per second the test takes from the consumer's stdout: consumption then spans the restarts.
 READ_RATE = 250.0
 # Re-deliveries allowed per message (the old behaviour: more than 5 per message).

@@ -112,6 +112,43 @@ def test_write_options():
         parse_write_options({"topic": "a", "group": "g"})
 
 
+SECRET = "spark-s3cret-never-shown"
+
+
+def test_security_options_reach_the_clients_and_never_show_the_secret():
+    from client.security import TlsSettings
+    from spark_connector.fetch import FetchSettings
+    from tidemark.auth import Credentials
+
+    opts = {**BASE, "ACCESSKEY": "etl", "secretKey": SECRET, "tlsCaFile": "/certs/ca.pem",
+            "tlsCertFile": "/certs/c.pem", "tlsKeyFile": "/certs/c.key"}
+    read = parse_read_options(opts, streaming=True)
+    write = parse_write_options({**opts, "topic": "out"})
+    tls = TlsSettings(ca_file="/certs/ca.pem", cert_file="/certs/c.pem", key_file="/certs/c.key")
+    for parsed in (read, write):
+        assert parsed.client_kwargs()["credentials"] == Credentials("etl", SECRET)
+        assert parsed.client_kwargs()["tls"] == tls
+        assert SECRET not in repr(parsed) and "etl" in repr(parsed)
+    fetch = FetchSettings(brokers="h:1", fail_on_data_loss=True, poll_timeout_s=1, security=read.security)
+    assert fetch.client_kwargs()["credentials"].secret_key == SECRET and SECRET not in repr(fetch)
+    assert parse_read_options({**BASE, "tls": "true"}, streaming=False).security.tls == TlsSettings()
+    assert parse_read_options(BASE, streaming=False).client_kwargs() == {"brokers": "127.0.0.1:1"}
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"accessKey": "etl"}, "'secretKey' is missing"),
+    ({"secretKey": SECRET}, "'accessKey' is missing"),
+    ({"tls": "false", "tlsCaFile": "/ca.pem"}, "tls=false contradicts"),
+    ({"tls": "maybe"}, "'tls' must be true or false"),
+    ({"tlsCertFile": "/c.pem"}, "'tlsCertFile' and 'tlsKeyFile' go together"),
+])
+def test_bad_security_options(extra, message):
+    for parse in (lambda o: parse_read_options(o, streaming=False), parse_write_options):
+        with pytest.raises(OptionError, match=message) as e:
+            parse({**BASE, **extra})
+        assert SECRET not in str(e.value)
+
+
 def test_write_schema_checks():
     check_write_schema(StructType([StructField("body", StringType()), StructField("other", IntegerType())]))
     with pytest.raises(OptionError, match="needs a 'body' column"):

@@ -41,7 +41,7 @@ def test_a_change_that_cannot_be_written_is_refused_rolled_back_and_can_be_retri
         disk.full = True
         topics.create("Orders", 4)
         topics.update("Kept", write_queue_nums=1)
-        with pytest.raises(StoreError, match=r"disk full .*topics.json.*retry later"):
+        with pytest.raises(StoreError, match=r"disk full: .*topics.json.*retry later"):
             await topics.file.flush()
         assert topics.get("Orders") is None and topics.get("Kept").write_queue_nums == 2
         assert not topics.file.dirty  # reads are not refused: memory is the file again
@@ -59,7 +59,34 @@ def test_a_change_that_cannot_be_written_is_refused_rolled_back_and_can_be_retri
 
     asyncio.run(scenario())
     assert [ok for ok, _ in states] == [False, True]
-    assert states[0][1] == "disk full (No space left on device)"
+    assert states[0][1] == "disk full: No space left on device"
     reloaded = TopicConfigManager(tmp_path)
     reloaded.load()
     assert reloaded.get("Orders").write_queue_nums == 4 and reloaded.get("Kept").write_queue_nums == 2
+
+
+def test_every_request_whose_change_was_rolled_back_hears_so_whichever_flush_rolled_back(tmp_path, monkeypatch):
+    """Two requests change topics.json while the disk is full: both are told, though only one flush
+    does the rollback; a request that changed nothing (a read flushes too) still succeeds."""
+    topics = TopicConfigManager(tmp_path)
+    topics.load()
+    disk = Disk(monkeypatch)
+
+    async def request(name: str) -> str:
+        topics.create(name, 1)
+        try:
+            await topics.file.flush()
+        except StoreError:
+            return "refused"
+        return "ok"
+
+    async def scenario():
+        disk.full = True
+        outcomes = await asyncio.gather(request("A"), request("B"))
+        assert outcomes == ["refused", "refused"]
+        assert topics.list() == []
+        await topics.file.flush()  # a read after the rollback: nothing of its own to write
+        disk.full = False
+        assert await request("A") == "ok" and [t.name for t in topics.list()] == ["A"]
+
+    asyncio.run(scenario())

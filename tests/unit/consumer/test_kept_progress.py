@@ -19,16 +19,17 @@ MQ = MessageQueue("T", "broker-a", 0)
 
 offsets = st.integers(-1, 10_000)
 generations = st.integers(0, 3)
+committed_offsets = st.just(-1) | st.integers(0, 10_000)  # "none" often enough to matter
 
 
-@given(offsets, offsets, generations, st.none() | st.builds(KeptProgress, offsets, generations))
+@given(committed_offsets, offsets, generations, st.none() | st.builds(KeptProgress, offsets, generations))
 def test_resume_offset(committed, kept_extra, generation, kept):
     start = max(committed, 0) + kept_extra % 7  # the committed offset, or past it (expired messages)
     resumed = resume_offset(start, committed, generation, kept)
     if kept is None or kept.offset < 0 or kept.reset_generation != generation:
         assert resumed == start  # nothing kept, or an admin reset since: the broker's answer stands
     elif committed < 0:
-        assert resumed == kept.offset  # the broker knows nothing: our progress, not a guess
+        assert resumed == start  # the broker knows nothing: the queue may not be the one we read
     elif kept.offset > committed:
         assert resumed == max(start, kept.offset)  # our own progress is further along: keep it
     else:
@@ -37,9 +38,10 @@ def test_resume_offset(committed, kept_extra, generation, kept):
         assert resumed >= start  # never behind what the group committed
 
 
-def test_a_kept_position_survives_a_broker_that_lost_every_offset():
-    # consume_from_where says "the last offset" for a group without one: our progress still wins.
-    assert resume_offset(900, -1, 0, KeptProgress(120, 0)) == 120
+def test_a_kept_position_is_not_used_when_the_broker_has_no_offset():
+    # A deleted and re-created topic: clean_topic dropped the offsets and generations (back to 0, like
+    # ours), the new queue starts at 0. Resuming at 120 would skip its first 120 messages.
+    assert resume_offset(0, -1, 0, KeptProgress(120, 0)) == 0
 
 
 class RestartingBroker:
@@ -157,4 +159,33 @@ def test_a_normal_handover_leaves_nothing_behind():
         await own.update("T", set())  # released: drained, committed with the unlock
         await own.update("T", {MQ})
         assert hooks.started[-1].start_offset == 100  # what the broker says (here it never got the commit)
+    asyncio.run(scenario())
+
+
+def test_a_queue_of_a_deleted_and_recreated_topic_starts_where_the_group_would():
+    async def scenario():
+        broker, hooks, store, own = setup()
+        await own.update("T", {MQ})
+        store.update_offset(MQ, 340, increase_only=True)
+        await own.lose(MQ, "fetch fenced: no owner epoch on this broker")  # the topic was deleted
+        broker.epoch, broker.committed = 20, -1  # re-created: no offset, generation 0 again
+        await own.update("T", {MQ})
+        assert hooks.started[-1].start_offset == 0
+        # ...and that start is committed at once, so a broker restart right after finds an offset.
+        assert [(c.offset, c.owner_epoch) for c in broker.commits] == [(0, 20)]
+    asyncio.run(scenario())
+
+
+def test_kept_progress_counts_as_a_topic_until_the_topic_is_updated_without_the_queue():
+    async def scenario():
+        broker, hooks, store, own = setup()
+        await own.update("T", {MQ})
+        store.update_offset(MQ, 340, increase_only=True)
+        await own.lose(MQ, "lock not renewed")
+        assert own.assigned() == set() and own.topics() == {"T"}  # a fixed assign() still visits "T"
+        await own.update("T", set())  # e.g. assign() without any queue of T
+        assert own.topics() == set()
+        broker.epoch = 30
+        await own.update("T", {MQ})
+        assert hooks.started[-1].start_offset == 100
     asyncio.run(scenario())

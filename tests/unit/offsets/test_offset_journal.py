@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -309,3 +310,140 @@ def test_removing_temp_files_leaves_the_real_ones(tmp_path):
     removed = remove_leftover_temp_files(tmp_path / "consumerOffset.json", manager_module._log)
     assert [p.name for p in removed] == [".consumerOffset.json.tmp"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["consumerOffset.json", "consumerOffset.json.bak"]
+
+
+# -- a journal that cannot be written (a full disk) -----------------------------------------------
+
+
+def disk_full(fd, data):
+    raise OSError(28, "No space left on device")
+
+
+def test_a_full_disk_is_reported_once_leaves_no_empty_segments_and_recovers(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger=manager_module._log.name)
+    m = crash_and_reload(tmp_path)
+    states = []
+    m.on_journal_state = states.append
+    m.commit("g", "T", 0, 1)
+    monkeypatch.setattr(os, "write", disk_full)
+    for i in range(2, 40):  # one failed append per commit batch
+        m.commit("g", "T", 0, i)
+    assert m.query("g", "T", 0) == 39  # still acknowledged and applied (RocketMQ keeps commits in memory)
+    assert m.journal_error is not None and "No space left" in m.journal_error
+    assert segments(tmp_path) == ["consumerOffset.journal.0000000001"]  # no file per failed batch
+    assert [r.levelname for r in caplog.records if "offset journal" in r.getMessage()] == ["ERROR"]
+    monkeypatch.undo()
+    m.commit("g", "T", 0, 40)  # the disk has room again: the same, intact segment goes on
+    assert m.journal_error is None and len(states) == 2 and "No space left" in states[0] and states[1] is None
+    assert segments(tmp_path) == ["consumerOffset.journal.0000000001"]
+    assert [r.levelname for r in caplog.records if "offset journal" in r.getMessage()] == ["ERROR", "INFO"]
+    assert crash_and_reload(tmp_path).query("g", "T", 0) == 40
+
+
+def test_a_failed_first_append_removes_the_segment_it_created(tmp_path, monkeypatch):
+    journal = OffsetJournal(tmp_path)
+    journal.read_all()
+    monkeypatch.setattr(os, "write", disk_full)
+    for _ in range(5):
+        with pytest.raises(OSError):
+            journal.append(encode_record(JournalRecord(Op.SET, "T", "g", 0, 1)))
+    assert segments(tmp_path) == [] and journal.current_seq == 1 and journal.write_errors == 5
+    monkeypatch.undo()
+    journal.append(encode_record(JournalRecord(Op.SET, "T", "g", 0, 2)))
+    assert segments(tmp_path) == ["consumerOffset.journal.0000000001"]
+    journal.close()
+
+
+def test_a_snapshot_covering_what_the_journal_missed_ends_the_failing_state(tmp_path, monkeypatch):
+    m = crash_and_reload(tmp_path)
+    states = []
+    m.on_journal_state = states.append
+    monkeypatch.setattr(os, "write", disk_full)
+    m.commit("g", "T", 0, 5)
+    monkeypatch.undo()
+    assert m.journal_error is not None
+    asyncio.run(m.persist_if_dirty())  # the snapshot holds the unjournalled commit now
+    assert m.journal_error is None and len(states) == 2 and states[-1] is None
+
+
+def test_a_change_the_journal_missed_is_not_undone_by_replaying_older_segments(tmp_path, monkeypatch):
+    m = crash_and_reload(tmp_path)
+    m.commit("g", "T", 0, 10)  # journalled in segment 1
+    monkeypatch.setattr(os, "write", disk_full)
+    m.commit("g", "T", 0, 5)  # unfenced: last write wins; the journal cannot take it
+    monkeypatch.undo()
+    # Killed after the snapshot reached the disk, before the segments it covers were deleted.
+    monkeypatch.setattr(OffsetJournal, "discard_before", lambda self, seq: 0)
+    m.persist_now()
+    assert segments(tmp_path) == ["consumerOffset.journal.0000000001"]
+    assert crash_and_reload(tmp_path).query("g", "T", 0) == 5
+
+
+def test_an_offset_file_without_the_journal_mark_replays_every_segment(tmp_path):
+    (tmp_path / "consumerOffset.json").write_text('{\n    "offsetTable": {\n        "T@g": {\n'
+                                                  '            "0": 3\n        }\n    }\n}')
+    journal = OffsetJournal(tmp_path)
+    journal.read_all()
+    journal.append(encode_record(JournalRecord(Op.SET, "T", "g", 0, 8)))
+    journal.close()
+    assert crash_and_reload(tmp_path).query("g", "T", 0) == 8  # the old shape: every segment counts
+
+
+def test_close_releases_the_segment(tmp_path):
+    m = crash_and_reload(tmp_path)
+    m.commit("g", "T", 0, 1)
+    fd = m._journal._fd
+    assert fd is not None
+    m.close()
+    assert m._journal._fd is None
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_the_broker_closes_the_journal_at_shutdown(tmp_path):
+    from broker.config import BrokerConfig
+    from broker.controller import BrokerController
+
+    async def scenario():
+        b = BrokerController(BrokerConfig(data_dir=tmp_path, flush_interval_ms=3_600_000))
+        b.load()
+        b.offsets.commit("g", "T", 0, 1)
+        b.offsets.commit("g", "T", 0, 2)  # after any snapshot: the segment is open
+        opened = []
+        b.offsets._journal.close = lambda real=b.offsets._journal.close: opened.append(1) or real()
+        await b.shutdown()
+        assert opened and b.offsets._journal._fd is None
+
+    asyncio.run(scenario())
+
+
+def test_the_journal_state_reaches_broker_health(tmp_path, monkeypatch):
+    from broker.config import BrokerConfig
+    from broker.controller import BrokerController
+    from broker.health import CONSUMER_OFFSETS
+
+    async def scenario():
+        b = BrokerController(BrokerConfig(data_dir=tmp_path, flush_interval_ms=3_600_000))
+        b.load()
+        try:
+            monkeypatch.setattr(os, "write", disk_full)
+            b.offsets.commit("g", "T", 0, 1)
+            monkeypatch.undo()
+            assert "disk full" in b.persistence.failing_parts()[CONSUMER_OFFSETS]
+            b.offsets.commit("g", "T", 0, 2)
+            assert b.persistence.healthy
+        finally:
+            await b.shutdown()
+
+    asyncio.run(scenario())
+
+
+def test_after_a_restart_new_segments_are_numbered_from_the_snapshot_mark(tmp_path):
+    m = crash_and_reload(tmp_path)
+    m.commit("g", "T", 0, 1)
+    m.persist_now()  # covers segment 1, marks 2, deletes segment 1
+    m.close()
+    again = crash_and_reload(tmp_path)
+    again.commit("g", "T", 0, 2)  # must not go to segment 1, which the mark says the snapshot holds
+    assert segments(tmp_path) == ["consumerOffset.journal.0000000002"]
+    assert crash_and_reload(tmp_path).query("g", "T", 0) == 2

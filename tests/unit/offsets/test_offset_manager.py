@@ -151,8 +151,9 @@ def test_persisted_file_is_rocketmq_shaped(mgr):
     mgr.commit("test-group", "test-topic", 0, 88526)
     asyncio.run(mgr.persist_if_dirty())
     text = mgr.path.read_text()
+    # RocketMQ's shape; the offset journal's mark is one extra top-level key (journal.py).
     assert text == json.dumps(
-        {"offsetTable": {"test-topic@test-group": {"0": 88526, "1": 88528}}},
+        {"offsetTable": {"test-topic@test-group": {"0": 88526, "1": 88528}}, "offsetJournalFrom": 2},
         indent=4,
         separators=(", ", ": "),
     )

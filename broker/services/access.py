@@ -1,0 +1,153 @@
+"""What each RPC needs to be allowed: resources and actions read off its request.
+
+One table, `NEEDS`, from method name to a function of the (decoded) request
+giving its `Requirement`s; for streams, of each message. A method missing from
+the table is for super users only, so a new RPC is closed until someone says
+what it needs (test_auth checks every method has an entry). The rules follow
+RocketMQ 5's Access Control 2.0:
+
+- sending is Pub on the topic; reading, committing, heartbeats and queue locks
+  are Sub on the topic and on the group;
+- topic and group administration is Create / Update / Delete / Get / List;
+  resetting a group's offsets is Update on the group;
+- a route is Pub, Sub or Get on its topic; broker info only needs a user;
+- broker-wide operations are on Cluster; users and ACLs are super users' only.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from broker.auth.acl import Action, User
+from broker.auth.guard import AccessGuard, Requirement, on_cluster, on_group, on_topic
+
+PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST = (Action.PUB, Action.SUB, Action.CREATE, Action.UPDATE, Action.DELETE,
+                                               Action.GET, Action.LIST)
+Needs = Callable[[object], Iterable[Requirement]]
+
+SUPER_ONLY = object()  # marker: the method is for super users
+
+
+def _consuming(group: str, topics: Iterable[str]) -> list[Requirement]:
+    return [on_group(group, SUB), *(on_topic(t, SUB) for t in dict.fromkeys(topics))]
+
+
+def _fetch(r) -> list[Requirement]:
+    if r.WhichOneof("kind") != "open":
+        return []  # credit and close act on a queue the stream already opened
+    return _consuming(r.open.group, [r.open.topic])
+
+
+def _commits(commits) -> list[Requirement]:
+    needs: dict[Requirement, None] = {}
+    for c in commits:
+        needs.update(dict.fromkeys(_consuming(c.group, [c.topic])))
+    return list(needs)
+
+
+NEEDS: dict[str, Needs | object] = {
+    # MessagingService
+    "SendMessage": lambda r: [on_topic(r.topic, PUB)],
+    "Produce": lambda r: [on_topic(r.topic, PUB)],
+    "PullMessage": lambda r: _consuming(r.group, [r.topic]),
+    "Fetch": _fetch,
+    "ConsumerSendMsgBack": lambda r: [on_group(r.group, SUB)],
+    "ViewMessage": lambda r: [on_topic(r.topic, GET)],
+    "QueryMessageByKey": lambda r: [on_topic(r.topic, GET)],
+    # OffsetService
+    "UpdateConsumerOffset": lambda r: _consuming(r.commit.group, [r.commit.topic]),
+    "CommitOffsets": lambda r: _commits(r.commits),
+    "QueryConsumerOffset": lambda r: _consuming(r.group, [r.topic]),
+    "GetMinOffset": lambda r: [on_topic(r.topic, SUB, GET)],
+    "GetMaxOffset": lambda r: [on_topic(r.topic, SUB, GET)],
+    "SearchOffsetByTimestamp": lambda r: [on_topic(r.topic, SUB, GET)],
+    "ResetOffset": lambda r: [on_group(r.group, UPDATE)],
+    "GetConsumeStats": lambda r: [on_group(r.group, GET)],
+    # MembershipService
+    "Heartbeat": lambda r: _consuming(r.group, [s.topic for s in r.subscriptions]),
+    "UnregisterClient": lambda r: [on_group(r.group, SUB)],
+    "GetConsumerList": lambda r: [on_group(r.group, SUB, GET)],
+    "WatchConsumerIds": lambda r: [on_group(r.group, SUB)],
+    "LockQueues": lambda r: _consuming(r.group, [q.topic for q in r.queues]),
+    "UnlockQueues": lambda r: _consuming(r.group, [q.topic for q in r.queues]
+                                         + [f.queue.topic for f in r.final_offsets]),
+    # AdminService
+    "CreateTopic": lambda r: [on_topic(r.name, CREATE)],
+    "UpdateTopic": lambda r: [on_topic(r.name, UPDATE)],
+    "DeleteTopic": lambda r: [on_topic(r.name, DELETE)],
+    "ListTopics": lambda r: [on_cluster(LIST)],
+    "GetRoute": lambda r: [on_topic(r.topic, PUB, SUB, GET)],
+    "GetTopicStats": lambda r: [on_topic(r.topic, GET)],
+    "GetBrokerInfo": lambda r: [],
+    "UpdateBrokerPermission": lambda r: [on_cluster(UPDATE)],
+    "ListGroups": lambda r: [on_cluster(LIST)],
+    "DescribeGroup": lambda r: [on_group(r.group, GET)],
+    "DeleteGroup": lambda r: [on_group(r.group, DELETE)],
+    "GetGroupConfig": lambda r: [on_group(r.group, GET)],
+    "UpdateGroupConfig": lambda r: [on_group(r.group, UPDATE)],
+    "DeleteExpiredCommitLog": lambda r: [on_cluster(UPDATE)],
+    "CreateUser": SUPER_ONLY,
+    "UpdateUser": SUPER_ONLY,
+    "DeleteUser": SUPER_ONLY,
+    "ListUsers": SUPER_ONLY,
+    "CreateAcl": SUPER_ONLY,
+    "DeleteAcl": SUPER_ONLY,
+    "ListAcls": SUPER_ONLY,
+}
+
+# Served to anyone: orchestrators probe health, and reflection only describes the API.
+OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
+
+
+def needs_for(method_path: str) -> Needs | object | None:
+    """The requirements function of `/package.Service/Method`; None for an open service; SUPER_ONLY
+    for the user/ACL methods and any method the table does not know."""
+    service, _, name = method_path.lstrip("/").partition("/")
+    if service in OPEN_SERVICES:
+        return None
+    return NEEDS.get(name, SUPER_ONLY)
+
+
+def peer_ip(peer: str) -> str:
+    """The address part of a gRPC peer string ("ipv4:10.0.0.1:5000", "ipv6:%5B::1%5D:5000"); "" if none."""
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return ""
+    host = urllib.parse.unquote(rest).rsplit(":", 1)[0]
+    return host.strip("[]")
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    user: User
+    source_ip: str
+
+
+class MethodAccess:
+    """Authentication and authorization of one method's calls (None-free: open methods skip both)."""
+
+    __slots__ = ("_guard", "_needs")
+
+    def __init__(self, guard: AccessGuard, method_path: str) -> None:
+        self._guard = guard
+        self._needs = needs_for(method_path)
+
+    @property
+    def open(self) -> bool:
+        return self._needs is None
+
+    def caller(self, metadata: Iterable[tuple[str, str | bytes]], peer: str) -> Caller:
+        """The authenticated caller (UnauthenticatedError otherwise); super-user-only methods check here."""
+        text = {k.lower(): v for k, v in metadata if isinstance(v, str)}
+        user = self._guard.authenticate(text)
+        if self._needs is SUPER_ONLY:
+            self._guard.require_super(user)
+        return Caller(user, peer_ip(peer))
+
+    def check(self, caller: Caller, request: object) -> None:
+        """PermissionDeniedError unless the caller may do what this request (or stream message) needs."""
+        if self._needs is SUPER_ONLY:
+            return  # checked once per call in caller()
+        self._guard.authorize(caller.user, self._needs(request), caller.source_ip)

@@ -42,7 +42,8 @@ class Context:
     def worker(self, system: str, role: str, **spec) -> Worker:
         self.seq += 1
         server = self.echo if system == "echo" else self.servers[system]
-        full = {"system": system, "address": server.address, "timeout_s": self.sizes.workload_timeout_s, **spec}
+        full = {"system": system, "address": server.address, "timeout_s": self.sizes.workload_timeout_s,
+                **getattr(server, "client_spec", dict)(), **spec}
         return Worker(role, full, self.workdir / f"worker-{self.seq:04d}-{system}-{role}.log")
 
 

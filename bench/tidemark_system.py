@@ -5,11 +5,18 @@ Server: `python -m broker.app --data-dir TMP --port P` with its defaults
 synchronous API (Producer.send_batch, PushConsumer with default settings),
 except workload 3, which drives the streaming CommitOffsets RPC through
 BrokerConnection.open_commit_stream() as fast as it accepts writes.
+
+`TidemarkServer(..., security=Security.AUTH)` starts the broker with `--auth`
+(and `Security.TLS_AUTH` with TLS too): the harness administers it as the
+super user, and the workload clients sign every call as a plain user holding
+only the rules a producer and a consumer group need, so each request pays for
+the signature check and the ACL lookup (`python -m bench.auth_cost`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import sys
 import threading
 import time
@@ -20,15 +27,34 @@ from bench.workloads import Pacer, Recorder, consume_until, payload
 
 NAME = "Tidemark"
 BROKER_NAME = "broker-a"
+# Throwaway secrets of a throwaway broker.
+ROOT = ("root", "bench-root-secret")
+CLIENT = ("bench", "bench-client-secret")
+
+
+class Security(enum.Enum):
+    OFF = "off"
+    AUTH = "auth"
+    TLS_AUTH = "tls+auth"
 
 
 class TidemarkServer:
     name = NAME
 
-    def __init__(self, workdir: Path, *, data: str = "tidemark-data", extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, workdir: Path, *, data: str = "tidemark-data", extra: tuple[str, ...] = (),
+                 security: Security = Security.OFF) -> None:
         self.workdir = workdir
         self.port = free_port()
+        self.security = security
         self._sync: TidemarkServer | None = None
+        self._ca_file = ""
+        if security is not Security.OFF:
+            extra = (*extra, "--auth", "--init-user", ":".join(ROOT))
+        if security is Security.TLS_AUTH:
+            from tests.tlslib import make_pki  # certificates made now, as the TLS tests make them
+            pki = make_pki(workdir / f"{data}-pki")
+            self._ca_file = str(pki.ca)
+            extra = (*extra, "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
         self.server = Server("tidemark-broker", [sys.executable, "-m", "broker.app", "--data-dir",
                                                  str(workdir / data), "--port", str(self.port), *extra],
                              workdir / f"{data}.log")
@@ -40,7 +66,24 @@ class TidemarkServer:
     def start(self) -> TidemarkServer:
         self.server.start()
         self.server.wait_log(r"event=broker_ready", 60)
+        if self.security is not Security.OFF:
+            with self._admin() as admin:
+                admin.create_user(*CLIENT)
+                admin.create_acl(CLIENT[0], "Topic:bench*", ["Pub", "Sub"], "Allow")
+                admin.create_acl(CLIENT[0], "Group:bench*", ["Sub"], "Allow")
         return self
+
+    def client_spec(self) -> dict:
+        """What a workload client needs to connect, for its spec (JSON): credentials and CA file."""
+        if self.security is Security.OFF:
+            return {}
+        return {"credentials": list(CLIENT), "tls_ca_file": self._ca_file}
+
+    def _admin(self):
+        from client import Admin
+        if self.security is Security.OFF:
+            return Admin(brokers=self.address)
+        return Admin(brokers=self.address, **connect_kwargs({"credentials": ROOT, "tls_ca_file": self._ca_file}))
 
     def stop(self) -> None:
         self.server.stop()
@@ -74,8 +117,7 @@ class TidemarkServer:
     # -- harness-side setup (runs in the harness process) --------------------------------------
 
     def create_topic(self, topic: str, queues: int) -> None:
-        from client import Admin
-        with Admin(brokers=self.address) as admin:
+        with self._admin() as admin:
             admin.create_topic(topic, queues)
 
     def prepare_group(self, topic: str, group: str) -> None:
@@ -83,6 +125,17 @@ class TidemarkServer:
 
 
 # -- workload roles (each runs in a bench.worker process) -----------------------------------------
+
+def connect_kwargs(spec: dict) -> dict:
+    """credentials= and tls= for a client, from a spec made with TidemarkServer.client_spec()."""
+    from client import TlsSettings
+    out: dict = {}
+    if spec.get("credentials"):
+        out["credentials"] = tuple(spec["credentials"])
+    if spec.get("tls_ca_file"):
+        out["tls"] = TlsSettings(ca_file=spec["tls_ca_file"])
+    return out
+
 
 class _Acks:
     """Counts send_async answers through callbacks, so the client keeps no future per message."""
@@ -115,7 +168,7 @@ def produce(spec: dict, ctl) -> dict:
     from client import Message, Producer
     topic, count = spec["topic"], spec["count"]
     acks = _Acks(count)
-    with Producer(brokers=spec["address"]) as producer:
+    with Producer(brokers=spec["address"], **connect_kwargs(spec)) as producer:
         producer.fetch_publish_message_queues(topic)
         ctl.ready()
         start = ctl.wait_go()
@@ -132,7 +185,7 @@ def paced_produce(spec: dict, ctl) -> dict:
     from client import Message, Producer
     topic = spec["topic"]
     acks = _Acks(spec["count"])
-    with Producer(brokers=spec["address"]) as producer:
+    with Producer(brokers=spec["address"], **connect_kwargs(spec)) as producer:
         producer.fetch_publish_message_queues(topic)
         ctl.ready()
         ctl.wait_go()
@@ -158,7 +211,7 @@ def consume(spec: dict, ctl) -> dict:
 
     consumer = PushConsumer(group=spec["group"], brokers=spec["address"], instance_name=spec["instance"],
                             consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-                            queue_locking=spec.get("queue_locking", True))
+                            queue_locking=spec.get("queue_locking", True), **connect_kwargs(spec))
     consumer.subscribe(spec["topic"])
     consumer.register_message_listener(listener)
     ctl.ready()

@@ -20,6 +20,8 @@ from bench.workloads import dumps
 
 SYSTEMS = {
     "tidemark": "bench.tidemark_system",
+    "tidemark_auth": "bench.tidemark_system",  # bench/auth_cost.py: the same clients, signing every call
+    "tidemark_tls_auth": "bench.tidemark_system",
     "redis": "bench.peers.redis_streams",
     "nats": "bench.peers.nats_jetstream",
     "echo": "bench.grpc_echo",

@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
 import signal
 import sys
 from pathlib import Path
 
 from broker import config as broker_config
+from broker import memory
 from broker.errors import BrokerError
 from tidemark.logs import get_logger, setup_logging
 
 log = get_logger("tidemark.broker")
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -52,17 +51,6 @@ async def _serve(config: broker_config.BrokerConfig) -> None:
             raise StopFailedError(f"stopped with an error: {e}") from e
 
 
-def _return_large_buffers_to_the_os() -> None:
-    """Serve buffers of 256 KiB and more from mmap, so memory taken by a burst of big requests goes
-    back to the OS when they are done (glibc would otherwise raise its threshold as big blocks are
-    freed and keep them in the heap). A no-op where glibc's mallopt is not available."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(M_MMAP_THRESHOLD, 256 * 1024)
-    except (OSError, AttributeError):
-        pass
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         config = broker_config.load_config(file=args.config, overrides=broker_config.overrides_from_args(args))
@@ -73,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(broker_config.render(config))
         return 0
     setup_logging(config.log_level, config.log_format)
-    _return_large_buffers_to_the_os()
+    memory.configure()
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it

@@ -76,6 +76,8 @@ class BrokerConfig:
     tls_key: str = _setting("", "PEM private key of tls_cert")
     tls_client_ca: str = _setting("", "PEM CA bundle client certificates must chain to (mutual TLS; needs tls_cert)")
     metrics_port: int = _setting(0, "Prometheus metrics HTTP port (0 = off)")
+    metrics_host: str = _setting("127.0.0.1", "Address of the metrics/health HTTP endpoint (loopback by default; "
+                                 "0.0.0.0 where a scraper outside the host or container reads it)")
     log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR")
     log_format: str = _setting("kv", "kv (key=value) or json")
 

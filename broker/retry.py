@@ -60,7 +60,11 @@ class SendBackService:
         self.dead_lettered = 0
 
     async def send_back(self, *, group: str, commit_log_offset: int, msg_id: str, delay_level: int,
-                        max_reconsume_times: int) -> SendBackResult:
+                        max_reconsume_times: int,
+                        may_read: Callable[[str], None] = lambda topic: None) -> SendBackResult:
+        """Copy a consumed message to the group's retry topic (or DLQ). `may_read(topic)` raises when the
+        caller may not read the message's topic (or the topic it was first sent to): a send-back must not
+        become a way to copy any stored message into a topic the caller can read."""
         check_group(group)
         if commit_log_offset < 0:
             raise InvalidArgumentError(f"commit_log_offset must be >= 0, got {commit_log_offset}")
@@ -73,6 +77,9 @@ class SendBackService:
         if msg_id and message.msg_id and msg_id != message.msg_id:
             raise InvalidArgumentError(
                 f"message at commit log offset {commit_log_offset} has msg id {message.msg_id}, not {msg_id}")
+        for topic_read in dict.fromkeys((message.topic, message.properties.get(PropertyKey.RETRY_TOPIC))):
+            if topic_read:
+                may_read(topic_read)
         config = self._groups.ensure(group)
         max_times = max_reconsume_times or config.retry_max_times
         reconsume = message.reconsume_times

@@ -9,7 +9,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from broker import tls
+from broker import memory, tls
 from broker.auth.guard import AccessGuard
 from broker.config import BrokerConfig
 from broker.controller import BrokerController
@@ -56,6 +56,7 @@ class BrokerServer:
         self.controller.persistence.add_listener(self._on_persistence_health)
         self._metrics_server = None
         self._data_dir_lock = DataDirLock(config.data_dir)
+        self._trimmer = memory.Trimmer()
 
     async def start(self) -> int:
         """Lock the data dir, recover, then serve; returns the bound port. Health turns SERVING once
@@ -72,7 +73,8 @@ class BrokerServer:
                  event="offsets_loaded", source=o.source.value, file=o.path, entries=o.entries,
                  skipped=len(o.skipped))
         guard = await self._access_guard() if self.config.auth else None
-        self.intake = RequestIntake(RequestBudget(self.config.max_inflight_request_bytes), guard)
+        self.intake = RequestIntake(RequestBudget(self.config.max_inflight_request_bytes,
+                                                  on_burst_over=self._trimmer.burst_over), guard)
         server = grpc.aio.server(interceptors=[self.intake], options=[
             ("grpc.max_receive_message_length", self.config.request_limit_bytes),
             ("grpc.max_send_message_length", MAX_GRPC_SEND_BYTES),
@@ -100,8 +102,11 @@ class BrokerServer:
         await self.controller.start()
         if self.config.metrics_port:
             collector = BrokerStateCollector(asyncio.get_running_loop(), self.controller.snapshot)
-            self._metrics_server = serve(self.controller.metrics, collector, self.config.host, self.config.metrics_port)
-            log.info("metrics served", event="metrics_ready", host=self.config.host, port=self.config.metrics_port)
+            # Its own address, loopback by default: the gRPC port's TLS and auth do not cover it.
+            self._metrics_server = serve(self.controller.metrics, collector, self.config.metrics_host,
+                                         self.config.metrics_port)
+            log.info("metrics served", event="metrics_ready", host=self.config.metrics_host,
+                     port=self.config.metrics_port)
         self._serving = True
         await self._publish_health()
         warning = tls.exposure_warning(self.config, auth_enabled=self.config.auth)
@@ -121,6 +126,10 @@ class BrokerServer:
             if store.ensure_initial_user(name, secret):
                 await self.controller.flush_configs()
                 log.info("first super user created", event="auth_init_user", user=name)
+            elif store.user(name) is None or store.user(name).secret_key != secret:
+                supers = sorted(u.name for u in store.users() if u.super_user)
+                log.warning("init_user ignored: users exist already (super users: %s)", ", ".join(supers),
+                            event="auth_init_user_ignored", user=name)
         if not store.has_users():
             log.warning("auth is on and there are no users: every request will be refused; "
                         "set TIDEMARK_INIT_USER=NAME:SECRET to create the first super user", event="auth_no_users")
@@ -154,6 +163,7 @@ class BrokerServer:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
+        await self._trimmer.close()
         if self._data_dir_lock.held:
             try:
                 await self.controller.shutdown()

@@ -12,6 +12,10 @@
 
 Run it again with the same --checkpoint (or a new one: startingOffsets=committed picks up from the
 group) and only the new events are read.
+
+Against brokers with TLS and auth (docker-compose.yml), every client here takes its credentials and CA
+from TIDEMARK_ACCESS_KEY, TIDEMARK_SECRET_KEY and TIDEMARK_TLS_CA_FILE, and the Spark source gets them
+as options (accessKey, secretKey, tlsCaFile), since its executors may run in another process or host.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from client import Admin, AlreadyExistsError, Message, NotFoundError, Producer
 from client.cli.main import main as tidemark_cli
+from client.security import credentials_from_env, tls_from_env
 
 
 def produce(brokers: str, topic: str, events: int) -> None:
@@ -65,6 +70,22 @@ def progress(brokers: str, group: str, topic: str) -> None:
     tidemark_cli(argv)
 
 
+def security_options() -> dict[str, str]:
+    """The source's credential and TLS options, from the same environment the other clients here read:
+    executors read options, not the driver's environment. The CA path must exist where they run."""
+    options = {}
+    credentials = credentials_from_env()
+    if credentials is not None:
+        options.update(accessKey=credentials.access_key, secretKey=credentials.secret_key)
+    tls = tls_from_env()
+    if tls is not None:
+        options["tls"] = "true"
+        for option, path in (("tlsCaFile", tls.ca_file), ("tlsCertFile", tls.cert_file), ("tlsKeyFile", tls.key_file)):
+            if path:
+                options[option] = path
+    return options
+
+
 def run_pipeline(brokers: str, topic: str, group: str, checkpoint: str, per_trigger: int, *,
                  master: str, driver_host: str) -> int:
     from pyspark.sql import SparkSession
@@ -84,6 +105,7 @@ def run_pipeline(brokers: str, topic: str, group: str, checkpoint: str, per_trig
     events = (spark.readStream.format("tidemark")
               .option("brokers", brokers).option("topic", topic).option("group", group)
               .option("startingOffsets", "committed").option("maxOffsetsPerTrigger", str(per_trigger))
+              .options(**security_options())
               .load()
               .select(F.from_json(F.col("body").cast("string"), "user string, kind string, amount int").alias("e"))
               .select("e.*"))

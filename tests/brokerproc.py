@@ -26,10 +26,13 @@ READY = re.compile(r"event=broker_ready .*port=(\d+)")
 
 
 class BrokerStubs:
-    """The raw gRPC stubs of one broker, for tests that check exact status codes and messages."""
+    """The raw gRPC stubs of one broker, for tests that check exact status codes and messages; with
+    `credentials` every call is signed as RocketMQ 5 clients sign them."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, credentials=None) -> None:
         self.channel = grpc.insecure_channel(address)
+        if credentials is not None:
+            self.channel = grpc.intercept_channel(self.channel, _Signer(credentials))
         self.messaging = messaging_pb2_grpc.MessagingServiceStub(self.channel)
         self.offsets = offsets_pb2_grpc.OffsetServiceStub(self.channel)
         self.membership = membership_pb2_grpc.MembershipServiceStub(self.channel)
@@ -41,6 +44,38 @@ class BrokerStubs:
 
     def __exit__(self, *exc: object) -> None:
         self.channel.close()
+
+
+class _Signer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+              grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds a fresh signature (tidemark.auth.signed_metadata) to every call of a sync channel."""
+
+    def __init__(self, credentials) -> None:
+        self._credentials = credentials
+
+    def _signed(self, details):
+        from tidemark.auth import signed_metadata
+        return _CallDetails(details, (*(details.metadata or ()), *signed_metadata(self._credentials)))
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._signed(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._signed(details), request)
+
+    def intercept_stream_unary(self, continuation, details, requests):
+        return continuation(self._signed(details), requests)
+
+    def intercept_stream_stream(self, continuation, details, requests):
+        return continuation(self._signed(details), requests)
+
+
+class _CallDetails(grpc.ClientCallDetails):
+    def __init__(self, base, metadata) -> None:
+        self.method, self.timeout, self.credentials = base.method, base.timeout, base.credentials
+        self.wait_for_ready = getattr(base, "wait_for_ready", None)
+        self.compression = getattr(base, "compression", None)
+        self.metadata = metadata
 
 
 class ChildProcess:

@@ -153,12 +153,18 @@ class User:
 def parse_network(text: str) -> Network:
     """A CIDR (`10.0.0.0/8`, `2001:db8::/32`) or one address; InvalidArgumentError naming a bad one."""
     try:
-        return ipaddress.ip_network(text.strip(), strict=True)
+        network = ipaddress.ip_network(text.strip(), strict=True)
     except ValueError as e:
         if "has host bits set" in str(e):
             loose = ipaddress.ip_network(text.strip(), strict=False)
             raise InvalidArgumentError(f"source ip {text!r} has host bits set; did you mean {loose}?") from None
         raise InvalidArgumentError(f"source ip {text!r} is not an IP address or CIDR range") from None
+    mapped = ipaddress.ip_network("::ffff:0:0/96")
+    if isinstance(network, ipaddress.IPv6Network) and network.subnet_of(mapped):
+        # Peers in ::ffff:a.b.c.d form are matched as IPv4 (parse_address), so the rule must be IPv4 too.
+        ipv4 = network.network_address.ipv4_mapped
+        return ipaddress.ip_network(f"{ipv4}/{network.prefixlen - 96}")
+    return network
 
 
 def parse_address(text: str) -> Address | None:

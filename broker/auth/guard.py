@@ -7,8 +7,8 @@ may perform each action the request needs; a request needs several
 (`Requirement`s: a commit needs Sub on its topic and on its group), and each
 requirement is met when any of its actions is allowed (a route lookup: Pub,
 Sub or Get on the topic). Retry and dead-letter topics belong to their group,
-as in RocketMQ: `%RETRY%g` needs Sub on Group:g, `%DLQ%g` needs Get (to look)
-or Update (anything else, such as a requeue) on Group:g.
+as in RocketMQ (`%RETRY%g` and `%DLQ%g` need rights on Group:g, see `on_topic`), and
+the schedule topic, which holds every topic's delayed messages, is super users'.
 
 Refusals are domain errors saying who, what and why; neither the secret nor
 the signature is ever part of a message or a log line. Pure: no grpc; the
@@ -25,28 +25,40 @@ from broker.auth.acl import Action, Decision, Resource, ResourceType, User
 from broker.auth.store import AuthStore
 from broker.errors import PermissionDeniedError, UnauthenticatedError
 from tidemark import auth as signatures
-from tidemark.protocol import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
+from tidemark.protocol import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC
+
+INVALID_CREDENTIALS = "invalid access key or signature"
 
 
 @dataclass(frozen=True, slots=True)
 class Requirement:
-    """One thing a request needs: any of `actions` on `resource`."""
+    """One thing a request needs: any of `actions` on `resource` (no actions: super users only)."""
 
     resource: Resource
     actions: frozenset[Action]
 
     def __str__(self) -> str:
+        if not self.actions:
+            return f"use {self.resource} (super users only)"
         return f"{'|'.join(sorted(a.value for a in self.actions))} on {self.resource}"
 
 
+# What an action on a retry or dead-letter topic needs on its group. Consumers read and send back to
+# %RETRY%g with Sub; looking at a DLQ is Get, anything that moves its messages (a requeue) Update.
+_RETRY_ACTIONS = {Action.PUB: Action.SUB, Action.SUB: Action.SUB, Action.GET: Action.GET, Action.LIST: Action.GET}
+_DLQ_ACTIONS = {Action.GET: Action.GET, Action.LIST: Action.GET, Action.SUB: Action.GET, Action.PUB: Action.UPDATE}
+
+
 def on_topic(topic: str, *actions: Action) -> Requirement:
-    """A requirement on a topic; a retry or dead-letter topic's is on its group instead."""
-    if topic.startswith(RETRY_GROUP_TOPIC_PREFIX):
-        return Requirement(Resource(ResourceType.GROUP, topic[len(RETRY_GROUP_TOPIC_PREFIX):]), frozenset({Action.SUB}))
-    if topic.startswith(DLQ_GROUP_TOPIC_PREFIX):
-        group = Resource(ResourceType.GROUP, topic[len(DLQ_GROUP_TOPIC_PREFIX):])
-        looking = set(actions) <= {Action.GET, Action.LIST}
-        return Requirement(group, frozenset({Action.GET} if looking else {Action.UPDATE}))
+    """A requirement on a topic. A retry or dead-letter topic's is on its group instead (Create, Update
+    and Delete stay what they are), and the broker's schedule topic, which holds the delayed messages
+    of every topic, is for super users only."""
+    for prefix, mapping in ((RETRY_GROUP_TOPIC_PREFIX, _RETRY_ACTIONS), (DLQ_GROUP_TOPIC_PREFIX, _DLQ_ACTIONS)):
+        if topic.startswith(prefix):
+            group = Resource(ResourceType.GROUP, topic[len(prefix):])
+            return Requirement(group, frozenset(mapping.get(a, a) for a in actions))
+    if topic == SCHEDULE_TOPIC:
+        return Requirement(Resource(ResourceType.CLUSTER), frozenset())
     return Requirement(Resource(ResourceType.TOPIC, topic), frozenset(actions))
 
 
@@ -66,21 +78,26 @@ class AccessGuard:
         self._clock = clock
 
     def authenticate(self, metadata: Mapping[str, str]) -> User:
-        """The calling user, or UnauthenticatedError saying what is missing or wrong."""
+        """The calling user, or UnauthenticatedError. An unknown access key and a wrong signature get the
+        same answer, so the broker does not tell which access keys exist."""
         try:
             claim = signatures.parse(dict(metadata))
+            signatures.check_time(claim, now=self._clock(), max_skew_s=self._max_skew_s)
         except signatures.SignatureError as e:
             raise UnauthenticatedError(str(e)) from None
         user = self._store.user(claim.access_key)
-        if user is None:
-            # Same work as a known user, so a probe cannot tell unknown keys from wrong secrets by timing.
-            signatures.sign("x" * 16, claim.date_time)
-            raise UnauthenticatedError(f"unknown access key {claim.access_key!r} or wrong signature")
-        try:
-            signatures.verify(claim, user.secret_key, now=self._clock(), max_skew_s=self._max_skew_s)
-        except signatures.SignatureError as e:
-            raise UnauthenticatedError(str(e)) from None
+        # A made-up secret for an unknown key: the same work, so timing does not tell either.
+        if not signatures.matches(claim, user.secret_key if user is not None else "\0" * 16) or user is None:
+            raise UnauthenticatedError(INVALID_CREDENTIALS)
         return user
+
+    def current(self, user: User) -> User:
+        """The user as the store has it now: a long stream re-checks that its user still exists with the
+        same secret (deleted or rotated: UnauthenticatedError) and picks up a changed super-user flag."""
+        now = self._store.user(user.name)
+        if now is None or now.secret_key != user.secret_key:
+            raise UnauthenticatedError(f"user {user.name!r} was deleted or its secret changed; sign in again")
+        return now
 
     def authorize(self, user: User, requirements: Iterable[Requirement], source_ip: str) -> None:
         """PermissionDeniedError naming the first requirement the user's rules do not meet."""

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.auth.acl import AclRule, Action, Decision, Resource, User, evaluate
-from broker.config_file import ConfigFile, load_json
+from broker.config_file import ConfigFile
 from broker.errors import (
     AlreadyExistsError,
     ConfigFileError,
@@ -50,6 +50,7 @@ from broker.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
+from tidemark.fsutil import backup_path
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.auth")
@@ -195,12 +196,15 @@ class _AuthFile:
         self.file.changed(undo)
 
     def load(self) -> None:
-        doc = load_json(self.path, log) or {}
+        """Install the file, or ConfigFileError. Unlike topics.json there is no silent fall-back to the
+        backup: an older users.json could bring back a rotated secret, an older acls.json drop a Deny."""
         try:
-            summary = self.apply(doc)
+            if not self.path.exists() and backup_path(self.path).exists():
+                raise ValueError(f"missing while its backup {backup_path(self.path).name} exists")
+            summary = self.apply(_read_doc(self.path) or self.empty)
         except ValueError as e:
-            raise ConfigFileError(f"{self.path} cannot be used: {e}; fix the file or restore "
-                                  f"{self.path.name}.bak, then start again") from None
+            raise ConfigFileError(f"{self.path} cannot be used: {e}; fix the file (or restore "
+                                  f"{self.path.name}.bak yourself), then start again") from None
         self.seen = _signature(self.path)
         self._tighten_mode()
         log.info("auth file loaded", event="auth_load", file=self.path, entries=summary)
@@ -223,6 +227,7 @@ class _AuthFile:
         if signature == self.seen:
             return False
         self.seen = signature
+        self._tighten_mode()  # a hand edit or copy may have left it readable by others
         try:
             doc = _read_doc(self.path) or self.empty
             if doc == self.render():
@@ -310,6 +315,7 @@ class AuthStore:
         self._users_file.changed(undo)
 
     def create_user(self, name: str, secret_key: str, super_user: bool = False) -> User:
+        self.reload_if_changed()  # a hand edit made since the last tick is not written over
         check_user_name(name)
         check_secret_key(secret_key)
         if name in self._users:
@@ -323,6 +329,7 @@ class AuthStore:
 
     def update_user(self, name: str, secret_key: str | None = None, super_user: bool | None = None) -> User:
         """Change the secret and/or the super-user flag (None: keep)."""
+        self.reload_if_changed()  # a hand edit made since the last tick is not written over
         user = self._require_user(name)
         if secret_key is None and super_user is None:
             raise InvalidArgumentError("nothing to update: give a secret key or the super-user flag")
@@ -339,6 +346,7 @@ class AuthStore:
 
     def delete_user(self, name: str) -> int:
         """Delete a user and its rules; the number of rules deleted with it."""
+        self.reload_if_changed()  # a hand edit made since the last tick is not written over
         user = self._require_user(name)
         if user.super_user:
             self._check_not_last_super(user)
@@ -389,6 +397,7 @@ class AuthStore:
 
     def create_rule(self, rule: AclRule) -> AclRule:
         """Add a rule for an existing user; AlreadyExistsError for an identical one."""
+        self.reload_if_changed()  # a hand edit made since the last tick is not written over
         self._require_user(rule.user)
         current = self._rules.get(rule.user, ())
         if rule in current:
@@ -403,6 +412,7 @@ class AuthStore:
         """Delete a user's rules, all or those whose resource pattern is `resource`; how many.
 
         NotFoundError when nothing matched. Works for the rules of a user no longer in users.json."""
+        self.reload_if_changed()  # a hand edit made since the last tick is not written over
         check_user_name(user)
         current = self._rules.get(user, ())
         kept = tuple(r for r in current if resource is not None and r.resource != resource)

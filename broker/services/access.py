@@ -16,9 +16,10 @@ RocketMQ 5's Access Control 2.0:
 
 from __future__ import annotations
 
+import contextvars
 import urllib.parse
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from broker.auth.acl import Action, User
 from broker.auth.guard import AccessGuard, Requirement, on_cluster, on_group, on_topic
@@ -31,7 +32,10 @@ SUPER_ONLY = object()  # marker: the method is for super users
 
 
 def _consuming(group: str, topics: Iterable[str]) -> list[Requirement]:
-    return [on_group(group, SUB), *(on_topic(t, SUB) for t in dict.fromkeys(topics))]
+    # A read without a group (Admin.pull, `tidemark message consume` without --group, the Spark source)
+    # commits nothing for anyone: it needs Sub on the topic only.
+    on_topics = [on_topic(t, SUB) for t in dict.fromkeys(topics)]
+    return [on_group(group, SUB), *on_topics] if group else on_topics
 
 
 def _fetch(r) -> list[Requirement]:
@@ -119,14 +123,30 @@ def peer_ip(peer: str) -> str:
     return host.strip("[]")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Caller:
+    """An authenticated call: its user and address, and (streams) every requirement met so far."""
+
     user: User
     source_ip: str
+    granted: set[Requirement] = field(default_factory=set)
+
+
+_current: contextvars.ContextVar[tuple[AccessGuard, Caller] | None] = contextvars.ContextVar(
+    "tidemark_caller", default=None)
+
+
+def require(*needs: Requirement) -> None:
+    """Check requirements a handler learns only from stored data (the topic of a message sent back)
+    for the current call's user; nothing when access control is off."""
+    current = _current.get()
+    if current is not None:
+        guard, caller = current
+        guard.authorize(caller.user, needs, caller.source_ip)
 
 
 class MethodAccess:
-    """Authentication and authorization of one method's calls (None-free: open methods skip both)."""
+    """Authentication and authorization of one method's calls (open methods skip both)."""
 
     __slots__ = ("_guard", "_needs")
 
@@ -139,15 +159,28 @@ class MethodAccess:
         return self._needs is None
 
     def caller(self, metadata: Iterable[tuple[str, str | bytes]], peer: str) -> Caller:
-        """The authenticated caller (UnauthenticatedError otherwise); super-user-only methods check here."""
+        """The authenticated caller (UnauthenticatedError otherwise); super-user-only methods check here.
+        The caller is also the current one for `require` in the handler."""
         text = {k.lower(): v for k, v in metadata if isinstance(v, str)}
         user = self._guard.authenticate(text)
         if self._needs is SUPER_ONLY:
             self._guard.require_super(user)
-        return Caller(user, peer_ip(peer))
+        caller = Caller(user, peer_ip(peer))
+        _current.set((self._guard, caller))
+        return caller
 
     def check(self, caller: Caller, request: object) -> None:
-        """PermissionDeniedError unless the caller may do what this request (or stream message) needs."""
+        """PermissionDeniedError unless the caller may do what this request needs."""
+        if self._needs is not SUPER_ONLY:
+            self._guard.authorize(caller.user, self._needs(request), caller.source_ip)
+
+    def check_stream_message(self, caller: Caller, request: object) -> None:
+        """A stream message: the user is looked up again (deleted or rotated: UnauthenticatedError), and
+        what this message needs is checked together with everything the stream was granted before, so
+        a revoked rule stops a stream at its next message (a Fetch stream's next credit)."""
+        caller.user = self._guard.current(caller.user)
         if self._needs is SUPER_ONLY:
-            return  # checked once per call in caller()
-        self._guard.authorize(caller.user, self._needs(request), caller.source_ip)
+            self._guard.require_super(caller.user)
+            return
+        caller.granted.update(self._needs(request))
+        self._guard.authorize(caller.user, caller.granted, caller.source_ip)

@@ -42,7 +42,7 @@ from google.protobuf.message import DecodeError
 
 from broker.auth.guard import AccessGuard
 from broker.errors import BrokerError, InvalidArgumentError
-from broker.services.access import Caller, MethodAccess
+from broker.services.access import SUPER_ONLY, Caller, MethodAccess, needs_for
 from broker.services.errors import status_for
 from tidemark.logs import get_logger
 
@@ -51,6 +51,8 @@ log = get_logger("tidemark.broker.rpc")
 LOG_INTERVAL_S = 10.0
 # Requests up to this size are always admitted (and counted).
 SMALL_REQUEST_BYTES = 64 * 1024
+# This many bytes of large requests make a burst, after which freed memory is given back.
+BURST_BYTES = 32 * 1024 * 1024
 
 
 class RequestBudget:
@@ -64,13 +66,18 @@ class RequestBudget:
     stream.
     """
 
-    def __init__(self, limit: int, small: int = SMALL_REQUEST_BYTES) -> None:
+    def __init__(self, limit: int, small: int = SMALL_REQUEST_BYTES,
+                 on_burst_over: Callable[[], None] = lambda: None) -> None:
         if limit <= 0:
             raise ValueError(f"request budget must be > 0 bytes, got {limit}")
         self.limit = limit
         self.small = small
         self.held = 0
         self.refused = 0
+        # Called when nothing is held any more after at least BURST_BYTES of large requests went
+        # through (memory.Trimmer gives their freed buffers back).
+        self._on_burst_over = on_burst_over
+        self._large_bytes = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     def _fits(self, size: int) -> bool:
@@ -81,6 +88,8 @@ class RequestBudget:
             self.refused += 1
             return False
         self.held += size
+        if size > self.small:
+            self._large_bytes += size
         return True
 
     async def take(self, size: int) -> None:
@@ -93,11 +102,16 @@ class RequestBudget:
                 if not waiter.done():
                     waiter.cancel()
         self.held += size
+        if size > self.small:
+            self._large_bytes += size
 
     def give(self, size: int) -> None:
         if not size:
             return
         self.held -= size
+        if self.held == 0 and self._large_bytes >= BURST_BYTES:
+            self._large_bytes = 0
+            self._on_burst_over()
         while self._waiters:  # every waiter re-checks: one large release may admit several
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -151,7 +165,8 @@ class RequestIntake(grpc.aio.ServerInterceptor):
         descriptor = getattr(message_class, "DESCRIPTOR", None)
         access = None if self.guard is None else MethodAccess(self.guard, method)
         unpack = _Unpacker(self, method, decode, descriptor.full_name if descriptor else "the request type",
-                           None if access is None or access.open else access)
+                           None if access is None or access.open else access,
+                           closed=self.guard is None and needs_for(method) is SUPER_ONLY)
         budget = self.budget
         if h.request_streaming:
             inner = h.stream_stream if h.response_streaming else h.stream_unary
@@ -219,19 +234,26 @@ class RequestIntake(grpc.aio.ServerInterceptor):
 class _Unpacker:
     """Decoding, access checks and budget accounting for one method's requests."""
 
-    __slots__ = ("_intake", "_method", "_decode", "_type_name", "_access")
+    __slots__ = ("_intake", "_method", "_decode", "_type_name", "_access", "_closed")
 
     def __init__(self, intake: RequestIntake, method: str, decode: Callable[[bytes], Any], type_name: str,
-                 access: MethodAccess | None = None) -> None:
+                 access: MethodAccess | None = None, *, closed: bool = False) -> None:
         self._intake = intake
         self._method = method
         self._decode = decode
         self._type_name = type_name
         self._access = access
+        # Users and ACLs on a broker without --auth: nobody could be trusted to create the first super
+        # user, who would then own the broker once auth is turned on.
+        self._closed = closed
 
     async def caller(self, context: grpc.aio.ServicerContext) -> Caller | None:
         """Who calls (None when access control is off or the method is open); UNAUTHENTICATED, or
         PERMISSION_DENIED for a super-user method, before any request byte is read."""
+        if self._closed:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "users and ACLs are managed only on a broker started with --auth "
+                                "(the first super user comes from --init-user / TIDEMARK_INIT_USER)")
         if self._access is None:
             return None
         try:
@@ -240,10 +262,13 @@ class _Unpacker:
             self._intake.refused(self._method, e)
             await context.abort(status_for(e), str(e))
 
-    def _check(self, caller: Caller | None, request: Any) -> None:
+    def _check(self, caller: Caller | None, request: Any, *, stream: bool = False) -> None:
         if caller is not None:
             try:
-                self._access.check(caller, request)
+                if stream:
+                    self._access.check_stream_message(caller, request)
+                else:
+                    self._access.check(caller, request)
             except BrokerError as e:
                 self._intake.refused(self._method, e)
                 raise
@@ -291,7 +316,7 @@ class _Unpacker:
                 await budget.take(len(raw))
                 held = len(raw)
                 request = self.decode(raw)
-                self._check(caller, request)  # a refused message ends the stream like any domain error
+                self._check(caller, request, stream=True)  # a refused message ends the stream
                 yield request
         finally:
             budget.give(held)

@@ -8,12 +8,15 @@ from collections.abc import Callable
 
 import grpc
 
+from broker.auth.acl import Action
+from broker.auth.guard import on_topic
 from broker.config import FlushDiskType
 from broker.controller import BrokerController
 from broker.errors import BrokerError
 from broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
 from broker.pull import PullRequest
 from broker.send import OutgoingMessage
+from broker.services import access
 from broker.services.convert import checked_client_id, fence_from_pb, message_ext
 from broker.services.errors import rpc, status_for
 from tidemark.logs import get_logger
@@ -164,7 +167,8 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         checked_client_id(request.client_id, optional=True)
         result = await self._b.send_back.send_back(
             group=request.group, commit_log_offset=request.commit_log_offset, msg_id=request.msg_id,
-            delay_level=request.delay_level, max_reconsume_times=request.max_reconsume_times)
+            delay_level=request.delay_level, max_reconsume_times=request.max_reconsume_times,
+            may_read=lambda topic: access.require(on_topic(topic, Action.SUB)))
         (self._b.metrics.dlq if result.to_dlq else self._b.metrics.retries).labels(request.group).inc()
         return messaging_pb2.ConsumerSendMsgBackResponse(
             topic=result.topic, queue_id=result.queue_id, queue_offset=result.queue_offset,

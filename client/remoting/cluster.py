@@ -74,8 +74,11 @@ class BrokerCluster:
                 if len(failures) == 1:
                     raise failures[0]  # its message names the broker and why (a refused TLS handshake...)
                 why = "; ".join(str(f) for f in failures)
-                raise UnavailableError(f"no broker reachable at {', '.join(self._by_address)}"
-                                       + (f": {why}" if why else ""))
+                # Every broker refused the same way (credentials, TLS): that kind, not a retriable outage.
+                kinds = {type(f) for f in failures}
+                kind = kinds.pop() if len(kinds) == 1 else UnavailableError
+                raise kind(f"no broker reachable at {', '.join(self._by_address)}" + (f": {why}" if why else ""),
+                           code=failures[0].code if failures else None)
             return dict(self._by_name)
 
     async def connection(self, broker_name: str) -> BrokerConnection:

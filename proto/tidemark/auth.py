@@ -106,12 +106,21 @@ def date_time_seconds(date_time: str) -> float:
         raise SignatureError(f"{DATE_TIME_KEY} {date_time!r} is not a valid time") from None
 
 
-def verify(request: SignedRequest, secret_key: str, *, now: float, max_skew_s: float = DEFAULT_MAX_SKEW_S) -> None:
-    """SignatureError unless the signature matches (constant time) and the time is within the skew."""
-    expected = sign(secret_key, request.date_time)
-    if not hmac.compare_digest(expected, request.signature):
-        raise SignatureError(f"signature does not match for access key {request.access_key!r}")
+def check_time(request: SignedRequest, *, now: float, max_skew_s: float = DEFAULT_MAX_SKEW_S) -> None:
+    """SignatureError when the signed time is more than max_skew_s from now (a replay, or a bad clock)."""
     skew = abs(now - date_time_seconds(request.date_time))
     if skew > max_skew_s:
         raise SignatureError(f"{DATE_TIME_KEY} is {skew:.0f} s away from the broker's clock "
                              f"(at most {max_skew_s:.0f} s): replayed, or a clock out of sync")
+
+
+def matches(request: SignedRequest, secret_key: str) -> bool:
+    """Whether the signature is the secret's, compared in constant time."""
+    return hmac.compare_digest(sign(secret_key, request.date_time), request.signature)
+
+
+def verify(request: SignedRequest, secret_key: str, *, now: float, max_skew_s: float = DEFAULT_MAX_SKEW_S) -> None:
+    """SignatureError unless the time is within the skew and the signature matches."""
+    check_time(request, now=now, max_skew_s=max_skew_s)
+    if not matches(request, secret_key):
+        raise SignatureError(f"signature does not match for access key {request.access_key!r}")

@@ -1,6 +1,8 @@
 """The shipped stack in a real container engine: images built as `make images` builds them,
 docker-compose.yml brought up as it is, the example pipeline's job run to its exit, then a graceful
-stop and a second start on the same volumes.
+stop and a second start on the same volumes. The brokers serve TLS with auth on, from secrets that
+tools/dev_secrets.py writes into a temp dir here (TIDEMARK_SECRETS_DIR, mounted read-only); the host
+side reaches them through the published ports with the same CA and credentials.
 
 Only the brokers' and Spark UI's ports are published, on 127.0.0.1 at ports Docker picks; the
 stack's own traffic stays on the network compose creates. Containers, network and volumes are
@@ -14,11 +16,12 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from client import Admin
+from client import Admin, TlsSettings, UnauthenticatedError
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = f"tidemark-test-{os.getpid()}"
@@ -27,6 +30,8 @@ BROKERS = ("broker-a", "broker-b")
 PUBLISH = {name: "" for name in ("BROKER_A_PORT", "BROKER_B_PORT", "BROKER_A_METRICS_PORT",
                                  "BROKER_B_METRICS_PORT", "SPARK_UI_PORT")}
 GROUP, TOPIC = "demo-pipeline", "demo-events"
+# Set by the `secrets` fixture: where compose finds the certificates and tidemark.env.
+SECRETS_VAR = "TIDEMARK_SECRETS_DIR"
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -74,9 +79,18 @@ def healthy(service: str) -> bool:
     return state(service).get("Health", {}).get("Status") == "healthy"
 
 
+def security() -> dict:
+    """TLS (the dev CA) and the root credentials from the secrets dir, for clients on the host."""
+    directory = Path(PUBLISH[SECRETS_VAR])
+    env = dict(line.split("=", 1) for line in (directory / "tidemark.env").read_text().splitlines()
+               if line and not line.startswith("#"))
+    return {"tls": TlsSettings(ca_file=directory / "ca.pem"),
+            "credentials": (env["TIDEMARK_ACCESS_KEY"], env["TIDEMARK_SECRET_KEY"])}
+
+
 def snapshot(address: str) -> dict:
     """Topics, every queue's offsets, the group's committed offsets and one message per queue."""
-    with Admin(brokers=address) as admin:
+    with Admin(brokers=address, **security()) as admin:
         queues = admin.fetch_message_queues(TOPIC)
         offsets = admin.offsets(queues)
         committed = {(s.queue.broker_name, s.queue.queue_id): s.consumer_offset for s in admin.consume_stats(GROUP)}
@@ -102,7 +116,19 @@ def images(docker_engine, tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="module")
-def stack(images):
+def secrets(tmp_path_factory) -> Path:
+    """tools/dev_secrets.py into a temp dir, as a user runs it before `docker-compose up` (as root here,
+    so broker.key goes to the containers' uid with mode 0400)."""
+    directory = tmp_path_factory.mktemp("secrets")
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "dev_secrets.py"), "--dir", str(directory)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    PUBLISH[SECRETS_VAR] = str(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def stack(images, secrets):
     """The whole stack up; the job's exit code and how long it took from `up`."""
     started = time.monotonic()
     try:
@@ -134,10 +160,21 @@ def test_the_job_runs_the_pipeline_and_exits_0(stack):
 
 
 def test_the_group_has_lag_0_across_both_brokers_through_the_published_ports(stack):
-    with Admin(brokers=brokers_address()) as admin:
+    with Admin(brokers=brokers_address(), **security()) as admin:
         stats = admin.consume_stats(GROUP, TOPIC)
     assert {s.queue.broker_name for s in stats} == set(BROKERS), "the topic should span both brokers"
     assert sum(s.max_offset for s in stats) == 2000 and sum(s.lag for s in stats) == 0
+
+
+def test_a_client_without_credentials_is_refused_and_metrics_answer_on_the_published_ports(stack):
+    for name in BROKERS:
+        address = compose("port", name, "10911").stdout.strip()
+        with pytest.raises(UnauthenticatedError), \
+                Admin(brokers=address, tls=security()["tls"], credentials=None) as anonymous:
+            anonymous.list_topics()
+        metrics = compose("port", name, "9090").stdout.strip()
+        text = urllib.request.urlopen(f"http://{metrics}/metrics", timeout=10).read().decode()
+        assert "tidemark_messages_in_total" in text, f"{name}: no metrics through the published port"
 
 
 def test_both_brokers_report_healthy(stack):

@@ -50,13 +50,20 @@ def _identity(b: bytes) -> bytes:
     return b
 
 
-def methods() -> list[Method]:
+# Managed only on a broker started with --auth (test_auth.py, test_auth_admin.py); refused before
+# decoding elsewhere.
+AUTH_ONLY = frozenset({"CreateUser", "UpdateUser", "DeleteUser", "ListUsers", "CreateAcl", "DeleteAcl", "ListAcls"})
+
+
+def methods(*, include_auth_only: bool = False) -> list[Method]:
     from google.protobuf import message_factory
 
     out = []
     for module in SERVICES:
         for service in module.DESCRIPTOR.services_by_name.values():
             for m in service.methods:
+                if m.name in AUTH_ONLY and not include_auth_only:
+                    continue
                 out.append(Method(service.full_name, m.name, message_factory.GetMessageClass(m.input_type),
                                   m.client_streaming, m.server_streaming))
     return out

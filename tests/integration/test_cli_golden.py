@@ -60,9 +60,9 @@ def normalise(text: str) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
 
 
-def tidemark(address: str, *args: str, expect: int = 0) -> str:
+def tidemark(address: str, *args: str, expect: int = 0, env: dict[str, str] | None = None) -> str:
     out = subprocess.run([sys.executable, "-m", "client.cli.main", *args, "--broker", address],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
     assert out.returncode == expect, f"tidemark {' '.join(args)} exited {out.returncode}: {out.stderr}"
     return out.stdout
 
@@ -160,26 +160,36 @@ def test_changing_commands(cli_broker, as_json):
     check(f"topic-delete{suffix}", tidemark(broker.address, "topic", "delete", topic, *extra))
 
 
+@pytest.fixture(scope="module")
+def auth_broker(tmp_path_factory):
+    """Users and ACLs are managed only with --auth; golden-admin is the lasting super user, so `golden`
+    may be demoted."""
+    from brokerproc import BrokerProcess
+
+    broker = BrokerProcess(tmp_path_factory.mktemp("cli-auth") / "data",
+                           args=("--auth", "--init-user", "golden-admin:golden-admin-secret")).start()
+    yield broker
+    broker.stop()
+
+
 @pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
-def test_user_and_acl_commands(cli_broker, as_json):
-    broker, _ = cli_broker
+def test_user_and_acl_commands(auth_broker, as_json):
     suffix = "-json" if as_json else ""
     extra = ("--json",) if as_json else ()
     user = f"golden{suffix.replace('-', '')}"
-    with Admin(brokers=broker.address) as admin:  # a lasting super user, so `golden` may be demoted
-        if admin.list_users() == []:
-            admin.create_user("golden-admin", "golden-admin-secret", super_user=True)
-    check(f"user-create{suffix}", tidemark(broker.address, "user", "create", user, "--secret-key", "golden-secret",
-                                           "--super", *extra))
-    check(f"user-update{suffix}", tidemark(broker.address, "user", "update", user, "--no-super", *extra))
-    check(f"acl-create{suffix}", tidemark(broker.address, "acl", "create", user, "--resource", "Topic:Golden*",
-                                          "--actions", "Pub,Sub", "--decision", "Allow", "--source-ip", "10.0.0.0/8",
-                                          *extra))
-    check(f"user-list{suffix}", tidemark(broker.address, "user", "list", *extra))
-    check(f"acl-list{suffix}", tidemark(broker.address, "acl", "list", "--user", user, *extra))
-    check(f"acl-delete{suffix}", tidemark(broker.address, "acl", "delete", user, "--resource", "Topic:Golden*",
-                                          *extra))
-    check(f"user-delete{suffix}", tidemark(broker.address, "user", "delete", user, *extra))
+    env = {"TIDEMARK_ACCESS_KEY": "golden-admin", "TIDEMARK_SECRET_KEY": "golden-admin-secret"}
+
+    def run(*args: str) -> str:
+        return tidemark(auth_broker.address, *args, *extra, env=env)
+
+    check(f"user-create{suffix}", run("user", "create", user, "--secret-key", "golden-secret", "--super"))
+    check(f"user-update{suffix}", run("user", "update", user, "--no-super"))
+    check(f"acl-create{suffix}", run("acl", "create", user, "--resource", "Topic:Golden*", "--actions", "Pub,Sub",
+                                     "--decision", "Allow", "--source-ip", "10.0.0.0/8"))
+    check(f"user-list{suffix}", run("user", "list"))
+    check(f"acl-list{suffix}", run("acl", "list", "--user", user))
+    check(f"acl-delete{suffix}", run("acl", "delete", user, "--resource", "Topic:Golden*"))
+    check(f"user-delete{suffix}", run("user", "delete", user))
 
 
 BAD_USAGE = [

@@ -3,7 +3,9 @@
 The compose file is validated against the pinned Compose Specification schema, and every service's
 command runs as a plain process with the same arguments and environment, container names and
 ports mapped to 127.0.0.1 and free ports: two brokers, a Spark master and worker, and the job.
-tests/containers/ runs the same stack in a real engine where one can run.
+As in the file, the brokers serve TLS with auth on, from secrets tools/dev_secrets.py makes at test
+time (env_file and read-only mounts mapped to that directory). tests/containers/ runs the same stack
+in a real engine where one can run.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -22,15 +25,17 @@ import pyspark
 import pytest
 import yaml
 from brokerproc import free_port, orphan_safe
+from cryptography.hazmat.primitives import serialization
 from workload import wait_until
 
-from client import Admin
+from client import Admin, TlsSettings, UnauthenticatedError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 SCHEMA = ROOT / "tests" / "compose" / "compose-spec.json"
 SCHEMA_SHA256 = "0dc04bd346dcfee1b1419628fff79937bbf076925f298f272a2b490e2b112bac"
 BROKERS = ("broker-a", "broker-b")
+SECRETS_VAR = "TIDEMARK_SECRETS_DIR"
 
 
 def compose() -> dict:
@@ -69,7 +74,16 @@ def test_the_stack_has_what_the_pipeline_needs():
             host_ports.add(host_port)
         assert s["healthcheck"]["test"][:3] == ["CMD", "tidemark", "health"]
         assert f"--broker-name={name}" in _flags(s["command"]) and f"--advertise-addr={name}:10911" in _flags(s["command"])
+        env = s["environment"]
+        assert str(env["TIDEMARK_AUTH"]).lower() in ("1", "true"), "auth on"
+        secrets = _secret_mounts(s).values()
+        for key in ("TIDEMARK_TLS_CERT", "TIDEMARK_TLS_KEY", "TIDEMARK_TLS_CA_FILE"):
+            assert any(env[key].startswith(target) for target in secrets), f"{name} {key} is not a mounted secret"
+        assert s["env_file"] == f"${{{SECRETS_VAR}-./deploy/secrets}}/tidemark.env", "TIDEMARK_INIT_USER"
+        assert env["TIDEMARK_METRICS_HOST"] == "0.0.0.0", "the published metrics port needs it"
     assert len(volumes) == 2 and len(host_ports) == 4, "each broker needs its own volume and ports"
+    for name in ("spark-worker", "job"):  # the job's driver and the worker's executors connect
+        assert "/run/secrets/tidemark/ca.pem" in _secret_mounts(services[name]).values(), name
     job = services["job"]
     assert {k: v["condition"] for k, v in job["depends_on"].items() if k in BROKERS} == {
         "broker-a": "service_healthy", "broker-b": "service_healthy"}
@@ -80,8 +94,26 @@ def _flags(command: list[str]) -> set[str]:
     return {f"{a}={b}" for a, b in zip(command, command[1:], strict=False) if a.startswith("--")}
 
 
+def _interpolate(text: str, variables: dict[str, str]) -> str:
+    """Compose's ${VAR-default} (the only form the file uses)."""
+    return re.sub(r"\$\{(\w+)-([^}]*)\}", lambda m: variables.get(m.group(1), m.group(2)), text)
+
+
+def _secret_mounts(service: dict) -> dict[str, str]:
+    """Read-only bind mounts from the secrets directory: source (as written) -> container path."""
+    mounts = {}
+    for volume in service.get("volumes", []):
+        source, target, *mode = volume.split(":")
+        if SECRETS_VAR in source:
+            assert mode == ["ro"], f"{volume} must be mounted read-only"
+            mounts[source] = target
+    return mounts
+
+
 def test_dockerfile_broker_image():
     text = (ROOT / "Dockerfile").read_text()
+    assert "deploy" not in text and "secret" not in text.lower(), "secrets are mounted, never baked in"
+    assert (ROOT / ".dockerignore").read_text().split("\n", 1)[1].split() == ["*", "!build/wheels", "!examples"]
     broker_stage = text.split("FROM runtime AS broker", 1)[1]
     assert "ARG BASE_IMAGE=python:3.11-slim" in text and "--no-index --find-links /wheels" in text
     assert "USER tidemark" in broker_stage and 'VOLUME ["/data"]' in broker_stage
@@ -93,8 +125,9 @@ def test_dockerfile_broker_image():
 class Stack:
     """The compose services as local processes."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, secrets: Path) -> None:
         self.tmp = tmp
+        self.variables = {SECRETS_VAR: str(secrets)}
         self.ports = {(name, 10911): free_port() for name in BROKERS}
         self.ports[("spark-master", 7077)] = free_port()
         self.procs: list[subprocess.Popen] = []
@@ -122,7 +155,21 @@ class Stack:
         return out
 
     def env(self, service: dict) -> dict[str, str]:
-        env = {**os.environ, **{k: str(v) for k, v in (service.get("environment") or {}).items()}}
+        """os.environ, the service's env_file, then its environment; paths in the container's secret
+        mounts become the secrets directory's paths, 0.0.0.0 becomes 127.0.0.1."""
+        env = dict(os.environ)
+        if "env_file" in service:
+            for line in Path(_interpolate(service["env_file"], self.variables)).read_text().splitlines():
+                if line.strip() and not line.startswith("#"):
+                    key, _, value = line.partition("=")
+                    env[key] = value
+        mounts = {target: _interpolate(source, self.variables) for source, target in _secret_mounts(service).items()}
+        for key, value in (service.get("environment") or {}).items():
+            value = "127.0.0.1" if value == "0.0.0.0" else str(value)
+            for target, source in mounts.items():
+                if value.startswith(target):
+                    value = source + value[len(target):]
+            env[key] = value
         env["PYSPARK_PYTHON"] = sys.executable  # the image sets its own venv's python
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
         env["SPARK_HOME"] = os.path.dirname(pyspark.__file__)
@@ -146,24 +193,56 @@ class Stack:
                 os.killpg(proc.pid, 9)
 
 
-def _healthy(address: str) -> bool:
-    check = subprocess.run([sys.executable, "-m", "client.cli.main", "health", "--broker", address],
-                           capture_output=True, timeout=30)
+def _healthcheck(stack: Stack, name: str, service: dict) -> bool:
+    """The service's own healthcheck command, with its environment (TLS: its CA)."""
+    command = service["healthcheck"]["test"]
+    assert command[:2] == ["CMD", "tidemark"]
+    argv = [a.replace("127.0.0.1:10911", f"127.0.0.1:{stack.ports[(name, 10911)]}") for a in command[2:]]
+    check = subprocess.run([sys.executable, "-m", "client.cli.main", *argv], capture_output=True, timeout=30,
+                           env=stack.env(service))
     return check.returncode == 0
+
+
+def make_secrets(directory: Path) -> Path:
+    """tools/dev_secrets.py, as a user runs it before `docker-compose up`."""
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "dev_secrets.py"), "--dir", str(directory)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return directory
+
+
+def test_dev_secrets_make_a_certificate_for_every_broker_name_and_a_random_root_secret(tmp_path):
+    from cryptography import x509
+
+    first, second = make_secrets(tmp_path / "one"), make_secrets(tmp_path / "two")
+    cert = x509.load_pem_x509_certificate((first / "broker.pem").read_bytes())
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    names = set(san.get_values_for_type(x509.DNSName)) | {str(i) for i in san.get_values_for_type(x509.IPAddress)}
+    assert {"broker-a", "broker-b", "localhost", "127.0.0.1"} <= names
+    ca = x509.load_pem_x509_certificate((first / "ca.pem").read_bytes())
+    cert.verify_directly_issued_by(ca)
+    envs = [dict(line.split("=", 1) for line in (d / "tidemark.env").read_text().splitlines()
+                 if line and not line.startswith("#")) for d in (first, second)]
+    assert envs[0]["TIDEMARK_INIT_USER"] == f"{envs[0]['TIDEMARK_ACCESS_KEY']}:{envs[0]['TIDEMARK_SECRET_KEY']}"
+    assert len(envs[0]["TIDEMARK_SECRET_KEY"]) >= 24 and envs[0]["TIDEMARK_SECRET_KEY"] != envs[1]["TIDEMARK_SECRET_KEY"]
+    assert (first / "tidemark.env").stat().st_mode & 0o077 == 0, "the env file is for this host's user only"
+    again = subprocess.run([sys.executable, str(ROOT / "tools" / "dev_secrets.py"), "--dir", str(first)],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and "already" in again.stdout
+    assert (first / "broker.pem").read_bytes() == cert.public_bytes(serialization.Encoding.PEM), "kept, not replaced"
 
 
 @pytest.mark.spark
 def test_compose_services_run_as_processes(tmp_path):
     services = compose()["services"]
-    stack = Stack(tmp_path)
+    stack = Stack(tmp_path, make_secrets(tmp_path / "secrets"))
     spark_class = str(Path(os.path.dirname(pyspark.__file__)) / "bin" / "spark-class")
     try:
         for name in BROKERS:
             argv = [sys.executable, "-m", "client.cli.main", "broker", *stack.translate(name, services[name]["command"])]
             stack.start(name, argv, stack.env(services[name]))
         for name in BROKERS:
-            address = f"127.0.0.1:{stack.ports[(name, 10911)]}"
-            wait_until(lambda a=address: _healthy(a), 60, f"{name} healthy (its compose healthcheck)")
+            wait_until(lambda n=name: _healthcheck(stack, n, services[n]), 60, f"{name} healthy (its compose healthcheck)")
         for name in ("spark-master", "spark-worker"):
             command = stack.translate(name, services[name]["command"])
             assert command[0] == "spark-class"
@@ -175,7 +254,14 @@ def test_compose_services_run_as_processes(tmp_path):
                              capture_output=True, text=True, timeout=600)
         assert job.returncode == 0, f"job failed:\n{job.stdout[-3000:]}\n{job.stderr[-5000:]}"
         brokers = ",".join(f"127.0.0.1:{stack.ports[(n, 10911)]}" for n in BROKERS)
-        with Admin(brokers=brokers) as admin:
+        job_env = stack.env(services["job"])
+        tls = TlsSettings(ca_file=job_env["TIDEMARK_TLS_CA_FILE"])
+        for name in BROKERS:  # one at a time: refused by every broker, a client reports "none reachable"
+            with pytest.raises(UnauthenticatedError), \
+                    Admin(brokers=f"127.0.0.1:{stack.ports[(name, 10911)]}", tls=tls, credentials=None) as anonymous:
+                anonymous.list_topics()
+        credentials = (job_env["TIDEMARK_ACCESS_KEY"], job_env["TIDEMARK_SECRET_KEY"])
+        with Admin(brokers=brokers, tls=tls, credentials=credentials) as admin:
             groups = admin.list_groups()
             assert groups, "the job committed no group progress"
             stats = admin.consume_stats(groups[0].group)

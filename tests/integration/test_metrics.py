@@ -1,13 +1,25 @@
-"""The broker's Prometheus endpoint after a produce/consume run."""
+"""The broker's Prometheus endpoint: what it counts after a produce/consume run, where it listens
+(loopback unless given its own address) and what it never shows (secrets, message bodies)."""
 
 from __future__ import annotations
 
+import socket
 import threading
+import urllib.request
 
+import pytest
 from brokerproc import free_port
 from workload import create_topic, produce, scrape, wait_until
 
-from client import Admin, ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
+from client import (
+    Admin,
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    Message,
+    Producer,
+    PushConsumer,
+    UnauthenticatedError,
+)
 
 
 def value(samples, name: str, **labels) -> float:
@@ -59,3 +71,68 @@ def test_metrics_after_produce_and_consume(broker_factory):
     assert value(m, "tidemark_rebalances_total", group="metered") >= 1
     assert value(m, "tidemark_retries_total", group="metered") == 1
     assert value(m, "tidemark_fetch_frames_total") > 0
+
+
+def _non_loopback_address() -> str:
+    """This machine's address on its default route (no packet is sent), or skip."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+            address = s.getsockname()[0]
+        except OSError:
+            address = ""
+    if not address or address.startswith("127."):
+        pytest.skip("this machine has no non-loopback IPv4 address to probe the metrics port from")
+    return address
+
+
+def _answers(host: str, port: int) -> bool:
+    try:
+        urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5).read()
+        return True
+    except OSError:
+        return False
+
+
+def test_metrics_listen_on_loopback_even_when_the_broker_listens_everywhere(broker_factory):
+    outside = _non_loopback_address()
+    port = free_port()
+    broker = broker_factory(args=("--host", "0.0.0.0", "--metrics-port", str(port)))
+    assert _answers("127.0.0.1", port)
+    assert not _answers(outside, port), "the metrics endpoint is reachable beyond loopback by default"
+    assert f"event=metrics_ready host=127.0.0.1 port={port}" in broker.log_text()
+
+
+def test_metrics_host_gives_the_endpoint_its_own_address(broker_factory):
+    outside = _non_loopback_address()
+    port = free_port()
+    broker_factory(args=("--metrics-port", str(port)), env={"TIDEMARK_METRICS_HOST": outside})
+    assert _answers(outside, port)
+    assert not _answers("127.0.0.1", port), "metrics_host should be the only address served"
+
+
+def test_no_secret_or_message_body_in_metrics_or_logs(broker_factory):
+    """With auth on and DEBUG logs: the root secret, a created user's secret, a wrong secret tried by a
+    client and a message body appear neither in the scraped text nor in the broker's log."""
+    root_secret, user_secret, wrong_secret = "root-SECRET-4f1c9a", "user-SECRET-77d2e0", "wrong-SECRET-0b3e51"
+    body = "BODY-4c1d8e-do-not-log"
+    port = free_port()
+    broker = broker_factory(args=("--auth", "--metrics-port", str(port), "--log-level", "DEBUG"),
+                            env={"TIDEMARK_INIT_USER": f"root:{root_secret}"})
+    root = ("root", root_secret)
+    with Admin(brokers=broker.address, credentials=root) as admin:
+        admin.create_topic("Guarded", 1)
+        admin.create_user("app", user_secret)
+        with Producer(brokers=broker.address, credentials=root) as producer:
+            sent = producer.send(Message("Guarded", body.encode(), tags="t", keys="k"))
+        with pytest.raises(UnauthenticatedError), \
+                Producer(brokers=broker.address, credentials=("root", wrong_secret)) as intruder:
+            intruder.send(Message("Guarded", body.encode()))
+        assert admin.view_message(sent.message_queue, sent.queue_offset).body == body.encode()
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'tidemark_messages_in_total{topic="Guarded"} 1.0' in text, "the scrape saw no traffic"
+    log = broker.log_text()
+    assert "event=access_refused" in log, "the refused send left no trace: the log check would prove nothing"
+    for label, secret in (("metrics", text), ("log", log)):
+        for needle in (root_secret, user_secret, wrong_secret, body):
+            assert needle not in secret, f"{needle!r} appears in the {label}"

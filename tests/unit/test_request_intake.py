@@ -88,3 +88,16 @@ def test_an_undecodable_stream_message_is_a_domain_error_and_is_logged_once_per_
         assert intake.undecodable == 3 and intake.budget.held == 0
 
     asyncio.run(scenario())
+
+
+def test_the_end_of_a_burst_of_large_requests_is_reported_once_so_memory_can_be_given_back():
+    bursts = []
+    budget = RequestBudget(100 << 20, small=1024, on_burst_over=lambda: bursts.append(budget.held))
+    for _ in range(3):  # small requests never make a burst
+        budget.try_take(100)
+        budget.give(100)
+    assert bursts == []
+    for _ in range(9):  # 36 MiB of large requests, one at a time
+        budget.try_take(4 << 20)
+        budget.give(4 << 20)
+    assert bursts == [0]  # once, when nothing was held any more

@@ -183,3 +183,9 @@ def test_a_rule_needs_an_action_and_keeps_cidrs_in_normal_form():
     rule = allow("Topic:orders", ips=("10.0.0.1", "10.0.0.1/32", "2001:DB8::/32"))
     assert rule.source_ips == ("10.0.0.1/32", "2001:db8::/32")
     assert rule == allow("Topic:orders", ips=("10.0.0.1/32", "2001:db8::/32"))
+
+
+def test_a_rule_written_for_ipv4_mapped_addresses_matches_those_peers():
+    from broker.auth.acl import parse_network
+    assert str(parse_network("::ffff:10.0.0.0/104")) == "10.0.0.0/8"
+    assert str(parse_network("::ffff:10.1.2.3")) == "10.1.2.3/32"

@@ -211,11 +211,16 @@ def test_an_unusable_file_at_start_stops_the_broker_saying_why(tmp_path, name, t
         reopen(tmp_path)
 
 
-def test_a_damaged_file_falls_back_to_its_backup_at_start(store, tmp_path):
+def test_a_damaged_or_deleted_file_stops_the_start_instead_of_falling_back_to_its_backup(store, tmp_path):
+    """The .bak is the file before the last write: it could hold a rotated secret or miss a new Deny."""
     store.create_user("alice", SECRET)
     store.create_user("bob", "bob-secret-1")
     (tmp_path / "users.json").write_text("{garbage")
-    assert [u.name for u in reopen(tmp_path).users()] == ["alice"]  # the .bak: the file before the last write
+    with pytest.raises(ConfigFileError, match=r"users.json cannot be used: not valid JSON"):
+        reopen(tmp_path)
+    (tmp_path / "users.json").unlink()
+    with pytest.raises(ConfigFileError, match=r"missing while its backup users.json.bak exists"):
+        reopen(tmp_path)
 
 
 def edit(path, doc) -> None:

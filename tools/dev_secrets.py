@@ -1,0 +1,146 @@
+"""Development secrets for docker-compose.yml: a CA, the brokers' certificate and a random root secret.
+
+    .venv/bin/python tools/dev_secrets.py [--dir DIR] [--force] [--owner UID]
+
+Writes into DIR (default $TIDEMARK_SECRETS_DIR, else deploy/secrets), which compose mounts read-only
+into the containers; nothing of it goes into an image (.dockerignore admits only build/wheels and
+examples):
+
+    ca.pem                  the CA that signed broker.pem; clients trust it (TIDEMARK_TLS_CA_FILE)
+    broker.pem, broker.key  one certificate for both brokers: broker-a, broker-b, localhost, 127.0.0.1, ::1
+    tidemark.env            TIDEMARK_INIT_USER=root:SECRET for the brokers' first start, and
+                            TIDEMARK_ACCESS_KEY/TIDEMARK_SECRET_KEY for the clients (compose env_file)
+
+The CA's key is not kept: run again with --force for new certificates (and a new secret; a broker
+volume that already has users keeps its old root user, so `docker-compose down --volumes` first).
+For development only: production certificates come from your own CA and secrets from your store.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import ipaddress
+import os
+import secrets
+import sys
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_DIR = ROOT / "deploy" / "secrets"
+BROKER_NAMES = ("broker-a", "broker-b", "localhost")
+BROKER_IPS = ("127.0.0.1", "::1")
+# The images' user (Dockerfile: useradd --uid 10001): it must be able to read broker.key.
+CONTAINER_UID = 10001
+VALIDITY = datetime.timedelta(days=365)
+FILES = ("ca.pem", "broker.pem", "broker.key", "tidemark.env")
+
+
+def _name(common_name: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+
+
+def _pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def make_certificates() -> tuple[bytes, bytes, bytes]:
+    """(ca.pem, broker.pem, broker.key) as PEM; EC P-256 keys."""
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder()
+          .subject_name(_name("tidemark development CA")).issuer_name(_name("tidemark development CA"))
+          .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + VALIDITY)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    names = [x509.DNSName(n) for n in BROKER_NAMES] + [x509.IPAddress(ipaddress.ip_address(i)) for i in BROKER_IPS]
+    broker = (x509.CertificateBuilder()
+              .subject_name(_name("tidemark broker")).issuer_name(ca.subject)
+              .public_key(key.public_key()).serial_number(x509.random_serial_number())
+              .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + VALIDITY)
+              .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+              .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+              .add_extension(x509.SubjectAlternativeName(names), critical=False)
+              .sign(ca_key, hashes.SHA256()))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return _pem(ca), _pem(broker), key_pem
+
+
+def env_file(user: str, secret: str) -> str:
+    return (f"# Written by tools/dev_secrets.py. The brokers create this super user on first start;\n"
+            f"# the job and host-side clients sign their requests with it.\n"
+            f"TIDEMARK_INIT_USER={user}:{secret}\n"
+            f"TIDEMARK_ACCESS_KEY={user}\n"
+            f"TIDEMARK_SECRET_KEY={secret}\n")
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    # Created with its final mode, so a secret is never readable by others even for a moment.
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(path, mode)  # whatever the umask
+
+
+def write_secrets(directory: Path, *, owner: int | None, user: str = "root") -> str:
+    """Write every file into `directory`; returns a note on who can read broker.key.
+
+    owner: the uid given broker.key (mode 0400), None to keep the caller's. The containers' user
+    must read it: without an owner change the key is made readable by every local user (0644).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_pem, broker_pem, key_pem = make_certificates()
+    _write(directory / "ca.pem", ca_pem, 0o644)
+    _write(directory / "broker.pem", broker_pem, 0o644)
+    # Read by docker-compose on this host only, never mounted as a file the containers need.
+    _write(directory / "tidemark.env", env_file(user, secrets.token_urlsafe(24)).encode(), 0o600)
+    key = directory / "broker.key"
+    if owner is None:
+        _write(key, key_pem, 0o644)
+        note = (f"{key} is readable by every local user (the containers' uid {CONTAINER_UID} must read it); "
+                f"run as root to give it to uid {CONTAINER_UID} with mode 0400 instead")
+    else:
+        _write(key, key_pem, 0o400)
+        os.chown(key, owner, -1)
+        note = f"{key} belongs to uid {owner}, mode 0400"
+    os.chmod(directory, 0o755)  # the containers' user lists it through the read-only mount
+    return note
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dir", type=Path, default=Path(os.environ.get("TIDEMARK_SECRETS_DIR") or DEFAULT_DIR),
+                        help="where to write (default: $TIDEMARK_SECRETS_DIR, else deploy/secrets)")
+    parser.add_argument("--force", action="store_true", help="replace existing files (new CA, certificate, secret)")
+    parser.add_argument("--owner", type=int, default=None,
+                        help=f"uid to own broker.key (default: {CONTAINER_UID} when run as root, else unchanged)")
+    args = parser.parse_args(argv)
+    present = [name for name in FILES if (args.dir / name).exists()]
+    if present and not args.force:
+        missing = sorted(set(FILES) - set(present))
+        if missing:
+            print(f"{args.dir} holds {', '.join(present)} but not {', '.join(missing)}; "
+                  f"run with --force to make a new set", file=sys.stderr)
+            return 1
+        print(f"{args.dir} already holds the development secrets; --force makes new ones")
+        return 0
+    owner = args.owner if args.owner is not None else (CONTAINER_UID if os.geteuid() == 0 else None)
+    note = write_secrets(args.dir, owner=owner)
+    print(f"wrote {', '.join(FILES)} to {args.dir}\n{note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

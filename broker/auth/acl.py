@@ -27,6 +27,7 @@ Pure: no I/O, no grpc. Invalid values raise InvalidArgumentError naming them.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -167,6 +168,7 @@ def parse_network(text: str) -> Network:
     return network
 
 
+@functools.lru_cache(maxsize=4096)  # every check of a call parses the same peer address
 def parse_address(text: str) -> Address | None:
     """A request's peer address, or None when it cannot be read. IPv4-mapped IPv6 counts as IPv4."""
     try:

@@ -1,4 +1,5 @@
-"""Request intake: every request message is decoded here, and counted against a byte budget.
+"""Request intake: every call is authenticated, and every request message decoded, authorised and
+counted against a byte budget, here, before a servicer sees it.
 
 gRPC's own deserialisation runs before any handler, so a message that is not
 valid protobuf ends in `UNKNOWN` with a traceback in the log, once per bad
@@ -23,6 +24,11 @@ their sum across calls:
 A unary request's bytes count until its handler returns (a server-streaming
 call's only until it is decoded); a streamed message's until the handler asks
 for the next one, so an idle stream holds nothing.
+
+With `--auth`, a call is authenticated from its metadata before any of its
+request bytes are read (UNAUTHENTICATED), and each decoded request, or each
+message of a stream, is authorised against what services/access.py says it
+needs (PERMISSION_DENIED); a refusal is logged at most once per interval.
 
 Runs on the event loop; the budget needs no lock.
 """

@@ -47,6 +47,16 @@ class Context:
         return Worker(role, full, self.workdir / f"worker-{self.seq:04d}-{system}-{role}.log")
 
 
+def _run_one(w: Worker, timeout_s: float) -> dict:
+    """Start one worker, let it go, and return its result; it is killed whatever happens."""
+    try:
+        _start_all([w])
+        w.go()
+        return _collect([w], timeout_s)[0]
+    finally:
+        _kill([w])
+
+
 def _start_all(workers: list[Worker], timeout: float = 60) -> None:
     for w in workers:
         w.ready(timeout)
@@ -105,12 +115,7 @@ def run_produce(ctx: Context, system: str, rnd: int) -> dict:
         return _echo_stream(ctx, s.batch, s.messages)
     ctx.servers[system].create_topic(topic, s.queues)
     w = ctx.worker(system, "produce", topic=topic, count=s.messages, batch=s.batch)
-    try:
-        _start_all([w])
-        w.go()
-        r = _collect([w], s.workload_timeout_s)[0]
-    finally:
-        _kill([w])
+    r = _run_one(w, s.workload_timeout_s)
     return {"rate": _rate(r), "count": r["count"]}
 
 
@@ -126,12 +131,7 @@ def run_produce_sync(ctx: Context, system: str, rnd: int) -> dict:
                            "topic": topic, "count": s.messages, "batch": s.batch},
                ctx.workdir / f"worker-sync-{rnd}.log")
     cpu_before = server.server.cpu_seconds()
-    try:
-        _start_all([w])
-        w.go()
-        r = _collect([w], s.workload_timeout_s)[0]
-    finally:
-        _kill([w])
+    r = _run_one(w, s.workload_timeout_s)
     out = {"rate": _rate(r), "count": r["count"]}
     _add_cpu_per_message(out, server.server.cpu_seconds() - cpu_before)
     return out
@@ -189,12 +189,7 @@ def run_latency(ctx: Context, system: str, rnd: int) -> dict:
     s = ctx.sizes
     if system == "echo":
         w = ctx.worker("echo", "rtt", count=2000)
-        try:
-            _start_all([w])
-            w.go()
-            r = _collect([w], 60)[0]
-        finally:
-            _kill([w])
+        r = _run_one(w, 60)
         return {"p50_ms": r["p50_us"] / 1000, "p99_ms": r["p99_us"] / 1000}
     server = ctx.servers[system]
     topic, group = f"bench_lat_r{rnd}", f"bench_lat_g{rnd}"
@@ -267,12 +262,7 @@ def _commit_frame_bytes(queues: int) -> int:
 
 def _echo_stream(ctx: Context, per_frame: int, count: int, frame_bytes: int = 0) -> dict:
     w = ctx.worker("echo", "stream", per_frame=per_frame, count=count, frame_bytes=frame_bytes)
-    try:
-        _start_all([w])
-        w.go()
-        r = _collect([w], ctx.sizes.workload_timeout_s)[0]
-    finally:
-        _kill([w])
+    r = _run_one(w, ctx.sizes.workload_timeout_s)
     return {"rate": _rate(r), "count": r["count"]}
 
 

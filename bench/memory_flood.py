@@ -37,7 +37,8 @@ def status_kib(pid: int, key: str) -> int:
     return 0
 
 
-def flood(address: str, codes: dict[str, int], lock: threading.Lock, size: int, parts: int, times: int) -> None:
+def _flood_one(address: str, codes: dict[str, int], lock: threading.Lock, size: int, parts: int,
+               times: int) -> None:
     with grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 128 * MiB)]) as channel:
         stub = messaging_pb2_grpc.MessagingServiceStub(channel)
         body = os.urandom(size // parts)
@@ -52,6 +53,19 @@ def flood(address: str, codes: dict[str, int], lock: threading.Lock, size: int, 
                 codes[code] = codes.get(code, 0) + 1
 
 
+def flood(address: str) -> dict[str, int]:
+    """Send FLOOD to topic `flood` (which must exist) from all its threads at once; statuses counted."""
+    codes: dict[str, int] = {}
+    lock = threading.Lock()
+    threads = [threading.Thread(target=_flood_one, args=(address, codes, lock, size, parts, times))
+               for size, parts, times, count in FLOOD for _ in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("broker_args", nargs="*", help="extra broker flags (after --)")
@@ -64,15 +78,8 @@ def main() -> None:
             admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(admin_pb2.CreateTopicRequest(name="flood",
                                                                                               queue_nums=4))
         at_rest = status_kib(pid, "RssAnon")
-        codes: dict[str, int] = {}
-        lock = threading.Lock()
-        threads = [threading.Thread(target=flood, args=(broker.address, codes, lock, size, parts, times))
-                   for size, parts, times, count in FLOOD for _ in range(count)]
         began = time.monotonic()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        codes = flood(broker.address)
         took = time.monotonic() - began
         peak = status_kib(pid, "VmHWM") - status_kib(pid, "RssFile")
         settled = []

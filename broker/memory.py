@@ -17,6 +17,7 @@ import ctypes
 import time
 
 from tidemark.logs import get_logger
+from tidemark.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker")
 
@@ -67,9 +68,4 @@ class Trimmer:
         log.debug("memory trimmed after a burst", event="malloc_trim", released=bool(released))
 
     async def close(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self._task)

@@ -51,3 +51,11 @@ def offset_dir(tmp_path: Path, monkeypatch) -> Path:
     d = tmp_path / "local-offsets"
     monkeypatch.setenv("TIDEMARK_OFFSET_DIR", str(d))
     return d
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA and server/client certificates for TLS tests (tlslib.make_pki)."""
+    from tlslib import make_pki
+
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,15 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+# The environment that gives clients an identity or TLS (client/security.py): tests that say how they
+# connect clear these first.
+SECURITY_ENV_KEYS = ("TIDEMARK_BROKER", "TIDEMARK_TLS", "TIDEMARK_TLS_CA_FILE", "TIDEMARK_TLS_CERT_FILE",
+                     "TIDEMARK_TLS_KEY_FILE", "TIDEMARK_ACCESS_KEY", "TIDEMARK_SECRET_KEY")
+
+
+def without_security_env(environ: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in environ.items() if k not in SECURITY_ENV_KEYS}
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,11 @@ class AccessGuard:
             raise UnauthenticatedError(INVALID_CREDENTIALS)
         return user
 
+    @property
+    def version(self) -> int:
+        """The users' and rules' version: decisions taken at it hold until it changes."""
+        return self._store.version
+
     def current(self, user: User) -> User:
         """The user as the store has it now: a long stream re-checks that its user still exists with the
         same secret (deleted or rotated: UnauthenticatedError) and picks up a changed super-user flag."""

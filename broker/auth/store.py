@@ -252,6 +252,8 @@ class AuthStore:
     def __init__(self, config_dir: Path) -> None:
         self._users: dict[str, User] = {}
         self._rules: dict[str, tuple[AclRule, ...]] = {}  # user -> rules, in creation order
+        # Bumped by every change of users or rules: a decision taken at one version holds until it moves.
+        self.version = 0
         config_dir = Path(config_dir)
         self._users_file = _AuthFile(config_dir / USERS_FILE, lambda: encode_users(self._users),
                                      self._apply_users, encode_users({}))
@@ -274,10 +276,12 @@ class AuthStore:
 
     def _apply_users(self, doc: dict[str, Any]) -> str:
         self._users = decode_users(doc)
+        self.version += 1
         return f"{len(self._users)} users"
 
     def _apply_rules(self, doc: dict[str, Any]) -> str:
         self._rules = decode_rules(doc)
+        self.version += 1
         return f"{sum(map(len, self._rules.values()))} rules"
 
     # -- users ---------------------------------------------------------------------
@@ -304,6 +308,7 @@ class AuthStore:
             del self._users[name]
         else:
             self._users[name] = after
+        self.version += 1
 
         def undo() -> None:
             if self._users.get(name) is after:  # nobody changed it since
@@ -311,6 +316,7 @@ class AuthStore:
                     self._users.pop(name, None)
                 else:
                     self._users[name] = before
+                self.version += 1
 
         self._users_file.changed(undo)
 
@@ -385,6 +391,7 @@ class AuthStore:
             self._rules[user] = after
         else:
             self._rules.pop(user, None)
+        self.version += 1
 
         def undo() -> None:
             if self._rules.get(user, ()) == after:  # nobody changed them since
@@ -392,6 +399,7 @@ class AuthStore:
                     self._rules[user] = before
                 else:
                     self._rules.pop(user, None)
+                self.version += 1
 
         self._acls_file.changed(undo)
 

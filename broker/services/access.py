@@ -130,6 +130,7 @@ class Caller:
     user: User
     source_ip: str
     granted: set[Requirement] = field(default_factory=set)
+    checked_at: int = -1  # the users/rules version `granted` was last checked at
 
 
 _current: contextvars.ContextVar[tuple[AccessGuard, Caller] | None] = contextvars.ContextVar(
@@ -175,12 +176,18 @@ class MethodAccess:
             self._guard.authorize(caller.user, self._needs(request), caller.source_ip)
 
     def check_stream_message(self, caller: Caller, request: object) -> None:
-        """A stream message: the user is looked up again (deleted or rotated: UnauthenticatedError), and
-        what this message needs is checked together with everything the stream was granted before, so
-        a revoked rule stops a stream at its next message (a Fetch stream's next credit)."""
+        """A stream message: once users or rules have changed, the user is looked up again (deleted or
+        rotated: UnauthenticatedError) and everything the stream was granted is checked again with what
+        this message needs, so a revoked rule stops a stream at its next message (a Fetch stream's next
+        credit); while nothing changes, only a message needing something new is checked."""
+        needs = () if self._needs is SUPER_ONLY else self._needs(request)
+        version = self._guard.version
+        if version == caller.checked_at and caller.granted.issuperset(needs):
+            return  # nothing changed since the last check: a Fetch credit costs no rule evaluation
         caller.user = self._guard.current(caller.user)
         if self._needs is SUPER_ONLY:
             self._guard.require_super(caller.user)
-            return
-        caller.granted.update(self._needs(request))
-        self._guard.authorize(caller.user, caller.granted, caller.source_ip)
+        else:
+            caller.granted.update(needs)
+            self._guard.authorize(caller.user, caller.granted, caller.source_ip)
+        caller.checked_at = version

@@ -26,6 +26,7 @@ from broker.store.model import FlushMode
 from broker.store.openfiles import OpenFiles
 from tidemark.fsutil import fsync_dir
 from tidemark.logs import get_logger
+from tidemark.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker.store")
 
@@ -265,17 +266,7 @@ class FlushService:
     async def stop(self) -> None:
         """Cancel and await the task. Waiters stay queued for the caller's final flush."""
         task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise  # our caller is being cancelled too; do not swallow that
-        except Exception:
-            pass  # already reported through on_failure
+        await cancel_and_wait(task)  # a failure was already reported through on_failure
 
     def wait_flushed(self, end_offset: int) -> asyncio.Future[None]:
         """A future resolved once the commit log is durable up to `end_offset`."""

@@ -45,6 +45,7 @@ from pathlib import Path
 
 from broker.errors import StoreError
 from tidemark.logs import get_logger
+from tidemark.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker.store")
 
@@ -165,15 +166,7 @@ class WriteGuard:
     async def stop(self) -> None:
         """Cancel and await the probe; the state stays as it is (shutdown decides what to do)."""
         task, self._task = self._task, None
-        if task is None:
-            return
-        task.cancel()
-        try:
-            await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
+        await cancel_and_wait(task)
 
     async def probe(self) -> bool:
         """One probe: True when writes were given back (or never taken away)."""

@@ -31,6 +31,25 @@ class _Job:
     runs: int = 0
 
 
+async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
+    """Cancel tasks and wait until each has finished (None entries are skipped).
+
+    gather(return_exceptions=True) collects the tasks' own cancellations and failures (a task reports
+    its failures where they happen); a cancellation of the caller still propagates."""
+    pending = []
+    for task in tasks:
+        if task is None:
+            continue
+        if task.done():  # (perhaps on a loop that is gone: nothing to wait for)
+            if not task.cancelled():
+                task.exception()  # retrieved: a failure was reported where it happened
+            continue
+        task.cancel()
+        pending.append(task)
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
 class Scheduler:
     def __init__(self, owner: str) -> None:
         self._owner = owner
@@ -72,10 +91,7 @@ class Scheduler:
         gather(return_exceptions=True) collects the jobs' own cancellations; a cancellation of the
         caller still propagates (an `except CancelledError: pass` here would swallow it)."""
         self._running = False
-        tasks = [j.task for j in self._jobs.values() if j.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*(j.task for j in self._jobs.values()))
         for job in self._jobs.values():
             job.task = None
 

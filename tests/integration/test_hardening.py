@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
-import grpc
 import pytest
 from brokerproc import BrokerProcess, BrokerStubs, free_port
 from workload import wait_until
 
+from bench.memory_flood import flood, status_kib
 from client import Admin, InvalidArgumentError, Message, Producer
-from tidemark.v1 import admin_pb2, common_pb2, messaging_pb2, messaging_pb2_grpc
+from tidemark.v1 import admin_pb2, common_pb2, messaging_pb2
 
 MiB = 1024 * 1024
 
@@ -52,13 +50,6 @@ def test_a_second_broker_on_the_same_data_dir_exits_at_once_naming_the_holder(tm
     BrokerProcess(tmp_path / "data", port=first.port).start().stop()
 
 
-def _rss_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"{key} not in /proc/{pid}/status")
-
-
 # Peak anonymous memory the broker may reach under the flood below, above its memory at rest. The
 # default limits (max_request_bytes = max_message_size + 64 KiB, 64 MiB of request bytes in flight)
 # keep it near 150 MiB on this machine; before them it was over 1.2 GiB (docs/benchmarks.md).
@@ -68,41 +59,19 @@ FLOOD_BOUND_MIB = 320
 def test_memory_stays_bounded_under_a_flood_of_large_requests_and_returns_after(tmp_path):
     broker = BrokerProcess(tmp_path / "data").start()
     pid = broker.proc.pid
-    options = [("grpc.max_send_message_length", 128 * MiB)]
     try:
         with BrokerStubs(broker.address) as stubs:
             stubs.admin.CreateTopic(admin_pb2.CreateTopicRequest(name="flood", queue_nums=4))
-        at_rest = _rss_kib(pid, "RssAnon")
-        codes: dict[str, int] = {}
-        lock = threading.Lock()
-
-        def flood(size: int, parts: int, times: int) -> None:
-            with grpc.insecure_channel(broker.address, options=options) as channel:
-                stub = messaging_pb2_grpc.MessagingServiceStub(channel)
-                body = os.urandom(size // parts)
-                for _ in range(times):
-                    try:
-                        stub.SendMessage(messaging_pb2.SendMessageRequest(
-                            topic="flood", messages=[common_pb2.Message(body=body)] * parts), timeout=60)
-                        code = "OK"
-                    except grpc.RpcError as e:
-                        code = e.code().name
-                    with lock:
-                        codes[code] = codes.get(code, 0) + 1
-
-        threads = [threading.Thread(target=flood, args=(60 * MiB, 16, 2)) for _ in range(6)]  # far too large
-        threads += [threading.Thread(target=flood, args=(5 * MiB, 1, 5)) for _ in range(8)]  # just too large
-        threads += [threading.Thread(target=flood, args=(int(3.9 * MiB), 2, 6)) for _ in range(12)]  # at the limit
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        peak = _rss_kib(pid, "VmHWM") - _rss_kib(pid, "RssFile")
+        at_rest = status_kib(pid, "RssAnon")
+        # 6 threads send 60 MiB batches (far too large), 8 single 5 MiB messages (just too large),
+        # 12 batches of 3.9 MiB (at the limit), all at once.
+        codes = flood(broker.address)
+        peak = status_kib(pid, "VmHWM") - status_kib(pid, "RssFile")
         assert codes.get("OK", 0) > 0 and codes.get("RESOURCE_EXHAUSTED", 0) >= 6 * 2 + 8 * 5, codes
         assert set(codes) <= {"OK", "RESOURCE_EXHAUSTED"}, codes
         assert (peak - at_rest) / 1024 < FLOOD_BOUND_MIB, (peak, at_rest)
         # The burst's buffers go back: the broker settles near where it started.
-        wait_until(lambda: (_rss_kib(pid, "RssAnon") - at_rest) / 1024 < 128, 20,
+        wait_until(lambda: (status_kib(pid, "RssAnon") - at_rest) / 1024 < 128, 20,
                    "broker memory back within 128 MiB of its memory at rest")
         assert "Traceback" not in broker.log_text()
     finally:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess
-from tlslib import Pki, make_pki
+from tlslib import SECURITY_ENV_KEYS, Pki, without_security_env
 from workload import ConsumerProcess, wait_until
 
 from broker.auth.guard import INVALID_CREDENTIALS
@@ -42,20 +42,11 @@ WRITER = ("writer", "writer-secret-1")
 READER = ("reader", "reader-secret-1")
 # The broker's UNAUTHENTICATED details (client.UnauthenticatedError and the CLI's one line carry them).
 NO_CREDENTIALS, BAD_SIGNATURE = "no credentials", INVALID_CREDENTIALS
-_ENV_KEYS = ("TIDEMARK_BROKER", "TIDEMARK_TLS", "TIDEMARK_TLS_CA_FILE", "TIDEMARK_TLS_CERT_FILE",
-             "TIDEMARK_TLS_KEY_FILE", "TIDEMARK_ACCESS_KEY", "TIDEMARK_SECRET_KEY")
-
-
 @pytest.fixture(autouse=True)
 def _no_security_env(monkeypatch):
     """Each test says who it is; a developer's TIDEMARK_* must not change that."""
-    for key in _ENV_KEYS:
+    for key in SECURITY_ENV_KEYS:
         monkeypatch.delenv(key, raising=False)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +219,7 @@ def _stats(broker: BrokerProcess, pki: Pki, group: str, topic: str) -> list:
 
 def tidemark(broker: BrokerProcess, pki: Pki, *args: str, credentials: tuple[str, str] | None) -> subprocess.CompletedProcess:
     """The CLI with its identity and CA in the environment (TIDEMARK_ACCESS_KEY/SECRET_KEY/TLS_CA_FILE)."""
-    env = {k: v for k, v in os.environ.items() if k not in _ENV_KEYS}
+    env = without_security_env(os.environ)
     env["TIDEMARK_TLS_CA_FILE"] = str(pki.ca)
     if credentials is not None:
         env["TIDEMARK_ACCESS_KEY"], env["TIDEMARK_SECRET_KEY"] = credentials

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from brokerproc import BrokerProcess
-from tlslib import Pki, make_pki
+from tlslib import SECURITY_ENV_KEYS, Pki, without_security_env
 
 from client import (
     Admin,
@@ -30,20 +30,11 @@ from client import (
 
 REPO = Path(__file__).resolve().parents[2]
 FAST_S = 5.0  # a refused handshake must be reported well within this
-_ENV_KEYS = ("TIDEMARK_BROKER", "TIDEMARK_TLS", "TIDEMARK_TLS_CA_FILE", "TIDEMARK_TLS_CERT_FILE",
-             "TIDEMARK_TLS_KEY_FILE", "TIDEMARK_ACCESS_KEY", "TIDEMARK_SECRET_KEY")
-
-
 @pytest.fixture(autouse=True)
 def _no_security_env(monkeypatch):
     """Each test says how it connects; a developer's TIDEMARK_TLS_* must not change that."""
-    for key in _ENV_KEYS:
+    for key in SECURITY_ENV_KEYS:
         monkeypatch.delenv(key, raising=False)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory) -> Pki:
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def _broker(tmp_path_factory, name: str, *args: str) -> BrokerProcess:
@@ -188,7 +179,7 @@ def test_mutual_tls_needs_a_client_certificate(mtls_broker, pki):
 
 
 def tidemark(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    environ = {k: v for k, v in os.environ.items() if k not in _ENV_KEYS}
+    environ = without_security_env(os.environ)
     return subprocess.run([sys.executable, "-m", "client.cli.main", *args], capture_output=True, text=True,
                           timeout=60, cwd=REPO, env={**environ, **(env or {})})
 

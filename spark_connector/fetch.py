@@ -8,10 +8,13 @@ checked per batch: a gap (retention deleted messages while the task ran) or a
 queue that no longer reaches `end` (re-created) is data loss, handled per
 failOnDataLoss. Tags are filtered here, not by the broker: a broker-side
 filter would skip offsets, which the gap check could not tell from data loss.
+While no broker answers (a restart of any length), the task waits for one;
+pollTimeoutMs bounds only a broker that answers but cannot deliver.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,7 +26,7 @@ import pyarrow.compute as pc
 
 from client import Admin
 from client.consumer.record_reader import QueueEndedError, RecordChunk, RecordReader
-from client.errors import RequestTimeoutError
+from client.errors import RequestTimeoutError, UnavailableError
 from client.message import MessageQueue
 from spark_connector.arrow import records_to_batch
 from spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
@@ -35,6 +38,7 @@ log = get_logger("tidemark.spark")
 
 BATCH_ROWS = 8192
 POLL_STEP_S = 1.0
+BROKER_WAIT_MAX_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +60,7 @@ def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.Record
     tags = parse_tag_expression(settings.tag_expression)
     wanted = None if tags.matches_all else pa.array(sorted(tags.tags), pa.string())
     start = rng.start
-    with RecordReader(**settings.client_kwargs()) as reader:
+    with _open_reader(settings, rng) as reader:
         while start < rng.end:
             try:
                 for batch in _read(reader, settings, rng, start):
@@ -130,9 +134,43 @@ def _gap(settings: FetchSettings, mq: MessageQueue, expected: int, got: int) -> 
     log.warning("tidemark data loss while reading", event="data_loss", detail=message)
 
 
+@contextlib.contextmanager
+def _open_reader(settings: FetchSettings, rng: OffsetRange) -> Iterator[RecordReader]:
+    """A started RecordReader, shut down on exit. While no broker answers, the task waits for one
+    (backing off up to BROKER_WAIT_MAX_S) rather than fail: a broker restart of any length costs time,
+    not the query."""
+    delay = POLL_STEP_S
+    while True:
+        try:
+            reader = RecordReader(**settings.client_kwargs()).start()
+            break
+        except UnavailableError as e:
+            if not e.retriable:  # a refused TLS handshake: waiting cannot help
+                raise
+            _waiting_for_broker(rng, e)
+        time.sleep(delay)
+        delay = min(delay * 2, BROKER_WAIT_MAX_S)
+    try:
+        yield reader
+    finally:
+        reader.shutdown()
+
+
+def _waiting_for_broker(rng: OffsetRange, error: UnavailableError) -> None:
+    log.warning("no broker answers; the read waits for one", event="fetch_broker_unreachable", queue=str(rng.mq),
+                error=error)
+
+
 def _stalled(settings: FetchSettings, rng: OffsetRange, expected: int) -> int:
-    """No message for poll_timeout: decide between data loss and a broker that cannot deliver."""
-    low, high = _bounds(settings, rng.mq)
+    """No message for poll_timeout: decide between data loss and a broker that cannot deliver. While
+    no broker answers, keep waiting (`expected`: nothing decided), as the reader keeps reopening."""
+    try:
+        low, high = _bounds(settings, rng.mq)
+    except UnavailableError as e:
+        if not e.retriable:
+            raise
+        _waiting_for_broker(rng, e)
+        return expected
     if high < rng.end or expected < low:
         message = describe_loss(rng.mq, rng.end if high < rng.end else expected, low, high)
         if settings.fail_on_data_loss:

@@ -23,6 +23,7 @@ from client import (  # noqa: E402
     ConsumeOrderlyStatus,
     PushConsumer,
 )
+from tidemark.logs import setup_logging  # noqa: E402
 
 
 def main() -> int:
@@ -40,7 +41,9 @@ def main() -> int:
     p.add_argument("--heartbeat-interval", type=float, default=30.0)
     p.add_argument("--lock-renew-interval", type=float, default=20.0)
     p.add_argument("--strategy", default="AVG")
+    p.add_argument("--log-level", default="INFO", help="of the client's log on stderr (the test's <out>.log)")
     args = p.parse_args()
+    setup_logging(args.log_level)
 
     out = open(args.out, "a", buffering=1)
     lock = threading.Lock()

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -17,13 +19,22 @@ from client import Admin, Message, MessageQueue, NotFoundError, Producer
 CONSUMER_SCRIPT = Path(__file__).parent / "consumer_proc.py"
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.05,
+               details: Callable[[], str] | None = None) -> None:
+    """Poll predicate until it holds; on timeout fail saying what was awaited and, when given, what
+    `details` says of the state then (read only on failure)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+    message = f"timed out after {timeout}s waiting for {what}"
+    if details is not None:
+        try:
+            message += "\n" + details()
+        except Exception as e:  # the diagnostics must not hide the timeout
+            message += f"\n(diagnostics failed: {e!r})"
+    raise AssertionError(message)
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -103,6 +114,11 @@ class ConsumerProcess(ChildProcess):
     def stop(self, timeout: float = 60.0) -> int:
         return super().stop(timeout)
 
+    def log_tail(self, chars: int = 3000) -> str:
+        """The end of the process's stderr (the client's log)."""
+        path = Path(f"{self.out}.log")
+        return path.read_text(errors="replace")[-chars:] if path.exists() else "(no log)"
+
     def records(self) -> list[tuple[str, int, int, str]]:
         """(msg_id, queue_id, queue_offset, client_id) per consumed message."""
         if not self.out.exists():
@@ -113,3 +129,54 @@ class ConsumerProcess(ChildProcess):
             if len(parts) >= 4:
                 rows.append((parts[0], int(parts[1]), int(parts[2]), parts[3]))
         return rows
+
+
+class SlowStartProxy:
+    """A loopback TCP proxy to `target` that holds back everything the server sends during the first
+    `delay_s` of each connection: a broker slow to finish a handshake, as on a busy machine."""
+
+    def __init__(self, target: str, delay_s: float) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._delay_s = delay_s
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._sockets: list[socket.socket] = []
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, name="slow-proxy", daemon=True).start()
+
+    def __enter__(self) -> SlowStartProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s in [self._listener, *self._sockets]:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+                server = socket.create_connection(self._target)
+            except OSError:
+                return
+            self._sockets += [client, server]
+            hold_until = time.monotonic() + self._delay_s
+            threading.Thread(target=self._pipe, args=(client, server, 0.0), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, hold_until), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: socket.socket, dst: socket.socket, hold_until: float) -> None:
+        try:
+            while data := src.recv(65536):
+                time.sleep(max(0.0, hold_until - time.monotonic()))
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass

@@ -129,7 +129,8 @@ class ConsumerCore:
                                limits=self.fetch_limits(), sink=self,
                                offset_store=self.offset_store if self.piggyback else None, held=self.held)
         self.ownership = QueueOwnership(cluster=self.cluster, group=s.group, client_id=self.client_id,
-                                        offset_store=self.offset_store, locking=locking, hooks=self)
+                                        offset_store=self.offset_store, locking=locking, hooks=self,
+                                        on_acquired=lambda: self.scheduler.trigger("heartbeat"))
         self.assemble()
         sched = self.scheduler
         if assigned is None:

@@ -29,7 +29,7 @@ OwnedQueue.transition, and each generation of a queue is a QueueLease.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from client.consumer.kept_progress import KeptProgress, resume_offset
@@ -76,13 +76,16 @@ class OwnershipHooks(Protocol):
 
 class QueueOwnership:
     def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, offset_store: OffsetStore,
-                 locking: bool, hooks: OwnershipHooks) -> None:
+                 locking: bool, hooks: OwnershipHooks, on_acquired: Callable[[], None] = lambda: None) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
         self._store = offset_store
         self.locking = locking
         self._hooks = hooks
+        # Called when queues start outside update() (a lock granted after a wait): the consumer heartbeats
+        # them at once, as it does after a rebalance changed its queues, instead of at its next tick.
+        self._on_acquired = on_acquired
         self._queues: dict[MessageQueue, OwnedQueue] = {}
         self._lock = asyncio.Lock()
         # Waits (on the brokers) for queues whose previous owner has not released them yet: one task per
@@ -190,6 +193,8 @@ class QueueOwnership:
                 granted = [oq for oqs, _ in results for oq in oqs
                            if self._queues.get(oq.mq) is oq and oq.state is QueueState.LOCKING]
                 started = await asyncio.gather(*(self._start(oq) for oq in granted))
+            if any(self._queues.get(oq.mq) is oq and oq.state is QueueState.PULLING for oq in granted):
+                self._on_acquired()
             # A grant of a queue we no longer want still ended a wait: ask again for the rest at once.
             # Nothing granted at all (a broker down, or its wait ran out) or no start possible: pause.
             if not any(answered for _, answered in results) or (granted and not any(started)):

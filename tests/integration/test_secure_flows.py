@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess
 from tlslib import SECURITY_ENV_KEYS, Pki, without_security_env
-from workload import ConsumerProcess, wait_until
+from workload import ConsumerProcess, SlowStartProxy, wait_until
 
 from broker.auth.guard import INVALID_CREDENTIALS
 from client import (
@@ -185,19 +185,27 @@ def test_group_of_two_processes_hands_over_with_no_duplicates(secure, pki, tmp_p
     b = None
     producer = threading.Thread(target=produce, daemon=True)
     producer.start()
-    try:
-        wait_until(lambda: len(a.records()) >= 500, 30, "a consuming")
-        b = ConsumerProcess(tmp_path / "b.txt", *common, "--instance", "b", env=env).start()
-        wait_until(lambda: sorted(_owners(secure, pki, group, topic).values()) == [2, 2], 30,
-                   "two members with two queues each")
-        producer.join(60)
-        assert done.is_set()
-        wait_until(lambda: {r[0] for c in (a, b) for r in c.records()} >= set(ids), 60, "every message consumed")
-        wait_until(lambda: all(s.lag == 0 for s in _stats(secure, pki, group, topic)), 30, "every offset committed")
-    finally:
-        for c in (a, b):
-            if c is not None and c.proc is not None:
-                c.stop()
+    # One connection for every look at the group: a TLS handshake per poll is slow on a loaded machine.
+    with Admin(**_as(secure, pki, ROOT)) as admin:
+        try:
+            wait_until(lambda: len(a.records()) >= 500, 30, "a consuming",
+                       details=lambda: _group_report(admin, group, a))
+            b = ConsumerProcess(tmp_path / "b.txt", *common, "--instance", "b", env=env).start()
+            # What members report owning is what their heartbeats said: each heartbeats right after its
+            # queues changed, so this holds once a has drained and handed over (its drain timeout is 10 s)
+            # and b was granted them; the heartbeat interval (30 s) is no part of it.
+            wait_until(lambda: sorted(_owners(admin, group, topic).values()) == [2, 2], 30,
+                       "two members with two queues each", details=lambda: _group_report(admin, group, a, b))
+            producer.join(60)
+            assert done.is_set()
+            wait_until(lambda: {r[0] for c in (a, b) for r in c.records()} >= set(ids), 60, "every message consumed",
+                       details=lambda: _group_report(admin, group, a, b))
+            wait_until(lambda: all(s.lag == 0 for s in admin.consume_stats(group, topic)), 30,
+                       "every offset committed", details=lambda: _group_report(admin, group, a, b))
+        finally:
+            for c in (a, b):
+                if c is not None and c.proc is not None:
+                    c.stop()
     records = [r for c in (a, b) for r in c.records()]
     counts = collections.Counter(r[0] for r in records)
     assert set(counts) == set(ids) and len(ids) == 3_000
@@ -206,15 +214,76 @@ def test_group_of_two_processes_hands_over_with_no_duplicates(secure, pki, tmp_p
     assert "UNAUTHENTICATED" not in (tmp_path / "a.txt.log").read_text()
 
 
-def _owners(broker: BrokerProcess, pki: Pki, group: str, topic: str) -> dict[str, int]:
-    with Admin(**_as(broker, pki, ROOT)) as admin:
+def test_a_member_that_waited_for_its_locks_reports_its_queues_at_once(secure, pki, tmp_path):
+    """A joining member whose queues are still being drained by their previous owner gets them from a
+    lock wait, after its rebalance (and the heartbeat that follows it) finished: it heartbeats them as
+    soon as they are granted, not at its next heartbeat tick (here 5 minutes away)."""
+    topic, group = "SecureWaited", "secure-waited"
+    _app(secure, pki, topic, group, 4)
+    with Producer(**_as(secure, pki, WRITER)) as producer:
+        for q in producer.fetch_publish_message_queues(topic):
+            producer.send_batch([Message(topic, b"w-%d" % i) for i in range(50)], queue=q)
+    env = {"TIDEMARK_ACCESS_KEY": READER[0], "TIDEMARK_SECRET_KEY": READER[1], "TIDEMARK_TLS_CA_FILE": str(pki.ca)}
+    # Orderly with a slow listener: every queue of a always has a message in its listener, so a's release
+    # of a queue waits for it (up to 2 s) and b's first, immediate lock attempt finds the queue still held.
+    common = ("--brokers", secure.address, "--group", group, "--topic", topic, "--orderly", "--delay-ms", "2000",
+              "--heartbeat-interval", "300")
+    a = ConsumerProcess(tmp_path / "a.txt", *common, "--instance", "a", env=env).start()
+    b = None
+    with Admin(**_as(secure, pki, ROOT)) as admin:
+        try:
+            wait_until(lambda: len(a.records()) >= 4, 30, "a consuming", details=lambda: _group_report(admin, group, a))
+            b = ConsumerProcess(tmp_path / "b.txt", *common, "--instance", "b", env=env).start()
+            # a's drain takes up to 2 s (its listener) and b's grant follows at once; 20 s leaves room for a
+            # loaded machine and is far below the 300 s heartbeat interval an unreported grant would wait for.
+            wait_until(lambda: sorted(_owners(admin, group, topic).values()) == [2, 2], 20,
+                       "two members reporting two queues each", details=lambda: _group_report(admin, group, a, b))
+        finally:
+            for c in (a, b):
+                if c is not None and c.proc is not None:
+                    c.stop()
+    # The case under test happened: b's queues were granted after its rebalance had ended (by the wait).
+    log = b.log_tail(1_000_000).splitlines()
+    changed = next(i for i, line in enumerate(log) if "event=rebalance_changed" in line and f"topic={topic}" in line)
+    granted = [i for i, line in enumerate(log) if "event=lock_grant" in line and f"topic={topic}," in line]
+    assert granted and min(granted) > changed, "\n".join(log)
+
+
+def test_a_broker_slow_to_finish_the_handshake_is_still_reached(secure, pki):
+    """A new connection whose TLS handshake takes half a second (a busy machine) gets the request timeout
+    (3 s), not the 100 ms gRPC allowed a connection attempt when min_reconnect_backoff_ms was 100."""
+    with SlowStartProxy(secure.address, 0.5) as proxy:
+        with Admin(**{**_as(secure, pki, ROOT), "brokers": proxy.address}) as admin:
+            assert [b.broker_name for b in admin.brokers()] == ["broker-a"]
+
+
+def _owners(admin: Admin, group: str, topic: str) -> dict[str, int]:
+    """client id -> how many queues of `topic` its last heartbeat said it owns."""
+    return {m.client_id: sum(1 for q in m.owned_queues if q.topic == topic) for m in admin.describe_group(group).members}
+
+
+def _group_report(admin: Admin, group: str, *consumers: ConsumerProcess | None) -> str:
+    """What the broker says of the group (members with the queues their last heartbeat reported, and the
+    queue locks), and the end of each consumer's log: a failed wait on the group explains itself."""
+    lines = []
+    try:
         d = admin.describe_group(group)
-    return {m.client_id: sum(1 for q in m.owned_queues if q.topic == topic) for m in d.members}
-
-
-def _stats(broker: BrokerProcess, pki: Pki, group: str, topic: str) -> list:
-    with Admin(**_as(broker, pki, ROOT)) as admin:
-        return admin.consume_stats(group, topic)
+    except Exception as e:  # the logs below still tell a lot
+        lines.append(f"group {group}: describe failed: {e!r}")
+    else:
+        now_ms = time.time() * 1000
+        lines.append(f"group {group}: {len(d.members)} member(s)")
+        for m in d.members:
+            owned = ", ".join(f"{q.topic}:{q.queue_id}" for q in sorted(m.owned_queues)) or "none"
+            lines.append(f"  {m.client_id}: last heartbeat {(now_ms - m.last_heartbeat_timestamp) / 1000:.1f}s ago, "
+                         f"reported owning [{owned}]")
+        for lk in sorted(d.locks, key=lambda lk: lk.queue):
+            lines.append(f"  lock {lk.queue.topic}:{lk.queue.queue_id} held by {lk.client_id} "
+                         f"(epoch {lk.owner_epoch})")
+    for c in consumers:
+        if c is not None:
+            lines.append(f"--- {c.out.name}.log (end) ---\n{c.log_tail()}")
+    return "\n".join(lines)
 
 
 def tidemark(broker: BrokerProcess, pki: Pki, *args: str, credentials: tuple[str, str] | None) -> subprocess.CompletedProcess:

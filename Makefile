@@ -5,13 +5,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tidemark-installed
 RUN_STAMP := $(VENV)/.tidemark-run-installed
 PROTO_DIR := proto
-PROTO_SRC := $(wildcard $(PROTO_DIR)/tidemark/v1/*.proto)
+PROTO_SRC := $(wildcard $(PROTO_DIR)/tidemark/v1/*.proto) $(wildcard $(PROTO_DIR)/tidemark/rmq5/v2/*.proto)
 PROTO_STAMP := $(PROTO_DIR)/tidemark/v1/.generated
 DATA_DIR ?= ./data
 PORT ?= 10911
 PYTEST_ARGS ?=
 
-.PHONY: setup gen run test lint bench bench-client demo images clean
+.PHONY: setup gen run test lint bench bench-client bench-rmq5 demo images clean
 
 setup: $(STAMP) $(PROTO_STAMP)
 
@@ -24,7 +24,7 @@ $(RUN_STAMP): pyproject.toml
 
 # Everything: the Spark connector, tests, benchmarks.
 $(STAMP): $(RUN_STAMP)
-	$(PY) -m pip install --quiet -e '.[build,spark,dev]'
+	$(PY) -m pip install --quiet -e '.[build,spark,dev,compat]'
 	touch $@
 
 gen: $(PROTO_STAMP)
@@ -53,6 +53,10 @@ bench-client: setup
 	$(PY) -m bench.client_e2e
 	$(PY) -m bench.rebalance
 
+# The official RocketMQ 5 Python client against Tidemark, beside Tidemark's own client.
+bench-rmq5: setup
+	$(PY) -m bench.rmq5_client
+
 # The broker and Spark images (Dockerfile), from a wheelhouse built here; see tools/images.py.
 images: $(RUN_STAMP) $(PROTO_STAMP)
 	$(PY) tools/images.py $(IMAGES_ARGS)
@@ -61,4 +65,4 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) $(PROTO_DIR)/tidemark/v1/*_pb2*.py $(PROTO_DIR)/tidemark/v1/*_pb2*.pyi $(PROTO_STAMP)
+	rm -rf $(VENV) $(PROTO_DIR)/tidemark/v1/*_pb2*.py* $(PROTO_DIR)/tidemark/rmq5/v2/*_pb2*.py* $(PROTO_STAMP)

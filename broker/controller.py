@@ -27,6 +27,7 @@ from broker.metrics import BrokerMetrics, StateSnapshot
 from broker.offsets import ConsumerOffsetManager, Fence
 from broker.offsets.commits import OffsetCommitService
 from broker.permission import BrokerPermission
+from broker.pop.service import PopService
 from broker.pull import PullService, QueueReadAccess
 from broker.queries import MessageQueries
 from broker.retry import SendBackService
@@ -45,6 +46,8 @@ VERSION = "0.1.0"
 # The longest a LockQueues call may wait for queues held by another client.
 MAX_LOCK_WAIT_MS = 30_000
 RETENTION_CHECK_INTERVAL_S = 600.0
+POP_REVIVE_INTERVAL_S = 0.5
+POP_RENEW_INTERVAL_S = 5.0
 
 
 def now_ms() -> int:
@@ -117,6 +120,10 @@ class BrokerController:
                                          permission=self.permission, schedule=self.schedule,
                                          clock_ms=self.clock_ms)
         self.queries = MessageQueries(store=self.store, topics=self.topics)
+        self.pop = PopService(config=config, store=self.store, topics=self.topics, groups=self.groups,
+                              offsets=self.offsets, hold=self.hold, permission=self.permission,
+                              clock_ms=self.clock_ms, pop_id_floor=self.epochs.last,
+                              holds_locks=lambda group: bool(self.locks.locks(group)))
         self.metrics = BrokerMetrics()
         # Sends, config changes and the offset timer report disk trouble here; the server maps it to health.
         self.persistence = PersistenceHealth(self.metrics)
@@ -142,6 +149,7 @@ class BrokerController:
         self.auth.load()
         offsets = self.offsets.load()
         self.schedule.load()
+        self.pop.load()
         self.topics.ensure_system_topic(SCHEDULE_TOPIC, len(self.config.delay_levels_ms))
         self.store.add_dispatch_listener(self.hold.notify)
         return StartupReport(recovery, offsets, topics, groups)
@@ -156,6 +164,9 @@ class BrokerController:
         s.every("reload-auth", 2.0, self.auth.reload_if_changed)
         s.every("expire-queue-locks", 1.0, self._expire_locks)
         s.every("delete-expired-commitlog", RETENTION_CHECK_INTERVAL_S, self.store.delete_expired_segments)
+        s.every("revive-pop-deliveries", POP_REVIVE_INTERVAL_S, self.pop.revive_expired)
+        s.every("renew-pop-deliveries", POP_RENEW_INTERVAL_S, lambda: self.pop.renew(self._live_clients()))
+        s.every("persist-pop-state", self.config.flush_consumer_offset_interval_ms / 1000, self.pop.persist_if_dirty)
         await s.start()
         await self.schedule.start()
         self._started = True
@@ -170,7 +181,8 @@ class BrokerController:
         self.ready = False
         self.hold.close()
         steps = [("scheduler", self.scheduler.stop), ("schedule", self.schedule.shutdown)] if self._started else []
-        steps += [("consumer offsets", self._persist_offsets_now), ("config files", self.flush_configs),
+        steps += [("consumer offsets", self._persist_offsets_now), ("pop state", self.pop.shutdown),
+                  ("config files", self.flush_configs),
                   ("store", self.store.shutdown)]
         failed = None
         for name, step in steps:
@@ -261,10 +273,14 @@ class BrokerController:
     async def lock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
                           wait_ms: int = 0) -> list[LockGrant]:
         """Grant or renew queue locks; when none of the queues another client holds is free yet, wait up
-        to wait_ms for the first to be released.
+        to wait_ms for the first to be released. A group consumed by pop (RocketMQ 5 clients) has no
+        queue owners: FailedPreconditionError.
 
         The wait ends the moment one of them is released (unlock, client gone, lock expiry all
         notify), so a handover costs no polling interval; the caller asks again for the rest."""
+        if self.pop.has_group(group):
+            raise FailedPreconditionError(f"group {group!r} is consumed by pop (RocketMQ 5 clients); queue "
+                                          f"owners need a group of their own")
         grants = self._lock(group, client_id, queues)
         granted = {(g.topic, g.queue_id) for g in grants}
         missing = [q for q in queues if q not in granted]
@@ -329,6 +345,9 @@ class BrokerController:
                      event="lock_expire", group=lock.group, topic=lock.topic, queue_id=lock.queue_id,
                      client_id=lock.client_id, owner_epoch=lock.owner_epoch)
 
+    def _live_clients(self) -> set[str]:
+        return {client_id for group in self.consumers.groups() for client_id in self.consumers.consumer_ids(group)}
+
     def _on_consumer_leave(self, group: str, client_id: str) -> None:
         released = self.locks.release_client(group, client_id)
         for topic, queue_id in released:
@@ -380,6 +399,7 @@ class BrokerController:
         await self.store.delete_topic(name)
         removed = self.offsets.clean_topic(name)
         self.locks.forget_topic(name)
+        self.pop.forget_topic(name)
         log.info("topic data removed", event="topic_cleanup", topic=name, offset_entries=removed)
 
     def delete_group(self, group: str) -> None:
@@ -394,6 +414,7 @@ class BrokerController:
         if not removed and not had_config:
             raise NotFoundError(f"group {group!r} is unknown on this broker")
         self.locks.forget_group(group)
+        self.pop.forget_group(group)
         log.info("group deleted", event="group_delete", group=group, offset_entries=removed)
 
     def known_groups(self) -> list[str]:

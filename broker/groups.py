@@ -24,6 +24,7 @@ class GroupConfig:
     consume_broadcast_enable: bool = True
     retry_queue_nums: int = 1
     retry_max_times: int = 16
+    consume_orderly: bool = False
 
 
 def check_group(group: str) -> None:
@@ -51,6 +52,7 @@ class SubscriptionGroupManager:
                     consume_broadcast_enable=bool(raw.get("consumeBroadcastEnable", True)),
                     retry_queue_nums=int(raw.get("retryQueueNums", self._defaults.retry_queue_nums)),
                     retry_max_times=int(raw.get("retryMaxTimes", self._defaults.retry_max_times)),
+                    consume_orderly=bool(raw.get("consumeMessageOrderly", False)),
                 )
             except (TypeError, ValueError, AttributeError):
                 log.warning("skipping malformed group entry", event="group_skip", group=name)
@@ -73,7 +75,8 @@ class SubscriptionGroupManager:
         return {"subscriptionGroupTable": {
             g.group: {"groupName": g.group, "consumeEnable": g.consume_enable,
                       "consumeBroadcastEnable": g.consume_broadcast_enable,
-                      "retryQueueNums": g.retry_queue_nums, "retryMaxTimes": g.retry_max_times}
+                      "retryQueueNums": g.retry_queue_nums, "retryMaxTimes": g.retry_max_times,
+                      "consumeMessageOrderly": g.consume_orderly}
             for g in self._groups.values()
         }}
 

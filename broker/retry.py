@@ -16,7 +16,7 @@ from broker.errors import InvalidArgumentError, NotFoundError
 from broker.groups import SubscriptionGroupManager, check_group
 from broker.permission import BrokerPermission
 from broker.schedule import ScheduleMessageService
-from broker.store import MessageRecord, MessageStore
+from broker.store import MessageRecord, MessageStore, StoredMessage
 from broker.topics import TopicConfigManager
 from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, dlq_topic, retry_topic, tag_hash
@@ -43,6 +43,30 @@ def retry_delay_level(requested: int, reconsume_times: int, levels: int) -> int:
     """The delay level a retried message waits: the client's, or 3 + reconsume times, capped at the last level."""
     level = requested if requested > 0 else FIRST_RETRY_DELAY_LEVEL + reconsume_times
     return min(level, levels)
+
+
+def redelivery_copy(message: StoredMessage, *, topic: str, queue_id: int, reconsume_times: int,
+                    max_reconsume_times: int) -> MessageRecord:
+    """A failed message copied for another delivery (a retry topic) or for good (a DLQ): its body,
+    tags, keys and msg id, with the topic it was first sent to (RETRY_TOPIC), its original msg id
+    and how often it has been consumed."""
+    props = dict(message.properties)
+    props.setdefault(PropertyKey.RETRY_TOPIC, message.topic)
+    if message.msg_id:
+        props.setdefault(PropertyKey.ORIGIN_MESSAGE_ID, message.msg_id)
+    props[PropertyKey.MAX_RECONSUME_TIMES] = str(max_reconsume_times)
+    return MessageRecord(
+        topic=topic,
+        queue_id=queue_id,
+        body=message.body,
+        properties=props,
+        tags_code=tag_hash(props.get(PropertyKey.TAGS, "")),
+        flag=message.flag,
+        born_timestamp=message.born_timestamp,
+        born_host=message.born_host,
+        reconsume_times=reconsume_times,
+        sys_flag=message.sys_flag,
+    )
 
 
 class SendBackService:
@@ -83,12 +107,6 @@ class SendBackService:
         config = self._groups.ensure(group)
         max_times = max_reconsume_times or config.retry_max_times
         reconsume = message.reconsume_times
-        props = dict(message.properties)
-        props.setdefault(PropertyKey.RETRY_TOPIC, message.topic)
-        if message.msg_id:
-            props.setdefault(PropertyKey.ORIGIN_MESSAGE_ID, message.msg_id)
-        props[PropertyKey.MAX_RECONSUME_TIMES] = str(max_times)
-
         if delay_level < 0 or reconsume >= max_times:
             topic = self._topics.ensure_system_topic(dlq_topic(group), 1)
             queue_id, level = 0, 0
@@ -97,18 +115,8 @@ class SendBackService:
             queue_id = self._next_queue % topic.write_queue_nums
             self._next_queue += 1
             level = retry_delay_level(delay_level, reconsume, len(self._schedule.levels_ms))
-        record = MessageRecord(
-            topic=topic.name,
-            queue_id=queue_id,
-            body=message.body,
-            properties=props,
-            tags_code=tag_hash(props.get(PropertyKey.TAGS, "")),
-            flag=message.flag,
-            born_timestamp=message.born_timestamp,
-            born_host=message.born_host,
-            reconsume_times=reconsume + 1,
-            sys_flag=message.sys_flag,
-        )
+        record = redelivery_copy(message, topic=topic.name, queue_id=queue_id, reconsume_times=reconsume + 1,
+                                 max_reconsume_times=max_times)
         if level > 0:
             record = self._schedule.to_schedule_record(record, level, self._clock_ms())
         (put,) = await self._store.put_messages([record])

@@ -8,13 +8,22 @@ progress per level is kept in config/delayOffset.json (RocketMQ's shape),
 written when it changed and at shutdown, so a restart neither repeats nor skips
 deliveries; after a kill -9 deliveries since the last write are repeated
 (at-least-once), never lost.
+
+Delivery at a timestamp (RocketMQ 5's delivery time) rides on the same
+queues in hops: the message keeps the requested time (ms) in DELIVER_TIMESTAMP
+and no DELAY property, and goes into the level with the largest delay not past
+that time (the shortest level when every level is longer). When that level
+delivers it before the requested time, it goes into the level planned the same
+way for the time left; otherwise to its real topic. Each level still has one
+constant delay, so due times stay in order per queue; a hop is never early and
+the last one is at most the shortest level (1 s) late.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,13 +46,38 @@ def deliver_timestamp(store_timestamp: int, level: int, levels_ms: tuple[int, ..
     return store_timestamp + levels_ms[level - 1]
 
 
+def hop_level(remaining_ms: int, levels_ms: Sequence[int]) -> int:
+    """The level (1-based) of the next hop toward a delivery time remaining_ms away: the one with the
+    largest delay <= remaining_ms, or the shortest level when every level is longer (or the time has
+    come). Levels of 0 ms are never used (they would not move the clock). ValueError without a level > 0."""
+    best = shortest = 0
+    for level, delay in enumerate(levels_ms, start=1):
+        if delay <= 0:
+            continue
+        if not shortest or delay < levels_ms[shortest - 1]:
+            shortest = level
+        if delay <= remaining_ms and (not best or delay > levels_ms[best - 1]):
+            best = level
+    if not shortest:
+        raise ValueError("no delay level longer than 0 ms to schedule a delivery time with")
+    return best or shortest
+
+
+def is_timed(properties: dict[str, str]) -> bool:
+    """A schedule-topic message waiting for a delivery time (not for one delay level)."""
+    return PropertyKey.DELAY not in properties and PropertyKey.DELIVER_TIMESTAMP in properties
+
+
 def real_record(message: StoredMessage) -> MessageRecord:
-    """The message as it goes back on its real topic and queue."""
+    """The message as it goes back on its real topic and queue. A message sent for a delivery time keeps
+    DELIVER_TIMESTAMP (consumers see when it was due); a delay-level message loses it with DELAY."""
     props = dict(message.properties)
+    timed = is_timed(props)
     topic = props.pop(PropertyKey.REAL_TOPIC)
     queue_id = int(props.pop(PropertyKey.REAL_QID))
     props.pop(PropertyKey.DELAY, None)
-    props.pop(PropertyKey.DELIVER_TIMESTAMP, None)
+    if not timed:
+        props.pop(PropertyKey.DELIVER_TIMESTAMP, None)
     return MessageRecord(
         topic=topic,
         queue_id=queue_id,
@@ -70,7 +104,11 @@ class ScheduleMessageService:
         self._dirty = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # One delivery pass at a time (the task, or a caller of deliver_due()): a message is put once.
+        self._pass = asyncio.Lock()
+        self._hop_dues: list[int] = []
         self.delivered = 0
+        self.hops = 0  # re-puts of messages sent for a delivery time into a next level
 
     @property
     def levels_ms(self) -> tuple[int, ...]:
@@ -94,6 +132,49 @@ class ScheduleMessageService:
         props[PropertyKey.DELIVER_TIMESTAMP] = str(due)
         self._wake.set()
         return replace(record, topic=SCHEDULE_TOPIC, queue_id=level - 1, properties=props, tags_code=due)
+
+    def schedule_at(self, record: MessageRecord, deliver_at_ms: int, now: int) -> MessageRecord:
+        """Address a message to be delivered at deliver_at_ms (epoch ms): to the schedule topic, in the
+        level planned by hop_level(); already due (<= now): to its own topic at once. Either way it
+        carries DELIVER_TIMESTAMP = deliver_at_ms. The caller checks the upper bound."""
+        props = dict(record.properties)
+        props.pop(PropertyKey.DELAY, None)  # the marker of delay-level messages (is_timed)
+        props[PropertyKey.DELIVER_TIMESTAMP] = str(deliver_at_ms)
+        if deliver_at_ms <= now:
+            return replace(record, properties=props)
+        props[PropertyKey.REAL_TOPIC] = record.topic
+        props[PropertyKey.REAL_QID] = str(record.queue_id)
+        level = hop_level(deliver_at_ms - now, self._levels)
+        self._wake.set()
+        return replace(record, topic=SCHEDULE_TOPIC, queue_id=level - 1, properties=props,
+                       tags_code=now + self._levels[level - 1])
+
+    def _next_hop(self, message: StoredMessage, now: int) -> MessageRecord:
+        """Where a due schedule-topic message goes: its real topic, or the next level of its hops."""
+        if not is_timed(message.properties):
+            return real_record(message)
+        deliver_at = int(message.properties[PropertyKey.DELIVER_TIMESTAMP])
+        if now >= deliver_at:
+            return real_record(message)
+        try:
+            level = hop_level(deliver_at - now, self._levels)
+        except ValueError:
+            # Only with a delay table of 0 ms levels (changed since the send): deliver rather than lose it.
+            log.warning("no delay level to wait with, delivering early", event="schedule_early",
+                        offset=message.queue_offset, deliver_at=deliver_at)
+            return real_record(message)
+        return MessageRecord(
+            topic=SCHEDULE_TOPIC,
+            queue_id=level - 1,
+            body=message.body,
+            properties=dict(message.properties),
+            tags_code=now + self._levels[level - 1],
+            flag=message.flag,
+            born_timestamp=message.born_timestamp,
+            born_host=message.born_host,
+            reconsume_times=message.reconsume_times,
+            sys_flag=message.sys_flag,
+        )
 
     def progress(self) -> dict[int, int]:
         return dict(self._offsets)
@@ -131,16 +212,28 @@ class ScheduleMessageService:
             self._dirty = True
             raise
 
+    async def deliver_due(self) -> int | None:
+        """One delivery pass over every level (what the task does each time it wakes): put what is due
+        now, persist the progress; return the due time of the next message, if any."""
+        async with self._pass:
+            # Hops written in this pass may land in levels it already walked: they count too.
+            self._hop_dues = []
+            next_due: int | None = None
+            if self._can_deliver():
+                for level in range(1, len(self._levels) + 1):
+                    due = await self._deliver_level(level)
+                    if due is not None and (next_due is None or due < next_due):
+                        next_due = due
+            if self._hop_dues:
+                next_due = min(self._hop_dues if next_due is None else [next_due, *self._hop_dues])
+            await self.persist()
+            return next_due
+
     async def _run(self) -> None:
         while True:
             next_due: int | None = None
             try:
-                if self._can_deliver():
-                    for level in range(1, len(self._levels) + 1):
-                        due = await self._deliver_level(level)
-                        if due is not None and (next_due is None or due < next_due):
-                            next_due = due
-                await self.persist()
+                next_due = await self.deliver_due()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -169,7 +262,7 @@ class ScheduleMessageService:
                 if message.tags_code > now:
                     return message.tags_code
                 try:
-                    record = real_record(message)
+                    record = self._next_hop(message, now)
                 except (KeyError, ValueError) as e:
                     # Malformed (no real topic/queue): skipped, not retried forever.
                     log.error("scheduled message dropped",
@@ -177,6 +270,10 @@ class ScheduleMessageService:
                 else:
                     # A StoreError propagates: the level stops here and the message is delivered later.
                     await self._store.put_messages([record])
+                    if record.topic == SCHEDULE_TOPIC:
+                        self.hops += 1
+                        self._hop_dues.append(record.tags_code)
+                    else:
+                        self.delivered += 1
                 self._offsets[level] = message.queue_offset + 1
                 self._dirty = True
-                self.delivered += 1

@@ -1,12 +1,14 @@
 """SendService: validates producer messages and puts them in the store (RocketMQ's SendMessageProcessor).
 
 Picks the queue (given, or round-robin over the topic's write queues), fills in
-TAGS/KEYS/UNIQ_KEY properties, and routes messages with a delay level to the
+TAGS/KEYS/UNIQ_KEY properties, and routes messages with a delay level or a
+delivery time (deliver_at_ms, at most MAX_DELIVERY_DELAY_MS ahead) to the
 schedule topic.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -27,6 +29,9 @@ from tidemark.protocol import (
     tag_hash,
 )
 
+# How far ahead a delivery time may be (RocketMQ 5 proxy's maxDelayTimeMills: one day).
+MAX_DELIVERY_DELAY_MS = 86_400_000
+
 # The store encodes properties with these separators (RocketMQ's NAME_VALUE / PROPERTY separators).
 _RESERVED_CHARS = ("\x01", "\x02")
 
@@ -43,6 +48,12 @@ class OutgoingMessage:
     born_timestamp: int = 0
     delay_level: int = 0
     born_host: str = ""
+    # Deliver at this epoch ms (RocketMQ 5's delivery timestamp); 0 = at once. Excludes delay_level.
+    deliver_at_ms: int = 0
+
+
+class DeliveryTimeError(InvalidArgumentError):
+    """A delivery time the broker refuses (too far ahead, or not a time); RocketMQ 5's ILLEGAL_DELIVERY_TIME."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +94,11 @@ class SendService:
         self._topics.require(name)  # InvalidArgumentError for a bad name, else NotFoundError
         raise NotFoundError(f"topic {name!r} does not exist on this broker")
 
-    async def send(self, topic_name: str, queue_id: int | None, messages: Sequence[OutgoingMessage]) -> list[Sent]:
+    async def send(self, topic_name: str, queue_id: int | None, messages: Sequence[OutgoingMessage], *,
+                   queue_key: str = "") -> list[Sent]:
+        """Store the messages in one queue: `queue_id`, else the queue of `queue_key` (the same key, the
+        same queue, for as long as the topic's write queues stay: RocketMQ 5's message group), else the
+        next queue round robin."""
         if not messages:
             raise InvalidArgumentError("a send needs at least one message (empty batch)")
         topic = self._topic_for_send(topic_name)
@@ -91,24 +106,28 @@ class SendService:
         if not topic.writable:
             raise PermissionDeniedError(f"topic {topic.name!r} is not writable")
         if queue_id is None:
-            queue_id = self._pick_queue(topic)
+            queue_id = zlib.crc32(queue_key.encode()) % topic.write_queue_nums if queue_key else self._pick_queue(topic)
         elif not 0 <= queue_id < topic.write_queue_nums:
             raise InvalidArgumentError(
                 f"queue id {queue_id} is out of range for topic {topic.name!r} "
                 f"(write queues 0..{topic.write_queue_nums - 1})")
-        if len(messages) > 1 and any(m.delay_level for m in messages):
-            raise InvalidArgumentError("delayed messages cannot be sent in a batch")
+        if len(messages) > 1 and any(m.delay_level or m.deliver_at_ms for m in messages):
+            raise InvalidArgumentError("delayed messages (delay level or delivery time) cannot be sent in a batch")
         now = self._clock_ms()
         records, ids = [], []
         for index, message in enumerate(messages):
             record, msg_id = self._record(topic.name, queue_id, message, now, index if len(messages) > 1 else None)
             records.append(record)
             ids.append(msg_id)
-        delay_level = messages[0].delay_level
+        delay_level, deliver_at = messages[0].delay_level, messages[0].deliver_at_ms
         if is_retry_topic(topic.name):
-            records, delay_level = self._retry_or_dlq(topic.name, records, delay_level)
+            records, dead = self._retry_or_dlq(topic.name, records)
+            if dead:
+                delay_level = deliver_at = 0
         if delay_level > 0:
             records = [self._schedule.to_schedule_record(records[0], delay_level, now)]
+        elif deliver_at > 0:
+            records = [self._schedule.schedule_at(records[0], deliver_at, now)]
         results = await self._store.put_messages(records)
         return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]
 
@@ -134,11 +153,11 @@ class SendService:
     async def wait_durable(self, put: RecordsPut) -> None:
         await self._store.wait_durable(put.end)
 
-    def _retry_or_dlq(self, retry: str, records: list[MessageRecord], delay_level: int) -> tuple[list[MessageRecord], int]:
+    def _retry_or_dlq(self, retry: str, records: list[MessageRecord]) -> tuple[list[MessageRecord], bool]:
         """A consumer's direct send to its retry topic (the send-back fallback), as RocketMQ's
         handleRetryAndDLQ: reconsume times come from RECONSUME_TIME; past MAX_RECONSUME_TIMES the
-        message goes to the group's DLQ instead."""
-        out = []
+        message goes to the group's DLQ instead (then it is not delayed: True)."""
+        out, dead = [], False
         for record in records:
             props = record.properties
             try:
@@ -150,9 +169,26 @@ class SendService:
             if reconsume > limit:
                 dlq = self._topics.ensure_system_topic(dlq_topic(retry[len(RETRY_GROUP_TOPIC_PREFIX):]), 1)
                 record = replace(record, topic=dlq.name, queue_id=0)
-                delay_level = 0
+                dead = True
             out.append(record)
-        return out, delay_level
+        return out, dead
+
+    def _check_deliver_at(self, where: str, m: OutgoingMessage, now: int) -> None:
+        deliver_at = m.deliver_at_ms
+        if not deliver_at:
+            return
+        if isinstance(deliver_at, bool) or not isinstance(deliver_at, int) or deliver_at < 0:
+            raise DeliveryTimeError(f"{where}: delivery time {deliver_at!r} must be epoch milliseconds >= 0")
+        if m.delay_level:
+            raise InvalidArgumentError(
+                f"{where}: a delay level and a delivery time exclude each other (got level {m.delay_level} "
+                f"and delivery time {deliver_at})")
+        if deliver_at - now > MAX_DELIVERY_DELAY_MS:
+            raise DeliveryTimeError(
+                f"{where}: delivery time {deliver_at} is too far ahead: {deliver_at - now} ms from now, "
+                f"at most {MAX_DELIVERY_DELAY_MS} ms allowed")
+        if deliver_at > now and not any(ms > 0 for ms in self._config.delay_levels_ms):
+            raise DeliveryTimeError(f"{where}: delivery times need a delay level longer than 0 ms")
 
     def _pick_queue(self, topic: TopicConfig) -> int:
         n = self._next_queue.get(topic.name, 0)
@@ -167,6 +203,7 @@ class SendService:
         if not 0 <= m.delay_level <= len(self._config.delay_levels_ms):
             raise InvalidArgumentError(
                 f"{where}: delay level {m.delay_level} is out of range 0..{len(self._config.delay_levels_ms)}")
+        self._check_deliver_at(where, m, now)
         properties = dict(m.properties)
         for key, value in properties.items():
             if not key or any(c in key or c in value for c in _RESERVED_CHARS):

@@ -20,6 +20,7 @@ from broker.services.intake import RequestBudget, RequestIntake
 from broker.services.membership import MembershipServicer
 from broker.services.messaging import MessagingServicer
 from broker.services.offsets import OffsetServicer
+from broker.services.rmq5 import service as rmq5
 from tidemark.logs import get_logger
 from tidemark.v1 import (
     admin_pb2,
@@ -74,7 +75,8 @@ class BrokerServer:
                  skipped=len(o.skipped))
         guard = await self._access_guard() if self.config.auth else None
         self.intake = RequestIntake(RequestBudget(self.config.max_inflight_request_bytes,
-                                                  on_burst_over=self._trimmer.burst_over), guard)
+                                                  on_burst_over=self._trimmer.burst_over), guard,
+                                    refusal_answers=rmq5.refusal_answers)
         server = grpc.aio.server(interceptors=[self.intake], options=[
             ("grpc.max_receive_message_length", self.config.request_limit_bytes),
             ("grpc.max_send_message_length", MAX_GRPC_SEND_BYTES),
@@ -84,6 +86,8 @@ class BrokerServer:
         offsets_pb2_grpc.add_OffsetServiceServicer_to_server(OffsetServicer(self.controller), server)
         membership_pb2_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(self.controller), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.controller), server)
+        # RocketMQ 5's protocol on the same port (the official clients of every language).
+        server.add_generic_rpc_handlers((rmq5.handlers(rmq5.Rmq5Servicer(self.controller)),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (*SERVICE_NAMES, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),

@@ -191,6 +191,7 @@ class GroupConfig:
     consume_broadcast_enable: bool
     retry_queue_nums: int
     retry_max_times: int
+    consume_orderly: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -293,6 +293,18 @@ class ConsumerOffsetManager:
                     self._set_fence_state(key, queue_id, replace(state, last_fenced=pair))
         return self._store(key, queue_id, offset)
 
+    def advance(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """Move the committed offset forward to `offset`, never back; True if it moved.
+
+        For groups whose progress the broker tracks itself (pop consumption: the
+        smallest offset not yet acknowledged, broker/pop/ledger.py): there is no
+        queue owner to fence, and a late call with an older watermark is ignored."""
+        _check_entry(group, topic, queue_id)
+        _check_offset(offset)
+        if offset <= self.query(group, topic, queue_id):
+            return False
+        return self._store((topic, group), queue_id, offset)
+
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when none (RocketMQ's answer)."""
         queues = self._offsets.get((topic, group))

@@ -101,6 +101,53 @@ NEEDS: dict[str, Needs | object] = {
     "ListAcls": SUPER_ONLY,
 }
 
+
+def _telemetry(r) -> list[Requirement]:
+    """A client's settings: what it publishes, or the group and topics it consumes."""
+    if r.WhichOneof("command") != "settings":
+        return []  # answers to the broker's own commands
+    s = r.settings
+    if s.WhichOneof("pub_sub") == "publishing":
+        return [on_topic(t.name, PUB) for t in s.publishing.topics]
+    if s.WhichOneof("pub_sub") == "subscription":
+        return _consuming(s.subscription.group.name, [e.topic.name for e in s.subscription.subscriptions])
+    return []
+
+
+def _v2_group(r) -> list[Requirement]:
+    return [on_group(r.group.name, SUB)] if r.HasField("group") and r.group.name else []
+
+
+def _v2_consuming(r) -> list[Requirement]:
+    return _consuming(r.group.name, [r.topic.name])
+
+
+def _v2_queue(r) -> list[Requirement]:
+    return _consuming(r.group.name, [r.message_queue.topic.name])
+
+
+# RocketMQ 5's apache.rocketmq.v2.MessagingService (broker/services/rmq5), as RocketMQ's gRPC
+# authorization context builder reads its requests. Its method names overlap tidemark.v1's.
+V2_SERVICE = "apache.rocketmq.v2.MessagingService"
+NEEDS_V2: dict[str, Needs | object] = {
+    "QueryRoute": lambda r: [on_topic(r.topic.name, PUB, SUB, GET)],
+    "Telemetry": _telemetry,
+    "Heartbeat": _v2_group,
+    "NotifyClientTermination": _v2_group,
+    "SendMessage": lambda r: [on_topic(t, PUB) for t in dict.fromkeys(m.topic.name for m in r.messages)],
+    "EndTransaction": lambda r: [on_topic(r.topic.name, PUB)],
+    "RecallMessage": lambda r: [on_topic(r.topic.name, PUB)],
+    "QueryAssignment": _v2_consuming,
+    "ReceiveMessage": _v2_queue,
+    "AckMessage": _v2_consuming,
+    "ChangeInvisibleDuration": _v2_consuming,
+    "ForwardMessageToDeadLetterQueue": _v2_consuming,
+    "PullMessage": _v2_queue,
+    "UpdateOffset": _v2_queue,
+    "GetOffset": _v2_queue,
+    "QueryOffset": lambda r: [on_topic(r.message_queue.topic.name, SUB, GET)],
+}
+
 # Served to anyone: orchestrators probe health, and reflection only describes the API.
 OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
 
@@ -111,7 +158,7 @@ def needs_for(method_path: str) -> Needs | object | None:
     service, _, name = method_path.lstrip("/").partition("/")
     if service in OPEN_SERVICES:
         return None
-    return NEEDS.get(name, SUPER_ONLY)
+    return (NEEDS_V2 if service == V2_SERVICE else NEEDS).get(name, SUPER_ONLY)
 
 
 def peer_ip(peer: str) -> str:

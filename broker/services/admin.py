@@ -17,7 +17,8 @@ from tidemark.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 def _group_config(g: GroupConfig) -> admin_pb2.GroupConfig:
     return admin_pb2.GroupConfig(group=g.group, consume_enable=g.consume_enable,
                                  consume_broadcast_enable=g.consume_broadcast_enable,
-                                 retry_queue_nums=g.retry_queue_nums, retry_max_times=g.retry_max_times)
+                                 retry_queue_nums=g.retry_queue_nums, retry_max_times=g.retry_max_times,
+                                 consume_orderly=g.consume_orderly)
 
 
 def _optional(request, name: str):
@@ -148,7 +149,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def UpdateGroupConfig(self, request, context: grpc.aio.ServicerContext):
         check_group(request.group)
         changes = {name: _optional(request, name) for name in
-                   ("consume_enable", "consume_broadcast_enable", "retry_queue_nums", "retry_max_times")}
+                   ("consume_enable", "consume_broadcast_enable", "retry_queue_nums", "retry_max_times",
+                    "consume_orderly")}
         if all(v is None for v in changes.values()):
             raise InvalidArgumentError("nothing to update: give at least one setting")
         return _group_config(self._b.groups.update(request.group, **changes))

@@ -29,6 +29,9 @@ With `--auth`, a call is authenticated from its metadata before any of its
 request bytes are read (UNAUTHENTICATED), and each decoded request, or each
 message of a stream, is authorised against what services/access.py says it
 needs (PERMISSION_DENIED); a refusal is logged at most once per interval.
+A protocol whose unary answers carry their own status (RocketMQ 5's) gets its
+refusals as an answer instead (`refusal_answers`), so its clients' error
+handling sees FORBIDDEN rather than a broken call.
 
 Runs on the event loop; the budget needs no lock.
 """
@@ -146,9 +149,12 @@ class _Throttled:
 class RequestIntake(grpc.aio.ServerInterceptor):
     """Decode requests inside the call (bad bytes: INVALID_ARGUMENT) and hold them within a byte budget."""
 
-    def __init__(self, budget: RequestBudget, guard: AccessGuard | None = None) -> None:
+    def __init__(self, budget: RequestBudget, guard: AccessGuard | None = None,
+                 refusal_answers: Callable[[str], Callable[[BrokerError], Any] | None] = lambda method: None) -> None:
         self.budget = budget
         self.guard = guard  # None: authentication and authorization are off
+        # method path -> how a unary call of it answers an access refusal (None: it aborts)
+        self._refusal_answers = refusal_answers
         self.undecodable = 0
         self._bad_request_log = _Throttled()
         self._overload_log = _Throttled()
@@ -170,9 +176,14 @@ class RequestIntake(grpc.aio.ServerInterceptor):
         message_class = getattr(decode, "__self__", None)  # FromString of a generated message class
         descriptor = getattr(message_class, "DESCRIPTOR", None)
         access = None if self.guard is None else MethodAccess(self.guard, method)
+        # A refusal answered in the protocol's response: a unary call's one answer, or the answers
+        # an async-generator handler of a server-streaming call would have yielded.
+        answerable = not h.request_streaming and (
+            not h.response_streaming or inspect.isasyncgenfunction(h.unary_stream))
         unpack = _Unpacker(self, method, decode, descriptor.full_name if descriptor else "the request type",
                            None if access is None or access.open else access,
-                           closed=self.guard is None and needs_for(method) is SUPER_ONLY)
+                           closed=self.guard is None and needs_for(method) is SUPER_ONLY,
+                           refusal=self._refusal_answers(method) if answerable else None)
         budget = self.budget
         if h.request_streaming:
             inner = h.stream_stream if h.response_streaming else h.stream_unary
@@ -191,7 +202,10 @@ class RequestIntake(grpc.aio.ServerInterceptor):
             inner = h.unary_stream if h.response_streaming else h.unary_unary
 
             async def call(raw, context):
-                caller = await unpack.caller(context)
+                try:
+                    caller = await unpack.caller(context)
+                except _Refused as refused:
+                    return refused.answer
                 size = await unpack.admit(raw, context)
                 if h.response_streaming:  # a watch: its request is done with once decoded
                     try:
@@ -201,16 +215,23 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                     return await inner(request, context)
                 try:
                     return await inner(await unpack.one(raw, context, caller), context)
+                except _Refused as refused:
+                    return refused.answer
                 finally:
                     budget.give(size)
 
             async def call_streaming(raw, context):
-                caller = await unpack.caller(context)
-                size = await unpack.admit(raw, context)
                 try:
-                    request = await unpack.one(raw, context, caller)
-                finally:
-                    budget.give(size)
+                    caller = await unpack.caller(context)
+                    size = await unpack.admit(raw, context)
+                    try:
+                        request = await unpack.one(raw, context, caller)
+                    finally:
+                        budget.give(size)
+                except _Refused as refused:
+                    for response in refused.answer:
+                        yield response
+                    return
                 async for response in inner(request, context):
                     yield response
 
@@ -237,13 +258,22 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                                    limit=self.budget.limit, total=self.budget.refused)
 
 
+class _Refused(Exception):
+    """An access refusal answered in the protocol's own response (`refusal_answers`)."""
+
+    def __init__(self, answer: Any) -> None:
+        super().__init__("refused")
+        self.answer = answer
+
+
 class _Unpacker:
     """Decoding, access checks and budget accounting for one method's requests."""
 
-    __slots__ = ("_intake", "_method", "_decode", "_type_name", "_access", "_closed")
+    __slots__ = ("_intake", "_method", "_decode", "_type_name", "_access", "_closed", "_refusal")
 
     def __init__(self, intake: RequestIntake, method: str, decode: Callable[[bytes], Any], type_name: str,
-                 access: MethodAccess | None = None, *, closed: bool = False) -> None:
+                 access: MethodAccess | None = None, *, closed: bool = False,
+                 refusal: Callable[[BrokerError], Any] | None = None) -> None:
         self._intake = intake
         self._method = method
         self._decode = decode
@@ -252,6 +282,12 @@ class _Unpacker:
         # Users and ACLs on a broker without --auth: nobody could be trusted to create the first super
         # user, who would then own the broker once auth is turned on.
         self._closed = closed
+        self._refusal = refusal
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, error: BrokerError) -> None:
+        if self._refusal is not None:
+            raise _Refused(self._refusal(error))
+        await context.abort(status_for(error), str(error))
 
     async def caller(self, context: grpc.aio.ServicerContext) -> Caller | None:
         """Who calls (None when access control is off or the method is open); UNAUTHENTICATED, or
@@ -266,7 +302,7 @@ class _Unpacker:
             return self._access.caller(context.invocation_metadata() or (), context.peer() or "")
         except BrokerError as e:
             self._intake.refused(self._method, e)
-            await context.abort(status_for(e), str(e))
+            await self._refuse(context, e)
 
     def _check(self, caller: Caller | None, request: Any, *, stream: bool = False) -> None:
         if caller is not None:
@@ -298,10 +334,13 @@ class _Unpacker:
     async def one(self, raw: bytes, context: grpc.aio.ServicerContext, caller: Caller | None = None) -> Any:
         try:
             request = self.decode(raw)
-            self._check(caller, request)
-            return request
         except BrokerError as e:
             await context.abort(status_for(e), str(e))
+        try:
+            self._check(caller, request)
+        except BrokerError as e:
+            await self._refuse(context, e)
+        return request
 
     async def stream(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext,
                      caller: Caller | None = None) -> AsyncIterator[Any]:

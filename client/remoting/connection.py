@@ -61,8 +61,12 @@ _CHANNEL_OPTIONS = (
     # two minutes), and each connection dials on its own: a channel made after a broker came back does
     # not inherit the backoff of a process-wide subchannel that saw it die.
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # Despite its name, gRPC core takes this as the least time one connection attempt (TCP, TLS handshake,
+    # the broker's HTTP/2 SETTINGS) may take, not as a backoff. At 100 ms a handshake slowed by a busy
+    # machine failed the first request at once (UNAVAILABLE "connection attempt timed out before receiving
+    # SETTINGS frame"), well within its own timeout. A refused connection (broker down) still fails at once.
+    ("grpc.min_reconnect_backoff_ms", 20_000),
     ("grpc.use_local_subchannel_pool", 1),
 )
 _MESSAGE_MODEL = {"CLUSTERING": common_pb2.CLUSTERING, "BROADCASTING": common_pb2.BROADCASTING}
@@ -357,7 +361,8 @@ class BrokerConnection:
     async def update_group_config(self, group: str, **changes: Any) -> GroupConfig:
         request = admin_pb2.UpdateGroupConfigRequest(group=group)
         for field, value in changes.items():
-            if field not in ("consume_enable", "consume_broadcast_enable", "retry_queue_nums", "retry_max_times"):
+            if field not in ("consume_enable", "consume_broadcast_enable", "retry_queue_nums", "retry_max_times",
+                             "consume_orderly"):
                 raise InvalidArgumentError(f"unknown group setting {field!r}")
             if value is not None:
                 setattr(request, field, value)

@@ -128,7 +128,7 @@ def group_member(pb: admin_pb2.GroupMember) -> GroupMember:
 
 def group_config(pb: admin_pb2.GroupConfig) -> GroupConfig:
     return GroupConfig(pb.group, pb.consume_enable, pb.consume_broadcast_enable, pb.retry_queue_nums,
-                       pb.retry_max_times)
+                       pb.retry_max_times, pb.consume_orderly)
 
 
 def acl_rule(pb: admin_pb2.AclRule) -> AclRuleInfo:

@@ -25,3 +25,30 @@ def test_a_read_without_a_group_needs_sub_on_the_topic_only():
     assert list(NEEDS["Fetch"](_fetch(""))) == [on_topic("Orders", Action.SUB)]
     assert list(NEEDS["PullMessage"](messaging_pb2.PullMessageRequest(topic="Orders"))) == \
         [on_topic("Orders", Action.SUB)]
+
+
+def test_every_rocketmq5_method_says_what_it_needs():
+    """RocketMQ 5's methods have their own table (their names overlap tidemark.v1's, their requests not)."""
+    from broker.services.access import NEEDS_V2, V2_SERVICE, needs_for
+    from broker.services.rmq5.service import METHODS, SERVICE
+
+    assert SERVICE == V2_SERVICE
+    assert {m.name for m in METHODS} <= set(NEEDS_V2)
+    assert needs_for(f"/{SERVICE}/SendMessage") is NEEDS_V2["SendMessage"]
+
+
+def test_rocketmq5_requests_map_to_topic_and_group_rights():
+    from broker.services.access import NEEDS_V2
+    from tidemark.rmq5.v2 import messaging_pb2 as v2
+
+    def res(name):
+        return v2.Resource(name=name)
+
+    send = v2.SendMessageRequest(messages=[v2.Message(topic=res("Orders"))])
+    assert list(NEEDS_V2["SendMessage"](send)) == [on_topic("Orders", Action.PUB)]
+    receive = v2.ReceiveMessageRequest(group=res("billing"), message_queue=v2.MessageQueue(topic=res("Orders")))
+    assert set(NEEDS_V2["ReceiveMessage"](receive)) == {on_group("billing", Action.SUB),
+                                                        on_topic("Orders", Action.SUB)}
+    settings = v2.TelemetryCommand(settings=v2.Settings(publishing=v2.Publishing(topics=[res("A"), res("B")])))
+    assert list(NEEDS_V2["Telemetry"](settings)) == [on_topic("A", Action.PUB), on_topic("B", Action.PUB)]
+    assert list(NEEDS_V2["Heartbeat"](v2.HeartbeatRequest(client_type=v2.PRODUCER))) == []

@@ -1,0 +1,380 @@
+"""PopService: pop consumption on the broker (RocketMQ 5's receive, ack, change of invisible time).
+
+The ledger (ledger.py) says what is in flight; this service joins it to the
+store and the offset table:
+
+- **receive** visits the group's pop retry topic, then the topic's readable
+  queues round robin, reads from each queue's cursor through the tag filter,
+  records what it hands out (journalled before the answer) and parks on the
+  long-polling service while nothing is there;
+- **ack** and **change of invisible time** check the receipt handle (forged:
+  bad MAC; stale: no longer the entry's current delivery) and update the ledger;
+- the **watermark** (the smallest unfinished offset of a queue) is committed
+  to the offset table as it moves, so `group progress`, lag and resets work for
+  pop groups as for any other; an admin reset (a new reset generation) starts
+  the queue's pop state over at the new offset;
+- the **revive scan** copies each expired delivery to the group's pop retry
+  topic `%RETRY%<group>_<topic>` with its attempt count (RocketMQ 5's name), or
+  to `%DLQ%<group>` once the group's max attempts are used up, then marks it
+  done: a crash between the two redelivers once (at-least-once), never loses;
+- **auto-renew** (the push consumer's receive) extends the deliveries of
+  clients that are still alive, up to the ledger's limit.
+
+A new group starts at each queue's first offset, so messages sent before its
+first receive are delivered (CONSUME_FROM_FIRST_OFFSET). No grpc here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Callable, Container
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.config import BrokerConfig
+from broker.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+)
+from broker.groups import SubscriptionGroupManager, check_group
+from broker.long_polling import PullRequestHoldService
+from broker.offsets import ConsumerOffsetManager
+from broker.permission import BrokerPermission
+from broker.pop.handles import (
+    HandleFields,
+    InvalidReceiptHandleError,
+    QueueKey,
+    ReceiptHandleCodec,
+    StaleReceiptHandleError,
+    load_or_create_secret,
+)
+from broker.pop.journal import PopStore
+from broker.pop.ledger import PopLedger
+from broker.retry import redelivery_copy
+from broker.store import GetStatus, MessageStore, StoredMessage
+from broker.topics import TopicConfigManager
+from tidemark.logs import get_logger
+from tidemark.protocol import RETRY_GROUP_TOPIC_PREFIX, PropertyKey, TagExpression, dlq_topic
+
+log = get_logger("tidemark.broker.pop")
+
+MIN_INVISIBLE_MS = 10_000
+MAX_INVISIBLE_MS = 12 * 3600 * 1000
+MAX_BATCH = 32
+# Entries a receive examines per queue while looking for matching tags.
+MAX_SCAN = 2000
+# Revived deliveries per scan: a backlog is worked off over several scans, the loop stays responsive.
+REVIVE_BATCH = 1000
+# Answers kept for a repeated receive (the client retries with the same attempt id after a lost answer).
+ATTEMPT_CACHE = 1024
+
+
+class InvisibleTimeError(InvalidArgumentError):
+    """An invisible time outside what the broker accepts."""
+
+
+def pop_retry_topic(group: str, topic: str) -> str:
+    """Where a pop group's expired deliveries of `topic` wait for their next attempt."""
+    return f"{RETRY_GROUP_TOPIC_PREFIX}{group}_{topic}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveRequest:
+    group: str
+    topic: str
+    filter: TagExpression
+    batch: int
+    invisible_ms: int
+    client_id: str
+    auto_renew: bool = False
+    poll_ms: int = 0
+    attempt_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A delivered message with its receipt handle; `attempt` counts deliveries, 1 the first."""
+
+    message: StoredMessage
+    handle: str
+    attempt: int
+    invisible_ms: int
+
+
+class PopService:
+    def __init__(self, *, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
+                 groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, hold: PullRequestHoldService,
+                 permission: BrokerPermission, clock_ms: Callable[[], int], pop_id_floor: int,
+                 holds_locks: Callable[[str], bool] = lambda group: False) -> None:
+        self._config = config
+        self._store = store
+        self._topics = topics
+        self._groups = groups
+        self._offsets = offsets
+        self._hold = hold
+        self._permission = permission
+        self._clock_ms = clock_ms
+        self._holds_locks = holds_locks
+        self._state = PopStore(Path(config.config_dir), pop_id_floor=pop_id_floor)
+        self.ledger: PopLedger | None = None
+        self._codec: ReceiptHandleCodec | None = None
+        self._generations: dict[QueueKey, int] = {}
+        self._next_queue: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._attempts: collections.OrderedDict[tuple[str, str], list[Received]] = collections.OrderedDict()
+        self.revived = 0
+        self.dead_lettered = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Read the pop state (snapshot + journal) and the receipt-handle secret."""
+        self.ledger = self._state.load()
+        self._codec = ReceiptHandleCodec(load_or_create_secret(Path(self._config.config_dir) / "popSecret"))
+        report = self._state.report
+        log.info("pop state loaded", event="pop_state_loaded", source=report.source.value,
+                 queues=sum(1 for _ in self.ledger.keys()), problems=len(report.problems))
+        for problem in report.problems:
+            log.warning("pop state: %s", problem, event="pop_state_problem")
+
+    async def persist_if_dirty(self) -> None:
+        if self.ledger is not None and self._state.dirty(self.ledger):
+            pending = self._state.begin_snapshot(self.ledger)
+            await asyncio.to_thread(self._state.write_snapshot, pending)
+
+    async def shutdown(self) -> None:
+        try:
+            await self.persist_if_dirty()
+        finally:
+            self._state.close()
+
+    # ---- receive -------------------------------------------------------------------------------------
+
+    async def receive(self, r: ReceiveRequest) -> list[Received]:
+        """Up to r.batch messages, waiting up to r.poll_ms for the first."""
+        check_group(r.group)
+        if not MIN_INVISIBLE_MS <= r.invisible_ms <= MAX_INVISIBLE_MS:
+            raise InvisibleTimeError(f"invisible time {r.invisible_ms} ms is outside "
+                                     f"{MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} ms")
+        if not 1 <= r.batch <= MAX_BATCH:
+            raise InvalidArgumentError(f"batch size {r.batch} is outside 1..{MAX_BATCH}")
+        topic = self._topics.get(r.topic)
+        if topic is None:
+            raise NotFoundError(f"topic {r.topic!r} does not exist on this broker")
+        group = self._groups.find_or_default(r.group)  # its consumers' settings created it; a receive only reads
+        if not group.consume_enable:
+            raise PermissionDeniedError(f"group {r.group!r} may not consume (its consume_enable is false)")
+        if not (topic.readable and self._permission.readable):
+            raise PermissionDeniedError(f"topic {r.topic!r} is not readable on this broker")
+        if self._holds_locks(r.group):
+            raise FailedPreconditionError(
+                f"group {r.group!r} is consumed by queue owners (Tidemark clients holding queue locks); "
+                f"pop consumers need a group of their own")
+        if r.attempt_id:
+            again = self._attempts.get((r.client_id, r.attempt_id))
+            if again is not None and all(self._current(self._codec.decode(x.handle)) for x in again):
+                return again
+        deadline = self._clock_ms() + r.poll_ms
+        while True:
+            received = self._take(r, topic.read_queue_nums, group.consume_orderly)
+            remaining = deadline - self._clock_ms()
+            if received or remaining <= 0:
+                break
+            # The retry topic too, even before it exists: its first message (a revived delivery) wakes us.
+            retry = self._topics.get(pop_retry_topic(r.group, r.topic))
+            retry_queues = retry.read_queue_nums if retry is not None else group.retry_queue_nums
+            keys = [(r.topic, q) for q in range(topic.read_queue_nums)]
+            keys += [(pop_retry_topic(r.group, r.topic), q) for q in range(retry_queues)]
+            if not await self._hold.wait_any(keys, remaining / 1000):
+                break  # the poll time is over (or the broker is stopping)
+        if r.attempt_id and received:
+            self._attempts[(r.client_id, r.attempt_id)] = received
+            while len(self._attempts) > ATTEMPT_CACHE:
+                self._attempts.popitem(last=False)
+        return received
+
+    def _take(self, r: ReceiveRequest, read_queues: int, orderly: bool) -> list[Received]:
+        now = self._clock_ms()
+        sources = []
+        retry = self._topics.get(pop_retry_topic(r.group, r.topic))
+        if retry is not None:
+            sources += [(retry.name, q) for q in range(retry.read_queue_nums)]
+        start = self._next_queue[(r.group, r.topic)]
+        self._next_queue[(r.group, r.topic)] += 1
+        sources += [(r.topic, (start + i) % read_queues) for i in range(read_queues)]
+        out: list[Received] = []
+        for topic, queue_id in sources:
+            want = r.batch - len(out)
+            if want <= 0:
+                break
+            out += self._take_queue(QueueKey(r.group, topic, queue_id), r, want, now, orderly)
+        return out
+
+    def _take_queue(self, key: QueueKey, r: ReceiveRequest, want: int, now: int, orderly: bool) -> list[Received]:
+        ledger = self.ledger
+        self._sync_reset(key)
+        if orderly:
+            # FIFO: nothing more from a queue while any of its messages is in flight, and the
+            # messages redelivered in place go first, in order.
+            if ledger.fifo_blocked(key):
+                return []
+            if ledger.pending(key):
+                return self._take_pending(key, r, want, now)
+        want = min(want, ledger.room(key))
+        if want <= 0:
+            return []
+        f = r.filter
+        got = self._store.get_messages(key.topic, key.queue_id, ledger.cursor(key), want,
+                                       matcher=None if f.matches_all else f.matches_code,
+                                       exact_matcher=None if f.matches_all else (lambda m: m.tags in f.tags),
+                                       max_scan=MAX_SCAN)
+        if got.status is GetStatus.OFFSET_OVERFLOW_BADLY:
+            ledger.reset(key, got.max_offset)  # the queue is shorter than the cursor (recreated topic)
+            return []
+        if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE):
+            return []
+        by_offset = {m.queue_offset: m for m in got.messages}
+        taken = [(m.queue_offset, m.reconsume_times + 1) for m in got.messages]
+        result = ledger.pop(key, taken, got.next_begin_offset, now_ms=now, invisible_ms=r.invisible_ms,
+                            client_id=r.client_id, auto_renew=r.auto_renew)
+        self._commit(key, result.watermark)
+        return [Received(by_offset[h.offset], self._codec.encode(h), h.attempt, r.invisible_ms)
+                for h in result.handles]
+
+    def _take_pending(self, key: QueueKey, r: ReceiveRequest, want: int, now: int) -> list[Received]:
+        ledger = self.ledger
+        messages = []
+        for p in ledger.pending(key)[:want]:
+            m = self._store.message_at(key.topic, key.queue_id, p.offset)
+            if m is None:  # gone with its commit log segment: nothing left to deliver
+                self._commit(key, ledger.revived(key, p.offset, p.pop_id))
+                continue
+            messages.append((p, m))
+        if not messages:
+            return []
+        result = ledger.pop(key, [(p.offset, p.attempt) for p, _ in messages], ledger.cursor(key), now_ms=now,
+                            invisible_ms=r.invisible_ms, client_id=r.client_id, auto_renew=r.auto_renew)
+        by_offset = {p.offset: m for p, m in messages}
+        return [Received(by_offset[h.offset], self._codec.encode(h), h.attempt, r.invisible_ms)
+                for h in result.handles]
+
+    def _sync_reset(self, key: QueueKey) -> None:
+        """Start the queue's pop state at the committed offset (the first offset for a new group), or
+        over again after an admin reset (its reset generation changed)."""
+        generation = self._offsets.reset_generation(key.group, key.topic, key.queue_id)
+        committed = self._offsets.query(key.group, key.topic, key.queue_id)
+        start = committed if committed >= 0 else self._store.min_offset(key.topic, key.queue_id)
+        if self.ledger.ensure_queue(key, start):
+            self._generations[key] = generation
+        elif self._generations.setdefault(key, generation) != generation:
+            self._generations[key] = generation
+            self.ledger.reset(key, start)
+            log.info("pop queue reset", event="pop_reset", group=key.group, topic=key.topic,
+                     queue_id=key.queue_id, offset=start)
+
+    # ---- ack, change, dead letter --------------------------------------------------------------------
+
+    def handle(self, group: str, topic: str, text: str) -> HandleFields:
+        """The receipt handle of a request about `group` and `topic`: forged or for something else,
+        InvalidReceiptHandleError."""
+        h = self._codec.decode(text)
+        if h.group != group or h.topic not in (topic, pop_retry_topic(group, topic)):
+            raise InvalidReceiptHandleError(
+                f"the receipt handle is for group {h.group!r} and topic {h.topic!r}, not {group!r} and {topic!r}")
+        return h
+
+    def ack(self, group: str, topic: str, text: str) -> None:
+        h = self.handle(group, topic, text)
+        self._commit(h.key, self.ledger.ack(h))
+
+    def change_invisible(self, group: str, topic: str, text: str, invisible_ms: int) -> str:
+        """Hide the message for invisible_ms from now; the new receipt handle (the old one is stale)."""
+        if not 0 <= invisible_ms <= MAX_INVISIBLE_MS:
+            raise InvisibleTimeError(f"invisible time {invisible_ms} ms is outside 0..{MAX_INVISIBLE_MS} ms")
+        h = self.handle(group, topic, text)
+        return self._codec.encode(self.ledger.change_invisible(h, now_ms=self._clock_ms(), invisible_ms=invisible_ms))
+
+    async def dead_letter(self, group: str, topic: str, text: str) -> None:
+        """The client gives up on the message (ForwardMessageToDeadLetterQueue): to the DLQ, done."""
+        h = self.handle(group, topic, text)
+        if not self._current(h):
+            raise StaleReceiptHandleError(h.key, h.offset, "the delivery is over (acked, changed or expired)")
+        await self._revive(h, to_dlq=True)
+
+    def _current(self, h: HandleFields) -> bool:
+        entry = self.ledger.inflight(h.key).get(h.offset) if h.key in self.ledger else None
+        return entry is not None and entry.pop_id == h.pop_id
+
+    def _commit(self, key: QueueKey, watermark: int | None) -> None:
+        if watermark is not None:
+            self._offsets.advance(key.group, key.topic, key.queue_id, watermark)
+
+    # ---- timers --------------------------------------------------------------------------------------
+
+    async def revive_expired(self) -> None:
+        """Copy every delivery whose invisible time is over to its next attempt (or the DLQ)."""
+        if self.ledger is None or not self._permission.writable:
+            return
+        for e in self.ledger.expired(self._clock_ms(), REVIVE_BATCH):
+            config = self._groups.ensure(e.key.group)
+            if config.consume_orderly and e.entry.attempt < config.retry_max_times + 1:
+                # FIFO: the same message again, in its place, before anything after it.
+                self.ledger.redeliver_in_place(e.key, e.offset, e.entry.pop_id)
+                self._hold.notify(e.key.topic, e.key.queue_id)
+                continue
+            await self._revive(e.handle)
+
+    async def _revive(self, h: HandleFields, *, to_dlq: bool = False) -> None:
+        message = self._store.message_at(h.topic, h.queue_id, h.offset)
+        if message is not None:
+            config = self._groups.ensure(h.group)
+            if to_dlq or h.attempt >= config.retry_max_times + 1:
+                target, to_dlq = self._topics.ensure_system_topic(dlq_topic(h.group), 1), True
+            else:
+                original = message.properties.get(PropertyKey.RETRY_TOPIC, message.topic)
+                target = self._topics.ensure_system_topic(pop_retry_topic(h.group, original),
+                                                          config.retry_queue_nums)
+            queue_id = h.offset % target.write_queue_nums
+            await self._store.put_messages([redelivery_copy(
+                message, topic=target.name, queue_id=queue_id, reconsume_times=h.attempt,
+                max_reconsume_times=config.retry_max_times)])
+            if to_dlq:
+                self.dead_lettered += 1
+                log.warning("message moved to DLQ", event="dlq", group=h.group, msg_id=message.msg_id,
+                            attempts=h.attempt)
+            else:
+                self.revived += 1
+        try:
+            self._commit(h.key, self.ledger.revived(h.key, h.offset, h.pop_id))
+        except StaleReceiptHandleError:
+            pass  # acked while the copy was written: the copy is one extra delivery, nothing is lost
+
+    def renew(self, alive: Container[str]) -> None:
+        """Extend the auto-renewed deliveries of clients still alive."""
+        if self.ledger is not None:
+            self.ledger.renewals(self._clock_ms(), alive)
+
+    # ---- admin ---------------------------------------------------------------------------------------
+
+    def inflight(self, group: str, topic: str) -> dict[int, int]:
+        """Messages in flight per queue of a group on a topic (its pop retry topic included)."""
+        out: dict[int, int] = {}
+        for key in self.ledger.keys():
+            if key.group == group and key.topic in (topic, pop_retry_topic(group, topic)):
+                out[key.queue_id] = out.get(key.queue_id, 0) + self.ledger.inflight_count(key)
+        return out
+
+    def has_group(self, group: str) -> bool:
+        """Whether the group has pop state (it was consumed by pop)."""
+        return any(k.group == group for k in self.ledger.keys())
+
+    def forget_group(self, group: str) -> None:
+        for key in [k for k in self.ledger.keys() if k.group == group]:
+            self.ledger.drop(key)
+
+    def forget_topic(self, topic: str) -> None:
+        for key in [k for k in self.ledger.keys() if k.topic == topic]:
+            self.ledger.drop(key)
+

@@ -1,0 +1,168 @@
+"""Messages of RocketMQ 5's protocol to and from the broker's domain.
+
+A sent `Message` becomes an `OutgoingMessage`: the tag, the keys (joined by a
+space, RocketMQ's KEYS separator), the client-made message id kept as UNIQ_KEY
+(so a retried send keeps its id), the message group as `__SHARDINGKEY` and the
+delivery time. The checks here are the protocol's own, with the codes the
+proxy answers them with; the domain checks the rest (SendService).
+
+A stored message becomes a `Message` with the system properties the clients
+read: the original topic of a retried message, an MD5 body digest (uppercase
+hex: the Node.js client misreads a CRC32 one and needs a digest present), the
+message type inferred from what the message carries, and the delivery attempt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from broker.send import OutgoingMessage
+from broker.services.rmq5.status import Code, ProtocolError
+from broker.store import StoredMessage
+from tidemark.protocol import PropertyKey
+from tidemark.rmq5.v2 import messaging_pb2 as pb
+
+# RocketMQ's property names for what RocketMQ 5 calls a message group and a delivery time.
+MESSAGE_GROUP_KEY = "__SHARDINGKEY"
+MAX_MESSAGE_GROUP_LENGTH = 64
+# Property keys a user property may not use: the broker's own.
+SYSTEM_KEYS = frozenset(v for k, v in vars(PropertyKey).items() if k.isupper()) | {MESSAGE_GROUP_KEY}
+# A delivery_timestamp whose seconds exceed this is in milliseconds: the Python client 5.1.x puts
+# time.time() * 1000 into the seconds field (seconds this large would be about year 5138).
+_MS_IN_SECONDS_THRESHOLD = 10**11
+
+
+def duration_ms(d: Duration) -> int:
+    return d.seconds * 1000 + d.nanos // 1_000_000
+
+
+def duration(ms: int) -> Duration:
+    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def timestamp(ms: int) -> Timestamp:
+    return Timestamp(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
+
+
+def timestamp_ms(t: Timestamp) -> int:
+    if t.seconds > _MS_IN_SECONDS_THRESHOLD:
+        return t.seconds
+    return t.seconds * 1000 + t.nanos // 1_000_000
+
+
+def resource_name(resource: pb.Resource, kind: str) -> str:
+    """The name of a topic or group; namespaces are not supported (refused, not guessed)."""
+    if resource.resource_namespace:
+        raise ProtocolError(Code.BAD_REQUEST, f"{kind} {resource.name!r} is in namespace "
+                            f"{resource.resource_namespace!r}; namespaces are not supported by this broker")
+    if not resource.name:
+        raise ProtocolError(Code.ILLEGAL_TOPIC if kind == "topic" else Code.ILLEGAL_CONSUMER_GROUP,
+                            f"{kind} name must not be empty")
+    return resource.name
+
+
+def outgoing(m: pb.Message, max_body_size: int) -> tuple[OutgoingMessage, str]:
+    """The domain message for a sent one, and its message group ("" for none)."""
+    sp = m.system_properties
+    if not m.body:
+        raise ProtocolError(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+    if len(m.body) > max_body_size:
+        raise ProtocolError(Code.MESSAGE_BODY_TOO_LARGE,
+                            f"message body is {len(m.body)} bytes; at most {max_body_size} allowed")
+    if not sp.message_id:
+        raise ProtocolError(Code.ILLEGAL_MESSAGE_ID, "message_id must be set by the client")
+    for key in m.user_properties:
+        if key in SYSTEM_KEYS:
+            raise ProtocolError(Code.ILLEGAL_MESSAGE_PROPERTY_KEY,
+                                f"user property {key!r} is a reserved system property key")
+    if sp.tag and ("|" in sp.tag or not sp.tag.strip()):
+        raise ProtocolError(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} must not be blank or contain '|'")
+    group = sp.message_group if sp.HasField("message_group") else ""
+    delivery = sp.HasField("delivery_timestamp")
+    _check_type(sp.message_type, group, delivery)
+    if len(group) > MAX_MESSAGE_GROUP_LENGTH:
+        raise ProtocolError(Code.ILLEGAL_MESSAGE_GROUP,
+                            f"message group is {len(group)} characters; at most {MAX_MESSAGE_GROUP_LENGTH} allowed")
+    properties = dict(m.user_properties)
+    properties[PropertyKey.UNIQ_KEY] = sp.message_id
+    if group:
+        properties[MESSAGE_GROUP_KEY] = group
+    message = OutgoingMessage(
+        body=m.body,
+        tags=sp.tag,
+        keys=" ".join(k for k in sp.keys if k),
+        properties=properties,
+        born_timestamp=timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else 0,
+        born_host=sp.born_host,
+        deliver_at_ms=timestamp_ms(sp.delivery_timestamp) if delivery else 0,
+    )
+    return message, group
+
+
+def _check_type(message_type: int, group: str, delivery: bool) -> None:
+    """The declared type must match what the message carries (the proxy's MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)."""
+    name = pb.MessageType.Name(message_type) if message_type in pb.MessageType.values() else str(message_type)
+    if message_type in (pb.TRANSACTION, pb.LITE, pb.PRIORITY):
+        raise ProtocolError(Code.UNSUPPORTED, f"{name} messages are not supported by this broker")
+    conflict = ("a message group and a delivery timestamp exclude each other" if group and delivery
+                else "a FIFO message needs a message group" if message_type == pb.FIFO and not group
+                else "a DELAY message needs a delivery timestamp" if message_type == pb.DELAY and not delivery
+                else f"a {name} message must not carry a message group or a delivery timestamp"
+                if message_type == pb.NORMAL and (group or delivery) else None)
+    if conflict:
+        raise ProtocolError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, conflict)
+
+
+def message_type(m: StoredMessage) -> int:
+    props = m.properties
+    if MESSAGE_GROUP_KEY in props:
+        return pb.FIFO
+    if PropertyKey.DELIVER_TIMESTAMP in props or PropertyKey.DELAY in props:
+        return pb.DELAY
+    return pb.NORMAL
+
+
+def body_digest(body: bytes) -> pb.Digest:
+    return pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper())
+
+
+def received(m: StoredMessage, *, store_host: str, delivery_attempt: int = 1) -> pb.Message:
+    """A stored message as a consumer receives it (receipt handle and invisible time are the caller's)."""
+    props = m.properties
+    sp = pb.SystemProperties(
+        keys=[k for k in props.get(PropertyKey.KEYS, "").split(" ") if k],
+        message_id=props.get(PropertyKey.UNIQ_KEY, ""),
+        body_digest=body_digest(m.body),
+        body_encoding=pb.IDENTITY,
+        message_type=message_type(m),
+        born_timestamp=timestamp(m.born_timestamp),
+        born_host=m.born_host,
+        store_timestamp=timestamp(m.store_timestamp),
+        store_host=store_host,
+        queue_id=m.queue_id,
+        queue_offset=m.queue_offset,
+        delivery_attempt=delivery_attempt,
+    )
+    if tag := props.get(PropertyKey.TAGS):
+        sp.tag = tag
+    if group := props.get(MESSAGE_GROUP_KEY):
+        sp.message_group = group
+    if deliver_at := props.get(PropertyKey.DELIVER_TIMESTAMP):
+        try:
+            sp.delivery_timestamp.CopyFrom(timestamp(int(deliver_at)))
+        except ValueError:
+            pass  # written by another client as a free-form property: not a delivery time
+    return pb.Message(
+        topic=pb.Resource(name=props.get(PropertyKey.RETRY_TOPIC, m.topic)),
+        user_properties=user_properties(props.items()),
+        system_properties=sp,
+        body=m.body,
+    )
+
+
+def user_properties(items: Iterable[tuple[str, str]]) -> dict[str, str]:
+    return {k: v for k, v in items if k not in SYSTEM_KEYS}

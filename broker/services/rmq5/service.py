@@ -1,0 +1,439 @@
+"""`apache.rocketmq.v2.MessagingService` served from the broker's domain.
+
+The method paths are upstream's; the message classes are Tidemark's
+declaration of the same wire format (tidemark.rmq5.v2), so the handlers are
+registered by path (`handlers()`), not through generated service code.
+Unary answers carry their result in `status` (status.py); a method not served
+yet answers gRPC UNIMPLEMENTED with a message saying so, never a hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from broker.controller import BrokerController
+from broker.errors import BrokerError, InvalidArgumentError, NotFoundError
+from broker.pop.service import MAX_BATCH, ReceiveRequest
+from broker.pull import PullRequest, PullStatus, check_queue
+from broker.services.errors import status_for
+from broker.services.rmq5 import convert
+from broker.services.rmq5.status import Code, ProtocolError, TopicNotFoundError, ok, status_of
+from broker.services.rmq5.telemetry import (
+    LONG_POLLING_TIMEOUT_MS,
+    RECEIVE_BATCH_SIZE,
+    ClientRegistry,
+    client_id_of,
+    filter_expression,
+)
+from tidemark.logs import get_logger
+from tidemark.protocol import PropertyKey, parse_tag_expression
+from tidemark.rmq5.v2 import messaging_pb2 as pb
+
+log = get_logger("tidemark.broker.rmq5")
+
+SERVICE = "apache.rocketmq.v2.MessagingService"
+# A Telemetry stream must say who it is within this time.
+SETTINGS_TIMEOUT_S = 30.0
+ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)
+# A receive answers this long before the call's deadline; and never polls longer than this.
+POLL_RESERVE_MS = 1_000
+MAX_POLL_MS = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    name: str
+    request: type
+    response: type
+    request_streaming: bool = False
+    response_streaming: bool = False
+
+    @property
+    def path(self) -> str:
+        return f"/{SERVICE}/{self.name}"
+
+
+METHODS = (
+    Method("QueryRoute", pb.QueryRouteRequest, pb.QueryRouteResponse),
+    Method("Heartbeat", pb.HeartbeatRequest, pb.HeartbeatResponse),
+    Method("SendMessage", pb.SendMessageRequest, pb.SendMessageResponse),
+    Method("QueryAssignment", pb.QueryAssignmentRequest, pb.QueryAssignmentResponse),
+    Method("ReceiveMessage", pb.ReceiveMessageRequest, pb.ReceiveMessageResponse, response_streaming=True),
+    Method("AckMessage", pb.AckMessageRequest, pb.AckMessageResponse),
+    Method("ForwardMessageToDeadLetterQueue", pb.ForwardMessageToDeadLetterQueueRequest,
+           pb.ForwardMessageToDeadLetterQueueResponse),
+    Method("PullMessage", pb.PullMessageRequest, pb.PullMessageResponse, response_streaming=True),
+    Method("UpdateOffset", pb.UpdateOffsetRequest, pb.UpdateOffsetResponse),
+    Method("GetOffset", pb.GetOffsetRequest, pb.GetOffsetResponse),
+    Method("QueryOffset", pb.QueryOffsetRequest, pb.QueryOffsetResponse),
+    Method("EndTransaction", pb.EndTransactionRequest, pb.EndTransactionResponse),
+    Method("Telemetry", pb.TelemetryCommand, pb.TelemetryCommand, request_streaming=True, response_streaming=True),
+    Method("NotifyClientTermination", pb.NotifyClientTerminationRequest, pb.NotifyClientTerminationResponse),
+    Method("ChangeInvisibleDuration", pb.ChangeInvisibleDurationRequest, pb.ChangeInvisibleDurationResponse),
+    Method("RecallMessage", pb.RecallMessageRequest, pb.RecallMessageResponse),
+)
+UNSUPPORTED = {
+    "EndTransaction": "transactional messages are not supported by this broker yet",
+    "RecallMessage": "recalling delayed messages is not supported by this broker",
+}
+
+
+def answers(response: type) -> Callable:
+    """A unary handler whose domain errors become the response's status (and whose config changes,
+    a topic or group created on the way, are durable before it answers)."""
+    def wrap(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        @functools.wraps(handler)
+        async def wrapper(self: Rmq5Servicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                answer = await handler(self, request, context)
+                await self._b.flush_configs()
+                return answer
+            except BrokerError as e:
+                return response(status=status_of(e))
+            except Exception:
+                log.exception("rmq5 rpc failed", event="rpc_error", method=handler.__name__)
+                return response(status=pb.Status(code=Code.INTERNAL_ERROR,
+                                                 message=f"internal error in {handler.__name__}; see the broker log"))
+        return wrapper
+    return wrap
+
+
+class Rmq5Servicer:
+    def __init__(self, broker: BrokerController) -> None:
+        self._b = broker
+        self.clients = ClientRegistry(broker)
+
+    # ---- routes and clients ---------------------------------------------------------------------------
+
+    @answers(pb.QueryRouteResponse)
+    async def QueryRoute(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        name = convert.resource_name(request.topic, "topic")
+        topic = b.topics.get(name)
+        if topic is None:
+            raise TopicNotFoundError(f"topic {name!r} does not exist on this broker")
+        perm = b.permission
+        readable, writable = topic.readable and perm.readable, topic.writable and perm.writable
+        broker = pb.Broker(name=b.config.broker_name, id=0, endpoints=self._endpoints(request.endpoints))
+        queues = []
+        for queue_id in range(max(topic.read_queue_nums, topic.write_queue_nums)):
+            r = readable and queue_id < topic.read_queue_nums
+            w = writable and queue_id < topic.write_queue_nums
+            queues.append(pb.MessageQueue(
+                topic=pb.Resource(name=name), id=queue_id, broker=broker, accept_message_types=ACCEPTED_TYPES,
+                permission=pb.READ_WRITE if r and w else pb.READ if r else pb.WRITE if w else pb.NONE))
+        return pb.QueryRouteResponse(status=ok(), message_queues=queues)
+
+    def _endpoints(self, asked: pb.Endpoints) -> pb.Endpoints:
+        """Where clients reach this broker: the address they used (a proxy answers the same), else the
+        broker's own."""
+        if asked.addresses:
+            return asked
+        host, _, port = self._b.config.address.rpartition(":")
+        return pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=host, port=int(port))])
+
+    @answers(pb.HeartbeatResponse)
+    async def Heartbeat(self, request, context: grpc.aio.ServicerContext):
+        client_id = client_id_of(context.invocation_metadata())
+        group = convert.resource_name(request.group, "group") if request.HasField("group") else ""
+        self.clients.heartbeat(client_id, group, request.client_type, context.peer() or "")
+        return pb.HeartbeatResponse(status=ok())
+
+    @answers(pb.NotifyClientTerminationResponse)
+    async def NotifyClientTermination(self, request, context: grpc.aio.ServicerContext):
+        client_id = client_id_of(context.invocation_metadata())
+        group = convert.resource_name(request.group, "group") if request.HasField("group") else ""
+        self.clients.terminated(client_id, group)
+        return pb.NotifyClientTerminationResponse(status=ok())
+
+    async def Telemetry(self, requests, context: grpc.aio.ServicerContext):
+        """Settings in, effective settings out; the stream lives as long as the client."""
+        try:
+            client_id = client_id_of(context.invocation_metadata())
+        except BrokerError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        commands = requests.__aiter__()
+        said = None
+        try:
+            try:
+                command = await asyncio.wait_for(anext(commands, None), SETTINGS_TIMEOUT_S)
+            except TimeoutError:
+                raise InvalidArgumentError(
+                    f"no settings within {SETTINGS_TIMEOUT_S:.0f} s of opening the telemetry stream") from None
+            if command is not None and command.WhichOneof("command") != "settings":
+                raise InvalidArgumentError("a telemetry stream must start with the client's settings")
+            while command is not None:
+                if command.WhichOneof("command") == "settings":
+                    answer = self.clients.settings(client_id, command.settings, context.peer() or "")
+                    said = self.clients.get(client_id)
+                    await self._b.flush_configs()
+                    yield pb.TelemetryCommand(status=ok(), settings=answer)
+                # Other commands answer the broker's own requests (stack traces, verification): none are sent.
+                command = await anext(commands, None)
+        except BrokerError as e:
+            # Telemetry's errors are gRPC statuses (the proxy's): the client reopens the stream.
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, InvalidArgumentError)
+                                else status_for(e), str(e))
+        finally:
+            self.clients.disconnected(client_id, said)
+
+    # ---- sending --------------------------------------------------------------------------------------
+
+    @answers(pb.SendMessageResponse)
+    async def SendMessage(self, request, context: grpc.aio.ServicerContext):
+        if not request.messages:
+            raise ProtocolError(Code.BAD_REQUEST, "a send needs at least one message")
+        topic = convert.resource_name(request.messages[0].topic, "topic")
+        if any(convert.resource_name(m.topic, "topic") != topic for m in request.messages):
+            raise ProtocolError(Code.MESSAGE_CORRUPTED, "the messages of one send must share a topic")
+        limit = self._b.config.max_message_size
+        batches: dict[str, list] = {}
+        for m in request.messages:
+            message, group = convert.outgoing(m, limit)
+            batches.setdefault(group, []).append(message)
+        results = {}
+        for group, messages in batches.items():
+            try:
+                # One message group, one queue: its messages keep their order (FIFO).
+                sent_all = await self._b.sender.send(topic, None, messages, queue_key=group)
+                for message, sent in zip(messages, sent_all, strict=True):
+                    results[message.properties[PropertyKey.UNIQ_KEY]] = sent
+            except NotFoundError as e:
+                raise TopicNotFoundError(str(e)) from None
+        metrics = self._b.metrics
+        metrics.messages_in.labels(topic).inc(len(request.messages))
+        return pb.SendMessageResponse(status=ok(), entries=[
+            pb.SendResultEntry(status=ok(), message_id=m.system_properties.message_id,
+                               offset=results[m.system_properties.message_id].put.queue_offset)
+            for m in request.messages])
+
+    # ---- pop consumption ------------------------------------------------------------------------------
+
+    @answers(pb.QueryAssignmentResponse)
+    async def QueryAssignment(self, request, context: grpc.aio.ServicerContext):
+        """The push consumer's load balancing is the broker's: every member may receive from every
+        queue (pop), so the assignment is the whole topic, as queue -1."""
+        b = self._b
+        name = convert.resource_name(request.topic, "topic")
+        convert.resource_name(request.group, "group")
+        topic = b.topics.get(name)
+        if topic is None:
+            raise TopicNotFoundError(f"topic {name!r} does not exist on this broker")
+        if not (topic.readable and topic.read_queue_nums and b.permission.readable):
+            raise ProtocolError(Code.FORBIDDEN, f"topic {name!r} has no readable queue on this broker")
+        queue = pb.MessageQueue(topic=pb.Resource(name=name), id=-1, permission=pb.READ_WRITE,
+                                broker=pb.Broker(name=b.config.broker_name, id=0,
+                                                 endpoints=self._endpoints(request.endpoints)),
+                                accept_message_types=ACCEPTED_TYPES)
+        return pb.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
+
+    async def ReceiveMessage(self, request, context: grpc.aio.ServicerContext):
+        """A stream: the status, the messages, then the time of delivery (also after an error)."""
+        b = self._b
+        try:
+            r = self._receive_request(request, context)
+            received = await b.pop.receive(r)
+        except BrokerError as e:
+            yield pb.ReceiveMessageResponse(status=status_of(e))
+            yield pb.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(b.clock_ms()))
+            return
+        except Exception:  # a bug, or the pop journal's disk failing: said to the client, logged once here
+            log.exception("rmq5 receive failed", event="rpc_error", method="ReceiveMessage")
+            yield pb.ReceiveMessageResponse(status=pb.Status(code=Code.INTERNAL_ERROR,
+                                                             message="internal error in ReceiveMessage; see the broker log"))
+            yield pb.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(b.clock_ms()))
+            return
+        if not received:
+            yield pb.ReceiveMessageResponse(status=pb.Status(code=Code.MESSAGE_NOT_FOUND, message="no new message"))
+        else:
+            yield pb.ReceiveMessageResponse(status=ok())
+            store_host = b.config.address
+            for item in received:
+                m = convert.received(item.message, store_host=store_host, delivery_attempt=item.attempt)
+                m.system_properties.receipt_handle = item.handle
+                m.system_properties.invisible_duration.CopyFrom(convert.duration(item.invisible_ms))
+                yield pb.ReceiveMessageResponse(message=m)
+            b.metrics.messages_out.labels(r.topic).inc(len(received))
+        yield pb.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(b.clock_ms()))
+
+    def _receive_request(self, request, context: grpc.aio.ServicerContext) -> ReceiveRequest:
+        group = convert.resource_name(request.group, "group")
+        topic = convert.resource_name(request.message_queue.topic, "topic")
+        if self._b.topics.get(topic) is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+        client_id = client_id_of(context.invocation_metadata())
+        if request.auto_renew:
+            invisible_ms = self._b.pop.ledger.settings.renew_slice_ms
+        elif request.HasField("invisible_duration"):
+            invisible_ms = convert.duration_ms(request.invisible_duration)
+        else:
+            raise ProtocolError(Code.ILLEGAL_INVISIBLE_TIME, "invisible_duration is required without auto_renew")
+        poll_ms = (convert.duration_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout")
+                   else LONG_POLLING_TIMEOUT_MS)
+        remaining = context.time_remaining()
+        if remaining is not None:
+            # Answer before the client's deadline, or its receive fails instead of finding nothing.
+            poll_ms = min(poll_ms, int(remaining * 1000) - POLL_RESERVE_MS)
+        if poll_ms < 0:
+            raise ProtocolError(Code.ILLEGAL_POLLING_TIME,
+                                f"the call's deadline leaves no time to poll (long_polling_timeout {poll_ms} ms)")
+        batch = request.batch_size or RECEIVE_BATCH_SIZE
+        if batch < 1:
+            raise ProtocolError(Code.BAD_REQUEST, f"batch_size {batch} must be positive")
+        return ReceiveRequest(group=group, topic=topic, filter=parse_tag_expression(filter_expression(
+                                  request.filter_expression)),
+                              batch=min(batch, MAX_BATCH), invisible_ms=invisible_ms, client_id=client_id,
+                              auto_renew=request.auto_renew, poll_ms=min(poll_ms, MAX_POLL_MS),
+                              attempt_id=request.attempt_id if request.HasField("attempt_id") else "")
+
+    @answers(pb.AckMessageResponse)
+    async def AckMessage(self, request, context: grpc.aio.ServicerContext):
+        group = convert.resource_name(request.group, "group")
+        topic = convert.resource_name(request.topic, "topic")
+        if not request.entries:
+            raise ProtocolError(Code.BAD_REQUEST, "an ack needs at least one entry")
+        entries = []
+        for entry in request.entries:
+            try:
+                self._b.pop.ack(group, topic, entry.receipt_handle)
+                status = ok()
+            except BrokerError as e:
+                status = status_of(e)
+            entries.append(pb.AckMessageResultEntry(message_id=entry.message_id,
+                                                    receipt_handle=entry.receipt_handle, status=status))
+        codes = {e.status.code for e in entries}
+        overall = entries[0].status if len(codes) == 1 else pb.Status(
+            code=Code.MULTIPLE_RESULTS, message="the entries have different results")
+        return pb.AckMessageResponse(status=overall, entries=entries)
+
+    @answers(pb.ChangeInvisibleDurationResponse)
+    async def ChangeInvisibleDuration(self, request, context: grpc.aio.ServicerContext):
+        group = convert.resource_name(request.group, "group")
+        topic = convert.resource_name(request.topic, "topic")
+        handle = self._b.pop.change_invisible(group, topic, request.receipt_handle,
+                                              convert.duration_ms(request.invisible_duration))
+        return pb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
+
+    @answers(pb.ForwardMessageToDeadLetterQueueResponse)
+    async def ForwardMessageToDeadLetterQueue(self, request, context: grpc.aio.ServicerContext):
+        group = convert.resource_name(request.group, "group")
+        topic = convert.resource_name(request.topic, "topic")
+        await self._b.pop.dead_letter(group, topic, request.receipt_handle)
+        return pb.ForwardMessageToDeadLetterQueueResponse(status=ok())
+
+    # ---- queue-offset consumption (the Java PullConsumer) -----------------------------------------------
+
+    async def PullMessage(self, request, context: grpc.aio.ServicerContext):
+        """A stream: the status, the messages, then the next offset; onto the offset manager's pull."""
+        b = self._b
+        try:
+            group, topic = self._group_and_queue_topic(request)
+            outcome = await b.puller.pull(PullRequest(
+                group=group, topic=topic, queue_id=request.message_queue.id, queue_offset=request.offset,
+                max_msg_nums=min(request.batch_size or RECEIVE_BATCH_SIZE, MAX_BATCH),
+                suspend_timeout_ms=convert.duration_ms(request.long_polling_timeout),
+                subscription=parse_tag_expression(filter_expression(request.filter_expression)).expression,
+                commit_offset=None, fence=None))
+        except BrokerError as e:
+            yield pb.PullMessageResponse(status=status_of(e))
+            return
+        if outcome.status is PullStatus.OFFSET_ILLEGAL:
+            yield pb.PullMessageResponse(status=pb.Status(
+                code=Code.ILLEGAL_OFFSET, message=f"offset {request.offset} is outside "
+                f"{outcome.min_offset}..{outcome.max_offset} of queue {request.message_queue.id}"))
+        elif outcome.messages:
+            yield pb.PullMessageResponse(status=ok())
+            for m in outcome.messages:
+                yield pb.PullMessageResponse(message=convert.received(m, store_host=b.config.address,
+                                                                      delivery_attempt=m.reconsume_times + 1))
+            b.metrics.messages_out.labels(topic).inc(len(outcome.messages))
+        else:
+            yield pb.PullMessageResponse(status=pb.Status(code=Code.MESSAGE_NOT_FOUND, message="no new message"))
+        yield pb.PullMessageResponse(next_offset=outcome.next_begin_offset)
+
+    @answers(pb.UpdateOffsetResponse)
+    async def UpdateOffset(self, request, context: grpc.aio.ServicerContext):
+        group, topic = self._group_and_queue_topic(request)
+        self._b.commits.commit(group, topic, request.message_queue.id, request.offset, None, acknowledged=True)
+        return pb.UpdateOffsetResponse(status=ok())
+
+    @answers(pb.GetOffsetResponse)
+    async def GetOffset(self, request, context: grpc.aio.ServicerContext):
+        group, topic = self._group_and_queue_topic(request)
+        offset, _ = self._b.commits.query(group, topic, request.message_queue.id)
+        if offset < 0:
+            raise ProtocolError(Code.OFFSET_NOT_FOUND, f"group {group!r} has no offset on queue "
+                                f"{request.message_queue.id} of {topic!r}")
+        return pb.GetOffsetResponse(status=ok(), offset=offset)
+
+    @answers(pb.QueryOffsetResponse)
+    async def QueryOffset(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        topic = convert.resource_name(request.message_queue.topic, "topic")
+        config = b.topics.get(topic)
+        if config is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+        queue_id = request.message_queue.id
+        check_queue(config, queue_id)
+        policy = request.query_offset_policy
+        if policy == pb.BEGINNING:
+            offset = b.store.min_offset(topic, queue_id)
+        elif policy == pb.END:
+            offset = b.store.max_offset(topic, queue_id)
+        else:
+            if not request.HasField("timestamp"):
+                raise ProtocolError(Code.BAD_REQUEST, "a TIMESTAMP query needs a timestamp")
+            offset = b.store.search_offset_by_timestamp(topic, queue_id, convert.timestamp_ms(request.timestamp))
+        return pb.QueryOffsetResponse(status=ok(), offset=offset)
+
+    def _group_and_queue_topic(self, request) -> tuple[str, str]:
+        group = convert.resource_name(request.group, "group")
+        topic = convert.resource_name(request.message_queue.topic, "topic")
+        if self._b.topics.get(topic) is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+        return group, topic
+
+
+def _unsupported(method: Method) -> Callable:
+    why = UNSUPPORTED.get(method.name, f"{method.name} is not supported by this broker yet")
+
+    async def refuse(request, context: grpc.aio.ServicerContext):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, why)
+    return refuse
+
+
+def handlers(servicer: Rmq5Servicer) -> grpc.GenericRpcHandler:
+    """The service's handlers by upstream path, for `server.add_generic_rpc_handlers`."""
+    make = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
+            (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+    table = {}
+    for m in METHODS:
+        behaviour = getattr(servicer, m.name, None) or _unsupported(m)
+        table[m.name] = make[(m.request_streaming, m.response_streaming)](
+            behaviour, request_deserializer=m.request.FromString, response_serializer=m.response.SerializeToString)
+    return grpc.method_handlers_generic_handler(SERVICE, table)
+
+
+def refusal_answers(method_path: str) -> Callable[[BrokerError], Any] | None:
+    """For RequestIntake: a unary method of this service answers an access refusal in its status
+    (UNAUTHORIZED, FORBIDDEN), as the proxy does, so the clients raise their own exceptions."""
+    service, _, name = method_path.lstrip("/").partition("/")
+    method = _BY_NAME.get(name) if service == SERVICE else None
+    if method is None or method.request_streaming:
+        return None
+    if method.name == "ReceiveMessage":
+        return lambda error: [pb.ReceiveMessageResponse(status=status_of(error)),
+                              pb.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(time.time_ns() // 10**6))]
+    if method.response_streaming:
+        return lambda error: [method.response(status=status_of(error))]
+    return lambda error: method.response(status=status_of(error))
+
+
+_BY_NAME = {m.name: m for m in METHODS}

@@ -57,23 +57,20 @@ Pure functions for the format; OffsetJournal does the file work.
 from __future__ import annotations
 
 import enum
-import errno
-import os
-import re
 import struct
-import threading
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from broker import segments
+from broker.segments import DecodedSegment, RecordDamage, SegmentedLog, frame
+
 JOURNAL_PREFIX = "consumerOffset.journal."
-_SEGMENT_NAME = re.compile(re.escape(JOURNAL_PREFIX) + r"(\d{1,19})")
-_FRAME = struct.Struct("<II")  # body length, crc32 of the body
 _HEAD = struct.Struct("<BH")  # op, topic length
 _NAME_LEN = struct.Struct("<H")
 _TAIL = struct.Struct("<Iqq")  # queue id, offset, reset generation
 # Topic and group names are far shorter; anything bigger is damage, not a record.
+MIN_BODY = _HEAD.size + _NAME_LEN.size + _TAIL.size
 MAX_BODY = _HEAD.size + 2 * 0xFFFF + _NAME_LEN.size + _TAIL.size
 
 
@@ -94,92 +91,46 @@ class JournalRecord:
     generation: int = 0
 
 
-class JournalDamage(ValueError):
-    """Bytes that are not a whole, intact record."""
-
-
 # -- encode / decode ----------------------------------------------------------
 
 
 def encode_record(record: JournalRecord) -> bytes:
     topic = record.topic.encode("utf-8")
     group = record.group.encode("utf-8")
-    body = b"".join((_HEAD.pack(record.op, len(topic)), topic, _NAME_LEN.pack(len(group)), group,
-                     _TAIL.pack(record.queue_id, record.offset, record.generation)))
-    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+    return frame(b"".join((_HEAD.pack(record.op, len(topic)), topic, _NAME_LEN.pack(len(group)), group,
+                           _TAIL.pack(record.queue_id, record.offset, record.generation))))
 
 
 def encode_records(records: Iterable[JournalRecord]) -> bytes:
     return b"".join(encode_record(r) for r in records)
 
 
-@dataclass(frozen=True, slots=True)
-class DecodedSegment:
-    records: list[JournalRecord]
-    valid_bytes: int  # the length of the intact prefix
-    damage: str | None = None  # why decoding stopped before the end (None: the whole segment was intact)
-
-
-def decode_records(data: bytes) -> DecodedSegment:
+def decode_records(data: bytes) -> DecodedSegment[JournalRecord]:
     """Decode the intact prefix of a segment; stop at the first torn or damaged record."""
-    records: list[JournalRecord] = []
-    pos = 0
-    view = memoryview(data)
-    while pos < len(data):
-        try:
-            record, size = _decode_one(view, pos)
-        except JournalDamage as e:
-            return DecodedSegment(records, pos, f"at byte {pos}: {e}")
-        records.append(record)
-        pos += size
-    return DecodedSegment(records, pos)
+    return segments.decode_segment(data, _decode_body, min_body=MIN_BODY, max_body=MAX_BODY)
 
 
-def _decode_one(view: memoryview, pos: int) -> tuple[JournalRecord, int]:
-    if len(view) - pos < _FRAME.size:
-        raise JournalDamage(f"torn record header ({len(view) - pos} bytes)")
-    length, crc = _FRAME.unpack_from(view, pos)
-    start = pos + _FRAME.size
-    if length > MAX_BODY or length < _HEAD.size + _NAME_LEN.size + _TAIL.size:
-        raise JournalDamage(f"impossible record length {length}")
-    if len(view) - start < length:
-        raise JournalDamage(f"torn record ({len(view) - start} of {length} bytes)")
-    body = view[start:start + length]
-    if zlib.crc32(body) != crc:
-        raise JournalDamage("checksum mismatch")
-    try:
-        op, topic_len = _HEAD.unpack_from(body, 0)
-        at = _HEAD.size
-        topic = bytes(body[at:at + topic_len]).decode("utf-8")
-        at += topic_len
-        (group_len,) = _NAME_LEN.unpack_from(body, at)
-        at += _NAME_LEN.size
-        group = bytes(body[at:at + group_len]).decode("utf-8")
-        at += group_len
-        queue_id, offset, generation = _TAIL.unpack_from(body, at)
-        if at + _TAIL.size != length:
-            raise JournalDamage("record length does not match its fields")
-        return JournalRecord(Op(op), topic, group, queue_id, offset, generation), _FRAME.size + length
-    except (struct.error, UnicodeDecodeError, ValueError) as e:
-        # A record with a good checksum and bad fields was written by a broken writer; stop all the same.
-        raise JournalDamage(f"malformed record ({e})") from None
+def _decode_body(body: memoryview) -> JournalRecord:
+    op, topic_len = _HEAD.unpack_from(body, 0)
+    at = _HEAD.size
+    topic = bytes(body[at:at + topic_len]).decode("utf-8")
+    at += topic_len
+    (group_len,) = _NAME_LEN.unpack_from(body, at)
+    at += _NAME_LEN.size
+    group = bytes(body[at:at + group_len]).decode("utf-8")
+    at += group_len
+    queue_id, offset, generation = _TAIL.unpack_from(body, at)
+    if at + _TAIL.size != len(body):
+        raise RecordDamage("record length does not match its fields")
+    return JournalRecord(Op(op), topic, group, queue_id, offset, generation)
 
 
 # -- files ----------------------------------------------------------------------
 
 
-def segment_path(directory: Path, seq: int) -> Path:
-    return directory / f"{JOURNAL_PREFIX}{seq:010d}"
-
-
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
     """(number, path) of every journal segment in `directory`, oldest first."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    found = [(int(m.group(1)), directory / name) for name in names if (m := _SEGMENT_NAME.fullmatch(name))]
-    return sorted(found)
+    return segments.list_segments(directory, JOURNAL_PREFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,119 +141,18 @@ class ReplayReport:
     covered: int = 0  # segments left unread: the snapshot holds them (deleted by the next snapshot)
 
 
-class OffsetJournal:
-    """Append-only segments of JournalRecords beside consumerOffset.json.
-
-    append() runs on the event loop; rotate() and discard_before() may run in a
-    worker thread (a shutdown snapshot), so the current segment is guarded by a
-    lock. A short write poisons the segment (the next append starts a new one);
-    see the module docstring for the other failures.
-    """
+class OffsetJournal(SegmentedLog):
+    """Append-only segments of JournalRecords beside consumerOffset.json (broker/segments.py: a short
+    write starts a new segment; see the module docstring for the other failures)."""
 
     def __init__(self, directory: Path) -> None:
-        self._dir = Path(directory)
-        self._lock = threading.Lock()
-        self._seq = 1
-        self._fd: int | None = None
-        self._size = 0  # bytes that reached segment _seq (kept across close(): a reopen appends)
-        self.write_errors = 0
-
-    @property
-    def current_seq(self) -> int:
-        return self._seq
+        super().__init__(directory, JOURNAL_PREFIX, "offset journal")
 
     def read_all(self, first: int = 0) -> tuple[list[JournalRecord], ReplayReport]:
         """Every intact record of the segments numbered `first` or higher (those below are in the
         snapshot), oldest first; later appends go to a new segment."""
-        records: list[JournalRecord] = []
-        damage: list[str] = []
-        segments = list_segments(self._dir)
-        replayed = [(number, path) for number, path in segments if number >= first]
-        for _, path in replayed:
-            try:
-                decoded = decode_records(path.read_bytes())
-            except OSError as e:
-                damage.append(f"{path.name}: cannot be read ({e.strerror or e})")
-                continue
-            records.extend(decoded.records)
-            if decoded.damage is not None:
-                damage.append(f"{path.name} {decoded.damage}; {len(decoded.records)} records before it kept")
-        with self._lock:
-            self._close_locked()
-            # Never below `first`: a segment numbered under the snapshot's mark would never be replayed.
-            self._seq, self._size = max((segments[-1][0] + 1) if segments else 1, first), 0
-        return records, ReplayReport(len(replayed), len(records), damage, len(segments) - len(replayed))
-
-    def append(self, data: bytes) -> None:
-        """Write encoded records to the current segment (one write; no fsync). Raises OSError."""
-        if not data:
-            return
-        with self._lock:
-            written = 0
-            try:
-                if self._fd is None:
-                    self._dir.mkdir(parents=True, exist_ok=True)
-                    self._fd = os.open(segment_path(self._dir, self._seq),
-                                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-                written = os.write(self._fd, data)
-                if written != len(data):
-                    # A short write on a regular file means the next one would fail: the disk is full.
-                    raise OSError(errno.ENOSPC, f"short write to the offset journal "
-                                                f"({written} of {len(data)} bytes)")
-                self._size += written
-            except OSError:
-                self.write_errors += 1
-                self._failed_locked(torn=written > 0)
-                raise
-
-    def _failed_locked(self, *, torn: bool) -> None:
-        if torn:
-            # Part of a record reached the segment: nothing after it would ever be replayed.
-            self._close_locked()
-            self._seq, self._size = self._seq + 1, 0
-        elif self._size == 0:
-            # Nothing ever reached this segment (O_CREAT made it empty): remove it and use the same
-            # number next time, so each failed batch of a disk-full episode does not leave a file.
-            self._close_locked()
-            try:
-                segment_path(self._dir, self._seq).unlink()
-            except OSError:
-                pass  # never created, or cannot go: an empty segment replays as nothing
-        # else: the failed write wrote nothing; the segment is intact and the next append continues it.
-
-    def rotate(self) -> int:
-        """Start a new segment; return its number. Segments below it may go once a snapshot taken after
-        this call is durable."""
-        with self._lock:
-            self._close_locked()
-            self._seq, self._size = self._seq + 1, 0
-            return self._seq
-
-    def discard_before(self, seq: int) -> int:
-        """Delete the segments numbered below `seq` (a snapshot covers them); return how many."""
-        removed = 0
-        for number, path in list_segments(self._dir):
-            if number >= seq:
-                break
-            try:
-                path.unlink()
-                removed += 1
-            except FileNotFoundError:
-                pass
-        return removed
-
-    def close(self) -> None:
-        """Close the current segment (shutdown). An append after it opens the segment again."""
-        with self._lock:
-            self._close_locked()
-
-    def _close_locked(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        read = self.read_segments(decode_records, first)
+        return read.items, ReplayReport(read.replayed, len(read.items), read.damage, read.covered)
 
 
 # -- replay -----------------------------------------------------------------------

@@ -41,17 +41,12 @@ ends the replay of its segment; a new process never appends to an old one.
 from __future__ import annotations
 
 import enum
-import errno
 import json
-import os
-import re
-import struct
-import threading
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from broker import segments
 from broker.errors import ConfigFileError
 from broker.offsets.persistence import remove_leftover_temp_files
 from broker.pop.handles import QueueKey
@@ -69,6 +64,7 @@ from broker.pop.ledger import (
     Reset,
     Revived,
 )
+from broker.segments import DecodedSegment, SegmentedLog, frame
 from tidemark.fsutil import atomic_write, backup_path
 from tidemark.logs import get_logger
 
@@ -76,8 +72,6 @@ STATE_FILE_NAME = "popState.json"
 JOURNAL_PREFIX = "popState.journal."
 JOURNAL_FROM_KEY = "popJournalFrom"
 FORMAT_KEY, FORMAT = "format", 1
-_SEGMENT_NAME = re.compile(re.escape(JOURNAL_PREFIX) + r"(\d{1,19})")
-_FRAME = struct.Struct("<II")  # body length, crc32 of the body
 MAX_BODY = 1 << 24  # far above any pop batch; a bigger length is damage, not a record
 _MAX_INT = 2**63 - 1
 
@@ -89,10 +83,6 @@ _SCHEMA: dict[type, tuple[int, str]] = {
     Changed: (5, "iiii"), Renewed: (6, "iii"), Revived: (7, "ii"), Redelivered: (8, "ii"),
 }
 _BY_CODE = {code: (cls, kinds) for cls, (code, kinds) in _SCHEMA.items()}
-
-
-class JournalDamage(ValueError):
-    """Bytes that are not a whole, intact record."""
 
 
 # -- encode / decode ----------------------------------------------------------------------------
@@ -108,53 +98,17 @@ def encode_event(event: PopEvent) -> bytes:
         elif isinstance(value, bool):
             value = int(value)
         values.append(value)
-    body = json.dumps(values, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+    return frame(json.dumps(values, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
 
 
 def encode_events(events: Iterable[PopEvent]) -> bytes:
     return b"".join(encode_event(e) for e in events)
 
 
-@dataclass(frozen=True, slots=True)
-class DecodedSegment:
-    events: list[PopEvent]
-    valid_bytes: int  # the length of the intact prefix
-    damage: str | None = None  # why decoding stopped before the end (None: the whole segment was intact)
-
-
-def decode_events(data: bytes) -> DecodedSegment:
+def decode_events(data: bytes) -> DecodedSegment[PopEvent]:
     """Decode the intact prefix of a segment; stop at the first torn or damaged record."""
-    events: list[PopEvent] = []
-    pos = 0
-    view = memoryview(data)
-    while pos < len(data):
-        try:
-            event, size = _decode_one(view, pos)
-        except JournalDamage as e:
-            return DecodedSegment(events, pos, f"at byte {pos}: {e}")
-        events.append(event)
-        pos += size
-    return DecodedSegment(events, pos)
-
-
-def _decode_one(view: memoryview, pos: int) -> tuple[PopEvent, int]:
-    if len(view) - pos < _FRAME.size:
-        raise JournalDamage(f"torn record header ({len(view) - pos} bytes)")
-    length, crc = _FRAME.unpack_from(view, pos)
-    start = pos + _FRAME.size
-    if not 2 <= length <= MAX_BODY:
-        raise JournalDamage(f"impossible record length {length}")
-    if len(view) - start < length:
-        raise JournalDamage(f"torn record ({len(view) - start} of {length} bytes)")
-    body = view[start:start + length]
-    if zlib.crc32(body) != crc:
-        raise JournalDamage("checksum mismatch")
-    try:
-        return _event(json.loads(bytes(body).decode("utf-8"))), _FRAME.size + length
-    except (ValueError, TypeError, KeyError, RecursionError) as e:
-        # A good checksum over bad fields: a broken writer. Stop all the same.
-        raise JournalDamage(f"malformed record ({e})") from None
+    return segments.decode_segment(data, lambda body: _event(json.loads(bytes(body).decode("utf-8"))),
+                                   min_body=2, max_body=MAX_BODY)
 
 
 def _event(values: object) -> PopEvent:
@@ -189,109 +143,22 @@ def _int(value: object) -> int:
 # -- segments -------------------------------------------------------------------------------------
 
 
-def segment_path(directory: Path, seq: int) -> Path:
-    return directory / f"{JOURNAL_PREFIX}{seq:010d}"
-
-
 def list_segments(directory: Path) -> list[tuple[int, Path]]:
     """(number, path) of every journal segment in `directory`, oldest first."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    return sorted((int(m.group(1)), directory / n) for n in names if (m := _SEGMENT_NAME.fullmatch(n)))
+    return segments.list_segments(directory, JOURNAL_PREFIX)
 
 
-class PopJournal:
-    """Append-only segments of encoded events. append() and rotate() run on the event loop,
-    discard_before() may run in a worker thread (a snapshot write), hence the lock."""
+class PopJournal(SegmentedLog):
+    """Append-only segments of encoded events (broker/segments.py)."""
 
     def __init__(self, directory: Path) -> None:
-        self._dir = Path(directory)
-        self._lock = threading.Lock()
-        self._seq = 1
-        self._fd: int | None = None
-        self._size = 0  # bytes that reached segment _seq
-        self.write_errors = 0
-
-    @property
-    def current_seq(self) -> int:
-        return self._seq
+        super().__init__(directory, JOURNAL_PREFIX, "pop journal")
 
     def read_all(self, first: int = 0) -> tuple[list[PopEvent], list[str], int]:
         """(events of the segments numbered >= `first`, damage lines, segments read). Later appends
         go to a new segment, never after a torn tail."""
-        events: list[PopEvent] = []
-        damage: list[str] = []
-        segments = list_segments(self._dir)
-        replayed = [(n, p) for n, p in segments if n >= first]
-        for _, path in replayed:
-            try:
-                decoded = decode_events(path.read_bytes())
-            except OSError as e:
-                damage.append(f"{path.name}: cannot be read ({e.strerror or e})")
-                continue
-            events.extend(decoded.events)
-            if decoded.damage is not None:
-                damage.append(f"{path.name} {decoded.damage}; {len(decoded.events)} events before it kept")
-        with self._lock:
-            self._close_locked()
-            self._seq, self._size = max((segments[-1][0] + 1) if segments else 1, first), 0
-        return events, damage, len(replayed)
-
-    def append(self, data: bytes) -> None:
-        """Write encoded events to the current segment, in one write, no fsync. Raises OSError."""
-        if not data:
-            return
-        with self._lock:
-            written = 0
-            try:
-                if self._fd is None:
-                    self._dir.mkdir(parents=True, exist_ok=True)
-                    self._fd = os.open(segment_path(self._dir, self._seq),
-                                       os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-                written = os.write(self._fd, data)
-                if written != len(data):
-                    raise OSError(errno.ENOSPC, f"short write to the pop journal ({written} of {len(data)} bytes)")
-                self._size += written
-            except OSError:
-                self.write_errors += 1
-                if written > 0:  # a torn record: nothing after it would be replayed
-                    self._close_locked()
-                    self._seq, self._size = self._seq + 1, 0
-                elif self._size == 0:  # nothing ever reached this segment: do not leave an empty file
-                    self._close_locked()
-                    segment_path(self._dir, self._seq).unlink(missing_ok=True)
-                raise
-
-    def rotate(self) -> int:
-        """Start a new segment; return its number."""
-        with self._lock:
-            self._close_locked()
-            self._seq, self._size = self._seq + 1, 0
-            return self._seq
-
-    def discard_before(self, seq: int) -> int:
-        """Delete the segments numbered below `seq` (a durable snapshot covers them); how many."""
-        removed = 0
-        for number, path in list_segments(self._dir):
-            if number >= seq:
-                break
-            path.unlink(missing_ok=True)
-            removed += 1
-        return removed
-
-    def close(self) -> None:
-        with self._lock:
-            self._close_locked()
-
-    def _close_locked(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        read = self.read_segments(decode_events, first)
+        return read.items, read.damage, read.replayed
 
 
 # -- the store --------------------------------------------------------------------------------------

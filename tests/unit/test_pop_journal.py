@@ -72,7 +72,7 @@ def pop(ledger, offsets, next_cursor, *, now=0, invisible=MIN, auto_renew=False)
 @given(st.lists(events, max_size=12))
 def test_events_round_trip(evs):
     decoded = decode_events(encode_events(evs))
-    assert decoded.events == evs and decoded.damage is None
+    assert decoded.items == evs and decoded.damage is None
 
 
 @given(st.lists(events, min_size=1, max_size=6), st.data())
@@ -87,7 +87,7 @@ def test_a_torn_tail_at_any_byte_keeps_every_whole_record(evs, data):
         total += len(e)
         whole += 1
     decoded = decode_events(blob[:cut])
-    assert decoded.events == evs[:whole] and decoded.valid_bytes == total
+    assert decoded.items == evs[:whole] and decoded.valid_bytes == total
     assert (decoded.damage is None) == (cut == total)
 
 
@@ -100,7 +100,7 @@ def test_a_damaged_byte_ends_the_replay_at_its_record(evs, data):
     starts = [sum(len(e) for e in encoded[:i]) for i in range(len(encoded))]
     hit = max(i for i, s in enumerate(starts) if s <= at)
     decoded = decode_events(bytes(blob))
-    assert decoded.events == evs[:hit] and decoded.damage is not None
+    assert decoded.items == evs[:hit] and decoded.damage is not None
 
 
 def test_a_checksummed_record_with_bad_fields_is_damage():
@@ -113,12 +113,12 @@ def test_a_checksummed_record_with_bad_fields_is_damage():
     for body in (b"[4,\"g\",\"T\",0,1]", b"[4,\"g\",\"T\",0,1,-2]", b"[9,\"g\",\"T\",0]", b"{}",
                  b"[3,\"g\",\"T\",0,0,1,1,\"c\",2,0,[1,2]]", b"[4,\"g\",\"T\",0,true,2]", b"\xff\xfe"):
         decoded = decode_events(good + frame(body) + good)
-        assert decoded.events == [Acked(K, 1, 2)] and "malformed record" in decoded.damage, body
+        assert decoded.items == [Acked(K, 1, 2)] and "malformed record" in decoded.damage, body
 
 
 def test_zeros_after_the_last_record_are_damage_not_records():
     decoded = decode_events(encode_event(Acked(K, 1, 2)) + bytes(32))
-    assert decoded.events == [Acked(K, 1, 2)] and "impossible record length 0" in decoded.damage
+    assert decoded.items == [Acked(K, 1, 2)] and "impossible record length 0" in decoded.damage
 
 
 # -- crash and reload ---------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ def segments(directory: Path) -> list[str]:
 @given(st.lists(records, max_size=20))
 def test_records_round_trip(recs):
     decoded = decode_records(encode_records(recs))
-    assert decoded.records == recs and decoded.damage is None
+    assert decoded.items == recs and decoded.damage is None
 
 
 @given(st.lists(records, min_size=1, max_size=8), st.data())
@@ -72,7 +72,7 @@ def test_a_torn_tail_keeps_every_whole_record_before_it(recs, data):
             break
         total += len(e)
         whole += 1
-    assert decoded.records == recs[:whole]
+    assert decoded.items == recs[:whole]
     assert decoded.valid_bytes == total
     assert (decoded.damage is None) == (cut == total)
 
@@ -86,14 +86,14 @@ def test_a_damaged_byte_ends_the_replay_at_its_record(recs, data):
     decoded = decode_records(bytes(blob))
     starts = [sum(len(e) for e in encoded[:i]) for i in range(len(encoded))]
     hit = max(i for i, s in enumerate(starts) if s <= at)
-    assert decoded.records == recs[:hit]  # never a damaged record, never one after it
+    assert decoded.items == recs[:hit]  # never a damaged record, never one after it
     assert decoded.damage is not None
 
 
 def test_zeros_after_the_last_record_are_damage_not_records():
     blob = encode_record(JournalRecord(Op.SET, "T", "g", 1, 5)) + bytes(64)
     decoded = decode_records(blob)
-    assert decoded.records == [JournalRecord(Op.SET, "T", "g", 1, 5)]
+    assert decoded.items == [JournalRecord(Op.SET, "T", "g", 1, 5)]
     assert "impossible record length 0" in decoded.damage
 
 
@@ -173,7 +173,7 @@ def test_a_snapshot_retires_the_journal(tmp_path):
     assert segments(tmp_path) == []  # nothing changed since the snapshot
     m.commit("g", "T", 0, 500)
     (only,) = segments(tmp_path)
-    assert decode_records((tmp_path / only).read_bytes()).records == [JournalRecord(Op.SET, "T", "g", 0, 500)]
+    assert decode_records((tmp_path / only).read_bytes()).items == [JournalRecord(Op.SET, "T", "g", 0, 500)]
     assert crash_and_reload(tmp_path).query("g", "T", 0) == 500
 
 

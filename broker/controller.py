@@ -20,7 +20,7 @@ from broker.epoch import EpochSequence
 from broker.errors import BrokerError, FailedPreconditionError, NotFoundError, PermissionDeniedError
 from broker.fetch import FetchSession
 from broker.groups import SubscriptionGroupManager, check_group
-from broker.health import CONFIG_FILES, CONSUMER_OFFSETS, STORE, PersistenceHealth
+from broker.health import CONFIG_FILES, CONSUMER_OFFSETS, POP_STATE, STORE, PersistenceHealth
 from broker.locks import LockGrant, QueueLockManager
 from broker.long_polling import PullRequestHoldService
 from broker.metrics import BrokerMetrics, StateSnapshot
@@ -123,7 +123,10 @@ class BrokerController:
         self.pop = PopService(config=config, store=self.store, topics=self.topics, groups=self.groups,
                               offsets=self.offsets, hold=self.hold, permission=self.permission,
                               clock_ms=self.clock_ms, pop_id_floor=self.epochs.last,
-                              holds_locks=lambda group: bool(self.locks.locks(group)))
+                              holds_locks=lambda group: bool(self.locks.locks(group)),
+                              on_state=self._on_pop_state,
+                              on_moved=lambda group, to_dlq: (self.metrics.dlq if to_dlq
+                                                              else self.metrics.retries).labels(group).inc())
         self.metrics = BrokerMetrics()
         # Sends, config changes and the offset timer report disk trouble here; the server maps it to health.
         self.persistence = PersistenceHealth(self.metrics)
@@ -344,6 +347,12 @@ class BrokerController:
             log.info("queue lock expired",
                      event="lock_expire", group=lock.group, topic=lock.topic, queue_id=lock.queue_id,
                      client_id=lock.client_id, owner_epoch=lock.owner_epoch)
+
+    def _on_pop_state(self, reason: str | None) -> None:
+        if reason:
+            self.persistence.failing(POP_STATE, reason)
+        else:
+            self.persistence.ok(POP_STATE)
 
     def _live_clients(self) -> set[str]:
         return {client_id for group in self.consumers.groups() for client_id in self.consumers.consumer_ids(group)}

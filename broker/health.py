@@ -23,7 +23,8 @@ log = get_logger("tidemark.broker")
 STORE = "store"
 CONFIG_FILES = "config_files"
 CONSUMER_OFFSETS = "consumer_offsets"
-PARTS = (STORE, CONFIG_FILES, CONSUMER_OFFSETS)
+POP_STATE = "pop_state"
+PARTS = (STORE, CONFIG_FILES, CONSUMER_OFFSETS, POP_STATE)
 
 HealthListener = Callable[[bool], None]
 

@@ -38,6 +38,7 @@ from broker.errors import (
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
+    StoreError,
 )
 from broker.groups import SubscriptionGroupManager, check_group
 from broker.long_polling import PullRequestHoldService
@@ -51,6 +52,7 @@ from broker.pop.handles import (
     StaleReceiptHandleError,
     load_or_create_secret,
 )
+from broker.pop.journal import STATE_FILE_NAME as STATE_FILE
 from broker.pop.journal import PopStore
 from broker.pop.ledger import PopLedger
 from broker.retry import redelivery_copy
@@ -108,7 +110,9 @@ class PopService:
     def __init__(self, *, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
                  groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, hold: PullRequestHoldService,
                  permission: BrokerPermission, clock_ms: Callable[[], int], pop_id_floor: int,
-                 holds_locks: Callable[[str], bool] = lambda group: False) -> None:
+                 holds_locks: Callable[[str], bool] = lambda group: False,
+                 on_state: Callable[[str | None], None] = lambda reason: None,
+                 on_moved: Callable[[str, bool], None] = lambda group, to_dlq: None) -> None:
         self._config = config
         self._store = store
         self._topics = topics
@@ -118,6 +122,12 @@ class PopService:
         self._permission = permission
         self._clock_ms = clock_ms
         self._holds_locks = holds_locks
+        # Persistence trouble (why the pop state cannot be written, None once it can) and each revived
+        # delivery (its group, whether it went to the DLQ): for health and metrics.
+        self._on_state = on_state
+        self._on_moved = on_moved
+        self._journal_error: str | None = None
+        self._snapshot_error: str | None = None
         self._state = PopStore(Path(config.config_dir), pop_id_floor=pop_id_floor)
         self.ledger: PopLedger | None = None
         self._codec: ReceiptHandleCodec | None = None
@@ -132,6 +142,7 @@ class PopService:
     def load(self) -> None:
         """Read the pop state (snapshot + journal) and the receipt-handle secret."""
         self.ledger = self._state.load()
+        self.ledger.sink = self._journal
         self._codec = ReceiptHandleCodec(load_or_create_secret(Path(self._config.config_dir) / "popSecret"))
         report = self._state.report
         log.info("pop state loaded", event="pop_state_loaded", source=report.source.value,
@@ -139,10 +150,36 @@ class PopService:
         for problem in report.problems:
             log.warning("pop state: %s", problem, event="pop_state_problem")
 
+    def _journal(self, events) -> None:
+        """The ledger's sink: the events reach the journal before anything changes, or the request is
+        refused (StoreError) with nothing changed, and health says why until a write works again."""
+        try:
+            self._state.append(events)
+        except OSError as e:
+            self._set_error(journal=f"the pop journal cannot be written: {e.strerror or e}")
+            raise StoreError(f"pop state cannot be written ({e.strerror or e}); nothing was changed") from None
+        if self._journal_error is not None:
+            self._set_error(journal=None)
+
+    def _set_error(self, **errors: str | None) -> None:
+        for name, error in errors.items():
+            setattr(self, f"_{name}_error", error)
+        reason = self._journal_error or self._snapshot_error
+        if reason:
+            log.error("pop state not written: %s", reason, event="pop_state_failing")
+        self._on_state(reason)
+
     async def persist_if_dirty(self) -> None:
-        if self.ledger is not None and self._state.dirty(self.ledger):
-            pending = self._state.begin_snapshot(self.ledger)
+        if self.ledger is None or not self._state.dirty(self.ledger):
+            return
+        pending = self._state.begin_snapshot(self.ledger)
+        try:
             await asyncio.to_thread(self._state.write_snapshot, pending)
+        except OSError as e:
+            self._set_error(snapshot=f"{STATE_FILE} cannot be written: {e.strerror or e}")
+            return  # still dirty: the next tick tries again
+        if self._snapshot_error is not None:
+            self._set_error(snapshot=None)
 
     async def shutdown(self) -> None:
         try:
@@ -317,6 +354,12 @@ class PopService:
         """Copy every delivery whose invisible time is over to its next attempt (or the DLQ)."""
         if self.ledger is None or not self._permission.writable:
             return
+        try:
+            await self._revive_batch()
+        except StoreError:
+            return  # the store or the pop journal cannot be written: health says so; the next scan retries
+
+    async def _revive_batch(self) -> None:
         for e in self.ledger.expired(self._clock_ms(), REVIVE_BATCH):
             config = self._groups.ensure(e.key.group)
             if config.consume_orderly and e.entry.attempt < config.retry_max_times + 1:
@@ -340,6 +383,7 @@ class PopService:
             await self._store.put_messages([redelivery_copy(
                 message, topic=target.name, queue_id=queue_id, reconsume_times=h.attempt,
                 max_reconsume_times=config.retry_max_times)])
+            self._on_moved(h.group, to_dlq)
             if to_dlq:
                 self.dead_lettered += 1
                 log.warning("message moved to DLQ", event="dlq", group=h.group, msg_id=message.msg_id,
@@ -354,7 +398,10 @@ class PopService:
     def renew(self, alive: Container[str]) -> None:
         """Extend the auto-renewed deliveries of clients still alive."""
         if self.ledger is not None:
-            self.ledger.renewals(self._clock_ms(), alive)
+            try:
+                self.ledger.renewals(self._clock_ms(), alive)
+            except StoreError:
+                pass  # not renewed this time (health says why); they are due again at the next sweep
 
     # ---- admin ---------------------------------------------------------------------------------------
 

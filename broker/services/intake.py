@@ -153,7 +153,7 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                  refusal_answers: Callable[[str], Callable[[BrokerError], Any] | None] = lambda method: None) -> None:
         self.budget = budget
         self.guard = guard  # None: authentication and authorization are off
-        # method path -> how a unary call of it answers an access refusal (None: it aborts)
+        # method path -> how its calls answer an access refusal in the response (None: they abort)
         self._refusal_answers = refusal_answers
         self.undecodable = 0
         self._bad_request_log = _Throttled()

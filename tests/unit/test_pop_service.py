@@ -159,3 +159,41 @@ def test_a_group_is_consumed_either_by_pop_or_by_queue_owners(tmp_path, clock):
         with pytest.raises(FailedPreconditionError, match="consumed by pop"):
             await b.lock_queues("poppers", "127.0.0.1@c2", [("T", 0)])
     run(tmp_path, scenario)
+
+
+def test_a_pop_journal_that_cannot_be_written_refuses_changes_and_shows_in_health(tmp_path, clock, monkeypatch):
+    import errno
+    import os
+
+    from broker.errors import StoreError
+
+    async def scenario(b):
+        await send(b, b"m")
+        [r] = await b.pop.receive(request())
+        real = os.write
+
+        def full(fd, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "write", full)
+        with pytest.raises(StoreError, match="nothing was changed"):
+            b.pop.ack("g", "T", r.handle)
+        assert "pop_state" in b.persistence.failing_parts()
+        monkeypatch.setattr(os, "write", real)
+        b.pop.ack("g", "T", r.handle)  # the failed ack changed nothing: the handle is still the delivery
+        assert b.persistence.healthy and committed(b) == 1
+    run(tmp_path, scenario)
+
+
+def test_revived_and_dead_lettered_deliveries_are_counted_by_group(tmp_path, clock):
+    async def scenario(b):
+        b.groups.update("g", retry_max_times=1)
+        await send(b, b"m")
+        for _ in range(2):
+            await b.pop.receive(request())
+            clock.now += 10_000
+            await b.pop.revive_expired()
+        sample = b.metrics.registry.get_sample_value
+        assert sample("tidemark_retries_total", {"group": "g"}) == 1
+        assert sample("tidemark_dlq_messages_total", {"group": "g"}) == 1
+    run(tmp_path, scenario)

@@ -92,13 +92,14 @@ class QueueLease:
                 self._idle.set()
 
     async def wait_idle(self, timeout_s: float) -> bool:
-        """Wait until no listener batch of this lease runs; False on timeout."""
-        if self.running == 0 or self.status is LeaseStatus.ENDED:
-            return True
-        self._idle = asyncio.Event()
+        """Wait until no listener batch of this lease runs; False on timeout. Checked again after each
+        wake-up: a batch that finished and was submitted again in one step (a skipped batch run
+        after a resume) set the event while another batch was already running."""
         try:
             async with asyncio.timeout(timeout_s):
-                await self._idle.wait()
+                while self.running and self.status is not LeaseStatus.ENDED:
+                    self._idle = asyncio.Event()
+                    await self._idle.wait()
             return True
         except TimeoutError:
             return False

@@ -78,6 +78,23 @@ def test_wait_idle_returns_when_the_last_batch_finishes():
     asyncio.run(scenario())
 
 
+def test_wait_idle_keeps_waiting_when_a_batch_finishes_and_another_starts_in_one_step():
+    """A skipped batch submitted again after a resume: the last batch finished (the idle event was set)
+    and the next one started before the waiter woke. The waiter must not take that for idle."""
+    async def scenario():
+        le = lease()
+        le.batch_started()
+        waiter = asyncio.ensure_future(le.wait_idle(5))
+        await asyncio.sleep(0)
+        le.batch_finished()
+        le.batch_started()
+        await asyncio.sleep(0.01)
+        assert not waiter.done()
+        le.batch_finished()
+        assert await waiter
+    asyncio.run(scenario())
+
+
 # -- listener results -------------------------------------------------------------------------
 
 

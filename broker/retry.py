@@ -55,18 +55,8 @@ def redelivery_copy(message: StoredMessage, *, topic: str, queue_id: int, recons
     if message.msg_id:
         props.setdefault(PropertyKey.ORIGIN_MESSAGE_ID, message.msg_id)
     props[PropertyKey.MAX_RECONSUME_TIMES] = str(max_reconsume_times)
-    return MessageRecord(
-        topic=topic,
-        queue_id=queue_id,
-        body=message.body,
-        properties=props,
-        tags_code=tag_hash(props.get(PropertyKey.TAGS, "")),
-        flag=message.flag,
-        born_timestamp=message.born_timestamp,
-        born_host=message.born_host,
-        reconsume_times=reconsume_times,
-        sys_flag=message.sys_flag,
-    )
+    return message.rewritten(topic=topic, queue_id=queue_id, properties=props,
+                             tags_code=tag_hash(props.get(PropertyKey.TAGS, "")), reconsume_times=reconsume_times)
 
 
 class SendBackService:

@@ -78,18 +78,8 @@ def real_record(message: StoredMessage) -> MessageRecord:
     props.pop(PropertyKey.DELAY, None)
     if not timed:
         props.pop(PropertyKey.DELIVER_TIMESTAMP, None)
-    return MessageRecord(
-        topic=topic,
-        queue_id=queue_id,
-        body=message.body,
-        properties=props,
-        tags_code=tag_hash(props.get(PropertyKey.TAGS, "")),
-        flag=message.flag,
-        born_timestamp=message.born_timestamp,
-        born_host=message.born_host,
-        reconsume_times=message.reconsume_times,
-        sys_flag=message.sys_flag,
-    )
+    return message.rewritten(topic=topic, queue_id=queue_id, properties=props,
+                             tags_code=tag_hash(props.get(PropertyKey.TAGS, "")))
 
 
 class ScheduleMessageService:
@@ -163,18 +153,8 @@ class ScheduleMessageService:
             log.warning("no delay level to wait with, delivering early", event="schedule_early",
                         offset=message.queue_offset, deliver_at=deliver_at)
             return real_record(message)
-        return MessageRecord(
-            topic=SCHEDULE_TOPIC,
-            queue_id=level - 1,
-            body=message.body,
-            properties=dict(message.properties),
-            tags_code=now + self._levels[level - 1],
-            flag=message.flag,
-            born_timestamp=message.born_timestamp,
-            born_host=message.born_host,
-            reconsume_times=message.reconsume_times,
-            sys_flag=message.sys_flag,
-        )
+        return message.rewritten(topic=SCHEDULE_TOPIC, queue_id=level - 1, properties=dict(message.properties),
+                                 tags_code=now + self._levels[level - 1])
 
     def progress(self) -> dict[int, int]:
         return dict(self._offsets)

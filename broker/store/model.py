@@ -112,6 +112,23 @@ class StoredMessage:
     def msg_id(self) -> str:
         return self.properties.get(PropertyKey.UNIQ_KEY, "")
 
+    def rewritten(self, *, topic: str, queue_id: int, properties: dict[str, str], tags_code: int,
+                  reconsume_times: int | None = None) -> MessageRecord:
+        """This message put again elsewhere (its real topic after a delay, a retry topic, a DLQ, the
+        next delay level): body, flag, born time and host, sys flag kept; the rest as given."""
+        return MessageRecord(
+            topic=topic,
+            queue_id=queue_id,
+            body=self.body,
+            properties=properties,
+            tags_code=tags_code,
+            flag=self.flag,
+            born_timestamp=self.born_timestamp,
+            born_host=self.born_host,
+            reconsume_times=self.reconsume_times if reconsume_times is None else reconsume_times,
+            sys_flag=self.sys_flag,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class PutResult:

@@ -45,6 +45,12 @@ class BrokerConfig:
     port: int = _setting(DEFAULT_PORT, "gRPC port (RocketMQ's 10911); 0 picks a free port")
     broker_name: str = _setting("broker-a", "Broker name in routes and message queues")
     advertise_addr: str = _setting("", "host:port clients should use (default host:port)")
+    cluster_name: str = _setting("DefaultCluster", "Cluster the broker belongs to (shown by `tidemark cluster list`)")
+    namesrv: str = _setting("", "Name servers host:port[,host:port...] to register with (empty: none; clients "
+                            "then need the broker's address)")
+    namesrv_tls_ca: str = _setting("", "PEM CA bundle of the name servers' certificates (empty: plaintext)")
+    register_interval_ms: int = _setting(5000, "How often the broker registers with the name servers (and at once "
+                                         "after a topic or permission change)")
     flush: FlushDiskType = _setting(FlushDiskType.ASYNC, "async: fsync every flush interval; sync: ack after fsync")
     flush_interval_ms: int = _setting(500, "Async flush interval of the commitlog")
     commitlog_segment_size: int = _setting(64 * 1024 * 1024, "Bytes per commitlog segment file")
@@ -105,12 +111,24 @@ class BrokerConfig:
         return Path(self.data_dir) / "config"
 
 
+def namesrv_addresses(c: BrokerConfig) -> tuple[str, ...]:
+    return tuple(a.strip() for a in c.namesrv.split(",") if a.strip())
+
+
 def _problems(c: BrokerConfig):
     if not 0 <= c.port <= 65535:
         yield f"port must be 0..65535, got {c.port}"
     if not c.broker_name or any(ch.isspace() for ch in c.broker_name):
         yield f"broker_name must be non-empty without spaces, got {c.broker_name!r}"
-    for name in ("flush_interval_ms", "flush_consumer_offset_interval_ms", "channel_expired_timeout_ms",
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,127}", c.cluster_name):
+        yield f"cluster_name must be 1-127 of A-Z a-z 0-9 _ . -, got {c.cluster_name!r}"
+    for address in namesrv_addresses(c):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            yield f"namesrv address {address!r} is not host:port"
+    if c.namesrv_tls_ca and not (os.path.isfile(c.namesrv_tls_ca) and os.access(c.namesrv_tls_ca, os.R_OK)):
+        yield f"namesrv_tls_ca {c.namesrv_tls_ca} is not a readable file"
+    for name in ("register_interval_ms", "flush_interval_ms", "flush_consumer_offset_interval_ms", "channel_expired_timeout_ms",
                  "lock_expiry_ms", "commitlog_segment_size", "consume_queue_entries_per_file",
                  "max_open_consume_queue_files",
                  "max_message_size", "default_topic_queue_nums", "retry_queue_nums"):

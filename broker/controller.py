@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from broker.auth import AuthStore
-from broker.config import BrokerConfig, FlushDiskType
+from broker.config import BrokerConfig, FlushDiskType, namesrv_addresses
 from broker.config_file import ConfigFile
 from broker.consumer_manager import ConsumerInfo, ConsumerManager
 from broker.epoch import EpochSequence
@@ -30,6 +30,7 @@ from broker.permission import BrokerPermission
 from broker.pop.service import PopService
 from broker.pull import PullService, QueueReadAccess
 from broker.queries import MessageQueries
+from broker.registration import NameServerRegistrar
 from broker.retry import SendBackService
 from broker.schedule import ScheduleMessageService
 from broker.send import SendService
@@ -39,6 +40,7 @@ from broker.topics import TopicConfigManager
 from tidemark.logs import get_logger
 from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator, retry_topic
 from tidemark.scheduler import Scheduler
+from tidemark.v1 import admin_pb2, namesrv_pb2
 
 log = get_logger("tidemark.broker")
 
@@ -141,6 +143,11 @@ class BrokerController:
                                          on_leave=self._on_consumer_leave,
                                          on_change=lambda g: self.metrics.membership_changes.labels(g).inc())
         self.scheduler = Scheduler("broker")
+        self.registrar = NameServerRegistrar(
+            namesrv_addresses(config), build=self.registration,
+            fingerprint=lambda: (self.topics.version, self.permission.readable, self.permission.writable),
+            tls_ca_file=config.namesrv_tls_ca)
+        self.started_ms = self.clock_ms()
         self.ready = False
         self._started = False
 
@@ -170,6 +177,10 @@ class BrokerController:
         s.every("revive-pop-deliveries", POP_REVIVE_INTERVAL_S, self.pop.revive_expired)
         s.every("renew-pop-deliveries", POP_RENEW_INTERVAL_S, lambda: self.pop.renew(self._live_clients()))
         s.every("persist-pop-state", self.config.flush_consumer_offset_interval_ms / 1000, self.pop.persist_if_dirty)
+        if self.registrar.addresses:
+            self.registrar.start()
+            await self.registrar.register_all()  # routable before ready (a name server that is down costs its timeout)
+            s.every("register-with-namesrv", self.config.register_interval_ms / 1000, self.registrar.register_all)
         await s.start()
         await self.schedule.start()
         self._started = True
@@ -184,6 +195,7 @@ class BrokerController:
         self.ready = False
         self.hold.close()
         steps = [("scheduler", self.scheduler.stop), ("schedule", self.schedule.shutdown)] if self._started else []
+        steps += [("name server registration", self.registrar.stop)]
         steps += [("consumer offsets", self._persist_offsets_now), ("pop state", self.pop.shutdown),
                   ("config files", self.flush_configs),
                   ("store", self.store.shutdown)]
@@ -385,7 +397,8 @@ class BrokerController:
             file.retry()
 
     async def flush_configs(self) -> None:
-        """Wait until topics.json, subscriptionGroup.json, users.json and acls.json hold every change so far.
+        """Wait until topics.json, subscriptionGroup.json, users.json and acls.json hold every change so far,
+        and the name servers know the topics as they are now.
 
         Every file is flushed even after one failed, so each rolls back what it could not write (a user
         deleted with its rules changes two files); then the first failure is raised."""
@@ -397,6 +410,19 @@ class BrokerController:
                 failed = failed or e
         if failed is not None:
             raise failed
+        await self.registrar.sync_if_changed()
+
+    def registration(self) -> namesrv_pb2.BrokerRegistration:
+        """What the broker tells the name servers: who it is and every topic it serves."""
+        c = self.config
+        return namesrv_pb2.BrokerRegistration(
+            cluster_name=c.cluster_name, broker_name=c.broker_name, broker_id=0, address=c.address, version=VERSION,
+            readable=self.permission.readable, writable=self.permission.writable,
+            uptime_ms=max(0, self.clock_ms() - self.started_ms),
+            topics=[admin_pb2.TopicConfig(name=t.name, read_queue_nums=t.read_queue_nums,
+                                          write_queue_nums=t.write_queue_nums, readable=t.readable,
+                                          writable=t.writable, system=t.system)
+                    for t in self.topics.list(include_system=True)])
 
     @property
     def configs_dirty(self) -> bool:

@@ -59,6 +59,7 @@ class TopicConfigManager:
         self._path = Path(config_dir) / "topics.json"
         self._topics: dict[str, TopicConfig] = {}
         self.file = ConfigFile(self._path, self._document)
+        self.version = 0  # counts changes (the name server registration is sent again when it moves)
 
     def load(self) -> int:
         doc = load_json(self._path, log) or {}
@@ -79,6 +80,7 @@ class TopicConfigManager:
 
     def _save(self, name: str, before: TopicConfig | None) -> None:
         after = self._topics.get(name)
+        self.version += 1
 
         def undo() -> None:
             if self._topics.get(name) is after:  # nobody changed it since
@@ -86,6 +88,7 @@ class TopicConfigManager:
                     self._topics.pop(name, None)
                 else:
                     self._topics[name] = before
+                self.version += 1
 
         self.file.changed(undo)
 

@@ -21,6 +21,7 @@ from client.settings import ClientSettings, build
 from client.types import (
     AclRuleInfo,
     BrokerInfo,
+    ClusterBroker,
     CommitOffsetsResult,
     GroupConfig,
     GroupDescription,
@@ -52,8 +53,7 @@ class Admin:
         s = self.settings
 
         async def connect() -> BrokerCluster:
-            cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s,
-                                    credentials=s.credentials, tls=s.tls)
+            cluster = BrokerCluster.for_settings(s)
             try:
                 await cluster.discover()
             except BaseException:
@@ -105,6 +105,10 @@ class Admin:
         async def go() -> list[BrokerInfo]:
             return [await c.broker_info() for c in (await self._brokers()).values()]
         return self._run(go())
+
+    def cluster_list(self) -> list[ClusterBroker]:
+        """Every broker with its cluster, role and last registration (see BrokerCluster.cluster)."""
+        return self._run(self.cluster.cluster())
 
     def update_broker_permission(self, broker_name: str, *, readable: bool, writable: bool) -> BrokerInfo:
         async def go() -> BrokerInfo:

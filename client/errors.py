@@ -132,40 +132,45 @@ _HANDSHAKE_MARKERS = ("Tls handshake failed", "Ssl handshake failed", "SSL_ERROR
 _CLOSED_MARKERS = ("Socket closed", "Connection reset", "Broken pipe", "connection closed", "End of TCP stream")
 
 
-def _connect_failure(details: str, address: str, tls: bool | None, client_cert: bool) -> TidemarkError | None:
+def _connect_failure(details: str, address: str, tls: bool | None, client_cert: bool,
+                     peer: str = "broker") -> TidemarkError | None:
     """A one-line error for a connection that failed during setup, or None for any other failure."""
-    where = address or "the broker"
+    where = f"{peer} {address}" if address else f"the {peer}"
+    handshake_with = address if address and peer == "broker" else where  # brokers' messages name the address only
     for marker, reason in _TLS_FAILURES:
         if marker in details:
-            return TlsHandshakeError(f"TLS handshake with {where} failed: {reason}", code=grpc.StatusCode.UNAVAILABLE)
+            reason = reason.replace("the broker", f"the {peer}")
+            return TlsHandshakeError(f"TLS handshake with {handshake_with} failed: {reason}",
+                                     code=grpc.StatusCode.UNAVAILABLE)
     if any(m in details for m in _HANDSHAKE_MARKERS):
         reason = details.split("last error: ", 1)[-1]
-        return TlsHandshakeError(f"TLS handshake with {where} failed: {reason}", code=grpc.StatusCode.UNAVAILABLE)
+        return TlsHandshakeError(f"TLS handshake with {handshake_with} failed: {reason}",
+                                 code=grpc.StatusCode.UNAVAILABLE)
     if "failed to connect" not in details or not any(m in details for m in _CLOSED_MARKERS):
         return None
     # The broker hung up before any answer. That is also what a broker going down looks like, so
     # these stay retriable UnavailableErrors; the hint says which setting to look at.
     if tls is False:
-        hint = "the broker may require TLS (set tls, or --tls / --tls-ca-file)"
+        hint = f"the {peer} may require TLS (set tls, or --tls / --tls-ca-file)"
     elif tls and not client_cert:
-        hint = ("the broker may require a client certificate (mutual TLS: set tls cert_file/key_file, or "
+        hint = (f"the {peer} may require a client certificate (mutual TLS: set tls cert_file/key_file, or "
                 "--tls-cert-file/--tls-key-file)")
     elif tls:
-        hint = "the broker may not trust this client's certificate (mutual TLS)"
+        hint = f"the {peer} may not trust this client's certificate (mutual TLS)"
     else:
         hint = "it may require TLS or a client certificate"
-    return UnavailableError(f"broker {where} closed the connection during setup: {hint}",
+    return UnavailableError(f"{where} closed the connection during setup: {hint}",
                             code=grpc.StatusCode.UNAVAILABLE)
 
 
 def from_rpc_error(error: grpc.RpcError, *, address: str = "", tls: bool | None = None,
-                   client_cert: bool = False) -> TidemarkError:
+                   client_cert: bool = False, peer: str = "broker") -> TidemarkError:
     """The client exception for a failed call. `tls`/`client_cert` say how the connection dials, so a
     connection the broker hung up on gets a hint about which setting to check."""
     code = error.code() if hasattr(error, "code") else None
     details = (error.details() if hasattr(error, "details") else None) or str(code)
     if code is grpc.StatusCode.UNAVAILABLE:
-        failure = _connect_failure(details, address, tls, client_cert)
+        failure = _connect_failure(details, address, tls, client_cert, peer)
         if failure is not None:
             return failure
     cls = _BY_STATUS.get(code, InternalError)
@@ -177,5 +182,5 @@ def from_rpc_error(error: grpc.RpcError, *, address: str = "", tls: bool | None 
         if key == ERROR_CLASS_KEY and value in _BY_BROKER_CLASS:
             cls = _BY_BROKER_CLASS[value]
     if cls is UnavailableError and address:
-        details = f"broker {address}: {details}"
+        details = f"{peer} {address}: {details}"
     return cls(details, code=code)

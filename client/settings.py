@@ -36,6 +36,7 @@ from tidemark.protocol import (
 )
 
 BROKER_ENV = "TIDEMARK_BROKER"
+NAMESRV_ENV = "TIDEMARK_NAMESRV"
 
 
 def default_brokers() -> tuple[str, ...]:
@@ -43,15 +44,26 @@ def default_brokers() -> tuple[str, ...]:
     return parse_brokers(os.environ.get(BROKER_ENV) or DEFAULT_BROKER_ADDR)
 
 
+def default_namesrv() -> tuple[str, ...]:
+    """Name server addresses from TIDEMARK_NAMESRV (comma list), else none."""
+    value = os.environ.get(NAMESRV_ENV, "")
+    return parse_addresses(value, "name server") if value.strip() else ()
+
+
 def parse_brokers(value: str | Sequence[str]) -> tuple[str, ...]:
+    return parse_addresses(value, "broker")
+
+
+def parse_addresses(value: str | Sequence[str], kind: str) -> tuple[str, ...]:
+    """host:port addresses from a comma list or a sequence; InvalidArgumentError naming a bad one."""
     items = value.split(",") if isinstance(value, str) else list(value)
     out = tuple(a.strip() for a in items if a and a.strip())
     if not out:
-        raise InvalidArgumentError("at least one broker address (host:port) is needed")
+        raise InvalidArgumentError(f"at least one {kind} address (host:port) is needed")
     for address in out:
         host, sep, port = address.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise InvalidArgumentError(f"broker address {address!r} is not host:port")
+            raise InvalidArgumentError(f"{kind} address {address!r} is not host:port")
     return out
 
 
@@ -95,7 +107,10 @@ def _default_consume_timestamp() -> str:
 @dataclass(frozen=True, kw_only=True)
 class ClientSettings:
     brokers: tuple[str, ...] = _setting(None, "Broker addresses host:port (default: $TIDEMARK_BROKER or "
-                                        "127.0.0.1:10911)", factory=default_brokers)
+                                        "127.0.0.1:10911, unless name servers are used)")
+    namesrv: tuple[str, ...] = _setting(None, "Name server addresses host:port; when set, brokers are found "
+                                        "through them and `brokers` is not used (default: $TIDEMARK_NAMESRV, "
+                                        "unless `brokers` is given)")
     client_ip: str = _setting(None, "IP part of the client id ip@instanceName", factory=local_ip)
     instance_name: str = _setting("", "Instance part of the client id (default: the pid)")
     request_timeout_s: float = _setting(3.0, "Timeout of one request to a broker")
@@ -108,7 +123,17 @@ class ClientSettings:
               "key_file=, server_name=) (default: TLS when $TIDEMARK_TLS_CA_FILE is set)", factory=tls_from_env)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "brokers", parse_brokers(self.brokers))
+        # Given brokers and no name servers: those brokers, whatever $TIDEMARK_NAMESRV says.
+        if self.namesrv is None:
+            object.__setattr__(self, "namesrv", default_namesrv() if self.brokers is None else ())
+        elif isinstance(self.namesrv, str) and not self.namesrv.strip():
+            object.__setattr__(self, "namesrv", ())
+        elif self.namesrv:
+            object.__setattr__(self, "namesrv", parse_addresses(self.namesrv, "name server"))
+        if self.brokers is None or (self.namesrv and not self.brokers):
+            object.__setattr__(self, "brokers", () if self.namesrv else default_brokers())
+        else:
+            object.__setattr__(self, "brokers", parse_brokers(self.brokers))
         object.__setattr__(self, "credentials", coerce_credentials(self.credentials))
         object.__setattr__(self, "tls", coerce_tls(self.tls))
         if self.request_timeout_s <= 0:

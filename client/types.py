@@ -222,3 +222,23 @@ class AclRuleInfo:
     decision: str
     source_ips: tuple[str, ...] = ()
     brokers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterBroker:
+    """A broker as the name servers (or, without them, the broker itself) describe it."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    address: str
+    version: str
+    readable: bool
+    writable: bool
+    topic_count: int | None  # None when the broker was asked directly (no name servers)
+    last_update_ms: int  # 0 when the broker was asked directly
+    uptime_ms: int | None
+
+    @property
+    def role(self) -> str:
+        return "master" if self.broker_id == 0 else "replica"

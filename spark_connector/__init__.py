@@ -5,6 +5,8 @@
 
     df = (spark.read.format("tidemark")
           .option("brokers", "127.0.0.1:10911").option("topic", "orders").load())
+    df = (spark.read.format("tidemark")   # brokers found through name servers
+          .option("namesrv", "127.0.0.1:9876").option("topic", "orders").load())
     q = (spark.readStream.format("tidemark")
          .option("brokers", "127.0.0.1:10911").option("topic", "orders").option("group", "spark-orders")
          .option("maxOffsetsPerTrigger", "10000").load()
@@ -13,6 +15,9 @@
 
 Read options (string values, case-insensitive keys):
   brokers               host:port[,host:port] (default: $TIDEMARK_BROKER or 127.0.0.1:10911)
+  namesrv               host:port[,host:port] of name servers; when given, brokers are found through
+                        them (and `brokers` is not used). Default: $TIDEMARK_NAMESRV of the driver,
+                        unless `brokers` is given
   topic                 topic name, or a comma list (reads)
   group                 consumer group: startingOffsets=committed reads it, streaming commits to it
   startingOffsets       earliest | latest | committed | {"topic": {"broker": {"queueId": offset}}}
@@ -30,7 +35,7 @@ Read options (string values, case-insensitive keys):
   commitOffsets         streaming, default true: commit each finished micro-batch's end offsets to
                         `group`, so the group's consume stats show the query's lag
   pollTimeoutMs         how long a task waits for a message it knows exists (default 60000)
-Write options: brokers, topic. Columns: body (binary|string, required), keys, tags, properties
+Write options: brokers, namesrv, topic. Columns: body (binary|string, required), keys, tags, properties
 (map<string,string>), queue_id (int), broker (string). mode("append") only.
 """
 

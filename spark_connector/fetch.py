@@ -30,7 +30,7 @@ from client.errors import RequestTimeoutError, UnavailableError
 from client.message import MessageQueue
 from spark_connector.arrow import records_to_batch
 from spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
-from spark_connector.options import Security
+from spark_connector.options import Security, describe_servers
 from tidemark.logs import get_logger
 from tidemark.protocol import parse_tag_expression
 
@@ -48,9 +48,15 @@ class FetchSettings:
     poll_timeout_s: float
     tag_expression: str = "*"
     security: Security = Security()
+    namesrv: tuple[str, ...] = ()  # when set, the brokers are found through these name servers
 
     def client_kwargs(self) -> dict[str, Any]:
-        return {"brokers": self.brokers, **self.security.client_kwargs()}
+        # namesrv always goes along (even empty): the driver's choice, not the executor's $TIDEMARK_NAMESRV.
+        return {"brokers": self.brokers, "namesrv": self.namesrv, **self.security.client_kwargs()}
+
+    @property
+    def servers(self) -> str:
+        return describe_servers(tuple(self.brokers.split(",")), self.namesrv)
 
 
 def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -179,7 +185,7 @@ def _stalled(settings: FetchSettings, rng: OffsetRange, expected: int) -> int:
         log.warning("tidemark data loss while reading", event="data_loss", detail=message)
         return rng.end
     raise RequestTimeoutError(f"{rng.mq}: no message at offset {expected} within {settings.poll_timeout_s:.0f}s "
-                       f"(reading [{rng.start}, {rng.end}); queue offsets [{low}, {high}]) from {settings.brokers}; "
+                       f"(reading [{rng.start}, {rng.end}); queue offsets [{low}, {high}]) from {settings.servers}; "
                        f"raise option pollTimeoutMs or check the broker")
 
 

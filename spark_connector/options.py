@@ -17,7 +17,7 @@ from typing import Any
 from client.errors import InvalidArgumentError
 from client.message import MessageQueue
 from client.security import TlsSettings
-from client.settings import default_brokers, parse_brokers
+from client.settings import default_brokers, default_namesrv, parse_addresses, parse_brokers
 from spark_connector.offsets import EARLIEST, LATEST, OffsetFormatError, offsets_from_json
 from tidemark.auth import Credentials
 from tidemark.protocol import (
@@ -31,12 +31,12 @@ from tidemark.protocol import (
 # Credentials and TLS, for reads and writes alike; secretKey never leaves ReadOptions/WriteOptions
 # in text (Credentials keeps it out of repr; Spark redacts option keys matching "secret" in plans).
 SECURITY_OPTIONS = ("accessKey", "secretKey", "tls", "tlsCaFile", "tlsCertFile", "tlsKeyFile")
-READ_OPTIONS = ("brokers", "topic", "group", "startingOffsets", "endingOffsets", "startingTimestamp",
+READ_OPTIONS = ("brokers", "namesrv", "topic", "group", "startingOffsets", "endingOffsets", "startingTimestamp",
                 "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "tagExpression", "commitOffsets",
                 "pollTimeoutMs", *SECURITY_OPTIONS)
 STREAM_ONLY = ("maxOffsetsPerTrigger", "commitOffsets")
 BATCH_ONLY = ("endingOffsets",)
-WRITE_OPTIONS = ("brokers", "topic", *SECURITY_OPTIONS)
+WRITE_OPTIONS = ("brokers", "namesrv", "topic", *SECURITY_OPTIONS)
 # Keys Spark itself may put into a data source's options (DataFrameWriter.save(path), writeStream).
 SPARK_OWNED = frozenset({"path", "checkpointlocation", "queryname"})
 
@@ -71,10 +71,23 @@ class Security:
                 if value is not None}
 
 
+def _client_kwargs(brokers: tuple[str, ...], namesrv: tuple[str, ...], security: Security) -> dict[str, Any]:
+    """brokers, namesrv, credentials and tls for a Producer, Admin or RecordReader. namesrv is always
+    passed, empty or not: the driver decided where the brokers are found, so $TIDEMARK_NAMESRV in the
+    process that opens the connection (an executor) cannot override an explicit `brokers` option."""
+    return {"brokers": ",".join(brokers), "namesrv": namesrv, **security.client_kwargs()}
+
+
+def describe_servers(brokers: tuple[str, ...], namesrv: tuple[str, ...]) -> str:
+    """Where the clients look for brokers, for error messages."""
+    return f"name servers {','.join(namesrv)}" if namesrv else ",".join(brokers)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReadOptions:
     streaming: bool
     brokers: tuple[str, ...]
+    namesrv: tuple[str, ...] = ()
     topics: tuple[str, ...]
     group: str | None
     starting: OffsetSpec
@@ -93,13 +106,14 @@ class ReadOptions:
         return ",".join(self.brokers)
 
     def client_kwargs(self) -> dict[str, Any]:
-        """brokers, credentials and tls for a Producer, Admin or RecordReader."""
-        return {"brokers": self.brokers_csv, **self.security.client_kwargs()}
+        """brokers, namesrv, credentials and tls for a Producer, Admin or RecordReader."""
+        return _client_kwargs(self.brokers, self.namesrv, self.security)
 
 
 @dataclass(frozen=True, kw_only=True)
 class WriteOptions:
     brokers: tuple[str, ...]
+    namesrv: tuple[str, ...] = ()
     topic: str
     security: Security
 
@@ -108,7 +122,7 @@ class WriteOptions:
         return ",".join(self.brokers)
 
     def client_kwargs(self) -> dict[str, Any]:
-        return {"brokers": self.brokers_csv, **self.security.client_kwargs()}
+        return _client_kwargs(self.brokers, self.namesrv, self.security)
 
 
 def _canonical(options: Mapping[str, str], allowed: tuple[str, ...], what: str) -> dict[str, str]:
@@ -150,6 +164,26 @@ def parse_brokers_option(value: str | None) -> tuple[str, ...]:
         return parse_brokers(value) if value is not None else default_brokers()
     except InvalidArgumentError as e:
         raise OptionError(f"tidemark option 'brokers': {e}") from None
+
+
+def parse_namesrv_option(value: str | None, *, brokers_given: bool) -> tuple[str, ...]:
+    """Name servers of option 'namesrv'; without it $TIDEMARK_NAMESRV (read here, on the driver), unless
+    option 'brokers' was given: an explicit broker list is not overridden by the environment."""
+    if value is None:
+        try:
+            return () if brokers_given else default_namesrv()
+        except InvalidArgumentError as e:
+            raise OptionError(f"tidemark option 'namesrv' (default from $TIDEMARK_NAMESRV): {e}") from None
+    try:
+        return parse_addresses(value, "name server")
+    except InvalidArgumentError as e:
+        raise OptionError(f"tidemark option 'namesrv': {e}") from None
+
+
+def parse_servers(opts: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(brokers, namesrv) of the options; with name servers the brokers are found through them."""
+    namesrv = parse_namesrv_option(opts.get("namesrv"), brokers_given="brokers" in opts)
+    return parse_brokers_option(opts.get("brokers")), namesrv
 
 
 def parse_topics(value: str | None, *, single: bool = False) -> tuple[str, ...]:
@@ -201,7 +235,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         if name in opts:
             other = "batch" if streaming else "streaming"
             raise OptionError(f"tidemark option {name!r} applies to {other} queries only, not to {kind} reads")
-    brokers = parse_brokers_option(opts.get("brokers"))
+    brokers, namesrv = parse_servers(opts)
     topics = parse_topics(opts.get("topic"))
     group = opts.get("group")
     if group is not None:
@@ -232,7 +266,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     except ValueError as e:
         raise OptionError(f"tidemark option 'tagExpression': {e}") from None
     return ReadOptions(
-        streaming=streaming, brokers=brokers, topics=topics, group=group, starting=starting, ending=ending,
+        streaming=streaming, brokers=brokers, namesrv=namesrv, topics=topics, group=group, starting=starting, ending=ending,
         starting_timestamp=starting_timestamp,
         max_offsets_per_trigger=None if max_offsets is None else parse_int("maxOffsetsPerTrigger", max_offsets,
                                                                            minimum=1),
@@ -249,7 +283,8 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     """Validate the options of df.write / df.writeStream."""
     opts = _canonical(options, WRITE_OPTIONS, "write")
-    return WriteOptions(brokers=parse_brokers_option(opts.get("brokers")),
+    brokers, namesrv = parse_servers(opts)
+    return WriteOptions(brokers=brokers, namesrv=namesrv,
                         topic=parse_topics(opts.get("topic"), single=True)[0], security=parse_security(opts))
 
 

@@ -68,9 +68,9 @@ def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[
     """Executor side: the partition's messages as Arrow record batches (about fetch.BATCH_ROWS rows each)."""
     if not isinstance(partition, QueueRangePartition):
         return  # Spark's placeholder partition when a batch read has no range
-    settings = FetchSettings(brokers=options.brokers_csv, fail_on_data_loss=options.fail_on_data_loss,
-                             poll_timeout_s=options.poll_timeout_s, tag_expression=options.tag_expression,
-                             security=options.security)
+    settings = FetchSettings(brokers=options.brokers_csv, namesrv=options.namesrv,
+                             fail_on_data_loss=options.fail_on_data_loss, poll_timeout_s=options.poll_timeout_s,
+                             tag_expression=options.tag_expression, security=options.security)
     yield from fetch_range(settings, partition.range)
 
 

@@ -20,7 +20,7 @@ from grpc_health.v1 import health_pb2_grpc
 from bench.procs import free_port, orphan_safe
 from tidemark.v1 import admin_pb2_grpc, membership_pb2_grpc, messaging_pb2_grpc, offsets_pb2_grpc
 
-__all__ = ["BrokerProcess", "BrokerStubs", "ChildProcess", "free_port", "orphan_safe"]
+__all__ = ["BrokerProcess", "BrokerStubs", "ChildProcess", "NamesrvProcess", "free_port", "orphan_safe"]
 
 READY = re.compile(r"event=broker_ready .*port=(\d+)")
 
@@ -154,3 +154,40 @@ class BrokerProcess(ChildProcess):
     def restart(self) -> BrokerProcess:
         self.stop()
         return self.start()
+
+
+class NamesrvProcess(ChildProcess):
+    """A `tidemark namesrv` process on a free loopback port (it keeps no files; its log goes to log_path)."""
+
+    READY = re.compile(r"event=namesrv_ready .*port=(\d+)")
+
+    def __init__(self, log_dir: Path, *, port: int | None = None, args: tuple[str, ...] = ()) -> None:
+        self.port = port or free_port()
+        self.args = tuple(args)
+        self.proc: subprocess.Popen | None = None
+        self.log_path = Path(log_dir) / f"namesrv-{self.port}.log"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> NamesrvProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(orphan_safe([sys.executable, "-m", "broker.namesrv.server", "--port",
+                                                      str(self.port), *self.args]),
+                                         stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log_path.read_bytes()[offset:].decode("utf-8", "replace")
+            if self.READY.search(text):
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"name server exited with {self.proc.returncode} during startup:\n{text[-3000:]}")
+            time.sleep(0.05)
+        self.kill()
+        raise TimeoutError(f"name server not ready after {timeout}s")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text("utf-8", "replace") if self.log_path.exists() else ""

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from brokerproc import BrokerProcess  # noqa: E402
+from brokerproc import BrokerProcess, NamesrvProcess  # noqa: E402
 
 
 @pytest.fixture
@@ -29,6 +29,21 @@ def broker_factory(tmp_path: Path) -> Iterator:
     yield start
     for b in started:
         b.kill()
+
+
+@pytest.fixture
+def namesrv_factory(tmp_path: Path) -> Iterator:
+    """Start name servers on demand (`args` e.g. ("--expiry-ms", "2000")); all are killed at the end."""
+    started: list[NamesrvProcess] = []
+
+    def start(*, args: tuple[str, ...] = ()) -> NamesrvProcess:
+        n = NamesrvProcess(tmp_path / "namesrv", args=args)
+        started.append(n)
+        return n.start()
+
+    yield start
+    for n in started:
+        n.kill()
 
 
 @pytest.fixture

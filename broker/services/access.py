@@ -148,8 +148,10 @@ NEEDS_V2: dict[str, Needs | object] = {
     "QueryOffset": lambda r: [on_topic(r.message_queue.topic.name, SUB, GET)],
 }
 
-# Served to anyone: orchestrators probe health, and reflection only describes the API.
-OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection")
+# Served to anyone: orchestrators probe health, and reflection only describes the API. The name server
+# keeps no users: whoever reaches its port may register a broker (run it where only brokers and clients can).
+OPEN_SERVICES = ("grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                 "tidemark.v1.NameServerService")
 
 
 def needs_for(method_path: str) -> Needs | object | None:

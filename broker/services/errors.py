@@ -49,14 +49,24 @@ H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
 
 
 def rpc(handler: H) -> H:
-    """Wrap a unary or client-streaming handler: domain errors abort with their status and message."""
+    """Wrap a unary or client-streaming handler of a broker servicer: domain errors abort with their
+    status and message; an answered request's config changes (a topic or group created on the way)
+    are durable first."""
+    return _wrap(handler, lambda servicer: servicer._b.flush_configs())
 
+
+def stateless_rpc(handler: H) -> H:
+    """`rpc` for a servicer with nothing to flush (the name server)."""
+    return _wrap(handler, None)
+
+
+def _wrap(handler: H, after: Callable[[Any], Awaitable[None]] | None) -> H:
     @functools.wraps(handler)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             response = await handler(self, request, context)
-            # An acknowledged request's config changes (a topic or group created on the way) are durable.
-            await self._b.flush_configs()
+            if after is not None:
+                await after(self)
             return response
         except grpc.aio.AbortError:
             raise  # the handler ended the call itself

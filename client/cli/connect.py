@@ -64,5 +64,5 @@ def resolve(args: argparse.Namespace) -> None:
 
 def client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword settings of a Producer, consumer or Admin built by a command."""
-    return {"brokers": args.brokers, "request_timeout_s": args.timeout, "credentials": args.credentials,
+    return {"brokers": args.brokers, "namesrv": args.namesrv, "request_timeout_s": args.timeout, "credentials": args.credentials,
             "tls": args.tls}

@@ -14,7 +14,8 @@ from tidemark.auth import Credentials, signed_metadata
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("health", parents=[common], help="exit 0 when every broker reports SERVING")
+    p = sub.add_parser("health", parents=[common], help="exit 0 when every broker (with --namesrv: every name "
+                                                        "server) reports SERVING")
     p.set_defaults(run=health)
 
 
@@ -31,7 +32,8 @@ def check(address: str, timeout: float, *, credentials: Credentials | None = Non
 
 
 def health(args: argparse.Namespace) -> int:
-    rows = [{"broker": address, "status": check(address, args.timeout, credentials=args.credentials, tls=args.tls)}
-            for address in args.brokers]
-    emit(rows, ["broker", "status"], as_json=args.json)
+    kind = "broker" if args.brokers else "namesrv"
+    rows = [{kind: address, "status": check(address, args.timeout, credentials=args.credentials, tls=args.tls)}
+            for address in args.brokers or args.namesrv]
+    emit(rows, [kind, "status"], as_json=args.json)
     return 0 if all(r["status"] == "SERVING" for r in rows) else 1

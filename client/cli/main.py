@@ -11,6 +11,7 @@ import sys
 
 from client.cli import (
     auth_cmds,
+    cluster_cmds,
     connect,
     dlq_cmds,
     group_cmds,
@@ -19,7 +20,14 @@ from client.cli import (
     topic_cmds,
 )
 from client.errors import TidemarkError
-from client.settings import BROKER_ENV, default_brokers, parse_brokers
+from client.settings import (
+    BROKER_ENV,
+    NAMESRV_ENV,
+    default_brokers,
+    default_namesrv,
+    parse_addresses,
+    parse_brokers,
+)
 from tidemark.logs import setup_logging
 
 
@@ -29,18 +37,25 @@ def client_options() -> argparse.ArgumentParser:
                         help=f"broker address(es), comma separated (default ${BROKER_ENV} or 127.0.0.1:10911)")
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     common.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per-request timeout")
+    common.add_argument("--namesrv", default=None, metavar="HOST:PORT",
+                        help=f"name server address(es), comma separated (default ${NAMESRV_ENV}); brokers are then "
+                             f"found through them and --broker is not used")
     connect.add_arguments(common)
     return common
 
 
 def build_parser() -> argparse.ArgumentParser:
     from broker.app import build_parser as broker_parser
+    from broker.namesrv.server import build_parser as namesrv_parser
 
     parser = argparse.ArgumentParser(prog="tidemark", description="Tidemark message broker and tools.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker = sub.add_parser("broker", help="run a broker in the foreground")
     broker_parser(broker)
     broker.set_defaults(run=_run_broker)
+    namesrv = sub.add_parser("namesrv", help="run a name server in the foreground")
+    namesrv_parser(namesrv)
+    namesrv.set_defaults(run=_run_namesrv)
     common = client_options()
     topic_cmds.register(sub, common)
     message_cmds.register(sub, common)
@@ -48,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     dlq_cmds.register(sub, common)
     health_cmds.register(sub, common)
     auth_cmds.register(sub, common)
+    cluster_cmds.register(sub, common)
     return parser
 
 
@@ -57,13 +73,23 @@ def _run_broker(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _run_namesrv(args: argparse.Namespace) -> int:
+    from broker.namesrv.server import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "broker":
+    if args.command not in ("broker", "namesrv"):
         setup_logging("ERROR", "plain")
         try:
-            args.brokers = parse_brokers(args.broker) if args.broker else default_brokers()
+            # --broker without --namesrv: those brokers, whatever $TIDEMARK_NAMESRV says.
+            args.namesrv = (parse_addresses(args.namesrv, "name server") if args.namesrv
+                            else () if args.broker else default_namesrv())
+            args.brokers = (parse_brokers(args.broker) if args.broker
+                            else () if args.namesrv else default_brokers())
             connect.resolve(args)
         except TidemarkError as e:
             parser.error(str(e))

@@ -39,6 +39,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--system", action="store_true", help="include %%RETRY%%, %%DLQ%% and schedule topics")
     p.set_defaults(run=list_topics)
 
+    p = tsub.add_parser("route", parents=[common], help="which brokers serve the topic, at which address, "
+                                                        "with how many queues")
+    p.add_argument("name")
+    p.set_defaults(run=route)
+
     p = tsub.add_parser("describe", parents=[common], help="queues per broker with min/max offsets")
     p.add_argument("name")
     p.set_defaults(run=describe)
@@ -74,6 +79,16 @@ def update(args: argparse.Namespace) -> int:
         names = [d.broker_name for d in a.route(args.name).queue_datas]
     emit([_config_row(b, t) for b, t in zip(names, updated, strict=True)],
          ["topic", "broker", "read_queues", "write_queues", "perm"], as_json=args.json)
+    return 0
+
+
+def route(args: argparse.Namespace) -> int:
+    with admin(args) as a:
+        r = a.route(args.name)
+    emit([{"topic": r.topic, "broker": d.broker_name, "address": d.broker_addr, "read_queues": d.read_queue_nums,
+           "write_queues": d.write_queue_nums, "perm": ("R" if d.readable else "-") + ("W" if d.writable else "-")}
+          for d in r.queue_datas], ["topic", "broker", "address", "read_queues", "write_queues", "perm"],
+         as_json=args.json)
     return 0
 
 

@@ -106,8 +106,7 @@ class ConsumerCore:
 
     async def start(self, *, assigned: set[MessageQueue] | None = None) -> None:
         s = self.settings
-        self.cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s,
-                                     credentials=s.credentials, tls=s.tls)
+        self.cluster = BrokerCluster.for_settings(s)
         try:
             await self._start(assigned)
         except BaseException:

@@ -64,8 +64,7 @@ class RecordReader:
         s = self.settings
 
         async def connect() -> BrokerCluster:
-            cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s,
-                                    credentials=s.credentials, tls=s.tls)
+            cluster = BrokerCluster.for_settings(s)
             try:
                 await cluster.discover()
             except BaseException:

@@ -115,8 +115,7 @@ class AsyncProducer:
 
     async def start(self) -> None:
         s = self.settings
-        self._cluster = BrokerCluster(s.brokers, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s,
-                                      credentials=s.credentials, tls=s.tls)
+        self._cluster = BrokerCluster.for_settings(s)
         try:
             await self._cluster.discover()
         except BaseException:

@@ -1,9 +1,18 @@
 """BrokerCluster: the brokers a client talks to, and which queues of a topic each one holds.
 
-There is no name server: the client is given broker addresses, learns each
-broker's name from GetBrokerInfo, and merges GetRoute answers into a topic
-route (a topic may have queues on several brokers). Routes are cached for
-route_refresh_interval_s, like RocketMQ's periodic route refresh.
+Two ways to find the brokers:
+
+- **name servers** (`namesrv`, RocketMQ's way): the brokers register with
+  them; the client asks any name server for the cluster (which broker name
+  is at which address) and for each topic's route. When no name server
+  answers, the client keeps the brokers and routes it last had, however old,
+  and keeps working with them.
+- **a fixed list of brokers**: the client learns each broker's name from
+  GetBrokerInfo and merges the brokers' GetRoute answers into a topic route
+  (a topic may have queues on several brokers).
+
+Either way routes are cached for route_refresh_interval_s, like RocketMQ's
+periodic route refresh.
 """
 
 from __future__ import annotations
@@ -11,29 +20,45 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from client.errors import InvalidArgumentError, NotFoundError, TidemarkError, UnavailableError
 from client.message import MessageQueue
 from client.remoting.connection import BrokerConnection
+from client.remoting.namesrv import NameServerClient
 from client.security import TlsSettings
-from client.types import QueueData, TopicRoute
+from client.types import ClusterBroker, QueueData, TopicRoute
 from tidemark.auth import Credentials
 from tidemark.logs import get_logger
+
+if TYPE_CHECKING:
+    from client.settings import ClientSettings
 
 log = get_logger("tidemark.client.cluster")
 
 
 class BrokerCluster:
-    def __init__(self, addresses: Sequence[str], *, timeout_s: float = 3.0, route_ttl_s: float = 30.0,
-                 credentials: Credentials | None = None, tls: TlsSettings | None = None) -> None:
+    def __init__(self, addresses: Sequence[str], *, namesrv: Sequence[str] = (), timeout_s: float = 3.0,
+                 route_ttl_s: float = 30.0, credentials: Credentials | None = None,
+                 tls: TlsSettings | None = None) -> None:
         self._timeout = timeout_s
         self._route_ttl = route_ttl_s
         self._credentials = credentials
         self._tls = tls
-        self._by_address: dict[str, BrokerConnection] = {a: self._connect(a) for a in addresses}
+        # With name servers the brokers come from them, and `addresses` is not used.
+        self.namesrv = (NameServerClient(namesrv, timeout_s=timeout_s, credentials=credentials, tls=tls)
+                        if namesrv else None)
+        self._by_address: dict[str, BrokerConnection] = {} if namesrv else {a: self._connect(a) for a in addresses}
         self._by_name: dict[str, BrokerConnection] = {}
+        self._cluster_at: float | None = None  # when the name servers last told the cluster view
         self._routes: dict[str, tuple[float, TopicRoute]] = {}
         self._lock = asyncio.Lock()
+
+    @classmethod
+    def for_settings(cls, s: ClientSettings) -> BrokerCluster:
+        """The cluster a client component with these settings talks to."""
+        return cls(s.brokers, namesrv=s.namesrv, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s,
+                   credentials=s.credentials, tls=s.tls)
 
     def _connect(self, address: str) -> BrokerConnection:
         """Every connection of the cluster dials the same way: the same credentials and TLS settings."""
@@ -51,9 +76,22 @@ class BrokerCluster:
             await conn.close()
         self._by_address.clear()
         self._by_name.clear()
+        if self.namesrv is not None:
+            await self.namesrv.close()
 
-    async def discover(self) -> dict[str, BrokerConnection]:
+    def _adopt(self, broker_name: str, address: str) -> BrokerConnection:
+        """The connection serving broker_name from now on (a name may move to a new address)."""
+        conn = self._by_address.get(address)
+        if conn is None:
+            conn = self._by_address[address] = self._connect(address)
+        conn.broker_name = broker_name
+        self._by_name[broker_name] = conn
+        return conn
+
+    async def discover(self, *, refresh: bool = False) -> dict[str, BrokerConnection]:
         """Learn the name of every reachable broker; UnavailableError if none answers."""
+        if self.namesrv is not None:
+            return await self._discover_from_namesrv(refresh)
         async with self._lock:
             missing = [c for c in self._by_address.values() if c.broker_name is None]
             results = await asyncio.gather(*(c.broker_info() for c in missing), return_exceptions=True)
@@ -81,10 +119,48 @@ class BrokerCluster:
                            code=failures[0].code if failures else None)
             return dict(self._by_name)
 
+    async def _discover_from_namesrv(self, refresh: bool) -> dict[str, BrokerConnection]:
+        """The brokers the name servers know (a master per name, or its lowest replica while it has
+        none), asked again once route_ttl_s old; the last view while no name server answers."""
+        async with self._lock:
+            fresh = self._cluster_at is not None and time.monotonic() - self._cluster_at < self._route_ttl
+            if self._by_name and fresh and not refresh:
+                return dict(self._by_name)
+            try:
+                brokers = await self.namesrv.cluster()
+            except UnavailableError as e:
+                if not self._by_name:
+                    raise
+                log.warning("no name server answers; keeping the brokers known before", event="namesrv_unreachable",
+                            error=e, brokers=len(self._by_name))
+                return dict(self._by_name)
+            serving = {}
+            for b in sorted(brokers, key=lambda b: b.broker_id, reverse=True):
+                serving[b.broker_name] = b.address  # the lowest id wins
+            if not serving:
+                raise UnavailableError(f"the name servers ({', '.join(self.namesrv.addresses)}) know no broker yet")
+            self._by_name = {}
+            for name, address in serving.items():
+                self._adopt(name, address)
+            self._cluster_at = time.monotonic()
+            return dict(self._by_name)
+
+    async def cluster(self) -> list[ClusterBroker]:
+        """Every broker the name servers know; without name servers, the brokers of the list as they
+        describe themselves."""
+        if self.namesrv is not None:
+            return await self.namesrv.cluster()
+        out = []
+        for conn in (await self.discover()).values():
+            info = await conn.broker_info()
+            out.append(ClusterBroker("", info.broker_name, 0, info.broker_addr, info.version, info.readable,
+                                     info.writable, None, 0, None))
+        return sorted(out, key=lambda b: b.broker_name)
+
     async def connection(self, broker_name: str) -> BrokerConnection:
         conn = self._by_name.get(broker_name)
         if conn is None:
-            await self.discover()
+            await self.discover(refresh=True)
             conn = self._by_name.get(broker_name)
         if conn is None:
             raise NotFoundError(f"broker {broker_name!r} is not among the known brokers ({', '.join(self._by_name)})")
@@ -98,6 +174,8 @@ class BrokerCluster:
         cached = self._routes.get(topic)
         if cached is not None and not refresh and time.monotonic() - cached[0] < self._route_ttl:
             return cached[1]
+        if self.namesrv is not None:
+            return await self._route_from_namesrv(topic, cached)
         brokers = await self.discover()
         answers = await asyncio.gather(*(c.route(topic) for c in brokers.values()), return_exceptions=True)
         datas: list[QueueData] = []
@@ -117,6 +195,25 @@ class BrokerCluster:
                 self._by_address[d.broker_addr] = conn
                 self._by_name[d.broker_name] = conn
         route = TopicRoute(topic, tuple(sorted(datas, key=lambda d: d.broker_name)))
+        self._routes[topic] = (time.monotonic(), route)
+        return route
+
+    async def _route_from_namesrv(self, topic: str, cached: tuple[float, TopicRoute] | None) -> TopicRoute:
+        try:
+            route = await self.namesrv.route(topic)
+        except NotFoundError:
+            self._routes.pop(topic, None)
+            raise
+        except UnavailableError as e:
+            if cached is None:
+                raise
+            log.warning("no name server answers; keeping the last route", event="namesrv_unreachable",
+                        topic=topic, error=e)
+            return cached[1]
+        for d in route.queue_datas:
+            if self._by_name.get(d.broker_name) is None or self._by_name[d.broker_name].address != d.broker_addr:
+                self._adopt(d.broker_name, d.broker_addr)
+        route = TopicRoute(topic, tuple(sorted(route.queue_datas, key=lambda d: d.broker_name)))
         self._routes[topic] = (time.monotonic(), route)
         return route
 

@@ -132,7 +132,7 @@ def test_security_options_reach_the_clients_and_never_show_the_secret():
     fetch = FetchSettings(brokers="h:1", fail_on_data_loss=True, poll_timeout_s=1, security=read.security)
     assert fetch.client_kwargs()["credentials"].secret_key == SECRET and SECRET not in repr(fetch)
     assert parse_read_options({**BASE, "tls": "true"}, streaming=False).security.tls == TlsSettings()
-    assert parse_read_options(BASE, streaming=False).client_kwargs() == {"brokers": "127.0.0.1:1"}
+    assert parse_read_options(BASE, streaming=False).client_kwargs() == {"brokers": "127.0.0.1:1", "namesrv": ()}
 
 
 @pytest.mark.parametrize(("extra", "message"), [

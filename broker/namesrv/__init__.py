@@ -1,0 +1,1 @@
+"""The name server: brokers register, clients find them (RocketMQ's NameServer)."""

@@ -1,0 +1,59 @@
+"""NameServerService: registrations in, routes and the cluster view out (a thin adapter over RouteTable)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+
+from broker.namesrv.routes import Registration, RouteTable, TopicQueues
+from broker.services.errors import stateless_rpc
+from tidemark.logs import get_logger
+from tidemark.v1 import admin_pb2, namesrv_pb2, namesrv_pb2_grpc
+
+log = get_logger("tidemark.namesrv")
+
+
+def registration(pb: namesrv_pb2.BrokerRegistration) -> Registration:
+    return Registration(
+        cluster_name=pb.cluster_name, broker_name=pb.broker_name, broker_id=pb.broker_id, address=pb.address,
+        version=pb.version, readable=pb.readable, writable=pb.writable, uptime_ms=pb.uptime_ms,
+        topics=tuple(TopicQueues(t.name, t.read_queue_nums, t.write_queue_nums, t.readable, t.writable)
+                     for t in pb.topics))
+
+
+class NameServerServicer(namesrv_pb2_grpc.NameServerServiceServicer):
+    def __init__(self, table: RouteTable, clock_ms: Callable[[], int]) -> None:
+        self._table = table
+        self._clock_ms = clock_ms
+
+    @stateless_rpc
+    async def RegisterBroker(self, request, context: grpc.aio.ServicerContext):
+        r = registration(request.broker)
+        if self._table.register(r, self._clock_ms()):
+            log.info("broker registered", event="broker_registered", cluster=r.cluster_name, broker=r.broker_name,
+                     broker_id=r.broker_id, addr=r.address, topics=len(r.topics))
+        return namesrv_pb2.RegisterBrokerResponse(expiry_ms=self._table.expiry_ms)
+
+    @stateless_rpc
+    async def UnregisterBroker(self, request, context: grpc.aio.ServicerContext):
+        removed = self._table.unregister(request.broker_name, request.broker_id, request.address)
+        if removed:
+            log.info("broker unregistered", event="broker_unregistered", broker=request.broker_name,
+                     broker_id=request.broker_id, addr=request.address)
+        return namesrv_pb2.UnregisterBrokerResponse(removed=removed)
+
+    @stateless_rpc
+    async def GetRoute(self, request, context: grpc.aio.ServicerContext):
+        return admin_pb2.TopicRoute(topic=request.topic, queue_datas=[admin_pb2.QueueData(
+            broker_name=q.broker_name, broker_addr=q.address, read_queue_nums=q.read_queue_nums,
+            write_queue_nums=q.write_queue_nums, readable=q.readable, writable=q.writable)
+            for q in self._table.route(request.topic)])
+
+    @stateless_rpc
+    async def GetClusterInfo(self, request, context: grpc.aio.ServicerContext):
+        return namesrv_pb2.ClusterInfo(brokers=[namesrv_pb2.RegisteredBroker(
+            cluster_name=r.cluster_name, broker_name=r.broker_name, broker_id=r.broker_id, address=r.address,
+            version=r.version, readable=r.readable, writable=r.writable, topic_count=b.user_topic_count,
+            last_update_ms=b.last_update_ms, uptime_ms=r.uptime_ms)
+            for b in self._table.brokers() for r in (b.registration,)])

@@ -1,0 +1,110 @@
+"""NameServerRegistrar: keeps the broker registered with every name server it was given.
+
+Like RocketMQ's registerBrokerAll: the whole registration (identity,
+permission, every topic config) goes to each name server on a timer, so a
+name server that restarts with an empty table knows the broker again within
+one interval, and a broker that dies leaves the routes after the name
+servers' expiry. A change (a topic created, deleted or updated, the broker's
+permission) is registered at once instead: `sync_if_changed` is awaited by
+the request that made it, so a client that created a topic finds its route
+at the name servers as soon as the answer arrives.
+
+A name server that does not answer delays nothing beyond `timeout_s` and
+fails nothing: the next tick tries again, and the log says once when a
+name server stops and starts answering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
+
+import grpc
+
+from tidemark.logs import get_logger
+from tidemark.v1 import namesrv_pb2, namesrv_pb2_grpc
+
+log = get_logger("tidemark.broker.registration")
+
+
+class State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class NameServerRegistrar:
+    def __init__(self, addresses: Sequence[str], *, build: Callable[[], namesrv_pb2.BrokerRegistration],
+                 fingerprint: Callable[[], Hashable], tls_ca_file: str = "", timeout_s: float = 3.0) -> None:
+        self.addresses = tuple(addresses)
+        self._build = build
+        self._fingerprint = fingerprint
+        self._tls_ca_file = tls_ca_file
+        self._timeout = timeout_s
+        self.state = State.NEW
+        self._stubs: dict[str, namesrv_pb2_grpc.NameServerServiceStub] = {}
+        self._channels: list[grpc.aio.Channel] = []
+        self._registered: Hashable = None  # the fingerprint of the last registration sent
+        self.errors: dict[str, str | None] = {a: None for a in self.addresses}  # last failure per name server
+        self.registrations = 0
+        self._lock = asyncio.Lock()
+
+    def start(self) -> None:
+        """Open the channels (on the running loop: grpc.aio channels are bound to it)."""
+        if self.state is not State.NEW:
+            return
+        credentials = None
+        if self._tls_ca_file:
+            credentials = grpc.ssl_channel_credentials(root_certificates=Path(self._tls_ca_file).read_bytes())
+        for address in self.addresses:
+            channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
+                       else grpc.aio.insecure_channel(address))
+            self._channels.append(channel)
+            self._stubs[address] = namesrv_pb2_grpc.NameServerServiceStub(channel)
+        self.state = State.RUNNING
+
+    async def register_all(self) -> None:
+        """Send the current registration to every name server (the timer's job)."""
+        if self.state is not State.RUNNING:
+            return
+        async with self._lock:
+            fingerprint, request = self._fingerprint(), namesrv_pb2.RegisterBrokerRequest(broker=self._build())
+            results = await asyncio.gather(*(self._call(a, "RegisterBroker", request) for a in self.addresses))
+            if any(results):
+                self._registered = fingerprint
+                self.registrations += 1
+
+    async def sync_if_changed(self) -> None:
+        """Register at once when the registration changed since the last one sent (cheap otherwise)."""
+        if self.state is State.RUNNING and self._fingerprint() != self._registered:
+            await self.register_all()
+
+    async def stop(self) -> None:
+        """Unregister from every name server (the broker's routes go at once), then close."""
+        if self.state is not State.RUNNING:
+            self.state = State.STOPPED
+            return
+        self.state = State.STOPPED
+        r = self._build()
+        request = namesrv_pb2.UnregisterBrokerRequest(broker_name=r.broker_name, broker_id=r.broker_id,
+                                                      address=r.address)
+        await asyncio.gather(*(self._call(a, "UnregisterBroker", request) for a in self.addresses))
+        for channel in self._channels:
+            await channel.close()
+
+    async def _call(self, address: str, method: str, request) -> bool:
+        try:
+            await getattr(self._stubs[address], method)(request, timeout=self._timeout)
+        except grpc.RpcError as e:
+            error = f"{e.code().name}: {e.details()}"
+            if self.errors[address] is None:
+                log.warning("name server %s does not take the registration: %s", address, error,
+                            event="namesrv_unreachable", namesrv=address, method=method)
+            self.errors[address] = error
+            return False
+        if self.errors[address] is not None:
+            log.info("name server %s answers again", address, event="namesrv_reachable", namesrv=address)
+            self.errors[address] = None
+        return True

@@ -26,6 +26,13 @@ _INIT_USER = re.compile(r"[A-Za-z0-9_.-]{1,64}:[\x21-\x7e]{8,256}")
 REQUEST_OVERHEAD_BYTES = 64 * 1024
 
 
+class ReplicationMode(enum.Enum):
+    """When a master answers a send relative to its replicas (RocketMQ's ASYNC_MASTER / SYNC_MASTER)."""
+
+    ASYNC = "async"
+    SYNC = "sync"
+
+
 class FlushDiskType(enum.Enum):
     """RocketMQ's flushDiskType: when a send is acknowledged relative to fsync."""
 
@@ -49,6 +56,12 @@ class BrokerConfig:
     namesrv: str = _setting("", "Name servers host:port[,host:port...] to register with (empty: none; clients "
                             "then need the broker's address)")
     namesrv_tls_ca: str = _setting("", "PEM CA bundle of the name servers' certificates (empty: plaintext)")
+    broker_id: int = _setting(0, "0: the master of broker_name; above 0: a replica of it (needs master)")
+    master: str = _setting("", "host:port of the master a replica copies (broker_id above 0)")
+    replication: ReplicationMode = _setting(ReplicationMode.ASYNC, "async: answer sends at once; sync: answer only "
+                                            "once a replica has them (master)")
+    replication_timeout_ms: int = _setting(3000, "Sync replication: how long a send waits for a replica before it "
+                                           "fails (UNAVAILABLE)")
     register_interval_ms: int = _setting(5000, "How often the broker registers with the name servers (and at once "
                                          "after a topic or permission change)")
     flush: FlushDiskType = _setting(FlushDiskType.ASYNC, "async: fsync every flush interval; sync: ack after fsync")
@@ -128,7 +141,17 @@ def _problems(c: BrokerConfig):
             yield f"namesrv address {address!r} is not host:port"
     if c.namesrv_tls_ca and not (os.path.isfile(c.namesrv_tls_ca) and os.access(c.namesrv_tls_ca, os.R_OK)):
         yield f"namesrv_tls_ca {c.namesrv_tls_ca} is not a readable file"
-    for name in ("register_interval_ms", "flush_interval_ms", "flush_consumer_offset_interval_ms", "channel_expired_timeout_ms",
+    if not 0 <= c.broker_id < 2**31:
+        yield f"broker_id must be 0..{2**31 - 1}, got {c.broker_id}"
+    elif c.broker_id and not c.master:
+        yield f"broker_id {c.broker_id} makes this broker a replica: give its master (host:port)"
+    elif not c.broker_id and c.master:
+        yield "master is for replicas: give broker_id above 0 (0 is the master itself)"
+    if c.master:
+        host, _, port = c.master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            yield f"master address {c.master!r} is not host:port"
+    for name in ("replication_timeout_ms", "register_interval_ms", "flush_interval_ms", "flush_consumer_offset_interval_ms", "channel_expired_timeout_ms",
                  "lock_expiry_ms", "commitlog_segment_size", "consume_queue_entries_per_file",
                  "max_open_consume_queue_files",
                  "max_message_size", "default_topic_queue_nums", "retry_queue_nums"):
@@ -240,8 +263,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in fields():
         flag = "--" + f.name.replace("_", "-")
         text = f.metadata["help"].replace("%", "%%")  # argparse formats help strings with %
-        if f.name == "flush":
-            parser.add_argument(flag, choices=[m.value for m in FlushDiskType], default=None, help=text)
+        if isinstance(f.default, enum.Enum):
+            parser.add_argument(flag, choices=[m.value for m in type(f.default)], default=None, help=text)
         elif isinstance(f.default, bool):
             parser.add_argument(flag, nargs="?", const="true", default=None, metavar="BOOL", help=text)
         else:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from broker.auth import AuthStore
-from broker.config import BrokerConfig, FlushDiskType, namesrv_addresses
+from broker.config import BrokerConfig, FlushDiskType, ReplicationMode, namesrv_addresses
 from broker.config_file import ConfigFile
 from broker.consumer_manager import ConsumerInfo, ConsumerManager
 from broker.epoch import EpochSequence
@@ -31,6 +31,7 @@ from broker.pop.service import PopService
 from broker.pull import PullService, QueueReadAccess
 from broker.queries import MessageQueries
 from broker.registration import NameServerRegistrar
+from broker.replication import ReplicaSync, ReplicationSource
 from broker.retry import SendBackService
 from broker.schedule import ScheduleMessageService
 from broker.send import SendService
@@ -104,16 +105,27 @@ class BrokerController:
         self.locks = QueueLockManager(epochs=self.epochs, expiry_ms=config.lock_expiry_ms)
         self.offsets = ConsumerOffsetManager(config_dir, epochs=self.epochs, ownership=self.locks,
                                              allow_empty_on_corruption=config.force_empty_offsets)
-        self.permission = BrokerPermission(config.broker_name)
+        self.permission = BrokerPermission(config.broker_name, replica_of=config.master)
         self.hold = PullRequestHoldService()
         self.schedule = ScheduleMessageService(store=self.store, config_dir=config_dir,
                                                levels_ms=config.delay_levels_ms, clock_ms=self.clock_ms,
                                                can_deliver=lambda: self.permission.writable)
         self.commits = OffsetCommitService(store=self.store, topics=self.topics, offsets=self.offsets,
                                            groups=self.groups, on_reset=self.hold.notify)
+        # A master serves its replicas' streams; a replica copies its master (broker/replication.py).
+        self.replication = ReplicationSource(self.store, broker_name=config.broker_name,
+                                             segment_size=config.commitlog_segment_size,
+                                             timeout_s=config.replication_timeout_ms / 1000) \
+            if not config.broker_id else None
+        self.replica = ReplicaSync(master=config.master, store=self.store, topics=self.topics, groups=self.groups,
+                                   offsets=self.offsets, broker_name=config.broker_name, broker_id=config.broker_id,
+                                   segment_size=config.commitlog_segment_size, after_mirror=self.flush_configs,
+                                   tls_ca_file=config.namesrv_tls_ca) if config.broker_id else None
+        sync = self.replication is not None and config.replication is ReplicationMode.SYNC
         self.sender = SendService(config=config, store=self.store, topics=self.topics,
                                   permission=self.permission, schedule=self.schedule,
-                                  ids=MessageIdGenerator(), clock_ms=self.clock_ms)
+                                  ids=MessageIdGenerator(), clock_ms=self.clock_ms,
+                                  replicated=self.replication.wait_replicated if sync else None)
         self.read_access = QueueReadAccess(topics=self.topics, groups=self.groups, offsets=self.offsets,
                                            locks=self.locks, permission=self.permission)
         self.puller = PullService(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
@@ -162,6 +174,8 @@ class BrokerController:
         self.pop.load()
         self.topics.ensure_system_topic(SCHEDULE_TOPIC, len(self.config.delay_levels_ms))
         self.store.add_dispatch_listener(self.hold.notify)
+        if self.replication is not None:
+            self.store.add_dispatch_listener(self.replication.on_append)
         return StartupReport(recovery, offsets, topics, groups)
 
     async def start(self) -> None:
@@ -177,6 +191,9 @@ class BrokerController:
         s.every("revive-pop-deliveries", POP_REVIVE_INTERVAL_S, self.pop.revive_expired)
         s.every("renew-pop-deliveries", POP_RENEW_INTERVAL_S, lambda: self.pop.renew(self._live_clients()))
         s.every("persist-pop-state", self.config.flush_consumer_offset_interval_ms / 1000, self.pop.persist_if_dirty)
+        if self.replica is not None:
+            self.replica.start()
+            s.every("mirror-master-metadata", 1.0, self.replica.mirror_metadata)
         if self.registrar.addresses:
             self.registrar.start()
             await self.registrar.register_all()  # routable before ready (a name server that is down costs its timeout)
@@ -196,6 +213,8 @@ class BrokerController:
         self.hold.close()
         steps = [("scheduler", self.scheduler.stop), ("schedule", self.schedule.shutdown)] if self._started else []
         steps += [("name server registration", self.registrar.stop)]
+        if self.replica is not None:
+            steps += [("replication", self.replica.stop)]
         steps += [("consumer offsets", self._persist_offsets_now), ("pop state", self.pop.shutdown),
                   ("config files", self.flush_configs),
                   ("store", self.store.shutdown)]
@@ -416,7 +435,9 @@ class BrokerController:
         """What the broker tells the name servers: who it is and every topic it serves."""
         c = self.config
         return namesrv_pb2.BrokerRegistration(
-            cluster_name=c.cluster_name, broker_name=c.broker_name, broker_id=0, address=c.address, version=VERSION,
+            cluster_name=c.cluster_name, broker_name=c.broker_name, broker_id=c.broker_id, address=c.address,
+            version=VERSION, replica_lag_bytes=self.replica.lag_bytes if self.replica is not None else 0,
+            replica_lag_ms=self.replica.lag_ms if self.replica is not None else 0,
             readable=self.permission.readable, writable=self.permission.writable,
             uptime_ms=max(0, self.clock_ms() - self.started_ms),
             topics=[admin_pb2.TopicConfig(name=t.name, read_queue_nums=t.read_queue_nums,

@@ -43,10 +43,14 @@ class SubscriptionGroupManager:
         self._groups: dict[str, GroupConfig] = {}
 
     def load(self) -> int:
-        doc = load_json(self._path, log) or {}
+        self._groups = self._parse(load_json(self._path, log) or {})
+        return len(self._groups)
+
+    def _parse(self, doc: dict) -> dict[str, GroupConfig]:
+        groups = {}
         for name, raw in doc.get("subscriptionGroupTable", {}).items():
             try:
-                self._groups[name] = GroupConfig(
+                groups[name] = GroupConfig(
                     group=name,
                     consume_enable=bool(raw.get("consumeEnable", True)),
                     consume_broadcast_enable=bool(raw.get("consumeBroadcastEnable", True)),
@@ -56,7 +60,25 @@ class SubscriptionGroupManager:
                 )
             except (TypeError, ValueError, AttributeError):
                 log.warning("skipping malformed group entry", event="group_skip", group=name)
-        return len(self._groups)
+        return groups
+
+    def document(self) -> dict:
+        """subscriptionGroup.json's content (what a replica mirrors)."""
+        return self._document()
+
+    def mirror(self, doc: dict) -> bool:
+        """A replica's copy of its master's groups (`document()`), replaced whole; True when it changed."""
+        before, after = self._groups, self._parse(doc)
+        if after == before:
+            return False
+        self._groups = after
+
+        def undo() -> None:
+            if self._groups is after:
+                self._groups = before
+
+        self.file.changed(undo)
+        return True
 
     def _save(self, group: str, before: GroupConfig | None) -> None:
         """Persist; when subscriptionGroup.json cannot be written the change is undone (see ConfigFile)."""

@@ -9,17 +9,23 @@ log = get_logger("tidemark.broker.permission")
 
 
 class BrokerPermission:
-    def __init__(self, broker_name: str, *, readable: bool = True, writable: bool = True) -> None:
+    def __init__(self, broker_name: str, *, readable: bool = True, writable: bool = True,
+                 replica_of: str = "") -> None:
         self._broker_name = broker_name
         self.readable = readable
-        self.writable = writable
+        # A replica takes no writes: they go to its master (RocketMQ's slave is read-only too).
+        self.replica_of = replica_of
+        self.writable = writable and not replica_of
 
     def update(self, *, readable: bool, writable: bool) -> None:
-        self.readable, self.writable = readable, writable
+        self.readable, self.writable = readable, writable and not self.replica_of
         log.warning("broker permission changed",
                     event="broker_permission", broker=self._broker_name, readable=readable, writable=writable)
 
     def check_writable(self) -> None:
+        if self.replica_of:
+            raise PermissionDeniedError(f"broker {self._broker_name} here is a replica; writes go to its master "
+                                        f"{self.replica_of}")
         if not self.writable:
             raise PermissionDeniedError(f"broker {self._broker_name} is not writable (write permission closed)")
 

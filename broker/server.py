@@ -20,6 +20,7 @@ from broker.services.intake import RequestBudget, RequestIntake
 from broker.services.membership import MembershipServicer
 from broker.services.messaging import MessagingServicer
 from broker.services.offsets import OffsetServicer
+from broker.services.replication import ReplicationServicer
 from broker.services.rmq5 import service as rmq5
 from tidemark.logs import get_logger
 from tidemark.v1 import (
@@ -31,6 +32,7 @@ from tidemark.v1 import (
     messaging_pb2_grpc,
     offsets_pb2,
     offsets_pb2_grpc,
+    replication_pb2_grpc,
 )
 
 log = get_logger("tidemark.broker")
@@ -86,6 +88,7 @@ class BrokerServer:
         offsets_pb2_grpc.add_OffsetServiceServicer_to_server(OffsetServicer(self.controller), server)
         membership_pb2_grpc.add_MembershipServiceServicer_to_server(MembershipServicer(self.controller), server)
         admin_pb2_grpc.add_AdminServiceServicer_to_server(AdminServicer(self.controller), server)
+        replication_pb2_grpc.add_ReplicationServiceServicer_to_server(ReplicationServicer(self.controller), server)
         # RocketMQ 5's protocol on the same port (the official clients of every language).
         server.add_generic_rpc_handlers((rmq5.handlers(rmq5.Rmq5Servicer(self.controller)),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)

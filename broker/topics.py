@@ -62,12 +62,16 @@ class TopicConfigManager:
         self.version = 0  # counts changes (the name server registration is sent again when it moves)
 
     def load(self) -> int:
-        doc = load_json(self._path, log) or {}
+        self._topics = self._parse(load_json(self._path, log) or {})
+        return len(self._topics)
+
+    def _parse(self, doc: dict) -> dict[str, TopicConfig]:
+        topics = {}
         table = doc.get("topicConfigTable", {})
         for name, raw in table.items():
             try:
                 perm = int(raw.get("perm", PERM_READ | PERM_WRITE))
-                self._topics[name] = TopicConfig(
+                topics[name] = TopicConfig(
                     name=name,
                     read_queue_nums=int(raw["readQueueNums"]),
                     write_queue_nums=int(raw["writeQueueNums"]),
@@ -76,7 +80,27 @@ class TopicConfigManager:
                 )
             except (KeyError, TypeError, ValueError, AttributeError):
                 log.warning("skipping malformed topic entry", event="topic_skip", topic=name)
-        return len(self._topics)
+        return topics
+
+    def document(self) -> dict:
+        """topics.json's content (what a replica mirrors)."""
+        return self._document()
+
+    def mirror(self, doc: dict) -> bool:
+        """A replica's copy of its master's topics (`document()`), replaced whole; True when it changed."""
+        before, after = self._topics, self._parse(doc)
+        if after == before:
+            return False
+        self._topics = after
+        self.version += 1
+
+        def undo() -> None:
+            if self._topics is after:
+                self._topics = before
+                self.version += 1
+
+        self.file.changed(undo)
+        return True
 
     def _save(self, name: str, before: TopicConfig | None) -> None:
         after = self._topics.get(name)

@@ -238,6 +238,8 @@ class ClusterBroker:
     topic_count: int | None  # None when the broker was asked directly (no name servers)
     last_update_ms: int  # 0 when the broker was asked directly
     uptime_ms: int | None
+    replica_lag_bytes: int = 0  # a replica's distance behind its master
+    replica_lag_ms: int = 0
 
     @property
     def role(self) -> str:

@@ -55,6 +55,8 @@ class Registration:
     writable: bool = True
     topics: tuple[TopicQueues, ...] = ()
     uptime_ms: int = 0
+    replica_lag_bytes: int = 0
+    replica_lag_ms: int = 0
 
     @property
     def key(self) -> tuple[str, int]:

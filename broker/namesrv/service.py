@@ -18,6 +18,7 @@ def registration(pb: namesrv_pb2.BrokerRegistration) -> Registration:
     return Registration(
         cluster_name=pb.cluster_name, broker_name=pb.broker_name, broker_id=pb.broker_id, address=pb.address,
         version=pb.version, readable=pb.readable, writable=pb.writable, uptime_ms=pb.uptime_ms,
+        replica_lag_bytes=max(0, pb.replica_lag_bytes), replica_lag_ms=max(0, pb.replica_lag_ms),
         topics=tuple(TopicQueues(t.name, t.read_queue_nums, t.write_queue_nums, t.readable, t.writable)
                      for t in pb.topics))
 
@@ -55,5 +56,6 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServiceServicer):
         return namesrv_pb2.ClusterInfo(brokers=[namesrv_pb2.RegisteredBroker(
             cluster_name=r.cluster_name, broker_name=r.broker_name, broker_id=r.broker_id, address=r.address,
             version=r.version, readable=r.readable, writable=r.writable, topic_count=b.user_topic_count,
-            last_update_ms=b.last_update_ms, uptime_ms=r.uptime_ms)
+            last_update_ms=b.last_update_ms, uptime_ms=r.uptime_ms, replica_lag_bytes=r.replica_lag_bytes,
+            replica_lag_ms=r.replica_lag_ms)
             for b in self._table.brokers() for r in (b.registration,)])

@@ -305,6 +305,21 @@ class ConsumerOffsetManager:
             return False
         return self._store((topic, group), queue_id, offset)
 
+    def mirror(self, table: Mapping[TableKey, Mapping[int, int]]) -> int:
+        """A replica's copy of its master's table: every entry the master has is set to the master's
+        value (fencing was the master's job); returns how many changed. Entries the master dropped
+        stay until the replica's own cleanup (a deleted group or topic)."""
+        changed = 0
+        with self.batch():
+            for key, queues in table.items():
+                for queue_id, offset in queues.items():
+                    changed += self._store(key, queue_id, offset)
+        return changed
+
+    def table(self) -> dict[TableKey, dict[int, int]]:
+        """A copy of the offset table (what a replica mirrors)."""
+        return {key: queues.copy() for key, queues in self._offsets.items()}
+
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when none (RocketMQ's answer)."""
         queues = self._offsets.get((topic, group))

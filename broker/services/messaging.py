@@ -10,7 +10,6 @@ import grpc
 
 from broker.auth.acl import Action
 from broker.auth.guard import on_topic
-from broker.config import FlushDiskType
 from broker.controller import BrokerController
 from broker.errors import BrokerError
 from broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
@@ -77,7 +76,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         metrics = b.metrics
         metrics.messages_in.labels(request.topic).inc(request.count)
         ok = messaging_pb2.ProduceResponse(request_id=request.request_id, first_queue_offset=put.first_offset)
-        if b.config.flush is not FlushDiskType.SYNC and not b.configs_dirty:
+        if b.sender.acknowledges_at_once and not b.configs_dirty:
             metrics.send_latency.observe(time.perf_counter() - started)
             return ok
 

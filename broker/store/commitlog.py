@@ -15,6 +15,7 @@ segment's fd. All methods run on the event-loop thread; flush jobs handed out by
 from __future__ import annotations
 
 import re
+import zlib
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ log = get_logger("tidemark.broker.store")
 SEGMENT_NAME = re.compile(r"\d{20}")  # fullmatch: `$` would accept a trailing newline
 # Recovery reads segments in chunks this big (a bigger record gets its own read).
 _SCAN_CHUNK = 4 * 1024 * 1024
+# Bytes before a replica's end that it and its master compare (CommitLog.tail_digest).
+TAIL_DIGEST_BYTES = 4096
 # A first read that catches most records whole, so one pread usually suffices.
 _READ_GUESS = 4096
 
@@ -202,6 +205,93 @@ class CommitLog:
         )
         segment.truncate(segment.capacity)
         self._dirty.add_file(segment)
+
+    # -- replication -----------------------------------------------------------------
+
+    def replication_chunk(self, offset: int, max_bytes: int) -> bytes:
+        """Whole records from `offset` as they lie in the files (a segment's end marker comes with its
+        padding), at most max_bytes unless the first record alone is bigger; b"" at the end. What a
+        replica appends with append_replicated. StoreError when `offset` is outside the log."""
+        if offset == self._write_end:
+            return b""
+        segment = self._segment_for(offset)
+        if segment is None or offset > self._write_end:
+            raise StoreError(f"offset {offset} is outside the commit log [{self.min_offset}, {self._write_end}]")
+        limit = min(segment.end, self._write_end) - offset
+        data = segment.pread(min(max(max_bytes, codec.BLANK_SIZE), limit), offset - segment.start)
+        pos = 0
+        while pos + codec.BLANK_SIZE <= len(data):
+            total, _magic = codec.PREFIX.unpack_from(data, pos)
+            if total < codec.BLANK_SIZE or pos + total > len(data):
+                break
+            pos += total
+        if pos == 0 and len(data) >= codec.BLANK_SIZE:  # one record bigger than max_bytes
+            total, _magic = codec.PREFIX.unpack_from(data, 0)
+            if codec.BLANK_SIZE <= total <= limit:
+                return segment.pread(total, offset - segment.start)
+        return data[:pos]
+
+    def tail_digest(self, end: int) -> int | None:
+        """crc32 of the bytes just before `end` (up to TAIL_DIGEST_BYTES, within end's segment): how a
+        replica and its master check that their logs agree up to the replica's end. None when `end` is
+        not inside this log."""
+        if end <= self.min_offset or end > self._write_end:
+            return None
+        segment = self._segment_for(end - 1)
+        start = max(segment.start, end - TAIL_DIGEST_BYTES)
+        return zlib.crc32(segment.pread(end - start, start - segment.start))
+
+    def segment_start(self, offset: int) -> int:
+        """The start of the segment holding `offset` (a record boundary)."""
+        return offset - offset % self._segment_size
+
+    def append_replicated(self, offset: int, data: bytes, on_record: RecordCallback) -> None:
+        """Write records copied from a master's commit log at the same offsets (the replica's side of
+        replication_chunk). Every record is checked first (magic, size, CRC, its stated offset, an end
+        marker exactly at its segment's end); StoreError and nothing written when one fails. An empty
+        log starts at `offset` (the master's first segment); otherwise `offset` must be the end.
+        on_record is called for each message, as in recovery."""
+        if self._segments and offset != self._write_end:
+            raise StoreError(f"replicated records start at {offset}, the commit log ends at {self._write_end}")
+        if offset % self._segment_size:
+            if not self._segments:
+                raise StoreError(f"replication into an empty log must start at a segment, not at {offset}")
+        view, pos, found = memoryview(data), 0, []
+        while pos < len(data):
+            here = offset + pos
+            if pos + codec.BLANK_SIZE > len(data):
+                raise StoreError(f"replicated data ends inside a record at {here}")
+            total, magic = codec.PREFIX.unpack_from(view, pos)
+            if total >= codec.BLANK_SIZE and pos + total > len(data):
+                raise StoreError(f"replicated data ends inside a record at {here}")
+            seg_end = here - here % self._segment_size + self._segment_size
+            if magic == codec.BLANK_MAGIC:
+                if here + total != seg_end:
+                    raise StoreError(f"end-of-segment marker at {here} does not end its segment at {seg_end}")
+            elif (magic != codec.MESSAGE_MAGIC or total < codec.MIN_RECORD_SIZE
+                  or here + total > seg_end or not codec.crc_ok(view, pos, total)
+                  or _PHYS(view, pos + codec.PHYS_OFFSET_FIELD)[0] != here):
+                raise StoreError(f"replicated record at {here} is damaged or not where it says")
+            else:
+                _, _, _, queue_id, _, queue_offset, _ = codec.SCAN_FIELDS.unpack_from(view, pos)
+                (tags_code,) = codec.TAGS_FIELD.unpack_from(view, pos + codec.TAGS_OFFSET)
+                found.append((codec.scan_topic(view, pos), queue_id, queue_offset, here, total, tags_code))
+            pos += total
+        if not self._segments:
+            self._write_end = offset
+        pos = 0
+        while pos < len(data):  # in pieces that end at segment ends
+            segment = self._writable_segment()
+            piece = min(len(data) - pos, segment.start + segment.capacity - self._write_end)
+            try:
+                self._write(segment, view[pos:pos + piece], self._write_end)
+            except OSError as exc:
+                self.cut_back(offset)
+                raise StoreError(f"commit log write failed: {exc}") from exc
+            self._write_end += piece
+            pos += piece
+        for record in found:
+            on_record(*record)
 
     # -- flushing ------------------------------------------------------------------
 

@@ -369,6 +369,56 @@ class MessageStore:
                 log.exception("dispatch listener %r failed", listener)
         return positions
 
+    # -- replication (broker/replication.py) ------------------------------------------
+
+    def replication_chunk(self, offset: int, max_bytes: int) -> bytes:
+        """Master: whole commit-log records from `offset` as stored (CommitLog.replication_chunk)."""
+        self._readable()
+        return self._commitlog.replication_chunk(offset, max_bytes)
+
+    def append_replicated(self, offset: int, data: bytes) -> None:
+        """Replica: store a master's records at the same commit-log offsets and index them in the
+        consume queues, as recovery does; StoreError (nothing stored) when a record is damaged."""
+        if self._state is not StoreState.RUNNING:
+            raise StoreError(f"the message store is not running (state: {self._state.value})")
+        touched: dict[tuple[str, int], None] = {}
+
+        def index(topic: str, queue_id: int, queue_offset: int, phys: int, size: int, tags: int) -> None:
+            self._queues.get_or_create(topic, queue_id).ensure_entry(queue_offset, phys, size, tags)
+            touched[(topic, queue_id)] = None
+
+        self._commitlog.append_replicated(offset, data, index)
+        for topic, queue_id in touched:
+            for listener in self._listeners:
+                listener(topic, queue_id)
+
+    def tail_digest(self, end: int) -> int | None:
+        """crc32 of the commit-log bytes just before `end` (CommitLog.tail_digest)."""
+        return self._commitlog.tail_digest(end)
+
+    def divergence_point(self, end: int, digest: int | None) -> int | None:
+        """Master: where a replica ending at `end` with this tail digest must truncate to, or None when it
+        agrees with this log. Past this log's end: to the end; a different tail: to the start of the segment
+        holding it (the replica then asks again from there, so a long divergence is cut segment by segment)."""
+        mine = self._commitlog.max_offset
+        if end > mine:
+            return mine
+        if end == 0 or self._commitlog.tail_digest(end) == digest:
+            return None
+        return self._commitlog.segment_start(end - 1)
+
+    def truncate_to(self, end: int) -> int:
+        """Replica: drop every record at or past `end` (a tail its master does not have); the bytes
+        dropped."""
+        dropped = max(0, self._commitlog.max_offset - end)
+        if dropped:
+            for queue in self._queues:
+                queue.truncate_from_commit_log_offset(end)
+            self._commitlog.cut_back(end)
+            log.warning("commit log truncated to the master's end", event="replica_truncated", offset=end,
+                        dropped_bytes=dropped)
+        return dropped
+
     async def wait_durable(self, end_offset: int) -> None:
         """SYNC flush: wait until the commit log is fsynced up to end_offset (ASYNC: at once)."""
         if self._config.flush_mode is FlushMode.SYNC:

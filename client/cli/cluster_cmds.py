@@ -26,8 +26,10 @@ def list_brokers(args: argparse.Namespace) -> int:
              "address": b.address, "version": b.version,
              "perm": ("R" if b.readable else "-") + ("W" if b.writable else "-"), "topics": b.topic_count,
              "uptime_s": None if b.uptime_ms is None else round(b.uptime_ms / 1000),
-             "registered_ago_s": round((now - b.last_update_ms) / 1000, 1) if b.last_update_ms else None}
+             "registered_ago_s": round((now - b.last_update_ms) / 1000, 1) if b.last_update_ms else None,
+             "lag_bytes": b.replica_lag_bytes if b.broker_id else None,
+             "lag_ms": b.replica_lag_ms if b.broker_id else None}
             for b in brokers]
     emit(rows, ["cluster", "broker", "id", "role", "address", "version", "perm", "topics", "uptime_s",
-                "registered_ago_s"], as_json=args.json)
+                "registered_ago_s", "lag_bytes", "lag_ms"], as_json=args.json)
     return 0

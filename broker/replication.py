@@ -1,0 +1,310 @@
+"""Replication of a broker name's commit log from its master (id 0) to replicas (ids above 0).
+
+RocketMQ's master/slave HA, over one gRPC stream per replica
+(proto/tidemark/v1/replication.proto):
+
+- **ReplicaSync** (on a replica) opens the stream saying where its commit log
+  ends; the master first tells it to truncate a tail the master does not have
+  (bytes a former master wrote that nobody acknowledged from here), then
+  sends whole records from that point as they lie in the master's files. The
+  replica stores them at the same offsets (MessageStore.append_replicated,
+  which checks every record's CRC and offset) and indexes them in its own
+  consume queues, then acknowledges its new end. A broken stream is opened
+  again with backoff, from the replica's end, so restarts resume. Every
+  second it also mirrors the master's topics, groups and consumer offsets.
+- **ReplicationSource** (on a master) serves those streams, at most
+  `window_bytes` ahead of what a replica acknowledged, and knows how far each
+  replica is. With sync replication a send is answered only once a replica
+  acknowledged its records (RocketMQ's SYNC_MASTER), or fails after
+  `timeout_s` with ReplicationTimeoutError (UNAVAILABLE): never an
+  acknowledgement of data only the master holds. The records stay on the
+  master, so a retry may store them twice (at-least-once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from broker.errors import FailedPreconditionError, StoreError
+from broker.groups import SubscriptionGroupManager
+from broker.offsets import ConsumerOffsetManager
+from broker.offsets.persistence import decode_offset_table, encode_offset_table
+from broker.store import MessageStore
+from broker.topics import TopicConfigManager
+from tidemark.logs import get_logger
+from tidemark.v1 import replication_pb2, replication_pb2_grpc
+
+log = get_logger("tidemark.broker.replication")
+
+CHUNK_BYTES = 1 << 20
+WINDOW_BYTES = 8 << 20
+HEARTBEAT_S = 1.0
+
+
+class ReplicationTimeoutError(StoreError):
+    """A sync-replication send no replica acknowledged in time (or no replica is connected)."""
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _Replica:
+    key: str  # "name/id@peer"
+    acked: int
+    progress: asyncio.Event
+
+
+class ReplicationSource:
+    def __init__(self, store: MessageStore, *, broker_name: str, segment_size: int, timeout_s: float = 3.0,
+                 chunk_bytes: int = CHUNK_BYTES, window_bytes: int = WINDOW_BYTES) -> None:
+        self._store = store
+        self._broker_name = broker_name
+        self._segment_size = segment_size
+        self._timeout_s = timeout_s
+        self._chunk_bytes = chunk_bytes
+        self._window_bytes = window_bytes
+        self._replicas: dict[str, _Replica] = {}
+        self._appended: set[asyncio.Event] = set()  # one per open stream, set on every append
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+
+    def on_append(self, _topic: str, _queue_id: int) -> None:
+        """The store's dispatch listener: wake the streams."""
+        for event in self._appended:
+            event.set()
+
+    def replicas(self) -> dict[str, int]:
+        """Connected replicas and the commit-log end each acknowledged."""
+        return {r.key: r.acked for r in self._replicas.values()}
+
+    def lag_bytes(self) -> int | None:
+        """How far the best replica is behind (None without a replica)."""
+        if not self._replicas:
+            return None
+        return max(0, self._store.commit_log_max_offset - max(r.acked for r in self._replicas.values()))
+
+    async def wait_replicated(self, end: int) -> None:
+        """Until a replica acknowledged `end`; ReplicationTimeoutError after the timeout or without replicas."""
+        if any(r.acked >= end for r in self._replicas.values()):
+            return
+        if not self._replicas:
+            raise ReplicationTimeoutError(f"broker {self._broker_name} replicates synchronously and no replica "
+                                          f"is connected; the message was stored on the master only")
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append((end, future))
+        try:
+            await asyncio.wait_for(future, self._timeout_s)
+        except TimeoutError:
+            raise ReplicationTimeoutError(
+                f"no replica of broker {self._broker_name} acknowledged the message within "
+                f"{self._timeout_s:.1f} s; it was stored on the master only") from None
+        finally:
+            self._waiters = [(e, f) for e, f in self._waiters if f is not future]
+
+    def _acknowledge(self, replica: _Replica, end: int) -> None:
+        replica.acked = max(replica.acked, end)
+        replica.progress.set()
+        best = max(r.acked for r in self._replicas.values())
+        for want, future in self._waiters:
+            if want <= best and not future.done():
+                future.set_result(None)
+
+    async def serve(self, requests: AsyncIterator[replication_pb2.ReplicaProgress],
+                    peer: str) -> AsyncIterator[replication_pb2.ReplicationChunk]:
+        """One replica's stream (the servicer's Replicate)."""
+        hello = await anext(requests, None)
+        if hello is None:
+            return
+        if hello.broker_name != self._broker_name or hello.broker_id <= 0:
+            raise FailedPreconditionError(f"this master is broker {self._broker_name!r}; a replica of "
+                                          f"{hello.broker_name!r} with id {hello.broker_id} cannot follow it")
+        if hello.segment_size != self._segment_size:
+            raise FailedPreconditionError(f"the replica's commitlog_segment_size {hello.segment_size} differs from "
+                                          f"the master's {self._segment_size}; records must sit at the same offsets")
+        store, start = self._store, hello.commit_log_end
+        cut = store.divergence_point(start, hello.tail_crc if hello.HasField("tail_crc") else None) \
+            if start > store.commit_log_min_offset else None
+        if cut is not None:
+            log.warning("replica %s/%d disagrees with this log before %d; it truncates to %d", hello.broker_name,
+                        hello.broker_id, start, cut, event="replica_diverged", offset=start, truncate_to=cut)
+            yield replication_pb2.ReplicationChunk(offset=cut, master_end=store.commit_log_max_offset,
+                                                   truncate_to=cut)
+            return
+        if start < store.commit_log_min_offset:
+            if start != 0:
+                raise FailedPreconditionError(
+                    f"the replica ends at {start}, before the master's oldest record {store.commit_log_min_offset}; "
+                    f"clear the replica's data dir to copy the master again")
+            start = store.commit_log_min_offset
+        replica = _Replica(f"{hello.broker_name}/{hello.broker_id}@{peer}", start, asyncio.Event())
+        appended = asyncio.Event()
+        self._replicas[replica.key] = replica
+        self._appended.add(appended)
+        log.info("replica connected", event="replica_connected", replica=replica.key, offset=start)
+        reader = asyncio.get_running_loop().create_task(self._read_acks(requests, replica))
+        try:
+            async for chunk in self._chunks(replica, start, appended, reader):
+                yield chunk
+        finally:
+            reader.cancel()
+            self._replicas.pop(replica.key, None)
+            self._appended.discard(appended)
+            log.info("replica disconnected", event="replica_disconnected", replica=replica.key, acked=replica.acked)
+
+    async def _read_acks(self, requests: AsyncIterator[replication_pb2.ReplicaProgress], replica: _Replica) -> None:
+        async for progress in requests:
+            self._acknowledge(replica, progress.commit_log_end)
+
+    async def _chunks(self, replica: _Replica, offset: int, appended: asyncio.Event,
+                      reader: asyncio.Task) -> AsyncIterator[replication_pb2.ReplicationChunk]:
+        store = self._store
+        while not reader.done():
+            if offset - replica.acked > self._window_bytes:  # far enough ahead: wait for acknowledgements
+                replica.progress.clear()
+                await _wait(replica.progress, HEARTBEAT_S)
+                continue
+            appended.clear()
+            data = store.replication_chunk(offset, self._chunk_bytes)
+            if data:
+                yield replication_pb2.ReplicationChunk(offset=offset, data=data, master_end=store.commit_log_max_offset)
+                offset += len(data)
+            elif not await _wait(appended, HEARTBEAT_S):
+                yield replication_pb2.ReplicationChunk(offset=offset, master_end=store.commit_log_max_offset)
+
+    def metadata(self, topics: TopicConfigManager, groups: SubscriptionGroupManager,
+                 offsets: ConsumerOffsetManager) -> replication_pb2.ReplicaMetadata:
+        return replication_pb2.ReplicaMetadata(
+            topics_json=json.dumps(topics.document()).encode(), groups_json=json.dumps(groups.document()).encode(),
+            offsets_json=encode_offset_table(offsets.table()))
+
+
+async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+        return True
+    except TimeoutError:
+        return False
+
+
+class State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class ReplicaSync:
+    """A replica's side: the stream from its master, and the metadata mirror (see the module docstring)."""
+
+    def __init__(self, *, master: str, store: MessageStore, topics: TopicConfigManager,
+                 groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, broker_name: str, broker_id: int,
+                 segment_size: int, after_mirror: Callable[[], Awaitable[None]], tls_ca_file: str = "",
+                 clock_ms: Callable[[], int] = _now_ms) -> None:
+        self.master = master
+        self._store = store
+        self._topics, self._groups, self._offsets = topics, groups, offsets
+        self._hello = dict(broker_name=broker_name, broker_id=broker_id, segment_size=segment_size)
+        self._after_mirror = after_mirror
+        self._tls_ca_file = tls_ca_file
+        self._clock_ms = clock_ms
+        self.state = State.NEW
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: replication_pb2_grpc.ReplicationServiceStub | None = None
+        self._task: asyncio.Task | None = None
+        self.master_end = 0
+        self.connected = False
+        self._caught_up_ms = clock_ms()
+        self._error: str | None = None
+
+    @property
+    def lag_bytes(self) -> int:
+        return max(0, self.master_end - self._store.commit_log_max_offset)
+
+    @property
+    def lag_ms(self) -> int:
+        """Since when the replica has been behind (0 when caught up)."""
+        return 0 if self.lag_bytes == 0 else self._clock_ms() - self._caught_up_ms
+
+    def start(self) -> None:
+        if self.state is not State.NEW:
+            return
+        if self._tls_ca_file:
+            credentials = grpc.ssl_channel_credentials(root_certificates=Path(self._tls_ca_file).read_bytes())
+            self._channel = grpc.aio.secure_channel(self.master, credentials)
+        else:
+            self._channel = grpc.aio.insecure_channel(self.master)
+        self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-sync")
+        self.state = State.RUNNING
+
+    async def stop(self) -> None:
+        if self.state is not State.RUNNING:
+            self.state = State.STOPPED
+            return
+        self.state = State.STOPPED
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self._channel.close()
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while self.state is State.RUNNING:
+            try:
+                await self._stream()
+                backoff = 0.1
+            except (grpc.RpcError, StoreError) as e:
+                why = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.RpcError) else str(e)
+                if why != self._error:
+                    log.warning("replication from %s interrupted: %s", self.master, why,
+                                event="replication_interrupted", master=self.master)
+                    self._error = why
+            except Exception:
+                log.exception("replication failed", event="replication_failed", master=self.master)
+            self.connected = False
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def _stream(self) -> None:
+        store = self._store
+        call = self._stub.Replicate()
+        end, digest = store.commit_log_max_offset, store.tail_digest(store.commit_log_max_offset)
+        hello = replication_pb2.ReplicaProgress(commit_log_end=end, **self._hello)
+        if digest is not None:
+            hello.tail_crc = digest
+        await call.write(hello)
+        async for chunk in call:
+            if not self.connected:
+                self.connected, self._error = True, None
+                log.info("replicating from master", event="replication_connected", master=self.master,
+                         offset=store.commit_log_max_offset)
+            if chunk.HasField("truncate_to"):
+                store.truncate_to(chunk.truncate_to)
+                return  # and ask again from there
+            if chunk.data:
+                store.append_replicated(chunk.offset, chunk.data)
+            self.master_end = chunk.master_end
+            if store.commit_log_max_offset >= self.master_end:
+                self._caught_up_ms = self._clock_ms()
+            await call.write(replication_pb2.ReplicaProgress(commit_log_end=store.commit_log_max_offset,
+                                                             **self._hello))
+
+    async def mirror_metadata(self) -> None:
+        """Copy the master's topics, groups and consumer offsets (the 1 s timer's job)."""
+        if self.state is not State.RUNNING:
+            return
+        try:
+            m = await self._stub.GetMetadata(replication_pb2.GetMetadataRequest(), timeout=5)
+        except grpc.RpcError:
+            return  # the stream's log says the master is away
+        self._topics.mirror(json.loads(m.topics_json))
+        self._groups.mirror(json.loads(m.groups_json))
+        self._offsets.mirror(decode_offset_table(m.offsets_json).table)
+        await self._after_mirror()

@@ -1,0 +1,148 @@
+"""Commit-log replication at the store level: a replica appends the master's records at the same offsets
+(replication_chunk -> append_replicated), indexes them like recovery, survives a crash, refuses damage,
+and truncates a tail its master does not have."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+from store_testlib import body_for
+
+from broker.errors import StoreError
+from broker.store import MessageStore
+
+
+def _replicate(master: MessageStore, replica: MessageStore, max_bytes: int) -> int:
+    """Copy everything the replica lacks in chunks of at most max_bytes; returns the chunks sent."""
+    chunks = 0
+    while True:
+        data = master.replication_chunk(replica.commit_log_max_offset, max_bytes)
+        if not data:
+            return chunks
+        replica.append_replicated(replica.commit_log_max_offset, data)
+        chunks += 1
+
+
+def _contents(store: MessageStore, topic: str, queue_id: int) -> list[tuple[int, int, bytes]]:
+    got = store.get_messages(topic, queue_id, store.min_offset(topic, queue_id), 10_000, max_scan=10_000)
+    return [(m.queue_offset, m.commit_log_offset, m.body) for m in got.messages]
+
+
+@pytest.mark.parametrize("max_bytes", [1, 700, 1 << 20])
+def test_a_replica_holds_the_same_records_at_the_same_offsets_across_segments(config, clock, make_records,
+                                                                             tmp_path, max_bytes):
+    replica_config = dataclasses.replace(config, data_dir=tmp_path / "replica")
+
+    async def scenario():
+        master = MessageStore(config, clock=clock)
+        master.load()
+        await master.start()
+        for q in (0, 1):
+            for n in range(0, 60, 10):  # 120 records over many 4 KiB segments
+                await master.put_messages(make_records(10, start=n, queue_id=q))
+        replica = MessageStore(replica_config, clock=clock)
+        replica.load()
+        await replica.start()
+        notified = []
+        replica.add_dispatch_listener(lambda topic, queue_id: notified.append((topic, queue_id)))
+        chunks = _replicate(master, replica, max_bytes)
+        assert replica.commit_log_max_offset == master.commit_log_max_offset
+        for q in (0, 1):
+            assert _contents(replica, "T", q) == _contents(master, "T", q)
+            assert replica.max_offset("T", q) == 60
+        assert set(notified) == {("T", 0), ("T", 1)}
+        if max_bytes == 1:  # one record or end-of-segment marker per chunk
+            segments = master.commit_log_max_offset // config.commitlog_segment_size
+            assert chunks == 120 + segments
+        # Later writes follow, and a crash of the replica (no shutdown) keeps what it had.
+        await master.put_messages(make_records(5, start=60, queue_id=0))
+        _replicate(master, replica, max_bytes)
+        return _contents(master, "T", 0), master.commit_log_max_offset
+
+    expected, end = asyncio.run(scenario())
+
+    async def after_crash():
+        replica = MessageStore(replica_config, clock=clock)
+        replica.load()
+        assert replica.commit_log_max_offset == end
+        assert _contents(replica, "T", 0) == expected
+
+    asyncio.run(after_crash())
+
+
+def test_damaged_or_misplaced_data_is_refused_and_changes_nothing(config, clock, make_records, tmp_path):
+    async def scenario():
+        master = MessageStore(config, clock=clock)
+        master.load()
+        await master.start()
+        await master.put_messages(make_records(3))
+        replica = MessageStore(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock=clock)
+        replica.load()
+        await replica.start()
+        data = master.replication_chunk(0, 1 << 20)
+        damaged = bytearray(data)
+        damaged[len(data) // 2] ^= 0xFF
+        for bad, offset, message in [(bytes(damaged), 0, "damaged"), (data[:-3], 0, "ends inside a record"),
+                                     (data, 100, "must start at a segment")]:
+            with pytest.raises(StoreError, match=message):
+                replica.append_replicated(offset, bad)
+            assert replica.commit_log_max_offset == 0 and replica.max_offset("T", 0) == 0
+        replica.append_replicated(0, data)
+        with pytest.raises(StoreError, match="start at 0, the commit log ends at"):
+            replica.append_replicated(0, data)  # not at the end
+        assert replica.max_offset("T", 0) == 3
+
+    asyncio.run(scenario())
+
+
+def test_a_tail_the_master_does_not_have_is_truncated_from_log_and_queues(config, clock, make_records,
+                                                                            tmp_path):
+    async def scenario():
+        master = MessageStore(config, clock=clock)
+        master.load()
+        await master.start()
+        await master.put_messages(make_records(5))
+        replica = MessageStore(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock=clock)
+        replica.load()
+        await replica.start()
+        _replicate(master, replica, 1 << 20)
+        kept = replica.commit_log_max_offset
+        await replica.put_messages(make_records(40, start=5))  # a tail written while it was a master
+        assert replica.truncate_to(kept) > 0
+        assert replica.commit_log_max_offset == kept and replica.max_offset("T", 0) == 5
+        await master.put_messages(make_records(3, start=100))
+        _replicate(master, replica, 1 << 20)
+        assert _contents(replica, "T", 0) == _contents(master, "T", 0)
+        assert [body for _, _, body in _contents(replica, "T", 0)][-1] == body_for(102)
+
+    asyncio.run(scenario())
+
+
+def test_a_divergent_tail_is_found_by_its_digest_and_cut_segment_by_segment(config, clock, make_records, tmp_path):
+    """A replica that was written on its own (a former master) after an agreed prefix: the master names
+    where to cut until the digests agree, then the copy continues."""
+    async def scenario():
+        master = MessageStore(config, clock=clock)
+        master.load()
+        await master.start()
+        await master.put_messages(make_records(30))
+        replica = MessageStore(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock=clock)
+        replica.load()
+        await replica.start()
+        _replicate(master, replica, 1 << 20)
+        agreed = replica.commit_log_max_offset
+        assert master.divergence_point(agreed, replica.tail_digest(agreed)) is None
+        await master.put_messages(make_records(40, start=30))  # both go on, differently
+        await replica.put_messages(make_records(20, start=500))
+        rounds = 0
+        while (cut := master.divergence_point(replica.commit_log_max_offset,
+                                              replica.tail_digest(replica.commit_log_max_offset))) is not None:
+            replica.truncate_to(cut)
+            rounds += 1
+        assert 1 <= rounds and replica.commit_log_max_offset <= agreed
+        _replicate(master, replica, 1 << 20)
+        assert _contents(replica, "T", 0) == _contents(master, "T", 0)
+
+    asyncio.run(scenario())

@@ -55,7 +55,8 @@ class BrokerConfig:
     cluster_name: str = _setting("DefaultCluster", "Cluster the broker belongs to (shown by `tidemark cluster list`)")
     namesrv: str = _setting("", "Name servers host:port[,host:port...] to register with (empty: none; clients "
                             "then need the broker's address)")
-    namesrv_tls_ca: str = _setting("", "PEM CA bundle of the name servers' certificates (empty: plaintext)")
+    peer_tls_ca: str = _setting("", "PEM CA bundle of the name servers' and the master's certificates: the broker "
+                                "dials them over TLS (empty: plaintext)")
     broker_id: int = _setting(0, "0: the master of broker_name; above 0: a replica of it (needs master)")
     master: str = _setting("", "host:port of the master a replica copies (broker_id above 0)")
     replication: ReplicationMode = _setting(ReplicationMode.ASYNC, "async: answer sends at once; sync: answer only "
@@ -88,8 +89,8 @@ class BrokerConfig:
     retry_queue_nums: int = _setting(1, "Queues of an auto-created %RETRY% topic")
     max_reconsume_times: int = _setting(16, "Default retries before a message goes to %DLQ%")
     auth: bool = _setting(False, "Authenticate every request (RocketMQ 5 signatures) and authorize it by ACL")
-    init_user: str = _setting("", "NAME:SECRET of the first super user, created when there are no users yet",
-                              secret=True)
+    init_user: str = _setting("", "NAME:SECRET of the first super user, created when there are no users yet "
+                              "(a replica also signs its calls to the master with it)", secret=True)
     auth_max_skew_s: float = _setting(300.0, "How far a request's signed time may be from the broker's clock")
     tls_cert: str = _setting("", "PEM certificate chain served on the gRPC port (with tls_key; empty: plaintext)")
     tls_key: str = _setting("", "PEM private key of tls_cert")
@@ -139,8 +140,8 @@ def _problems(c: BrokerConfig):
         host, _, port = address.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             yield f"namesrv address {address!r} is not host:port"
-    if c.namesrv_tls_ca and not (os.path.isfile(c.namesrv_tls_ca) and os.access(c.namesrv_tls_ca, os.R_OK)):
-        yield f"namesrv_tls_ca {c.namesrv_tls_ca} is not a readable file"
+    if c.peer_tls_ca and not (os.path.isfile(c.peer_tls_ca) and os.access(c.peer_tls_ca, os.R_OK)):
+        yield f"peer_tls_ca {c.peer_tls_ca} is not a readable file"
     if not 0 <= c.broker_id < 2**31:
         yield f"broker_id must be 0..{2**31 - 1}, got {c.broker_id}"
     elif c.broker_id and not c.master:

@@ -9,6 +9,7 @@ managers (deleting a topic or a group) live here so the servicers stay thin.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -17,7 +18,13 @@ from broker.config import BrokerConfig, FlushDiskType, ReplicationMode, namesrv_
 from broker.config_file import ConfigFile
 from broker.consumer_manager import ConsumerInfo, ConsumerManager
 from broker.epoch import EpochSequence
-from broker.errors import BrokerError, FailedPreconditionError, NotFoundError, PermissionDeniedError
+from broker.errors import (
+    BrokerError,
+    FailedPreconditionError,
+    NotFoundError,
+    PermissionDeniedError,
+    StoreError,
+)
 from broker.fetch import FetchSession
 from broker.groups import SubscriptionGroupManager, check_group
 from broker.health import CONFIG_FILES, CONSUMER_OFFSETS, POP_STATE, STORE, PersistenceHealth
@@ -33,11 +40,13 @@ from broker.queries import MessageQueries
 from broker.registration import NameServerRegistrar
 from broker.replication import ReplicaSync, ReplicationSource
 from broker.retry import SendBackService
+from broker.roles import ROLE_FILE_NAME, Role, load_role, save_role
 from broker.schedule import ScheduleMessageService
 from broker.send import SendService
 from broker.store import FlushMode, MessageStore, StoreConfig
 from broker.store.writability import WriteState, describe
 from broker.topics import TopicConfigManager
+from tidemark.auth import Credentials
 from tidemark.logs import get_logger
 from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator, retry_topic
 from tidemark.scheduler import Scheduler
@@ -84,6 +93,13 @@ class StartupReport:
 
 class BrokerController:
     def __init__(self, config: BrokerConfig) -> None:
+        role = load_role(config.config_dir)
+        if role is not None and (role.broker_id, "") != (config.broker_id, config.master):
+            log.warning("this broker was promoted to master of %s (epoch %d): it runs as master whatever its "
+                        "flags say; remove %s to make it follow a master again", config.broker_name, role.epoch,
+                        ROLE_FILE_NAME, event="role_loaded", epoch=role.epoch)
+            config = dataclasses.replace(config, broker_id=role.broker_id, master="")
+        self.epoch = role.epoch if role is not None else 0  # a master's epoch (broker/roles.py)
         self.config = config
         self.clock_ms = now_ms
         config_dir = config.config_dir
@@ -113,19 +129,16 @@ class BrokerController:
         self.commits = OffsetCommitService(store=self.store, topics=self.topics, offsets=self.offsets,
                                            groups=self.groups, on_reset=self.hold.notify)
         # A master serves its replicas' streams; a replica copies its master (broker/replication.py).
-        self.replication = ReplicationSource(self.store, broker_name=config.broker_name,
-                                             segment_size=config.commitlog_segment_size,
-                                             timeout_s=config.replication_timeout_ms / 1000) \
-            if not config.broker_id else None
+        self.replication = self._replication_source() if not config.broker_id else None
         self.replica = ReplicaSync(master=config.master, store=self.store, topics=self.topics, groups=self.groups,
                                    offsets=self.offsets, broker_name=config.broker_name, broker_id=config.broker_id,
                                    segment_size=config.commitlog_segment_size, after_mirror=self.flush_configs,
-                                   tls_ca_file=config.namesrv_tls_ca) if config.broker_id else None
-        sync = self.replication is not None and config.replication is ReplicationMode.SYNC
+                                   tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials()) \
+            if config.broker_id else None
         self.sender = SendService(config=config, store=self.store, topics=self.topics,
                                   permission=self.permission, schedule=self.schedule,
                                   ids=MessageIdGenerator(), clock_ms=self.clock_ms,
-                                  replicated=self.replication.wait_replicated if sync else None)
+                                  replicated=self._sync_wait())
         self.read_access = QueueReadAccess(topics=self.topics, groups=self.groups, offsets=self.offsets,
                                            locks=self.locks, permission=self.permission)
         self.puller = PullService(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
@@ -157,8 +170,9 @@ class BrokerController:
         self.scheduler = Scheduler("broker")
         self.registrar = NameServerRegistrar(
             namesrv_addresses(config), build=self.registration,
-            fingerprint=lambda: (self.topics.version, self.permission.readable, self.permission.writable),
-            tls_ca_file=config.namesrv_tls_ca)
+            fingerprint=lambda: (self.topics.version, self.permission.readable, self.permission.writable,
+                                 self.config.broker_id, self.epoch),
+            tls_ca_file=config.peer_tls_ca, on_fenced=self.permission.fence)
         self.started_ms = self.clock_ms()
         self.ready = False
         self._started = False
@@ -431,12 +445,54 @@ class BrokerController:
             raise failed
         await self.registrar.sync_if_changed()
 
+    def _peer_credentials(self) -> Credentials | None:
+        """What a replica signs its calls to the master with: init_user (a super user there too)."""
+        if not self.config.init_user:
+            return None
+        name, _, secret = self.config.init_user.partition(":")
+        return Credentials(name, secret)
+
+    def _replication_source(self) -> ReplicationSource:
+        c = self.config
+        return ReplicationSource(self.store, broker_name=c.broker_name, segment_size=c.commitlog_segment_size,
+                                 timeout_s=c.replication_timeout_ms / 1000, epoch=lambda: self.epoch)
+
+    def _sync_wait(self):
+        """What a send waits for after the store: a replica's acknowledgement with sync replication."""
+        sync = self.replication is not None and self.config.replication is ReplicationMode.SYNC
+        return self.replication.wait_replicated if sync else None
+
+    async def promote(self) -> int:
+        """Make this replica the master of its name with a new epoch (`tidemark broker promote`); returns
+        the epoch. The role is on disk before anything changes (broker/roles.py); the name servers learn it
+        at once, and refuse the old master from then on."""
+        if self.replica is None:
+            raise FailedPreconditionError(f"broker {self.config.broker_name} here is a master already "
+                                          f"(epoch {self.epoch})")
+        epoch = max(self.epoch, self.registrar.master_epoch, self.replica.master_epoch) + 1
+        try:
+            await asyncio.to_thread(save_role, self.config.config_dir, Role(0, epoch))
+        except OSError as e:
+            raise StoreError(f"cannot write {ROLE_FILE_NAME} ({e.strerror or e}); still a replica") from None
+        replica, self.replica = self.replica, None
+        await replica.stop()
+        self.config = dataclasses.replace(self.config, broker_id=0, master="")
+        self.epoch = epoch
+        self.replication = self._replication_source()
+        self.store.add_dispatch_listener(self.replication.on_append)
+        self.sender.replicated = self._sync_wait()
+        self.permission.promote()
+        log.warning("promoted to master", event="broker_promoted", broker=self.config.broker_name, epoch=epoch)
+        await self.registrar.sync_if_changed()
+        return epoch
+
     def registration(self) -> namesrv_pb2.BrokerRegistration:
         """What the broker tells the name servers: who it is and every topic it serves."""
         c = self.config
         return namesrv_pb2.BrokerRegistration(
             cluster_name=c.cluster_name, broker_name=c.broker_name, broker_id=c.broker_id, address=c.address,
-            version=VERSION, replica_lag_bytes=self.replica.lag_bytes if self.replica is not None else 0,
+            version=VERSION, epoch=self.epoch,
+            replica_lag_bytes=self.replica.lag_bytes if self.replica is not None else 0,
             replica_lag_ms=self.replica.lag_ms if self.replica is not None else 0,
             readable=self.permission.readable, writable=self.permission.writable,
             uptime_ms=max(0, self.clock_ms() - self.started_ms),

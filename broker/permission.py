@@ -15,14 +15,29 @@ class BrokerPermission:
         self.readable = readable
         # A replica takes no writes: they go to its master (RocketMQ's slave is read-only too).
         self.replica_of = replica_of
+        self.fenced = ""  # why a name server refused this master (replaced by a promotion): no writes
         self.writable = writable and not replica_of
 
     def update(self, *, readable: bool, writable: bool) -> None:
-        self.readable, self.writable = readable, writable and not self.replica_of
+        self.readable, self.writable = readable, writable and not self.replica_of and not self.fenced
         log.warning("broker permission changed",
                     event="broker_permission", broker=self._broker_name, readable=readable, writable=writable)
 
+    def promote(self) -> None:
+        """The replica became the master of its name: writes are its own now."""
+        self.replica_of = ""
+        self.writable = not self.fenced
+
+    def fence(self, why: str) -> None:
+        """A name server says a newer master serves this name: take no more writes."""
+        if not self.fenced:
+            log.error("broker fenced, writes refused from now on: %s", why, event="broker_fenced",
+                      broker=self._broker_name)
+        self.fenced, self.writable = why, False
+
     def check_writable(self) -> None:
+        if self.fenced:
+            raise PermissionDeniedError(f"broker {self._broker_name} here is fenced: {self.fenced}")
         if self.replica_of:
             raise PermissionDeniedError(f"broker {self._broker_name} here is a replica; writes go to its master "
                                         f"{self.replica_of}")

@@ -24,6 +24,7 @@ from pathlib import Path
 import grpc
 
 from tidemark.logs import get_logger
+from tidemark.protocol import ERROR_CLASS_KEY
 from tidemark.v1 import namesrv_pb2, namesrv_pb2_grpc
 
 log = get_logger("tidemark.broker.registration")
@@ -37,7 +38,8 @@ class State(enum.Enum):
 
 class NameServerRegistrar:
     def __init__(self, addresses: Sequence[str], *, build: Callable[[], namesrv_pb2.BrokerRegistration],
-                 fingerprint: Callable[[], Hashable], tls_ca_file: str = "", timeout_s: float = 3.0) -> None:
+                 fingerprint: Callable[[], Hashable], tls_ca_file: str = "", timeout_s: float = 3.0,
+                 on_fenced: Callable[[str], None] = lambda why: None) -> None:
         self.addresses = tuple(addresses)
         self._build = build
         self._fingerprint = fingerprint
@@ -49,6 +51,10 @@ class NameServerRegistrar:
         self._registered: Hashable = None  # the fingerprint of the last registration sent
         self.errors: dict[str, str | None] = {a: None for a in self.addresses}  # last failure per name server
         self.registrations = 0
+        self.master_epoch = 0  # the newest master epoch a name server told for this broker name
+        # A name server refused the registration as a replaced master (an older epoch): the broker must
+        # stop taking writes.
+        self._on_fenced = on_fenced
         self._lock = asyncio.Lock()
 
     def start(self) -> None:
@@ -96,8 +102,10 @@ class NameServerRegistrar:
 
     async def _call(self, address: str, method: str, request) -> bool:
         try:
-            await getattr(self._stubs[address], method)(request, timeout=self._timeout)
+            answer = await getattr(self._stubs[address], method)(request, timeout=self._timeout)
         except grpc.RpcError as e:
+            if (ERROR_CLASS_KEY, "FencedError") in tuple(e.trailing_metadata() or ()):
+                self._on_fenced(e.details())
             error = f"{e.code().name}: {e.details()}"
             if self.errors[address] is None:
                 log.warning("name server %s does not take the registration: %s", address, error,
@@ -107,4 +115,6 @@ class NameServerRegistrar:
         if self.errors[address] is not None:
             log.info("name server %s answers again", address, event="namesrv_reachable", namesrv=address)
             self.errors[address] = None
+        if isinstance(answer, namesrv_pb2.RegisterBrokerResponse):
+            self.master_epoch = max(self.master_epoch, answer.master_epoch)
         return True

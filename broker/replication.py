@@ -33,12 +33,18 @@ from pathlib import Path
 
 import grpc
 
-from broker.errors import FailedPreconditionError, StoreError
+from broker.errors import FailedPreconditionError, InvalidArgumentError, StoreError
 from broker.groups import SubscriptionGroupManager
 from broker.offsets import ConsumerOffsetManager
-from broker.offsets.persistence import decode_offset_table, encode_offset_table
+from broker.offsets.persistence import (
+    DecodeResult,
+    OffsetFileError,
+    decode_offset_table,
+    encode_offset_table,
+)
 from broker.store import MessageStore
 from broker.topics import TopicConfigManager
+from tidemark.auth import Credentials, signed_metadata
 from tidemark.logs import get_logger
 from tidemark.v1 import replication_pb2, replication_pb2_grpc
 
@@ -47,6 +53,14 @@ log = get_logger("tidemark.broker.replication")
 CHUNK_BYTES = 1 << 20
 WINDOW_BYTES = 8 << 20
 HEARTBEAT_S = 1.0
+
+
+def decode_offsets(data: bytes) -> DecodeResult:
+    """An offsets document from the other side; InvalidArgumentError when it is not one."""
+    try:
+        return decode_offset_table(data)
+    except OffsetFileError as e:
+        raise InvalidArgumentError(f"offsets_json is not an offset table: {e}") from None
 
 
 class ReplicationTimeoutError(StoreError):
@@ -66,8 +80,10 @@ class _Replica:
 
 class ReplicationSource:
     def __init__(self, store: MessageStore, *, broker_name: str, segment_size: int, timeout_s: float = 3.0,
-                 chunk_bytes: int = CHUNK_BYTES, window_bytes: int = WINDOW_BYTES) -> None:
+                 chunk_bytes: int = CHUNK_BYTES, window_bytes: int = WINDOW_BYTES,
+                 epoch: Callable[[], int] = lambda: 0) -> None:
         self._store = store
+        self._epoch = epoch
         self._broker_name = broker_name
         self._segment_size = segment_size
         self._timeout_s = timeout_s
@@ -175,16 +191,18 @@ class ReplicationSource:
             appended.clear()
             data = store.replication_chunk(offset, self._chunk_bytes)
             if data:
-                yield replication_pb2.ReplicationChunk(offset=offset, data=data, master_end=store.commit_log_max_offset)
+                yield replication_pb2.ReplicationChunk(offset=offset, data=data, master_end=store.commit_log_max_offset,
+                                                       master_epoch=self._epoch())
                 offset += len(data)
             elif not await _wait(appended, HEARTBEAT_S):
-                yield replication_pb2.ReplicationChunk(offset=offset, master_end=store.commit_log_max_offset)
+                yield replication_pb2.ReplicationChunk(offset=offset, master_end=store.commit_log_max_offset,
+                                                       master_epoch=self._epoch())
 
     def metadata(self, topics: TopicConfigManager, groups: SubscriptionGroupManager,
                  offsets: ConsumerOffsetManager) -> replication_pb2.ReplicaMetadata:
         return replication_pb2.ReplicaMetadata(
             topics_json=json.dumps(topics.document()).encode(), groups_json=json.dumps(groups.document()).encode(),
-            offsets_json=encode_offset_table(offsets.table()))
+            offsets_json=encode_offset_table(*offsets.table()))
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
@@ -207,22 +225,28 @@ class ReplicaSync:
     def __init__(self, *, master: str, store: MessageStore, topics: TopicConfigManager,
                  groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, broker_name: str, broker_id: int,
                  segment_size: int, after_mirror: Callable[[], Awaitable[None]], tls_ca_file: str = "",
-                 clock_ms: Callable[[], int] = _now_ms) -> None:
+                 credentials: Credentials | None = None, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.master = master
         self._store = store
         self._topics, self._groups, self._offsets = topics, groups, offsets
         self._hello = dict(broker_name=broker_name, broker_id=broker_id, segment_size=segment_size)
         self._after_mirror = after_mirror
         self._tls_ca_file = tls_ca_file
+        # A master with --auth takes replication from a user allowed Update on the cluster: each call is signed.
+        self._credentials = credentials
         self._clock_ms = clock_ms
         self.state = State.NEW
         self._channel: grpc.aio.Channel | None = None
         self._stub: replication_pb2_grpc.ReplicationServiceStub | None = None
         self._task: asyncio.Task | None = None
         self.master_end = 0
+        self.master_epoch = 0  # the master's epoch, as its chunks say (a promotion goes past it)
         self.connected = False
         self._caught_up_ms = clock_ms()
         self._error: str | None = None
+        # Set on every (re)connection: the commits consumers made here while the master was away go back
+        # to it before the next mirror (ReplicationService.HandBackOffsets).
+        self._hand_back_due = False
 
     @property
     def lag_bytes(self) -> int:
@@ -274,7 +298,7 @@ class ReplicaSync:
 
     async def _stream(self) -> None:
         store = self._store
-        call = self._stub.Replicate()
+        call = self._stub.Replicate(metadata=self._signed())
         end, digest = store.commit_log_max_offset, store.tail_digest(store.commit_log_max_offset)
         hello = replication_pb2.ReplicaProgress(commit_log_end=end, **self._hello)
         if digest is not None:
@@ -282,29 +306,43 @@ class ReplicaSync:
         await call.write(hello)
         async for chunk in call:
             if not self.connected:
-                self.connected, self._error = True, None
+                self.connected, self._error, self._hand_back_due = True, None, True
                 log.info("replicating from master", event="replication_connected", master=self.master,
                          offset=store.commit_log_max_offset)
             if chunk.HasField("truncate_to"):
                 store.truncate_to(chunk.truncate_to)
                 return  # and ask again from there
             if chunk.data:
-                store.append_replicated(chunk.offset, chunk.data)
+                written = store.append_replicated(chunk.offset, chunk.data)
+                if any(self._topics.get(topic) is None for topic, _ in written):
+                    await self.mirror_metadata()  # a new topic: readable here as soon as its messages are
             self.master_end = chunk.master_end
+            self.master_epoch = max(self.master_epoch, chunk.master_epoch)
             if store.commit_log_max_offset >= self.master_end:
                 self._caught_up_ms = self._clock_ms()
             await call.write(replication_pb2.ReplicaProgress(commit_log_end=store.commit_log_max_offset,
                                                              **self._hello))
+
+    def _signed(self):
+        return signed_metadata(self._credentials) if self._credentials is not None else None
 
     async def mirror_metadata(self) -> None:
         """Copy the master's topics, groups and consumer offsets (the 1 s timer's job)."""
         if self.state is not State.RUNNING:
             return
         try:
-            m = await self._stub.GetMetadata(replication_pb2.GetMetadataRequest(), timeout=5)
+            if self._hand_back_due:
+                answer = await self._stub.HandBackOffsets(replication_pb2.ReplicaMetadata(
+                    offsets_json=encode_offset_table(*self._offsets.table())), timeout=5, metadata=self._signed())
+                self._hand_back_due = False
+                if answer.advanced:
+                    log.info("offsets handed back to the master", event="offsets_handed_back",
+                             entries=answer.advanced, master=self.master)
+            m = await self._stub.GetMetadata(replication_pb2.GetMetadataRequest(), timeout=5, metadata=self._signed())
         except grpc.RpcError:
             return  # the stream's log says the master is away
         self._topics.mirror(json.loads(m.topics_json))
         self._groups.mirror(json.loads(m.groups_json))
-        self._offsets.mirror(decode_offset_table(m.offsets_json).table)
+        offsets = decode_offsets(m.offsets_json)
+        self._offsets.mirror(offsets.table, offsets.reset_generations)
         await self._after_mirror()

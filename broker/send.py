@@ -69,8 +69,9 @@ class SendService:
                  ids: MessageIdGenerator, clock_ms,
                  replicated: Callable[[int], Awaitable[None]] | None = None) -> None:
         self._config = config
-        # Sync replication: waits until a replica has the commit log up to an end offset (broker/replication.py).
-        self._replicated = replicated
+        # Sync replication: waits until a replica has the commit log up to an end offset (broker/replication.py);
+        # set again when a replica is promoted.
+        self.replicated = replicated
         self._store = store
         self._topics = topics
         self._permission = permission
@@ -132,8 +133,8 @@ class SendService:
         elif deliver_at > 0:
             records = [self._schedule.schedule_at(records[0], deliver_at, now)]
         results = await self._store.put_messages(records)
-        if self._replicated is not None:
-            await self._replicated(results[-1].commit_log_offset + results[-1].store_size)
+        if self.replicated is not None:
+            await self.replicated(results[-1].commit_log_offset + results[-1].store_size)
         return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]
 
     def append_records(self, topic_name: str, queue_id: int, data: bytes, count: int) -> RecordsPut:
@@ -158,14 +159,14 @@ class SendService:
     @property
     def acknowledges_at_once(self) -> bool:
         """Whether a stored batch may be answered before anything more (no fsync, no replica to wait for)."""
-        return self._config.flush is not FlushDiskType.SYNC and self._replicated is None
+        return self._config.flush is not FlushDiskType.SYNC and self.replicated is None
 
     async def wait_durable(self, put: RecordsPut) -> None:
         """Until the batch is as safe as the config promises: fsynced (sync flush), on a replica (sync
         replication)."""
         await self._store.wait_durable(put.end)
-        if self._replicated is not None:
-            await self._replicated(put.end)
+        if self.replicated is not None:
+            await self.replicated(put.end)
 
     def _retry_or_dlq(self, retry: str, records: list[MessageRecord]) -> tuple[list[MessageRecord], bool]:
         """A consumer's direct send to its retry topic (the send-back fallback), as RocketMQ's

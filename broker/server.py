@@ -48,8 +48,8 @@ SERVICE_NAMES = tuple(
 
 class BrokerServer:
     def __init__(self, config: BrokerConfig) -> None:
-        self.config = config
         self.controller = BrokerController(config)
+        self.config = self.controller.config  # with a promotion's role applied (broker/roles.py)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()

@@ -110,6 +110,12 @@ class Admin:
         """Every broker with its cluster, role and last registration (see BrokerCluster.cluster)."""
         return self._run(self.cluster.cluster())
 
+    def promote(self, address: str) -> BrokerInfo:
+        """Make the replica at `address` the master of its broker name (`tidemark broker promote`)."""
+        async def go() -> BrokerInfo:
+            return await self.cluster.connection_at(address).promote()
+        return self._run(go())
+
     def update_broker_permission(self, broker_name: str, *, readable: bool, writable: bool) -> BrokerInfo:
         async def go() -> BrokerInfo:
             return await (await self.cluster.connection(broker_name)).update_broker_permission(

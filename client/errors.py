@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-ERROR_CLASS_KEY = "tidemark-error"
+from tidemark.protocol import ERROR_CLASS_KEY
 
 
 class TidemarkError(Exception):

@@ -111,6 +111,9 @@ class BrokerInfo:
     version: str
     flush_mode: str
     delay_levels: tuple[str, ...]
+    broker_id: int = 0  # above 0: a replica of broker_name
+    epoch: int = 0  # a master's epoch, raised by every promotion
+    fenced: str = ""  # why a name server refused this master: it takes no writes
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,11 @@ RocketMQ's RouteInfoManager, reduced to what Tidemark's clients ask:
   `expire` drops the silent ones, `unregister` a stopping one at once (only
   from the address that registered, so a late unregister of a broker already
   replaced changes nothing).
+- A master (id 0) registers with its **epoch**, raised by each promotion of
+  a replica (`tidemark broker promote`). The table keeps the newest epoch
+  per broker name, for as long as the process lives (expiry included), and
+  refuses a master with an older one (FencedError): a replaced master that
+  comes back never serves writes for its name again.
 - A topic's route has one entry per broker name that serves it: the
   master's address and queues with the master's permission. A broker name
   whose master is gone is routed to its lowest-id replica, readable and never
@@ -25,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from broker.errors import InvalidArgumentError, NotFoundError
+from broker.errors import FencedError, InvalidArgumentError, NotFoundError
 from tidemark.protocol import InvalidNameError, check_topic_name, is_system_topic
 
 DEFAULT_EXPIRY_MS = 120_000
@@ -57,6 +62,7 @@ class Registration:
     uptime_ms: int = 0
     replica_lag_bytes: int = 0
     replica_lag_ms: int = 0
+    epoch: int = 0
 
     @property
     def key(self) -> tuple[str, int]:
@@ -102,6 +108,8 @@ def check_registration(r: Registration) -> None:
         raise InvalidArgumentError(f"broker address {r.address!r} is not host:port")
     if r.uptime_ms < 0:
         raise InvalidArgumentError(f"uptime {r.uptime_ms} ms is negative")
+    if r.epoch < 0:
+        raise InvalidArgumentError(f"epoch {r.epoch} is negative")
     if len(r.topics) > MAX_TOPICS:
         raise InvalidArgumentError(f"{len(r.topics)} topics is more than {MAX_TOPICS}")
     seen: set[str] = set()
@@ -124,15 +132,29 @@ class RouteTable:
             raise ValueError(f"expiry must be > 0 ms, got {expiry_ms}")
         self.expiry_ms = expiry_ms
         self._brokers: dict[tuple[str, int], Registered] = {}
+        self._epochs: dict[str, int] = {}  # broker name -> newest master epoch seen
 
     def __len__(self) -> int:
         return len(self._brokers)
 
+    def master_epoch(self, broker_name: str) -> int:
+        """The newest master epoch known for the broker name (0 when none)."""
+        return self._epochs.get(broker_name, 0)
+
     # -- changes -------------------------------------------------------------------------------
 
     def register(self, r: Registration, now_ms: int) -> bool:
-        """Add or renew a broker; True when it is new (or came back under a new address)."""
+        """Add or renew a broker; True when it is new (or came back under a new address). FencedError for
+        a master whose epoch is older than its name's newest."""
         check_registration(r)
+        if r.is_master:
+            newest = self._epochs.get(r.broker_name, 0)
+            if r.epoch < newest:
+                current = self._brokers.get(r.key)
+                where = f" at {current.registration.address}" if current is not None else ""
+                raise FencedError(f"broker {r.broker_name!r} has a master with epoch {newest}{where}; this one "
+                                  f"({r.address}) has epoch {r.epoch}: it was replaced and must not take writes")
+            self._epochs[r.broker_name] = r.epoch
         previous = self._brokers.get(r.key)
         for key, other in list(self._brokers.items()):
             if key != r.key and other.registration.address == r.address:

@@ -18,7 +18,7 @@ def registration(pb: namesrv_pb2.BrokerRegistration) -> Registration:
     return Registration(
         cluster_name=pb.cluster_name, broker_name=pb.broker_name, broker_id=pb.broker_id, address=pb.address,
         version=pb.version, readable=pb.readable, writable=pb.writable, uptime_ms=pb.uptime_ms,
-        replica_lag_bytes=max(0, pb.replica_lag_bytes), replica_lag_ms=max(0, pb.replica_lag_ms),
+        replica_lag_bytes=max(0, pb.replica_lag_bytes), replica_lag_ms=max(0, pb.replica_lag_ms), epoch=pb.epoch,
         topics=tuple(TopicQueues(t.name, t.read_queue_nums, t.write_queue_nums, t.readable, t.writable)
                      for t in pb.topics))
 
@@ -34,7 +34,8 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServiceServicer):
         if self._table.register(r, self._clock_ms()):
             log.info("broker registered", event="broker_registered", cluster=r.cluster_name, broker=r.broker_name,
                      broker_id=r.broker_id, addr=r.address, topics=len(r.topics))
-        return namesrv_pb2.RegisterBrokerResponse(expiry_ms=self._table.expiry_ms)
+        return namesrv_pb2.RegisterBrokerResponse(expiry_ms=self._table.expiry_ms,
+                                                  master_epoch=self._table.master_epoch(r.broker_name))
 
     @stateless_rpc
     async def UnregisterBroker(self, request, context: grpc.aio.ServicerContext):
@@ -57,5 +58,5 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServiceServicer):
             cluster_name=r.cluster_name, broker_name=r.broker_name, broker_id=r.broker_id, address=r.address,
             version=r.version, readable=r.readable, writable=r.writable, topic_count=b.user_topic_count,
             last_update_ms=b.last_update_ms, uptime_ms=r.uptime_ms, replica_lag_bytes=r.replica_lag_bytes,
-            replica_lag_ms=r.replica_lag_ms)
+            replica_lag_ms=r.replica_lag_ms, epoch=r.epoch)
             for b in self._table.brokers() for r in (b.registration,)])

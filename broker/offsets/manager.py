@@ -305,20 +305,49 @@ class ConsumerOffsetManager:
             return False
         return self._store((topic, group), queue_id, offset)
 
-    def mirror(self, table: Mapping[TableKey, Mapping[int, int]]) -> int:
-        """A replica's copy of its master's table: every entry the master has is set to the master's
-        value (fencing was the master's job); returns how many changed. Entries the master dropped
-        stay until the replica's own cleanup (a deleted group or topic)."""
+    def mirror(self, table: Mapping[TableKey, Mapping[int, int]],
+               generations: Mapping[TableKey, Mapping[int, int]]) -> int:
+        """A replica's copy of its master's table; returns how many entries changed. An entry moves
+        forward to the master's offset, never back, so commits the replica took while the master was
+        away are not rewound by an older copy; an admin reset on the master (a newer reset generation)
+        is taken as it is, backwards too. Fencing was the master's job. Entries the master dropped stay
+        until the replica's own cleanup (a deleted group or topic)."""
         changed = 0
         with self.batch():
             for key, queues in table.items():
                 for queue_id, offset in queues.items():
-                    changed += self._store(key, queue_id, offset)
+                    generation = generations.get(key, {}).get(queue_id, 0)
+                    if generation > self._generations.get(key, {}).get(queue_id, 0):
+                        state = self._fence_state(key, queue_id)
+                        self._set_fence_state(key, queue_id, replace(state, reset_generation=generation))
+                        self._generations.setdefault(key, {})[queue_id] = generation
+                        self._store(key, queue_id, offset, journal=False)
+                        self._version += 1
+                        self._journal_change(JournalRecord(Op.RESET, key[0], key[1], queue_id, offset, generation))
+                        changed += 1
+                    elif offset > self._offsets.get(key, {}).get(queue_id, -1):
+                        changed += self._store(key, queue_id, offset)
         return changed
 
-    def table(self) -> dict[TableKey, dict[int, int]]:
-        """A copy of the offset table (what a replica mirrors)."""
-        return {key: queues.copy() for key, queues in self._offsets.items()}
+    def take_back(self, table: Mapping[TableKey, Mapping[int, int]],
+                  generations: Mapping[TableKey, Mapping[int, int]]) -> int:
+        """A master taking back the commits its replica held while it was away: each entry moves forward
+        to the replica's offset, never back, and only when both saw the same reset generation (a reset
+        made here meanwhile wins). Returns how many moved."""
+        moved = 0
+        with self.batch():
+            for key, queues in table.items():
+                for queue_id, offset in queues.items():
+                    same_reset = generations.get(key, {}).get(queue_id, 0) == \
+                        self._generations.get(key, {}).get(queue_id, 0)
+                    if same_reset and offset > self._offsets.get(key, {}).get(queue_id, -1):
+                        moved += self._store(key, queue_id, offset)
+        return moved
+
+    def table(self) -> tuple[dict[TableKey, dict[int, int]], dict[TableKey, dict[int, int]]]:
+        """Copies of the offset table and its reset generations (what a replica mirrors)."""
+        return ({key: queues.copy() for key, queues in self._offsets.items()},
+                {key: queues.copy() for key, queues in self._generations.items()})
 
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when none (RocketMQ's answer)."""

@@ -86,9 +86,11 @@ NEEDS: dict[str, Needs | object] = {
     "GetTopicStats": lambda r: [on_topic(r.topic, GET)],
     "GetBrokerInfo": lambda r: [],
     "UpdateBrokerPermission": lambda r: [on_cluster(UPDATE)],
+    "PromoteBroker": lambda r: [on_cluster(UPDATE)],
     # ReplicationService: a replica reads everything the master holds.
     "Replicate": lambda r: [on_cluster(UPDATE)],
     "GetMetadata": lambda r: [on_cluster(UPDATE)],
+    "HandBackOffsets": lambda r: [on_cluster(UPDATE)],
     "ListGroups": lambda r: [on_cluster(LIST)],
     "DescribeGroup": lambda r: [on_group(r.group, GET)],
     "DeleteGroup": lambda r: [on_group(r.group, DELETE)],

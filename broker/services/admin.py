@@ -83,7 +83,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         c = self._b.config
         return admin_pb2.BrokerInfo(broker_name=c.broker_name, broker_addr=c.address,
                                     readable=self._b.permission.readable, writable=self._b.permission.writable,
-                                    version=VERSION, flush_mode=c.flush.value,
+                                    version=VERSION, flush_mode=c.flush.value, broker_id=c.broker_id,
+                                    epoch=self._b.epoch, fenced=self._b.permission.fenced,
                                     delay_levels=[format_duration_ms(ms) for ms in c.delay_levels_ms])
 
     @rpc
@@ -93,6 +94,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     @rpc
     async def UpdateBrokerPermission(self, request, context: grpc.aio.ServicerContext):
         self._b.permission.update(readable=request.readable, writable=request.writable)
+        return self._broker_info()
+
+    @rpc
+    async def PromoteBroker(self, request, context: grpc.aio.ServicerContext):
+        await self._b.promote()
         return self._broker_info()
 
     @rpc

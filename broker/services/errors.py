@@ -20,6 +20,7 @@ from broker.errors import (
     UnauthenticatedError,
 )
 from tidemark.logs import get_logger
+from tidemark.protocol import ERROR_CLASS_KEY
 
 log = get_logger("tidemark.broker.rpc")
 
@@ -35,7 +36,6 @@ _STATUS: tuple[tuple[type[BrokerError], grpc.StatusCode], ...] = (
 )
 
 
-ERROR_CLASS_KEY = "tidemark-error"
 
 
 def status_for(error: BrokerError) -> grpc.StatusCode:

@@ -6,8 +6,12 @@ import grpc
 
 from broker.controller import BrokerController
 from broker.errors import BrokerError, FailedPreconditionError
+from broker.replication import decode_offsets
 from broker.services.errors import rpc, status_for
-from tidemark.v1 import replication_pb2_grpc
+from tidemark.logs import get_logger
+from tidemark.v1 import replication_pb2, replication_pb2_grpc
+
+log = get_logger("tidemark.broker.replication")
 
 
 class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
@@ -32,3 +36,13 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     async def GetMetadata(self, request, context: grpc.aio.ServicerContext):
         b = self._b
         return self._source().metadata(b.topics, b.groups, b.offsets)
+
+    @rpc
+    async def HandBackOffsets(self, request, context: grpc.aio.ServicerContext):
+        self._source()
+        offsets = decode_offsets(request.offsets_json)
+        moved = self._b.offsets.take_back(offsets.table, offsets.reset_generations)
+        if moved:
+            log.info("offsets handed back by a replica", event="offsets_handed_back", entries=moved,
+                     peer=context.peer())
+        return replication_pb2.HandBackOffsetsResponse(advanced=moved)

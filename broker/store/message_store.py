@@ -376,9 +376,10 @@ class MessageStore:
         self._readable()
         return self._commitlog.replication_chunk(offset, max_bytes)
 
-    def append_replicated(self, offset: int, data: bytes) -> None:
+    def append_replicated(self, offset: int, data: bytes) -> list[tuple[str, int]]:
         """Replica: store a master's records at the same commit-log offsets and index them in the
-        consume queues, as recovery does; StoreError (nothing stored) when a record is damaged."""
+        consume queues, as recovery does; StoreError (nothing stored) when a record is damaged.
+        Returns the (topic, queue id) pairs written to."""
         if self._state is not StoreState.RUNNING:
             raise StoreError(f"the message store is not running (state: {self._state.value})")
         touched: dict[tuple[str, int], None] = {}
@@ -391,6 +392,7 @@ class MessageStore:
         for topic, queue_id in touched:
             for listener in self._listeners:
                 listener(topic, queue_id)
+        return list(touched)
 
     def tail_digest(self, end: int) -> int | None:
         """crc32 of the commit-log bytes just before `end` (CommitLog.tail_digest)."""

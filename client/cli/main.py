@@ -11,6 +11,7 @@ import sys
 
 from client.cli import (
     auth_cmds,
+    broker_cmds,
     cluster_cmds,
     connect,
     dlq_cmds,
@@ -50,7 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="tidemark", description="Tidemark message broker and tools.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    broker = sub.add_parser("broker", help="run a broker in the foreground")
+    broker = sub.add_parser("broker", help="run a broker in the foreground (`tidemark broker promote --broker "
+                                           "HOST:PORT`: make a replica the master)")
     broker_parser(broker)
     broker.set_defaults(run=_run_broker)
     namesrv = sub.add_parser("namesrv", help="run a name server in the foreground")
@@ -80,8 +82,14 @@ def _run_namesrv(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:2] == ["broker", "promote"]:  # `tidemark broker` runs the daemon; this one is a client command
+        parser = broker_cmds.build_parser(client_options())
+        args = parser.parse_args(argv[2:])
+        args.command = "broker promote"
+    else:
+        parser = build_parser()
+        args = parser.parse_args(argv)
     if args.command not in ("broker", "namesrv"):
         setup_logging("ERROR", "plain")
         try:

@@ -52,7 +52,7 @@ class GroupMembership:
 
     async def heartbeat(self) -> None:
         data = self._data()
-        brokers = await self._cluster.discover()
+        brokers = await self._cluster.serving()  # a replica, while its master is away
 
         async def one(conn: BrokerConnection) -> list[str]:
             owned = [q for q in data.owned_queues if q.broker_name == conn.broker_name]
@@ -80,15 +80,17 @@ class GroupMembership:
 
     def _ensure_watches(self, brokers: dict[str, BrokerConnection]) -> None:
         loop = asyncio.get_running_loop()
-        for name, conn in brokers.items():
+        for name in brokers:
             task = self._watches.get(name)
             if task is None or task.done():
-                self._watches[name] = loop.create_task(self._watch(name, conn), name=f"watch:{self._group}:{name}")
+                self._watches[name] = loop.create_task(self._watch(name), name=f"watch:{self._group}:{name}")
 
-    async def _watch(self, name: str, conn: BrokerConnection) -> None:
+    async def _watch(self, name: str) -> None:
         last: list[str] | None = None
         while True:
+            conn = None
             try:
+                conn = await self._cluster.connection(name)  # the replica's, after a failover
                 async for ids in conn.watch_consumer_ids(self._group, self._client_id):
                     self._members[name] = ids
                     if ids != last:
@@ -96,7 +98,7 @@ class GroupMembership:
                         self._on_change()
             except TidemarkError as e:
                 log.info("consumer watch broke, reopening",
-                         event="watch_broken", group=self._group, broker=conn.address, error=e)
+                         event="watch_broken", group=self._group, broker=conn.address if conn else name, error=e)
             self._members.pop(name, None)  # no longer kept current: rebalances ask the broker
             await asyncio.sleep(WATCH_RETRY_DELAY_S)
 
@@ -110,7 +112,7 @@ class GroupMembership:
         # itself must still propagate.
         await asyncio.gather(*tasks, return_exceptions=True)
         self._members.clear()
-        for conn in (await self._cluster.discover()).values():
+        for conn in (await self._cluster.serving()).values():
             try:
                 await conn.unregister(self._client_id, self._group)
             except TidemarkError as e:

@@ -187,7 +187,7 @@ class RemoteBrokerOffsetStore(OffsetStore):
                 self._on_rejected(r)
             log.warning("offset commit rejected",
                         event="commit_rejected", group=self._group, queue=r.queue, offset=r.offset,
-                        reason=r.reason.value, msg=r.message)
+                        reason=r.reason.value, detail=r.message)
         return CommitOffsetsResult(applied, rejected, rejections)
 
     async def persist(self, mq: MessageQueue) -> None:

@@ -13,6 +13,15 @@ Two ways to find the brokers:
 
 Either way routes are cached for route_refresh_interval_s, like RocketMQ's
 periodic route refresh.
+
+**Failover to replicas** (RocketMQ's read from slave): when a call finds a
+master unreachable and its broker name has a replica, `connection(name)`
+answers the replica's connection from then on, so consumers keep fetching,
+heartbeating and committing there (the replica holds the commits and hands
+them back to the master when it returns), and `write_queues` leaves the
+name out, so producers send to the other broker names. The master is probed
+at most every PROBE_INTERVAL_S while it is away; the first answer switches
+back.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ if TYPE_CHECKING:
 
 log = get_logger("tidemark.client.cluster")
 
+PROBE_INTERVAL_S = 1.0
+
 
 class BrokerCluster:
     def __init__(self, addresses: Sequence[str], *, namesrv: Sequence[str] = (), timeout_s: float = 3.0,
@@ -50,6 +61,8 @@ class BrokerCluster:
                         if namesrv else None)
         self._by_address: dict[str, BrokerConnection] = {} if namesrv else {a: self._connect(a) for a in addresses}
         self._by_name: dict[str, BrokerConnection] = {}
+        self._replicas: dict[str, list[str]] = {}  # broker name -> replica addresses, lowest id first
+        self._down: dict[str, float] = {}  # broker name -> when its master was last probed, while it is away
         self._cluster_at: float | None = None  # when the name servers last told the cluster view
         self._routes: dict[str, tuple[float, TopicRoute]] = {}
         self._lock = asyncio.Lock()
@@ -62,7 +75,16 @@ class BrokerCluster:
 
     def _connect(self, address: str) -> BrokerConnection:
         """Every connection of the cluster dials the same way: the same credentials and TLS settings."""
-        return BrokerConnection(address, timeout_s=self._timeout, credentials=self._credentials, tls=self._tls)
+        return BrokerConnection(address, timeout_s=self._timeout, credentials=self._credentials, tls=self._tls,
+                                on_unavailable=self._unavailable)
+
+    def _unavailable(self, conn: BrokerConnection) -> None:
+        """A call found `conn` unreachable: when it is a master with a replica, fail over to the replica."""
+        name = conn.broker_name
+        if name and self._by_name.get(name) is conn and self._replicas.get(name) and name not in self._down:
+            self._down[name] = time.monotonic()
+            log.warning("master of %s at %s is unreachable; reading from its replica %s", name, conn.address,
+                        self._replicas[name][0], event="broker_failover", broker=name)
 
     @property
     def addresses(self) -> list[str]:
@@ -81,10 +103,10 @@ class BrokerCluster:
 
     def _adopt(self, broker_name: str, address: str) -> BrokerConnection:
         """The connection serving broker_name from now on (a name may move to a new address)."""
-        conn = self._by_address.get(address)
-        if conn is None:
-            conn = self._by_address[address] = self._connect(address)
+        conn = self.connection_at(address)
         conn.broker_name = broker_name
+        if self._by_name.get(broker_name) is not conn:
+            self._down.pop(broker_name, None)  # a new serving address: nothing to fail over from
         self._by_name[broker_name] = conn
         return conn
 
@@ -103,7 +125,15 @@ class BrokerCluster:
                     continue
                 if isinstance(result, BaseException):
                     raise result
+                if result.broker_id:  # a replica: where reads go while its master is away
+                    replicas = self._replicas.setdefault(result.broker_name, [])
+                    if conn.address not in replicas:
+                        replicas.append(conn.address)
+                    self._by_name.setdefault(result.broker_name, conn)  # serves until its master is listed
+                    continue
                 other = self._by_name.get(result.broker_name)
+                if other is not None and other.info is not None and other.info.broker_id:
+                    other = None  # the replica stood in for its master, listed too
                 if other is not None and other is not conn:
                     raise InvalidArgumentError(
                         f"brokers {other.address} and {conn.address} both call themselves {result.broker_name!r}")
@@ -134,14 +164,23 @@ class BrokerCluster:
                 log.warning("no name server answers; keeping the brokers known before", event="namesrv_unreachable",
                             error=e, brokers=len(self._by_name))
                 return dict(self._by_name)
-            serving = {}
-            for b in sorted(brokers, key=lambda b: b.broker_id, reverse=True):
-                serving[b.broker_name] = b.address  # the lowest id wins
+            serving: dict[str, str] = {}
+            replicas: dict[str, list[str]] = {}
+            for b in sorted(brokers, key=lambda b: b.broker_id):
+                if b.broker_name not in serving:
+                    serving[b.broker_name] = b.address  # the lowest id serves: the master while it is registered
+                else:
+                    replicas.setdefault(b.broker_name, []).append(b.address)
+            self._replicas = replicas
             if not serving:
                 raise UnavailableError(f"the name servers ({', '.join(self.namesrv.addresses)}) know no broker yet")
-            self._by_name = {}
+            previous, self._by_name = self._by_name, {}
             for name, address in serving.items():
-                self._adopt(name, address)
+                kept = previous.get(name)
+                if kept is not None and kept.address == address:
+                    self._by_name[name] = kept  # unchanged: a failover under way stays as it is
+                else:
+                    self._adopt(name, address)
             self._cluster_at = time.monotonic()
             return dict(self._by_name)
 
@@ -158,13 +197,46 @@ class BrokerCluster:
         return sorted(out, key=lambda b: b.broker_name)
 
     async def connection(self, broker_name: str) -> BrokerConnection:
+        """The connection serving broker_name: its master, or its replica while the master is away."""
         conn = self._by_name.get(broker_name)
         if conn is None:
             await self.discover(refresh=True)
             conn = self._by_name.get(broker_name)
         if conn is None:
             raise NotFoundError(f"broker {broker_name!r} is not among the known brokers ({', '.join(self._by_name)})")
+        if broker_name in self._down:
+            return await self._failover(broker_name, conn)
         return conn
+
+    def connection_at(self, address: str) -> BrokerConnection:
+        """The connection to one address, whatever it serves (a replica to promote)."""
+        conn = self._by_address.get(address)
+        if conn is None:
+            conn = self._by_address[address] = self._connect(address)
+        return conn
+
+    async def serving(self) -> dict[str, BrokerConnection]:
+        """Every broker name with the connection serving it now (its replica while its master is away)."""
+        return {name: await self.connection(name) for name in await self.discover()}
+
+    async def _failover(self, name: str, master: BrokerConnection) -> BrokerConnection:
+        now = time.monotonic()
+        if now - self._down[name] >= PROBE_INTERVAL_S:
+            self._down[name] = now
+            try:
+                await master.broker_info(timeout=min(self._timeout, 0.5))
+            except TidemarkError:
+                pass
+            else:
+                del self._down[name]
+                log.info("master of %s at %s answers again", name, master.address, event="broker_failback",
+                         broker=name)
+                return master
+        if not self._replicas.get(name):
+            return master  # no replica known (any more): the master's own errors say why
+        replica = self.connection_at(self._replicas[name][0])
+        replica.broker_name = name
+        return replica
 
     async def any_connection(self) -> BrokerConnection:
         names = self._by_name or await self.discover()
@@ -224,4 +296,6 @@ class BrokerCluster:
         return (await self.route(topic, refresh=refresh)).read_queues()
 
     async def write_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
-        return (await self.route(topic, refresh=refresh)).write_queues()
+        """The topic's writable queues, but those of a broker name whose master is away."""
+        route = await self.route(topic, refresh=refresh)
+        return [mq for mq in route.write_queues() if mq.broker_name not in self._down]

@@ -8,12 +8,18 @@ loop (grpc.aio channels are loop-bound).
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import grpc
 
-from client.errors import InvalidArgumentError, TidemarkError, from_rpc_error, from_status
+from client.errors import (
+    InvalidArgumentError,
+    TidemarkError,
+    UnavailableError,
+    from_rpc_error,
+    from_status,
+)
 from client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
 from client.remoting import convert
 from client.remoting.security import open_channel
@@ -100,8 +106,10 @@ class CommitStream:
 
 class BrokerConnection:
     def __init__(self, address: str, *, timeout_s: float = 3.0, credentials: Credentials | None = None,
-                 tls: TlsSettings | None = None) -> None:
+                 tls: TlsSettings | None = None,
+                 on_unavailable: Callable[[BrokerConnection], None] = lambda conn: None) -> None:
         self.address = address
+        self._on_unavailable = on_unavailable  # a call found the broker unreachable (BrokerCluster fails over)
         self.broker_name: str | None = None
         self.info: BrokerInfo | None = None  # from the last broker_info()
         self._timeout = timeout_s
@@ -124,17 +132,21 @@ class BrokerConnection:
     def produce_stream(self) -> ProduceStream:
         """The connection's Produce stream, opened (again) when there is none or it broke."""
         if self._produce is None or not self._produce.usable:
-            self._produce = ProduceStream(self._messaging.Produce(), self.address)
+            self._produce = ProduceStream(self._messaging.Produce(), self.address, error=self.error)
         return self._produce
 
     def open_fetch_stream(self, *, on_records: OnRecords, on_ended: OnEnded, on_broken: OnBroken) -> FetchStream:
-        return FetchStream(self._messaging.Fetch(), self.address, on_records=on_records, on_ended=on_ended,
-                           on_broken=on_broken)
+        return FetchStream(self._messaging.Fetch(), self.address, error=self.error, on_records=on_records,
+                           on_ended=on_ended, on_broken=on_broken)
 
     def error(self, e: grpc.RpcError) -> TidemarkError:
-        """The client exception for a failed call on this connection (a refused TLS handshake says why)."""
-        return from_rpc_error(e, address=self.address, tls=self._tls is not None,
-                              client_cert=bool(self._tls and self._tls.cert_file))
+        """The client exception for a failed call or stream on this connection (a refused TLS handshake says
+        why); an unreachable broker is reported to on_unavailable."""
+        error = from_rpc_error(e, address=self.address, tls=self._tls is not None,
+                               client_cert=bool(self._tls and self._tls.cert_file))
+        if type(error) is UnavailableError:
+            self._on_unavailable(self)
+        return error
 
     async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:
         try:
@@ -299,12 +311,18 @@ class BrokerConnection:
 
     # -- admin -----------------------------------------------------------------
 
-    async def broker_info(self) -> BrokerInfo:
+    async def broker_info(self, *, timeout: float | None = None) -> BrokerInfo:
         """The broker's identity and settings (also kept as `info`)."""
-        info = convert.broker_info(await self._call(self._admin.GetBrokerInfo, admin_pb2.GetBrokerInfoRequest()))
+        info = convert.broker_info(await self._call(self._admin.GetBrokerInfo, admin_pb2.GetBrokerInfoRequest(),
+                                                    timeout))
         self.broker_name = info.broker_name
         self.info = info
         return info
+
+    async def promote(self) -> BrokerInfo:
+        """Make this replica the master of its broker name (a new epoch)."""
+        return convert.broker_info(await self._call(self._admin.PromoteBroker, admin_pb2.PromoteBrokerRequest(),
+                                                    30.0))
 
     async def update_broker_permission(self, *, readable: bool, writable: bool) -> BrokerInfo:
         pb = await self._call(self._admin.UpdateBrokerPermission,

@@ -102,7 +102,7 @@ def topic_route(pb: admin_pb2.TopicRoute) -> TopicRoute:
 
 def broker_info(pb: admin_pb2.BrokerInfo) -> BrokerInfo:
     return BrokerInfo(pb.broker_name, pb.broker_addr, pb.readable, pb.writable, pb.version, pb.flush_mode,
-                      tuple(pb.delay_levels))
+                      tuple(pb.delay_levels), pb.broker_id, pb.epoch, pb.fenced)
 
 
 def queue_stats(pb: offsets_pb2.QueueStats) -> QueueStats:

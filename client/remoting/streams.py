@@ -47,9 +47,13 @@ def _fence_pb(fence: Fence) -> common_pb2.CommitFence:
 class ProduceStream:
     """Record batches to one broker; `send` answers with the first queue offset of the batch."""
 
-    def __init__(self, call: Any, address: str) -> None:
+    def __init__(self, call: Any, address: str,
+                 error: Callable[[grpc.RpcError], TidemarkError] | None = None) -> None:
         self._call = call
         self._address = address
+        # How a gRPC failure becomes a client error (BrokerConnection.error: it also reports an unreachable
+        # broker to the cluster, which fails over to a replica).
+        self._error = error or (lambda e: from_rpc_error(e, address=address))
         self._pending: dict[int, asyncio.Future[int]] = {}
         self._next_id = 0
         self._write_lock = asyncio.Lock()  # gRPC takes one write at a time per call
@@ -78,7 +82,7 @@ class ProduceStream:
             raise RequestTimeoutError(f"broker {self._address}: no answer to a send within {timeout} s "
                                       f"(the batch may still have been stored)") from None
         except (grpc.RpcError, asyncio.InvalidStateError) as e:
-            self._fail(from_rpc_error(e, address=self._address) if isinstance(e, grpc.RpcError)
+            self._fail(self._error(e) if isinstance(e, grpc.RpcError)
                        else UnavailableError(f"broker {self._address}: produce stream closed"))
             raise self._broken from None
         finally:
@@ -96,7 +100,7 @@ class ProduceStream:
                 else:
                     future.set_result(response.first_queue_offset)
         except grpc.RpcError as e:
-            error = from_rpc_error(e, address=self._address)
+            error = self._error(e)
         finally:
             self._fail(error)
 
@@ -137,9 +141,10 @@ class FetchStream:
     """
 
     def __init__(self, call: Any, address: str, *, on_records: OnRecords, on_ended: OnEnded,
-                 on_broken: OnBroken) -> None:
+                 on_broken: OnBroken, error: Callable[[grpc.RpcError], TidemarkError] | None = None) -> None:
         self._call = call
         self._address = address
+        self._error = error or (lambda e: from_rpc_error(e, address=address))  # as ProduceStream's
         self._on_records = on_records
         self._on_ended = on_ended
         self._on_broken = on_broken
@@ -182,7 +187,7 @@ class FetchStream:
             while (request := await self._outbox.get()) is not None:
                 await self._call.write(request)
         except (grpc.RpcError, asyncio.InvalidStateError) as e:
-            self._break(from_rpc_error(e, address=self._address) if isinstance(e, grpc.RpcError)
+            self._break(self._error(e) if isinstance(e, grpc.RpcError)
                         else UnavailableError(f"broker {self._address}: fetch stream closed"))
 
     async def _read(self) -> None:
@@ -194,7 +199,7 @@ class FetchStream:
                 for end in response.ended:
                     self._on_ended(end.handle, _queue_end(end, self._address))
         except grpc.RpcError as e:
-            error = from_rpc_error(e, address=self._address)
+            error = self._error(e)
         except Exception as e:  # a consumer-side bug: reopening every queue of the stream recovers
             log.exception("fetch stream handler failed", event="fetch_handler_failed", broker=self._address)
             error = InternalError(f"broker {self._address}: fetched records could not be handled: {e!r}")

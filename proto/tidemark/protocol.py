@@ -28,6 +28,8 @@ CLIENT_ID_MAX_LENGTH = 255
 _CLIENT_ID_RE = re.compile(r"[\x21-\x7e]+")  # visible ASCII: client ids end up in logs and lock tables
 
 DEFAULT_MAX_MESSAGE_SIZE = 4 * 1024 * 1024
+# Trailing metadata naming a refusal's error class (e.g. FencedError), for callers that must tell it apart.
+ERROR_CLASS_KEY = "tidemark-error"
 DEFAULT_PORT = 10911
 DEFAULT_BROKER_ADDR = f"127.0.0.1:{DEFAULT_PORT}"
 

@@ -185,9 +185,9 @@ def test_name_servers_over_tls(namesrv_factory, broker_factory, pki, monkeypatch
         monkeypatch.delenv(key, raising=False)
     tls_args = ("--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
     ns = namesrv_factory(args=tls_args)
-    broker = broker_factory("broker-a", args=(*tls_args, "--namesrv", ns.address, "--namesrv-tls-ca", str(pki.ca)))
+    broker = broker_factory("broker-a", args=(*tls_args, "--namesrv", ns.address, "--peer-tls-ca", str(pki.ca)))
     # A broker that does not trust the name server's certificate says so and is not registered.
-    untrusting = broker_factory("broker-b", args=("--namesrv", ns.address, "--namesrv-tls-ca", str(pki.other_ca)))
+    untrusting = broker_factory("broker-b", args=("--namesrv", ns.address, "--peer-tls-ca", str(pki.other_ca)))
     assert "does not take the registration" in untrusting.log_text()
     tls = TlsSettings(ca_file=str(pki.ca))
     with Admin(namesrv=(ns.address,), tls=tls) as admin:

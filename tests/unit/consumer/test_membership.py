@@ -19,6 +19,12 @@ class ScriptedBroker:
     async def discover(self):
         return {self.broker_name: self}
 
+    async def serving(self):  # the cluster's view with failover: the same single broker here
+        return {self.broker_name: self}
+
+    async def connection(self, name):
+        return self
+
     async def heartbeat(self, **kw) -> list[str]:
         return list(self.heartbeat_answer)
 

@@ -289,6 +289,11 @@ class BrokerController:
         state = StateSnapshot(store_bytes=self.store.store_size_bytes(), schedule_pending=self.schedule.pending(),
                               offset_entries=self.offsets.entry_count(), long_polls_waiting=self.hold.waiting(),
                               job_runs={name: runs for name, _interval, runs in self.scheduler.jobs()})
+        if self.replica is not None:
+            state.replica_lag = (self.replica.lag_bytes, self.replica.lag_ms)
+        if self.replication is not None:
+            end = self.store.commit_log_max_offset
+            state.replicas_behind = {key: max(0, end - acked) for key, acked in self.replication.replicas().items()}
         for group in self.offsets.groups():
             for topic in self.offsets.topics_of_group(group):
                 config = self.topics.get(topic)

@@ -76,6 +76,10 @@ class StateSnapshot:
     offset_entries: int = 0
     long_polls_waiting: int = 0
     job_runs: dict[str, int] = field(default_factory=dict)
+    # A replica: how far behind its master (commit-log bytes, and since when in ms); None on a master.
+    replica_lag: tuple[int, int] | None = None
+    # A master: each connected replica's acknowledged distance behind this log, in bytes.
+    replicas_behind: dict[str, int] = field(default_factory=dict)
 
 
 class BrokerStateCollector(Collector):
@@ -108,6 +112,16 @@ class BrokerStateCollector(Collector):
                                 value=state.offset_entries)
         yield GaugeMetricFamily(f"{PREFIX}_long_polls_waiting", "Unary pulls parked at the end of their queue",
                                 value=state.long_polls_waiting)
+        if state.replica_lag is not None:
+            yield GaugeMetricFamily(f"{PREFIX}_replica_lag_bytes", "Commit-log bytes this replica is behind its master",
+                                    value=state.replica_lag[0])
+            yield GaugeMetricFamily(f"{PREFIX}_replica_lag_ms", "How long this replica has been behind its master",
+                                    value=state.replica_lag[1])
+        behind = GaugeMetricFamily(f"{PREFIX}_replica_behind_bytes",
+                                   "Commit-log bytes each connected replica has not acknowledged", labels=["replica"])
+        for replica, value in sorted(state.replicas_behind.items()):
+            behind.add_metric([replica], value)
+        yield behind
         runs = CounterMetricFamily(f"{PREFIX}_scheduler_job_runs", "Completed runs of each periodic broker task",
                                    labels=["job"])
         for job, n in sorted(state.job_runs.items()):

@@ -2,6 +2,7 @@
 
     python examples/streaming_pipeline.py --brokers 127.0.0.1:10911       # a running broker (make run)
     python examples/streaming_pipeline.py --start-broker                  # or start a throwaway one
+    python examples/streaming_pipeline.py --namesrv 127.0.0.1:9876        # brokers found through name servers
 
 1. Produces --events JSON events ({"user": ..., "kind": "click"|"buy", "amount": ...}) to a topic.
 2. Runs a streaming aggregation (count and sum of amount per kind) over format("tidemark") with a
@@ -37,9 +38,9 @@ from client.cli.main import main as tidemark_cli
 from client.security import credentials_from_env, tls_from_env
 
 
-def produce(brokers: str, topic: str, events: int) -> None:
+def produce(where: dict[str, str], topic: str, events: int) -> None:
     rng = random.Random(7)
-    with Producer(brokers=brokers) as producer:
+    with Producer(**where) as producer:
         batch = []
         for i in range(events):
             kind = "buy" if rng.random() < 0.2 else "click"
@@ -53,8 +54,8 @@ def produce(brokers: str, topic: str, events: int) -> None:
     print(f"produced {events} events to {topic}")
 
 
-def lag(brokers: str, group: str, topic: str) -> tuple[int, str]:
-    with Admin(brokers=brokers) as admin:
+def lag(where: dict[str, str], group: str, topic: str) -> tuple[int, str]:
+    with Admin(**where) as admin:
         try:
             stats = admin.consume_stats(group, topic)
         except NotFoundError:  # nothing committed yet: the whole backlog
@@ -64,8 +65,9 @@ def lag(brokers: str, group: str, topic: str) -> tuple[int, str]:
     return total, "  ".join(f"q{s.queue.queue_id}: {max(s.consumer_offset, 0)}/{s.max_offset}" for s in stats)
 
 
-def progress(brokers: str, group: str, topic: str) -> None:
-    argv = ["group", "progress", group, "--broker", brokers, "--topic", topic]
+def progress(where: dict[str, str], group: str, topic: str) -> None:
+    flag, value = ("--namesrv", where["namesrv"]) if "namesrv" in where else ("--broker", where["brokers"])
+    argv = ["group", "progress", group, flag, value, "--topic", topic]
     print("$ tidemark " + " ".join(argv))
     tidemark_cli(argv)
 
@@ -86,7 +88,7 @@ def security_options() -> dict[str, str]:
     return options
 
 
-def run_pipeline(brokers: str, topic: str, group: str, checkpoint: str, per_trigger: int, *,
+def run_pipeline(where: dict[str, str], topic: str, group: str, checkpoint: str, per_trigger: int, *,
                  master: str, driver_host: str) -> int:
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
@@ -103,7 +105,7 @@ def run_pipeline(brokers: str, topic: str, group: str, checkpoint: str, per_trig
     spark_connector.register(spark)
 
     events = (spark.readStream.format("tidemark")
-              .option("brokers", brokers).option("topic", topic).option("group", group)
+              .options(**where).option("topic", topic).option("group", group)
               .option("startingOffsets", "committed").option("maxOffsetsPerTrigger", str(per_trigger))
               .options(**security_options())
               .load()
@@ -116,17 +118,17 @@ def run_pipeline(brokers: str, topic: str, group: str, checkpoint: str, per_trig
     shown = None
     while query.isActive:
         query.awaitTermination(1)
-        total, detail = lag(brokers, group, topic)
+        total, detail = lag(where, group, topic)
         if (total, detail) != shown:
             print(f"group {group} lag {total:>6}   {detail}")
             shown = (total, detail)
     if query.exception() is not None:
         print(f"query failed: {query.exception()}", file=sys.stderr)
         return 1
-    total, detail = lag(brokers, group, topic)
+    total, detail = lag(where, group, topic)
     print(f"group {group} lag {total:>6}   {detail}   (query finished after "
           f"{len(query.recentProgress)} micro-batches)")
-    progress(brokers, group, topic)
+    progress(where, group, topic)
     spark.sql("select * from totals_by_kind order by kind").show()
     spark.stop()
     return 0 if total == 0 else 1
@@ -151,6 +153,8 @@ def start_broker(data_dir: Path) -> tuple[subprocess.Popen, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--brokers", default=os.environ.get("TIDEMARK_BROKER", "127.0.0.1:10911"))
+    parser.add_argument("--namesrv", default=os.environ.get("TIDEMARK_NAMESRV", ""),
+                        help="name servers host:port[,host:port]: the brokers are found through them")
     parser.add_argument("--start-broker", action="store_true", help="run a throwaway broker in a temp dir")
     parser.add_argument("--topic", default="demo-events")
     parser.add_argument("--group", default="demo-pipeline")
@@ -167,17 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.start_broker:
             broker, args.brokers = start_broker(scratch / "data")
+            args.namesrv = ""
             print(f"started a broker at {args.brokers} (data in {scratch / 'data'})")
-        with Admin(brokers=args.brokers) as admin:
+        # How every client here finds the brokers: the name servers when given, else the broker list.
+        where = {"namesrv": args.namesrv} if args.namesrv else {"brokers": args.brokers}
+        with Admin(**where) as admin:
             try:
                 admin.create_topic(args.topic, 4)
                 print(f"created topic {args.topic} with 4 queues")
             except AlreadyExistsError:
                 pass
-        produce(args.brokers, args.topic, args.events)
-        total, detail = lag(args.brokers, args.group, args.topic)
+        produce(where, args.topic, args.events)
+        total, detail = lag(where, args.group, args.topic)
         print(f"group {args.group} lag {total:>6}   {detail}")
-        return run_pipeline(args.brokers, args.topic, args.group, args.checkpoint or str(scratch / "checkpoint"),
+        return run_pipeline(where, args.topic, args.group, args.checkpoint or str(scratch / "checkpoint"),
                             args.max_offsets_per_trigger, master=args.master, driver_host=args.driver_host)
     finally:
         if broker is not None:

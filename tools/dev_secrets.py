@@ -7,7 +7,8 @@ into the containers; nothing of it goes into an image (.dockerignore admits only
 examples):
 
     ca.pem                  the CA that signed broker.pem; clients trust it (TIDEMARK_TLS_CA_FILE)
-    broker.pem, broker.key  one certificate for both brokers: broker-a, broker-b, localhost, 127.0.0.1, ::1
+    broker.pem, broker.key  one certificate for every broker and name server of docker-compose.yml, localhost,
+                            127.0.0.1, ::1
     tidemark.env            TIDEMARK_INIT_USER=root:SECRET for the brokers' first start, and
                             TIDEMARK_ACCESS_KEY/TIDEMARK_SECRET_KEY for the clients (compose env_file)
 
@@ -33,7 +34,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT / "deploy" / "secrets"
-BROKER_NAMES = ("broker-a", "broker-b", "localhost")
+BROKER_NAMES = ("broker-a", "broker-b", "broker-a-replica", "broker-b-replica", "namesrv-1", "namesrv-2", "localhost")
 BROKER_IPS = ("127.0.0.1", "::1")
 # The images' user (Dockerfile: useradd --uid 10001): it must be able to read broker.key.
 CONTAINER_UID = 10001

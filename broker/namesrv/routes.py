@@ -78,10 +78,7 @@ class Registered:
     registration: Registration
     last_update_ms: int
     topics: dict[str, TopicQueues]  # by name, for routes
-
-    @property
-    def user_topic_count(self) -> int:
-        return sum(1 for name in self.topics if not is_system_topic(name))
+    user_topic_count: int  # counted once per registration: the cluster view is asked far more often
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +156,8 @@ class RouteTable:
         for key, other in list(self._brokers.items()):
             if key != r.key and other.registration.address == r.address:
                 del self._brokers[key]  # the address is this broker's now (restarted under a new name)
-        self._brokers[r.key] = Registered(r, now_ms, {t.name: t for t in r.topics})
+        self._brokers[r.key] = Registered(r, now_ms, {t.name: t for t in r.topics},
+                                          sum(1 for t in r.topics if not is_system_topic(t.name)))
         return previous is None or previous.registration.address != r.address
 
     def unregister(self, broker_name: str, broker_id: int, address: str) -> bool:

@@ -8,6 +8,7 @@ UnavailableError; BrokerCluster then keeps the routes it has.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import grpc
@@ -33,7 +34,8 @@ class NameServerClient:
         self._channels = [open_channel(a, options=_CHANNEL_OPTIONS, credentials=credentials, tls=tls)
                           for a in self.addresses]
         self._stubs = [namesrv_pb2_grpc.NameServerServiceStub(c) for c in self._channels]
-        self._preferred = 0
+        # Where the first question goes: spread over the name servers, so each adds read capacity.
+        self._preferred = random.randrange(len(self.addresses)) if self.addresses else 0
 
     async def close(self) -> None:
         for channel in self._channels:

@@ -1,6 +1,7 @@
 """The shipped stack in a real container engine: images built as `make images` builds them,
 docker-compose.yml brought up as it is, the example pipeline's job run to its exit, then a graceful
-stop and a second start on the same volumes. The brokers serve TLS with auth on, from secrets that
+stop and a second start on the same volumes: two name servers, two broker groups of master + replica,
+Spark and the job. The brokers serve TLS with auth on, from secrets that
 tools/dev_secrets.py writes into a temp dir here (TIDEMARK_SECRETS_DIR, mounted read-only); the host
 side reaches them through the published ports with the same CA and credentials.
 
@@ -25,7 +26,9 @@ from client import Admin, TlsSettings, UnauthenticatedError
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = f"tidemark-test-{os.getpid()}"
-BROKERS = ("broker-a", "broker-b")
+BROKERS = ("broker-a", "broker-b")  # the masters: their ports are published
+REPLICAS = ("broker-a-replica", "broker-b-replica")
+NAMESRVS = ("namesrv-1", "namesrv-2")
 # Empty: Docker picks the host port (the file publishes on 127.0.0.1 only).
 PUBLISH = {name: "" for name in ("BROKER_A_PORT", "BROKER_B_PORT", "BROKER_A_METRICS_PORT",
                                  "BROKER_B_METRICS_PORT", "SPARK_UI_PORT")}
@@ -177,20 +180,29 @@ def test_a_client_without_credentials_is_refused_and_metrics_answer_on_the_publi
         assert "tidemark_messages_in_total" in text, f"{name}: no metrics through the published port"
 
 
-def test_both_brokers_report_healthy(stack):
-    for name in BROKERS:
+def test_every_broker_and_name_server_reports_healthy(stack):
+    for name in (*NAMESRVS, *BROKERS, *REPLICAS):
         wait_for(lambda n=name: healthy(n), 60, f"{name} healthy")
+
+
+def test_each_replica_follows_its_master(stack):
+    """Through the name servers inside the stack: replicas registered, caught up, holding the group's offsets."""
+    for name in REPLICAS:
+        log = logs(container(name))
+        assert "event=replication_connected" in log, log[-2000:]
+    assert "event=replica_connected" in logs(container("broker-a"))
 
 
 def test_stop_is_graceful_and_a_new_start_keeps_topics_messages_and_offsets(stack):
     before = snapshot(brokers_address())
     compose("stop", timeout=300)
-    for service in (*BROKERS, "spark-master", "spark-worker"):
+    tidemark = (*NAMESRVS, *BROKERS, *REPLICAS)
+    for service in (*tidemark, "spark-master", "spark-worker"):
         s = state(service)
         assert not s["Running"] and not s["OOMKilled"], (service, s)
         # 0: a broker's own graceful exit; 143: the JVM's exit on SIGTERM. 137 would be SIGKILL after the grace.
-        assert s["ExitCode"] == (0 if service in BROKERS else 143), (service, s)
-    for name in BROKERS:
+        assert s["ExitCode"] == (0 if service in tidemark else 143), (service, s)
+    for name in (*BROKERS, *REPLICAS):
         log = logs(container(name))
         assert "event=offsets_flushed" in log and "event=broker_stop" in log, log[-2000:]
     compose("up", "--detach", "--no-build", *BROKERS)

@@ -2,7 +2,8 @@
 
 The compose file is validated against the pinned Compose Specification schema, and every service's
 command runs as a plain process with the same arguments and environment, container names and
-ports mapped to 127.0.0.1 and free ports: two brokers, a Spark master and worker, and the job.
+ports mapped to 127.0.0.1 and free ports: two name servers, two broker groups of master + replica,
+a Spark master and worker, and the job.
 As in the file, the brokers serve TLS with auth on, from secrets tools/dev_secrets.py makes at test
 time (env_file and read-only mounts mapped to that directory). tests/containers/ runs the same stack
 in a real engine where one can run.
@@ -34,7 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 SCHEMA = ROOT / "tests" / "compose" / "compose-spec.json"
 SCHEMA_SHA256 = "0dc04bd346dcfee1b1419628fff79937bbf076925f298f272a2b490e2b112bac"
-BROKERS = ("broker-a", "broker-b")
+BROKERS = ("broker-a", "broker-b")  # the masters, with published ports
+REPLICAS = ("broker-a-replica", "broker-b-replica")
+NAMESRVS = ("namesrv-1", "namesrv-2")
 SECRETS_VAR = "TIDEMARK_SECRETS_DIR"
 
 
@@ -62,32 +65,46 @@ def test_compose_file_is_valid_against_the_compose_specification():
 
 def test_the_stack_has_what_the_pipeline_needs():
     services = compose()["services"]
-    assert set(services) == {"broker-a", "broker-b", "spark-master", "spark-worker", "job"}
+    assert set(services) == {*NAMESRVS, *BROKERS, *REPLICAS, "spark-master", "spark-worker", "job"}
     volumes, host_ports = set(), set()
-    for name in BROKERS:
+    for name in (*BROKERS, *REPLICAS):
         s = services[name]
         assert s["build"]["target"] == "broker"
         volumes.add(s["volumes"][0].split(":")[0])
-        for p in s["ports"]:
+        for p in s.get("ports", []):
             ip, host_port, _ = p.split(":")
             assert ip == "127.0.0.1", "published on the loopback only"
             host_ports.add(host_port)
         assert s["healthcheck"]["test"][:3] == ["CMD", "tidemark", "health"]
-        assert f"--broker-name={name}" in _flags(s["command"]) and f"--advertise-addr={name}:10911" in _flags(s["command"])
+        flags = _flags(s["command"])
+        assert f"--advertise-addr={name}:10911" in flags
+        group = name.removesuffix("-replica")
+        assert f"--broker-name={group}" in flags
+        if name in REPLICAS:
+            assert {"--broker-id=1", f"--master={group}:10911"} <= flags and "ports" not in s
         env = s["environment"]
         assert str(env["TIDEMARK_AUTH"]).lower() in ("1", "true"), "auth on"
+        assert env["TIDEMARK_NAMESRV"] == "namesrv-1:9876,namesrv-2:9876"
         secrets = _secret_mounts(s).values()
-        for key in ("TIDEMARK_TLS_CERT", "TIDEMARK_TLS_KEY", "TIDEMARK_TLS_CA_FILE"):
+        for key in ("TIDEMARK_TLS_CERT", "TIDEMARK_TLS_KEY", "TIDEMARK_TLS_CA_FILE", "TIDEMARK_PEER_TLS_CA"):
             assert any(env[key].startswith(target) for target in secrets), f"{name} {key} is not a mounted secret"
         assert s["env_file"] == f"${{{SECRETS_VAR}-./deploy/secrets}}/tidemark.env", "TIDEMARK_INIT_USER"
         assert env["TIDEMARK_METRICS_HOST"] == "0.0.0.0", "the published metrics port needs it"
-    assert len(volumes) == 2 and len(host_ports) == 4, "each broker needs its own volume and ports"
+        assert {k: v["condition"] for k, v in s["depends_on"].items()} == {n: "service_healthy" for n in NAMESRVS}
+    assert "--replication=sync" in _flags(services["broker-a"]["command"]), "one group replicates synchronously"
+    assert "--replication=sync" not in _flags(services["broker-b"]["command"])
+    assert len(volumes) == 4 and len(host_ports) == 4, "each broker needs its own volume; masters publish ports"
+    for name in NAMESRVS:
+        s = services[name]
+        assert s["entrypoint"] == ["tidemark", "namesrv"] and "--tls-cert=/run/secrets/tidemark/broker.pem" in \
+            _flags(s["command"])
+        assert s["healthcheck"]["test"][:4] == ["CMD", "tidemark", "health", "--namesrv"]
     for name in ("spark-worker", "job"):  # the job's driver and the worker's executors connect
         assert "/run/secrets/tidemark/ca.pem" in _secret_mounts(services[name]).values(), name
     job = services["job"]
-    assert {k: v["condition"] for k, v in job["depends_on"].items() if k in BROKERS} == {
-        "broker-a": "service_healthy", "broker-b": "service_healthy"}
-    assert "broker-a:10911,broker-b:10911" in job["command"]
+    assert {k: v["condition"] for k, v in job["depends_on"].items() if k != "spark-worker"} == {
+        n: "service_healthy" for n in (*BROKERS, *REPLICAS)}
+    assert "--namesrv=namesrv-1:9876,namesrv-2:9876" in _flags(job["command"])
 
 
 def _flags(command: list[str]) -> set[str]:
@@ -128,15 +145,21 @@ class Stack:
     def __init__(self, tmp: Path, secrets: Path) -> None:
         self.tmp = tmp
         self.variables = {SECRETS_VAR: str(secrets)}
-        self.ports = {(name, 10911): free_port() for name in BROKERS}
+        self.ports = {(name, 10911): free_port() for name in (*BROKERS, *REPLICAS)}
+        self.ports.update({(name, 9876): free_port() for name in NAMESRVS})
         self.ports[("spark-master", 7077)] = free_port()
         self.procs: list[subprocess.Popen] = []
 
     def translate(self, service: str, args: list[str]) -> list[str]:
         """Container names to 127.0.0.1, container ports to free ports, container paths to temp dirs."""
+        mounts = {target: _interpolate(source, self.variables)
+                  for source, target in _secret_mounts(compose()["services"][service]).items()}
         out = []
         for i, a in enumerate(args):
             prev = args[i - 1] if i else ""
+            for target, source in mounts.items():
+                if a.startswith(target):
+                    a = source + a[len(target):]
             if prev == "--data-dir":
                 a = str(self.tmp / service / "data")
             elif prev == "--checkpoint":
@@ -145,8 +168,10 @@ class Stack:
                 a = "127.0.0.1"
             elif prev in ("--webui-port", "--metrics-port"):
                 a = str(free_port())
-            elif prev == "--port" and service in BROKERS:
+            elif prev == "--port" and (service, 10911) in self.ports:
                 a = str(self.ports[(service, 10911)])
+            elif prev == "--port" and (service, 9876) in self.ports:
+                a = str(self.ports[(service, 9876)])
             elif prev == "--port" and service == "spark-master":
                 a = str(self.ports[("spark-master", 7077)])
             for (name, port), local in self.ports.items():
@@ -169,6 +194,8 @@ class Stack:
             for target, source in mounts.items():
                 if value.startswith(target):
                     value = source + value[len(target):]
+            for (name, port), local in self.ports.items():  # TIDEMARK_NAMESRV names containers
+                value = value.replace(f"{name}:{port}", f"127.0.0.1:{local}")
             env[key] = value
         env["PYSPARK_PYTHON"] = sys.executable  # the image sets its own venv's python
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -197,7 +224,8 @@ def _healthcheck(stack: Stack, name: str, service: dict) -> bool:
     """The service's own healthcheck command, with its environment (TLS: its CA)."""
     command = service["healthcheck"]["test"]
     assert command[:2] == ["CMD", "tidemark"]
-    argv = [a.replace("127.0.0.1:10911", f"127.0.0.1:{stack.ports[(name, 10911)]}") for a in command[2:]]
+    port = 9876 if name in NAMESRVS else 10911
+    argv = [a.replace(f"127.0.0.1:{port}", f"127.0.0.1:{stack.ports[(name, port)]}") for a in command[2:]]
     check = subprocess.run([sys.executable, "-m", "client.cli.main", *argv], capture_output=True, timeout=30,
                            env=stack.env(service))
     return check.returncode == 0
@@ -218,7 +246,7 @@ def test_dev_secrets_make_a_certificate_for_every_broker_name_and_a_random_root_
     cert = x509.load_pem_x509_certificate((first / "broker.pem").read_bytes())
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     names = set(san.get_values_for_type(x509.DNSName)) | {str(i) for i in san.get_values_for_type(x509.IPAddress)}
-    assert {"broker-a", "broker-b", "localhost", "127.0.0.1"} <= names
+    assert {*BROKERS, *REPLICAS, *NAMESRVS, "localhost", "127.0.0.1"} <= names
     ca = x509.load_pem_x509_certificate((first / "ca.pem").read_bytes())
     cert.verify_directly_issued_by(ca)
     envs = [dict(line.split("=", 1) for line in (d / "tidemark.env").read_text().splitlines()
@@ -238,10 +266,16 @@ def test_compose_services_run_as_processes(tmp_path):
     stack = Stack(tmp_path, make_secrets(tmp_path / "secrets"))
     spark_class = str(Path(os.path.dirname(pyspark.__file__)) / "bin" / "spark-class")
     try:
-        for name in BROKERS:
+        for name in NAMESRVS:
+            argv = [sys.executable, "-m", "client.cli.main", *services[name]["entrypoint"][1:],
+                    *stack.translate(name, services[name]["command"])]
+            stack.start(name, argv, stack.env(services[name]))
+        for name in NAMESRVS:
+            wait_until(lambda n=name: _healthcheck(stack, n, services[n]), 60, f"{name} healthy")
+        for name in (*BROKERS, *REPLICAS):
             argv = [sys.executable, "-m", "client.cli.main", "broker", *stack.translate(name, services[name]["command"])]
             stack.start(name, argv, stack.env(services[name]))
-        for name in BROKERS:
+        for name in (*BROKERS, *REPLICAS):
             wait_until(lambda n=name: _healthcheck(stack, n, services[n]), 60, f"{name} healthy (its compose healthcheck)")
         for name in ("spark-master", "spark-worker"):
             command = stack.translate(name, services[name]["command"])
@@ -267,5 +301,16 @@ def test_compose_services_run_as_processes(tmp_path):
             stats = admin.consume_stats(groups[0].group)
         assert {s.queue.broker_name for s in stats} == set(BROKERS), "the topic should span both brokers"
         assert sum(s.lag for s in stats) == 0 and sum(s.max_offset for s in stats) > 0
+        namesrv = tuple(f"127.0.0.1:{stack.ports[(n, 9876)]}" for n in NAMESRVS)
+        with Admin(namesrv=namesrv, tls=tls, credentials=credentials) as admin:
+            wait_until(lambda: all(b.replica_lag_bytes == 0 for b in admin.cluster_list()), 30, "replicas caught up")
+            members = {(b.broker_name, b.role) for b in admin.cluster_list()}
+        assert members == {(g, role) for g in BROKERS for role in ("master", "replica")}
+        for name in REPLICAS:  # each replica holds its master's messages and the group's offsets
+            with Admin(brokers=f"127.0.0.1:{stack.ports[(name, 10911)]}", tls=tls, credentials=credentials) as replica:
+                copied = replica.consume_stats(groups[0].group)
+            group = name.removesuffix("-replica")
+            assert [(s.queue, s.max_offset, s.consumer_offset) for s in copied] == [
+                (s.queue, s.max_offset, s.consumer_offset) for s in stats if s.queue.broker_name == group]
     finally:
         stack.stop()

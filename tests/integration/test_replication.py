@@ -9,8 +9,8 @@ import time
 
 import grpc
 import pytest
-from brokerproc import BrokerStubs
-from workload import wait_until
+from brokerproc import BrokerStubs, free_port
+from workload import metric, scrape, wait_until
 
 from client import Admin, Message, MessageQueue, Producer, TidemarkError
 from tidemark.v1 import admin_pb2, common_pb2, messaging_pb2
@@ -160,3 +160,27 @@ def test_a_replica_with_a_divergent_tail_cuts_it_and_copies_the_master(pair, bro
     wait_until(lambda: contents(replica.address, "Copied", 2) == contents(master.address, "Copied", 2), 30,
                "the replica to cut its tail and copy the master")
     assert "event=replica_diverged" in master.log_text()
+
+
+def test_replica_lag_shows_in_metrics_on_both_sides(broker_factory):
+    master_metrics, replica_metrics = free_port(), free_port()
+    master = broker_factory("broker-a", args=("--metrics-port", str(master_metrics)))
+    replica = broker_factory("broker-a", args=("--broker-id", "1", "--master", master.address, "--metrics-port",
+                                               str(replica_metrics)))
+    with Admin(brokers=master.address) as admin:
+        admin.create_topic("Measured", 1)
+    with Producer(brokers=master.address) as producer:
+        producer.send_batch([Message("Measured", b"x" * 1000) for _ in range(100)])
+
+    def behind() -> dict:
+        return {k: v for k, v in scrape(master_metrics).items() if k[0] == "tidemark_replica_behind_bytes"}
+
+    wait_until(lambda: list(behind().values()) == [0.0], 15, "the master to see its replica caught up",
+               details=lambda: str(behind()))
+    replica.pause()  # behind while paused: the master's view grows with the next sends
+    with Producer(brokers=master.address) as producer:
+        producer.send_batch([Message("Measured", b"y" * 1000) for _ in range(100)])
+    wait_until(lambda: list(behind().values())[0] > 100_000, 15, "the master to count the paused replica behind")
+    replica.resume()
+    wait_until(lambda: list(behind().values()) == [0.0], 15, "the replica to catch up again")
+    assert metric(replica_metrics, "tidemark_replica_lag_bytes") == 0.0

@@ -130,9 +130,11 @@ class BrokerController:
                                            groups=self.groups, on_reset=self.hold.notify)
         # A master serves its replicas' streams; a replica copies its master (broker/replication.py).
         self.replication = self._replication_source() if not config.broker_id else None
+        self.store.follower = bool(config.broker_id)  # reads past a replica's end wait for it to catch up
         self.replica = ReplicaSync(master=config.master, store=self.store, topics=self.topics, groups=self.groups,
-                                   offsets=self.offsets, broker_name=config.broker_name, broker_id=config.broker_id,
-                                   segment_size=config.commitlog_segment_size, after_mirror=self.flush_configs,
+                                   offsets=self.offsets, schedule=self.schedule, broker_name=config.broker_name,
+                                   broker_id=config.broker_id, segment_size=config.commitlog_segment_size,
+                                   after_mirror=self.flush_configs, on_topic_gone=self._remove_topic_data,
                                    tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials()) \
             if config.broker_id else None
         self.sender = SendService(config=config, store=self.store, topics=self.topics,
@@ -174,6 +176,7 @@ class BrokerController:
                                  self.config.broker_id, self.epoch),
             tls_ca_file=config.peer_tls_ca, on_fenced=self.permission.fence)
         self.started_ms = self.clock_ms()
+        self._promoting = False
         self.ready = False
         self._started = False
 
@@ -471,9 +474,16 @@ class BrokerController:
         """Make this replica the master of its name with a new epoch (`tidemark broker promote`); returns
         the epoch. The role is on disk before anything changes (broker/roles.py); the name servers learn it
         at once, and refuse the old master from then on."""
-        if self.replica is None:
+        if self.replica is None or self._promoting:
             raise FailedPreconditionError(f"broker {self.config.broker_name} here is a master already "
-                                          f"(epoch {self.epoch})")
+                                          f"(epoch {self.epoch}), or being promoted")
+        self._promoting = True
+        try:
+            return await self._promote()
+        finally:
+            self._promoting = False
+
+    async def _promote(self) -> int:
         epoch = max(self.epoch, self.registrar.master_epoch, self.replica.master_epoch) + 1
         try:
             await asyncio.to_thread(save_role, self.config.config_dir, Role(0, epoch))
@@ -483,6 +493,7 @@ class BrokerController:
         await replica.stop()
         self.config = dataclasses.replace(self.config, broker_id=0, master="")
         self.epoch = epoch
+        self.store.follower = False
         self.replication = self._replication_source()
         self.store.add_dispatch_listener(self.replication.on_append)
         self.sender.replicated = self._sync_wait()
@@ -513,6 +524,10 @@ class BrokerController:
     async def delete_topic(self, name: str) -> None:
         self.topics.delete(name)
         await self.topics.file.flush()  # a deletion topics.json cannot record is undone before data goes
+        await self._remove_topic_data(name)
+
+    async def _remove_topic_data(self, name: str) -> None:
+        """A deleted topic's messages, offsets, locks and pop state (on a replica: deleted on its master)."""
         await self.store.delete_topic(name)
         removed = self.offsets.clean_topic(name)
         self.locks.forget_topic(name)

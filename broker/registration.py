@@ -77,14 +77,19 @@ class NameServerRegistrar:
             return
         async with self._lock:
             fingerprint, request = self._fingerprint(), namesrv_pb2.RegisterBrokerRequest(broker=self._build())
+            # Sent, answered or not: a name server that missed it gets it on the next tick, and requests
+            # awaiting sync_if_changed do not each wait out a dead name server again.
+            self._registered = fingerprint
             results = await asyncio.gather(*(self._call(a, "RegisterBroker", request) for a in self.addresses))
             if any(results):
-                self._registered = fingerprint
                 self.registrations += 1
 
     async def sync_if_changed(self) -> None:
         """Register at once when the registration changed since the last one sent (cheap otherwise)."""
         if self.state is State.RUNNING and self._fingerprint() != self._registered:
+            async with self._lock:
+                if self._fingerprint() == self._registered:
+                    return  # a registration that waited for the lock sent it
             await self.register_all()
 
     async def stop(self) -> None:

@@ -42,6 +42,7 @@ from broker.offsets.persistence import (
     decode_offset_table,
     encode_offset_table,
 )
+from broker.schedule import ScheduleMessageService
 from broker.store import MessageStore
 from broker.topics import TopicConfigManager
 from tidemark.auth import Credentials, signed_metadata
@@ -53,6 +54,7 @@ log = get_logger("tidemark.broker.replication")
 CHUNK_BYTES = 1 << 20
 WINDOW_BYTES = 8 << 20
 HEARTBEAT_S = 1.0
+MAX_RECEIVE_BYTES = 256 << 20
 
 
 def decode_offsets(data: bytes) -> DecodeResult:
@@ -199,10 +201,10 @@ class ReplicationSource:
                                                        master_epoch=self._epoch())
 
     def metadata(self, topics: TopicConfigManager, groups: SubscriptionGroupManager,
-                 offsets: ConsumerOffsetManager) -> replication_pb2.ReplicaMetadata:
+                 offsets: ConsumerOffsetManager, schedule: ScheduleMessageService) -> replication_pb2.ReplicaMetadata:
         return replication_pb2.ReplicaMetadata(
             topics_json=json.dumps(topics.document()).encode(), groups_json=json.dumps(groups.document()).encode(),
-            offsets_json=encode_offset_table(*offsets.table()))
+            offsets_json=encode_offset_table(*offsets.table()), schedule_progress=schedule.progress())
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
@@ -223,12 +225,15 @@ class ReplicaSync:
     """A replica's side: the stream from its master, and the metadata mirror (see the module docstring)."""
 
     def __init__(self, *, master: str, store: MessageStore, topics: TopicConfigManager,
-                 groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, broker_name: str, broker_id: int,
-                 segment_size: int, after_mirror: Callable[[], Awaitable[None]], tls_ca_file: str = "",
+                 groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, schedule: ScheduleMessageService,
+                 broker_name: str, broker_id: int, segment_size: int, after_mirror: Callable[[], Awaitable[None]],
+                 on_topic_gone: Callable[[str], Awaitable[None]], tls_ca_file: str = "",
                  credentials: Credentials | None = None, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.master = master
         self._store = store
-        self._topics, self._groups, self._offsets = topics, groups, offsets
+        self._topics, self._groups, self._offsets, self._schedule = topics, groups, offsets, schedule
+        # A topic the master deleted: its data goes here too (the store's queues, offsets, locks).
+        self._on_topic_gone = on_topic_gone
         self._hello = dict(broker_name=broker_name, broker_id=broker_id, segment_size=segment_size)
         self._after_mirror = after_mirror
         self._tls_ca_file = tls_ca_file
@@ -260,11 +265,13 @@ class ReplicaSync:
     def start(self) -> None:
         if self.state is not State.NEW:
             return
+        # A chunk holds at least one whole record, up to max_message_size and more; the offset table too.
+        options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
         if self._tls_ca_file:
             credentials = grpc.ssl_channel_credentials(root_certificates=Path(self._tls_ca_file).read_bytes())
-            self._channel = grpc.aio.secure_channel(self.master, credentials)
+            self._channel = grpc.aio.secure_channel(self.master, credentials, options=options)
         else:
-            self._channel = grpc.aio.insecure_channel(self.master)
+            self._channel = grpc.aio.insecure_channel(self.master, options=options)
         self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-sync")
         self.state = State.RUNNING
@@ -310,7 +317,7 @@ class ReplicaSync:
                 log.info("replicating from master", event="replication_connected", master=self.master,
                          offset=store.commit_log_max_offset)
             if chunk.HasField("truncate_to"):
-                store.truncate_to(chunk.truncate_to)
+                await store.truncate_to(chunk.truncate_to)
                 return  # and ask again from there
             if chunk.data:
                 written = store.append_replicated(chunk.offset, chunk.data)
@@ -341,8 +348,12 @@ class ReplicaSync:
             m = await self._stub.GetMetadata(replication_pb2.GetMetadataRequest(), timeout=5, metadata=self._signed())
         except grpc.RpcError:
             return  # the stream's log says the master is away
+        before = {t.name for t in self._topics.list(include_system=True)}
         self._topics.mirror(json.loads(m.topics_json))
+        for name in sorted(before - {t.name for t in self._topics.list(include_system=True)}):
+            await self._on_topic_gone(name)
         self._groups.mirror(json.loads(m.groups_json))
+        self._schedule.mirror(dict(m.schedule_progress))
         offsets = decode_offsets(m.offsets_json)
         self._offsets.mirror(offsets.table, offsets.reset_generations)
         await self._after_mirror()

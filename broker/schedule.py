@@ -159,6 +159,14 @@ class ScheduleMessageService:
     def progress(self) -> dict[int, int]:
         return dict(self._offsets)
 
+    def mirror(self, progress: dict[int, int]) -> None:
+        """A replica's copy of its master's delivery progress (forward only), so a promoted replica does
+        not deliver again what its master delivered."""
+        for level, offset in progress.items():
+            if offset > self._offsets.get(level, 0):
+                self._offsets[level] = offset
+                self._dirty = True
+
     def pending(self) -> int:
         """Messages waiting in the schedule topic (all levels)."""
         return sum(max(0, self._store.max_offset(SCHEDULE_TOPIC, level - 1) - self._offset(level))

@@ -151,6 +151,11 @@ class RouteTable:
                 where = f" at {current.registration.address}" if current is not None else ""
                 raise FencedError(f"broker {r.broker_name!r} has a master with epoch {newest}{where}; this one "
                                   f"({r.address}) has epoch {r.epoch}: it was replaced and must not take writes")
+            current = self._brokers.get(r.key)
+            if r.epoch == newest and newest > 0 and current is not None and current.registration.address != r.address:
+                raise FencedError(f"broker {r.broker_name!r} has a master with epoch {newest} at "
+                                  f"{current.registration.address}; {r.address} claims the same epoch (two "
+                                  f"promotions at once?): refused until that one leaves")
             self._epochs[r.broker_name] = r.epoch
         previous = self._brokers.get(r.key)
         for key, other in list(self._brokers.items()):

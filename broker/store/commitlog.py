@@ -215,8 +215,9 @@ class CommitLog:
         if offset == self._write_end:
             return b""
         segment = self._segment_for(offset)
-        if segment is None or offset > self._write_end:
-            raise StoreError(f"offset {offset} is outside the commit log [{self.min_offset}, {self._write_end}]")
+        if segment is None or offset > self._write_end or not self.is_boundary(offset):
+            raise StoreError(f"offset {offset} is not a record start of the commit log "
+                             f"[{self.min_offset}, {self._write_end}]")
         limit = min(segment.end, self._write_end) - offset
         data = segment.pread(min(max(max_bytes, codec.BLANK_SIZE), limit), offset - segment.start)
         pos = 0
@@ -232,14 +233,48 @@ class CommitLog:
         return data[:pos]
 
     def tail_digest(self, end: int) -> int | None:
-        """crc32 of the bytes just before `end` (up to TAIL_DIGEST_BYTES, within end's segment): how a
-        replica and its master check that their logs agree up to the replica's end. None when `end` is
-        not inside this log."""
+        """crc32 of the bytes before the last message record ending at or before `end` (up to
+        TAIL_DIGEST_BYTES, within its segment), with that record's end: how a replica and its master check
+        that their logs agree up to the replica's end. Padding after a segment's end marker is left out
+        (zeros in every log). None when `end` is not inside this log."""
         if end <= self.min_offset or end > self._write_end:
             return None
         segment = self._segment_for(end - 1)
-        start = max(segment.start, end - TAIL_DIGEST_BYTES)
-        return zlib.crc32(segment.pread(end - start, start - segment.start))
+        last = self._last_message_end(segment, end)
+        start = max(segment.start, last - TAIL_DIGEST_BYTES)
+        return zlib.crc32(last.to_bytes(8, "big"), zlib.crc32(segment.pread(last - start, start - segment.start)))
+
+    def _last_message_end(self, segment: FileHandle, end: int) -> int:
+        """The end of the last message record of `segment` ending at or before `end` (its start when none);
+        walks the segment's record headers when `end` is past an end-of-segment marker."""
+        if end < segment.start + segment.capacity:
+            return end  # not a sealed segment's end: `end` follows a message record
+        pos, last = segment.start, segment.start
+        while pos + codec.BLANK_SIZE <= end:
+            total, magic = codec.PREFIX.unpack_from(segment.pread(codec.BLANK_SIZE, pos - segment.start))
+            if magic != codec.MESSAGE_MAGIC or total < codec.MIN_RECORD_SIZE:
+                break
+            pos += total
+            last = pos
+        return last
+
+    def is_boundary(self, offset: int) -> bool:
+        """Whether a record (or the log's end) starts at `offset`."""
+        if offset == self._write_end:
+            return True
+        segment = self._segment_for(offset)
+        if segment is None or offset >= segment.end:
+            return False
+        if offset == segment.start:
+            return True
+        header = segment.pread(codec.BLANK_SIZE, offset - segment.start)
+        if len(header) < codec.BLANK_SIZE:
+            return False
+        total, magic = codec.PREFIX.unpack_from(header)
+        if magic == codec.BLANK_MAGIC:
+            return offset + total == segment.start + segment.capacity
+        return magic == codec.MESSAGE_MAGIC and _PHYS(segment.pread(8, offset - segment.start
+                                                                   + codec.PHYS_OFFSET_FIELD), 0)[0] == offset
 
     def segment_start(self, offset: int) -> int:
         """The start of the segment holding `offset` (a record boundary)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -114,6 +115,8 @@ class MessageStore:
         self._pending_cut: tuple[int, ConsumeQueue] | None = None  # an undo that failed, for the probe
         self._executor: ThreadPoolExecutor | None = None
         self._flusher: FlushService | None = None
+        # A replica's store: reads past a queue's end wait for replication instead of going back (reads.py).
+        self.follower = False
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -391,7 +394,10 @@ class MessageStore:
         self._commitlog.append_replicated(offset, data, index)
         for topic, queue_id in touched:
             for listener in self._listeners:
-                listener(topic, queue_id)
+                try:
+                    listener(topic, queue_id)
+                except Exception:
+                    log.exception("dispatch listener %r failed", listener)
         return list(touched)
 
     def tail_digest(self, end: int) -> int | None:
@@ -400,26 +406,33 @@ class MessageStore:
 
     def divergence_point(self, end: int, digest: int | None) -> int | None:
         """Master: where a replica ending at `end` with this tail digest must truncate to, or None when it
-        agrees with this log. Past this log's end: to the end; a different tail: to the start of the segment
-        holding it (the replica then asks again from there, so a long divergence is cut segment by segment)."""
+        agrees with this log. Past this log's end: to the end; not a record boundary here, or a different
+        tail: to the start of the segment holding it (the replica then asks again from there, so a long
+        divergence is cut segment by segment)."""
         mine = self._commitlog.max_offset
         if end > mine:
             return mine
-        if end == 0 or self._commitlog.tail_digest(end) == digest:
+        if end == 0:
+            return None
+        if self._commitlog.is_boundary(end) and self._commitlog.tail_digest(end) == digest:
             return None
         return self._commitlog.segment_start(end - 1)
 
-    def truncate_to(self, end: int) -> int:
+    async def truncate_to(self, end: int) -> int:
         """Replica: drop every record at or past `end` (a tail its master does not have); the bytes
-        dropped."""
-        dropped = max(0, self._commitlog.max_offset - end)
-        if dropped:
-            for queue in self._queues:
-                queue.truncate_from_commit_log_offset(end)
-            self._commitlog.cut_back(end)
-            log.warning("commit log truncated to the master's end", event="replica_truncated", offset=end,
-                        dropped_bytes=dropped)
-        return dropped
+        dropped. The checkpoint moves back with it (under the flush lock, so a flush taken before the cut
+        cannot put it forward again): recovery after a crash then scans from a record boundary."""
+        async with self._flush_lock:
+            dropped = max(0, self._commitlog.max_offset - end)
+            if dropped:
+                for queue in self._queues:
+                    queue.truncate_from_commit_log_offset(end)
+                self._commitlog.cut_back(end)
+                if (self._checkpoint.offset or 0) > end:
+                    await self._in_thread(functools.partial(self._checkpoint.write, end, allow_backwards=True))
+                log.warning("commit log truncated to the master's end", event="replica_truncated", offset=end,
+                            dropped_bytes=dropped)
+            return dropped
 
     async def wait_durable(self, end_offset: int) -> None:
         """SYNC flush: wait until the commit log is fsynced up to end_offset (ASYNC: at once)."""
@@ -459,7 +472,8 @@ class MessageStore:
                 f"offset {offset} must be >= 0, max_count {max_count} and max_scan {max_scan} >= 1"
             )
         return reads.get_messages(self._queues.get(topic, queue_id), self._commitlog, offset, max_count,
-                                  matcher=matcher, exact_matcher=exact_matcher, max_scan=max_scan)
+                                  matcher=matcher, exact_matcher=exact_matcher, max_scan=max_scan,
+                                  follower=self.follower)
 
     def read_records(
         self,
@@ -480,7 +494,8 @@ class MessageStore:
                 f"max_scan {max_scan} >= 1"
             )
         return reads.read_records(self._queues.get(topic, queue_id), self._commitlog, offset, max_count=max_count,
-                                  max_bytes=max_bytes, tags_codes=tags_codes, max_scan=max_scan)
+                                  max_bytes=max_bytes, tags_codes=tags_codes, max_scan=max_scan,
+                                  follower=self.follower)
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get(topic, queue_id)

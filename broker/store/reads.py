@@ -23,8 +23,13 @@ from broker.store.model import GetResult, GetStatus, RawRead, StoredMessage
 ENTRY_READ_BATCH = 256
 
 
-def position_status(offset: int, low: int, high: int) -> GetStatus | None:
-    """Why nothing can be read at `offset` of a queue holding [low, high); None when something can."""
+def position_status(offset: int, low: int, high: int, *, follower: bool = False) -> GetStatus | None:
+    """Why nothing can be read at `offset` of a queue holding [low, high); None when something can.
+
+    A follower (a replica behind its master) answers a position past its end as "at the end": the reader
+    waits there while the replica catches up, instead of being sent back to the start."""
+    if follower and offset > high:
+        return GetStatus.OFFSET_OVERFLOW_ONE
     if high == 0 or low == high:
         return GetStatus.NO_MESSAGE_IN_QUEUE
     if offset < low:
@@ -44,13 +49,13 @@ def _next_offset(status: GetStatus, offset: int, low: int, high: int) -> int:
 
 def get_messages(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, max_count: int, *,
                  matcher: Callable[[int], bool] | None, exact_matcher: Callable[[StoredMessage], bool] | None,
-                 max_scan: int) -> GetResult:
+                 max_scan: int, follower: bool = False) -> GetResult:
     """Up to max_count matching messages from `offset`, examining at most max_scan entries.
 
     `matcher` sees the consume queue's tags code (cheap); `exact_matcher` the decoded message.
     next_begin_offset follows the last entry examined."""
     low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
-    status = position_status(offset, low, high)
+    status = position_status(offset, low, high, follower=follower)
     if status is not None:
         return GetResult(status, [], _next_offset(status, offset, low, high), low, high)
     messages: list[StoredMessage] = []
@@ -78,13 +83,13 @@ def get_messages(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, 
 
 
 def read_records(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, *, max_count: int, max_bytes: int,
-                 tags_codes: frozenset[int] | None, max_scan: int) -> RawRead:
+                 tags_codes: frozenset[int] | None, max_scan: int, follower: bool = False) -> RawRead:
     """Up to max_count records (and max_bytes, at least one record) from `offset`, as stored.
 
     Consume-queue entries are filtered by tags code, the whole scan window in one vectorised pass;
     the consumer checks tags exactly (hash codes may collide)."""
     low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
-    status = position_status(offset, low, high)
+    status = position_status(offset, low, high, follower=follower)
     if status is not None:
         return RawRead(status, b"", 0, _next_offset(status, offset, low, high), low, high)
     commit_log_min = commitlog.min_offset

@@ -168,7 +168,7 @@ class AsyncProducer:
             target = queue or (prefer if attempt == 0 and prefer is not None else
                                await self._select(topic, first, selector, arg, avoid=avoid))
             try:
-                conn = await self.cluster.connection(target.broker_name)
+                conn = await self.cluster.master_connection(target.broker_name)
                 offset = await conn.produce_stream().send(topic, target.queue_id, len(msg_ids), data, timeout)
                 return [SendResult(msg_id, target, offset + i) for i, msg_id in enumerate(msg_ids)]
             except TidemarkError as e:
@@ -194,7 +194,7 @@ class AsyncProducer:
         for attempt in range(attempts):
             target = queue or await self._select(topic, messages[0], selector, arg, avoid=avoid)
             try:
-                conn = await self.cluster.connection(target.broker_name)
+                conn = await self.cluster.master_connection(target.broker_name)
                 return await conn.send(topic, messages, queue_id=target.queue_id, born_host=self.settings.client_ip,
                                        timeout=timeout)
             except TidemarkError as e:

@@ -219,6 +219,14 @@ class BrokerCluster:
         """Every broker name with the connection serving it now (its replica while its master is away)."""
         return {name: await self.connection(name) for name in await self.discover()}
 
+    async def master_connection(self, broker_name: str) -> BrokerConnection:
+        """The master's connection, for writes: a retriable UnavailableError while it is away (a replica
+        takes no writes; the sender picks another broker's queue)."""
+        conn = await self.connection(broker_name)
+        if broker_name in self._down:
+            raise UnavailableError(f"the master of {broker_name} is unreachable; its replica takes no writes")
+        return conn
+
     async def _failover(self, name: str, master: BrokerConnection) -> BrokerConnection:
         now = time.monotonic()
         if now - self._down[name] >= PROBE_INTERVAL_S:
@@ -228,7 +236,7 @@ class BrokerCluster:
             except TidemarkError:
                 pass
             else:
-                del self._down[name]
+                self._down.pop(name, None)
                 log.info("master of %s at %s answers again", name, master.address, event="broker_failback",
                          broker=name)
                 return master

@@ -45,6 +45,7 @@ from client.types import (
     UserInfo,
 )
 from tidemark.auth import Credentials
+from tidemark.protocol import ERROR_CLASS_KEY
 from tidemark.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -104,6 +105,13 @@ class CommitStream:
         self._call.cancel()
 
 
+def _unreachable(e: grpc.RpcError) -> bool:
+    """A transport failure (connection refused or lost), not a broker's own answer: a broker's refusals carry
+    their error class (a full disk, a replication timeout are UNAVAILABLE too, from a live broker)."""
+    trailing = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    return e.code() is grpc.StatusCode.UNAVAILABLE and not any(k == ERROR_CLASS_KEY for k, _ in trailing or ())
+
+
 class BrokerConnection:
     def __init__(self, address: str, *, timeout_s: float = 3.0, credentials: Credentials | None = None,
                  tls: TlsSettings | None = None,
@@ -144,7 +152,7 @@ class BrokerConnection:
         why); an unreachable broker is reported to on_unavailable."""
         error = from_rpc_error(e, address=self.address, tls=self._tls is not None,
                                client_cert=bool(self._tls and self._tls.cert_file))
-        if type(error) is UnavailableError:
+        if type(error) is UnavailableError and _unreachable(e):
             self._on_unavailable(self)
         return error
 

@@ -54,8 +54,11 @@ class NameServerClient:
 
     async def _ask(self, method: str, request):
         """The first answer, starting at the name server that answered last; an answer that is an
-        error (NOT_FOUND, INVALID_ARGUMENT) is the answer, only an unreachable name server is skipped."""
+        error (INVALID_ARGUMENT) is the answer, only an unreachable name server is skipped. NOT_FOUND
+        asks the others too (a name server restarted a moment ago knows no broker yet), and is the
+        answer when none knows better."""
         failures: list[TidemarkError] = []
+        not_found: TidemarkError | None = None
         n = len(self._stubs)
         for i in range(n):
             k = (self._preferred + i) % n
@@ -65,6 +68,9 @@ class NameServerClient:
                 error: TidemarkError = from_rpc_error(e, address=self.addresses[k], tls=self._tls is not None,
                                                       client_cert=bool(self._tls and self._tls.cert_file),
                                                       peer="name server")
+                if e.code() is grpc.StatusCode.NOT_FOUND:
+                    not_found = not_found or error
+                    continue
                 if not isinstance(error, UnavailableError) and e.code() is not grpc.StatusCode.DEADLINE_EXCEEDED:
                     self._preferred = k
                     raise error from None
@@ -72,6 +78,8 @@ class NameServerClient:
                 continue
             self._preferred = k
             return answer
+        if not_found is not None:
+            raise not_found
         # Every name server refused the handshake: a setting to fix, not an outage to wait out.
         kind = TlsHandshakeError if all(isinstance(f, TlsHandshakeError) for f in failures) else UnavailableError
         raise kind(f"no name server answers ({'; '.join(str(f) for f in failures)})",

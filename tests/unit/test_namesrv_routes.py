@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.errors import InvalidArgumentError, NotFoundError
+from broker.errors import FencedError, InvalidArgumentError, NotFoundError
 from broker.namesrv.routes import QueueRoute, Registration, RouteTable, TopicQueues
 
 
@@ -161,3 +161,20 @@ def test_the_table_agrees_with_a_simple_model(ops):
             else:
                 with pytest.raises(NotFoundError):
                     table.route(topic)
+
+
+def test_a_master_with_an_older_epoch_is_fenced_and_two_with_the_newest_are_not_both_taken():
+    table = RouteTable()
+    table.register(reg("broker-a", 0, "old:1"), now_ms=0)  # epoch 0
+    table.register(reg("broker-a", 0, "new:1", epoch=1), now_ms=1)  # promoted: replaces it
+    assert table.route("T")[0].address == "new:1" and table.master_epoch("broker-a") == 1
+    with pytest.raises(FencedError, match="has a master with epoch 1 at new:1; this one \\(old:1\\) has epoch 0"):
+        table.register(reg("broker-a", 0, "old:1"), now_ms=2)
+    with pytest.raises(FencedError, match="claims the same epoch"):
+        table.register(reg("broker-a", 0, "other:1", epoch=1), now_ms=3)
+    table.register(reg("broker-a", 0, "new:1", epoch=1), now_ms=4)  # a renewal
+    assert table.route("T")[0].address == "new:1"
+    table.expire(now_ms=10 ** 9)  # the epoch outlives the registration
+    with pytest.raises(FencedError):
+        table.register(reg("broker-a", 0, "old:1"), now_ms=10 ** 9 + 1)
+    table.register(reg("broker-a", 1, "replica:1"), now_ms=10 ** 9 + 2)  # replicas have no epoch to check

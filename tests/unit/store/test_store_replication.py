@@ -11,7 +11,7 @@ import pytest
 from store_testlib import body_for
 
 from broker.errors import StoreError
-from broker.store import MessageStore
+from broker.store import MessageStore, commitlog
 
 
 def _replicate(master: MessageStore, replica: MessageStore, max_bytes: int) -> int:
@@ -110,7 +110,7 @@ def test_a_tail_the_master_does_not_have_is_truncated_from_log_and_queues(config
         _replicate(master, replica, 1 << 20)
         kept = replica.commit_log_max_offset
         await replica.put_messages(make_records(40, start=5))  # a tail written while it was a master
-        assert replica.truncate_to(kept) > 0
+        assert await replica.truncate_to(kept) > 0
         assert replica.commit_log_max_offset == kept and replica.max_offset("T", 0) == 5
         await master.put_messages(make_records(3, start=100))
         _replicate(master, replica, 1 << 20)
@@ -139,10 +139,91 @@ def test_a_divergent_tail_is_found_by_its_digest_and_cut_segment_by_segment(conf
         rounds = 0
         while (cut := master.divergence_point(replica.commit_log_max_offset,
                                               replica.tail_digest(replica.commit_log_max_offset))) is not None:
-            replica.truncate_to(cut)
+            await replica.truncate_to(cut)
             rounds += 1
         assert 1 <= rounds and replica.commit_log_max_offset <= agreed
         _replicate(master, replica, 1 << 20)
         assert _contents(replica, "T", 0) == _contents(master, "T", 0)
+
+    asyncio.run(scenario())
+
+
+def test_logs_that_differ_before_identical_segment_padding_are_told_apart(config, clock, make_records, tmp_path,
+                                                                          monkeypatch):
+    """Both logs sealed the same segment with the same padding after different records: the digest covers
+    the last records, not the zeros after the end-of-segment marker (a window shorter than the padding
+    here, as 4 KiB is against the padding of a 64 MiB segment)."""
+    monkeypatch.setattr(commitlog, "TAIL_DIGEST_BYTES", 16)
+
+    async def scenario():
+        stores = []
+        for name, start in (("one", 0), ("two", 1000)):
+            store = MessageStore(dataclasses.replace(config, data_dir=tmp_path / name), clock=clock)
+            store.load()
+            await store.start()
+            await store.put_messages(make_records(1, start=start))
+            stores.append(store)
+        one, two = stores
+        big = [dataclasses.replace(r, body=b"z" * 2500) for r in make_records(1, start=5)]
+        for store in stores:  # 4 KiB segments: the second big record does not fit, both seal the first segment
+            await store.put_messages(big)
+            await store.put_messages(big)
+        end = config.commitlog_segment_size
+        assert one.commit_log_max_offset > end and two.commit_log_max_offset > end
+        assert one.divergence_point(end, two.tail_digest(end)) == 0
+        assert one.divergence_point(end, one.tail_digest(end)) is None
+        assert one.divergence_point(end - 3, None) == 0  # not a record start: cut to the segment's start
+
+    asyncio.run(scenario())
+
+
+def test_a_cut_moves_the_checkpoint_back_so_a_crash_recovers_from_a_record_start(config, clock, make_records,
+                                                                                 tmp_path):
+    replica_config = dataclasses.replace(config, data_dir=tmp_path / "replica")
+
+    async def before_crash():
+        master = MessageStore(config, clock=clock)
+        master.load()
+        await master.start()
+        await master.put_messages(make_records(60))
+        replica = MessageStore(replica_config, clock=clock)
+        replica.load()
+        await replica.start()
+        await replica.put_messages([dataclasses.replace(r, body=b"r" * 77)  # its own history, flushed past
+                                    for r in make_records(30, start=500)])  # the cut, at other boundaries
+        await replica._flush_all()
+        await replica.truncate_to(0)
+        _replicate(master, replica, 1 << 20)
+        return _contents(master, "T", 0)  # then kill -9: no shutdown
+
+    expected = asyncio.run(before_crash())
+
+    async def after_crash():
+        replica = MessageStore(replica_config, clock=clock)
+        replica.load()
+        assert _contents(replica, "T", 0) == expected
+
+    asyncio.run(after_crash())
+
+
+def test_a_follower_answers_a_position_past_its_end_with_wait_not_with_the_start(config, clock, make_records):
+    """A consumer failing over to a replica that is behind keeps its position (RocketMQ's slave answers the
+    same); a master sends a reader past the end back (OFFSET_OVERFLOW_BADLY)."""
+    from broker.store import GetStatus
+
+    async def scenario():
+        store = MessageStore(config, clock=clock)
+        store.load()
+        await store.start()
+        await store.put_messages(make_records(5))
+        for follower, status, next_offset in ((False, GetStatus.OFFSET_OVERFLOW_BADLY, 0),
+                                              (True, GetStatus.OFFSET_OVERFLOW_ONE, 9)):
+            store.follower = follower
+            got = store.get_messages("T", 0, 9, 32)
+            raw = store.read_records("T", 0, 9, max_count=32, max_bytes=1 << 20)
+            assert (got.status, got.next_begin_offset) == (status, next_offset)
+            assert (raw.status, raw.next_offset) == (status, next_offset)
+        empty = store.get_messages("Unknown", 0, 3, 32)  # nothing replicated yet for this queue
+        assert (empty.status, empty.next_begin_offset) == (GetStatus.OFFSET_OVERFLOW_ONE, 3)
 
     asyncio.run(scenario())

@@ -128,19 +128,6 @@ class BrokerController:
                                                can_deliver=lambda: self.permission.writable)
         self.commits = OffsetCommitService(store=self.store, topics=self.topics, offsets=self.offsets,
                                            groups=self.groups, on_reset=self.hold.notify)
-        # A master serves its replicas' streams; a replica copies its master (broker/replication.py).
-        self.replication = self._replication_source() if not config.broker_id else None
-        self.store.follower = bool(config.broker_id)  # reads past a replica's end wait for it to catch up
-        self.replica = ReplicaSync(master=config.master, store=self.store, topics=self.topics, groups=self.groups,
-                                   offsets=self.offsets, schedule=self.schedule, broker_name=config.broker_name,
-                                   broker_id=config.broker_id, segment_size=config.commitlog_segment_size,
-                                   after_mirror=self.flush_configs, on_topic_gone=self._remove_topic_data,
-                                   tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials()) \
-            if config.broker_id else None
-        self.sender = SendService(config=config, store=self.store, topics=self.topics,
-                                  permission=self.permission, schedule=self.schedule,
-                                  ids=MessageIdGenerator(), clock_ms=self.clock_ms,
-                                  replicated=self._sync_wait())
         self.read_access = QueueReadAccess(topics=self.topics, groups=self.groups, offsets=self.offsets,
                                            locks=self.locks, permission=self.permission)
         self.puller = PullService(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
@@ -156,6 +143,20 @@ class BrokerController:
                               on_state=self._on_pop_state,
                               on_moved=lambda group, to_dlq: (self.metrics.dlq if to_dlq
                                                               else self.metrics.retries).labels(group).inc())
+        # A master serves its replicas' streams; a replica copies its master (broker/replication.py).
+        self.replication = self._replication_source() if not config.broker_id else None
+        self.store.follower = bool(config.broker_id)  # reads past a replica's end wait for it to catch up
+        self.replica = ReplicaSync(master=config.master, store=self.store, topics=self.topics, groups=self.groups,
+                                   offsets=self.offsets, schedule=self.schedule, pop=self.pop,
+                                   broker_name=config.broker_name,
+                                   broker_id=config.broker_id, segment_size=config.commitlog_segment_size,
+                                   after_mirror=self.flush_configs, on_topic_gone=self._remove_topic_data,
+                                   tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials()) \
+            if config.broker_id else None
+        self.sender = SendService(config=config, store=self.store, topics=self.topics,
+                                  permission=self.permission, schedule=self.schedule,
+                                  ids=MessageIdGenerator(), clock_ms=self.clock_ms,
+                                  replicated=self._sync_wait())
         self.metrics = BrokerMetrics()
         # Sends, config changes and the offset timer report disk trouble here; the server maps it to health.
         self.persistence = PersistenceHealth(self.metrics)

@@ -42,6 +42,8 @@ from broker.offsets.persistence import (
     decode_offset_table,
     encode_offset_table,
 )
+from broker.pop.ledger import PopStateError
+from broker.pop.service import PopService
 from broker.schedule import ScheduleMessageService
 from broker.store import MessageStore
 from broker.topics import TopicConfigManager
@@ -201,10 +203,13 @@ class ReplicationSource:
                                                        master_epoch=self._epoch())
 
     def metadata(self, topics: TopicConfigManager, groups: SubscriptionGroupManager,
-                 offsets: ConsumerOffsetManager, schedule: ScheduleMessageService) -> replication_pb2.ReplicaMetadata:
+                 offsets: ConsumerOffsetManager, schedule: ScheduleMessageService,
+                 pop: PopService) -> replication_pb2.ReplicaMetadata:
+        pop_state, pop_secret = pop.replica_state()
         return replication_pb2.ReplicaMetadata(
             topics_json=json.dumps(topics.document()).encode(), groups_json=json.dumps(groups.document()).encode(),
-            offsets_json=encode_offset_table(*offsets.table()), schedule_progress=schedule.progress())
+            offsets_json=encode_offset_table(*offsets.table()), schedule_progress=schedule.progress(),
+            pop_state_json=json.dumps(pop_state, separators=(",", ":")).encode(), pop_secret=pop_secret)
 
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
@@ -226,12 +231,13 @@ class ReplicaSync:
 
     def __init__(self, *, master: str, store: MessageStore, topics: TopicConfigManager,
                  groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, schedule: ScheduleMessageService,
-                 broker_name: str, broker_id: int, segment_size: int, after_mirror: Callable[[], Awaitable[None]],
+                 pop: PopService, broker_name: str, broker_id: int, segment_size: int, after_mirror: Callable[[], Awaitable[None]],
                  on_topic_gone: Callable[[str], Awaitable[None]], tls_ca_file: str = "",
                  credentials: Credentials | None = None, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.master = master
         self._store = store
         self._topics, self._groups, self._offsets, self._schedule = topics, groups, offsets, schedule
+        self._pop = pop
         # A topic the master deleted: its data goes here too (the store's queues, offsets, locks).
         self._on_topic_gone = on_topic_gone
         self._hello = dict(broker_name=broker_name, broker_id=broker_id, segment_size=segment_size)
@@ -354,6 +360,11 @@ class ReplicaSync:
             await self._on_topic_gone(name)
         self._groups.mirror(json.loads(m.groups_json))
         self._schedule.mirror(dict(m.schedule_progress))
+        if m.pop_state_json:
+            try:
+                self._pop.mirror(json.loads(m.pop_state_json), m.pop_secret)
+            except (ValueError, PopStateError) as e:
+                log.warning("the master's pop state is unusable here: %s", e, event="pop_mirror_failed")
         offsets = decode_offsets(m.offsets_json)
         self._offsets.mirror(offsets.table, offsets.reset_generations)
         await self._after_mirror()

@@ -256,6 +256,14 @@ class PopStore:
         """The ledger's sink: journal a batch in one write (raises OSError; the ledger then does not change)."""
         self._journal.append(encode_events(events))
 
+    @property
+    def settings(self) -> PopSettings | None:
+        return self._settings
+
+    def mark_dirty(self) -> None:
+        """The ledger was replaced (a replica's mirror): the next persist writes it whatever its version."""
+        self._written_version = -1
+
     def dirty(self, ledger: PopLedger) -> bool:
         return ledger.version != self._written_version
 

@@ -58,6 +58,7 @@ from broker.pop.ledger import PopLedger
 from broker.retry import redelivery_copy
 from broker.store import GetStatus, MessageStore, StoredMessage
 from broker.topics import TopicConfigManager
+from tidemark.fsutil import atomic_write
 from tidemark.logs import get_logger
 from tidemark.protocol import RETRY_GROUP_TOPIC_PREFIX, PropertyKey, TagExpression, dlq_topic
 
@@ -131,6 +132,7 @@ class PopService:
         self._state = PopStore(Path(config.config_dir), pop_id_floor=pop_id_floor)
         self.ledger: PopLedger | None = None
         self._codec: ReceiptHandleCodec | None = None
+        self._secret = b""
         self._generations: dict[QueueKey, int] = {}
         self._next_queue: collections.Counter[tuple[str, str]] = collections.Counter()
         self._attempts: collections.OrderedDict[tuple[str, str], list[Received]] = collections.OrderedDict()
@@ -143,7 +145,8 @@ class PopService:
         """Read the pop state (snapshot + journal) and the receipt-handle secret."""
         self.ledger = self._state.load()
         self.ledger.sink = self._journal
-        self._codec = ReceiptHandleCodec(load_or_create_secret(Path(self._config.config_dir) / "popSecret"))
+        self._secret = load_or_create_secret(Path(self._config.config_dir) / "popSecret")
+        self._codec = ReceiptHandleCodec(self._secret)
         report = self._state.report
         log.info("pop state loaded", event="pop_state_loaded", source=report.source.value,
                  queues=sum(1 for _ in self.ledger.keys()), problems=len(report.problems))
@@ -168,6 +171,24 @@ class PopService:
         if reason:
             log.error("pop state not written: %s", reason, event="pop_state_failing")
         self._on_state(reason)
+
+    # ---- replication --------------------------------------------------------------------------------
+
+    def replica_state(self) -> tuple[dict, bytes]:
+        """What a replica mirrors: the ledger's snapshot and the receipt-handle secret (so the handles the
+        master gave out stay valid after a promotion)."""
+        return self.ledger.snapshot(), self._secret
+
+    def mirror(self, snapshot: dict, secret: bytes) -> None:
+        """A replica's copy of its master's pop state, replaced whole (PopStateError when it is not one);
+        written to popState.json by the next persist."""
+        ledger = PopLedger.from_snapshot(snapshot, self._state.settings, pop_id_floor=self.ledger.last_pop_id)
+        if len(secret) >= 16 and secret != self._secret:
+            atomic_write(Path(self._config.config_dir) / "popSecret", secret, mode=0o600)
+            self._secret, self._codec = secret, ReceiptHandleCodec(secret)
+        ledger.sink = self._journal
+        self.ledger = ledger
+        self._state.mark_dirty()
 
     async def persist_if_dirty(self) -> None:
         if self.ledger is None or not self._state.dirty(self.ledger):

@@ -35,7 +35,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     @rpc
     async def GetMetadata(self, request, context: grpc.aio.ServicerContext):
         b = self._b
-        return self._source().metadata(b.topics, b.groups, b.offsets, b.schedule)
+        return self._source().metadata(b.topics, b.groups, b.offsets, b.schedule, b.pop)
 
     @rpc
     async def HandBackOffsets(self, request, context: grpc.aio.ServicerContext):

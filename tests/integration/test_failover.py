@@ -153,3 +153,44 @@ def test_a_promoted_replica_takes_writes_and_the_old_master_is_fenced(cluster):
     with Admin(brokers=replica.address) as admin:
         info = admin.brokers()[0]
     assert (info.broker_id, info.epoch, info.writable) == (0, 1, True)
+
+
+def test_pop_deliveries_in_flight_survive_a_promotion(cluster):
+    """RocketMQ 5 pop consumers: the replica mirrors the pop ledger and the receipt-handle secret, so after the
+    master's kill -9 and a promotion the handles it gave out still ack, and an acked message never comes back."""
+    from google.protobuf.duration_pb2 import Duration
+    from rmq5lib import Rmq5Stub, resource
+
+    from tidemark.rmq5.v2 import messaging_pb2 as v2
+
+    ns, master, replica, other = cluster
+    with Producer(brokers=master.address) as producer:
+        producer.send_batch([Message("Failover", b"p%d" % i) for i in range(20)],
+                            queue=MessageQueue("Failover", "broker-a", 0))
+    receive = v2.ReceiveMessageRequest(group=resource("popper"), batch_size=32,
+                                       message_queue=v2.MessageQueue(topic=resource("Failover")),
+                                       invisible_duration=Duration(seconds=60), long_polling_timeout=Duration(seconds=1))
+    with grpc.insecure_channel(master.address) as channel:
+        got = [a.message for a in Rmq5Stub(channel, client_id="127.0.0.1@popper").ReceiveMessage(receive, timeout=10)
+               if a.HasField("message")]
+    assert len(got) == 20
+    state = replica.data_dir / "config" / "popState.json"
+
+    def inflight_on_replica() -> int:
+        doc = json.loads(state.read_text()) if state.exists() else {"queues": []}
+        return sum(len(q["inflight"]) for q in doc["queues"])
+
+    wait_until(lambda: inflight_on_replica() == 20, 20, "the replica to persist the mirrored pop state")
+    master.kill()
+    promoted = subprocess.run([sys.executable, "-m", "client.cli.main", "broker", "promote", "--broker",
+                               replica.address], capture_output=True, text=True, timeout=60)
+    assert promoted.returncode == 0, promoted.stderr
+    with grpc.insecure_channel(replica.address) as channel:
+        stub = Rmq5Stub(channel, client_id="127.0.0.1@popper")
+        answer = stub.AckMessage(v2.AckMessageRequest(group=resource("popper"), topic=resource("Failover"), entries=[
+            v2.AckMessageEntry(message_id=m.system_properties.message_id,
+                               receipt_handle=m.system_properties.receipt_handle) for m in got[:10]]), timeout=10)
+        assert [e.status.code for e in answer.entries] == [v2.OK] * 10, answer
+        # The other ten are still in flight (60 s): nothing is handed out now, and the acked ones never again.
+        again = [a.message for a in stub.ReceiveMessage(receive, timeout=10) if a.HasField("message")]
+    assert again == []

@@ -10,10 +10,19 @@ never reads structures while they change.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -87,6 +96,11 @@ class BrokerStateCollector(Collector):
         self._loop = loop
         self._snapshot = snapshot
 
+    def describe(self) -> list:
+        """Nothing up front: registering must not take a snapshot (it would wait on the event loop that
+        is registering, for 5 s, and fail)."""
+        return []
+
     def collect(self) -> Iterator[GaugeMetricFamily]:
         async def take() -> StateSnapshot:
             return self._snapshot()
@@ -129,8 +143,38 @@ class BrokerStateCollector(Collector):
         yield runs
 
 
-def serve(metrics: BrokerMetrics, collector: BrokerStateCollector, host: str, port: int):
-    """Start the HTTP endpoint on a daemon thread; returns the server (call .shutdown() to stop)."""
+def serve(metrics: BrokerMetrics, collector: BrokerStateCollector, host: str, port: int,
+          health: Callable[[], tuple[bool, str]] = lambda: (True, "")):
+    """Start the HTTP endpoint on a daemon thread; returns the server (call .shutdown() to stop).
+
+    GET /metrics is the Prometheus text format; GET /healthz answers 200 "ok" while the broker serves and can
+    write, else 503 with the reason (what the gRPC health check says); any other path is 404."""
     metrics.registry.register(collector)
-    server, _thread = start_http_server(port, addr=host, registry=metrics.registry)
+    registry = metrics.registry
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._answer(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                ok, why = health()
+                self._answer(200 if ok else 503, b"ok\n" if ok else f"not serving: {why}\n".encode(),
+                             "text/plain; charset=utf-8")
+            else:
+                self._answer(404, b"not found: /metrics and /healthz are served here\n", "text/plain; charset=utf-8")
+
+        def _answer(self, code: int, body: bytes, content_type: str) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:  # scrapes are not log lines
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server

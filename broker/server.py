@@ -111,7 +111,7 @@ class BrokerServer:
             collector = BrokerStateCollector(asyncio.get_running_loop(), self.controller.snapshot)
             # Its own address, loopback by default: the gRPC port's TLS and auth do not cover it.
             self._metrics_server = serve(self.controller.metrics, collector, self.config.metrics_host,
-                                         self.config.metrics_port)
+                                         self.config.metrics_port, health=self._http_health)
             log.info("metrics served", event="metrics_ready", host=self.config.metrics_host,
                      port=self.config.metrics_port)
         self._serving = True
@@ -141,6 +141,13 @@ class BrokerServer:
             log.warning("auth is on and there are no users: every request will be refused; "
                         "set TIDEMARK_INIT_USER=NAME:SECRET to create the first super user", event="auth_no_users")
         return AccessGuard(store, max_skew_s=self.config.auth_max_skew_s)
+
+    def _http_health(self) -> tuple[bool, str]:
+        """/healthz (read from the metrics thread): what the gRPC health check says."""
+        if not self._serving:
+            return False, "starting or stopping"
+        failing = self.controller.persistence.failing_parts()
+        return not failing, "; ".join(f"{part}: {why}" for part, why in sorted(failing.items()))
 
     async def _set_health(self, status) -> None:
         for name in ("", *SERVICE_NAMES):

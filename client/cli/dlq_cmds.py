@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from client.admin import Admin
+from client.cli.args import int_in
 from client.cli.connect import client_kwargs
 from client.cli.output import emit, iso_ms
 from tidemark.protocol import dlq_topic
@@ -15,7 +16,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     dsub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     p = dsub.add_parser("list", parents=[common], help="messages in %%DLQ%%GROUP")
     p.add_argument("group")
-    p.add_argument("--max", type=int, default=1000)
+    p.add_argument("--max", type=int_in(1, 100_000), default=1000)
     p.set_defaults(run=list_dlq)
     p = dsub.add_parser("requeue", parents=[common], help="send DLQ messages back to their original topic")
     p.add_argument("group")

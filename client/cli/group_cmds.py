@@ -7,12 +7,14 @@ import re
 import time
 
 from client.admin import Admin
+from client.cli.args import OFFSET, QUEUE_ID, SHIFT
 from client.cli.connect import client_kwargs
 from client.cli.message_cmds import parse_time_ms
 from client.cli.output import emit, iso_ms
 from client.errors import InvalidArgumentError, NotFoundError
 from client.types import ResetTarget
 
+_MAX_DURATION_MS = 100 * 365 * 86400 * 1000
 _DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
 
 
@@ -23,7 +25,10 @@ def parse_iso_duration_ms(text: str) -> int:
         raise InvalidArgumentError(f"--by-duration: {text!r} is not an ISO 8601 duration like PT10M or P1DT2H")
     days, hours, minutes, seconds = m.groups()
     total = (int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes or 0) * 60) * 1000
-    return total + int(float(seconds or 0) * 1000)
+    total += int(float(seconds or 0) * 1000)
+    if total > _MAX_DURATION_MS:
+        raise InvalidArgumentError(f"--by-duration: {text!r} reaches back more than 100 years")
+    return total
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -46,14 +51,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = gsub.add_parser("reset-offset", parents=[common], help="move a group's offsets (dry run unless --execute)")
     p.add_argument("group")
     p.add_argument("--topic", required=True)
-    p.add_argument("--queue", type=int, help="only this queue id")
+    p.add_argument("--queue", type=QUEUE_ID, help="only this queue id")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-earliest", action="store_true")
     target.add_argument("--to-latest", action="store_true")
     target.add_argument("--to-datetime", metavar="ISO")
     target.add_argument("--by-duration", metavar="PT10M", help="to this long ago")
-    target.add_argument("--shift-by", type=int, metavar="N")
-    target.add_argument("--to-offset", type=int, metavar="N")
+    target.add_argument("--shift-by", type=SHIFT, metavar="N")
+    target.add_argument("--to-offset", type=OFFSET, metavar="N")
     p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
     p.set_defaults(run=reset_offset)
 
@@ -122,9 +127,9 @@ def reset_offset(args: argparse.Namespace) -> int:
         target, value = ResetTarget.EARLIEST, 0
     elif args.to_latest:
         target, value = ResetTarget.LATEST, 0
-    elif args.to_datetime:
+    elif args.to_datetime is not None:  # "" too: parse_time_ms refuses it by name
         target, value = ResetTarget.TIMESTAMP, parse_time_ms(args.to_datetime, "--to-datetime")
-    elif args.by_duration:
+    elif args.by_duration is not None:
         target, value = ResetTarget.TIMESTAMP, int(time.time() * 1000) - parse_iso_duration_ms(args.by_duration)
     elif args.shift_by is not None:
         target, value = ResetTarget.SHIFT_BY, args.shift_by

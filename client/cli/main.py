@@ -7,6 +7,7 @@ Every client command takes --broker HOST:PORT[,HOST:PORT...] (env TIDEMARK_BROKE
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 
 from client.cli import (
@@ -20,6 +21,7 @@ from client.cli import (
     message_cmds,
     topic_cmds,
 )
+from client.cli.args import seconds
 from client.errors import TidemarkError
 from client.settings import (
     BROKER_ENV,
@@ -37,7 +39,7 @@ def client_options() -> argparse.ArgumentParser:
     common.add_argument("--broker", default=None, metavar="HOST:PORT",
                         help=f"broker address(es), comma separated (default ${BROKER_ENV} or 127.0.0.1:10911)")
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    common.add_argument("--timeout", type=float, default=5.0, metavar="SECONDS", help="per-request timeout")
+    common.add_argument("--timeout", type=seconds, default=5.0, metavar="SECONDS", help="per-request timeout")
     common.add_argument("--namesrv", default=None, metavar="HOST:PORT",
                         help=f"name server address(es), comma separated (default ${NAMESRV_ENV}); brokers are then "
                              f"found through them and --broker is not used")
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     from broker.namesrv.server import build_parser as namesrv_parser
 
     parser = argparse.ArgumentParser(prog="tidemark", description="Tidemark message broker and tools.")
+    parser.add_argument("--version", action="version", version=f"tidemark {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker = sub.add_parser("broker", help="run a broker in the foreground (`tidemark broker promote --broker "
                                            "HOST:PORT`: make a replica the master)")
@@ -67,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     auth_cmds.register(sub, common)
     cluster_cmds.register(sub, common)
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("tidemark")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing
+        return "unknown"
 
 
 def _run_broker(args: argparse.Namespace) -> int:

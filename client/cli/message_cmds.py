@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from client.admin import Admin
+from client.cli.args import OFFSET, QUEUE_ID, int_in
 from client.cli.connect import client_kwargs
 from client.cli.output import Progress, emit, iso_ms, message_json, print_line
 from client.consumer.push_consumer import PushConsumer
@@ -35,20 +36,20 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("topic")
     body = p.add_mutually_exclusive_group()
     body.add_argument("--body", help="message body (UTF-8)")
-    body.add_argument("--count", type=int, help="send this many generated messages")
-    p.add_argument("--size", type=int, default=1024, help="bytes per generated message (default 1024)")
+    body.add_argument("--count", type=int_in(1, 10**9), help="send this many generated messages")
+    p.add_argument("--size", type=int_in(0, 64 << 20), default=1024, help="bytes per generated message (default 1024)")
     p.add_argument("--tag", default="", help="message tag")
     p.add_argument("--keys", default="", help="business keys, space separated")
-    p.add_argument("--batch", type=int, default=1, help="messages per send with --count (default 1)")
-    p.add_argument("--queue", type=int, help="queue id (default: round-robin)")
-    p.add_argument("--delay-level", type=int, default=0, help="deliver after this delay level")
+    p.add_argument("--batch", type=int_in(1, 10_000), default=1, help="messages per send with --count (default 1)")
+    p.add_argument("--queue", type=QUEUE_ID, help="queue id (default: round-robin)")
+    p.add_argument("--delay-level", type=int_in(0, 1000), default=0, help="deliver after this delay level")
     p.set_defaults(run=send)
 
     p = sub.add_parser("consume", parents=[common], help="print messages as JSON lines")
     p.add_argument("topic")
     p.add_argument("--group", help="consume as a push consumer of this group (commits as it goes)")
     p.add_argument("--from-offset", default="earliest", help="without --group: earliest | latest | N")
-    p.add_argument("--count", type=int, help="stop after this many messages (default: until SIGINT/SIGTERM)")
+    p.add_argument("--count", type=int_in(1, 10**12), help="stop after this many messages (default: until SIGINT/SIGTERM)")
     p.add_argument("--tag", default="*", help="tag expression, e.g. 'a || b'")
     p.add_argument("--from-where", choices=["last", "first", "timestamp"], default="last",
                    help="with --group: where a new group starts (default last)")
@@ -58,8 +59,8 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     msub = msg.add_subparsers(dest="message_command", required=True, metavar="ACTION")
     p = msub.add_parser("get", parents=[common], help="one message by queue position")
     p.add_argument("--topic", required=True)
-    p.add_argument("--queue", type=int, required=True)
-    p.add_argument("--offset", type=int, required=True)
+    p.add_argument("--queue", type=QUEUE_ID, required=True)
+    p.add_argument("--offset", type=OFFSET, required=True)
     p.add_argument("--broker-name", help="broker holding the queue (default: the only/first one)")
     p.set_defaults(run=message_get)
     p = msub.add_parser("search", parents=[common], help="messages with a key within a time range")
@@ -67,7 +68,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--key", required=True)
     p.add_argument("--begin", help="ISO time (default: 24 h ago)")
     p.add_argument("--end", help="ISO time (default: now)")
-    p.add_argument("--max", type=int, default=64)
+    p.add_argument("--max", type=int_in(1, 10_000), default=64)
     p.set_defaults(run=message_search)
 
 

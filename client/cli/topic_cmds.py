@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from client.admin import Admin
+from client.cli.args import QUEUE_COUNT
 from client.cli.connect import client_kwargs
 from client.cli.output import emit, iso_ms
 from client.errors import InvalidArgumentError
@@ -20,14 +21,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
     p = tsub.add_parser("create", parents=[common], help="create a topic on every broker (or --broker-name)")
     p.add_argument("name")
-    p.add_argument("--queues", type=int, default=4, help="read and write queues per broker (default 4)")
+    p.add_argument("--queues", type=QUEUE_COUNT, default=4, help="read and write queues per broker (default 4)")
     p.add_argument("--broker-name", action="append", default=None, help="only on this broker (repeatable)")
     p.set_defaults(run=create)
 
     p = tsub.add_parser("update", parents=[common], help="change queue numbers or permission")
     p.add_argument("name")
-    p.add_argument("--read-queues", type=int)
-    p.add_argument("--write-queues", type=int)
+    p.add_argument("--read-queues", type=QUEUE_COUNT)
+    p.add_argument("--write-queues", type=QUEUE_COUNT)
     p.add_argument("--perm", choices=["RW", "R", "W", "-"], help="RW (default), R (read only), W or - (closed)")
     p.set_defaults(run=update)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import urllib.error
 import urllib.request
 
 import pytest
@@ -136,3 +137,20 @@ def test_no_secret_or_message_body_in_metrics_or_logs(broker_factory):
     for label, secret in (("metrics", text), ("log", log)):
         for needle in (root_secret, user_secret, wrong_secret, body):
             assert needle not in secret, f"{needle!r} appears in the {label}"
+
+
+def test_healthz_beside_metrics_only_at_their_paths_and_a_quick_start(broker_factory, tmp_path):
+    port = free_port()
+    broker = broker_factory(args=("--metrics-port", str(port)))
+    base = f"http://127.0.0.1:{port}"
+    with urllib.request.urlopen(f"{base}/healthz", timeout=5) as answer:
+        assert (answer.status, answer.read()) == (200, b"ok\n")
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as answer:
+        assert answer.headers["Content-Type"].startswith("text/plain") and b"tidemark_store_size_bytes" in answer.read()
+    for path in ("/", "/metrics/extra", "/favicon.ico"):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"{base}{path}", timeout=5)
+        assert e.value.code == 404
+    # Registering the state collector no longer waits on the event loop that registers it (it took 5 s and
+    # logged an empty "metrics snapshot failed" at every start).
+    assert "metrics_snapshot_failed" not in broker.log_text()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -298,6 +299,7 @@ class BrokerController:
         if self.replication is not None:
             end = self.store.commit_log_max_offset
             state.replicas_behind = {key: max(0, end - acked) for key, acked in self.replication.replicas().items()}
+        now, seen = self.clock_ms(), set()
         for group in self.offsets.groups():
             for topic in self.offsets.topics_of_group(group):
                 config = self.topics.get(topic)
@@ -306,6 +308,18 @@ class BrokerController:
                 max_offsets = {q: self.store.max_offset(topic, q) for q in range(config.queue_nums)}
                 for queue_id, lag in sorted(self.offsets.lag(group, topic, max_offsets).items()):
                     state.lag.append((group, topic, queue_id, lag))
+                    committed = self.offsets.query(group, topic, queue_id)
+                    stored = self.store.store_timestamp_at(topic, queue_id, max(committed, 0)) if lag else None
+                    state.progress.append((group, topic, queue_id, committed,
+                                           max(0.0, (now - stored) / 1000) if stored else 0.0))
+                    if (topic, queue_id) not in seen:
+                        seen.add((topic, queue_id))
+                        state.queue_offsets.append((topic, queue_id, self.store.min_offset(topic, queue_id),
+                                                    max_offsets[queue_id]))
+        try:
+            state.disk_free_bytes = shutil.disk_usage(self.config.data_dir).free
+        except OSError:
+            pass
         for group in self.consumers.groups():
             state.clients[group] = len(self.consumers.consumer_ids(group))
         return state

@@ -85,6 +85,11 @@ class StateSnapshot:
     offset_entries: int = 0
     long_polls_waiting: int = 0
     job_runs: dict[str, int] = field(default_factory=dict)
+    # (group, topic, queue id, committed offset, seconds since the oldest unconsumed message was stored)
+    progress: list[tuple[str, str, int, int, float]] = field(default_factory=list)
+    # (topic, queue id, min offset, max offset) of the queues groups consume
+    queue_offsets: list[tuple[str, int, int, int]] = field(default_factory=list)
+    disk_free_bytes: int | None = None
     # A replica: how far behind its master (commit-log bytes, and since when in ms); None on a master.
     replica_lag: tuple[int, int] | None = None
     # A master: each connected replica's acknowledged distance behind this log, in bytes.
@@ -115,6 +120,25 @@ class BrokerStateCollector(Collector):
         for group, topic, queue_id, value in state.lag:
             lag.add_metric([group, topic, str(queue_id)], value)
         yield lag
+        labels = ["group", "topic", "queue"]
+        committed = GaugeMetricFamily(f"{PREFIX}_consumer_offset", "A group's committed offset", labels=labels)
+        lag_s = GaugeMetricFamily(f"{PREFIX}_consumer_lag_seconds",
+                                  "Age of the oldest message a group has not consumed (0 when caught up)", labels=labels)
+        for group, topic, queue_id, offset, age in state.progress:
+            committed.add_metric([group, topic, str(queue_id)], offset)
+            lag_s.add_metric([group, topic, str(queue_id)], age)
+        yield committed
+        yield lag_s
+        low = GaugeMetricFamily(f"{PREFIX}_queue_min_offset", "A queue's first offset", labels=["topic", "queue"])
+        high = GaugeMetricFamily(f"{PREFIX}_queue_max_offset", "A queue's next offset", labels=["topic", "queue"])
+        for topic, queue_id, lo, hi in state.queue_offsets:
+            low.add_metric([topic, str(queue_id)], lo)
+            high.add_metric([topic, str(queue_id)], hi)
+        yield low
+        yield high
+        if state.disk_free_bytes is not None:
+            yield GaugeMetricFamily(f"{PREFIX}_disk_free_bytes", "Free bytes on the data directory's file system",
+                                    value=state.disk_free_bytes)
         clients = GaugeMetricFamily(f"{PREFIX}_group_clients", "Live clients per consumer group", labels=["group"])
         for group, n in state.clients.items():
             clients.add_metric([group], n)

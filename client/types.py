@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from client.message import MessageQueue
@@ -247,3 +248,28 @@ class ClusterBroker:
     @property
     def role(self) -> str:
         return "master" if self.broker_id == 0 else "replica"
+
+
+class GroupState(enum.StrEnum):
+    """A consumer group's state as kafka-consumer-groups names them."""
+
+    STABLE = "Stable"  # members, and every subscribed queue that needs an owner has one
+    REBALANCING = "Rebalancing"  # members, and some such queue has no owner (queues are moving)
+    EMPTY = "Empty"  # no live member, committed offsets kept
+    DEAD = "Dead"  # no live member and nothing committed (only its config is left)
+
+
+def group_state(members: Sequence[GroupMember], committed_queues: Iterable[MessageQueue]) -> GroupState:
+    """The state of a group from its live members (what they subscribe and own) and the queues it has
+    committed offsets on. Only clustering push consumers own queues (locks); broadcasting, pull and pop
+    members consume without owners, so a group of those is Stable while it has members."""
+    committed = list(committed_queues)
+    if not members:
+        return GroupState.EMPTY if committed else GroupState.DEAD
+    owners = [m for m in members if m.message_model == "CLUSTERING" and m.consume_type == "CONSUME_PASSIVELY"]
+    if not owners:
+        return GroupState.STABLE
+    subscribed = {topic for m in owners for topic, _ in m.subscriptions}
+    owned = {q for m in owners for q in m.owned_queues}
+    waiting = [q for q in committed if q.topic in subscribed and q not in owned]
+    return GroupState.REBALANCING if waiting else GroupState.STABLE

@@ -12,7 +12,7 @@ from client.cli.connect import client_kwargs
 from client.cli.message_cmds import parse_time_ms
 from client.cli.output import emit, iso_ms
 from client.errors import InvalidArgumentError, NotFoundError
-from client.types import ResetTarget
+from client.types import ResetTarget, group_state
 
 _MAX_DURATION_MS = 100 * 365 * 86400 * 1000
 _DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
@@ -102,6 +102,7 @@ def describe(args: argparse.Namespace) -> int:
             stats = a.consume_stats(args.group)
         except NotFoundError:
             stats = []
+    state = group_state(d.members, [s.queue for s in stats]).value
     owner = {q: m.client_id for m in d.members for q in m.owned_queues}
     members = [{"client_id": m.client_id, "host": m.host, "model": m.message_model, "type": m.consume_type,
                 "strategy": m.allocate_strategy or "-", "subscriptions": [f"{t}:{e}" for t, e in m.subscriptions],
@@ -109,11 +110,11 @@ def describe(args: argparse.Namespace) -> int:
                for m in d.members]
     queues = [{**row, "owner": owner.get(s.queue, "-")} for s, row in zip(stats, _progress_rows(stats), strict=True)]
     if args.json:
-        emit([{"group": d.group, "members": members, "queues": queues,
+        emit([{"group": d.group, "state": state, "members": members, "queues": queues,
                "locks": [{"queue": str(lk.queue), "client_id": lk.client_id, "owner_epoch": lk.owner_epoch}
                          for lk in d.locks]}], [], as_json=True)
         return 0
-    print(f"group {d.group}: {len(members)} member(s)")
+    print(f"group {d.group}: {state}, {len(members)} member(s)")
     emit(members, ["client_id", "host", "model", "type", "strategy", "subscriptions", "owned_queues",
                    "last_heartbeat"], as_json=False)
     print()

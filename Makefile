@@ -9,7 +9,7 @@ PROTO_SRC := $(wildcard $(PROTO_DIR)/tidemark/v1/*.proto) $(wildcard $(PROTO_DIR
 PROTO_STAMP := $(PROTO_DIR)/tidemark/v1/.generated
 DATA_DIR ?= ./data
 PORT ?= 10911
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=30
 
 .PHONY: setup gen run test lint bench bench-client bench-rmq5 demo images clean
 

@@ -49,6 +49,7 @@ from broker.store import MessageStore
 from broker.topics import TopicConfigManager
 from tidemark.auth import Credentials, signed_metadata
 from tidemark.logs import get_logger
+from tidemark.scheduler import cancel_and_wait
 from tidemark.v1 import replication_pb2, replication_pb2_grpc
 
 log = get_logger("tidemark.broker.replication")
@@ -105,12 +106,6 @@ class ReplicationSource:
     def replicas(self) -> dict[str, int]:
         """Connected replicas and the commit-log end each acknowledged."""
         return {r.key: r.acked for r in self._replicas.values()}
-
-    def lag_bytes(self) -> int | None:
-        """How far the best replica is behind (None without a replica)."""
-        if not self._replicas:
-            return None
-        return max(0, self._store.commit_log_max_offset - max(r.acked for r in self._replicas.values()))
 
     async def wait_replicated(self, end: int) -> None:
         """Until a replica acknowledged `end`; ReplicationTimeoutError after the timeout or without replicas."""
@@ -175,7 +170,7 @@ class ReplicationSource:
             async for chunk in self._chunks(replica, start, appended, reader):
                 yield chunk
         finally:
-            reader.cancel()
+            await cancel_and_wait(reader)  # its failure (the replica's side closed) is retrieved, not left
             self._replicas.pop(replica.key, None)
             self._appended.discard(appended)
             log.info("replica disconnected", event="replica_disconnected", replica=replica.key, acked=replica.acked)

@@ -19,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Hashable, Sequence
-from pathlib import Path
 
 import grpc
 
+from broker import tls
 from tidemark.logs import get_logger
 from tidemark.protocol import ERROR_CLASS_KEY
 from tidemark.v1 import namesrv_pb2, namesrv_pb2_grpc
@@ -50,7 +50,6 @@ class NameServerRegistrar:
         self._channels: list[grpc.aio.Channel] = []
         self._registered: Hashable = None  # the fingerprint of the last registration sent
         self.errors: dict[str, str | None] = {a: None for a in self.addresses}  # last failure per name server
-        self.registrations = 0
         self.master_epoch = 0  # the newest master epoch a name server told for this broker name
         # A name server refused the registration as a replaced master (an older epoch): the broker must
         # stop taking writes.
@@ -61,12 +60,8 @@ class NameServerRegistrar:
         """Open the channels (on the running loop: grpc.aio channels are bound to it)."""
         if self.state is not State.NEW:
             return
-        credentials = None
-        if self._tls_ca_file:
-            credentials = grpc.ssl_channel_credentials(root_certificates=Path(self._tls_ca_file).read_bytes())
         for address in self.addresses:
-            channel = (grpc.aio.secure_channel(address, credentials) if credentials is not None
-                       else grpc.aio.insecure_channel(address))
+            channel = tls.peer_channel(address, self._tls_ca_file)
             self._channels.append(channel)
             self._stubs[address] = namesrv_pb2_grpc.NameServerServiceStub(channel)
         self.state = State.RUNNING
@@ -80,9 +75,7 @@ class NameServerRegistrar:
             # Sent, answered or not: a name server that missed it gets it on the next tick, and requests
             # awaiting sync_if_changed do not each wait out a dead name server again.
             self._registered = fingerprint
-            results = await asyncio.gather(*(self._call(a, "RegisterBroker", request) for a in self.addresses))
-            if any(results):
-                self.registrations += 1
+            await asyncio.gather(*(self._call(a, "RegisterBroker", request) for a in self.addresses))
 
     async def sync_if_changed(self) -> None:
         """Register at once when the registration changed since the last one sent (cheap otherwise)."""

@@ -29,10 +29,10 @@ import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import grpc
 
+from broker import tls
 from broker.errors import FailedPreconditionError, InvalidArgumentError, StoreError
 from broker.groups import SubscriptionGroupManager
 from broker.offsets import ConsumerOffsetManager
@@ -267,12 +267,8 @@ class ReplicaSync:
         if self.state is not State.NEW:
             return
         # A chunk holds at least one whole record, up to max_message_size and more; the offset table too.
-        options = [("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)]
-        if self._tls_ca_file:
-            credentials = grpc.ssl_channel_credentials(root_certificates=Path(self._tls_ca_file).read_bytes())
-            self._channel = grpc.aio.secure_channel(self.master, credentials, options=options)
-        else:
-            self._channel = grpc.aio.insecure_channel(self.master, options=options)
+        self._channel = tls.peer_channel(self.master, self._tls_ca_file,
+                                         (("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),))
         self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-sync")
         self.state = State.RUNNING

@@ -27,6 +27,15 @@ def server_credentials(config: BrokerConfig) -> grpc.ServerCredentials | None:
     return grpc.ssl_server_credentials([pair], root_certificates=client_ca, require_client_auth=client_ca is not None)
 
 
+def peer_channel(address: str, ca_file: str = "", options: tuple = ()) -> grpc.aio.Channel:
+    """The broker's own dial to a peer (a name server, its master): TLS trusting `ca_file` when given
+    (peer_tls_ca), else plaintext. Must be called on the loop that will use it."""
+    if not ca_file:
+        return grpc.aio.insecure_channel(address, options=list(options))
+    credentials = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
+    return grpc.aio.secure_channel(address, credentials, options=list(options))
+
+
 def is_loopback(host: str) -> bool:
     """True when only this machine can reach `host` (0.0.0.0, :: and real addresses cannot)."""
     name = host.strip().strip("[]").lower()

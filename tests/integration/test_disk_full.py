@@ -169,7 +169,10 @@ def test_a_full_disk_refuses_writes_visibly_and_they_resume_by_themselves_when_s
 
     log = broker.log_text()
     assert log.count("event=store_not_writable") == 1 and log.count("event=store_writable") == 1, log[-3000:]
-    assert log.count("event=offsets_persist_failed") == 1
+    # The offsets' failure is logged once, by whichever writer met the full disk first: the 5 s snapshot timer
+    # or the commit's journal append (CI at f6c3bf6 saw only the journal's).
+    snapshot, journal = log.count("event=offsets_persist_failed"), log.count("event=offsets_journal_failed")
+    assert snapshot <= 1 and journal <= 1 and snapshot + journal >= 1, (snapshot, journal)
 
     assert broker.stop() == 0
     restarted_at = len(broker.log_text())

@@ -88,6 +88,10 @@ class BrokerConfig:
     delay_levels: str = _setting(DEFAULT_DELAY_LEVELS, "Delay levels for scheduled and retried messages")
     retry_queue_nums: int = _setting(1, "Queues of an auto-created %RETRY% topic")
     max_reconsume_times: int = _setting(16, "Default retries before a message goes to %DLQ%")
+    producer_id_expiry_ms: int = _setting(86_400_000, "An idempotent producer idle this long is forgotten (its "
+                                          "retries then get a new producer id); Kafka's producer.id.expiration.ms")
+    max_idempotent_producers: int = _setting(100_000, "Idempotent producers remembered at most (the least recently "
+                                             "active are forgotten first)")
     auth: bool = _setting(False, "Authenticate every request (RocketMQ 5 signatures) and authorize it by ACL")
     init_user: str = _setting("", "NAME:SECRET of the first super user, created when there are no users yet "
                               "(a replica also signs its calls to the master with it)", secret=True)
@@ -155,7 +159,8 @@ def _problems(c: BrokerConfig):
     for name in ("replication_timeout_ms", "register_interval_ms", "flush_interval_ms", "flush_consumer_offset_interval_ms", "channel_expired_timeout_ms",
                  "lock_expiry_ms", "commitlog_segment_size", "consume_queue_entries_per_file",
                  "max_open_consume_queue_files",
-                 "max_message_size", "default_topic_queue_nums", "retry_queue_nums"):
+                 "max_message_size", "default_topic_queue_nums", "retry_queue_nums", "producer_id_expiry_ms",
+                 "max_idempotent_producers"):
         if getattr(c, name) <= 0:
             yield f"{name} must be > 0, got {getattr(c, name)}"
     if c.max_request_bytes < 0:

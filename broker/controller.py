@@ -36,6 +36,7 @@ from broker.offsets import ConsumerOffsetManager, Fence
 from broker.offsets.commits import OffsetCommitService
 from broker.permission import BrokerPermission
 from broker.pop.service import PopService
+from broker.producers.service import IdempotenceService
 from broker.pull import PullService, QueueReadAccess
 from broker.queries import MessageQueries
 from broker.registration import NameServerRegistrar
@@ -154,9 +155,13 @@ class BrokerController:
                                    after_mirror=self.flush_configs, on_topic_gone=self._remove_topic_data,
                                    tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials()) \
             if config.broker_id else None
+        self.producers = IdempotenceService(config_dir, store=self.store, clock_ms=self.clock_ms,
+                                            max_producers=config.max_idempotent_producers,
+                                            expiry_ms=config.producer_id_expiry_ms,
+                                            id_floor=self.clock_ms() << 16)
         self.sender = SendService(config=config, store=self.store, topics=self.topics,
                                   permission=self.permission, schedule=self.schedule,
-                                  ids=MessageIdGenerator(), clock_ms=self.clock_ms,
+                                  ids=MessageIdGenerator(), clock_ms=self.clock_ms, producers=self.producers,
                                   replicated=self._sync_wait())
         self.metrics = BrokerMetrics()
         # Sends, config changes and the offset timer report disk trouble here; the server maps it to health.
@@ -191,6 +196,7 @@ class BrokerController:
         offsets = self.offsets.load()
         self.schedule.load()
         self.pop.load()
+        self.producers.load()
         self.topics.ensure_system_topic(SCHEDULE_TOPIC, len(self.config.delay_levels_ms))
         self.store.add_dispatch_listener(self.hold.notify)
         if self.replication is not None:
@@ -210,6 +216,8 @@ class BrokerController:
         s.every("revive-pop-deliveries", POP_REVIVE_INTERVAL_S, self.pop.revive_expired)
         s.every("renew-pop-deliveries", POP_RENEW_INTERVAL_S, lambda: self.pop.renew(self._live_clients()))
         s.every("persist-pop-state", self.config.flush_consumer_offset_interval_ms / 1000, self.pop.persist_if_dirty)
+        s.every("persist-producer-state", self.config.flush_consumer_offset_interval_ms / 1000,
+                self.producers.maintain)
         if self.replica is not None:
             self.replica.start()
             s.every("mirror-master-metadata", 1.0, self.replica.mirror_metadata)
@@ -235,6 +243,7 @@ class BrokerController:
         if self.replica is not None:
             steps += [("replication", self.replica.stop)]
         steps += [("consumer offsets", self._persist_offsets_now), ("pop state", self.pop.shutdown),
+                  ("producer state", self.producers.shutdown),
                   ("config files", self.flush_configs),
                   ("store", self.store.shutdown)]
         failed = None
@@ -547,6 +556,7 @@ class BrokerController:
         removed = self.offsets.clean_topic(name)
         self.locks.forget_topic(name)
         self.pop.forget_topic(name)
+        self.producers.forget_topic(name)
         log.info("topic data removed", event="topic_cleanup", topic=name, offset_entries=removed)
 
     def delete_group(self, group: str) -> None:

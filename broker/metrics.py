@@ -40,6 +40,9 @@ class BrokerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.messages_in = Counter(f"{PREFIX}_messages_in", "Messages stored, by topic", ["topic"], registry=r)
+        self.duplicate_batches = Counter(f"{PREFIX}_duplicate_batches",
+                                         "Idempotent producers' retried batches answered without storing them again",
+                                         registry=r)
         self.messages_out = Counter(f"{PREFIX}_messages_out", "Messages served (fetch streams and pulls), by topic",
                                     ["topic"], registry=r)
         self.fetch_frames = Counter(f"{PREFIX}_fetch_frames", "Frames sent on fetch streams", registry=r)

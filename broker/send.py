@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, replace
 from broker.config import BrokerConfig, FlushDiskType
 from broker.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
 from broker.permission import BrokerPermission
+from broker.producers.service import BatchSequence, IdempotenceService
+from broker.producers.table import Verdict
 from broker.schedule import ScheduleMessageService
 from broker.store import MessageRecord, MessageStore, PutResult, RecordsPut
 from broker.topics import TopicConfig, TopicConfigManager
@@ -66,9 +68,10 @@ class Sent:
 class SendService:
     def __init__(self, *, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
                  permission: BrokerPermission, schedule: ScheduleMessageService,
-                 ids: MessageIdGenerator, clock_ms,
+                 ids: MessageIdGenerator, clock_ms, producers: IdempotenceService,
                  replicated: Callable[[int], Awaitable[None]] | None = None) -> None:
         self._config = config
+        self.producers = producers
         # Sync replication: waits until a replica has the commit log up to an end offset (broker/replication.py);
         # set again when a replica is promoted.
         self.replicated = replicated
@@ -137,11 +140,15 @@ class SendService:
             await self.replicated(results[-1].commit_log_offset + results[-1].store_size)
         return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]
 
-    def append_records(self, topic_name: str, queue_id: int, data: bytes, count: int) -> RecordsPut:
+    def append_records(self, topic_name: str, queue_id: int, data: bytes, count: int,
+                       sequence: BatchSequence | None = None) -> RecordsPut:
         """Store a producer's record batch (tidemark.records) in one queue, as its bytes came.
 
         The fast path: no per-message objects. Delayed, retry and DLQ messages
         go through send() (the broker rewrites them); system topics are refused here.
+        With a `sequence` (an idempotent producer's batch) a batch already stored is
+        not stored again: the answer is `duplicate`, with the original first offset
+        when the broker still remembers it (-1 otherwise).
         """
         if is_system_topic(topic_name):
             raise InvalidArgumentError(
@@ -154,7 +161,14 @@ class SendService:
             raise InvalidArgumentError(
                 f"queue id {queue_id} is out of range for topic {topic.name!r} "
                 f"(write queues 0..{topic.write_queue_nums - 1})")
-        return self._store.append_records(topic.name, queue_id, data, count)
+        if sequence is None:
+            return self._store.append_records(topic.name, queue_id, data, count)
+        decision = self.producers.check(sequence, topic.name, queue_id, count)
+        if decision.verdict is Verdict.DUPLICATE:
+            return RecordsPut(decision.first_offset, [], 0, self._store.commit_log_max_offset, duplicate=True)
+        return self._store.append_records(
+            topic.name, queue_id, data, count,
+            before_write=self.producers.journal_before_write(sequence, topic.name, queue_id, count))
 
     @property
     def acknowledges_at_once(self) -> bool:

@@ -13,6 +13,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from client.admin import Admin
 from client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
+from client.consumer.dedup import DedupKey, DedupListener, FileDedupStore, MemoryDedupStore
 from client.consumer.listener import ConsumeConcurrentlyContext, ConsumeOrderlyContext
 from client.consumer.lite_pull_consumer import PullConsumer
 from client.consumer.push_consumer import PushConsumer
@@ -24,13 +25,16 @@ from client.errors import (
     InternalError,
     InvalidArgumentError,
     NotFoundError,
+    OutOfOrderSequenceError,
     PermissionDeniedError,
+    ProducerFencedError,
     RequestTimeoutError,
     StaleResetGenerationError,
     TidemarkError,
     TlsHandshakeError,
     UnauthenticatedError,
     UnavailableError,
+    UnknownProducerError,
 )
 from client.message import (
     ConsumeConcurrentlyStatus,
@@ -70,5 +74,6 @@ __all__ = [
     "MessageQueueSelector", "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "ClientSettings",
     "ProducerSettings", "PullConsumerSettings", "PushConsumerSettings", "ResetTarget", "Credentials", "TlsSettings",
     "TlsHandshakeError",
-    "UnauthenticatedError",
+    "UnauthenticatedError", "OutOfOrderSequenceError", "ProducerFencedError", "UnknownProducerError",
+    "DedupKey", "DedupListener", "FileDedupStore", "MemoryDedupStore",
 ]

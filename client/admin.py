@@ -28,6 +28,7 @@ from client.types import (
     GroupSummary,
     OffsetChange,
     OffsetCommit,
+    ProducerInfo,
     QueueStats,
     ResetTarget,
     TopicConfig,
@@ -259,6 +260,14 @@ class Admin:
         return self._run(go())
 
     # -- groups ----------------------------------------------------------------
+
+    def list_producers(self, topic: str = "") -> list[ProducerInfo]:
+        """Idempotent producers the brokers remember (of those that wrote to `topic`), broker by broker."""
+        async def go() -> list[ProducerInfo]:
+            conns = await self._for_topic(topic) if topic else list((await self._brokers()).values())
+            found = [p for c in conns for p in await c.list_producers(topic)]
+            return sorted(found, key=lambda p: (p.broker_name, p.producer_id))
+        return self._run(go())
 
     def list_groups(self, topic: str = "") -> list[GroupSummary]:
         async def go() -> list[GroupSummary]:

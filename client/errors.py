@@ -49,6 +49,18 @@ class StaleResetGenerationError(FailedPreconditionError):
     """An admin reset happened that this client had not seen; its commit was refused."""
 
 
+class OutOfOrderSequenceError(FailedPreconditionError):
+    """An idempotent producer's batch did not follow the last one the broker stored; nothing was stored."""
+
+
+class ProducerFencedError(FailedPreconditionError):
+    """An idempotent producer's batch carried an older epoch than the broker holds for its queue."""
+
+
+class UnknownProducerError(NotFoundError):
+    """The broker does not know (or has forgotten) the idempotent producer's id; nothing was stored."""
+
+
 class UnauthenticatedError(TidemarkError):
     """The broker refused the credentials: none, a wrong secret, or a clock too far from the broker's."""
 
@@ -100,6 +112,9 @@ _BY_STATUS: dict[grpc.StatusCode, type[TidemarkError]] = {
 _BY_BROKER_CLASS: dict[str, type[TidemarkError]] = {
     "FencedError": FencedError,
     "StaleResetGenerationError": StaleResetGenerationError,
+    "OutOfOrderSequenceError": OutOfOrderSequenceError,
+    "ProducerFencedError": ProducerFencedError,
+    "UnknownProducerError": UnknownProducerError,
 }
 
 

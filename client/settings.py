@@ -204,6 +204,13 @@ class ProducerSettings(ClientSettings):
                                            "(Kafka's batch.size)")
     max_in_flight_requests: int = _setting(5, "Batches on their way to the brokers at once "
                                               "(Kafka's max.in.flight.requests.per.connection)")
+    enable_idempotence: bool = _setting(True, "A retried batch is stored once (producer id and sequences per "
+                                              "queue; Kafka's enable.idempotence); one batch per queue in flight")
+    producer_key: str = _setting("", "Idempotent producers with the same key share one producer id, so a replay "
+                                     "of the same sends (a restarted Spark task) is recognised; empty: a fresh id")
+    producer_epoch: int = _setting(0, "The epoch every queue's sequences start in: a keyed producer that writes in "
+                                      "rounds (Spark's micro-batches) starts each round higher, so a replay of a "
+                                      "round matches it and an older round cannot write again")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -211,6 +218,8 @@ class ProducerSettings(ClientSettings):
                   "max_in_flight_requests")
         if self.retry_times_when_send_failed < 0:
             raise InvalidArgumentError("retry_times_when_send_failed must be >= 0")
+        if not 0 <= self.producer_epoch < 2**62:
+            raise InvalidArgumentError(f"producer_epoch must be between 0 and 2**62, got {self.producer_epoch}")
         if not 0 <= self.linger_ms <= 60_000:
             raise InvalidArgumentError(f"linger_ms must be between 0 and 60000, got {self.linger_ms}")
 

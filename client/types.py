@@ -153,6 +153,29 @@ class ResetTarget(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ProducerQueueState:
+    """Where an idempotent producer stands on one queue: epoch, last sequence stored, its queue offset."""
+
+    topic: str
+    queue_id: int
+    epoch: int
+    last_sequence: int
+    last_offset: int  # -1: no batch remembered
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerInfo:
+    """An idempotent producer a broker remembers."""
+
+    broker_name: str
+    producer_id: int
+    key: str
+    created_ms: int
+    last_active_ms: int
+    queues: tuple[ProducerQueueState, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class GroupSummary:
     group: str
     topics: tuple[str, ...]

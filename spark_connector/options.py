@@ -36,7 +36,7 @@ READ_OPTIONS = ("brokers", "namesrv", "topic", "group", "startingOffsets", "endi
                 "pollTimeoutMs", *SECURITY_OPTIONS)
 STREAM_ONLY = ("maxOffsetsPerTrigger", "commitOffsets")
 BATCH_ONLY = ("endingOffsets",)
-WRITE_OPTIONS = ("brokers", "namesrv", "topic", *SECURITY_OPTIONS)
+WRITE_OPTIONS = ("brokers", "namesrv", "topic", "idempotent", *SECURITY_OPTIONS)
 # Keys Spark itself may put into a data source's options (DataFrameWriter.save(path), writeStream).
 SPARK_OWNED = frozenset({"path", "checkpointlocation", "queryname"})
 
@@ -116,6 +116,8 @@ class WriteOptions:
     namesrv: tuple[str, ...] = ()
     topic: str
     security: Security
+    # A replayed task or micro-batch stores nothing twice (keyed idempotent producers); false: at-least-once.
+    idempotent: bool = True
 
     @property
     def brokers_csv(self) -> str:
@@ -285,7 +287,8 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
     opts = _canonical(options, WRITE_OPTIONS, "write")
     brokers, namesrv = parse_servers(opts)
     return WriteOptions(brokers=brokers, namesrv=namesrv,
-                        topic=parse_topics(opts.get("topic"), single=True)[0], security=parse_security(opts))
+                        topic=parse_topics(opts.get("topic"), single=True)[0], security=parse_security(opts),
+                        idempotent=parse_bool("idempotent", opts.get("idempotent", "true")))
 
 
 def parse_security(opts: Mapping[str, str]) -> Security:

@@ -5,13 +5,27 @@ Columns: body (binary or string, required), keys, tags (string), properties
 the broker of queue_id, needed only when the topic lives on several brokers).
 Other columns are ignored, so a DataFrame read from one topic can be written to
 another. Rows are sent in batches (one queue per batch, queues round-robin);
-a failed send fails the task with the broker's message. At-least-once: a
-retried task sends its rows again.
+a failed send fails the task with the broker's message.
+
+Exactly once (option idempotent, on by default): each task writes through an
+idempotent producer whose key names what it writes: the query and partition
+for a micro-batch (with the batch id as the producer epoch), the write job and
+partition for df.write. A task that runs again after a failure, or a
+micro-batch replayed from the checkpoint after a crash, sends the same rows in
+the same batches to the same queues with the same sequences, so the broker
+answers what it already holds as duplicates and stores only the rest. That
+needs the task's rows to come in the same order each time (true for a
+tidemark source, whose micro-batches are fixed offset ranges, and for any
+plan without a shuffle of non-deterministic order) and the topic's queues not
+to change in between. With idempotent=false a retried task stores its rows
+again (at-least-once).
 """
 
 from __future__ import annotations
 
 import random
+import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -67,10 +81,11 @@ def check_write_schema(schema: StructType) -> None:
 
 
 class _RoundRobin(MessageQueueSelector):
-    """Spreads batches over the topic's writable queues, from a random one so tasks do not pile up."""
+    """Spreads batches over the topic's writable queues, from a random one so tasks do not pile up; from
+    one chosen by the producer's key when the task may be replayed (the same batches to the same queues)."""
 
-    def __init__(self) -> None:
-        self._next = random.randrange(1 << 30)
+    def __init__(self, seed: str = "") -> None:
+        self._next = zlib.crc32(seed.encode()) if seed else random.randrange(1 << 30)
 
     def select(self, mqs: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
         self._next += 1
@@ -131,7 +146,8 @@ class _Sender:
     def __init__(self, producer: Producer, topic: str) -> None:
         self._producer = producer
         self._topic = topic
-        self._round_robin = _RoundRobin()
+        s = producer.settings
+        self._round_robin = _RoundRobin(f"{s.producer_key}/{s.producer_epoch}" if s.producer_key else "")
         self._fixed = _Fixed()
         self._pending: dict[Any, tuple[list[Message], list[int], int]] = {}
         self.sent = 0
@@ -161,9 +177,36 @@ class _Sender:
         self.sent += len(msgs)
 
 
-def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
-    """Send every row of the record batches; returns how many messages were sent."""
-    producer = Producer(**options.client_kwargs()).start()
+# Micro-batch ids become producer epochs shifted by this much: the producer may start new epochs of its
+# own within a batch (after a send whose outcome it could not learn).
+_EPOCHS_PER_BATCH_BITS = 16
+
+
+def task_producer(options: WriteOptions, write_id: str | None) -> dict[str, Any]:
+    """The producer settings of this task: keyed by what it writes, so a replay is recognised.
+
+    `write_id` is a df.write job's (the same for every attempt of its tasks); None in a streaming query,
+    whose query id and batch id Spark passes to tasks as local properties."""
+    if not options.idempotent:
+        return {"enable_idempotence": False}
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return {}  # not in a Spark task (a direct call): an idempotent producer of its own
+    partition = context.partitionId()
+    if write_id is not None:
+        return {"producer_key": f"spark-write:{write_id}:{partition}"}
+    query, batch = context.getLocalProperty("sql.streaming.queryId"), context.getLocalProperty("streaming.sql.batchId")
+    if not query or not (batch or "").isdigit():
+        return {}
+    return {"producer_key": f"spark:{query}:{partition}", "producer_epoch": int(batch) << _EPOCHS_PER_BATCH_BITS}
+
+
+def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch], write_id: str | None = None) -> int:
+    """Send every row of the record batches; returns how many messages were sent (duplicates of a
+    replay included)."""
+    producer = Producer(**options.client_kwargs(), **task_producer(options, write_id)).start()
     try:
         sender = _Sender(producer, options.topic)
         row = 0
@@ -180,9 +223,10 @@ def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch]) -> int:
 class TidemarkWriter(DataSourceArrowWriter):
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
+        self.write_id = uuid.uuid4().hex  # made on the driver: every attempt of a task shares it
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TidemarkCommitMessage:
-        return TidemarkCommitMessage(produce(self.options, iterator))
+        return TidemarkCommitMessage(produce(self.options, iterator, self.write_id))
 
 
 class TidemarkStreamWriter(DataSourceStreamArrowWriter):
@@ -193,7 +237,7 @@ class TidemarkStreamWriter(DataSourceStreamArrowWriter):
         return TidemarkCommitMessage(produce(self.options, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        """Nothing to do: messages are visible as soon as each send returns (at-least-once)."""
+        """Nothing to do: messages are visible as soon as each send returns."""
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
-        """Sent messages cannot be taken back; a retried batch sends its rows again."""
+        """Sent messages cannot be taken back; a replay of the batch stores only what is missing."""

@@ -55,6 +55,7 @@ NEEDS: dict[str, Needs | object] = {
     # MessagingService
     "SendMessage": lambda r: [on_topic(r.topic, PUB)],
     "Produce": lambda r: [on_topic(r.topic, PUB)],
+    "InitProducer": lambda r: [on_topic(r.topic, PUB)],
     "PullMessage": lambda r: _consuming(r.group, [r.topic]),
     "Fetch": _fetch,
     "ConsumerSendMsgBack": lambda r: [on_group(r.group, SUB)],
@@ -87,6 +88,7 @@ NEEDS: dict[str, Needs | object] = {
     "GetBrokerInfo": lambda r: [],
     "UpdateBrokerPermission": lambda r: [on_cluster(UPDATE)],
     "PromoteBroker": lambda r: [on_cluster(UPDATE)],
+    "ListProducers": lambda r: [on_topic(r.topic, GET)] if r.topic else [on_cluster(LIST)],
     # ReplicationService: a replica reads everything the master holds.
     "Replicate": lambda r: [on_cluster(UPDATE)],
     "GetMetadata": lambda r: [on_cluster(UPDATE)],

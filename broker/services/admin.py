@@ -166,6 +166,20 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         deleted = self._b.store.delete_expired_segments(force=True)
         return admin_pb2.DeleteExpiredCommitLogResponse(deleted_segments=deleted)
 
+    @rpc
+    async def ListProducers(self, request, context: grpc.aio.ServicerContext):
+        config = self._b.config
+        response = admin_pb2.ListProducersResponse(expiry_ms=config.producer_id_expiry_ms,
+                                                   max_producers=config.max_idempotent_producers)
+        for p, sequences in self._b.producers.producers(request.topic):
+            queues = [admin_pb2.ProducerQueueState(
+                topic=topic, queue_id=queue_id, epoch=q.epoch, last_sequence=q.last_seq,
+                last_offset=q.recent[-1].first_offset + q.recent[-1].count - 1 if q.recent else -1)
+                for (topic, queue_id), q in sequences]
+            response.producers.add(producer_id=p.producer_id, key=p.key, created_ms=p.created_ms,
+                                   last_active_ms=p.last_ms, queues=queues)
+        return response
+
     # -- users and ACL rules (authorized for super users by the auth interceptor) ---------
 
     @rpc

@@ -13,6 +13,7 @@ from broker.auth.guard import on_topic
 from broker.controller import BrokerController
 from broker.errors import BrokerError
 from broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
+from broker.producers.service import BatchSequence
 from broker.pull import PullRequest
 from broker.send import OutgoingMessage
 from broker.services import access
@@ -68,14 +69,20 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         """Store one batch now; its answer, or (SYNC flush) a task that answers once it is durable."""
         b = self._b
         started = time.perf_counter()
+        sequence = BatchSequence(request.producer_id, request.producer_epoch, request.base_sequence) \
+            if request.producer_id else None
         try:
-            put = b.sender.append_records(request.topic, request.queue_id, request.records, request.count)
+            put = b.sender.append_records(request.topic, request.queue_id, request.records, request.count, sequence)
         except BrokerError as e:
             return messaging_pb2.ProduceResponse(request_id=request.request_id, code=status_for(e).value[0],
-                                                 error=str(e))
+                                                 error=str(e), error_class=type(e).__name__)
         metrics = b.metrics
-        metrics.messages_in.labels(request.topic).inc(request.count)
-        ok = messaging_pb2.ProduceResponse(request_id=request.request_id, first_queue_offset=put.first_offset)
+        if put.duplicate:
+            metrics.duplicate_batches.inc()
+        else:
+            metrics.messages_in.labels(request.topic).inc(request.count)
+        ok = messaging_pb2.ProduceResponse(request_id=request.request_id, first_queue_offset=put.first_offset,
+                                           duplicate=put.duplicate)
         if b.sender.acknowledges_at_once and not b.configs_dirty:
             metrics.send_latency.observe(time.perf_counter() - started)
             return ok
@@ -130,6 +137,11 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
             metrics.fetch_streams.dec()
             reader.cancel()
             session.close()
+
+    @rpc
+    async def InitProducer(self, request, context: grpc.aio.ServicerContext):
+        self._b.permission.check_writable()
+        return messaging_pb2.InitProducerResponse(producer_id=self._b.producers.allocate(request.key, request.topic))
 
     @rpc
     async def PullMessage(self, request, context: grpc.aio.ServicerContext):

@@ -318,13 +318,17 @@ class MessageStore:
         await self.wait_durable(positions[-1] + batch.sizes[-1])
         return results
 
-    def append_records(self, topic: str, queue_id: int, data: bytes | bytearray, count: int) -> RecordsPut:
+    def append_records(self, topic: str, queue_id: int, data: bytes | bytearray, count: int, *,
+                       before_write: Callable[[int, str], None] | None = None) -> RecordsPut:
         """Append a producer's record batch (tidemark.records layout) as it came off the wire.
 
         The batch is checked whole first (InvalidArgumentError, nothing stored),
         then stamped in place (queue id, queue offsets, store time; the commit
         log adds physical offsets and CRCs) and written with one write. Returns
         at once; `wait_durable(put.end)` waits for the fsync in SYNC mode.
+        `before_write(first queue offset, first msg id)` runs once the batch is
+        checked, before it is written (the idempotent producer's journal); if it
+        raises, nothing is stored.
         """
         self._check_writable()
         _check_queue(topic, queue_id)
@@ -335,6 +339,8 @@ class MessageStore:
         except records.RecordError as exc:
             raise InvalidArgumentError(str(exc)) from None
         base = self.max_offset(topic, queue_id)
+        if before_write is not None:
+            before_write(base, checked.msg_ids[0] if checked.msg_ids else "")
         store_timestamp = self._clock()
         buf = bytearray(data)
         pack_i32, pack_i64 = records.I32.pack_into, records.I64.pack_into

@@ -166,6 +166,9 @@ class RecordsPut:
     msg_ids: list[str]
     store_timestamp: int
     end: int  # commit-log offset just past the batch
+    # An idempotent producer's retry of a batch stored before: nothing was written (first_offset is the
+    # original's, or -1 when the broker no longer remembers it).
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from client.cli import (
     group_cmds,
     health_cmds,
     message_cmds,
+    producer_cmds,
     topic_cmds,
 )
 from client.cli.args import seconds
@@ -69,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     health_cmds.register(sub, common)
     auth_cmds.register(sub, common)
     cluster_cmds.register(sub, common)
+    producer_cmds.register(sub, common)
     return parser
 
 

@@ -27,10 +27,19 @@ from typing import Any
 
 import grpc
 
-from client.errors import ClientStateError, InvalidArgumentError, TidemarkError
+from client.errors import (
+    ClientStateError,
+    InvalidArgumentError,
+    OutOfOrderSequenceError,
+    RequestTimeoutError,
+    TidemarkError,
+    UnavailableError,
+    UnknownProducerError,
+)
 from client.message import Message, MessageQueue, SendResult
 from client.producer.accumulator import ProducerBatch, RecordAccumulator, SendCallback
 from client.producer.selector import MessageQueueSelector
+from client.producer.sequences import ProducerSequences
 from client.remoting.cluster import BrokerCluster
 from client.runtime import ClientState, Lifecycle, LoopThread
 from client.settings import ProducerSettings, build
@@ -105,6 +114,7 @@ class AsyncProducer:
         self._cluster: BrokerCluster | None = None
         self._ids = MessageIdGenerator()
         self._next = 0
+        self.sequences = ProducerSequences(settings.producer_key, settings.producer_epoch) if settings.enable_idempotence else None
         self._inflight: set[asyncio.Task] = set()
         self._wakeup: asyncio.Event | None = None
         self._sender: asyncio.Task | None = None
@@ -164,23 +174,70 @@ class AsyncProducer:
         timeout = timeout or self.settings.send_msg_timeout_s
         attempts = 1 + self.settings.retry_times_when_send_failed
         avoid = None
-        for attempt in range(attempts):
+        attempt = 0
+        while True:
             target = queue or (prefer if attempt == 0 and prefer is not None else
                                await self._select(topic, first, selector, arg, avoid=avoid))
             try:
-                conn = await self.cluster.master_connection(target.broker_name)
-                offset = await conn.produce_stream().send(topic, target.queue_id, len(msg_ids), data, timeout)
-                return [SendResult(msg_id, target, offset + i) for i, msg_id in enumerate(msg_ids)]
+                if self.sequences is None:
+                    attempt += 1
+                    conn = await self.cluster.master_connection(target.broker_name)
+                    offset = await conn.produce_stream().send(topic, target.queue_id, len(msg_ids), data, timeout)
+                else:
+                    offset, attempt = await self._send_sequenced(target, data, len(msg_ids), timeout, attempt,
+                                                                 attempts)
+                return [SendResult(msg_id, target, offset + i if offset >= 0 else -1)
+                        for i, msg_id in enumerate(msg_ids)]
             except TidemarkError as e:
-                if not e.retriable or attempt == attempts - 1:
+                if not e.retriable or attempt >= attempts:
                     raise
                 avoid = target.broker_name
                 self.cluster.forget_route(topic)
-                await _back_off(e, attempt)
+                await _back_off(e, attempt - 1)
                 log.warning("send failed, retrying",
-                            event="send_retry", topic=topic, broker=target.broker_name, attempt=attempt + 1,
+                            event="send_retry", topic=topic, broker=target.broker_name, attempt=attempt,
                             error=e)
-        raise AssertionError("unreachable")
+
+    async def _send_sequenced(self, target: MessageQueue, data: bytes, count: int, timeout: float, attempt: int,
+                              attempts: int) -> tuple[int, int]:
+        """An idempotent producer's send to one queue: (first offset, attempts used so far).
+
+        Retries that may find the batch already stored (a timeout, an overloaded broker) go to the same
+        queue with the same sequence, so the broker answers the second as a duplicate. A broker that went
+        away raises (the caller moves the batch to another broker's queue, where it may be stored twice if
+        the first had kept it: RequestTimeoutError and UnavailableError leave the queue on a new epoch)."""
+        sequences = self.sequences
+        state = sequences.queue(target)
+        async with state.lock:
+            while True:
+                attempt += 1
+                try:
+                    conn = await self.cluster.master_connection(target.broker_name)
+                    producer_id = await sequences.producer_id(
+                        target.broker_name, lambda key: conn.init_producer(key, target.topic))
+                    offset = await conn.produce_stream().send(
+                        target.topic, target.queue_id, count, data, timeout,
+                        sequence=(producer_id, state.epoch, state.next_seq))
+                except OutOfOrderSequenceError:
+                    if attempt >= attempts:
+                        raise
+                    state.new_epoch()  # nothing was stored; the broker holds no usable sequence for us
+                    continue
+                except UnknownProducerError:
+                    if attempt >= attempts:
+                        raise
+                    sequences.forget_broker(target.broker_name, producer_id)
+                    continue
+                except (RequestTimeoutError, UnavailableError) as e:
+                    # Stored or not, unknown. While the broker may come back (a restart, an overload), the
+                    # same sequence again; once the batch leaves the queue, the queue starts a new epoch.
+                    if not e.retriable or attempt >= attempts or self.cluster.is_down(target.broker_name):
+                        state.new_epoch()
+                        raise
+                    await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0) * random.uniform(0.5, 1.0))
+                    continue
+                state.stored(count)
+                return offset, attempt
 
     async def send_messages(self, messages: Sequence[Message], *, queue: MessageQueue | None,
                             selector: MessageQueueSelector | None, arg: Any,

@@ -219,6 +219,10 @@ class BrokerCluster:
         """Every broker name with the connection serving it now (its replica while its master is away)."""
         return {name: await self.connection(name) for name in await self.discover()}
 
+    def is_down(self, broker_name: str) -> bool:
+        """Whether the master of `broker_name` is failed over to its replica (takes no writes now)."""
+        return broker_name in self._down
+
     async def master_connection(self, broker_name: str) -> BrokerConnection:
         """The master's connection, for writes: a retriable UnavailableError while it is away (a replica
         takes no writes; the sender picks another broker's queue)."""

@@ -34,6 +34,8 @@ from client.types import (
     GroupSummary,
     OffsetChange,
     OffsetCommit,
+    ProducerInfo,
+    ProducerQueueState,
     QueueLockGrant,
     QueueLockInfo,
     QueueStats,
@@ -319,6 +321,13 @@ class BrokerConnection:
 
     # -- admin -----------------------------------------------------------------
 
+    async def init_producer(self, key: str, topic: str, *, timeout: float | None = None) -> int:
+        """A producer id for idempotent sends to this broker (the same one for the same non-empty key);
+        `topic` is one it writes to (with auth on, asking needs Pub on it)."""
+        pb = await self._call(self._messaging.InitProducer, messaging_pb2.InitProducerRequest(key=key, topic=topic),
+                              timeout)
+        return pb.producer_id
+
     async def broker_info(self, *, timeout: float | None = None) -> BrokerInfo:
         """The broker's identity and settings (also kept as `info`)."""
         info = convert.broker_info(await self._call(self._admin.GetBrokerInfo, admin_pb2.GetBrokerInfoRequest(),
@@ -364,6 +373,13 @@ class BrokerConnection:
     async def topic_stats(self, topic: str) -> list[TopicQueueStats]:
         pb = await self._call(self._admin.GetTopicStats, admin_pb2.GetTopicStatsRequest(topic=topic))
         return [convert.topic_queue_stats(q) for q in pb.queues]
+
+    async def list_producers(self, topic: str = "") -> list[ProducerInfo]:
+        pb = await self._call(self._admin.ListProducers, admin_pb2.ListProducersRequest(topic=topic))
+        return [ProducerInfo(self.broker_name or self.address, p.producer_id, p.key, p.created_ms, p.last_active_ms,
+                             tuple(ProducerQueueState(q.topic, q.queue_id, q.epoch, q.last_sequence, q.last_offset)
+                                   for q in p.queues))
+                for p in pb.producers]
 
     async def list_groups(self, topic: str = "") -> list[GroupSummary]:
         pb = await self._call(self._admin.ListGroups, admin_pb2.ListGroupsRequest(topic=topic))

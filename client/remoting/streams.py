@@ -64,7 +64,10 @@ class ProduceStream:
     def usable(self) -> bool:
         return self._broken is None
 
-    async def send(self, topic: str, queue_id: int, count: int, data: bytes, timeout: float) -> int:
+    async def send(self, topic: str, queue_id: int, count: int, data: bytes, timeout: float,
+                   sequence: tuple[int, int, int] | None = None) -> int:
+        """The batch's first queue offset (an idempotent producer's duplicate: the original's, or -1).
+        `sequence` is (producer id, epoch, base sequence) for an idempotent producer's batch."""
         if self._broken is not None:
             raise self._broken
         self._next_id += 1
@@ -73,6 +76,8 @@ class ProduceStream:
         self._pending[request_id] = future
         request = messaging_pb2.ProduceRequest(request_id=request_id, topic=topic, queue_id=queue_id,
                                                count=count, records=data)
+        if sequence is not None:
+            request.producer_id, request.producer_epoch, request.base_sequence = sequence
         try:
             async with asyncio.timeout(timeout):
                 async with self._write_lock:
@@ -96,7 +101,8 @@ class ProduceStream:
                 if future is None or future.done():
                     continue
                 if response.code:
-                    future.set_exception(from_status(response.code, response.error, address=self._address))
+                    future.set_exception(from_status(response.code, response.error,
+                                                     error_class=response.error_class, address=self._address))
                 else:
                     future.set_result(response.first_queue_offset)
         except grpc.RpcError as e:

@@ -1,0 +1,143 @@
+"""IdempotenceService: the producer table on a running broker (ids, checks, journal, snapshots, expiry).
+
+SendService asks it what a sequenced batch is (`check`) and gives the store a
+hook that journals the batch once it is checked and before it is written
+(`journal_before_write`). Load drops the batches the store does not hold (the
+broker died between the journal and the commit log, or a power cut took the
+commit log's tail). Snapshots are written every flush interval when the table
+changed, off the event loop; producers idle past the expiry are forgotten on
+the same timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker.errors import InvalidArgumentError, StoreError
+from broker.producers.store import ProducerStateStore
+from broker.producers.table import Decision, ProducerState, ProducerTable, QueueSequence
+from broker.store import MessageStore
+from tidemark.logs import get_logger
+from tidemark.protocol import InvalidNameError, check_topic_name
+
+log = get_logger("tidemark.broker.producers")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSequence:
+    """What an idempotent producer's batch carries."""
+
+    producer_id: int
+    epoch: int
+    base_seq: int
+
+
+class IdempotenceService:
+    def __init__(self, directory: Path, *, store: MessageStore, clock_ms: Callable[[], int], max_producers: int,
+                 expiry_ms: int, id_floor: int = 0) -> None:
+        self._state = ProducerStateStore(directory, max_producers=max_producers, expiry_ms=expiry_ms,
+                                         id_floor=id_floor)
+        self._store = store
+        self._clock_ms = clock_ms
+        self.table: ProducerTable | None = None
+        self.error: str | None = None  # why the last snapshot failed (None: fine)
+
+    def load(self) -> None:
+        """Read the table (after the store recovered) and drop batches the store does not hold."""
+        table = self._state.load()
+        dropped = table.drop_unstored(self._stored)
+        report = self._state.report
+        for problem in report.problems:
+            log.warning("producer state: %s", problem, event="producer_state_damage")
+        if dropped or report.events:
+            log.info("producer state loaded", event="producer_state_loaded", source=report.source,
+                     producers=len(table), replayed=report.events, unstored_batches_dropped=dropped)
+        self.table = table
+
+    def _stored(self, topic: str, queue_id: int, first_offset: int, count: int, first_msg_id: str) -> bool:
+        if first_offset + count > self._store.max_offset(topic, queue_id):
+            return False
+        if first_offset < self._store.min_offset(topic, queue_id):
+            return True  # retention took it: it was stored
+        message = self._store.message_at(topic, queue_id, first_offset)
+        return message is not None and message.msg_id == first_msg_id
+
+    def allocate(self, key: str, topic: str = "") -> int:
+        """A producer id (the key's, for a non-empty key); `topic` is one the producer writes to (checked
+        for access by the caller; here only for its name)."""
+        _check_topic(topic)
+        try:
+            return self.table.allocate(key, self._clock_ms())
+        except OSError as e:
+            raise StoreError(f"producer id not given out: the producer journal cannot be written "
+                             f"({e.strerror or e})") from None
+
+    def check(self, seq: BatchSequence, topic: str, queue_id: int, count: int) -> Decision:
+        return self.table.check(seq.producer_id, seq.epoch, topic, queue_id, seq.base_seq, count)
+
+    def journal_before_write(self, seq: BatchSequence, topic: str, queue_id: int,
+                             count: int) -> Callable[[int, str], None]:
+        def journal(first_offset: int, first_msg_id: str) -> None:
+            try:
+                self.table.will_append(seq.producer_id, seq.epoch, topic, queue_id, seq.base_seq, count,
+                                       first_offset, first_msg_id, self._clock_ms())
+            except OSError as e:
+                raise StoreError(f"batch not stored: the producer journal cannot be written "
+                                 f"({e.strerror or e})") from None
+        return journal
+
+    def producers(self, topic: str = "") -> list[tuple[ProducerState, list[tuple[tuple[str, int], QueueSequence]]]]:
+        """Each producer with its queue sequences, sorted (only those that wrote to `topic`, if given)."""
+        _check_topic(topic)
+        found = []
+        for producer in self.table.producers() if self.table is not None else ():
+            queues = sorted((k, q) for k, q in producer.queues.items() if not topic or k[0] == topic)
+            if queues or not topic:
+                found.append((producer, queues))
+        return found
+
+    def forget_topic(self, topic: str) -> None:
+        if self.table is not None:
+            self.table.forget_topic(topic)
+
+    async def maintain(self) -> None:
+        """The timer: forget idle producers, then snapshot if the table changed."""
+        if self.table is None:
+            return
+        try:
+            self.table.expire(self._clock_ms())
+        except OSError:
+            pass  # the journal is failing; the snapshot below reports it, the next tick tries again
+        await self.persist_if_dirty()
+
+    async def persist_if_dirty(self) -> None:
+        if self.table is None or not self._state.dirty(self.table):
+            return
+        pending = self._state.begin_snapshot(self.table)
+        try:
+            await asyncio.to_thread(self._state.write_snapshot, pending)
+        except OSError as e:
+            if self.error is None:
+                log.error("producer state cannot be written: %s", e, event="producer_state_persist_failed")
+            self.error = f"{self._state.path.name} cannot be written: {e.strerror or e}"
+            return
+        if self.error is not None:
+            log.info("producer state persisted again", event="producer_state_persist_recovered")
+        self.error = None
+
+    async def shutdown(self) -> None:
+        try:
+            await self.persist_if_dirty()
+        finally:
+            self._state.close()
+
+
+def _check_topic(topic: str) -> None:
+    if topic:
+        try:
+            check_topic_name(topic)
+        except InvalidNameError as e:
+            raise InvalidArgumentError(str(e)) from None

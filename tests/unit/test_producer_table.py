@@ -1,0 +1,135 @@
+"""ProducerTable (pure) and its journal: verdicts, the window, errors, expiry, replay, unstored batches."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.errors import ConfigFileError, InvalidArgumentError
+from broker.producers.store import STATE_FILE_NAME, ProducerStateStore
+from broker.producers.table import (
+    WINDOW,
+    OutOfOrderSequenceError,
+    ProducerFencedError,
+    ProducerTable,
+    UnknownProducerError,
+    Verdict,
+)
+
+
+def store(table: ProducerTable, pid: int, seq: int, count: int, offset: int, *, epoch: int = 0,
+          topic: str = "T", queue_id: int = 0) -> None:
+    decision = table.check(pid, epoch, topic, queue_id, seq, count)
+    assert decision.verdict is Verdict.APPEND
+    table.will_append(pid, epoch, topic, queue_id, seq, count, offset, f"id-{offset}", 1000)
+
+
+def test_sequences_follow_each_other_and_retries_are_duplicates_with_their_offsets():
+    table = ProducerTable()
+    pid = table.allocate("", 1000)
+    store(table, pid, 0, 3, 10)
+    store(table, pid, 3, 2, 13)
+    assert table.check(pid, 0, "T", 0, 0, 3).first_offset == 10
+    assert table.check(pid, 0, "T", 0, 3, 2).first_offset == 13
+    assert table.check(pid, 0, "T", 1, 0, 1).verdict is Verdict.APPEND, "queues have their own sequences"
+    with pytest.raises(OutOfOrderSequenceError, match="expected sequence 5, got 6"):
+        table.check(pid, 0, "T", 0, 6, 1)
+    with pytest.raises(OutOfOrderSequenceError, match="overlaps"):
+        table.check(pid, 0, "T", 0, 1, 3)
+
+
+def test_batches_older_than_the_window_are_duplicates_without_an_offset():
+    table = ProducerTable()
+    pid = table.allocate("", 0)
+    for i in range(WINDOW + 3):
+        store(table, pid, i * 2, 2, 100 + i * 2)
+    old = table.check(pid, 0, "T", 0, 0, 2)
+    assert (old.verdict, old.first_offset) == (Verdict.DUPLICATE, -1)
+    assert table.check(pid, 0, "T", 0, 2, 1).verdict is Verdict.DUPLICATE, "a replay may batch differently"
+
+
+def test_epochs_fence_older_batches_and_a_new_epoch_starts_at_zero():
+    table = ProducerTable()
+    pid = table.allocate("", 0)
+    store(table, pid, 0, 1, 0)
+    with pytest.raises(OutOfOrderSequenceError, match="must have sequence 0"):
+        table.check(pid, 1, "T", 0, 1, 1)
+    store(table, pid, 0, 1, 1, epoch=1)
+    with pytest.raises(ProducerFencedError):
+        table.check(pid, 0, "T", 0, 1, 1)
+    with pytest.raises(UnknownProducerError):
+        table.check(pid + 1, 0, "T", 0, 0, 1)
+    with pytest.raises(InvalidArgumentError):
+        table.check(pid, -1, "T", 0, 0, 1)
+
+
+def test_keys_keep_their_id_and_bounds_forget_the_least_recently_active():
+    table = ProducerTable(max_producers=2, expiry_ms=1000)
+    a = table.allocate("spark:q:1:0", 0)
+    assert table.allocate("spark:q:1:0", 10) == a
+    b = table.allocate("", 20)
+    assert table.allocate("spark:q:1:0", 30) == a  # a is now the most recently active
+    c = table.allocate("", 40)
+    assert table.get(b) is None and table.get(a) is not None and table.get(c) is not None
+    assert table.expire(1035) == 1 and table.get(a) is None, "idle for expiry_ms"
+    with pytest.raises(InvalidArgumentError):
+        table.allocate("bad\nkey", 0)
+    assert len({table.allocate("", 50), table.allocate("", 50)}) == 2
+
+
+def test_batches_the_store_does_not_hold_are_dropped_at_startup():
+    table = ProducerTable()
+    pid = table.allocate("", 0)
+    store(table, pid, 0, 2, 0)
+    store(table, pid, 2, 2, 2)
+    assert table.drop_unstored(lambda topic, q, first, count, msg_id: first + count <= 2) == 1
+    assert table.check(pid, 0, "T", 0, 2, 2).verdict is Verdict.APPEND, "the lost batch is sent again"
+
+
+def test_the_journal_and_snapshots_restore_the_table(tmp_path):
+    state = ProducerStateStore(tmp_path, max_producers=10, expiry_ms=10_000)
+    table = state.load()
+    pid = table.allocate("k", 0)
+    store(table, pid, 0, 2, 5)
+    state.write_snapshot(state.begin_snapshot(table))
+    store(table, pid, 2, 1, 7)  # in the journal only
+    state.close()
+    again = ProducerStateStore(tmp_path, max_producers=10, expiry_ms=10_000).load()
+    assert again.check(pid, 0, "T", 0, 2, 1).first_offset == 7
+    assert again.check(pid, 0, "T", 0, 0, 2).first_offset == 5
+    assert again.allocate("k", 1) == pid
+    assert again.allocate("", 1) > pid, "ids never go back"
+    for name in (STATE_FILE_NAME, STATE_FILE_NAME + ".bak"):
+        (tmp_path / name).write_text("{broken")
+    with pytest.raises(ConfigFileError, match="refusing to start"):
+        ProducerStateStore(tmp_path, max_producers=10, expiry_ms=10_000).load()
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(1, 4), st.booleans(), st.booleans()), max_size=40))
+def test_model_every_batch_is_stored_exactly_once_however_retries_and_restarts_fall(tmp_path_factory, plan):
+    """Two producers send batches; some answers are lost (the producer retries the same batch), and the
+    broker may restart from its journal in between. Every batch ends up stored exactly once."""
+    directory = tmp_path_factory.mktemp("producers")
+    state = ProducerStateStore(directory, max_producers=10, expiry_ms=10**9)
+    table = state.load()
+    pids = [table.allocate("", 0), table.allocate("", 0)]
+    next_seq = [0, 0]
+    log: list[tuple[int, int]] = []  # the "store": (producer, sequence) per stored message
+    for who, count, lost_answer, restart in plan:
+        seq = next_seq[who]
+        for _attempt in range(2 if lost_answer else 1):
+            decision = table.check(pids[who], 0, "T", 0, seq, count)
+            if decision.verdict is Verdict.APPEND:
+                table.will_append(pids[who], 0, "T", 0, seq, count, len(log), "", 0)
+                log.extend((who, seq + i) for i in range(count))
+            else:
+                assert decision.first_offset == -1 or log[decision.first_offset] == (who, seq)
+            if restart:
+                state.close()
+                state = ProducerStateStore(directory, max_producers=10, expiry_ms=10**9)
+                table = state.load()
+        next_seq[who] = seq + count
+    assert sorted(log) == sorted(set(log))
+    assert sorted(log) == sorted((w, s) for w in (0, 1) for s in range(next_seq[w]))

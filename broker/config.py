@@ -92,6 +92,11 @@ class BrokerConfig:
                                           "retries then get a new producer id); Kafka's producer.id.expiration.ms")
     max_idempotent_producers: int = _setting(100_000, "Idempotent producers remembered at most (the least recently "
                                              "active are forgotten first)")
+    transaction_timeout_ms: int = _setting(6000, "A half message unresolved this long is checked with its producer "
+                                           "group (RocketMQ's transactionTimeOut)")
+    transaction_check_interval_ms: int = _setting(30_000, "How often an unresolved half message is checked again")
+    transaction_check_max: int = _setting(15, "Checks of a half message before it is rolled back and logged "
+                                          "(RocketMQ's transactionCheckMax)")
     auth: bool = _setting(False, "Authenticate every request (RocketMQ 5 signatures) and authorize it by ACL")
     init_user: str = _setting("", "NAME:SECRET of the first super user, created when there are no users yet "
                               "(a replica also signs its calls to the master with it)", secret=True)
@@ -160,7 +165,8 @@ def _problems(c: BrokerConfig):
                  "lock_expiry_ms", "commitlog_segment_size", "consume_queue_entries_per_file",
                  "max_open_consume_queue_files",
                  "max_message_size", "default_topic_queue_nums", "retry_queue_nums", "producer_id_expiry_ms",
-                 "max_idempotent_producers"):
+                 "max_idempotent_producers", "transaction_timeout_ms", "transaction_check_interval_ms",
+                 "transaction_check_max"):
         if getattr(c, name) <= 0:
             yield f"{name} must be > 0, got {getattr(c, name)}"
     if c.max_request_bytes < 0:

@@ -48,6 +48,7 @@ from broker.send import SendService
 from broker.store import FlushMode, MessageStore, StoreConfig
 from broker.store.writability import WriteState, describe
 from broker.topics import TopicConfigManager
+from broker.transactions.service import TransactionService
 from tidemark.auth import Credentials
 from tidemark.logs import get_logger
 from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator, retry_topic
@@ -159,10 +160,15 @@ class BrokerController:
                                             max_producers=config.max_idempotent_producers,
                                             expiry_ms=config.producer_id_expiry_ms,
                                             id_floor=self.clock_ms() << 16)
+        self.transactions = TransactionService(
+            store=self.store, topics=self.topics, permission=self.permission, clock_ms=self.clock_ms,
+            config_dir=config_dir, timeout_ms=config.transaction_timeout_ms,
+            check_interval_ms=config.transaction_check_interval_ms, max_checks=config.transaction_check_max,
+            replicated=self._sync_wait())
         self.sender = SendService(config=config, store=self.store, topics=self.topics,
                                   permission=self.permission, schedule=self.schedule,
                                   ids=MessageIdGenerator(), clock_ms=self.clock_ms, producers=self.producers,
-                                  replicated=self._sync_wait())
+                                  transactions=self.transactions, replicated=self._sync_wait())
         self.metrics = BrokerMetrics()
         # Sends, config changes and the offset timer report disk trouble here; the server maps it to health.
         self.persistence = PersistenceHealth(self.metrics)
@@ -197,6 +203,7 @@ class BrokerController:
         self.schedule.load()
         self.pop.load()
         self.producers.load()
+        self.transactions.load()
         self.topics.ensure_system_topic(SCHEDULE_TOPIC, len(self.config.delay_levels_ms))
         self.store.add_dispatch_listener(self.hold.notify)
         if self.replication is not None:
@@ -205,6 +212,8 @@ class BrokerController:
 
     async def start(self) -> None:
         await self.store.start()
+        if self.replica is None:
+            await self.transactions.start()
         s = self.scheduler
         s.every("persist-consumer-offsets", self.config.flush_consumer_offset_interval_ms / 1000,
                 self._persist_offsets)
@@ -218,6 +227,10 @@ class BrokerController:
         s.every("persist-pop-state", self.config.flush_consumer_offset_interval_ms / 1000, self.pop.persist_if_dirty)
         s.every("persist-producer-state", self.config.flush_consumer_offset_interval_ms / 1000,
                 self.producers.maintain)
+        s.every("check-transactions", min(1.0, self.config.transaction_check_interval_ms / 2000),
+                self.transactions.check_due)
+        s.every("persist-transaction-state", self.config.flush_consumer_offset_interval_ms / 1000,
+                self.transactions.persist_if_dirty)
         if self.replica is not None:
             self.replica.start()
             s.every("mirror-master-metadata", 1.0, self.replica.mirror_metadata)
@@ -244,6 +257,7 @@ class BrokerController:
             steps += [("replication", self.replica.stop)]
         steps += [("consumer offsets", self._persist_offsets_now), ("pop state", self.pop.shutdown),
                   ("producer state", self.producers.shutdown),
+                  ("transaction state", self.transactions.persist_if_dirty),
                   ("config files", self.flush_configs),
                   ("store", self.store.shutdown)]
         failed = None
@@ -520,7 +534,9 @@ class BrokerController:
         self.store.follower = False
         self.replication = self._replication_source()
         self.store.add_dispatch_listener(self.replication.on_append)
-        self.sender.replicated = self._sync_wait()
+        self.sender.replicated = self.transactions.replicated = self._sync_wait()
+        self.transactions.load()  # the half and op topics it copied: open transactions are checked from here
+        await self.transactions.start()
         self.permission.promote()
         log.warning("promoted to master", event="broker_promoted", broker=self.config.broker_name, epoch=epoch)
         await self.registrar.sync_if_changed()

@@ -20,12 +20,14 @@ from broker.producers.table import Verdict
 from broker.schedule import ScheduleMessageService
 from broker.store import MessageRecord, MessageStore, PutResult, RecordsPut
 from broker.topics import TopicConfig, TopicConfigManager
+from broker.transactions.service import TransactionService
 from tidemark.protocol import (
     RETRY_GROUP_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
     MessageIdGenerator,
     PropertyKey,
     dlq_topic,
+    is_broker_topic,
     is_retry_topic,
     is_system_topic,
     tag_hash,
@@ -69,9 +71,11 @@ class SendService:
     def __init__(self, *, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
                  permission: BrokerPermission, schedule: ScheduleMessageService,
                  ids: MessageIdGenerator, clock_ms, producers: IdempotenceService,
+                 transactions: TransactionService,
                  replicated: Callable[[int], Awaitable[None]] | None = None) -> None:
         self._config = config
         self.producers = producers
+        self._transactions = transactions
         # Sync replication: waits until a replica has the commit log up to an end offset (broker/replication.py);
         # set again when a replica is promoted.
         self.replicated = replicated
@@ -85,11 +89,13 @@ class SendService:
 
     def _topic_for_send(self, name: str) -> TopicConfig:
         """The topic to send to, auto-created where the broker allows it."""
-        if name == SCHEDULE_TOPIC:
-            # Only the broker writes there (RocketMQ's TopicValidator): the schedule service re-puts
-            # whatever REAL_TOPIC a message names, past that topic's own checks and permissions.
-            raise PermissionDeniedError(
-                f"sending to the broker's schedule topic {name!r} is forbidden; set a delay level instead")
+        if is_broker_topic(name):
+            # Only the broker writes there (RocketMQ's TopicValidator): the schedule and transaction services
+            # re-put whatever REAL_TOPIC a message names, past that topic's own checks and permissions.
+            kind, instead = (("schedule", "set a delay level") if name == SCHEDULE_TOPIC
+                             else ("transaction", "send a transactional message"))
+            raise PermissionDeniedError(f"sending to the broker's {kind} topic {name!r} is forbidden; {instead} "
+                                        f"instead")
         topic = self._topics.get(name)
         if topic is not None:
             return topic
@@ -127,6 +133,11 @@ class SendService:
             records.append(record)
             ids.append(msg_id)
         delay_level, deliver_at = messages[0].delay_level, messages[0].deliver_at_ms
+        half = self._transactions.is_half(records[0].properties)
+        if half:
+            if len(records) > 1 or delay_level or deliver_at or is_retry_topic(topic.name):
+                raise InvalidArgumentError("a transactional message goes alone, without a delay, to a user topic")
+            records = [self._transactions.half_record(records[0])]
         if is_retry_topic(topic.name):
             records, dead = self._retry_or_dlq(topic.name, records)
             if dead:
@@ -136,6 +147,8 @@ class SendService:
         elif deliver_at > 0:
             records = [self._schedule.schedule_at(records[0], deliver_at, now)]
         results = await self._store.put_messages(records)
+        if half:
+            self._transactions.added(results[0].queue_offset, records[0], results[0].store_timestamp)
         if self.replicated is not None:
             await self.replicated(results[-1].commit_log_offset + results[-1].store_size)
         return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]

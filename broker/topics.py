@@ -14,9 +14,9 @@ from broker.config_file import ConfigFile, load_json
 from broker.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from tidemark.logs import get_logger
 from tidemark.protocol import (
-    SCHEDULE_TOPIC,
     InvalidNameError,
     check_topic_name,
+    is_broker_topic,
     is_system_topic,
 )
 
@@ -183,8 +183,9 @@ class TopicConfigManager:
 
     def delete(self, name: str) -> TopicConfig:
         topic = self.require(name)
-        if name == SCHEDULE_TOPIC:
-            raise InvalidArgumentError(f"topic {name!r} is the broker's schedule topic and cannot be deleted")
+        if is_broker_topic(name):
+            raise InvalidArgumentError(f"topic {name!r} is one of the broker's own topics (schedule, transactions) "
+                                       f"and cannot be deleted")
         del self._topics[name]
         self._save(name, topic)
         log.info("topic deleted", event="topic_delete", topic=name)

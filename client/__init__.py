@@ -54,6 +54,11 @@ from client.producer.selector import (
     SelectMessageQueueByHash,
     SelectMessageQueueByRandom,
 )
+from client.producer.transaction import (
+    LocalTransactionState,
+    TransactionProducer,
+    TransactionSendResult,
+)
 from client.security import TlsSettings
 from client.settings import (
     ClientSettings,
@@ -76,4 +81,5 @@ __all__ = [
     "TlsHandshakeError",
     "UnauthenticatedError", "OutOfOrderSequenceError", "ProducerFencedError", "UnknownProducerError",
     "DedupKey", "DedupListener", "FileDedupStore", "MemoryDedupStore",
+    "LocalTransactionState", "TransactionProducer", "TransactionSendResult",
 ]

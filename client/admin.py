@@ -26,6 +26,7 @@ from client.types import (
     GroupConfig,
     GroupDescription,
     GroupSummary,
+    HalfMessage,
     OffsetChange,
     OffsetCommit,
     ProducerInfo,
@@ -260,6 +261,13 @@ class Admin:
         return self._run(go())
 
     # -- groups ----------------------------------------------------------------
+
+    def list_transactions(self, group: str = "") -> list[HalfMessage]:
+        """Half messages waiting for their transaction's end (of one producer group, if given), every broker."""
+        async def go() -> list[HalfMessage]:
+            found = [h for c in (await self._brokers()).values() for h in await c.list_transactions(group)]
+            return sorted(found, key=lambda h: (h.broker_name, h.half_offset))
+        return self._run(go())
 
     def list_producers(self, topic: str = "") -> list[ProducerInfo]:
         """Idempotent producers the brokers remember (of those that wrote to `topic`), broker by broker."""

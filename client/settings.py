@@ -204,6 +204,8 @@ class ProducerSettings(ClientSettings):
                                            "(Kafka's batch.size)")
     max_in_flight_requests: int = _setting(5, "Batches on their way to the brokers at once "
                                               "(Kafka's max.in.flight.requests.per.connection)")
+    producer_group: str = _setting("", "Producer group: a transactional producer's half messages are checked with "
+                                       "any live producer of its group (RocketMQ's producerGroup)")
     enable_idempotence: bool = _setting(True, "A retried batch is stored once (producer id and sequences per "
                                               "queue; Kafka's enable.idempotence); one batch per queue in flight")
     producer_key: str = _setting("", "Idempotent producers with the same key share one producer id, so a replay "

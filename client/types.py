@@ -153,6 +153,21 @@ class ResetTarget(enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class HalfMessage:
+    """A transaction's half message waiting for its end on a broker."""
+
+    broker_name: str
+    msg_id: str
+    half_offset: int
+    producer_group: str
+    topic: str
+    stored_ms: int
+    checks: int
+    next_check_ms: int
+    max_checks: int
+
+
+@dataclass(frozen=True, slots=True)
 class ProducerQueueState:
     """Where an idempotent producer stands on one queue: epoch, last sequence stored, its queue offset."""
 

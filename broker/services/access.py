@@ -56,6 +56,9 @@ NEEDS: dict[str, Needs | object] = {
     "SendMessage": lambda r: [on_topic(r.topic, PUB)],
     "Produce": lambda r: [on_topic(r.topic, PUB)],
     "InitProducer": lambda r: [on_topic(r.topic, PUB)],
+    "EndTransaction": lambda r: [on_topic(r.topic, PUB)],
+    # Pub on each topic whose half messages it is asked about (a watch naming none is refused later).
+    "WatchTransactionChecks": lambda r: [on_topic(t, PUB) for t in r.topics] or [on_group(r.group, PUB)],
     "PullMessage": lambda r: _consuming(r.group, [r.topic]),
     "Fetch": _fetch,
     "ConsumerSendMsgBack": lambda r: [on_group(r.group, SUB)],
@@ -89,6 +92,7 @@ NEEDS: dict[str, Needs | object] = {
     "UpdateBrokerPermission": lambda r: [on_cluster(UPDATE)],
     "PromoteBroker": lambda r: [on_cluster(UPDATE)],
     "ListProducers": lambda r: [on_topic(r.topic, GET)] if r.topic else [on_cluster(LIST)],
+    "ListTransactions": lambda r: [on_cluster(LIST)],
     # ReplicationService: a replica reads everything the master holds.
     "Replicate": lambda r: [on_cluster(UPDATE)],
     "GetMetadata": lambda r: [on_cluster(UPDATE)],

@@ -167,6 +167,17 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.DeleteExpiredCommitLogResponse(deleted_segments=deleted)
 
     @rpc
+    async def ListTransactions(self, request, context: grpc.aio.ServicerContext):
+        config = self._b.config
+        response = admin_pb2.ListTransactionsResponse(timeout_ms=config.transaction_timeout_ms,
+                                                      check_interval_ms=config.transaction_check_interval_ms,
+                                                      max_checks=config.transaction_check_max)
+        for h in self._b.transactions.halves(request.group):
+            response.halves.add(msg_id=h.msg_id, half_offset=h.offset, group=h.group, topic=h.topic,
+                                stored_ms=h.stored_ms, checks=h.checks, next_check_ms=h.next_check_ms)
+        return response
+
+    @rpc
     async def ListProducers(self, request, context: grpc.aio.ServicerContext):
         config = self._b.config
         response = admin_pb2.ListProducersResponse(expiry_ms=config.producer_id_expiry_ms,

@@ -11,7 +11,7 @@ import grpc
 from broker.auth.acl import Action
 from broker.auth.guard import on_topic
 from broker.controller import BrokerController
-from broker.errors import BrokerError
+from broker.errors import BrokerError, InvalidArgumentError
 from broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
 from broker.producers.service import BatchSequence
 from broker.pull import PullRequest
@@ -19,11 +19,14 @@ from broker.send import OutgoingMessage
 from broker.services import access
 from broker.services.convert import checked_client_id, fence_from_pb, message_ext
 from broker.services.errors import rpc, status_for
+from broker.transactions.service import real_view
+from broker.transactions.table import Outcome
 from tidemark.logs import get_logger
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
 
 log = get_logger("tidemark.broker.messaging")
 
+_RESOLUTIONS = {messaging_pb2.TRANSACTION_COMMIT: Outcome.COMMIT, messaging_pb2.TRANSACTION_ROLLBACK: Outcome.ROLLBACK}
 _PULL_STATUS = {name: messaging_pb2.PullStatus.Value(name) for name in
                 ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL", "OFFSET_RESET")}
 
@@ -142,6 +145,31 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
     async def InitProducer(self, request, context: grpc.aio.ServicerContext):
         self._b.permission.check_writable()
         return messaging_pb2.InitProducerResponse(producer_id=self._b.producers.allocate(request.key, request.topic))
+
+    @rpc
+    async def EndTransaction(self, request, context: grpc.aio.ServicerContext):
+        outcome = _RESOLUTIONS.get(request.resolution)
+        if outcome is None:
+            raise InvalidArgumentError("resolution must be TRANSACTION_COMMIT or TRANSACTION_ROLLBACK")
+        ended = await self._b.transactions.end(request.group, request.msg_id, request.half_offset, outcome,
+                                               by="check" if request.from_check else "producer", topic=request.topic)
+        return messaging_pb2.EndTransactionResponse(already_ended=not ended)
+
+    async def WatchTransactionChecks(self, request, context: grpc.aio.ServicerContext):
+        transactions = self._b.transactions
+        try:
+            checked_client_id(request.client_id)
+            checks = transactions.watch(request.group, request.client_id, frozenset(request.topics))
+        except BrokerError as e:
+            await context.abort(status_for(e), str(e))
+        name = self._b.config.broker_name
+        try:
+            while True:
+                check = await checks.get()
+                yield messaging_pb2.TransactionCheck(msg_id=check.msg_id, half_offset=check.half_offset,
+                                                     message=message_ext(real_view(check.message), name))
+        finally:
+            transactions.unwatch(request.group, checks)
 
     @rpc
     async def PullMessage(self, request, context: grpc.aio.ServicerContext):

@@ -290,6 +290,13 @@ class MessageStore:
         ASYNC flush: returns once the bytes reached the OS. SYNC flush: returns
         once an fsync covering them finished (shared with concurrent puts).
         """
+        results = self.put_messages_now(records)
+        await self.wait_durable(results[-1].commit_log_offset + results[-1].store_size)
+        return results
+
+    def put_messages_now(self, records: Sequence[MessageRecord]) -> list[PutResult]:
+        """put_messages without waiting for durability: appended when it returns, so two calls in one step
+        of the event loop land next to each other (a transaction's op record and its message)."""
         self._check_writable()
         if not records:
             raise InvalidArgumentError("a put needs at least one message")
@@ -311,12 +318,10 @@ class MessageStore:
             max_record_size=self._commitlog.max_record_size,
         )
         positions = self._append(topic, queue_id, base, batch, [r.tags_code for r in records])
-        results = [
+        return [
             PutResult(base + i, pos, store_timestamp, size)
             for i, (pos, size) in enumerate(zip(positions, batch.sizes, strict=True))
         ]
-        await self.wait_durable(positions[-1] + batch.sizes[-1])
-        return results
 
     def append_records(self, topic: str, queue_id: int, data: bytes | bytearray, count: int, *,
                        before_write: Callable[[int, str], None] | None = None) -> RecordsPut:

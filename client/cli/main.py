@@ -21,6 +21,7 @@ from client.cli import (
     message_cmds,
     producer_cmds,
     topic_cmds,
+    transaction_cmds,
 )
 from client.cli.args import seconds
 from client.errors import TidemarkError
@@ -71,6 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     auth_cmds.register(sub, common)
     cluster_cmds.register(sub, common)
     producer_cmds.register(sub, common)
+    transaction_cmds.register(sub, common)
     return parser
 
 

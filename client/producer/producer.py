@@ -174,33 +174,32 @@ class AsyncProducer:
         timeout = timeout or self.settings.send_msg_timeout_s
         attempts = 1 + self.settings.retry_times_when_send_failed
         avoid = None
-        attempt = 0
+        tries = _Tries(attempts)
         while True:
-            target = queue or (prefer if attempt == 0 and prefer is not None else
+            target = queue or (prefer if tries.made == 0 and prefer is not None else
                                await self._select(topic, first, selector, arg, avoid=avoid))
             try:
                 if self.sequences is None:
-                    attempt += 1
+                    tries.made += 1
                     conn = await self.cluster.master_connection(target.broker_name)
                     offset = await conn.produce_stream().send(topic, target.queue_id, len(msg_ids), data, timeout)
                 else:
-                    offset, attempt = await self._send_sequenced(target, data, len(msg_ids), timeout, attempt,
-                                                                 attempts)
+                    offset = await self._send_sequenced(target, data, len(msg_ids), timeout, tries)
                 return [SendResult(msg_id, target, offset + i if offset >= 0 else -1)
                         for i, msg_id in enumerate(msg_ids)]
             except TidemarkError as e:
-                if not e.retriable or attempt >= attempts:
+                if not e.retriable or tries.spent:
                     raise
                 avoid = target.broker_name
                 self.cluster.forget_route(topic)
-                await _back_off(e, attempt - 1)
+                await _back_off(e, tries.made - 1)
                 log.warning("send failed, retrying",
-                            event="send_retry", topic=topic, broker=target.broker_name, attempt=attempt,
+                            event="send_retry", topic=topic, broker=target.broker_name, attempt=tries.made,
                             error=e)
 
-    async def _send_sequenced(self, target: MessageQueue, data: bytes, count: int, timeout: float, attempt: int,
-                              attempts: int) -> tuple[int, int]:
-        """An idempotent producer's send to one queue: (first offset, attempts used so far).
+    async def _send_sequenced(self, target: MessageQueue, data: bytes, count: int, timeout: float,
+                              tries: _Tries) -> int:
+        """An idempotent producer's send to one queue (counting its attempts in `tries`): the first offset.
 
         Retries that may find the batch already stored (a timeout, an overloaded broker) go to the same
         queue with the same sequence, so the broker answers the second as a duplicate. A broker that went
@@ -210,34 +209,34 @@ class AsyncProducer:
         state = sequences.queue(target)
         async with state.lock:
             while True:
-                attempt += 1
+                tries.made += 1
                 try:
                     conn = await self.cluster.master_connection(target.broker_name)
                     producer_id = await sequences.producer_id(
-                        target.broker_name, lambda key: conn.init_producer(key, target.topic))
+                        target.broker_name, lambda key, conn=conn: conn.init_producer(key, target.topic))
                     offset = await conn.produce_stream().send(
                         target.topic, target.queue_id, count, data, timeout,
                         sequence=(producer_id, state.epoch, state.next_seq))
                 except OutOfOrderSequenceError:
-                    if attempt >= attempts:
+                    if tries.spent:
                         raise
                     state.new_epoch()  # nothing was stored; the broker holds no usable sequence for us
                     continue
                 except UnknownProducerError:
-                    if attempt >= attempts:
+                    if tries.spent:
                         raise
                     sequences.forget_broker(target.broker_name, producer_id)
                     continue
                 except (RequestTimeoutError, UnavailableError) as e:
                     # Stored or not, unknown. While the broker may come back (a restart, an overload), the
                     # same sequence again; once the batch leaves the queue, the queue starts a new epoch.
-                    if not e.retriable or attempt >= attempts or self.cluster.is_down(target.broker_name):
+                    if not e.retriable or tries.spent or self.cluster.is_down(target.broker_name):
                         state.new_epoch()
                         raise
-                    await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0) * random.uniform(0.5, 1.0))
+                    await asyncio.sleep(min(0.05 * 2 ** tries.made, 1.0) * random.uniform(0.5, 1.0))
                     continue
                 state.stored(count)
-                return offset, attempt
+                return offset
 
     async def send_messages(self, messages: Sequence[Message], *, queue: MessageQueue | None,
                             selector: MessageQueueSelector | None, arg: Any,
@@ -513,6 +512,20 @@ class Producer:
         return target
 
 
+class _Tries:
+    """Attempts of one send, across the queues it tries: `attempts` in all (1 + retry_times_when_send_failed)."""
+
+    __slots__ = ("attempts", "made")
+
+    def __init__(self, attempts: int) -> None:
+        self.attempts = attempts
+        self.made = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.made >= self.attempts
+
+
 async def _back_off(error: TidemarkError, attempt: int) -> None:
     """An overloaded broker (RESOURCE_EXHAUSTED: request bytes in flight at its limit) gets a pause
     before the retry, growing with each attempt (50 ms, 100 ms, ... up to 1 s, with jitter)."""
@@ -528,7 +541,8 @@ def _check_batch_size(size: int, count: int, max_message_size: int) -> None:
 
 
 def _needs_unary(message: Message) -> bool:
-    return bool(message.delay_level) or is_system_topic(message.topic)
+    return (bool(message.delay_level) or is_system_topic(message.topic)
+            or PropertyKey.TRANSACTION_PREPARED in message.properties)
 
 
 def _call_back(callback: SendCallback, future: concurrent.futures.Future) -> None:

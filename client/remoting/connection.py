@@ -32,6 +32,7 @@ from client.types import (
     GroupConfig,
     GroupDescription,
     GroupSummary,
+    HalfMessage,
     OffsetChange,
     OffsetCommit,
     ProducerInfo,
@@ -327,6 +328,32 @@ class BrokerConnection:
         pb = await self._call(self._messaging.InitProducer, messaging_pb2.InitProducerRequest(key=key, topic=topic),
                               timeout)
         return pb.producer_id
+
+    async def end_transaction(self, group: str, topic: str, msg_id: str, half_offset: int, commit: bool, *,
+                              from_check: bool = False) -> bool:
+        """Commit or roll back a half message; False when it had ended that way already."""
+        pb = await self._call(self._messaging.EndTransaction, messaging_pb2.EndTransactionRequest(
+            group=group, topic=topic, msg_id=msg_id, half_offset=half_offset, from_check=from_check,
+            resolution=messaging_pb2.TRANSACTION_COMMIT if commit else messaging_pb2.TRANSACTION_ROLLBACK))
+        return not pb.already_ended
+
+    async def watch_transaction_checks(self, group: str, client_id: str,
+                                       topics: Sequence[str]) -> AsyncIterator[tuple[int, MessageExt]]:
+        """(half offset, half message) for each check the broker sends, until cancelled or the stream breaks."""
+        call = self._messaging.WatchTransactionChecks(messaging_pb2.WatchTransactionChecksRequest(
+            group=group, client_id=client_id, topics=list(topics)))
+        try:
+            async for check in call:
+                yield check.half_offset, convert.message_ext(check.message)
+        except grpc.RpcError as e:
+            raise self.error(e) from None
+        finally:
+            call.cancel()
+
+    async def list_transactions(self, group: str = "") -> list[HalfMessage]:
+        pb = await self._call(self._admin.ListTransactions, admin_pb2.ListTransactionsRequest(group=group))
+        return [HalfMessage(self.broker_name or self.address, h.msg_id, h.half_offset, h.group, h.topic,
+                            h.stored_ms, h.checks, h.next_check_ms, pb.max_checks) for h in pb.halves]
 
     async def broker_info(self, *, timeout: float | None = None) -> BrokerInfo:
         """The broker's identity and settings (also kept as `info`)."""

@@ -19,6 +19,10 @@ from dataclasses import dataclass
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+# Transactions (RocketMQ's names): half messages wait in the first, their commits and rollbacks are
+# recorded in the second.
+TRANSACTION_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANSACTION_OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 SYSTEM_TOPIC_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)
 
 TOPIC_MAX_LENGTH = 127
@@ -52,6 +56,11 @@ class PropertyKey:
     CONSUME_START_TIME = "CONSUME_START_TIME"
     # Timestamp (ms) at which a scheduled message is due.
     DELIVER_TIMESTAMP = "DELIVER_TIMESTAMP"
+    # A transaction's half message ("true") and its producer group (RocketMQ's names).
+    TRANSACTION_PREPARED = "TRAN_MSG"
+    PRODUCER_GROUP = "PGROUP"
+    # On a committed transactional message: the queue offset of its half message.
+    TRANSACTION_HALF_OFFSET = "TRAN_HALF_OFFSET"
 
 
 class InvalidNameError(ValueError):
@@ -91,8 +100,16 @@ def check_client_id(client_id: str) -> None:
                                f"(no spaces or control characters)")
 
 
+# Topics only the broker writes (producers are refused).
+_BROKER_TOPICS = frozenset({SCHEDULE_TOPIC, TRANSACTION_HALF_TOPIC, TRANSACTION_OP_TOPIC})
+
+
+def is_broker_topic(topic: str) -> bool:
+    return topic in _BROKER_TOPICS
+
+
 def is_system_topic(topic: str) -> bool:
-    return topic.startswith(SYSTEM_TOPIC_PREFIXES) or topic == SCHEDULE_TOPIC
+    return topic.startswith(SYSTEM_TOPIC_PREFIXES) or topic in _BROKER_TOPICS
 
 
 def retry_topic(group: str) -> str:

@@ -35,7 +35,9 @@ def _stored(address: str) -> int:
     (message("V2Bad", b"x", message_id=""), pb.ILLEGAL_MESSAGE_ID, "message_id"),
     (message("V2Bad", b"x", message_type=pb.FIFO), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "message group"),
     (message("V2Bad", b"x", message_group="g" * 65, message_type=pb.FIFO), pb.ILLEGAL_MESSAGE_GROUP, "64"),
-    (message("V2Bad", b"x", message_type=pb.TRANSACTION), pb.UNSUPPORTED, "not supported"),
+    (message("V2Bad", b"x", message_type=pb.PRIORITY), pb.UNSUPPORTED, "not supported"),
+    (message("V2Bad", b"x", message_type=pb.TRANSACTION, message_group="g"), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+     "TRANSACTION message must not carry a message group"),
     (message("V2Bad", b"x", tag="a|b"), pb.ILLEGAL_MESSAGE_TAG, "'|'"),
     (message("V2Bad", b"x", message_type=pb.DELAY, delivery_timestamp=Timestamp(seconds=int(time.time()) + 2 * 86400)),
      pb.ILLEGAL_DELIVERY_TIME, "ahead"),
@@ -73,7 +75,7 @@ def test_route_lists_every_queue_with_this_broker_as_endpoint(module_broker, stu
     assert answer.status.code == pb.OK
     assert [(q.id, q.permission) for q in answer.message_queues] == [(0, pb.READ_WRITE), (1, pb.READ_WRITE)]
     assert {q.broker.endpoints.addresses[0].port for q in answer.message_queues} == {int(port)}
-    assert set(answer.message_queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+    assert set(answer.message_queues[0].accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
 
 
 def test_a_call_without_a_client_id_is_refused(stub):
@@ -132,10 +134,12 @@ def test_sql_filters_and_unknown_client_types_end_the_stream(stub):
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in e.value.details()
 
 
-def test_transactions_are_unimplemented_with_a_message(stub):
-    with pytest.raises(grpc.RpcError) as e:
-        stub.EndTransaction(pb.EndTransactionRequest(topic=resource("V2Bad")))
-    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED and "transactional" in e.value.details()
+def test_ending_a_transaction_the_broker_never_gave_out_is_refused(stub):
+    for transaction_id, code, words in (("not-a-number", pb.INVALID_TRANSACTION_ID, "not given by this broker"),
+                                        ("424242", pb.NOT_FOUND, "no transaction at half offset 424242")):
+        answer = stub.EndTransaction(pb.EndTransactionRequest(topic=resource("V2Bad"), message_id="m",
+                                                              transaction_id=transaction_id, resolution=pb.COMMIT))
+        assert answer.status.code == code and words in answer.status.message, answer
 
 
 def test_forged_and_foreign_receipt_handles_are_invalid(stub):

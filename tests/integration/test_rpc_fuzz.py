@@ -77,6 +77,8 @@ BASELINES = {
     "ResetOffset": lambda r: setattr(r, "to_earliest", True),
     "PullMessage": lambda r: setattr(r, "max_msg_nums", 1),
     "UpdateGroupConfig": lambda r: setattr(r, "retry_max_times", 3),
+    "WatchTransactionChecks": lambda r: r.topics.append(TOPICS[0]),
+    "EndTransaction": lambda r: setattr(r, "resolution", 1),
 }
 
 

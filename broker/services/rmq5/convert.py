@@ -35,6 +35,9 @@ SYSTEM_KEYS = frozenset(v for k, v in vars(PropertyKey).items() if k.isupper()) 
 # time.time() * 1000 into the seconds field (seconds this large would be about year 5138).
 _MS_IN_SECONDS_THRESHOLD = 10**11
 
+# The producer group of every RocketMQ 5 client's half messages (see `outgoing`).
+RMQ5_PRODUCER_GROUP = "RMQ5_PRODUCERS"
+
 
 def duration_ms(d: Duration) -> int:
     return d.seconds * 1000 + d.nanos // 1_000_000
@@ -89,6 +92,11 @@ def outgoing(m: pb.Message, max_body_size: int) -> tuple[OutgoingMessage, str]:
                             f"message group is {len(group)} characters; at most {MAX_MESSAGE_GROUP_LENGTH} allowed")
     properties = dict(m.user_properties)
     properties[PropertyKey.UNIQ_KEY] = sp.message_id
+    if sp.message_type == pb.TRANSACTION:
+        # RocketMQ 5 producers have no group: the checks of their half messages go to any producer of
+        # this protocol that publishes to the topic (the proxy's rule), through their telemetry streams.
+        properties[PropertyKey.TRANSACTION_PREPARED] = "true"
+        properties[PropertyKey.PRODUCER_GROUP] = RMQ5_PRODUCER_GROUP
     if group:
         properties[MESSAGE_GROUP_KEY] = group
     message = OutgoingMessage(
@@ -106,19 +114,21 @@ def outgoing(m: pb.Message, max_body_size: int) -> tuple[OutgoingMessage, str]:
 def _check_type(message_type: int, group: str, delivery: bool) -> None:
     """The declared type must match what the message carries (the proxy's MESSAGE_PROPERTY_CONFLICT_WITH_TYPE)."""
     name = pb.MessageType.Name(message_type) if message_type in pb.MessageType.values() else str(message_type)
-    if message_type in (pb.TRANSACTION, pb.LITE, pb.PRIORITY):
+    if message_type in (pb.LITE, pb.PRIORITY):
         raise ProtocolError(Code.UNSUPPORTED, f"{name} messages are not supported by this broker")
     conflict = ("a message group and a delivery timestamp exclude each other" if group and delivery
                 else "a FIFO message needs a message group" if message_type == pb.FIFO and not group
                 else "a DELAY message needs a delivery timestamp" if message_type == pb.DELAY and not delivery
                 else f"a {name} message must not carry a message group or a delivery timestamp"
-                if message_type == pb.NORMAL and (group or delivery) else None)
+                if message_type in (pb.NORMAL, pb.TRANSACTION) and (group or delivery) else None)
     if conflict:
         raise ProtocolError(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, conflict)
 
 
 def message_type(m: StoredMessage) -> int:
     props = m.properties
+    if PropertyKey.TRANSACTION_PREPARED in props:
+        return pb.TRANSACTION
     if MESSAGE_GROUP_KEY in props:
         return pb.FIFO
     if PropertyKey.DELIVER_TIMESTAMP in props or PropertyKey.DELAY in props:

@@ -32,6 +32,8 @@ from broker.services.rmq5.telemetry import (
     client_id_of,
     filter_expression,
 )
+from broker.transactions.service import Check, TransactionService, real_view
+from broker.transactions.table import Outcome
 from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, parse_tag_expression
 from tidemark.rmq5.v2 import messaging_pb2 as pb
@@ -41,7 +43,7 @@ log = get_logger("tidemark.broker.rmq5")
 SERVICE = "apache.rocketmq.v2.MessagingService"
 # A Telemetry stream must say who it is within this time.
 SETTINGS_TIMEOUT_S = 30.0
-ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)
+ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 # A receive answers this long before the call's deadline; and never polls longer than this.
 POLL_RESERVE_MS = 1_000
 MAX_POLL_MS = 30_000
@@ -80,7 +82,6 @@ METHODS = (
     Method("RecallMessage", pb.RecallMessageRequest, pb.RecallMessageResponse),
 )
 UNSUPPORTED = {
-    "EndTransaction": "transactional messages are not supported by this broker yet",
     "RecallMessage": "recalling delayed messages is not supported by this broker",
 }
 
@@ -154,13 +155,15 @@ class Rmq5Servicer:
         return pb.NotifyClientTerminationResponse(status=ok())
 
     async def Telemetry(self, requests, context: grpc.aio.ServicerContext):
-        """Settings in, effective settings out; the stream lives as long as the client."""
+        """Settings in, effective settings out, and to a producer the checks of half messages on its topics
+        (RecoverOrphanedTransactionCommand); the stream lives as long as the client."""
         try:
             client_id = client_id_of(context.invocation_metadata())
         except BrokerError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         commands = requests.__aiter__()
         said = None
+        checks = _TransactionChecks(self._b.transactions, client_id)
         try:
             try:
                 command = await asyncio.wait_for(anext(commands, None), SETTINGS_TIMEOUT_S)
@@ -173,15 +176,22 @@ class Rmq5Servicer:
                 if command.WhichOneof("command") == "settings":
                     answer = self.clients.settings(client_id, command.settings, context.peer() or "")
                     said = self.clients.get(client_id)
+                    checks.watch(said.topics if said.client_type == pb.PRODUCER else ())
                     await self._b.flush_configs()
                     yield pb.TelemetryCommand(status=ok(), settings=answer)
-                # Other commands answer the broker's own requests (stack traces, verification): none are sent.
-                command = await anext(commands, None)
+                # Other commands answer the broker's own requests (stack traces, verification), or carry
+                # nothing the broker needs.
+                while (check := await checks.next(commands)) is not None:
+                    yield pb.TelemetryCommand(recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
+                        message=convert.received(real_view(check.message), store_host=self._b.config.address),
+                        transaction_id=str(check.half_offset)))
+                command = checks.command
         except BrokerError as e:
             # Telemetry's errors are gRPC statuses (the proxy's): the client reopens the stream.
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, InvalidArgumentError)
                                 else status_for(e), str(e))
         finally:
+            checks.close()
             self.clients.disconnected(client_id, said)
 
     # ---- sending --------------------------------------------------------------------------------------
@@ -209,10 +219,24 @@ class Rmq5Servicer:
                 raise TopicNotFoundError(str(e)) from None
         metrics = self._b.metrics
         metrics.messages_in.labels(topic).inc(len(request.messages))
-        return pb.SendMessageResponse(status=ok(), entries=[
-            pb.SendResultEntry(status=ok(), message_id=m.system_properties.message_id,
-                               offset=results[m.system_properties.message_id].put.queue_offset)
-            for m in request.messages])
+        return pb.SendMessageResponse(status=ok(), entries=[_sent_entry(m, results[m.system_properties.message_id])
+                                                            for m in request.messages])
+
+    @answers(pb.EndTransactionResponse)
+    async def EndTransaction(self, request, context: grpc.aio.ServicerContext):
+        topic = convert.resource_name(request.topic, "topic")
+        try:
+            half_offset = int(request.transaction_id)
+        except ValueError:
+            raise ProtocolError(Code.INVALID_TRANSACTION_ID,
+                                f"transaction id {request.transaction_id!r:.80} was not given by this broker") from None
+        if request.resolution == pb.TRANSACTION_RESOLUTION_UNSPECIFIED:
+            return pb.EndTransactionResponse(status=ok())  # not known yet: the next check asks again
+        outcome = Outcome.COMMIT if request.resolution == pb.COMMIT else Outcome.ROLLBACK
+        await self._b.transactions.end(convert.RMQ5_PRODUCER_GROUP, request.message_id, half_offset, outcome,
+                                       by="check" if request.source == pb.SOURCE_SERVER_CHECK else "producer",
+                                       topic=topic)
+        return pb.EndTransactionResponse(status=ok())
 
     # ---- pop consumption ------------------------------------------------------------------------------
 
@@ -399,6 +423,61 @@ class Rmq5Servicer:
         if self._b.topics.get(topic) is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
         return group, topic
+
+
+class _TransactionChecks:
+    """A producer's transaction checks, taken beside the commands it sends on its telemetry stream."""
+
+    def __init__(self, transactions: TransactionService, client_id: str) -> None:
+        self._transactions = transactions
+        self._client_id = client_id
+        self._queue: asyncio.Queue[Check] | None = None
+        self._read: asyncio.Future | None = None  # the next command, read across checks
+        self._get: asyncio.Future | None = None
+        self.command: pb.TelemetryCommand | None = None
+
+    def watch(self, topics: tuple[str, ...]) -> None:
+        """(Re)register for the checks of half messages on `topics` (none: not a producer)."""
+        self._stop_watch()
+        if topics:
+            self._queue = self._transactions.watch(convert.RMQ5_PRODUCER_GROUP, self._client_id, frozenset(topics))
+
+    async def next(self, commands) -> Check | None:
+        """The next check to send, or None once the client sent a command (then in `command`; None at the
+        end of the stream)."""
+        if self._read is None:
+            self._read = asyncio.ensure_future(anext(commands, None))
+        if self._queue is not None and self._get is None:
+            self._get = asyncio.ensure_future(self._queue.get())
+        await asyncio.wait([f for f in (self._read, self._get) if f is not None],
+                           return_when=asyncio.FIRST_COMPLETED)
+        if self._get is not None and self._get.done():
+            check, self._get = self._get.result(), None
+            return check
+        read, self._read = self._read, None
+        self.command = read.result()
+        return None
+
+    def _stop_watch(self) -> None:
+        if self._get is not None:
+            self._get.cancel()
+            self._get = None
+        if self._queue is not None:
+            self._transactions.unwatch(convert.RMQ5_PRODUCER_GROUP, self._queue)
+            self._queue = None
+
+    def close(self) -> None:
+        self._stop_watch()
+        if self._read is not None:
+            self._read.cancel()
+
+
+def _sent_entry(m: pb.Message, sent) -> pb.SendResultEntry:
+    """A send's answer; a half message's transaction id is its offset in the broker's half topic."""
+    entry = pb.SendResultEntry(status=ok(), message_id=m.system_properties.message_id, offset=sent.put.queue_offset)
+    if m.system_properties.message_type == pb.TRANSACTION:
+        entry.transaction_id = str(sent.put.queue_offset)
+    return entry
 
 
 def _unsupported(method: Method) -> Callable:

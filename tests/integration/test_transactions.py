@@ -1,0 +1,149 @@
+"""Transactional messages against real brokers: commit, rollback, checks, and kill -9 at every step."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from workload import wait_until
+
+from client import Admin, LocalTransactionState, Message, TransactionProducer
+
+COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
+                            LocalTransactionState.UNKNOW)
+FAST_CHECKS = ("--transaction-timeout-ms", "300", "--transaction-check-interval-ms", "300",
+               "--transaction-check-max", "3")
+
+
+def visible(address: str, topic: str) -> list[bytes]:
+    """The bodies consumers can read on the topic."""
+    with Admin(brokers=address) as admin:
+        bodies = []
+        for mq in admin.fetch_message_queues(topic):
+            offset, high = admin.offsets([mq])[mq]
+            while offset < high:
+                messages = admin.pull(mq, offset, max_nums=256).messages
+                bodies += [m.body for m in messages]
+                offset += len(messages)
+        return bodies
+
+
+def open_halves(address: str) -> list:
+    with Admin(brokers=address) as admin:
+        return admin.list_transactions()
+
+
+class Checks:
+    """A check_local_transaction answering from a table, as an application answers from its database."""
+
+    def __init__(self, answer: LocalTransactionState) -> None:
+        self.answer = answer
+        self.asked: list[str] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, msg) -> LocalTransactionState:
+        with self._lock:
+            self.asked.append(msg.keys)
+        return self.answer
+
+
+@pytest.fixture
+def fast_broker(broker_factory):
+    b = broker_factory(args=FAST_CHECKS)
+    with Admin(brokers=b.address) as admin:
+        admin.create_topic("Orders", 2)
+    return b
+
+
+def producer(broker, checks, group="orders", **kw) -> TransactionProducer:
+    return TransactionProducer(brokers=broker.address, producer_group=group, check_local_transaction=checks,
+                               topics=["Orders"], **kw).start()
+
+
+def test_commit_and_rollback_decide_what_consumers_see(fast_broker):
+    checks = Checks(UNKNOW)
+    with producer(fast_broker, checks) as p:
+        committed = p.send_message_in_transaction(Message("Orders", b"paid", keys="o1"), lambda m, a: COMMIT)
+        rolled = p.send_message_in_transaction(Message("Orders", b"cancelled", keys="o2"), lambda m, a: ROLLBACK)
+        assert committed.local_transaction_state is COMMIT and committed.transaction_id == committed.msg_id
+        assert rolled.local_transaction_state is ROLLBACK
+        assert visible(fast_broker.address, "Orders") == [b"paid"]
+        assert open_halves(fast_broker.address) == []
+    assert checks.asked == [], "ended transactions are never checked"
+
+
+def test_an_unknown_transaction_is_checked_and_committed(fast_broker):
+    checks = Checks(COMMIT)
+    with producer(fast_broker, checks) as p:
+        result = p.send_message_in_transaction(Message("Orders", b"later", keys="o3"), lambda m, a: UNKNOW)
+        assert result.local_transaction_state is UNKNOW
+        assert visible(fast_broker.address, "Orders") == []
+        wait_until(lambda: visible(fast_broker.address, "Orders") == [b"later"], 15, "committed by its check")
+    assert checks.asked[0] == "o3"
+
+
+def test_a_check_goes_to_another_producer_of_the_group_when_the_sender_died(fast_broker):
+    sender_checks, survivor_checks = Checks(UNKNOW), Checks(ROLLBACK)
+    survivor = producer(fast_broker, survivor_checks)  # the same client id as the sender's: one process
+    try:
+        sender = producer(fast_broker, sender_checks)
+        sender.send_message_in_transaction(Message("Orders", b"orphan", keys="o4"), lambda m, a: UNKNOW)
+        sender.shutdown()  # gone before any check
+        wait_until(lambda: open_halves(fast_broker.address) == [], 15, "rolled back through the survivor")
+    finally:
+        survivor.shutdown()
+    assert survivor_checks.asked and set(survivor_checks.asked) == {"o4"}
+    assert visible(fast_broker.address, "Orders") == []
+
+
+def test_a_transaction_nobody_decides_is_rolled_back_after_the_maximum_checks(fast_broker, monkeypatch, capsys):
+    from client.cli import main as cli
+
+    checks = Checks(UNKNOW)
+    with producer(fast_broker, checks) as p:
+        p.send_message_in_transaction(Message("Orders", b"limbo", keys="o5"), lambda m, a: UNKNOW)
+        wait_until(lambda: any(h.checks >= 1 for h in open_halves(fast_broker.address)), 15, "a check sent")
+        monkeypatch.setattr(cli, "setup_logging", lambda *a, **k: None)
+        assert cli.main(["transaction", "list", "--broker", fast_broker.address, "--json"]) == 0
+        (row,) = json.loads(capsys.readouterr().out)
+        assert (row["group"], row["topic"], row["max_checks"]) == ("orders", "Orders", 3) and row["checks"] >= 1
+        wait_until(lambda: open_halves(fast_broker.address) == [], 15, "discarded after 3 checks")
+    assert len(checks.asked) == 3
+    assert visible(fast_broker.address, "Orders") == []
+    assert "event=transaction_discarded" in fast_broker.log_text()
+
+
+@pytest.mark.parametrize("decision", [COMMIT, ROLLBACK])
+def test_kill_between_the_half_message_and_its_end_is_decided_by_a_check(fast_broker, decision):
+    checks = Checks(decision)
+
+    def local_transaction(msg, arg):
+        fast_broker.kill()  # kill -9 with the half message stored and no end sent
+        return decision
+
+    with producer(fast_broker, checks) as p:
+        p.send_message_in_transaction(Message("Orders", b"crash", keys="o6"), local_transaction)
+        fast_broker.start()
+        wait_until(lambda: open_halves(fast_broker.address) == [], 20, "decided by a check after the restart")
+    assert visible(fast_broker.address, "Orders") == ([b"crash"] if decision is COMMIT else [])
+
+
+def test_kill_between_the_op_record_and_the_message_still_commits_exactly_once(broker_factory):
+    b = broker_factory(args=FAST_CHECKS, env={"TIDEMARK_CRASH_POINT": "transaction-op-stored"})
+    with Admin(brokers=b.address) as admin:
+        admin.create_topic("Orders", 2)
+    checks = Checks(COMMIT)
+    with producer(b, checks) as p:
+        p.send_message_in_transaction(Message("Orders", b"torn", keys="o7"), lambda m, a: COMMIT)
+        wait_until(lambda: b.proc.poll() is not None, 10, "the broker died at the crash point")
+        b.proc = None
+        b.env = {}
+        b.start()
+        assert "event=transaction_restored" in b.log_text()
+        assert visible(b.address, "Orders") == [b"torn"]
+        assert open_halves(b.address) == []
+        b.kill()
+        b.start()  # the restored message is found where its op says: not put again
+        assert visible(b.address, "Orders") == [b"torn"]
+    assert checks.asked == []

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import os
 import sys
 import threading
 import time
@@ -164,11 +165,13 @@ class _Acks:
 
 def produce(spec: dict, ctl) -> dict:
     """Producer.send_async for every message, then wait for every answer: the producer batches them
-    (default settings: linger 0, batch_size 256 KiB, 5 requests in flight, 10,000 messages unanswered)."""
+    (default settings: linger 0, batch_size 256 KiB, 5 requests in flight, 10,000 messages unanswered,
+    idempotent; TIDEMARK_BENCH_IDEMPOTENCE=0 turns idempotence off, to measure what it costs)."""
     from client import Message, Producer
     topic, count = spec["topic"], spec["count"]
     acks = _Acks(count)
-    with Producer(brokers=spec["address"], **connect_kwargs(spec)) as producer:
+    idempotent = os.environ.get("TIDEMARK_BENCH_IDEMPOTENCE", "1") != "0"
+    with Producer(brokers=spec["address"], enable_idempotence=idempotent, **connect_kwargs(spec)) as producer:
         producer.fetch_publish_message_queues(topic)
         ctl.ready()
         start = ctl.wait_go()

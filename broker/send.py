@@ -74,7 +74,7 @@ class SendService:
                  transactions: TransactionService,
                  replicated: Callable[[int], Awaitable[None]] | None = None) -> None:
         self._config = config
-        self.producers = producers
+        self._producers = producers
         self._transactions = transactions
         # Sync replication: waits until a replica has the commit log up to an end offset (broker/replication.py);
         # set again when a replica is promoted.
@@ -176,12 +176,12 @@ class SendService:
                 f"(write queues 0..{topic.write_queue_nums - 1})")
         if sequence is None:
             return self._store.append_records(topic.name, queue_id, data, count)
-        decision = self.producers.check(sequence, topic.name, queue_id, count)
+        decision = self._producers.check(sequence, topic.name, queue_id, count)
         if decision.verdict is Verdict.DUPLICATE:
             return RecordsPut(decision.first_offset, [], 0, self._store.commit_log_max_offset, duplicate=True)
-        return self._store.append_records(
-            topic.name, queue_id, data, count,
-            before_write=self.producers.journal_before_write(sequence, topic.name, queue_id, count))
+        return self._producers.append(
+            sequence, topic.name, queue_id, count,
+            lambda journal: self._store.append_records(topic.name, queue_id, data, count, before_write=journal))
 
     @property
     def acknowledges_at_once(self) -> bool:

@@ -89,6 +89,19 @@ def produce(address: str, topic: str, count: int, *, batch: int = 50, body: byte
     return ids
 
 
+def stored_messages(address: str, topic: str) -> list:
+    """Every message of the topic as a consumer can read it, queue by queue, in queue order."""
+    with Admin(brokers=address) as admin:
+        out = []
+        for mq in admin.fetch_message_queues(topic):
+            offset, high = admin.offsets([mq])[mq]
+            while offset < high:
+                messages = admin.pull(mq, offset, max_nums=256).messages
+                out += messages
+                offset += len(messages)
+        return out
+
+
 def queue(topic: str, queue_id: int, broker: str = "broker-a") -> MessageQueue:
     return MessageQueue(topic, broker, queue_id)
 

@@ -1,8 +1,8 @@
 """IdempotenceService: the producer table on a running broker (ids, checks, journal, snapshots, expiry).
 
-SendService asks it what a sequenced batch is (`check`) and gives the store a
-hook that journals the batch once it is checked and before it is written
-(`journal_before_write`). Load drops the batches the store does not hold (the
+SendService asks it what a sequenced batch is (`check`) and stores an
+accepted one through `append`, which journals the batch once the store has
+checked it and before it is written, and records it once it is stored. Load drops the batches the store does not hold (the
 broker died between the journal and the commit log, or a power cut took the
 commit log's tail). Snapshots are written every flush interval when the table
 changed, off the event loop; producers idle past the expiry are forgotten on
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from broker.errors import InvalidArgumentError, StoreError
 from broker.producers.store import ProducerStateStore
-from broker.producers.table import Decision, ProducerState, ProducerTable, QueueSequence
-from broker.store import MessageStore
+from broker.producers.table import Appended, Decision, ProducerState, ProducerTable, QueueSequence
+from broker.store import MessageStore, RecordsPut
 from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name
 
@@ -78,16 +78,24 @@ class IdempotenceService:
     def check(self, seq: BatchSequence, topic: str, queue_id: int, count: int) -> Decision:
         return self.table.check(seq.producer_id, seq.epoch, topic, queue_id, seq.base_seq, count)
 
-    def journal_before_write(self, seq: BatchSequence, topic: str, queue_id: int,
-                             count: int) -> Callable[[int, str], None]:
+    def append(self, seq: BatchSequence, topic: str, queue_id: int, count: int,
+               write: Callable[[Callable[[int, str], None]], RecordsPut]) -> RecordsPut:
+        """Store a batch `check` accepted: `write(journal)` appends it, calling `journal(first offset, first
+        msg id)` once the store has checked it and before it writes; the table learns of the batch only
+        once it is stored (a refused write leaves a journal entry that the next start drops)."""
+        journaled: list[Appended] = []
+
         def journal(first_offset: int, first_msg_id: str) -> None:
             try:
-                self.table.will_append(seq.producer_id, seq.epoch, topic, queue_id, seq.base_seq, count,
-                                       first_offset, first_msg_id, self._clock_ms())
+                journaled.append(self.table.journal_append(seq.producer_id, seq.epoch, topic, queue_id, seq.base_seq,
+                                                           count, first_offset, first_msg_id, self._clock_ms()))
             except OSError as e:
                 raise StoreError(f"batch not stored: the producer journal cannot be written "
                                  f"({e.strerror or e})") from None
-        return journal
+        put = write(journal)
+        for event in journaled:
+            self.table.apply(event)
+        return put
 
     def producers(self, topic: str = "") -> list[tuple[ProducerState, list[tuple[tuple[str, int], QueueSequence]]]]:
         """Each producer with its queue sequences, sorted (only those that wrote to `topic`, if given)."""

@@ -228,12 +228,20 @@ class ProducerTable:
             f"producer {producer_id} on {topic}:{queue_id}: expected sequence {state.last_seq + 1}, got "
             f"{base_seq} (epoch {epoch})")
 
+    def journal_append(self, producer_id: int, epoch: int, topic: str, queue_id: int, base_seq: int, count: int,
+                       first_offset: int, first_msg_id: str, now_ms: int) -> Appended:
+        """Journal a batch `check` accepted, before the store appends it at `first_offset` (raises OSError
+        when the journal cannot be written); `apply` the event once the store has the batch. A batch the
+        store then refuses leaves a journal entry only, which `drop_unstored` removes at the next start."""
+        event = Appended(producer_id, epoch, topic, queue_id, base_seq, count, first_offset, first_msg_id, now_ms)
+        self.sink([event])
+        return event
+
     def will_append(self, producer_id: int, epoch: int, topic: str, queue_id: int, base_seq: int, count: int,
                     first_offset: int, first_msg_id: str, now_ms: int) -> None:
-        """Record a batch `check` accepted, before the store appends it at `first_offset`: journaled first
-        (raises OSError and changes nothing when the journal cannot be written)."""
-        self._emit([Appended(producer_id, epoch, topic, queue_id, base_seq, count, first_offset, first_msg_id,
-                             now_ms)])
+        """journal_append and apply in one (a batch stored as soon as it is journaled)."""
+        self.apply(self.journal_append(producer_id, epoch, topic, queue_id, base_seq, count, first_offset,
+                                       first_msg_id, now_ms))
 
     def expire(self, now_ms: int) -> int:
         """Forget producers idle for expiry_ms; return how many."""

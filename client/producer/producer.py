@@ -201,10 +201,10 @@ class AsyncProducer:
                               tries: _Tries) -> int:
         """An idempotent producer's send to one queue (counting its attempts in `tries`): the first offset.
 
-        Retries that may find the batch already stored (a timeout, an overloaded broker) go to the same
-        queue with the same sequence, so the broker answers the second as a duplicate. A broker that went
-        away raises (the caller moves the batch to another broker's queue, where it may be stored twice if
-        the first had kept it: RequestTimeoutError and UnavailableError leave the queue on a new epoch)."""
+        Retries that may find the batch already stored (a timeout, an overloaded broker, the only broker
+        restarting) go to the same queue with the same sequence, so the broker answers the second as a
+        duplicate. A broker that went away while others serve the topic raises: the caller moves the batch
+        to another broker's queue, where it is stored twice if the first broker had kept it."""
         sequences = self.sequences
         state = sequences.queue(target)
         async with state.lock:
@@ -228,15 +228,26 @@ class AsyncProducer:
                     sequences.forget_broker(target.broker_name, producer_id)
                     continue
                 except (RequestTimeoutError, UnavailableError) as e:
-                    # Stored or not, unknown. While the broker may come back (a restart, an overload), the
-                    # same sequence again; once the batch leaves the queue, the queue starts a new epoch.
-                    if not e.retriable or tries.spent or self.cluster.is_down(target.broker_name):
+                    # Stored or not, unknown. A timeout or an overload: the same sequence again. An
+                    # unreachable broker: another broker's queue when there is one (availability first),
+                    # else the same sequence until it is back (a restart). Once the batch leaves the queue,
+                    # the queue starts a new epoch.
+                    unreachable = isinstance(e, UnavailableError) and e.code is not grpc.StatusCode.RESOURCE_EXHAUSTED
+                    if (not e.retriable or tries.spent or self.cluster.is_down(target.broker_name)
+                            or (unreachable and await self._elsewhere(target))):
                         state.new_epoch()
                         raise
                     await asyncio.sleep(min(0.05 * 2 ** tries.made, 1.0) * random.uniform(0.5, 1.0))
                     continue
                 state.stored(count)
                 return offset
+
+    async def _elsewhere(self, target: MessageQueue) -> bool:
+        """Whether another broker has a writable queue of the target's topic."""
+        try:
+            return any(q.broker_name != target.broker_name for q in await self.cluster.write_queues(target.topic))
+        except TidemarkError:
+            return False
 
     async def send_messages(self, messages: Sequence[Message], *, queue: MessageQueue | None,
                             selector: MessageQueueSelector | None, arg: Any,

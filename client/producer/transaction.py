@@ -100,7 +100,11 @@ class TransactionProducer(Producer):
 
     def start(self) -> TransactionProducer:
         super().start()
-        self._loop.run(self._watch_all(), timeout=self.settings.request_timeout_s * 2)
+        try:
+            self._loop.run(self._watch_all(), timeout=self.settings.request_timeout_s * 2)
+        except BaseException:
+            self.shutdown()
+            raise
         return self
 
     def shutdown(self) -> None:

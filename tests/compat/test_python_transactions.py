@@ -6,14 +6,13 @@ from __future__ import annotations
 import threading
 
 import pytest
-from workload import wait_until
+from workload import stored_messages, wait_until
 
 from client import Admin
 
 
 def visible(address: str, topic: str) -> list[bytes]:
-    with Admin(brokers=address) as admin:
-        return [m.body for mq in admin.fetch_message_queues(topic) for m in admin.pull(mq, 0, max_nums=100).messages]
+    return [m.body for m in stored_messages(address, topic)]
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import threading
 import grpc
 import pytest
 from brokerproc import BrokerStubs
+from workload import stored_messages
 
 from client import Admin, Message, Producer
 from client.errors import RequestTimeoutError
@@ -17,15 +18,7 @@ from tidemark.v1 import messaging_pb2
 
 
 def stored(address: str, topic: str) -> list[bytes]:
-    with Admin(brokers=address) as admin:
-        bodies = []
-        for mq in admin.fetch_message_queues(topic):
-            offset, high = admin.offsets([mq])[mq]
-            while offset < high:
-                messages = admin.pull(mq, offset, max_nums=256).messages
-                bodies += [m.body for m in messages]
-                offset += len(messages)
-        return bodies
+    return [m.body for m in stored_messages(address, topic)]
 
 
 def drop_first_answer(monkeypatch, after_stored=lambda: None) -> list[int]:

@@ -6,7 +6,7 @@ import json
 import threading
 
 import pytest
-from workload import wait_until
+from workload import stored_messages, wait_until
 
 from client import Admin, LocalTransactionState, Message, TransactionProducer
 
@@ -18,15 +18,7 @@ FAST_CHECKS = ("--transaction-timeout-ms", "300", "--transaction-check-interval-
 
 def visible(address: str, topic: str) -> list[bytes]:
     """The bodies consumers can read on the topic."""
-    with Admin(brokers=address) as admin:
-        bodies = []
-        for mq in admin.fetch_message_queues(topic):
-            offset, high = admin.offsets([mq])[mq]
-            while offset < high:
-                messages = admin.pull(mq, offset, max_nums=256).messages
-                bodies += [m.body for m in messages]
-                offset += len(messages)
-        return bodies
+    return [m.body for m in stored_messages(address, topic)]
 
 
 def open_halves(address: str) -> list:

@@ -10,6 +10,7 @@ import time
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
+from workload import stored_messages
 
 from client import Admin, Message, Producer
 
@@ -32,15 +33,7 @@ def output_count(address: str, topic: str) -> int:
 
 
 def keys_written(address: str, topic: str) -> collections.Counter:
-    with Admin(brokers=address) as admin:
-        counts: collections.Counter = collections.Counter()
-        for mq in admin.fetch_message_queues(topic):
-            offset, high = admin.offsets([mq])[mq]
-            while offset < high:
-                messages = admin.pull(mq, offset, max_nums=256).messages
-                counts.update(m.keys for m in messages)
-                offset += len(messages)
-        return counts
+    return collections.Counter(m.keys for m in stored_messages(address, topic))
 
 
 def run_pipeline(spark, kit, tmp_path, *, idempotent: bool) -> tuple[int, collections.Counter]:

@@ -133,3 +133,42 @@ def test_model_every_batch_is_stored_exactly_once_however_retries_and_restarts_f
         next_seq[who] = seq + count
     assert sorted(log) == sorted(set(log))
     assert sorted(log) == sorted((w, s) for w in (0, 1) for s in range(next_seq[w]))
+
+
+class _EmptyStore:
+    """A store without messages (what IdempotenceService.load asks of one)."""
+
+    def max_offset(self, topic, queue_id):
+        return 0
+
+    def min_offset(self, topic, queue_id):
+        return 0
+
+    def message_at(self, topic, queue_id, offset):
+        return None
+
+
+def test_a_batch_the_store_refuses_after_its_journal_entry_is_not_taken_as_stored(tmp_path):
+    from broker.errors import StoreError
+    from broker.producers.service import BatchSequence, IdempotenceService
+    from broker.store import RecordsPut
+
+    def service() -> IdempotenceService:
+        s = IdempotenceService(tmp_path, store=_EmptyStore(), clock_ms=lambda: 0, max_producers=10, expiry_ms=10**6)
+        s.load()
+        return s
+
+    producers = service()
+    sequence = BatchSequence(producers.allocate("", "T"), 0, 0)
+
+    def refused(journal):
+        journal(0, "m0")
+        raise StoreError("disk full")
+
+    with pytest.raises(StoreError):
+        producers.append(sequence, "T", 0, 1, refused)
+    assert producers.check(sequence, "T", 0, 1).verdict is Verdict.APPEND, "the retry must be stored"
+    producers.append(sequence, "T", 0, 1, lambda journal: (journal(0, "m0"), RecordsPut(0, ["m0"], 0, 100))[1])
+    assert producers.check(sequence, "T", 0, 1).verdict is Verdict.DUPLICATE
+    assert service().check(sequence, "T", 0, 1).verdict is Verdict.APPEND, \
+        "after a restart, journaled batches the store lacks are dropped"

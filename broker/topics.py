@@ -49,6 +49,14 @@ class TopicConfig:
         return (PERM_READ if self.readable else 0) | (PERM_WRITE if self.writable else 0)
 
 
+def check_topic(name: str) -> None:
+    """Raise InvalidArgumentError saying what is wrong with a topic name (groups.check_group's twin)."""
+    try:
+        check_topic_name(name)
+    except InvalidNameError as e:
+        raise InvalidArgumentError(str(e)) from None
+
+
 def _check_queue_nums(label: str, n: int) -> None:
     if not isinstance(n, int) or not 1 <= n <= MAX_QUEUE_NUMS:
         raise InvalidArgumentError(f"{label} must be between 1 and {MAX_QUEUE_NUMS}, got {n}")
@@ -128,10 +136,7 @@ class TopicConfigManager:
 
     def require(self, name: str) -> TopicConfig:
         """The topic's config, or NotFoundError naming it."""
-        try:
-            check_topic_name(name)
-        except InvalidNameError as e:
-            raise InvalidArgumentError(str(e)) from None
+        check_topic(name)
         topic = self._topics.get(name)
         if topic is None:
             raise NotFoundError(f"topic {name!r} does not exist on this broker")

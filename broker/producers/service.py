@@ -16,12 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.errors import InvalidArgumentError, StoreError
+from broker.errors import StoreError
 from broker.producers.store import ProducerStateStore
 from broker.producers.table import Appended, Decision, ProducerState, ProducerTable, QueueSequence
 from broker.store import MessageStore, RecordsPut
+from broker.topics import check_topic
 from tidemark.logs import get_logger
-from tidemark.protocol import InvalidNameError, check_topic_name
 
 log = get_logger("tidemark.broker.producers")
 
@@ -68,7 +68,8 @@ class IdempotenceService:
     def allocate(self, key: str, topic: str = "") -> int:
         """A producer id (the key's, for a non-empty key); `topic` is one the producer writes to (checked
         for access by the caller; here only for its name)."""
-        _check_topic(topic)
+        if topic:
+            check_topic(topic)
         try:
             return self.table.allocate(key, self._clock_ms())
         except OSError as e:
@@ -99,7 +100,8 @@ class IdempotenceService:
 
     def producers(self, topic: str = "") -> list[tuple[ProducerState, list[tuple[tuple[str, int], QueueSequence]]]]:
         """Each producer with its queue sequences, sorted (only those that wrote to `topic`, if given)."""
-        _check_topic(topic)
+        if topic:
+            check_topic(topic)
         found = []
         for producer in self.table.producers() if self.table is not None else ():
             queues = sorted((k, q) for k, q in producer.queues.items() if not topic or k[0] == topic)
@@ -142,10 +144,3 @@ class IdempotenceService:
         finally:
             self._state.close()
 
-
-def _check_topic(topic: str) -> None:
-    if topic:
-        try:
-            check_topic_name(topic)
-        except InvalidNameError as e:
-            raise InvalidArgumentError(str(e)) from None

@@ -42,17 +42,15 @@ from broker.faults import crash_point
 from broker.groups import check_group
 from broker.permission import BrokerPermission
 from broker.store import MessageRecord, MessageStore, StoredMessage
-from broker.topics import TopicConfigManager
+from broker.topics import TopicConfigManager, check_topic
 from broker.transactions.table import Half, Outcome, TransactionTable
 from tidemark.fsutil import atomic_write
 from tidemark.logs import get_logger
 from tidemark.protocol import (
     TRANSACTION_HALF_TOPIC,
     TRANSACTION_OP_TOPIC,
-    InvalidNameError,
     MessageIdGenerator,
     PropertyKey,
-    check_topic_name,
     tag_hash,
 )
 
@@ -197,10 +195,7 @@ class TransactionService:
         second answer to a check). FailedPreconditionError when it ended the other way."""
         check_group(group)
         if topic:
-            try:
-                check_topic_name(topic)
-            except InvalidNameError as e:
-                raise InvalidArgumentError(str(e)) from None
+            check_topic(topic)
         self._permission.check_writable()
         half = self.table.get(half_offset)
         if half is None:
@@ -265,10 +260,7 @@ class TransactionService:
         if not topics:
             raise InvalidArgumentError("a transaction check watch needs the topics the producer sends to")
         for topic in topics:
-            try:
-                check_topic_name(topic)
-            except InvalidNameError as e:
-                raise InvalidArgumentError(str(e)) from None
+            check_topic(topic)
         queue: asyncio.Queue[Check] = asyncio.Queue(MAX_QUEUED_CHECKS)
         self._watchers[group][queue] = (client_id, topics)
         return queue
@@ -312,9 +304,6 @@ class TransactionService:
         if group:
             check_group(group)
         return [h for h in self.table.halves() if not group or h.group == group]
-
-    def watchers(self, group: str) -> int:
-        return len(self._watchers.get(group, {}))
 
     # -- persistence -------------------------------------------------------------------------------
 

@@ -2,29 +2,38 @@
 
     .venv/bin/python tools/images.py [--base IMAGE] [--broker-tag T] [--spark-tag T] [--json FILE]
 
-1. A wheelhouse in build/wheels: the Tidemark wheel (with the generated gRPC code) and every
-   dependency, made here with pip; run/ for the broker image, spark/ for what only Spark needs. The images install from it with --no-index, so a build needs no
-   package index (and no certificates) inside the container, and is reproducible.
+1. A wheelhouse in build/wheels, made here with pip, so a build needs no package index (and no
+   certificates) inside the container, and is reproducible:
+     app/      the Tidemark wheel (with the generated gRPC code), rebuilt every time but byte for byte
+               the same while the sources are (SOURCE_DATE_EPOCH), so Docker's cache still hits;
+     broker/   the broker's dependencies, as pip resolves `tidemark[broker]`, and requirements.txt;
+     spark/    the Spark worker's, as pip resolves `tidemark[spark]`, and requirements.txt.
+   The dependencies are fetched again only when Tidemark's requirements (or this Python) changed since
+   the last build (build/wheels/deps.stamp); each image's directory holds its own set and nothing else.
 2. The base: --base (or $BASE_IMAGE) if given; else python:3.11-slim when it is present or can be
    pulled; else a local Debian bookworm base, `tidemark-base:bookworm`, made once with debootstrap
    (root and Debian's debootstrap needed) and imported into Docker.
 3. `docker build --target broker` and `--target spark` of the Dockerfile, tagged as
-   docker-compose.yml names them.
+   docker-compose.yml names them. The dependencies and Tidemark are separate layers: a code change
+   rebuilds only Tidemark's (about 1 MB), and unchanged inputs rebuild nothing.
 
-Prints what it does; with --json, writes the images' sizes and the build times there.
+Prints what it does; with --json, writes the images' sizes, packages and build times there.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,8 +42,13 @@ PUBLIC_BASE = "python:3.11-slim"
 LOCAL_BASE = "tidemark-base:bookworm"
 BROKER_TAG = "tidemark/broker:0.1.0"
 SPARK_TAG = "tidemark/spark:0.1.0"
-SPARK_ONLY = ("pyspark-", "pyarrow-", "py4j-")  # wheels only the Spark image installs
+# What each image installs. pyproject.toml has no [broker] extra yet: pip then warns and installs the
+# base dependencies, which are the broker's today.
+IMAGE_EXTRAS = {"broker": "broker", "spark": "spark"}
+# The wheels' timestamps: any fixed date gives the same bytes for the same sources (1980: zip's first).
+SOURCE_DATE_EPOCH = "315532800"
 DEBIAN_MIRROR = os.environ.get("TIDEMARK_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+PIP = (sys.executable, "-m", "pip", "--quiet", "--disable-pip-version-check")
 
 
 class ImageError(Exception):
@@ -96,23 +110,87 @@ def make_local_base(name: str) -> None:
             raise ImageError("tar of the base rootfs failed")
 
 
-def build_wheelhouse() -> None:
-    """Every wheel the images install, built or fetched here (pip's cache makes a rebuild quick)."""
-    generated = list((ROOT / "proto" / "tidemark" / "v1").glob("*_pb2.py"))
-    if not generated:
+def build_wheelhouse() -> dict[str, list[str]]:
+    """Every wheel the images install (see the module docstring); each image's packages, `name==version`."""
+    if not list((ROOT / "proto" / "tidemark" / "v1").glob("*_pb2.py")):
         raise ImageError("the gRPC code is not generated: run `make gen` first")
-    shutil.rmtree(WHEELS, ignore_errors=True)
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check",
-         "--wheel-dir", str(WHEELS / "run"), f"{ROOT}[spark]"], cwd=ROOT)
-    (WHEELS / "spark").mkdir()
-    for wheel in (WHEELS / "run").glob("*.whl"):
-        if wheel.name.lower().startswith(SPARK_ONLY):
-            wheel.rename(WHEELS / "spark" / wheel.name)
+    build_app_wheel()
+    stamp = WHEELS / "deps.stamp"
+    key = deps_key()
+    if stamp.exists() and stamp.read_text() == key and all((WHEELS / i / "requirements.txt").exists()
+                                                           for i in IMAGE_EXTRAS):
+        print("dependencies unchanged since the last build: wheels kept", flush=True)
+    else:
+        fetch_dependencies()
+        stamp.write_text(key)
+    return {image: (WHEELS / image / "requirements.txt").read_text().split() for image in IMAGE_EXTRAS}
+
+
+def build_app_wheel() -> None:
+    """The Tidemark wheel in app/: the same bytes while the sources are the same, so its layer stays cached."""
+    app = WHEELS / "app"
+    shutil.rmtree(app, ignore_errors=True)
+    # setuptools builds in build/lib and keeps what is there: a module deleted from the sources would ship.
+    for stale in [ROOT / "build" / "lib", *(ROOT / "build").glob("bdist.*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+    run([*PIP, "wheel", "--no-deps", *_isolation(), "--wheel-dir", str(app), str(ROOT)], cwd=ROOT,
+        env={**os.environ, "SOURCE_DATE_EPOCH": SOURCE_DATE_EPOCH})
+
+
+def _isolation() -> list[str]:
+    """Build with this venv's setuptools when it has it: no throwaway build env (seconds), and the same
+    setuptools every time, so the same bytes."""
+    import importlib.util
+
+    return ["--no-build-isolation"] if importlib.util.find_spec("setuptools") and importlib.util.find_spec(
+        "wheel") else []
+
+
+def deps_key() -> str:
+    """What the dependency wheels depend on: the requirements the images install (the Tidemark wheel's
+    Requires-Dist lines, less other extras': a new test tool keeps the wheels) and the Python they are for."""
+    wheel = next((WHEELS / "app").glob("tidemark-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        metadata = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    ours = [f'extra == "{extra}"' for extra in IMAGE_EXTRAS.values()]
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")
+                and ("extra ==" not in line or any(marker in line for marker in ours))]
+    inputs = [*requires, sys.version, platform.machine(), json.dumps(IMAGE_EXTRAS)]
+    return hashlib.sha256("\n".join(inputs).encode()).hexdigest()
+
+
+def fetch_dependencies() -> None:
+    """Wheels of every dependency either image installs (pip's cache makes a refetch quick), then, for each
+    image, pip's own resolution of `tidemark[extra]` over them, offline: its wheels and requirements.txt."""
+    app_wheel = next((WHEELS / "app").glob("tidemark-*.whl"))
+    for old in WHEELS.iterdir():
+        if old.is_dir() and old.name != "app":
+            shutil.rmtree(old)
+    everything = WHEELS / "all"
+    extras = ",".join(sorted(set(IMAGE_EXTRAS.values())))
+    run([*PIP, "wheel", "--wheel-dir", str(everything), f"tidemark[{extras}] @ {app_wheel.as_uri()}"], cwd=ROOT)
+    (everything / app_wheel.name).unlink(missing_ok=True)
+    for image, extra in IMAGE_EXTRAS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "report.json"
+            run([*PIP, "install", "--dry-run", "--ignore-installed", "--no-index", "--find-links", str(everything),
+                 "--report", str(report), f"tidemark[{extra}] @ {app_wheel.as_uri()}"], cwd=ROOT)
+            chosen = json.loads(report.read_text())["install"]
+        pins, directory = [], WHEELS / image
+        directory.mkdir(parents=True)
+        for item in chosen:
+            name, version = item["metadata"]["name"], item["metadata"]["version"]
+            if name == "tidemark":
+                continue
+            wheel = everything / Path(item["download_info"]["url"].removeprefix("file://")).name
+            os.link(wheel, directory / wheel.name)  # hard links: the Spark wheels are ~500 MB
+            pins.append(f"{name}=={version}")
+        (directory / "requirements.txt").write_text("\n".join(sorted(pins, key=str.lower)) + "\n")
 
 
 def build_image(target: str, tag: str, base: str) -> float:
-    """docker build of one target, with a context of only what it copies (the broker's leaves out the
-    Spark wheels, about 500 MB of the wheelhouse), streamed as a tar."""
+    """docker build of one target, with a context of only what its stages copy (the broker's leaves out
+    the Spark wheels and examples), streamed as a tar."""
     started = time.monotonic()
     argv = ["docker", "build", "--quiet", "--target", target, "--tag", tag, "--build-arg", f"BASE_IMAGE={base}", "-"]
     print("+ " + " ".join(argv) + " < context.tar", flush=True)
@@ -120,9 +198,11 @@ def build_image(target: str, tag: str, base: str) -> float:
     try:
         with tarfile.open(fileobj=build.stdin, mode="w|", format=tarfile.GNU_FORMAT) as tar:
             tar.add(ROOT / "Dockerfile", "Dockerfile")
-            tar.add(ROOT / "examples", "examples", filter=_no_caches)
-            for part in ("run", "spark") if target == "spark" else ("run",):
+            # The legacy builder runs every stage before --target: the Spark build passes the broker's.
+            for part in ("app", "broker", "spark") if target == "spark" else ("app", "broker"):
                 tar.add(WHEELS / part, f"build/wheels/{part}")
+            if target == "spark":
+                tar.add(ROOT / "examples", "examples", filter=_no_caches)
     finally:
         build.stdin.close()
     if build.wait() != 0:
@@ -139,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default=os.environ.get("BASE_IMAGE") or None, help="base image (default: see above)")
     p.add_argument("--broker-tag", default=BROKER_TAG)
     p.add_argument("--spark-tag", default=SPARK_TAG)
-    p.add_argument("--json", type=Path, help="write sizes and build times here")
+    p.add_argument("--json", type=Path, help="write sizes, packages and build times here")
     args = p.parse_args(argv)
     if shutil.which("docker") is None:
         print("images: no docker command (apt-get install docker.io)", file=sys.stderr)
@@ -149,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         base = choose_base(args.base)
         base_s = time.monotonic() - started
         t = time.monotonic()
-        build_wheelhouse()
+        packages = build_wheelhouse()
         wheels_s = time.monotonic() - t
         broker_s = build_image("broker", args.broker_tag, base)
         spark_s = build_image("spark", args.spark_tag, base)
@@ -159,12 +239,11 @@ def main(argv: list[str] | None = None) -> int:
     except subprocess.CalledProcessError as e:
         print(f"images: {' '.join(map(str, e.cmd))} exited with {e.returncode}", file=sys.stderr)
         return 1
-    summary = {"base": base, "base_s": round(base_s, 1), "wheels_s": round(wheels_s, 1),
-               "broker": {"tag": args.broker_tag, "bytes": image_size(args.broker_tag), "build_s": round(broker_s, 1)},
-               "spark": {"tag": args.spark_tag, "bytes": image_size(args.spark_tag), "build_s": round(spark_s, 1)}}
-    for name in ("broker", "spark"):
-        s = summary[name]
-        print(f"{s['tag']}: {s['bytes'] / 1e6:.0f} MB, built in {s['build_s']:.0f} s (on {base})")
+    summary = {"base": base, "base_s": round(base_s, 1), "wheels_s": round(wheels_s, 1)}
+    for name, tag, build_s in (("broker", args.broker_tag, broker_s), ("spark", args.spark_tag, spark_s)):
+        summary[name] = {"tag": tag, "bytes": image_size(tag), "build_s": round(build_s, 1),
+                         "packages": packages[name]}
+        print(f"{tag}: {summary[name]['bytes'] / 1e6:.0f} MB, built in {build_s:.0f} s (on {base})")
     if args.json:
         args.json.write_text(json.dumps(summary))
     return 0

@@ -1,4 +1,5 @@
-"""A Docker engine for the container tests: the running one, or dockerd started (and stopped) here.
+"""A Docker engine for the container tests: the running one, or dockerd started (and stopped) here; and
+the images, built once per session as `make images` builds them.
 
 Where none can run (no root, no docker.io), every test in this directory is skipped with one line
 saying why.
@@ -6,7 +7,10 @@ saying why.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,3 +32,18 @@ def docker_engine(tmp_path_factory):
         yield engine
     finally:
         engine.stop()
+
+
+@pytest.fixture(scope="session")
+def images(docker_engine, tmp_path_factory) -> dict:
+    """tools/images.py, as `make images` runs it: tags, sizes, packages and build times. Once per session:
+    Docker's layer cache then makes a rebuild of unchanged inputs take seconds."""
+    out = tmp_path_factory.mktemp("images") / "images.json"
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "images.py"), "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, f"make images failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    summary = json.loads(out.read_text())
+    summary["total_s"] = round(time.monotonic() - started, 1)
+    print(f"\nimages: {json.dumps({k: v for k, v in summary.items()})}")
+    return summary

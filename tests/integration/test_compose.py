@@ -3,7 +3,10 @@
 The compose file is validated against the pinned Compose Specification schema, and every service's
 command runs as a plain process with the same arguments and environment, container names and
 ports mapped to 127.0.0.1 and free ports: two name servers, two broker groups of master + replica,
-a Spark master and worker, and the job.
+a Spark master and worker, and the job. The Spark services run as the file says, as a non-root user
+on a read-only root: when the tests run as root they drop to that uid, the install (.venv) stays
+root's, and Spark's dirs (the image's SPARK_* variables) are writable only where the file mounts
+something; the job's tasks must run on that worker.
 As in the file, the brokers serve TLS with auth on, from secrets tools/dev_secrets.py makes at test
 time (env_file and read-only mounts mapped to that directory). tests/containers/ runs the same stack
 in a real engine where one can run.
@@ -16,9 +19,11 @@ import hashlib
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import jsonschema
@@ -120,6 +125,8 @@ def _secret_mounts(service: dict) -> dict[str, str]:
     """Read-only bind mounts from the secrets directory: source (as written) -> container path."""
     mounts = {}
     for volume in service.get("volumes", []):
+        if ":" not in volume:  # an anonymous volume
+            continue
         source, target, *mode = volume.split(":")
         if SECRETS_VAR in source:
             assert mode == ["ro"], f"{volume} must be mounted read-only"
@@ -130,7 +137,8 @@ def _secret_mounts(service: dict) -> dict[str, str]:
 def test_dockerfile_broker_image():
     text = (ROOT / "Dockerfile").read_text()
     assert "deploy" not in text and "secret" not in text.lower(), "secrets are mounted, never baked in"
-    assert (ROOT / ".dockerignore").read_text().split("\n", 1)[1].split() == ["*", "!build/wheels", "!examples"]
+    assert (ROOT / ".dockerignore").read_text().split("\n", 1)[1].split() == [
+        "*", "!build/wheels", "build/wheels/all", "!examples"]  # all/: every wheel, fetched once for both images
     broker_stage = text.split("FROM runtime AS broker", 1)[1]
     assert "ARG BASE_IMAGE=python:3.11-slim" in text and "--no-index --find-links /wheels" in text
     assert "USER tidemark" in broker_stage and 'VOLUME ["/data"]' in broker_stage
@@ -139,16 +147,75 @@ def test_dockerfile_broker_image():
     assert "AS spark" in text and "default-jre-headless" in text
 
 
+def test_spark_runs_as_non_root_on_a_read_only_root_with_its_dirs_mounted():
+    services, image = compose()["services"], dockerfile_env("spark")
+    for name in ("spark-master", "spark-worker", "job"):
+        s = services[name]
+        assert _uid_gid(s) is not None and _uid_gid(s)[0] != 0, f"{name} runs as root"
+        assert s.get("read_only") is True, f"{name}: the install must be read-only, as in a locked-down cluster"
+        assert "/tmp" in _writable(s), f"{name}: the JVM needs a writable /tmp"
+    for name, variables in (("spark-worker", ("SPARK_WORKER_DIR", "SPARK_LOCAL_DIRS")), ("job", ("SPARK_LOCAL_DIRS",))):
+        for var in variables:  # a volume: it starts as the image's dir, owned by its user (a tmpfs is root's)
+            assert image[var] in _volumes(services[name]), f"{name}: {var}={image[var]} is not a volume"
+    assert "install -d -o tidemark -g tidemark /home/tidemark/spark-work /home/tidemark/spark-tmp" in \
+        (ROOT / "Dockerfile").read_text(), "the image makes Spark's dirs and gives them to its user"
+
+
+def dockerfile_env(target: str) -> dict[str, str]:
+    """The ENV a Dockerfile stage's containers get: its own and that of the stages it is FROM, unexpanded."""
+    stages: dict[str, dict] = {}
+    current = None
+    for line in re.sub(r"\\\n", " ", (ROOT / "Dockerfile").read_text()).splitlines():
+        words = shlex.split(line, comments=True)
+        if words[:1] == ["FROM"]:
+            current = stages[words[-1]] = {"from": words[1], "env": {}}
+        elif words[:1] == ["ENV"] and current is not None:
+            current["env"].update(word.split("=", 1) for word in words[1:])
+    env, name = {}, target
+    while name in stages:
+        env, name = {**stages[name]["env"], **env}, stages[name]["from"]
+    return env
+
+
+def _uid_gid(service: dict) -> tuple[int, int] | None:
+    """The numeric `user: uid:gid` of a service (the host may have no such user name)."""
+    if "user" not in service:
+        return None
+    uid, _, gid = str(service["user"]).partition(":")
+    return int(uid), int(gid or uid)
+
+
+def _tmpfs(service: dict) -> list[str]:
+    """The container paths of a service's tmpfs mounts (without their options: `/tmp:exec`)."""
+    tmpfs = service.get("tmpfs", [])
+    return [t.split(":")[0] for t in ([tmpfs] if isinstance(tmpfs, str) else tmpfs)]
+
+
+def _volumes(service: dict) -> list[str]:
+    """The container paths of a service's read-write volumes, named or anonymous."""
+    targets = []
+    for volume in service.get("volumes", []):
+        parts = volume.split(":")
+        if parts[-1] != "ro":
+            targets.append(parts[1] if len(parts) > 1 else parts[0])
+    return targets
+
+
+def _writable(service: dict) -> list[str]:
+    """Container paths a service can write to on a read-only root: its tmpfs and read-write volumes."""
+    return [*_tmpfs(service), *_volumes(service)]
+
+
 class Stack:
     """The compose services as local processes."""
 
     def __init__(self, tmp: Path, secrets: Path) -> None:
-        self.tmp = tmp
+        self.tmp = tmp  # readable by the services' non-root users: their mounts are made in it
         self.variables = {SECRETS_VAR: str(secrets)}
         self.ports = {(name, 10911): free_port() for name in (*BROKERS, *REPLICAS)}
         self.ports.update({(name, 9876): free_port() for name in NAMESRVS})
         self.ports[("spark-master", 7077)] = free_port()
-        self.procs: list[subprocess.Popen] = []
+        self.procs: dict[str, subprocess.Popen] = {}
 
     def translate(self, service: str, args: list[str]) -> list[str]:
         """Container names to 127.0.0.1, container ports to free ports, container paths to temp dirs."""
@@ -163,7 +230,7 @@ class Stack:
             if prev == "--data-dir":
                 a = str(self.tmp / service / "data")
             elif prev == "--checkpoint":
-                a = str(self.tmp / "checkpoint")
+                a = str(self.container_path(service, compose()["services"][service], a))
             elif prev in ("--host", "--driver-host") or a == "0.0.0.0":
                 a = "127.0.0.1"
             elif prev in ("--webui-port", "--metrics-port"):
@@ -202,33 +269,110 @@ class Stack:
         env["SPARK_HOME"] = os.path.dirname(pyspark.__file__)
         return env
 
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    def spark_env(self, name: str, service: dict) -> dict[str, str]:
+        """env(), and the Spark image's own SPARK_* dirs, each where the container would find it: in one of
+        the service's mounts (a host dir of the service's user), else on the root, read-only if the
+        service's is. As in the container, HOME is not writable."""
+        env = self.env(service)
+        for var, value in dockerfile_env("spark").items():
+            if var.startswith("SPARK_") and var != "SPARK_HOME":
+                env[var] = ",".join(str(self.container_path(name, service, p)) for p in value.split(","))
+        home = self.container_path(name, service, "/home/tidemark")
+        home.mkdir(parents=True, exist_ok=True)
+        env["HOME"] = str(home)
+        return env
+
+    def container_path(self, name: str, service: dict, path: str) -> Path:
+        """Where a process of the service finds a container path: under a mount, that mount's host dir,
+        made as Docker makes it (a volume: owned by the service's user, as the image makes the dirs the
+        file mounts volumes on; a tmpfs: root's, mode 755, but /tmp's 1777); elsewhere, the service's
+        root, read-only to its user."""
+        for target in _writable(service):
+            if path == target or path.startswith(target.rstrip("/") + "/"):
+                mount = self.tmp / "mounts" / name / target.strip("/").replace("/", "_")
+                if not mount.exists():
+                    mount.mkdir(parents=True)
+                    if target == "/tmp":
+                        mount.chmod(0o1777)
+                    elif target in _volumes(service) and os.geteuid() == 0 and _uid_gid(service):
+                        os.chown(mount, *_uid_gid(service))
+                return mount / path[len(target):].lstrip("/")
+        # A read-only root: a root-owned tree nobody else can write to (the container's user cannot either).
+        root = self.tmp / "roots" / name
+        root.mkdir(parents=True, exist_ok=True, mode=0o755)
+        return root / path.lstrip("/")
+
+    def start(self, name: str, argv: list[str], env: dict[str, str], user: tuple[int, int] | None = None
+              ) -> subprocess.Popen:
+        """The service's command as a process; as `user` (uid, gid) when given and this runs as root."""
         log = open(self.tmp / f"{name}.log", "ab")
+        if user is not None and os.geteuid() == 0:
+            argv = self.as_user(argv, *user)
         proc = subprocess.Popen(orphan_safe(argv), stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
                                 start_new_session=True)
-        self.procs.append(proc)
+        self.procs[name] = proc
         return proc
 
+    def as_user(self, argv: list[str], uid: int, gid: int) -> list[str]:
+        """argv as uid:gid, for whom the install (root's) is read-only, as in the image. The process runs
+        in a mount namespace of its own, which gives it what the image gives its user: an /etc/passwd
+        entry (the JVM's login needs one) and, where this interpreter lives in a dir only root can enter
+        (pyenv in /root, mode 0700), that dir empty but for the interpreter's prefix."""
+        prefix = Path(sys.base_prefix).resolve()
+        closed = next((d for d in reversed(prefix.parents) if not d.stat().st_mode & 0o001), None)
+        keep = self.tmp / "interpreter"
+        keep.mkdir(exist_ok=True)
+        passwd = self.tmp / "passwd"
+        passwd.write_text(Path("/etc/passwd").read_text() + f"tidemark:x:{uid}:{gid}::/home/tidemark:/usr/sbin/nologin\n")
+        passwd.chmod(0o644)
+        script = """u=$1 g=$2 prefix=$3 closed=$4 keep=$5 passwd=$6; shift 6
+            mount --bind "$passwd" /etc/passwd
+            if [ -n "$closed" ]; then
+                mount --bind "$prefix" "$keep"
+                mount -t tmpfs -o mode=0755 tmpfs "$closed"
+                mkdir -p "$prefix" && mount --bind "$keep" "$prefix"
+            fi
+            exec setpriv --reuid="$u" --regid="$g" --clear-groups --pdeathsig keep -- "$@"
+        """
+        return ["unshare", "--mount", "--propagation", "private", "sh", "-ec", script, "sh", str(uid), str(gid),
+                str(prefix), str(closed or ""), str(keep), str(passwd), *argv]
+
+    def log(self, name: str) -> str:
+        return (self.tmp / f"{name}.log").read_text(errors="replace")
+
+    def wait_for_log(self, name: str, text: str, timeout: float) -> None:
+        """Until the service's output says `text`; fails at once, with its output, if it has exited."""
+        def said() -> bool:
+            if text in self.log(name):
+                return True
+            assert self.procs[name].poll() is None, f"{name} exited {self.procs[name].returncode}:\n{self.log(name)[-4000:]}"
+            return False
+        wait_until(said, timeout, f"{name} to say {text!r}", interval=0.1, details=lambda: self.log(name)[-2000:])
+
     def stop(self) -> None:
-        for proc in reversed(self.procs):
+        for proc in reversed(self.procs.values()):
             if proc.poll() is None:
                 os.killpg(proc.pid, 15)
-        for proc in self.procs:
+        for proc in self.procs.values():
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
 
 
-def _healthcheck(stack: Stack, name: str, service: dict) -> bool:
-    """The service's own healthcheck command, with its environment (TLS: its CA)."""
-    command = service["healthcheck"]["test"]
-    assert command[:2] == ["CMD", "tidemark"]
-    port = 9876 if name in NAMESRVS else 10911
-    argv = [a.replace(f"127.0.0.1:{port}", f"127.0.0.1:{stack.ports[(name, port)]}") for a in command[2:]]
-    check = subprocess.run([sys.executable, "-m", "client.cli.main", *argv], capture_output=True, timeout=30,
-                           env=stack.env(service))
-    return check.returncode == 0
+def _healthchecks(stack: Stack, names: tuple[str, ...]) -> dict[str, str]:
+    """Each service's own compose healthcheck command, with its environment (TLS: its CA), all at once:
+    the output of those that fail (none: all healthy)."""
+    services, checks = compose()["services"], {}
+    for name in names:
+        command = services[name]["healthcheck"]["test"]
+        assert command[:2] == ["CMD", "tidemark"]
+        port = 9876 if name in NAMESRVS else 10911
+        argv = [a.replace(f"127.0.0.1:{port}", f"127.0.0.1:{stack.ports[(name, port)]}") for a in command[2:]]
+        checks[name] = subprocess.Popen([sys.executable, "-m", "client.cli.main", *argv], stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, env=stack.env(services[name]))
+    outputs = {name: check.communicate(timeout=60)[0] for name, check in checks.items()}
+    return {name: out for name, out in outputs.items() if checks[name].returncode != 0}
 
 
 def make_secrets(directory: Path) -> Path:
@@ -260,33 +404,59 @@ def test_dev_secrets_make_a_certificate_for_every_broker_name_and_a_random_root_
     assert (first / "broker.pem").read_bytes() == cert.public_bytes(serialization.Encoding.PEM), "kept, not replaced"
 
 
+@pytest.fixture
+def stack_dir():
+    """The stack's temp dir, readable by the Spark services' non-root user (pytest's are root's only)."""
+    path = Path(tempfile.mkdtemp(prefix="tidemark-compose-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @pytest.mark.spark
-def test_compose_services_run_as_processes(tmp_path):
+def test_compose_services_run_as_processes(stack_dir):
     services = compose()["services"]
-    stack = Stack(tmp_path, make_secrets(tmp_path / "secrets"))
+    stack = Stack(stack_dir, make_secrets(stack_dir / "secrets"))
     spark_class = str(Path(os.path.dirname(pyspark.__file__)) / "bin" / "spark-class")
+    spark = ("spark-master", "spark-worker")
     try:
+        # The JVMs first: they start while the name servers and brokers do (the worker retries its master).
+        for name in spark:
+            command = stack.translate(name, services[name]["command"])
+            assert command[0] == "spark-class"
+            stack.start(name, [spark_class, *command[1:]], stack.spark_env(name, services[name]),
+                        user=_uid_gid(services[name]))
         for name in NAMESRVS:
             argv = [sys.executable, "-m", "client.cli.main", *services[name]["entrypoint"][1:],
                     *stack.translate(name, services[name]["command"])]
             stack.start(name, argv, stack.env(services[name]))
         for name in NAMESRVS:
-            wait_until(lambda n=name: _healthcheck(stack, n, services[n]), 60, f"{name} healthy")
+            stack.wait_for_log(name, "event=namesrv_ready", 60)
+        assert _healthchecks(stack, NAMESRVS) == {}, "ready, so healthy by their compose healthchecks"
         for name in (*BROKERS, *REPLICAS):
             argv = [sys.executable, "-m", "client.cli.main", "broker", *stack.translate(name, services[name]["command"])]
             stack.start(name, argv, stack.env(services[name]))
         for name in (*BROKERS, *REPLICAS):
-            wait_until(lambda n=name: _healthcheck(stack, n, services[n]), 60, f"{name} healthy (its compose healthcheck)")
-        for name in ("spark-master", "spark-worker"):
-            command = stack.translate(name, services[name]["command"])
-            assert command[0] == "spark-class"
-            stack.start(name, [spark_class, *command[1:]], stack.env(services[name]))
-            time.sleep(2)
+            stack.wait_for_log(name, "event=broker_ready", 60)
+        assert _healthchecks(stack, (*BROKERS, *REPLICAS)) == {}, "ready, so healthy by their compose healthchecks"
+        stack.wait_for_log("spark-worker", "Successfully registered with master", 120)
         job_cmd = stack.translate("job", services["job"]["command"])
         assert job_cmd[0] == "python"
-        job = subprocess.run([sys.executable, *job_cmd[1:]], cwd=ROOT, env=stack.env(services["job"]),
-                             capture_output=True, text=True, timeout=600)
-        assert job.returncode == 0, f"job failed:\n{job.stdout[-3000:]}\n{job.stderr[-5000:]}"
+        job_argv = [sys.executable, *job_cmd[1:]]
+        if os.geteuid() == 0:
+            job_argv = stack.as_user(job_argv, *_uid_gid(services["job"]))
+        job = subprocess.run(job_argv, cwd=ROOT, env=stack.spark_env("job", services["job"]), capture_output=True,
+                             text=True, timeout=600)
+        assert job.returncode == 0, (f"job failed:\n{job.stdout[-3000:]}\n{job.stderr[-4000:]}\n"
+                                     f"spark-worker:\n{stack.log('spark-worker')[-3000:]}")
+        # Its tasks ran on the worker, whose executors wrote only in the worker's dirs, as its user.
+        work = stack.container_path("spark-worker", services["spark-worker"], dockerfile_env("spark")["SPARK_WORKER_DIR"])
+        executors = sorted(work.glob("app-*/*/stderr"))
+        assert executors, f"no executor ran in {work}:\n{stack.log('spark-worker')[-3000:]}"
+        said = "".join(p.read_text(errors="replace") for p in executors)
+        assert "Running task" in said and "Finished task" in said, said[-3000:]
+        if os.geteuid() == 0:
+            assert {p.stat().st_uid for p in executors} == {_uid_gid(services["spark-worker"])[0]}
         brokers = ",".join(f"127.0.0.1:{stack.ports[(n, 10911)]}" for n in BROKERS)
         job_env = stack.env(services["job"])
         tls = TlsSettings(ca_file=job_env["TIDEMARK_TLS_CA_FILE"])

@@ -18,15 +18,27 @@ Read options (string values, case-insensitive keys):
   namesrv               host:port[,host:port] of name servers; when given, brokers are found through
                         them (and `brokers` is not used). Default: $TIDEMARK_NAMESRV of the driver,
                         unless `brokers` is given
-  topic                 topic name, or a comma list (reads)
+  topic                 topic name, or a comma list (reads). Exactly one of topic, subscribePattern, assign
+  subscribePattern      regex over topic names (whole name, system topics excluded): matched at load for
+                        batch, at every micro-batch for streams (new matching topics join at earliest)
+  assign                JSON queues: {"topic": [0, 1]} (those ids on every broker) or
+                        {"topic": {"broker-a": [0, 1]}}
   group                 consumer group: startingOffsets=committed reads it, streaming commits to it
   startingOffsets       earliest | latest | committed | {"topic": {"broker": {"queueId": offset}}}
+                        or {"topic": {"queueId": offset}} (that id on every broker)
                         (JSON: -2 earliest, -1 latest; queues left out start at earliest)
                         default: earliest for batch, latest for streaming
   endingOffsets         batch only: latest (default) | JSON (-1 latest; queues left out end at latest)
   startingTimestamp     ms since the epoch: each queue starts at its first message stored at or after it
+                        (none: at its max offset, latest)
+  startingOffsetsByTimestamp  the same per queue, JSON like startingOffsets; queues left out: earliest
+  endingTimestamp, endingOffsetsByTimestamp  batch only: end before the first message stored at or
+                        after the time (none: latest); queues left out: latest
+                        (at most one option of each: starting*, ending*)
   maxOffsetsPerTrigger  streaming: at most this many offsets per micro-batch, split across queues
                         in proportion to their backlog
+  minOffsetsPerTrigger  streaming: skip a trigger until this many new messages wait, or
+  maxTriggerDelay       (default 15m) has passed since the last micro-batch
   minPartitions         split large queue ranges so there are at least about this many tasks
   failOnDataLoss        true (default): a start offset below a queue's min offset (retention) or above
                         its max (topic re-created) fails the query, naming the queue;
@@ -41,17 +53,47 @@ Write options: brokers, namesrv, topic. Columns: body (binary|string, required),
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any
 
 from spark_connector.arrow import ARROW_SCHEMA, SCHEMA
 from spark_connector.offsets import DataLossError
 from spark_connector.options import OptionError
+from spark_connector.progress import offsets_behind_latest
 from spark_connector.source import TidemarkDataSource
 
 
 def register(spark: Any) -> None:
-    """Make format("tidemark") available in this SparkSession (readers, writers, streams)."""
-    spark.dataSource.register(TidemarkDataSource)
+    """Make format("tidemark") available in this SparkSession (readers, writers, streams).
+
+    Spark runs the source and sink in Python workers started with $PYSPARK_PYTHON, by default
+    `python3` from the PATH, which need not have tidemark installed. In local mode without
+    $PYSPARK_PYTHON the tidemark workers run this interpreter instead: it has tidemark (it is running
+    this function) and the workers are on this machine. The session's other Python code (UDFs) keeps
+    Spark's choice. On a cluster, set PYSPARK_PYTHON to a Python with tidemark on every worker.
+    """
+    context = _local_context_without_pyspark_python(spark)
+    if context is None:
+        spark.dataSource.register(TidemarkDataSource)
+        return
+    # register() captures the context's pythonExec in the data source's Python function.
+    previous, context.pythonExec = context.pythonExec, sys.executable
+    try:
+        spark.dataSource.register(TidemarkDataSource)
+    finally:
+        context.pythonExec = previous
 
 
-__all__ = ["ARROW_SCHEMA", "SCHEMA", "DataLossError", "OptionError", "TidemarkDataSource", "register"]
+def _local_context_without_pyspark_python(spark: Any) -> Any:
+    if "PYSPARK_PYTHON" in os.environ or not sys.executable:
+        return None
+    try:
+        context = spark.sparkContext
+    except Exception:  # Spark Connect has no SparkContext on the client; its server decides
+        return None
+    return context if str(context.master).startswith("local") else None
+
+
+__all__ = ["ARROW_SCHEMA", "SCHEMA", "DataLossError", "OptionError", "TidemarkDataSource", "offsets_behind_latest",
+           "register"]

@@ -19,7 +19,7 @@ from tidemark.logs import get_logger
 
 log = get_logger("tidemark.spark")
 
-# Sentinels accepted in startingOffsets / endingOffsets JSON (Kafka's -2 / -1).
+# Sentinels accepted in startingOffsets / endingOffsets JSON (Kafka's -2 / -1; options.py).
 EARLIEST = -2
 LATEST = -1
 
@@ -40,13 +40,13 @@ def offsets_to_json(offsets: Mapping[MessageQueue, int]) -> dict[str, dict[str, 
     return out
 
 
-def offsets_from_json(doc: Any, *, allow_sentinels: bool = False) -> dict[MessageQueue, int]:
-    """Inverse of offsets_to_json; OffsetFormatError says what is wrong."""
+def offsets_from_json(doc: Any) -> dict[MessageQueue, int]:
+    """Inverse of offsets_to_json; OffsetFormatError says what is wrong. (Offsets in options, which may
+    name a queue id on every broker and use sentinels, are parsed by queues.parse_queue_values.)"""
     if not isinstance(doc, dict):
         raise OffsetFormatError(f'expected a JSON object {{"topic": {{"broker": {{"queueId": offset}}}}}}, '
                                 f"got {type(doc).__name__}")
     out: dict[MessageQueue, int] = {}
-    lowest = EARLIEST if allow_sentinels else 0
     for topic, brokers in doc.items():
         if not isinstance(brokers, dict):
             raise OffsetFormatError(f"topic {topic!r} must map broker names to objects, got {brokers!r}")
@@ -61,9 +61,8 @@ def offsets_from_json(doc: Any, *, allow_sentinels: bool = False) -> dict[Messag
                     raise OffsetFormatError(f"queue id {queue_id!r} of {topic}/{broker} is not an integer") from None
                 if qid < 0:
                     raise OffsetFormatError(f"queue id {qid} of {topic}/{broker} is negative")
-                if isinstance(offset, bool) or not isinstance(offset, int) or offset < lowest:
-                    hint = " (or -2 earliest / -1 latest)" if allow_sentinels else ""
-                    raise OffsetFormatError(f"offset of {topic}/{broker}/{qid} must be an integer >= 0{hint}, "
+                if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+                    raise OffsetFormatError(f"offset of {topic}/{broker}/{qid} must be an integer >= 0, "
                                             f"got {offset!r}")
                 out[MessageQueue(topic, broker, qid)] = offset
     return out
@@ -103,6 +102,11 @@ def rate_limit(starts: Mapping[MessageQueue, int], latest: Mapping[MessageQueue,
     for mq in by_remainder[:left]:
         share[mq] += 1
     return {mq: starts[mq] + share[mq] for mq in latest}
+
+
+def waiting_messages(starts: Mapping[MessageQueue, int], bounds: Mapping[MessageQueue, tuple[int, int]]) -> int:
+    """Messages after `starts` on the queues it knows (what the next micro-batch could read)."""
+    return sum(max(0, high - starts[mq]) for mq, (_, high) in bounds.items() if mq in starts)
 
 
 def split_ranges(ranges: Iterable[OffsetRange], min_partitions: int | None) -> list[OffsetRange]:

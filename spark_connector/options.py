@@ -3,22 +3,31 @@
 Spark hands options over as strings with case-insensitive keys. Every option is
 checked here, before any task runs, and a bad one raises OptionError naming it,
 so `spark.read.format("tidemark").option("startingOffsets", "{oops").load()`
-fails at planning with a message a user can act on.
+fails in load() itself (check_read_options, from DataSource.schema) with a message
+a user can act on; what depends on batch vs streaming fails when the reader is made.
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from client.errors import InvalidArgumentError
-from client.message import MessageQueue
 from client.security import TlsSettings
 from client.settings import default_brokers, default_namesrv, parse_addresses, parse_brokers
-from spark_connector.offsets import EARLIEST, LATEST, OffsetFormatError, offsets_from_json
+from spark_connector.offsets import EARLIEST, LATEST
+from spark_connector.queues import (
+    QueueRef,
+    QueueSpecError,
+    Subscription,
+    compile_pattern,
+    parse_assign,
+    parse_queue_values,
+)
 from tidemark.auth import Credentials
 from tidemark.protocol import (
     InvalidNameError,
@@ -31,16 +40,20 @@ from tidemark.protocol import (
 # Credentials and TLS, for reads and writes alike; secretKey never leaves ReadOptions/WriteOptions
 # in text (Credentials keeps it out of repr; Spark redacts option keys matching "secret" in plans).
 SECURITY_OPTIONS = ("accessKey", "secretKey", "tls", "tlsCaFile", "tlsCertFile", "tlsKeyFile")
-READ_OPTIONS = ("brokers", "namesrv", "topic", "group", "startingOffsets", "endingOffsets", "startingTimestamp",
-                "maxOffsetsPerTrigger", "minPartitions", "failOnDataLoss", "tagExpression", "commitOffsets",
-                "pollTimeoutMs", *SECURITY_OPTIONS)
-STREAM_ONLY = ("maxOffsetsPerTrigger", "commitOffsets")
-BATCH_ONLY = ("endingOffsets",)
+SUBSCRIBE_OPTIONS = ("topic", "subscribePattern", "assign")
+STARTING_OPTIONS = ("startingOffsets", "startingTimestamp", "startingOffsetsByTimestamp")
+ENDING_OPTIONS = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+READ_OPTIONS = ("brokers", "namesrv", *SUBSCRIBE_OPTIONS, "group", *STARTING_OPTIONS, *ENDING_OPTIONS,
+                "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions", "failOnDataLoss",
+                "tagExpression", "commitOffsets", "pollTimeoutMs", *SECURITY_OPTIONS)
+STREAM_ONLY = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "commitOffsets")
+BATCH_ONLY = ENDING_OPTIONS
 WRITE_OPTIONS = ("brokers", "namesrv", "topic", "idempotent", *SECURITY_OPTIONS)
 # Keys Spark itself may put into a data source's options (DataFrameWriter.save(path), writeStream).
 SPARK_OWNED = frozenset({"path", "checkpointlocation", "queryname"})
 
 DEFAULT_POLL_TIMEOUT_MS = 60_000
+DEFAULT_MAX_TRIGGER_DELAY_S = 15 * 60.0  # Kafka's maxTriggerDelay default
 
 
 class OptionError(InvalidArgumentError):
@@ -53,9 +66,19 @@ class OffsetKind(enum.Enum):
     COMMITTED = "committed"
 
 
-# Where to start or end: a named position for every queue, or explicit offsets per queue
-# (EARLIEST / LATEST sentinels allowed as values, like Kafka's -2 / -1).
-OffsetSpec = OffsetKind | Mapping[MessageQueue, int]
+@dataclass(frozen=True, kw_only=True)
+class ByTimestamp:
+    """Each queue's first message stored at or after a time (ms since the epoch); a queue with no such
+    message: its max offset (latest). `every_queue` (startingTimestamp / endingTimestamp) or `per_queue`
+    (...OffsetsByTimestamp; queues left out start at earliest / end at latest)."""
+
+    every_queue: int | None = None
+    per_queue: Mapping[QueueRef, int] = field(default_factory=dict)
+
+
+# Where to start or end: a named position for every queue, explicit offsets per queue (EARLIEST / LATEST
+# sentinels allowed as values, like Kafka's -2 / -1), or times resolved by the brokers.
+OffsetSpec = OffsetKind | Mapping[QueueRef, int] | ByTimestamp
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,12 +111,14 @@ class ReadOptions:
     streaming: bool
     brokers: tuple[str, ...]
     namesrv: tuple[str, ...] = ()
-    topics: tuple[str, ...]
+    subscription: Subscription
     group: str | None
     starting: OffsetSpec
     ending: OffsetSpec
-    starting_timestamp: int | None
     max_offsets_per_trigger: int | None
+    # Streaming: skip a trigger until this many new messages wait, or max_trigger_delay_s passed.
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_s: float = DEFAULT_MAX_TRIGGER_DELAY_S
     min_partitions: int | None
     fail_on_data_loss: bool
     tag_expression: str
@@ -104,6 +129,11 @@ class ReadOptions:
     @property
     def brokers_csv(self) -> str:
         return ",".join(self.brokers)
+
+    @property
+    def topics(self) -> tuple[str, ...]:
+        """Topics named by option 'topic' or 'assign' (none for subscribePattern)."""
+        return self.subscription.topic_names()
 
     def client_kwargs(self) -> dict[str, Any]:
         """brokers, namesrv, credentials and tls for a Producer, Admin or RecordReader."""
@@ -190,7 +220,8 @@ def parse_servers(opts: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, 
 
 def parse_topics(value: str | None, *, single: bool = False) -> tuple[str, ...]:
     if value is None or not value.strip():
-        raise OptionError("tidemark option 'topic' is required (a topic name, or a comma list for reads)")
+        what = "a topic name" if single else "a topic name or a comma list; or set 'subscribePattern' or 'assign'"
+        raise OptionError(f"tidemark option 'topic' is required ({what})")
     topics = tuple(dict.fromkeys(t.strip() for t in value.split(",") if t.strip()))
     if single and len(topics) != 1:
         raise OptionError(f"tidemark option 'topic' must name exactly one topic for writes, got {value!r}")
@@ -202,8 +233,78 @@ def parse_topics(value: str | None, *, single: bool = False) -> tuple[str, ...]:
     return topics
 
 
-def parse_offset_spec(name: str, value: str, topics: tuple[str, ...], *, allowed: tuple[OffsetKind, ...]) -> OffsetSpec:
-    """'earliest' | 'latest' | 'committed' (as allowed) or JSON {"topic": {"broker": {"queueId": offset}}}."""
+def parse_duration_s(name: str, value: str) -> float:
+    """Spark's time strings: an integer with unit ms, s, m/min, h or d; no unit: milliseconds."""
+    match = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|min|h|d)?\s*", value.lower())
+    if match is None:
+        raise OptionError(f"tidemark option {name!r} must be a duration like 500ms, 30s, 15m or 1h, got {value!r}")
+    return int(match[1]) * _UNIT_S[match[2] or "ms"]
+
+
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _json(name: str, value: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise OptionError(f"tidemark option {name!r} is not valid JSON ({e.msg} at char {e.pos}): {value!r}") from None
+
+
+def _only_one(opts: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    given = [n for n in names if n in opts]
+    if len(given) > 1:
+        raise OptionError(f"set only one of tidemark options {', '.join(map(repr, names))}; got "
+                          f"{' and '.join(map(repr, given))}")
+    return given[0] if given else None
+
+
+def parse_subscription(opts: Mapping[str, str]) -> Subscription:
+    """Option 'topic', 'subscribePattern' or 'assign': exactly one (no option: 'topic' is required)."""
+    name = _only_one(opts, SUBSCRIBE_OPTIONS)
+    try:
+        if name == "subscribePattern":
+            return Subscription(pattern=compile_pattern(opts[name]))
+        if name == "assign":
+            return Subscription(assign=parse_assign(_json(name, opts[name])))
+    except QueueSpecError as e:
+        raise OptionError(f"tidemark option {name!r}: {e}") from None
+    return Subscription(topics=parse_topics(opts.get("topic")))
+
+
+def _check_subscribed(name: str, refs: Mapping[QueueRef, int], subscription: Subscription) -> None:
+    for ref in refs:
+        if not subscription.covers_topic(ref.topic):
+            raise OptionError(f"tidemark option {name!r} names topic {ref.topic!r}, which the read does not "
+                              f"subscribe to ({subscription.describe()})")
+        if subscription.assign and not any(a.topic == ref.topic and a.queue_id == ref.queue_id and
+                                           (a.broker is None or ref.broker in (None, a.broker))
+                                           for a in subscription.assign):
+            raise OptionError(f"tidemark option {name!r} names queue {ref}, which option 'assign' does not "
+                              f"assign ({subscription.describe()})")
+
+
+def _offset_value(allow_earliest: bool) -> Any:
+    lowest = EARLIEST if allow_earliest else LATEST
+    hint = "(or -2 earliest / -1 latest)" if allow_earliest else "(or -1 latest; -2 earliest is not an end)"
+
+    def check(value: Any, where: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < lowest:
+            raise QueueSpecError(f"offset of {where} must be an integer >= 0 {hint}, got {value!r}")
+        return value
+    return check
+
+
+def _timestamp_value(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise QueueSpecError(f"timestamp of {where} must be an integer >= 0 (ms since the epoch), got {value!r}")
+    return value
+
+
+def parse_offset_spec(name: str, value: str, subscription: Subscription, *,
+                      allowed: tuple[OffsetKind, ...]) -> OffsetSpec:
+    """'earliest' | 'latest' | 'committed' (as allowed) or JSON {"topic": {"broker": {"queueId": offset}}}
+    or {"topic": {"queueId": offset}} (that queue id on every broker)."""
     text = value.strip()
     for kind in allowed:
         if text.lower() == kind.value:
@@ -213,32 +314,51 @@ def parse_offset_spec(name: str, value: str, topics: tuple[str, ...], *, allowed
         raise OptionError(f"tidemark option {name!r} must be {names} or JSON "
                           f'{{"topic": {{"broker": {{"queueId": offset}}}}}}, got {value!r}')
     try:
-        doc: Any = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise OptionError(f"tidemark option {name!r} is not valid JSON ({e.msg} at char {e.pos}): {value!r}") from None
-    try:
-        offsets = offsets_from_json(doc, allow_sentinels=True)
-    except OffsetFormatError as e:
+        offsets = parse_queue_values(_json(name, text), _offset_value(name == "startingOffsets"))
+    except QueueSpecError as e:
         raise OptionError(f"tidemark option {name!r}: {e}") from None
-    for mq, offset in offsets.items():
-        if mq.topic not in topics:
-            raise OptionError(f"tidemark option {name!r} names topic {mq.topic!r}, which is not in option "
-                              f"'topic' ({', '.join(topics)})")
-        if name == "endingOffsets" and offset == EARLIEST:
-            raise OptionError(f"tidemark option 'endingOffsets' cannot use -2 (earliest) for {mq}")
+    _check_subscribed(name, offsets, subscription)
     return offsets
+
+
+def parse_position(opts: Mapping[str, str], names: tuple[str, str, str], default: str,
+                   subscription: Subscription, *, allowed: tuple[OffsetKind, ...]) -> OffsetSpec:
+    """One of (xOffsets, xTimestamp, xOffsetsByTimestamp), or `default` for xOffsets."""
+    offsets_name, timestamp_name, by_timestamp_name = names
+    name = _only_one(opts, names)
+    if name == timestamp_name:
+        return ByTimestamp(every_queue=parse_int(name, opts[name], minimum=0))
+    if name == by_timestamp_name:
+        try:
+            per_queue = parse_queue_values(_json(name, opts[name]), _timestamp_value)
+        except QueueSpecError as e:
+            raise OptionError(f"tidemark option {name!r}: {e}") from None
+        _check_subscribed(name, per_queue, subscription)
+        return ByTimestamp(per_queue=per_queue)
+    return parse_offset_spec(offsets_name, opts.get(offsets_name, default), subscription, allowed=allowed)
 
 
 def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
     """Validate the options of spark.read / spark.readStream; OptionError names the bad one."""
+    return _parse_read_options(options, streaming=streaming)
+
+
+def check_read_options(options: Mapping[str, str]) -> None:
+    """Every check that does not depend on batch vs streaming, for load(): Spark asks for the schema
+    there, before it knows which reader it will want, so errors show at load() rather than in a task."""
+    _parse_read_options(options, streaming=None)
+
+
+def _parse_read_options(options: Mapping[str, str], *, streaming: bool | None) -> ReadOptions:
     opts = _canonical(options, READ_OPTIONS, "read")
-    kind = "streaming" if streaming else "batch"
-    for name in (BATCH_ONLY if streaming else STREAM_ONLY):
-        if name in opts:
-            other = "batch" if streaming else "streaming"
-            raise OptionError(f"tidemark option {name!r} applies to {other} queries only, not to {kind} reads")
+    if streaming is not None:
+        kind = "streaming" if streaming else "batch"
+        for name in (BATCH_ONLY if streaming else STREAM_ONLY):
+            if name in opts:
+                other = "batch" if streaming else "streaming"
+                raise OptionError(f"tidemark option {name!r} applies to {other} queries only, not to {kind} reads")
     brokers, namesrv = parse_servers(opts)
-    topics = parse_topics(opts.get("topic"))
+    subscription = parse_subscription(opts)
     group = opts.get("group")
     if group is not None:
         try:
@@ -247,20 +367,27 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
             raise OptionError(f"tidemark option 'group': {e}") from None
         group = group.strip()
 
-    starting_timestamp = None
-    if "startingTimestamp" in opts:
-        if "startingOffsets" in opts:
-            raise OptionError("set either tidemark option 'startingOffsets' or 'startingTimestamp', not both")
-        starting_timestamp = parse_int("startingTimestamp", opts["startingTimestamp"], minimum=0)
-    default_start = "latest" if streaming else "earliest"
-    starting = parse_offset_spec("startingOffsets", opts.get("startingOffsets", default_start), topics,
-                                 allowed=(OffsetKind.EARLIEST, OffsetKind.LATEST, OffsetKind.COMMITTED))
+    starting = parse_position(opts, STARTING_OPTIONS, "latest" if streaming else "earliest", subscription,
+                              allowed=(OffsetKind.EARLIEST, OffsetKind.LATEST, OffsetKind.COMMITTED))
     if starting is OffsetKind.COMMITTED and group is None:
         raise OptionError("tidemark option startingOffsets=committed needs option 'group'")
-    ending = parse_offset_spec("endingOffsets", opts.get("endingOffsets", "latest"), topics,
-                               allowed=(OffsetKind.LATEST,))
+    ending = parse_position(opts, ENDING_OPTIONS, "latest", subscription, allowed=(OffsetKind.LATEST,))
+    start_ms = starting.every_queue if isinstance(starting, ByTimestamp) else None
+    end_ms = ending.every_queue if isinstance(ending, ByTimestamp) else None
+    if start_ms is not None and end_ms is not None and end_ms < start_ms:
+        raise OptionError(f"tidemark option 'endingTimestamp' ({end_ms}) is before 'startingTimestamp' ({start_ms})")
 
     max_offsets = opts.get("maxOffsetsPerTrigger")
+    max_rows = None if max_offsets is None else parse_int("maxOffsetsPerTrigger", max_offsets, minimum=1)
+    min_offsets = opts.get("minOffsetsPerTrigger")
+    min_rows = None if min_offsets is None else parse_int("minOffsetsPerTrigger", min_offsets, minimum=1)
+    if min_rows is not None and max_rows is not None and min_rows > max_rows:
+        raise OptionError(f"tidemark option 'minOffsetsPerTrigger' ({min_rows}) is above 'maxOffsetsPerTrigger' "
+                          f"({max_rows}): no micro-batch could ever satisfy both")
+    if "maxTriggerDelay" in opts and min_rows is None:
+        raise OptionError("tidemark option 'maxTriggerDelay' only applies with option 'minOffsetsPerTrigger'")
+    max_delay_s = (parse_duration_s("maxTriggerDelay", opts["maxTriggerDelay"]) if "maxTriggerDelay" in opts
+                   else DEFAULT_MAX_TRIGGER_DELAY_S)
     min_partitions = opts.get("minPartitions")
     expression = opts.get("tagExpression", "*")
     try:
@@ -268,10 +395,9 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     except ValueError as e:
         raise OptionError(f"tidemark option 'tagExpression': {e}") from None
     return ReadOptions(
-        streaming=streaming, brokers=brokers, namesrv=namesrv, topics=topics, group=group, starting=starting, ending=ending,
-        starting_timestamp=starting_timestamp,
-        max_offsets_per_trigger=None if max_offsets is None else parse_int("maxOffsetsPerTrigger", max_offsets,
-                                                                           minimum=1),
+        streaming=bool(streaming), brokers=brokers, namesrv=namesrv, subscription=subscription, group=group,
+        starting=starting, ending=ending, max_offsets_per_trigger=max_rows, min_offsets_per_trigger=min_rows,
+        max_trigger_delay_s=max_delay_s,
         min_partitions=None if min_partitions is None else parse_int("minPartitions", min_partitions, minimum=1),
         fail_on_data_loss=parse_bool("failOnDataLoss", opts.get("failOnDataLoss", "true")),
         tag_expression=expression,
@@ -311,5 +437,5 @@ def parse_security(opts: Mapping[str, str]) -> Security:
     return Security(credentials=Credentials(access, secret) if access else None, tls=tls)
 
 
-__all__ = ["EARLIEST", "LATEST", "OffsetKind", "OffsetSpec", "OptionError", "ReadOptions", "Security", "WriteOptions",
-           "parse_read_options", "parse_write_options"]
+__all__ = ["EARLIEST", "LATEST", "ByTimestamp", "OffsetKind", "OffsetSpec", "OptionError", "ReadOptions", "Security",
+           "WriteOptions", "check_read_options", "parse_read_options", "parse_write_options"]

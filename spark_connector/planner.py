@@ -6,11 +6,13 @@ reader objects that call them hold nothing but options and plain dicts.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 
 from client import Admin
 from client.errors import NotFoundError, TidemarkError
 from client.message import MessageQueue
+from spark_connector.admission import TriggerGate
 from spark_connector.offsets import (
     EARLIEST,
     LATEST,
@@ -20,8 +22,10 @@ from spark_connector.offsets import (
     offsets_from_json,
     offsets_to_json,
     split_ranges,
+    waiting_messages,
 )
-from spark_connector.options import OffsetKind, OptionError, ReadOptions
+from spark_connector.options import ByTimestamp, OffsetKind, OptionError, ReadOptions
+from spark_connector.queues import QueueRef, Subscription, resolve, unmatched
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.spark")
@@ -45,26 +49,70 @@ def topic_queues(admin: Admin, topics: tuple[str, ...]) -> list[MessageQueue]:
     return sorted(mqs)
 
 
-def _bounds(admin: Admin, options: ReadOptions) -> Bounds:
-    return admin.offsets(topic_queues(admin, options.topics))
+def subscribed_queues(admin: Admin, subscription: Subscription, *, strict: bool) -> list[MessageQueue]:
+    """The readable queues a read covers now. A pattern is matched against the brokers' topics (system
+    topics excluded) on every call, so a stream picks up new matching topics; a matching topic deleted
+    meanwhile is left out. strict: every assigned queue must exist (OptionError naming the missing ones);
+    otherwise a missing assigned queue is left out."""
+    if subscription.pattern is None:
+        if not subscription.assign:
+            return topic_queues(admin, subscription.topics)
+        mqs = subscription.select(topic_queues(admin, subscription.topic_names()))
+        missing = unmatched(subscription.assign, mqs)
+        if strict and missing:
+            raise OptionError(f"tidemark option 'assign' names {', '.join(map(str, missing))}, which do not exist "
+                              f"(readable queues of the topics: {_describe(admin, subscription.topic_names())})")
+        return mqs
+    mqs = []
+    for topic in admin.list_topics():
+        if subscription.covers_topic(topic):
+            with contextlib.suppress(NotFoundError):
+                mqs.extend(admin.fetch_message_queues(topic))
+    return sorted(mqs)
 
 
-def _check_known(name: str, spec: Mapping[MessageQueue, int], bounds: Bounds) -> None:
-    for mq in spec:
-        if mq not in bounds:
-            have = ", ".join(f"{q.broker_name}/{q.queue_id}" for q in bounds if q.topic == mq.topic) or "none"
-            raise OptionError(f"tidemark option {name!r} names {mq}, which does not exist "
-                              f"(queues of {mq.topic}: {have})")
+def _describe(admin: Admin, topics: tuple[str, ...]) -> str:
+    return ", ".join(f"{mq.topic}/{mq.broker_name}/{mq.queue_id}" for mq in topic_queues(admin, topics)) or "none"
+
+
+def _bounds(admin: Admin, options: ReadOptions, *, strict: bool = True) -> Bounds:
+    return admin.offsets(subscribed_queues(admin, options.subscription, strict=strict))
+
+
+def _check_known(name: str, spec: Mapping[QueueRef, int], bounds: Bounds) -> None:
+    for ref in unmatched(spec, bounds):
+        have = ", ".join(f"{q.broker_name}/{q.queue_id}" for q in bounds if q.topic == ref.topic) or "none"
+        named = (MessageQueue(ref.topic, ref.broker, ref.queue_id) if ref.broker is not None
+                 else f"queue id {ref.queue_id} of {ref.topic} (on any broker)")
+        raise OptionError(f"tidemark option {name!r} names {named}, which does not exist "
+                          f"(queues of {ref.topic} read: {have})")
+
+
+def _by_timestamp(admin: Admin, name: str, spec: ByTimestamp, bounds: Bounds, *,
+                  left_out: int) -> dict[MessageQueue, int]:
+    """Offsets of the first messages stored at or after the times; a queue with none: its max offset
+    (Kafka's "latest" strategy). Queues without a time get `left_out` (EARLIEST or LATEST)."""
+    if spec.every_queue is not None:
+        times = dict.fromkeys(bounds, spec.every_queue)
+    else:
+        _check_known(name, spec.per_queue, bounds)
+        times = resolve(spec.per_queue, bounds)
+    out = {}
+    for mq, (low, high) in bounds.items():
+        out[mq] = admin.search_offset(mq, times[mq]) if mq in times else (low if left_out == EARLIEST else high)
+    return out
 
 
 def start_offsets(admin: Admin, options: ReadOptions, bounds: Bounds) -> dict[MessageQueue, int]:
     """Where the query starts on every queue, checked against the queues' offsets (failOnDataLoss)."""
     spec = options.starting
     fail = options.fail_on_data_loss
-    if options.starting_timestamp is not None:
-        return {mq: admin.search_offset(mq, options.starting_timestamp) for mq in bounds}
+    if isinstance(spec, ByTimestamp):
+        return _by_timestamp(admin, "startingOffsetsByTimestamp", spec, bounds, left_out=EARLIEST)
+    explicit: dict[MessageQueue, int] = {}
     if isinstance(spec, Mapping):
         _check_known("startingOffsets", spec, bounds)
+        explicit = resolve(spec, bounds)
     out: dict[MessageQueue, int] = {}
     for mq, (low, high) in bounds.items():
         if spec is OffsetKind.EARLIEST:
@@ -75,7 +123,7 @@ def start_offsets(admin: Admin, options: ReadOptions, bounds: Bounds) -> dict[Me
             committed = admin.committed(options.group, mq)  # type: ignore[arg-type]
             out[mq] = low if committed < 0 else check_start(mq, committed, low, high, fail_on_data_loss=fail)
         else:
-            value = spec.get(mq, EARLIEST)  # type: ignore[union-attr]
+            value = explicit.get(mq, EARLIEST)
             if value == EARLIEST:
                 out[mq] = low
             elif value == LATEST:
@@ -85,14 +133,21 @@ def start_offsets(admin: Admin, options: ReadOptions, bounds: Bounds) -> dict[Me
     return out
 
 
-def end_offsets(options: ReadOptions, bounds: Bounds, starts: Mapping[MessageQueue, int]) -> dict[MessageQueue, int]:
+def end_offsets(admin: Admin, options: ReadOptions, bounds: Bounds,
+                starts: Mapping[MessageQueue, int]) -> dict[MessageQueue, int]:
     spec = options.ending
+    if isinstance(spec, ByTimestamp):
+        # A time before a queue's start offset is an empty range there, not an error: times say
+        # nothing about where each queue's start lies.
+        ends = _by_timestamp(admin, "endingOffsetsByTimestamp", spec, bounds, left_out=LATEST)
+        return {mq: max(end, starts[mq]) for mq, end in ends.items()}
     if not isinstance(spec, Mapping):
         return {mq: max(high, starts[mq]) for mq, (_, high) in bounds.items()}
     _check_known("endingOffsets", spec, bounds)
+    explicit = resolve(spec, bounds)
     out: dict[MessageQueue, int] = {}
     for mq, (_, high) in bounds.items():
-        value = spec.get(mq, LATEST)
+        value = explicit.get(mq, LATEST)
         end = high if value == LATEST else value
         if end > high:
             raise OptionError(f"tidemark option 'endingOffsets' asks for {mq} up to {end}, beyond its max offset {high}")
@@ -108,7 +163,7 @@ def plan_batch(options: ReadOptions) -> list[OffsetRange]:
     with _admin(options) as admin:
         bounds = _bounds(admin, options)
         starts = start_offsets(admin, options, bounds)
-    ends = end_offsets(options, bounds, starts)
+        ends = end_offsets(admin, options, bounds, starts)
     return split_ranges([OffsetRange(mq, starts[mq], ends[mq]) for mq in bounds], options.min_partitions)
 
 
@@ -123,17 +178,24 @@ def initial_offsets(options: ReadOptions) -> OffsetsJson:
 
 def latest_offsets(options: ReadOptions) -> OffsetsJson:
     with _admin(options) as admin:
-        return offsets_to_json({mq: high for mq, (_, high) in _bounds(admin, options).items()})
+        return offsets_to_json({mq: high for mq, (_, high) in _bounds(admin, options, strict=False).items()})
 
 
-def next_offsets(options: ReadOptions, start: OffsetsJson, *, max_rows: int | None,
-                 target: OffsetsJson | None) -> tuple[OffsetsJson, OffsetsJson]:
-    """(end offset of the next micro-batch, latest offsets seen); see offsets.next_batch_end."""
+def next_offsets(options: ReadOptions, start: OffsetsJson, *, max_rows: int | None, target: OffsetsJson | None,
+                 gate: TriggerGate | None = None) -> tuple[OffsetsJson, OffsetsJson]:
+    """(end offset of the next micro-batch, latest offsets seen); see offsets.next_batch_end. A gate
+    (minOffsetsPerTrigger) that holds the batch back leaves every known queue where it is."""
     with _admin(options) as admin:
-        bounds = _bounds(admin, options)
-    end = next_batch_end(offsets_from_json(start), bounds, max_rows=max_rows,
-                         target=None if target is None else offsets_from_json(target),
-                         fail_on_data_loss=options.fail_on_data_loss)
+        bounds = _bounds(admin, options, strict=False)
+    starts = offsets_from_json(start)
+    if gate is not None and not gate.admit(waiting_messages(starts, bounds)):
+        # Queues new to the stream still join (at their min offset, no rows), as in next_batch_end:
+        # their messages count towards the gate from the next trigger on.
+        end = {**starts, **{mq: low for mq, (low, _) in bounds.items() if mq not in starts}}
+    else:
+        end = next_batch_end(starts, bounds, max_rows=max_rows,
+                             target=None if target is None else offsets_from_json(target),
+                             fail_on_data_loss=options.fail_on_data_loss)
     return offsets_to_json(end), offsets_to_json({mq: high for mq, (_, high) in bounds.items()})
 
 

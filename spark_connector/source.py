@@ -20,17 +20,25 @@ from pyspark.sql.datasource import (
     DataSourceWriter,
     InputPartition,
 )
-from pyspark.sql.streaming.datasource import ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from client.message import MessageQueue
 from spark_connector import planner
+from spark_connector.admission import TriggerGate
 from spark_connector.arrow import SCHEMA
 from spark_connector.fetch import FetchSettings, fetch_range
 from spark_connector.offsets import OffsetRange
 from spark_connector.options import (
     OptionError,
     ReadOptions,
+    check_read_options,
     parse_read_options,
     parse_write_options,
 )
@@ -93,13 +101,20 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict | None = None  # Trigger.AvailableNow: offsets not to go past
         self._latest: dict | None = None  # for reportLatestOffset
         self._committed: dict | None = None  # last offsets committed to the group
+        min_rows = options.min_offsets_per_trigger
+        self._gate = None if min_rows is None else TriggerGate(min_rows, options.max_trigger_delay_s)
 
     def initialOffset(self) -> dict:
         return planner.initial_offsets(self.options)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        limit = self.options.max_offsets_per_trigger
-        return super().getDefaultReadLimit() if limit is None else ReadMaxRows(limit)
+        # Not ReadAllAvailable when minOffsetsPerTrigger is set: that limit means Trigger.Once, which
+        # reads everything at once (Kafka's rule); the gate itself lives here, not in the limit.
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
+        return super().getDefaultReadLimit()
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         # Spark asks for the next batch only once the batch ending at `start` is done, but calls
@@ -107,7 +122,10 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # (Trigger.AvailableNow, or a stream that went idle) would never reach the group.
         self._commit(start)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        end, self._latest = planner.next_offsets(self.options, start, max_rows=max_rows, target=self._target)
+        # Trigger.AvailableNow and Trigger.Once read what is there without waiting for more.
+        gate = None if self._target is not None or isinstance(limit, ReadAllAvailable) else self._gate
+        end, self._latest = planner.next_offsets(self.options, start, max_rows=max_rows, target=self._target,
+                                                 gate=gate)
         return end
 
     def reportLatestOffset(self) -> dict | None:
@@ -138,6 +156,10 @@ class TidemarkDataSource(DataSource):
         return "tidemark"
 
     def schema(self) -> StructType:
+        # Spark asks for the schema at spark.read/readStream...load() (not for writes, which bring the
+        # DataFrame's): checking the options here makes a bad one fail load(), not a task or the
+        # stream's thread. Whether the read is batch or streaming is known only later, in reader().
+        check_read_options(self.options)
         return SCHEMA
 
     def reader(self, schema: StructType) -> DataSourceReader:

@@ -32,6 +32,7 @@ from spark_connector.offsets import (
 )
 from spark_connector.options import OffsetKind, parse_read_options, parse_write_options
 from spark_connector.planner import stream_ranges
+from spark_connector.queues import QueueRef
 from spark_connector.sink import check_write_schema
 from spark_connector.source import QueueRangePartition, TidemarkBatchReader, TidemarkStreamReader
 
@@ -69,7 +70,8 @@ def test_keys_are_case_insensitive_and_values_parsed():
 
 def test_json_offsets_parse_with_sentinels():
     o = read(startingOffsets='{"t": {"broker-a": {"0": 5, "1": -2, "2": -1}}}')
-    assert o.starting == {mq(0): 5, mq(1): -2, mq(2): -1}
+    assert o.starting == {QueueRef("t", "broker-a", 0): 5, QueueRef("t", "broker-a", 1): -2,
+                          QueueRef("t", "broker-a", 2): -1}
 
 
 @pytest.mark.parametrize(("extra", "streaming", "names"), [

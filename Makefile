@@ -38,8 +38,8 @@ $(PROTO_STAMP): $(PROTO_SRC) $(RUN_STAMP)
 run: $(RUN_STAMP) $(PROTO_STAMP)
 	$(VENV)/bin/tidemark broker --data-dir $(DATA_DIR) --port $(PORT)
 
-# tests/containers/ need a container engine, and the alert-rule test Debian's promtool (package prometheus):
-# installed here when run as root (CI), else those tests skip saying why.
+# tests/containers/ need a container engine, the alert-rule test Debian's promtool (package prometheus) and
+# tests/browser/ Debian's chromium: installed here when run as root (CI), else those tests skip saying why.
 test: setup
 	$(PY) tools/container_engine.py install
 	@command -v promtool >/dev/null || [ "$$(id -u)" != 0 ] || \
@@ -47,6 +47,11 @@ test: setup
 		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
 		  apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || \
 		echo "promtool could not be installed: the alert-rule test will skip"
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+		  apt-get install -y -q --no-install-recommends chromium >/dev/null; } || \
+		echo "chromium could not be installed: the console's browser tests will skip"
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup

@@ -88,6 +88,20 @@ class ConsumerManager:
     def groups(self) -> list[str]:
         return sorted(self._members)
 
+    def subscribers(self, group: str, topic: str) -> list[str]:
+        """Client ids of the group's members subscribed to `topic`."""
+        return [m.client_id for m in self.members(group) if any(t == topic for t, _ in m.subscriptions)]
+
+    def message_model(self, group: str) -> str | None:
+        """How the group's live members consume: BROADCASTING if any of them does, CLUSTERING if they all
+        do, None without members."""
+        models = {m.message_model for m in self._members.get(group, {}).values()}
+        return None if not models else "BROADCASTING" if "BROADCASTING" in models else "CLUSTERING"
+
+    def client_count(self) -> int:
+        """Distinct clients with a member in any group."""
+        return len({client for members in self._members.values() for client in members})
+
     def scan(self) -> list[tuple[str, str]]:
         """Remove expired members and members whose broken watch outlived the grace."""
         now = self._clock_ms()

@@ -132,7 +132,8 @@ class BrokerController:
         self.commits = OffsetCommitService(store=self.store, topics=self.topics, offsets=self.offsets,
                                            groups=self.groups, on_reset=self.hold.notify)
         self.read_access = QueueReadAccess(topics=self.topics, groups=self.groups, offsets=self.offsets,
-                                           locks=self.locks, permission=self.permission)
+                                           locks=self.locks, permission=self.permission,
+                                           message_model=lambda group: self.consumers.message_model(group))
         self.puller = PullService(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
                                   max_long_polling_ms=config.max_long_polling_ms)
         self.send_back = SendBackService(store=self.store, topics=self.topics, groups=self.groups,

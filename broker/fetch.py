@@ -75,6 +75,7 @@ class QueueRecords:
     data: bytes
     next_offset: int
     max_offset: int
+    group: str = ""  # the group reading (metrics count delivered bytes per group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +278,8 @@ class FetchSession:
             q.credit_messages -= read.count
             q.credit_bytes -= len(read.data)
             q.reported = q.offset
-            return QueueRecords(q.handle, q.topic, read.count, read.data, read.next_offset, read.max_offset)
+            return QueueRecords(q.handle, q.topic, read.count, read.data, read.next_offset, read.max_offset,
+                                q.group)
         if status is GetStatus.OFFSET_OVERFLOW_ONE or (
                 status is GetStatus.NO_MESSAGE_IN_QUEUE and q.offset == read.max_offset):
             q.ready = False

@@ -121,8 +121,12 @@ class SubscriptionGroupManager:
         log.info("group config created", event="group_create", group=group)
         return config
 
-    def update(self, group: str, **changes: object) -> GroupConfig:
-        """Change a group's settings (creating its config first); every value is checked before anything changes."""
+    def preview(self, group: str, **changes: object) -> GroupConfig:
+        """The config `update` would give the group, checked, without changing anything (a dry run)."""
+        return replace(self.find_or_default(group), **self._checked(group, changes))
+
+    @staticmethod
+    def _checked(group: str, changes: dict[str, object]) -> dict[str, object]:
         check_group(group)
         clean = {k: v for k, v in changes.items() if v is not None}
         for key in ("retry_queue_nums",):
@@ -130,6 +134,11 @@ class SubscriptionGroupManager:
                 raise InvalidArgumentError(f"{key} must be between 1 and 64, got {clean[key]}")
         if "retry_max_times" in clean and int(clean["retry_max_times"]) < 0:
             raise InvalidArgumentError(f"retry_max_times must be >= 0, got {clean['retry_max_times']}")
+        return clean
+
+    def update(self, group: str, **changes: object) -> GroupConfig:
+        """Change a group's settings (creating its config first); every value is checked before anything changes."""
+        clean = self._checked(group, changes)
         before = self._groups.get(group)
         config = replace(self.ensure(group), **clean)
         self._groups[group] = config

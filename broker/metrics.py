@@ -45,6 +45,12 @@ class BrokerMetrics:
                                          registry=r)
         self.messages_out = Counter(f"{PREFIX}_messages_out", "Messages served (fetch streams and pulls), by topic",
                                     ["topic"], registry=r)
+        # Bytes as stored (commit-log records: body, properties and header), the unit of disk and network use.
+        self.bytes_in = Counter(f"{PREFIX}_bytes_in", "Bytes of the messages producers sent, as stored, by topic",
+                                ["topic"], registry=r)
+        self.bytes_out = Counter(f"{PREFIX}_bytes_out", "Bytes of the messages delivered to consumers (fetch "
+                                 "streams, pulls, pops), as stored, by topic and group", ["topic", "group"],
+                                 registry=r)
         self.fetch_frames = Counter(f"{PREFIX}_fetch_frames", "Frames sent on fetch streams", registry=r)
         self.fetch_streams = Gauge(f"{PREFIX}_fetch_streams", "Open fetch streams (about one per consumer)",
                                    registry=r)

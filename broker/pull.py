@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.errors import InvalidArgumentError, PermissionDeniedError
@@ -87,12 +88,15 @@ class QueueReadAccess:
     """The rules a read of a queue obeys, shared by the unary pull and the fetch stream.
 
     Names and ranges, read permission (broker and topic), the group's
-    consume_enable, the owner fence (a client that lost the queue's lock may
-    not read it) and the queue's reset generation.
+    consume_enable, its consume_broadcast_enable (see recheck), the owner
+    fence (a client that lost the queue's lock may not read it) and the
+    queue's reset generation.
     """
 
     def __init__(self, *, topics: TopicConfigManager, groups: SubscriptionGroupManager,
-                 offsets: ConsumerOffsetManager, locks: QueueLockManager, permission: BrokerPermission) -> None:
+                 offsets: ConsumerOffsetManager, locks: QueueLockManager, permission: BrokerPermission,
+                 message_model: Callable[[str], str | None] = lambda group: "CLUSTERING") -> None:
+        self._message_model = message_model  # of a group's live members (ConsumerManager.message_model)
         self._topics = topics
         self._groups = groups
         self._offsets = offsets
@@ -127,6 +131,13 @@ class QueueReadAccess:
         config = self._groups.get(group)
         if config is not None and not config.consume_enable:
             raise PermissionDeniedError(f"group {group!r} may not consume (its consume_enable is false)")
+        if config is not None and not config.consume_broadcast_enable \
+                and self._message_model(group) != "CLUSTERING":
+            # RocketMQ answers a broadcasting group's pulls NO_PERMISSION. A broadcasting consumer's
+            # heartbeat is refused here, so it is not a member: only known CLUSTERING members may read.
+            raise PermissionDeniedError(f"group {group!r} may not consume in BROADCASTING mode (its "
+                                        f"consume_broadcast_enable is false; only its live CLUSTERING members "
+                                        f"may read)")
         if fence is not None and fence.owner_epoch is not None:
             self._locks.check_owner(group, fence.client_id, topic_name, queue_id, fence.owner_epoch)
         return self._offsets.reset_generation(group, topic_name, queue_id)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import socket
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -46,6 +48,31 @@ SERVICE_NAMES = tuple(
 )
 
 
+class PortInUseError(OSError):
+    """A port the broker is to listen on is taken (by another broker, often): said in one line, nothing
+    started."""
+
+
+def check_port_free(host: str, port: int, what: str = "port") -> None:
+    """PortInUseError when another socket listens on host:port. Checked before anything starts: grpc
+    only logs a C-core error line and raises a RuntimeError that does not say why."""
+    if not port:
+        return
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return  # the real bind says what is wrong with the host
+    for family, kind, proto, _, address in addresses:
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no user
+            try:
+                s.bind(address)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:
+                    raise PortInUseError(f"{what} {port} on {host} is already in use") from None
+                # Any other refusal (an address family the host lacks) is the real bind's to report.
+
+
 class BrokerServer:
     def __init__(self, config: BrokerConfig) -> None:
         self.controller = BrokerController(config)
@@ -63,7 +90,11 @@ class BrokerServer:
 
     async def start(self) -> int:
         """Lock the data dir, recover, then serve; returns the bound port. Health turns SERVING once
-        everything is up. DataDirLockedError when another broker has the data dir."""
+        everything is up. DataDirLockedError when another broker has the data dir, PortInUseError when
+        another process has the port or the metrics port (checked first: nothing is touched then)."""
+        check_port_free(self.config.host, self.config.port)
+        if self.config.metrics_port:
+            check_port_free(self.config.metrics_host, self.config.metrics_port, "metrics port")
         self._data_dir_lock.acquire()
         report = self.controller.load()
         r = report.recovery
@@ -97,8 +128,12 @@ class BrokerServer:
             server)
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         listen, credentials = f"{self.config.host}:{self.config.port}", tls.server_credentials(self.config)
-        self.port = (server.add_secure_port(listen, credentials) if credentials is not None
-                     else server.add_insecure_port(listen))
+        try:
+            self.port = (server.add_secure_port(listen, credentials) if credentials is not None
+                         else server.add_insecure_port(listen))
+        except RuntimeError:  # grpc's "Failed to bind": taken since the check, or an address not ours
+            check_port_free(self.config.host, self.config.port)
+            raise OSError(f"cannot listen on {listen}") from None
         if not self.port:
             raise OSError(f"cannot listen on {self.config.host}:{self.config.port}")
         if self.config.port == 0:
@@ -110,8 +145,14 @@ class BrokerServer:
         if self.config.metrics_port:
             collector = BrokerStateCollector(asyncio.get_running_loop(), self.controller.snapshot)
             # Its own address, loopback by default: the gRPC port's TLS and auth do not cover it.
-            self._metrics_server = serve(self.controller.metrics, collector, self.config.metrics_host,
-                                         self.config.metrics_port, health=self._http_health)
+            try:
+                self._metrics_server = serve(self.controller.metrics, collector, self.config.metrics_host,
+                                             self.config.metrics_port, health=self._http_health)
+            except OSError as e:
+                if e.errno == errno.EADDRINUSE:  # e.g. the gRPC port given again
+                    raise PortInUseError(f"metrics port {self.config.metrics_port} on {self.config.metrics_host} "
+                                         f"is already in use") from None
+                raise
             log.info("metrics served", event="metrics_ready", host=self.config.metrics_host,
                      port=self.config.metrics_port)
         self._serving = True
@@ -183,4 +224,5 @@ class BrokerServer:
                 await self.controller.shutdown()
             finally:
                 self._data_dir_lock.release()
-        log.info("broker stopped", event="broker_stop", broker=self.config.broker_name)
+            log.info("broker stopped", event="broker_stop", broker=self.config.broker_name)
+        # else it never started (a taken port, a data dir another broker holds): nothing to say stopped

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from client.dead_letters import Requeued, requeue_copy
+from client.dead_letters import Requeued, advanced, requeue_copy, requeue_start
 from client.errors import ClientStateError, InvalidArgumentError, NotFoundError
 from client.message import MessageExt, MessageQueue, PullResult
 from client.remoting.cluster import BrokerCluster
@@ -21,6 +21,7 @@ from client.settings import ClientSettings, build
 from client.types import (
     AclRuleInfo,
     BrokerInfo,
+    BrokerStatus,
     ClusterBroker,
     CommitOffsetsResult,
     GroupConfig,
@@ -106,6 +107,23 @@ class Admin:
     def brokers(self) -> list[BrokerInfo]:
         async def go() -> list[BrokerInfo]:
             return [await c.broker_info() for c in (await self._brokers()).values()]
+        return self._run(go())
+
+    def broker_status(self) -> list[BrokerStatus]:
+        """Version, uptime, store size, flush mode, role, clients and counts of every broker (brokerStatus):
+        replicas too, those the name servers know and those given in the broker list."""
+        async def go() -> list[BrokerStatus]:
+            addresses = [b.address for b in await self.cluster.cluster()]
+            addresses += [a for a in self.settings.brokers or () if a not in addresses]
+            found = [await self.cluster.connection_at(a).broker_status() for a in addresses]
+            unique = {(s.broker_name, s.broker_id, s.broker_addr): s for s in found}
+            return sorted(unique.values(), key=lambda s: (s.broker_name, s.broker_id))
+        return self._run(go())
+
+    def broker_status_at(self, address: str) -> BrokerStatus:
+        """brokerStatus of the one broker at `address` (UnavailableError when it does not answer)."""
+        async def go() -> BrokerStatus:
+            return await self.cluster.connection_at(address).broker_status()
         return self._run(go())
 
     def cluster_list(self) -> list[ClusterBroker]:
@@ -339,9 +357,53 @@ class Admin:
             return await (await self.cluster.any_connection()).group_config(group)
         return self._run(go())
 
-    def update_group_config(self, group: str, **changes: Any) -> list[GroupConfig]:
+    def update_group_config(self, group: str, *, dry_run: bool = False, **changes: Any) -> list[GroupConfig]:
+        """Change a group's settings on every broker (creating its config, as RocketMQ's updateSubGroup);
+        every broker checks the change before any applies it. dry_run: the configs it would give."""
         async def go() -> list[GroupConfig]:
-            return [await c.update_group_config(group, **changes) for c in (await self._brokers()).values()]
+            conns = list((await self._brokers()).values())
+            planned = [await c.update_group_config(group, dry_run=True, **changes) for c in conns]
+            if dry_run:
+                return planned
+            return [await c.update_group_config(group, dry_run=False, **changes) for c in conns]
+        return self._run(go())
+
+    async def _on_topic_brokers(self, topic: str, call: Callable[[BrokerConnection, bool], Awaitable[list[T]]],
+                                *, dry_run: bool, missing: str) -> list[T]:
+        """call(conn, dry_run) on the brokers holding `topic`, a dry run on all of them first so a broker's
+        refusal changes nothing anywhere; brokers answering NOT_FOUND are skipped (NotFoundError if all do)."""
+        conns = []
+        planned: list[T] = []
+        for c in await self._for_topic(topic):
+            try:
+                planned.extend(await call(c, True))
+                conns.append(c)
+            except NotFoundError:
+                continue
+        if not conns:
+            raise NotFoundError(missing)
+        if dry_run:
+            return planned
+        return [row for c in conns for row in await call(c, False)]
+
+    def delete_group_offsets(self, group: str, topic: str, *, dry_run: bool = False) -> list[OffsetChange]:
+        """Remove a group's committed offsets of one topic (Kafka's --delete-offsets); refused
+        (FailedPreconditionError) while live members of the group subscribe to the topic."""
+        async def go() -> list[OffsetChange]:
+            changes = await self._on_topic_brokers(
+                topic, lambda c, dry: c.delete_group_offsets(group, topic, dry_run=dry), dry_run=dry_run,
+                missing=f"group {group!r} has no offsets for topic {topic!r} on any broker")
+            return sorted(changes, key=lambda ch: ch.queue)
+        return self._run(go())
+
+    def clone_group_offsets(self, src_group: str, dest_group: str, topic: str, *,
+                            dry_run: bool = False) -> list[OffsetChange]:
+        """dest_group's offsets of `topic` become src_group's (RocketMQ's cloneGroupOffset), as admin resets."""
+        async def go() -> list[OffsetChange]:
+            changes = await self._on_topic_brokers(
+                topic, lambda c, dry: c.clone_group_offsets(src_group, dest_group, topic, dry_run=dry),
+                dry_run=dry_run, missing=f"group {src_group!r} has no offsets for topic {topic!r} on any broker")
+            return sorted(changes, key=lambda ch: ch.queue)
         return self._run(go())
 
     # -- messages --------------------------------------------------------------
@@ -359,6 +421,19 @@ class Admin:
             return await (await self._conn(mq)).view_message(mq.topic, mq.queue_id, offset)
         return self._run(go())
 
+    def query_message_by_id(self, msg_id: str, topic: str = "") -> list[MessageExt]:
+        """Messages stored with this msg id (RocketMQ's queryMsgById): the original and any retry or
+        dead-letter copy, oldest first, from the brokers holding `topic` (every broker without one).
+        NotFoundError when none has it; InvalidArgumentError for a malformed id."""
+        async def go() -> list[MessageExt]:
+            conns = await self._for_topic(topic) if topic else list((await self._brokers()).values())
+            found = [m for c in conns for m in await c.query_message_by_id(msg_id, topic)]
+            if not found:
+                where = f"topic {topic!r}" if topic else "any broker"
+                raise NotFoundError(f"no message with msg id {msg_id} in {where}")
+            return sorted(found, key=lambda m: (m.store_timestamp, m.broker_name, m.commit_log_offset))
+        return self._run(go())
+
     def query_message_by_key(self, topic: str, key: str, begin_ms: int, end_ms: int,
                              max_num: int = 64) -> list[MessageExt]:
         async def go() -> list[MessageExt]:
@@ -372,29 +447,43 @@ class Admin:
 
     def dead_letters(self, group: str, limit: int = 1000) -> list[MessageExt]:
         """The messages in %DLQ%<group> (oldest first per queue), at most `limit`."""
+        out: list[MessageExt] = []
+        for mq, (low, high) in self.offsets(self._dlq_queues(group)).items():
+            out.extend(self._read_queue(mq, low, high, limit - len(out)))
+        return out[:limit]
+
+    def _dlq_queues(self, group: str) -> list[MessageQueue]:
         topic = dlq_topic(group)
         try:
-            mqs = self.fetch_message_queues(topic)
+            return self.fetch_message_queues(topic)
         except NotFoundError:
             raise NotFoundError(f"group {group!r} has no dead-letter queue ({topic} does not exist)") from None
+
+    def _read_queue(self, mq: MessageQueue, offset: int, high: int, limit: int) -> list[MessageExt]:
         out: list[MessageExt] = []
-        for mq, (low, high) in self.offsets(mqs).items():
-            offset = low
-            while offset < high and len(out) < limit:
-                result = self.pull(mq, offset, max_nums=64)
-                out.extend(result.messages)
-                if result.next_begin_offset <= offset:
-                    break
-                offset = result.next_begin_offset
+        while offset < high and len(out) < limit:
+            result = self.pull(mq, offset, max_nums=64)
+            out.extend(result.messages)
+            if result.next_begin_offset <= offset:
+                break
+            offset = result.next_begin_offset
         return out[:limit]
 
     def requeue_dead_letters(self, group: str, msg_id: str | None = None) -> list[Requeued]:
-        """Send DLQ messages (all, or the one with msg_id) back to their original topics as fresh copies."""
-        dead = self.dead_letters(group, limit=1_000_000)
-        if msg_id is not None:
-            dead = [m for m in dead if m.msg_id == msg_id]
+        """Send DLQ messages back to their original topics as fresh copies: every one no earlier requeue
+        sent, or the one with msg_id (even if it was requeued before). The group's offset on its DLQ
+        marks what was sent (client.dead_letters), so requeueing all twice sends nothing the second time."""
+        ranges = self.offsets(self._dlq_queues(group))
+        marks = {mq: requeue_start(low, self.committed(group, mq)) for mq, (low, _high) in ranges.items()}
+        if msg_id is None:
+            dead = [m for mq, mark in marks.items() for m in self._read_queue(mq, mark, ranges[mq][1], 1_000_000)]
+        else:
+            dead = [m for m in self.dead_letters(group, limit=1_000_000) if m.msg_id == msg_id]
             if not dead:
                 raise InvalidArgumentError(f"no message with msg id {msg_id} in {dlq_topic(group)}")
+        if dead:
+            self.commit(group, marks)  # a requeue that may not record what it sent (ACLs) sends nothing
+        moved: dict[MessageQueue, int] = {}
 
         async def go() -> list[Requeued]:
             out = []
@@ -405,8 +494,16 @@ class Admin:
                 conn = await self.cluster.connection(target.broker_name)
                 (result,) = await conn.send(copy.topic, [copy], queue_id=target.queue_id)
                 out.append(Requeued(m.msg_id, copy.topic, result.message_queue, result.queue_offset))
+                mq = MessageQueue(m.topic, m.broker_name, m.queue_id)
+                mark = advanced(moved.get(mq, marks[mq]), m.queue_offset)
+                if mark != marks[mq]:
+                    moved[mq] = mark
             return out
-        return self._run(go(), timeout=self.settings.request_timeout_s * (len(dead) + 4) + 30)
+        try:
+            return self._run(go(), timeout=self.settings.request_timeout_s * (len(dead) + 4) + 30)
+        finally:
+            if moved:  # also after a failure: what was sent stays sent
+                self.commit(group, moved)
 
     def send_back(self, group: str, message: MessageExt, *, delay_level: int = 0,
                   max_reconsume_times: int = 0) -> Any:

@@ -118,6 +118,33 @@ class BrokerInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerStatus:
+    """One broker's runtime state (`tidemark broker status`, RocketMQ's brokerStatus)."""
+
+    broker_name: str
+    broker_addr: str
+    version: str
+    uptime_ms: int
+    store_size_bytes: int
+    commit_log_min_offset: int
+    commit_log_max_offset: int
+    flush_mode: str
+    role: str  # MASTER or REPLICA
+    broker_id: int
+    master_addr: str  # a replica's master
+    replication_mode: str  # async or sync
+    replica_lag_bytes: int
+    replicas: int  # replicas streaming from this master
+    consumer_clients: int  # distinct clients with a live consumer heartbeat
+    fetch_streams: int
+    topics: int
+    system_topics: int
+    groups: int
+    readable: bool
+    writable: bool
+
+
+@dataclass(frozen=True, slots=True)
 class QueueStats:
     """A group's progress on one queue (GetConsumeStats)."""
 

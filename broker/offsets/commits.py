@@ -9,11 +9,12 @@ admins and computes consume stats (lag).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from broker.errors import (
     BrokerError,
+    FailedPreconditionError,
     FencedError,
     InvalidArgumentError,
     NotFoundError,
@@ -22,7 +23,7 @@ from broker.errors import (
 from broker.groups import SubscriptionGroupManager, check_group
 from broker.offsets import ConsumerOffsetManager, Fence
 from broker.store import MessageStore
-from broker.topics import TopicConfig, TopicConfigManager
+from broker.topics import TopicConfig, TopicConfigManager, check_topic
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.offsets")
@@ -222,6 +223,57 @@ class OffsetCommitService:
             base = old if old >= 0 else low
             new = min(max(base + target.value, low), high)
         return OffsetChange(topic, queue_id, old, new)
+
+    def delete_offsets(self, group: str, topic_name: str, *, subscribers: Sequence[str],
+                       dry_run: bool) -> list[OffsetChange]:
+        """Remove the group's committed offsets of one topic (Kafka's --delete-offsets); each change has
+        new_offset -1. Refused while `subscribers` (live members of the group subscribed to the topic) is
+        not empty, as Kafka refuses a group subscribed to the topic: their next commit would bring the
+        offsets back."""
+        check_group(group)
+        check_topic(topic_name)
+        offsets = self._offsets.offsets(group, topic_name)
+        if not offsets:
+            raise NotFoundError(f"group {group!r} has no offsets for topic {topic_name!r} on this broker")
+        if subscribers:
+            raise FailedPreconditionError(
+                f"group {group!r} has {len(subscribers)} live member(s) subscribed to topic {topic_name!r} "
+                f"({', '.join(sorted(subscribers)[:3])}); stop them first")
+        changes = [OffsetChange(topic_name, q, offset, -1) for q, offset in offsets.items()]
+        if not dry_run:
+            self._offsets.remove_group_topic(group, topic_name)
+            log.info("group offsets deleted", event="offset_delete", group=group, topic=topic_name,
+                     queues=len(changes))
+        return changes
+
+    def clone_offsets(self, src_group: str, dest_group: str, topic_name: str, *,
+                      dry_run: bool) -> list[OffsetChange]:
+        """The destination group's offsets of a topic become the source group's (RocketMQ's
+        cloneGroupOffset): queues the source has no offset for lose the destination's. Applied as admin
+        resets (new generations), so live consumers of the destination continue from the cloned offsets."""
+        topic = self._topics.require(topic_name)
+        check_group(src_group)
+        check_group(dest_group)
+        if src_group == dest_group:
+            raise InvalidArgumentError(f"source and destination are the same group {src_group!r}")
+        source = self._offsets.offsets(src_group, topic.name)
+        if not source:
+            raise NotFoundError(f"group {src_group!r} has no offsets for topic {topic.name!r} on this broker")
+        dest = self._offsets.offsets(dest_group, topic.name)
+        changes = [OffsetChange(topic.name, q, dest.get(q, -1), source.get(q, -1))
+                   for q in sorted(set(source) | set(dest))]
+        if not dry_run:
+            self._groups.ensure(dest_group)
+            with self._offsets.batch():
+                self._offsets.remove_group_topic(dest_group, topic.name)
+                for change in changes:
+                    if change.new_offset >= 0:
+                        self._offsets.reset(dest_group, topic.name, change.queue_id, change.new_offset)
+            for change in changes:
+                self._on_reset(topic.name, change.queue_id)
+            log.info("group offsets cloned", event="offset_clone", src_group=src_group, dest_group=dest_group,
+                     topic=topic.name, queues=len(changes))
+        return changes
 
     def progress(self, group: str, topic_name: str | None) -> list[QueueProgress]:
         """Per-queue consume progress of a group (GetConsumeStats)."""

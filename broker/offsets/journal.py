@@ -5,7 +5,7 @@ between two snapshots used to come back with offsets up to 5 s old, and every
 consumer re-read those 5 s of messages; a broker restarted every few seconds
 re-delivered the same messages again and again. The journal closes that gap:
 each applied change (a commit batch, an admin reset with its generation, a
-group removal, a topic cleanup) is appended to a small log beside the snapshot,
+group removal, a topic cleanup, a group's offsets of one topic deleted) is appended to a small log beside the snapshot,
 and loading replays it on top of the snapshot.
 
 Files: `consumerOffset.journal.<n>` in the config directory, n counting up.
@@ -79,6 +79,7 @@ class Op(enum.IntEnum):
     RESET = 2  # topic, group, queue id, offset, generation: an admin reset
     REMOVE_GROUP = 3  # group: every entry of the group is gone
     CLEAN_TOPIC = 4  # topic: every entry of the topic is gone
+    REMOVE_GROUP_TOPIC = 5  # topic, group: the group's entries of that topic are gone (delete-offsets)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +176,9 @@ def apply_records(table: dict, generations: dict, records: Iterable[JournalRecor
             table.setdefault(key, {})[r.queue_id] = r.offset
             if r.op is Op.RESET:
                 generations.setdefault(key, {})[r.queue_id] = r.generation
+        elif r.op is Op.REMOVE_GROUP_TOPIC:
+            table.pop(key, None)
+            generations.pop(key, None)
         elif r.op is Op.REMOVE_GROUP or r.op is Op.CLEAN_TOPIC:
             index = 1 if r.op is Op.REMOVE_GROUP else 0
             name = r.group if index else r.topic

@@ -391,6 +391,10 @@ class ConsumerOffsetManager:
             JournalRecord(Op.REMOVE_GROUP, group=group),
         )
 
+    def remove_group_topic(self, group: str, topic: str) -> int:
+        """Forget `group`'s offsets (and reset generations) of one topic; return the queue entries removed."""
+        return self._remove([(topic, group)], JournalRecord(Op.REMOVE_GROUP_TOPIC, topic=topic, group=group))
+
     def clean_topic(self, topic: str) -> int:
         """Forget every group's offsets of a deleted topic; return the queue entries removed."""
         return self._remove(

@@ -102,6 +102,13 @@ NEEDS: dict[str, Needs | object] = {
     "DeleteGroup": lambda r: [on_group(r.group, DELETE)],
     "GetGroupConfig": lambda r: [on_group(r.group, GET)],
     "UpdateGroupConfig": lambda r: [on_group(r.group, UPDATE)],
+    "DeleteGroupOffsets": lambda r: [on_group(r.group, DELETE)],
+    # Reads the source group's offsets of the topic, changes the destination's (an empty name is refused later).
+    "CloneGroupOffsets": lambda r: [on_topic(r.topic, GET)] + [on_group(g, a) for g, a in
+                                                               ((r.src_group, GET), (r.dest_group, UPDATE)) if g],
+    # Without a topic every topic is searched: Get on the cluster.
+    "QueryMessageById": lambda r: [on_topic(r.topic, GET)] if r.topic else [on_cluster(GET)],
+    "GetBrokerStatus": lambda r: [on_cluster(GET)],
     "DeleteExpiredCommitLog": lambda r: [on_cluster(UPDATE)],
     "CreateUser": SUPER_ONLY,
     "UpdateUser": SUPER_ONLY,

@@ -8,10 +8,12 @@ from broker.auth import AclRule, Action, Decision, Resource, User
 from broker.controller import VERSION, BrokerController
 from broker.errors import InvalidArgumentError, NotFoundError
 from broker.groups import GroupConfig, check_group
-from broker.services.convert import queue, topic_config
+from broker.offsets.commits import OffsetChange
+from broker.services.convert import message_ext, queue, topic_config
 from broker.services.errors import rpc
+from broker.status import broker_status
 from tidemark.protocol import format_duration_ms
-from tidemark.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from tidemark.v1 import admin_pb2, admin_pb2_grpc, common_pb2, offsets_pb2
 
 
 def _group_config(g: GroupConfig) -> admin_pb2.GroupConfig:
@@ -23,6 +25,11 @@ def _group_config(g: GroupConfig) -> admin_pb2.GroupConfig:
 
 def _optional(request, name: str):
     return getattr(request, name) if request.HasField(name) else None
+
+
+def _changes(changes: list[OffsetChange], broker_name: str) -> list[offsets_pb2.QueueOffsetChange]:
+    return [offsets_pb2.QueueOffsetChange(queue=queue(c.topic, broker_name, c.queue_id), old_offset=c.old_offset,
+                                          new_offset=c.new_offset) for c in changes]
 
 
 def _user_info(u: User) -> admin_pb2.UserInfo:
@@ -159,7 +166,36 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                     "consume_orderly")}
         if all(v is None for v in changes.values()):
             raise InvalidArgumentError("nothing to update: give at least one setting")
+        if request.dry_run:
+            return _group_config(self._b.groups.preview(request.group, **changes))
         return _group_config(self._b.groups.update(request.group, **changes))
+
+    @rpc
+    async def DeleteGroupOffsets(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        changes = b.commits.delete_offsets(request.group, request.topic,
+                                           subscribers=b.consumers.subscribers(request.group, request.topic),
+                                           dry_run=request.dry_run)
+        return admin_pb2.DeleteGroupOffsetsResponse(changes=_changes(changes, b.config.broker_name),
+                                                    applied=not request.dry_run)
+
+    @rpc
+    async def CloneGroupOffsets(self, request, context: grpc.aio.ServicerContext):
+        changes = self._b.commits.clone_offsets(request.src_group, request.dest_group, request.topic,
+                                                dry_run=request.dry_run)
+        return admin_pb2.CloneGroupOffsetsResponse(changes=_changes(changes, self._b.config.broker_name),
+                                                   applied=not request.dry_run)
+
+    @rpc
+    async def QueryMessageById(self, request, context: grpc.aio.ServicerContext):
+        b = self._b
+        found = await b.queries.by_msg_id(request.msg_id, request.topic, later_ms=max(b.config.delay_levels_ms, default=0))
+        return admin_pb2.QueryMessageByIdResponse(messages=[message_ext(m, b.config.broker_name) for m in found])
+
+    @rpc
+    async def GetBrokerStatus(self, request, context: grpc.aio.ServicerContext):
+        s = broker_status(self._b, VERSION)
+        return admin_pb2.BrokerStatus(**{name: getattr(s, name) for name in s.__slots__})
 
     @rpc
     async def DeleteExpiredCommitLog(self, request, context: grpc.aio.ServicerContext):

@@ -47,6 +47,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         metrics = self._b.metrics
         metrics.send_latency.observe(time.perf_counter() - started)
         metrics.messages_in.labels(request.topic).inc(len(sent))
+        metrics.bytes_in.labels(request.topic).inc(sum(s.put.store_size for s in sent))
         return messaging_pb2.SendMessageResponse(
             broker_name=self._b.config.broker_name,
             results=[messaging_pb2.SendResult(msg_id=s.msg_id, queue_id=s.queue_id,
@@ -84,6 +85,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
             metrics.duplicate_batches.inc()
         else:
             metrics.messages_in.labels(request.topic).inc(request.count)
+            metrics.bytes_in.labels(request.topic).inc(len(request.records))  # stored as they came
         ok = messaging_pb2.ProduceResponse(request_id=request.request_id, first_queue_offset=put.first_offset,
                                            duplicate=put.duplicate)
         if b.sender.acknowledges_at_once and not b.configs_dirty:
@@ -120,7 +122,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         failure: list[BaseException] = []
         reader = _reader(request_iterator, handle, session.finish, failure, "fetch")
         metrics = b.metrics
-        messages_out = metrics.messages_out
+        messages_out, bytes_out = metrics.messages_out, metrics.bytes_out
         metrics.fetch_streams.inc()
         try:
             while (frame := await session.next_frame()) is not None:
@@ -130,6 +132,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                                          next_offset=part.next_offset, max_offset=part.max_offset)
                     if part.count:
                         messages_out.labels(part.topic).inc(part.count)
+                        bytes_out.labels(part.topic, part.group).inc(len(part.data))
                 for end in frame.ended:
                     response.ended.append(_ended_pb(end))
                 metrics.fetch_frames.inc()
@@ -189,6 +192,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         metrics.pull_latency.labels(outcome.status.value).observe(time.perf_counter() - started)
         if outcome.messages:
             metrics.messages_out.labels(request.topic).inc(len(outcome.messages))
+            metrics.bytes_out.labels(request.topic, request.group).inc(sum(m.store_size for m in outcome.messages))
         if request.HasField("commit_offset"):
             metrics.offset_commits.labels("pull").inc()
         name = self._b.config.broker_name

@@ -50,14 +50,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
     p = usub.add_parser("create", parents=[_own_copy(common)], conflict_handler="resolve",
                         help="create a user on every broker")
-    p.add_argument("name")
+    p.add_argument("name", help="the user's name, its access key")
     _secret_options(p)
     p.add_argument("--super", dest="super_user", action="store_true", help="a super user: may do anything")
     p.set_defaults(run=create_user)
 
     p = usub.add_parser("update", parents=[_own_copy(common)], conflict_handler="resolve",
                         help="change a user's secret key or super-user flag")
-    p.add_argument("name")
+    p.add_argument("name", help="user to change")
     _secret_options(p)
     p.add_argument("--super", dest="super_user", action=argparse.BooleanOptionalAction, default=None,
                    help="make the user a super user (--no-super: a normal user)")
@@ -67,14 +67,14 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(run=list_users)
 
     p = usub.add_parser("delete", parents=[common], help="delete a user and its ACL rules")
-    p.add_argument("name")
+    p.add_argument("name", help="user to delete")
     p.set_defaults(run=delete_user)
 
     acl = sub.add_parser("acl", help="ACL rules of the brokers' users")
     asub = acl.add_subparsers(dest="acl_command", required=True, metavar="ACTION")
 
     p = asub.add_parser("create", parents=[common], help="add a rule for a user on every broker")
-    p.add_argument("user")
+    p.add_argument("user", help="user the rule is for")
     p.add_argument("--resource", required=True, metavar="RESOURCE",
                    help="Topic:NAME, Topic:PREFIX*, Topic:*, Group:NAME, Group:PREFIX*, Group:* or Cluster")
     p.add_argument("--actions", required=True, metavar="A,B",
@@ -89,7 +89,7 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(run=list_acls)
 
     p = asub.add_parser("delete", parents=[common], help="delete a user's rules (all, or those on --resource)")
-    p.add_argument("user")
+    p.add_argument("user", help="user whose rules go")
     p.add_argument("--resource", default=None, metavar="RESOURCE", help="only the rules on this resource pattern")
     p.set_defaults(run=delete_acl)
 

@@ -10,6 +10,7 @@ when the dialled address differs.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any
 
@@ -44,9 +45,15 @@ def add_arguments(common: argparse.ArgumentParser) -> None:
                         help="name the brokers' certificates hold, when it is not the host in --broker")
 
 
+# The logger naming a listed broker that does not answer (client.remoting.cluster): the CLI shows its
+# warnings, one line each, while the command goes on with the brokers that answer.
+UNREACHABLE_LOGGER = "tidemark.client.cluster"
+
+
 def resolve(args: argparse.Namespace) -> None:
     """Set args.credentials and args.tls from the flags and the environment; InvalidArgumentError when
     only half of a pair is given."""
+    logging.getLogger(UNREACHABLE_LOGGER).setLevel(logging.WARNING)
     env = os.environ
     access = args.access_key or env.get(ACCESS_KEY_ENV, "")
     secret = args.secret_key or env.get(SECRET_KEY_ENV, "")

@@ -15,14 +15,18 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     dlq = sub.add_parser("dlq", help="dead-letter queues")
     dsub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
     p = dsub.add_parser("list", parents=[common], help="messages in %%DLQ%%GROUP")
-    p.add_argument("group")
-    p.add_argument("--max", type=int_in(1, 100_000), default=1000)
+    p.add_argument("group", help="consumer group whose dead letters to list")
+    p.add_argument("--max", type=int_in(1, 100_000), default=1000, help="list at most this many (default 1000)")
     p.set_defaults(run=list_dlq)
-    p = dsub.add_parser("requeue", parents=[common], help="send DLQ messages back to their original topic")
-    p.add_argument("group")
+    p = dsub.add_parser("requeue", parents=[common], help="send DLQ messages back to their original topic",
+                        description="Send dead letters back to their original topic. The group's offset on "
+                                    "%%DLQ%%GROUP marks what was requeued: --all sends only the messages no "
+                                    "earlier requeue sent (`tidemark group reset-offset GROUP --topic %%DLQ%%GROUP "
+                                    "--to-earliest` makes every one eligible again).")
+    p.add_argument("group", help="consumer group whose dead letters to requeue")
     which = p.add_mutually_exclusive_group(required=True)
-    which.add_argument("--msg-id")
-    which.add_argument("--all", action="store_true")
+    which.add_argument("--msg-id", help="requeue this message (even if it was requeued before)")
+    which.add_argument("--all", action="store_true", help="requeue every message not requeued yet")
     p.set_defaults(run=requeue)
 
 

@@ -1,18 +1,25 @@
-"""tidemark group list | describe | progress | reset-offset | delete."""
+"""tidemark group list | describe | progress | reset-offset | update | delete-offsets | clone-offset | delete.
+
+Every command that changes something is a dry run unless --execute: it prints what it would do."""
 
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import re
+import sys
 import time
+from collections.abc import Callable
 
 from client.admin import Admin
-from client.cli.args import OFFSET, QUEUE_ID, SHIFT
+from client.cli.args import OFFSET, QUEUE_ID, SHIFT, int_in
 from client.cli.connect import client_kwargs
 from client.cli.message_cmds import parse_time_ms
 from client.cli.output import emit, iso_ms
-from client.errors import InvalidArgumentError, NotFoundError
-from client.types import ResetTarget, group_state
+from client.errors import InvalidArgumentError, NotFoundError, TidemarkError
+from client.message import MessageQueue
+from client.types import OffsetChange, ResetTarget, group_state
 
 _MAX_DURATION_MS = 100 * 365 * 86400 * 1000
 _DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
@@ -40,31 +47,83 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.set_defaults(run=list_groups)
 
     p = gsub.add_parser("describe", parents=[common], help="members, owned queues and lag")
-    p.add_argument("group")
+    p.add_argument("group", help="the consumer group")
     p.set_defaults(run=describe)
 
     p = gsub.add_parser("progress", parents=[common], help="per-queue broker offset, consumer offset and lag")
-    p.add_argument("group")
-    p.add_argument("--topic", default="")
+    p.add_argument("group", help="the consumer group")
+    p.add_argument("--topic", default="", help="only this topic's queues (default: every topic of the group)")
     p.set_defaults(run=progress)
 
     p = gsub.add_parser("reset-offset", parents=[common], help="move a group's offsets (dry run unless --execute)")
-    p.add_argument("group")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--queue", type=QUEUE_ID, help="only this queue id")
+    p.add_argument("group", help="the consumer group whose offsets move")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--topic", help="the topic whose offsets move")
+    scope.add_argument("--all-topics", action="store_true",
+                       help="every topic the group has offsets for (its %%RETRY%% topic excluded)")
+    p.add_argument("--queue", type=QUEUE_ID, help="only this queue id (with --topic)")
     target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--to-earliest", action="store_true")
-    target.add_argument("--to-latest", action="store_true")
-    target.add_argument("--to-datetime", metavar="ISO")
+    target.add_argument("--to-earliest", action="store_true", help="to each queue's first stored message")
+    target.add_argument("--to-latest", action="store_true", help="past each queue's last message")
+    target.add_argument("--to-current", action="store_true",
+                        help="to the committed offsets: changes nothing (use with --export to save them)")
+    target.add_argument("--to-datetime", metavar="ISO", help="to the first message stored at or after this time")
     target.add_argument("--by-duration", metavar="PT10M", help="to this long ago")
-    target.add_argument("--shift-by", type=SHIFT, metavar="N")
-    target.add_argument("--to-offset", type=OFFSET, metavar="N")
+    target.add_argument("--shift-by", type=SHIFT, metavar="N", help="forward (or back, negative) by N messages")
+    target.add_argument("--to-offset", type=OFFSET, metavar="N", help="to this offset")
+    target.add_argument("--from-file", metavar="FILE",
+                        help="to the offsets of a CSV plan, `topic,queue,offset` per line (what --export prints)")
+    p.add_argument("--export", action="store_true",
+                   help="print the plan as CSV lines `topic,queue,offset` (kafka-consumer-groups --export)")
     p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
-    p.set_defaults(run=reset_offset)
+    p.set_defaults(run=reset_offset, usage_error=p.error)
+
+    p = gsub.add_parser("update", parents=[common],
+                        help="change a group's subscription settings (RocketMQ's updateSubGroup; dry run unless "
+                             "--execute); creates the group's config when it has none")
+    p.add_argument("group", help="consumer group to change")
+    p.add_argument("--retry-max-times", type=int_in(0, 10_000), metavar="N",
+                   help="deliveries a failed message is retried before it goes to %%DLQ%%GROUP (default 16)")
+    p.add_argument("--consume-enable", type=_bool, metavar="BOOL",
+                   help="false: the broker refuses the group's reads, its consumers get nothing")
+    p.add_argument("--broadcast-enable", type=_bool, metavar="BOOL",
+                   help="false: BROADCASTING consumers of the group are refused")
+    p.add_argument("--retry-queue-nums", type=int_in(1, 64), metavar="N",
+                   help="queues of the group's %%RETRY%% topic when it is created")
+    p.add_argument("--consume-orderly", type=_bool, metavar="BOOL",
+                   help="orderly (FIFO) delivery for RocketMQ 5 clients of the group")
+    p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
+    p.set_defaults(run=update)
+
+    p = gsub.add_parser("delete-offsets", parents=[common],
+                        help="remove a group's committed offsets of one topic (Kafka's --delete-offsets; dry run "
+                             "unless --execute); refused while members of the group subscribe to the topic")
+    p.add_argument("group", help="consumer group whose offsets are removed")
+    p.add_argument("--topic", required=True, help="the topic whose offsets are removed")
+    p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
+    p.set_defaults(run=delete_offsets)
+
+    p = gsub.add_parser("clone-offset", parents=[common],
+                        help="give a group another group's offsets of a topic (RocketMQ's cloneGroupOffset; dry "
+                             "run unless --execute)")
+    p.add_argument("--src-group", required=True, help="the group whose offsets are copied")
+    p.add_argument("--dest-group", required=True, help="the group whose offsets become the source's")
+    p.add_argument("--topic", required=True, help="the topic whose offsets are copied")
+    p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
+    p.set_defaults(run=clone_offset)
 
     p = gsub.add_parser("delete", parents=[common], help="delete a group's offsets and config")
-    p.add_argument("group")
+    p.add_argument("group", help="the consumer group to delete")
     p.set_defaults(run=delete)
+
+
+def _bool(text: str) -> bool:
+    """An argparse type: true/false (also yes/no, 1/0, on/off)."""
+    value = {"true": True, "yes": True, "1": True, "on": True,
+             "false": False, "no": False, "0": False, "off": False}.get(text.strip().lower())
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+    return value
 
 
 def _admin(args: argparse.Namespace) -> Admin:
@@ -123,31 +182,208 @@ def describe(args: argparse.Namespace) -> int:
     return 0
 
 
-def reset_offset(args: argparse.Namespace) -> int:
+def _target(args: argparse.Namespace) -> tuple[ResetTarget, int]:
     if args.to_earliest:
-        target, value = ResetTarget.EARLIEST, 0
-    elif args.to_latest:
-        target, value = ResetTarget.LATEST, 0
-    elif args.to_datetime is not None:  # "" too: parse_time_ms refuses it by name
-        target, value = ResetTarget.TIMESTAMP, parse_time_ms(args.to_datetime, "--to-datetime")
-    elif args.by_duration is not None:
-        target, value = ResetTarget.TIMESTAMP, int(time.time() * 1000) - parse_iso_duration_ms(args.by_duration)
-    elif args.shift_by is not None:
-        target, value = ResetTarget.SHIFT_BY, args.shift_by
-    else:
-        target, value = ResetTarget.OFFSET, args.to_offset
+        return ResetTarget.EARLIEST, 0
+    if args.to_latest:
+        return ResetTarget.LATEST, 0
+    if args.to_datetime is not None:  # "" too: parse_time_ms refuses it by name
+        return ResetTarget.TIMESTAMP, parse_time_ms(args.to_datetime, "--to-datetime")
+    if args.by_duration is not None:
+        return ResetTarget.TIMESTAMP, int(time.time() * 1000) - parse_iso_duration_ms(args.by_duration)
+    if args.shift_by is not None:
+        return ResetTarget.SHIFT_BY, args.shift_by
+    return ResetTarget.OFFSET, args.to_offset
+
+
+def _topics(a: Admin, args: argparse.Namespace) -> list[str]:
+    if not args.all_topics:
+        return [args.topic]
+    topics = sorted({s.queue.topic for s in a.consume_stats(args.group)} - {""})
+    topics = [t for t in topics if not t.startswith("%")]
+    if not topics:
+        raise NotFoundError(f"group {args.group!r} has no offsets for any topic")
+    return topics
+
+
+def _current_plan(a: Admin, group: str, topics: list[str], queue: int | None) -> list[OffsetChange]:
+    return [OffsetChange(s.queue, s.consumer_offset, s.consumer_offset) for t in topics
+            for s in a.consume_stats(group, t)
+            if s.consumer_offset >= 0 and (queue is None or s.queue.queue_id == queue)]
+
+
+PlanStep = tuple[MessageQueue | None, str, ResetTarget, int]  # queue (None: every queue), topic, target, value
+
+
+def read_plan(text: str, source: str) -> list[tuple[int, str, int, int]]:
+    """The rows of a CSV plan, (line number, topic, queue, offset): `topic,queue,offset` per line
+    (kafka-consumer-groups --export's format with partition as queue id); blank lines are skipped.
+    InvalidArgumentError naming the first bad row."""
+    rows: list[tuple[int, str, int, int]] = []
+    seen: dict[tuple[str, int], int] = {}
+    for n, fields in enumerate(csv.reader(io.StringIO(text)), 1):
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        where = f"{source} line {n}"
+        if len(fields) != 3:
+            raise InvalidArgumentError(f"{where}: expected topic,queue,offset, got {len(fields)} field(s)")
+        topic, queue_text, offset_text = (f.strip() for f in fields)
+        if not topic:
+            raise InvalidArgumentError(f"{where}: the topic is empty")
+        try:
+            queue_id, offset = int(queue_text), int(offset_text)
+        except ValueError:
+            raise InvalidArgumentError(f"{where}: queue {queue_text!r} and offset {offset_text!r} must be "
+                                       f"integers") from None
+        if not 0 <= queue_id <= 65535 or not 0 <= offset < 2**63:
+            raise InvalidArgumentError(f"{where}: queue {queue_id} or offset {offset} is out of range")
+        if (topic, queue_id) in seen:
+            raise InvalidArgumentError(f"{where}: {topic} queue {queue_id} is already on line "
+                                       f"{seen[topic, queue_id]}")
+        seen[topic, queue_id] = n
+        rows.append((n, topic, queue_id, offset))
+    if not rows:
+        raise InvalidArgumentError(f"{source}: the plan has no rows")
+    return rows
+
+
+def _one_broker_queue(a: Admin, topic: str, queue_id: int, routes: dict[str, list[MessageQueue]]) -> MessageQueue:
+    """The queue a CSV row names: its topic must be on one broker (a row carries no broker name)."""
+    if topic not in routes:
+        routes[topic] = a.fetch_message_queues(topic)
+    brokers = sorted({q.broker_name for q in routes[topic]})
+    if len(brokers) > 1:
+        raise InvalidArgumentError(f"topic {topic!r} is on {len(brokers)} brokers ({', '.join(brokers)}): a CSV "
+                                   f"row names only a queue id")
+    queue = next((q for q in routes[topic] if q.queue_id == queue_id), None)
+    if queue is None:
+        raise InvalidArgumentError(f"topic {topic!r} has no queue {queue_id}")
+    return queue
+
+
+def _file_steps(a: Admin, path: str) -> list[tuple[str, PlanStep]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidArgumentError(f"--from-file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
+    steps = []
+    routes: dict[str, list[MessageQueue]] = {}
+    for n, topic, queue_id, offset in read_plan(text, path):
+        where = f"{path} line {n}"
+        try:
+            queue = _one_broker_queue(a, topic, queue_id, routes)
+        except TidemarkError as e:
+            raise type(e)(f"{where}: {e}") from None
+        steps.append((where, (queue, topic, ResetTarget.OFFSET, offset)))
+    return steps
+
+
+def _run_steps(a: Admin, group: str, steps: list[tuple[str, PlanStep]], *, dry_run: bool) -> list[OffsetChange]:
+    changes: list[OffsetChange] = []
+    for where, (queue, topic, target, value) in steps:
+        try:
+            changes.extend(a.reset_offset(group, topic, target, value, queue=queue, dry_run=dry_run))
+        except TidemarkError as e:
+            raise type(e)(f"{where}: {e}" if where else str(e)) from None
+    return changes
+
+
+def _export(changes: list[OffsetChange]) -> None:
+    brokers: dict[str, set[str]] = {}
+    for c in changes:
+        brokers.setdefault(c.queue.topic, set()).add(c.queue.broker_name)
+    for topic, names in brokers.items():
+        if len(names) > 1:
+            raise InvalidArgumentError(f"--export: topic {topic!r} is on {len(names)} brokers "
+                                       f"({', '.join(sorted(names))}): a CSV row names only a queue id")
+    out = csv.writer(sys.stdout, lineterminator="\n")
+    for c in sorted(changes, key=lambda c: (c.queue.topic, c.queue.queue_id)):
+        out.writerow([c.queue.topic, c.queue.queue_id, c.new_offset])
+
+
+def reset_offset(args: argparse.Namespace) -> int:
+    usage_error: Callable[[str], None] = args.usage_error
+    if args.from_file is not None:
+        if args.topic is not None or args.all_topics or args.queue is not None:
+            usage_error("--from-file: the plan names the topics and queues; drop --topic, --all-topics, --queue")
+    elif args.topic is None and not args.all_topics:
+        usage_error("give --topic TOPIC or --all-topics")
+    elif args.queue is not None and args.all_topics:
+        usage_error("--queue needs --topic")
     with _admin(args) as a:
-        queue = None
-        if args.queue is not None:
-            queue = next((q for q in a.fetch_message_queues(args.topic) if q.queue_id == args.queue), None)
-            if queue is None:
-                raise InvalidArgumentError(f"topic {args.topic!r} has no queue {args.queue}")
-        changes = a.reset_offset(args.group, args.topic, target, value, queue=queue, dry_run=not args.execute)
+        if args.from_file is not None:
+            steps = _file_steps(a, args.from_file)
+        else:
+            topics = _topics(a, args)
+            queue = None
+            if args.queue is not None:
+                queue = next((q for q in a.fetch_message_queues(args.topic) if q.queue_id == args.queue), None)
+                if queue is None:
+                    raise InvalidArgumentError(f"topic {args.topic!r} has no queue {args.queue}")
+            if args.to_current:
+                changes = _current_plan(a, args.group, topics, args.queue)
+                steps = []
+            else:
+                target, value = _target(args)
+                steps = [("", (queue, t, target, value)) for t in topics]
+        if steps:
+            # The whole plan is checked first: a refused step changes nothing anywhere.
+            changes = _run_steps(a, args.group, steps, dry_run=True)
+            if args.execute:
+                changes = _run_steps(a, args.group, steps, dry_run=False)
+    if args.export:
+        _export(changes)
+        return 0
     rows = [{"topic": c.queue.topic, "broker": c.queue.broker_name, "queue": c.queue.queue_id,
              "current_offset": c.old_offset, "new_offset": c.new_offset} for c in changes]
-    note = "offsets reset" if args.execute else "dry run: nothing changed; add --execute to apply"
+    if args.to_current:
+        note = "offsets unchanged (--to-current)"
+    else:
+        note = "offsets reset" if args.execute else "dry run: nothing changed; add --execute to apply"
     emit(rows, ["topic", "broker", "queue", "current_offset", "new_offset"], as_json=args.json,
          footer=note)
+    return 0
+
+
+def _changes_table(args: argparse.Namespace, changes: list[OffsetChange], done: str) -> None:
+    rows = [{"topic": c.queue.topic, "broker": c.queue.broker_name, "queue": c.queue.queue_id,
+             "current_offset": c.old_offset,
+             "new_offset": c.new_offset if c.new_offset >= 0 else None if args.json else "-"}  # none: removed
+            for c in changes]
+    emit(rows, ["topic", "broker", "queue", "current_offset", "new_offset"], as_json=args.json,
+         footer=done if args.execute else "dry run: nothing changed; add --execute to apply")
+
+
+def update(args: argparse.Namespace) -> int:
+    changes = {"retry_max_times": args.retry_max_times, "consume_enable": args.consume_enable,
+               "consume_broadcast_enable": args.broadcast_enable, "retry_queue_nums": args.retry_queue_nums,
+               "consume_orderly": args.consume_orderly}
+    if all(v is None for v in changes.values()):
+        raise InvalidArgumentError("nothing to update: give at least one of --retry-max-times, --consume-enable, "
+                                   "--broadcast-enable, --retry-queue-nums, --consume-orderly")
+    with _admin(args) as a:
+        configs = a.update_group_config(args.group, dry_run=not args.execute, **changes)
+    rows = [{"group": g.group, "consume_enable": g.consume_enable, "broadcast_enable": g.consume_broadcast_enable,
+             "retry_queue_nums": g.retry_queue_nums, "retry_max_times": g.retry_max_times,
+             "consume_orderly": g.consume_orderly} for g in configs]
+    emit(rows, ["group", "consume_enable", "broadcast_enable", "retry_queue_nums", "retry_max_times",
+                "consume_orderly"], as_json=args.json,
+         footer="group updated" if args.execute else "dry run: nothing changed; add --execute to apply")
+    return 0
+
+
+def delete_offsets(args: argparse.Namespace) -> int:
+    with _admin(args) as a:
+        changes = a.delete_group_offsets(args.group, args.topic, dry_run=not args.execute)
+    _changes_table(args, changes, "offsets deleted")
+    return 0
+
+
+def clone_offset(args: argparse.Namespace) -> int:
+    with _admin(args) as a:
+        changes = a.clone_group_offsets(args.src_group, args.dest_group, args.topic, dry_run=not args.execute)
+    _changes_table(args, changes, "offsets cloned")
     return 0
 
 

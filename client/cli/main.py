@@ -15,6 +15,7 @@ from client.cli import (
     broker_cmds,
     cluster_cmds,
     connect,
+    console_cmds,
     dlq_cmds,
     group_cmds,
     health_cmds,
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_cmds.register(sub, common)
     producer_cmds.register(sub, common)
     transaction_cmds.register(sub, common)
+    console_cmds.register(sub, common)
     return parser
 
 
@@ -97,10 +99,11 @@ def _run_namesrv(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:2] == ["broker", "promote"]:  # `tidemark broker` runs the daemon; this one is a client command
-        parser = broker_cmds.build_parser(client_options())
+    if argv[:1] == ["broker"] and argv[1:2] in (["promote"], ["status"]):
+        # `tidemark broker` runs the daemon; these two are client commands
+        parser = broker_cmds.build_parser(client_options(), argv[1])
         args = parser.parse_args(argv[2:])
-        args.command = "broker promote"
+        args.command = f"broker {argv[1]}"
     else:
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -108,9 +111,10 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging("ERROR", "plain")
         try:
             # --broker without --namesrv: those brokers, whatever $TIDEMARK_NAMESRV says.
-            args.namesrv = (parse_addresses(args.namesrv, "name server") if args.namesrv
+            # An empty --broker/--namesrv is an error, not the default (parse_addresses says so).
+            args.namesrv = (parse_addresses(args.namesrv, "name server") if args.namesrv is not None
                             else () if args.broker else default_namesrv())
-            args.brokers = (parse_brokers(args.broker) if args.broker
+            args.brokers = (parse_brokers(args.broker) if args.broker is not None
                             else () if args.namesrv else default_brokers())
             connect.resolve(args)
         except TidemarkError as e:

@@ -14,13 +14,22 @@ from datetime import datetime
 from client.admin import Admin
 from client.cli.args import OFFSET, QUEUE_ID, int_in
 from client.cli.connect import client_kwargs
-from client.cli.output import Progress, emit, iso_ms, message_json, print_line
+from client.cli.output import (
+    BODY_FORMATS,
+    Progress,
+    emit,
+    iso_ms,
+    message_json,
+    message_line,
+    print_line,
+)
 from client.consumer.push_consumer import PushConsumer
 from client.errors import InvalidArgumentError, TidemarkError
 from client.message import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
     Message,
+    MessageExt,
     MessageQueue,
     PullStatus,
 )
@@ -29,46 +38,66 @@ from client.producer.producer import Producer
 # `consume --group` started while no broker answers: try again, backing off up to this.
 START_RETRY_MIN_S = 0.5
 START_RETRY_MAX_S = 5.0
+# Readable consume lines show this much of a body unless --max-body-bytes says otherwise.
+READABLE_MAX_BODY_BYTES = 256
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("send", parents=[common], help="send messages")
-    p.add_argument("topic")
+    p.add_argument("topic", help="topic to send to")
     body = p.add_mutually_exclusive_group()
-    body.add_argument("--body", help="message body (UTF-8)")
+    body.add_argument("--body", help="message body (UTF-8); - reads it from stdin")
+    body.add_argument("--body-file", metavar="FILE", help="message body from FILE, as its bytes are (- for stdin)")
     body.add_argument("--count", type=int_in(1, 10**9), help="send this many generated messages")
+    p.add_argument("--lines", action="store_true",
+                   help="with --body/--body-file: one message per line (blank lines skipped) instead of the whole "
+                        "input as one message")
     p.add_argument("--size", type=int_in(0, 64 << 20), default=1024, help="bytes per generated message (default 1024)")
     p.add_argument("--tag", default="", help="message tag")
     p.add_argument("--keys", default="", help="business keys, space separated")
-    p.add_argument("--batch", type=int_in(1, 10_000), default=1, help="messages per send with --count (default 1)")
+    p.add_argument("--batch", type=int_in(1, 10_000), default=1,
+                   help="messages per send with --count or --lines (default 1)")
     p.add_argument("--queue", type=QUEUE_ID, help="queue id (default: round-robin)")
     p.add_argument("--delay-level", type=int_in(0, 1000), default=0, help="deliver after this delay level")
     p.set_defaults(run=send)
 
-    p = sub.add_parser("consume", parents=[common], help="print messages as JSON lines")
-    p.add_argument("topic")
+    p = sub.add_parser("consume", parents=[common], help="print messages: a readable line each on a terminal, "
+                                                         "JSON lines otherwise (or with --json)")
+    p.add_argument("topic", help="topic to read")
     p.add_argument("--group", help="consume as a push consumer of this group (commits as it goes)")
     p.add_argument("--from-offset", default="earliest", help="without --group: earliest | latest | N")
     p.add_argument("--count", type=int_in(1, 10**12), help="stop after this many messages (default: until SIGINT/SIGTERM)")
     p.add_argument("--tag", default="*", help="tag expression, e.g. 'a || b'")
     p.add_argument("--from-where", choices=["last", "first", "timestamp"], default="last",
                    help="with --group: where a new group starts (default last)")
+    p.add_argument("--readable", action="store_true",
+                   help="a readable line per message even when stdout is not a terminal")
+    p.add_argument("--max-body-bytes", type=int_in(0, 2**31), default=None, metavar="N",
+                   help=f"show at most N bytes of each body, saying how many were cut (default "
+                        f"{READABLE_MAX_BODY_BYTES} on readable lines, all with JSON; 0: all)")
+    p.add_argument("--body-format", choices=BODY_FORMATS, default=None,
+                   help="text (undecodable bytes and controls escaped as \\xNN), hex or base64 (default: text on "
+                        "readable lines; with JSON UTF-8 when the body is, else base64)")
     p.set_defaults(run=consume)
 
     msg = sub.add_parser("message", help="look up messages")
     msub = msg.add_subparsers(dest="message_command", required=True, metavar="ACTION")
-    p = msub.add_parser("get", parents=[common], help="one message by queue position")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--queue", type=QUEUE_ID, required=True)
-    p.add_argument("--offset", type=OFFSET, required=True)
+    p = msub.add_parser("get", parents=[common],
+                        help="one message by msg id (--msg-id) or by queue position (--topic --queue --offset)")
+    p.add_argument("--msg-id", metavar="ID",
+                   help="the msg id a send printed (RocketMQ's queryMsgById); with --topic only that topic is "
+                        "searched, else every topic; retry and dead-letter copies are shown too")
+    p.add_argument("--topic", help="the queue's topic (with --msg-id: only search this topic)")
+    p.add_argument("--queue", type=QUEUE_ID, help="queue id (without --msg-id)")
+    p.add_argument("--offset", type=OFFSET, help="queue offset (without --msg-id)")
     p.add_argument("--broker-name", help="broker holding the queue (default: the only/first one)")
     p.set_defaults(run=message_get)
     p = msub.add_parser("search", parents=[common], help="messages with a key within a time range")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--key", required=True)
+    p.add_argument("--topic", required=True, help="the topic to search")
+    p.add_argument("--key", required=True, help="a message key (one of the keys the producer set)")
     p.add_argument("--begin", help="ISO time (default: 24 h ago)")
     p.add_argument("--end", help="ISO time (default: now)")
-    p.add_argument("--max", type=int_in(1, 10_000), default=64)
+    p.add_argument("--max", type=int_in(1, 10_000), default=64, help="at most this many messages (default 64)")
     p.set_defaults(run=message_search)
 
 
@@ -79,9 +108,32 @@ def parse_time_ms(text: str, option: str) -> int:
         raise InvalidArgumentError(f"{option}: {text!r} is not an ISO date/time like 2026-11-22T10:00:00") from None
 
 
+def _bodies(args: argparse.Namespace) -> list[bytes]:
+    """The bodies to send from --body/--body-file (stdin for -): the whole input, or a line each with --lines."""
+    if args.body is not None and args.body != "-":
+        data = args.body.encode("utf-8")
+    elif args.body == "-" or args.body_file == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            with open(args.body_file, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise InvalidArgumentError(f"--body-file {args.body_file}: {e.strerror or e}") from None
+    if not args.lines:
+        return [data]
+    bodies = [line.rstrip(b"\r") for line in data.split(b"\n") if line.strip()]
+    if not bodies:
+        raise InvalidArgumentError("--lines: the input has no line to send (blank lines are skipped)")
+    return bodies
+
+
 def send(args: argparse.Namespace) -> int:
-    if args.body is None and args.count is None:
-        raise InvalidArgumentError("give --body TEXT or --count N")
+    if args.body is None and args.body_file is None and args.count is None:
+        raise InvalidArgumentError("give --body TEXT, --body-file FILE or --count N")
+    if args.lines and args.count is not None:
+        raise InvalidArgumentError("--lines splits --body or --body-file into messages; it does not go with --count")
+    bodies = None if args.count is not None else _bodies(args)  # read before connecting: a bad file fails fast
     with Producer(**client_kwargs(args), send_msg_timeout_s=args.timeout) as producer:
         queue = None
         if args.queue is not None:
@@ -89,12 +141,16 @@ def send(args: argparse.Namespace) -> int:
             if not mqs:
                 raise InvalidArgumentError(f"topic {args.topic!r} has no writable queue {args.queue}")
             queue = mqs[0]
-        if args.body is not None:
-            result = producer.send(Message(args.topic, args.body.encode("utf-8"), tags=args.tag, keys=args.keys,
-                                           delay_level=args.delay_level), queue=queue)
-            emit([{"msg_id": result.msg_id, "broker": result.message_queue.broker_name,
-                   "queue": result.message_queue.queue_id, "offset": result.queue_offset}],
-                 ["msg_id", "broker", "queue", "offset"], as_json=args.json)
+        if bodies is not None:
+            step = args.batch if args.lines else 1
+            results = []
+            for i in range(0, len(bodies), step):
+                results.extend(producer.send_batch(
+                    [Message(args.topic, body, tags=args.tag, keys=args.keys, delay_level=args.delay_level)
+                     for body in bodies[i:i + step]], queue=queue))
+            emit([{"msg_id": r.msg_id, "broker": r.message_queue.broker_name, "queue": r.message_queue.queue_id,
+                   "offset": r.queue_offset} for r in results], ["msg_id", "broker", "queue", "offset"],
+                 as_json=args.json)
             return 0
         if args.count <= 0 or args.size <= 0 or args.batch <= 0:
             raise InvalidArgumentError("--count, --size and --batch must be > 0")
@@ -117,7 +173,25 @@ def send(args: argparse.Namespace) -> int:
 def consume(args: argparse.Namespace) -> int:
     if args.count is not None and args.count <= 0:
         raise InvalidArgumentError("--count must be > 0")
+    if args.json and args.readable:
+        raise InvalidArgumentError("--json and --readable ask for different outputs; give one")
+    args.show = _shower(args)
     return consume_group(args) if args.group else consume_plain(args)
+
+
+def _shower(args: argparse.Namespace) -> Callable[[MessageExt], None]:
+    """How consume prints a message: a readable line on a terminal (or with --readable), else a JSON line,
+    so scripts and pipes keep the format they parse."""
+    if args.readable or (not args.json and sys.stdout.isatty()):
+        max_bytes = READABLE_MAX_BODY_BYTES if args.max_body_bytes is None else args.max_body_bytes
+        body_format = args.body_format or "text"
+
+        def line(m: MessageExt) -> None:
+            sys.stdout.write(message_line(m, body_format=body_format, max_body_bytes=max_bytes) + "\n")
+            sys.stdout.flush()
+        return line
+    max_bytes, body_format = args.max_body_bytes or 0, args.body_format
+    return lambda m: print_line(message_json(m, body_format=body_format, max_body_bytes=max_bytes))
 
 
 def _stop_event() -> threading.Event:
@@ -144,7 +218,7 @@ def consume_plain(args: argparse.Namespace) -> int:
                 if result.status is PullStatus.FOUND:
                     idle = False
                 for m in result.messages:
-                    print_line(message_json(m))
+                    args.show(m)
                     printed += 1
                     if args.count is not None and printed >= args.count:
                         return 0
@@ -188,7 +262,7 @@ def consume_group(args: argparse.Namespace) -> int:
                 return ConsumeConcurrentlyStatus.RECONSUME_LATER  # suspended: held, never sent back
             for i, m in enumerate(msgs):
                 try:
-                    print_line(message_json(m))
+                    args.show(m)
                 except BrokenPipeError:
                     closed.set()
                     return _stop_at(current[-1], enough, context, i)
@@ -248,6 +322,10 @@ def _stop_at(consumer: PushConsumer, enough: threading.Event, context, done: int
 
 
 def message_get(args: argparse.Namespace) -> int:
+    if args.msg_id is not None:
+        return _message_get_by_id(args)
+    if args.topic is None or args.queue is None or args.offset is None:
+        raise InvalidArgumentError("give --msg-id ID, or --topic, --queue and --offset")
     with Admin(**client_kwargs(args)) as admin:
         if args.broker_name:
             broker = args.broker_name
@@ -259,6 +337,23 @@ def message_get(args: argparse.Namespace) -> int:
     if args.json:
         print_line(doc)
     else:
+        emit([{"field": k, "value": v} for k, v in doc.items()], ["field", "value"], as_json=False)
+    return 0
+
+
+def _message_get_by_id(args: argparse.Namespace) -> int:
+    if args.queue is not None or args.offset is not None or args.broker_name:
+        raise InvalidArgumentError("--msg-id finds the message itself: --queue, --offset and --broker-name "
+                                   "do not apply")
+    with Admin(**client_kwargs(args)) as admin:
+        found = admin.query_message_by_id(args.msg_id, args.topic or "")
+    for i, m in enumerate(found):
+        doc = {**message_json(m), "stored_topic": m.topic}  # a retry or dead-letter copy's own topic
+        if args.json:
+            print_line(doc)
+            continue
+        if i:
+            print()
         emit([{"field": k, "value": v} for k, v in doc.items()], ["field", "value"], as_json=False)
     return 0
 

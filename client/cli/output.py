@@ -50,18 +50,81 @@ def iso_ms(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000).isoformat(timespec="milliseconds") if ms else "-"
 
 
-def message_json(m: MessageExt) -> dict[str, Any]:
-    """One consumed message as the CLI prints it (body as UTF-8 when it is, else base64)."""
-    try:
-        body, encoding = m.body.decode("utf-8"), "utf-8"
-    except UnicodeDecodeError:
-        body, encoding = base64.b64encode(m.body).decode("ascii"), "base64"
-    return {
+BODY_FORMATS = ("text", "hex", "base64")
+
+# Characters a one-line text rendering writes as escapes: the backslash itself (so an escape is never
+# ambiguous), C0 controls and DEL.
+_ESCAPES = {ord("\\"): "\\\\", ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t",
+            **{c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F) if c not in (0x09, 0x0A, 0x0D)}}
+
+
+def escaped_text(data: bytes) -> str:
+    """Bytes as one line of text: UTF-8 where they decode, every other byte as \\xNN, controls and the
+    backslash escaped (\\n, \\x1b, \\\\)."""
+    out = []
+    while data:
+        try:
+            out.append(data.decode("utf-8").translate(_ESCAPES))
+            break
+        except UnicodeDecodeError as e:
+            out.append(data[:e.start].decode("utf-8").translate(_ESCAPES))
+            out.append("".join(f"\\x{b:02x}" for b in data[e.start:e.end]))
+            data = data[e.end:]
+    return "".join(out)
+
+
+def render_body(body: bytes, body_format: str | None = None, max_bytes: int = 0) -> tuple[str, str, int]:
+    """(shown body, its encoding, bytes cut). body_format None: UTF-8 when the body is, else base64 (the
+    JSON default); "text": escaped_text. max_bytes > 0 keeps at most that many bytes, never half a
+    UTF-8 character of a body that is text."""
+    shown = body[:max_bytes] if 0 < max_bytes < len(body) else body
+    if len(shown) < len(body):
+        try:
+            body.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:  # text: drop a character the cut split
+            shown = shown.decode("utf-8", "ignore").encode("utf-8")
+    cut = len(body) - len(shown)
+    if body_format == "text":
+        return escaped_text(shown), "text", cut
+    if body_format == "hex":
+        return shown.hex(), "hex", cut
+    if body_format is None:
+        try:
+            return shown.decode("utf-8"), "utf-8", cut
+        except UnicodeDecodeError:
+            pass
+    return base64.b64encode(shown).decode("ascii"), "base64", cut
+
+
+def message_json(m: MessageExt, *, body_format: str | None = None, max_body_bytes: int = 0) -> dict[str, Any]:
+    """One consumed message as the CLI prints it (body as UTF-8 when it is, else base64, unless
+    body_format says; "body_cut_bytes" when max_body_bytes cut it)."""
+    body, encoding, cut = render_body(m.body, body_format, max_body_bytes)
+    doc = {
         "topic": m.origin_topic, "broker": m.broker_name, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
         "msg_id": m.msg_id, "tags": m.tags, "keys": m.keys, "body": body, "body_encoding": encoding,
         "properties": dict(m.properties), "store_timestamp": m.store_timestamp,
         "reconsume_times": m.reconsume_times,
     }
+    if cut:
+        doc["body_cut_bytes"] = cut
+    return doc
+
+
+def message_line(m: MessageExt, *, body_format: str = "text", max_body_bytes: int = 0) -> str:
+    """One consumed message on one readable line: where it is, when it was stored, tags and keys when it
+    has them, then the body (cut after max_body_bytes, saying by how much)."""
+    body, _, cut = render_body(m.body, body_format, max_body_bytes)
+    parts = [m.origin_topic, f"{m.broker_name}/{m.queue_id}@{m.queue_offset}", iso_ms(m.store_timestamp)]
+    labels = [f"{k}={escaped_text(v.encode())}" for k, v in (("tags", m.tags), ("keys", m.keys)) if v]
+    if m.reconsume_times:
+        labels.append(f"retries={m.reconsume_times}")
+    if labels:
+        parts.append(" ".join(labels))
+    parts.append(body + (f"... [{cut} bytes cut]" if cut else ""))
+    return "  ".join(parts)
 
 
 def print_line(doc: dict[str, Any]) -> None:

@@ -20,20 +20,20 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     tsub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
 
     p = tsub.add_parser("create", parents=[common], help="create a topic on every broker (or --broker-name)")
-    p.add_argument("name")
+    p.add_argument("name", help="topic name (letters, digits, '%%', '|', '_' and '-')")
     p.add_argument("--queues", type=QUEUE_COUNT, default=4, help="read and write queues per broker (default 4)")
     p.add_argument("--broker-name", action="append", default=None, help="only on this broker (repeatable)")
     p.set_defaults(run=create)
 
     p = tsub.add_parser("update", parents=[common], help="change queue numbers or permission")
-    p.add_argument("name")
-    p.add_argument("--read-queues", type=QUEUE_COUNT)
-    p.add_argument("--write-queues", type=QUEUE_COUNT)
+    p.add_argument("name", help="topic to change")
+    p.add_argument("--read-queues", type=QUEUE_COUNT, help="queues consumers read, per broker")
+    p.add_argument("--write-queues", type=QUEUE_COUNT, help="queues producers write, per broker")
     p.add_argument("--perm", choices=["RW", "R", "W", "-"], help="RW (default), R (read only), W or - (closed)")
     p.set_defaults(run=update)
 
     p = tsub.add_parser("delete", parents=[common], help="delete a topic, its queues and its group offsets")
-    p.add_argument("name")
+    p.add_argument("name", help="topic to delete")
     p.set_defaults(run=delete)
 
     p = tsub.add_parser("list", parents=[common], help="list topics")
@@ -42,11 +42,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
 
     p = tsub.add_parser("route", parents=[common], help="which brokers serve the topic, at which address, "
                                                         "with how many queues")
-    p.add_argument("name")
+    p.add_argument("name", help="topic to look up")
     p.set_defaults(run=route)
 
     p = tsub.add_parser("describe", parents=[common], help="queues per broker with min/max offsets")
-    p.add_argument("name")
+    p.add_argument("name", help="topic to describe")
     p.set_defaults(run=describe)
 
 

@@ -65,6 +65,7 @@ class BrokerCluster:
         self._down: dict[str, float] = {}  # broker name -> when its master was last probed, while it is away
         self._cluster_at: float | None = None  # when the name servers last told the cluster view
         self._routes: dict[str, tuple[float, TopicRoute]] = {}
+        self._reported: set[str] = set()  # listed addresses already warned about as unreachable
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -118,10 +119,11 @@ class BrokerCluster:
             missing = [c for c in self._by_address.values() if c.broker_name is None]
             results = await asyncio.gather(*(c.broker_info() for c in missing), return_exceptions=True)
             failures: list[TidemarkError] = []
+            unreachable: list[tuple[str, TidemarkError]] = []
             for conn, result in zip(missing, results, strict=True):
                 if isinstance(result, TidemarkError):
-                    log.warning("broker unreachable", event="broker_unreachable", addr=conn.address, error=result)
                     failures.append(result)
+                    unreachable.append((conn.address, result))
                     continue
                 if isinstance(result, BaseException):
                     raise result
@@ -147,7 +149,17 @@ class BrokerCluster:
                 kind = kinds.pop() if len(kinds) == 1 else UnavailableError
                 raise kind(f"no broker reachable at {', '.join(self._by_address)}" + (f": {why}" if why else ""),
                            code=failures[0].code if failures else None)
+            self._warn_unreachable(unreachable)
             return dict(self._by_name)
+
+    def _warn_unreachable(self, unreachable: list[tuple[str, TidemarkError]]) -> None:
+        """A warning for each listed broker that does not answer while others do, once per address (every
+        call discovers again); when none answers, the error raised says it instead."""
+        for address, error in unreachable:
+            if address not in self._reported:
+                self._reported.add(address)
+                log.warning("broker %s does not answer; going on with the others (%s)", address, error,
+                            event="broker_unreachable", addr=address)
 
     async def _discover_from_namesrv(self, refresh: bool) -> dict[str, BrokerConnection]:
         """The brokers the name servers know (a master per name, or its lowest replica while it has

@@ -28,6 +28,7 @@ from client.security import TlsSettings
 from client.types import (
     AclRuleInfo,
     BrokerInfo,
+    BrokerStatus,
     CommitOffsetsResult,
     GroupConfig,
     GroupDescription,
@@ -427,8 +428,9 @@ class BrokerConnection:
         return convert.group_config(await self._call(self._admin.GetGroupConfig,
                                                      admin_pb2.GetGroupConfigRequest(group=group)))
 
-    async def update_group_config(self, group: str, **changes: Any) -> GroupConfig:
-        request = admin_pb2.UpdateGroupConfigRequest(group=group)
+    async def update_group_config(self, group: str, *, dry_run: bool = False, **changes: Any) -> GroupConfig:
+        """updateSubGroup; with dry_run the config the change would give, nothing stored."""
+        request = admin_pb2.UpdateGroupConfigRequest(group=group, dry_run=dry_run)
         for field, value in changes.items():
             if field not in ("consume_enable", "consume_broadcast_enable", "retry_queue_nums", "retry_max_times",
                              "consume_orderly"):
@@ -436,6 +438,26 @@ class BrokerConnection:
             if value is not None:
                 setattr(request, field, value)
         return convert.group_config(await self._call(self._admin.UpdateGroupConfig, request))
+
+    async def broker_status(self) -> BrokerStatus:
+        pb = await self._call(self._admin.GetBrokerStatus, admin_pb2.GetBrokerStatusRequest())
+        return BrokerStatus(**{name: getattr(pb, name) for name in BrokerStatus.__slots__})
+
+    async def query_message_by_id(self, msg_id: str, topic: str = "") -> list[MessageExt]:
+        pb = await self._call(self._admin.QueryMessageById,
+                              admin_pb2.QueryMessageByIdRequest(msg_id=msg_id, topic=topic))
+        return [convert.message_ext(m) for m in pb.messages]
+
+    async def delete_group_offsets(self, group: str, topic: str, *, dry_run: bool = False) -> list[OffsetChange]:
+        pb = await self._call(self._admin.DeleteGroupOffsets,
+                              admin_pb2.DeleteGroupOffsetsRequest(group=group, topic=topic, dry_run=dry_run))
+        return [OffsetChange(convert.queue_from_pb(c.queue), c.old_offset, c.new_offset) for c in pb.changes]
+
+    async def clone_group_offsets(self, src_group: str, dest_group: str, topic: str, *,
+                                  dry_run: bool = False) -> list[OffsetChange]:
+        pb = await self._call(self._admin.CloneGroupOffsets, admin_pb2.CloneGroupOffsetsRequest(
+            src_group=src_group, dest_group=dest_group, topic=topic, dry_run=dry_run))
+        return [OffsetChange(convert.queue_from_pb(c.queue), c.old_offset, c.new_offset) for c in pb.changes]
 
     async def delete_expired_commitlog(self) -> int:
         pb = await self._call(self._admin.DeleteExpiredCommitLog, admin_pb2.DeleteExpiredCommitLogRequest())

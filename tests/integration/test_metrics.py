@@ -17,6 +17,7 @@ from client import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
     Message,
+    MessageQueue,
     Producer,
     PushConsumer,
     UnauthenticatedError,
@@ -154,3 +155,34 @@ def test_healthz_beside_metrics_only_at_their_paths_and_a_quick_start(broker_fac
     # Registering the state collector no longer waits on the event loop that registers it (it took 5 s and
     # logged an empty "metrics snapshot failed" at every start).
     assert "metrics_snapshot_failed" not in broker.log_text()
+
+
+def test_bytes_in_and_out_count_the_stored_records_per_topic_and_group(broker_factory):
+    port = free_port()
+    broker = broker_factory(args=("--metrics-port", str(port)))
+    create_topic(broker.address, "Weighed", 1)
+    with Producer(brokers=broker.address) as p:
+        p.send_batch([Message("Weighed", b"x" * (100 + i), tags="t") for i in range(10)])  # the Produce stream
+    mq = MessageQueue("Weighed", "broker-a", 0)
+    with Admin(brokers=broker.address) as admin:
+        stored = admin.pull(mq, 0, max_nums=32).messages  # a unary pull without a group
+    assert len(stored) == 10
+    size = sum(m.store_size for m in stored)
+    assert size > sum(100 + i for i in range(10)), "a stored record is its body and more"
+    m = scrape(port)
+    assert value(m, "tidemark_bytes_in_total", topic="Weighed") == size
+    assert value(m, "tidemark_bytes_out_total", topic="Weighed", group="") == size
+
+    consumer = PushConsumer(group="weigher", brokers=broker.address,
+                            consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+    consumer.subscribe("Weighed")
+    consumer.register_message_listener(lambda msgs, ctx: ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
+    consumer.start()
+    try:  # the fetch stream, counted for its group
+        wait_until(lambda: value(scrape(port), "tidemark_bytes_out_total", topic="Weighed", group="weigher") >= size,
+                   30, "the group's delivered bytes")
+    finally:
+        consumer.shutdown()
+    m = scrape(port)
+    assert value(m, "tidemark_bytes_out_total", topic="Weighed", group="weigher") == size
+    assert value(m, "tidemark_bytes_in_total", topic="Weighed") == size, "reading stores nothing"

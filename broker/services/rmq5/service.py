@@ -219,6 +219,7 @@ class Rmq5Servicer:
                 raise TopicNotFoundError(str(e)) from None
         metrics = self._b.metrics
         metrics.messages_in.labels(topic).inc(len(request.messages))
+        metrics.bytes_in.labels(topic).inc(sum(s.put.store_size for s in results.values()))
         return pb.SendMessageResponse(status=ok(), entries=[_sent_entry(m, results[m.system_properties.message_id])
                                                             for m in request.messages])
 
@@ -285,6 +286,7 @@ class Rmq5Servicer:
                 m.system_properties.invisible_duration.CopyFrom(convert.duration(item.invisible_ms))
                 yield pb.ReceiveMessageResponse(message=m)
             b.metrics.messages_out.labels(r.topic).inc(len(received))
+            b.metrics.bytes_out.labels(r.topic, r.group).inc(sum(item.message.store_size for item in received))
         yield pb.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(b.clock_ms()))
 
     def _receive_request(self, request, context: grpc.aio.ServicerContext) -> ReceiveRequest:
@@ -378,6 +380,7 @@ class Rmq5Servicer:
                 yield pb.PullMessageResponse(message=convert.received(m, store_host=b.config.address,
                                                                       delivery_attempt=m.reconsume_times + 1))
             b.metrics.messages_out.labels(topic).inc(len(outcome.messages))
+            b.metrics.bytes_out.labels(topic, group).inc(sum(m.store_size for m in outcome.messages))
         else:
             yield pb.PullMessageResponse(status=pb.Status(code=Code.MESSAGE_NOT_FOUND, message="no new message"))
         yield pb.PullMessageResponse(next_offset=outcome.next_begin_offset)

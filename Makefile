@@ -4,6 +4,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tidemark-installed
 RUN_STAMP := $(VENV)/.tidemark-run-installed
+# Tested pins of every dependency (pyproject.toml has ranges); `make lock` regenerates it.
+LOCK := requirements.lock
 PROTO_DIR := proto
 PROTO_SRC := $(wildcard $(PROTO_DIR)/tidemark/v1/*.proto) $(wildcard $(PROTO_DIR)/tidemark/rmq5/v2/*.proto)
 PROTO_STAMP := $(PROTO_DIR)/tidemark/v1/.generated
@@ -11,21 +13,30 @@ DATA_DIR ?= ./data
 PORT ?= 10911
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: setup gen run test lint bench bench-client bench-rmq5 demo images clean
+.PHONY: setup gen run test lint lock bench bench-client bench-rmq5 demo images clean
 
 setup: $(STAMP) $(PROTO_STAMP)
 
-# The broker's own dependencies and the code generator: all that `make run` needs.
-$(RUN_STAMP): pyproject.toml
+# The broker's own dependencies and the code generator: all that `make run` needs (no Spark, no
+# test or bench packages).
+$(RUN_STAMP): pyproject.toml setup.py $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[build]'
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[broker,build]'
 	touch $@
 
 # Everything: the Spark connector, tests, benchmarks.
 $(STAMP): $(RUN_STAMP)
-	$(PY) -m pip install --quiet -e '.[build,spark,dev,compat]'
+	$(PY) -m pip install --quiet -c $(LOCK) -e '.[broker,build,spark,dev,compat]'
 	touch $@
+
+# A fresh resolve of pyproject.toml's ranges into $(LOCK) (then review the diff and run make test).
+lock:
+	rm -rf build/lock-venv && $(PYTHON) -m venv build/lock-venv
+	build/lock-venv/bin/python -m pip install --quiet --upgrade pip
+	build/lock-venv/bin/python -m pip install --quiet '.[broker,build,spark,dev,compat]'
+	{ sed -n '/^#/p' $(LOCK); build/lock-venv/bin/python -m pip freeze --exclude tidemark; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK) && rm -rf build/lock-venv
 
 gen: $(PROTO_STAMP)
 

@@ -34,7 +34,7 @@ TOPIC = "bench"
 def start_broker(data_dir: Path, *extra: str) -> tuple[Server, str]:
     """A broker child on a free port; returns it and its address once it logged broker_ready."""
     port = free_port()
-    server = Server("broker", [sys.executable, "-m", "broker.app", "--data-dir", str(data_dir), "--port", str(port),
+    server = Server("broker", [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(data_dir), "--port", str(port),
                                *extra], data_dir.parent / "broker.log")
     server.start().wait_log(r"event=broker_ready|\"event\": \"broker_ready\"", timeout=60)
     return server, f"127.0.0.1:{port}"
@@ -58,7 +58,7 @@ def _body(size: int) -> bytes:
 def producer(args: argparse.Namespace) -> dict:
     import grpc
 
-    from client import Message, Producer
+    from tidemark.client import Message, Producer
     from tidemark.v1 import common_pb2, messaging_pb2, messaging_pb2_grpc
 
     body = _body(args.size)
@@ -91,7 +91,7 @@ def producer(args: argparse.Namespace) -> dict:
 
 
 def reader(args: argparse.Namespace) -> dict:
-    from client import Admin
+    from tidemark.client import Admin
 
     out: dict = {}
     with Admin(brokers=args.brokers) as admin:
@@ -138,7 +138,7 @@ def main() -> None:
     try:
         if args.brokers is None:
             server, args.brokers = start_broker(tmp / "data", "--flush", "async")
-        from client import Admin
+        from tidemark.client import Admin
         with Admin(brokers=args.brokers) as admin:
             admin.create_topic(TOPIC, args.queues)
         prod = run_role("producer", args, args.brokers)

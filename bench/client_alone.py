@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--messages", type=int, default=400_000)
     p.add_argument("--size", type=int, default=1024)
     args = p.parse_args(argv)
-    from client import (
+    from tidemark.client import (
         Admin,
         ConsumeConcurrentlyStatus,
         ConsumeFromWhere,

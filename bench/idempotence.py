@@ -23,7 +23,7 @@ from bench.tidemark_system import TidemarkServer
 
 
 def _throughput(address: str, topic: str, n: int, body: bytes, idempotent: bool) -> float:
-    from client import Message, Producer
+    from tidemark.client import Message, Producer
 
     with Producer(brokers=address, enable_idempotence=idempotent) as producer:
         producer.send(Message(topic, body))  # routes, stream and producer id before timing
@@ -35,7 +35,7 @@ def _throughput(address: str, topic: str, n: int, body: bytes, idempotent: bool)
 
 
 def _latencies(address: str, topic: str, n: int, body: bytes, idempotent: bool) -> list[float]:
-    from client import Message, Producer
+    from tidemark.client import Message, Producer
 
     with Producer(brokers=address, enable_idempotence=idempotent) as producer:
         producer.send(Message(topic, body))
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.smoke:
         args.messages, args.sync, args.rounds = 2_000, 50, 1
-    from client import Admin
+    from tidemark.client import Admin
 
     body = b"x" * args.size
     server = TidemarkServer(Path(tempfile.mkdtemp(prefix="tidemark-idem-"))).start()

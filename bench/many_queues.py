@@ -5,7 +5,7 @@
 
 For each queue count, builds a data dir in-process through the store API
 (topics of --queues-per-topic queues, one message per queue, a clean shutdown,
-topics.json written to match), then starts `python -m broker.app` on it with
+topics.json written to match), then starts `python -m tidemark.broker.app` on it with
 RLIMIT_NOFILE set to --nofile (soft and hard) before exec, and measures:
 
   - start: process spawn to the broker_ready log line (the health service
@@ -50,7 +50,7 @@ def populate(data_dir: Path, *, topics: int, queues_per_topic: int) -> None:
     Written in-process through the store API (no broker, no gRPC), then shut
     down cleanly, so a broker started on it recovers nothing and only loads.
     """
-    from broker.store import MessageRecord, MessageStore, StoreConfig
+    from tidemark.broker.store import MessageRecord, MessageStore, StoreConfig
 
     async def fill() -> None:
         store = MessageStore(StoreConfig(data_dir))
@@ -73,8 +73,8 @@ def populate(data_dir: Path, *, topics: int, queues_per_topic: int) -> None:
 
 
 def limited_broker_command(data_dir: Path, port: int, nofile: int, *extra: str) -> list[str]:
-    """`python -m broker.app` with RLIMIT_NOFILE = nofile (soft and hard), set just before exec."""
-    return orphan_safe([sys.executable, "-c", _LIMITED, str(nofile), sys.executable, "-m", "broker.app",
+    """`python -m tidemark.broker.app` with RLIMIT_NOFILE = nofile (soft and hard), set just before exec."""
+    return orphan_safe([sys.executable, "-c", _LIMITED, str(nofile), sys.executable, "-m", "tidemark.broker.app",
                         "--data-dir", str(data_dir), "--port", str(port), *extra])
 
 

@@ -3,7 +3,7 @@
     python -m bench.memory_flood                    # the broker's default limits
     python -m bench.memory_flood -- --max-request-bytes 67108864 --max-inflight-request-bytes 1073741824
 
-Starts `python -m broker.app` (extra broker flags after `--`), then from 26
+Starts `python -m tidemark.broker.app` (extra broker flags after `--`), then from 26
 client threads at once: 6 send 60 MiB batches (twice each), 8 send single
 5 MiB messages (5 each), 12 send 3.9 MiB batches of two messages (6 each;
 within the default limits). Reports the broker's anonymous RSS at rest, its

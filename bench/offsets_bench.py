@@ -200,8 +200,8 @@ class Bench:
 
 def in_process_persist(entries_per_key: int, keys: int, repeat: int) -> dict:
     """ConsumerOffsetManager persisting a table of keys x entries_per_key, outside any broker."""
-    from broker.epoch import EpochSequence
-    from broker.offsets import ConsumerOffsetManager
+    from tidemark.broker.epoch import EpochSequence
+    from tidemark.broker.offsets import ConsumerOffsetManager
 
     tmp = Path(tempfile.mkdtemp(prefix="tidemark-offsets-"))
     try:

@@ -52,7 +52,7 @@ MAX_HOSTS = 4
 # -- host role: runs in a bench.worker process ------------------------------------------------------
 
 def host(spec: dict, ctl) -> dict:
-    from client import ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
+    from tidemark.client import ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
     if os.environ.get("TIDEMARK_BENCH_LOG"):  # client logs in the worker's log file, for digging
         logging.basicConfig(level=os.environ["TIDEMARK_BENCH_LOG"], stream=sys.stderr,
                             format="%(asctime)s %(threadName)s %(name)s %(message)s")
@@ -154,8 +154,8 @@ class Group:
         self.progress: dict[int, int] = {}
         for i, w in enumerate(self.hosts):
             threading.Thread(target=self._read, args=(i, w), daemon=True).start()
-        from client.consumer.allocate import strategy_by_name
-        from client.message import MessageQueue
+        from tidemark.client.consumer.allocate import strategy_by_name
+        from tidemark.client.message import MessageQueue
         self._avg = strategy_by_name("AVG")
         self._mqs = [MessageQueue(topic, BROKER_NAME, q) for q in range(QUEUES)]
         self._group = group

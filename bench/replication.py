@@ -4,7 +4,7 @@
     python -m bench.replication --seconds 3 --backlog-mb 50 --json /tmp/replication.json
     python -m bench.replication --smoke               # tiny sizes: proves it runs, numbers meaningless
 
-Every broker is a throwaway child (`python -m broker.app`, broker name broker-a,
+Every broker is a throwaway child (`python -m tidemark.broker.app`, broker name broker-a,
 default async flush) in a temp dir, and every phase starts from fresh data dirs:
 1. produce throughput, the same workload against (a) a master with no replica,
    (b) a master with an async replica (`--replication async`), (c) a master with
@@ -62,7 +62,7 @@ def produce(args: argparse.Namespace) -> None:
     """Producer.send_async per message (default batching) for args.seconds or args.count messages,
     then wait for every answer. Prints {"started": wall clock} when connected, then the result."""
     from bench.tidemark_system import _Acks
-    from client import Message, Producer
+    from tidemark.client import Message, Producer
 
     body = os.urandom(args.size)
     acks = _Acks(1 << 62)  # the real count once sending stops
@@ -132,7 +132,7 @@ def start_broker(workdir: Path, name: str, *extra: str) -> tuple[Server, str]:
     """A broker child named broker-a on a free port, data in workdir/<name>-data, log workdir/<name>.log;
     returns it (not yet ready: call ready()) and its address."""
     port = free_port()
-    server = Server(name, [sys.executable, "-m", "broker.app", "--data-dir", str(workdir / f"{name}-data"),
+    server = Server(name, [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(workdir / f"{name}-data"),
                            "--port", str(port), "--broker-name", BROKER_NAME, *extra], workdir / f"{name}.log")
     server.start()
     return server, f"127.0.0.1:{port}"
@@ -151,7 +151,7 @@ def log_time(server: Server, event: str, timeout: float = 30.0) -> tuple[float, 
 
 def max_offsets(admin, topic: str) -> dict[int, int]:
     """{queue id: max offset} of the topic on the admin's broker ({} while it does not know the topic)."""
-    from client.errors import NotFoundError
+    from tidemark.client.errors import NotFoundError
     try:
         return {row.queue.queue_id: row.max_offset for row in admin.topic_stats(topic)}
     except NotFoundError:
@@ -184,7 +184,7 @@ class LagSampler(threading.Thread):
         self._done = threading.Event()
 
     def run(self) -> None:
-        from client import Admin
+        from tidemark.client import Admin
         try:
             with Admin(brokers=self.addresses[0]) as am, Admin(brokers=self.addresses[1]) as ar, \
                     ThreadPoolExecutor(2) as pool:
@@ -206,7 +206,7 @@ class LagSampler(threading.Thread):
 
 def produce_phase(work: Path, mode: str, args: argparse.Namespace) -> dict:
     """Start the master (and its replica), produce for args.seconds, sample the lag, wait for catch-up."""
-    from client import Admin
+    from tidemark.client import Admin
 
     d = work / f"produce-{mode}"
     d.mkdir()
@@ -262,7 +262,7 @@ def produce_phase(work: Path, mode: str, args: argparse.Namespace) -> dict:
 
 def backlog_phase(work: Path, args: argparse.Namespace) -> dict:
     """Produce args.backlog_mb into a master alone, then start a replica and time its copy."""
-    from client import Admin
+    from tidemark.client import Admin
 
     d = work / "backlog"
     d.mkdir()

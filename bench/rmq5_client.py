@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from bench.tidemark_system import TidemarkServer
-from client import Admin, ConsumeFromWhere, Message, Producer, PullConsumer
+from tidemark.client import Admin, ConsumeFromWhere, Message, Producer, PullConsumer
 
 
 def _rocketmq(home: Path):

@@ -42,17 +42,17 @@ import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 
-from broker.config import BrokerConfig
-from broker.consumer_manager import ConsumerInfo, ConsumerManager
-from broker.namesrv.routes import DEFAULT_EXPIRY_MS, RouteTable
-from broker.namesrv.server import MAX_REQUEST_BYTES
-from broker.namesrv.service import NameServerServicer, registration
-from broker.offsets.persistence import encode_offset_table, write_offset_file
-from broker.services.membership import MembershipServicer
-from client.consumer.allocate import AllocateMessageQueueAveragely
-from client.consumer.membership import WATCH_RETRY_DELAY_S
-from client.settings import ConsumerSettings
-from client.types import QueueData, TopicRoute
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.consumer_manager import ConsumerInfo, ConsumerManager
+from tidemark.broker.namesrv.routes import DEFAULT_EXPIRY_MS, RouteTable
+from tidemark.broker.namesrv.server import MAX_REQUEST_BYTES
+from tidemark.broker.namesrv.service import NameServerServicer, registration
+from tidemark.broker.offsets.persistence import encode_offset_table, write_offset_file
+from tidemark.broker.services.membership import MembershipServicer
+from tidemark.client.consumer.allocate import AllocateMessageQueueAveragely
+from tidemark.client.consumer.membership import WATCH_RETRY_DELAY_S
+from tidemark.client.settings import ConsumerSettings
+from tidemark.client.types import QueueData, TopicRoute
 from tidemark.protocol import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, retry_topic
 from tidemark.v1 import admin_pb2, common_pb2, membership_pb2, namesrv_pb2
 

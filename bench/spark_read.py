@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from bench.procs import Server, free_port
-from client import Admin, Message, MessageQueue, Producer
+from tidemark.client import Admin, Message, MessageQueue, Producer
 
 
 def produce(brokers: str, topic: str, queues: int, messages: int, size: int) -> float:
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         brokers = args.brokers
         if brokers is None:
             port = free_port()
-            broker = Server("broker", [sys.executable, "-m", "broker.app", "--data-dir", str(scratch / "data"),
+            broker = Server("broker", [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(scratch / "data"),
                                        "--port", str(port)], scratch / "broker.log").start()
             broker.wait_log(r"event=broker_ready")
             brokers = f"127.0.0.1:{port}"
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from pyspark.sql import SparkSession
 
-        import spark_connector
+        from tidemark import spark_connector
 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         spark = (SparkSession.builder.master("local[2]").appName("tidemark-spark-bench")

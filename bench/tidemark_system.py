@@ -1,6 +1,6 @@
 """Tidemark in the peer benchmark: the broker process and each workload's client code.
 
-Server: `python -m broker.app --data-dir TMP --port P` with its defaults
+Server: `python -m tidemark.broker.app --data-dir TMP --port P` with its defaults
 (async flush every 500 ms, consumerOffset.json every 5 s). Clients: the public
 synchronous API (Producer.send_batch, PushConsumer with default settings),
 except workload 3, which drives the streaming CommitOffsets RPC through
@@ -56,7 +56,7 @@ class TidemarkServer:
             pki = make_pki(workdir / f"{data}-pki")
             self._ca_file = str(pki.ca)
             extra = (*extra, "--tls-cert", str(pki.server_cert), "--tls-key", str(pki.server_key))
-        self.server = Server("tidemark-broker", [sys.executable, "-m", "broker.app", "--data-dir",
+        self.server = Server("tidemark-broker", [sys.executable, "-m", "tidemark.broker.app", "--data-dir",
                                                  str(workdir / data), "--port", str(self.port), *extra],
                              workdir / f"{data}.log")
 
@@ -81,7 +81,7 @@ class TidemarkServer:
         return {"credentials": list(CLIENT), "tls_ca_file": self._ca_file}
 
     def _admin(self):
-        from client import Admin
+        from tidemark.client import Admin
         if self.security is Security.OFF:
             return Admin(brokers=self.address)
         return Admin(brokers=self.address, **connect_kwargs({"credentials": ROOT, "tls_ca_file": self._ca_file}))
@@ -129,7 +129,7 @@ class TidemarkServer:
 
 def connect_kwargs(spec: dict) -> dict:
     """credentials= and tls= for a client, from a spec made with TidemarkServer.client_spec()."""
-    from client import TlsSettings
+    from tidemark.client import TlsSettings
     out: dict = {}
     if spec.get("credentials"):
         out["credentials"] = tuple(spec["credentials"])
@@ -167,7 +167,7 @@ def produce(spec: dict, ctl) -> dict:
     """Producer.send_async for every message, then wait for every answer: the producer batches them
     (default settings: linger 0, batch_size 256 KiB, 5 requests in flight, 10,000 messages unanswered,
     idempotent; TIDEMARK_BENCH_IDEMPOTENCE=0 turns idempotence off, to measure what it costs)."""
-    from client import Message, Producer
+    from tidemark.client import Message, Producer
     topic, count = spec["topic"], spec["count"]
     acks = _Acks(count)
     idempotent = os.environ.get("TIDEMARK_BENCH_IDEMPOTENCE", "1") != "0"
@@ -185,7 +185,7 @@ def produce(spec: dict, ctl) -> dict:
 def paced_produce(spec: dict, ctl) -> dict:
     """A fixed rate with Producer.send_async per message: due messages leave at once (linger 0), and
     those that fall due together share a batch."""
-    from client import Message, Producer
+    from tidemark.client import Message, Producer
     topic = spec["topic"]
     acks = _Acks(spec["count"])
     with Producer(brokers=spec["address"], **connect_kwargs(spec)) as producer:
@@ -203,7 +203,7 @@ def paced_produce(spec: dict, ctl) -> dict:
 
 
 def consume(spec: dict, ctl) -> dict:
-    from client import ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
+    from tidemark.client import ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
     rec = Recorder(latency=spec.get("latency", False), keep_seqs=bool(spec.get("seqs_path")),
                    warmup=spec.get("warmup", 0))
     ctl.progress = lambda: rec.count
@@ -230,9 +230,9 @@ def consume(spec: dict, ctl) -> dict:
 
 def commit(spec: dict, ctl) -> dict:
     """Streaming CommitOffsets: commits_per_queue rounds of one commit per queue, 64 per stream write."""
-    from client import Message, MessageQueue, Producer
-    from client.remoting.connection import BrokerConnection
-    from client.types import OffsetCommit
+    from tidemark.client import Message, MessageQueue, Producer
+    from tidemark.client.remoting.connection import BrokerConnection
+    from tidemark.client.types import OffsetCommit
 
     topic, nq, per_queue = spec["topic"], spec["queues"], spec["per_queue"]
     if spec.get("prefill"):

@@ -8,9 +8,9 @@ import signal
 import sys
 from pathlib import Path
 
-from broker import config as broker_config
-from broker import memory
-from broker.errors import BrokerError
+from tidemark.broker import config as broker_config
+from tidemark.broker import memory
+from tidemark.broker.errors import BrokerError
 from tidemark.logs import get_logger, setup_logging
 
 log = get_logger("tidemark.broker")
@@ -29,7 +29,7 @@ class StopFailedError(BrokerError):
 
 
 async def _serve(config: broker_config.BrokerConfig) -> None:
-    from broker.server import BrokerServer
+    from tidemark.broker.server import BrokerServer
 
     server = BrokerServer(config)
     stop = asyncio.Event()

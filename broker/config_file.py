@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.errors import ConfigFileError, StoreError
-from broker.store.writability import describe
+from tidemark.broker.errors import ConfigFileError, StoreError
+from tidemark.broker.store.writability import describe
 from tidemark.fsutil import atomic_write, backup_path
 from tidemark.logs import get_logger
 

@@ -14,42 +14,48 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from broker.auth import AuthStore
-from broker.config import BrokerConfig, FlushDiskType, ReplicationMode, namesrv_addresses
-from broker.config_file import ConfigFile
-from broker.consumer_manager import ConsumerInfo, ConsumerManager
-from broker.epoch import EpochSequence
-from broker.errors import (
+from tidemark.auth import Credentials
+from tidemark.broker.auth import AuthStore
+from tidemark.broker.config import BrokerConfig, FlushDiskType, ReplicationMode, namesrv_addresses
+from tidemark.broker.config_file import ConfigFile
+from tidemark.broker.consumer_manager import ConsumerInfo, ConsumerManager
+from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.errors import (
     BrokerError,
     FailedPreconditionError,
     NotFoundError,
     PermissionDeniedError,
     StoreError,
 )
-from broker.fetch import FetchSession
-from broker.groups import SubscriptionGroupManager, check_group
-from broker.health import CONFIG_FILES, CONSUMER_OFFSETS, POP_STATE, STORE, PersistenceHealth
-from broker.locks import LockGrant, QueueLockManager
-from broker.long_polling import PullRequestHoldService
-from broker.metrics import BrokerMetrics, StateSnapshot
-from broker.offsets import ConsumerOffsetManager, Fence
-from broker.offsets.commits import OffsetCommitService
-from broker.permission import BrokerPermission
-from broker.pop.service import PopService
-from broker.producers.service import IdempotenceService
-from broker.pull import PullService, QueueReadAccess
-from broker.queries import MessageQueries
-from broker.registration import NameServerRegistrar
-from broker.replication import ReplicaSync, ReplicationSource
-from broker.retry import SendBackService
-from broker.roles import ROLE_FILE_NAME, Role, load_role, save_role
-from broker.schedule import ScheduleMessageService
-from broker.send import SendService
-from broker.store import FlushMode, MessageStore, StoreConfig
-from broker.store.writability import WriteState, describe
-from broker.topics import TopicConfigManager
-from broker.transactions.service import TransactionService
-from tidemark.auth import Credentials
+from tidemark.broker.fetch import FetchSession
+from tidemark.broker.groups import SubscriptionGroupManager, check_group
+from tidemark.broker.health import (
+    CONFIG_FILES,
+    CONSUMER_OFFSETS,
+    POP_STATE,
+    STORE,
+    PersistenceHealth,
+)
+from tidemark.broker.locks import LockGrant, QueueLockManager
+from tidemark.broker.long_polling import PullRequestHoldService
+from tidemark.broker.metrics import BrokerMetrics, StateSnapshot
+from tidemark.broker.offsets import ConsumerOffsetManager, Fence
+from tidemark.broker.offsets.commits import OffsetCommitService
+from tidemark.broker.permission import BrokerPermission
+from tidemark.broker.pop.service import PopService
+from tidemark.broker.producers.service import IdempotenceService
+from tidemark.broker.pull import PullService, QueueReadAccess
+from tidemark.broker.queries import MessageQueries
+from tidemark.broker.registration import NameServerRegistrar
+from tidemark.broker.replication import ReplicaSync, ReplicationSource
+from tidemark.broker.retry import SendBackService
+from tidemark.broker.roles import ROLE_FILE_NAME, Role, load_role, save_role
+from tidemark.broker.schedule import ScheduleMessageService
+from tidemark.broker.send import SendService
+from tidemark.broker.store import FlushMode, MessageStore, StoreConfig
+from tidemark.broker.store.writability import WriteState, describe
+from tidemark.broker.topics import TopicConfigManager
+from tidemark.broker.transactions.service import TransactionService
 from tidemark.logs import get_logger
 from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator, retry_topic
 from tidemark.scheduler import Scheduler

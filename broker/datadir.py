@@ -14,7 +14,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from broker.errors import BrokerError
+from tidemark.broker.errors import BrokerError
 
 LOCK_FILE = "lock"
 

@@ -26,12 +26,17 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from broker.errors import BrokerError, FencedError, InvalidArgumentError, StaleResetGenerationError
-from broker.long_polling import PullRequestHoldService
-from broker.offsets import Fence
-from broker.offsets.commits import OffsetCommitService
-from broker.pull import QueueReadAccess, is_stale
-from broker.store import GetStatus, MessageStore
+from tidemark.broker.errors import (
+    BrokerError,
+    FencedError,
+    InvalidArgumentError,
+    StaleResetGenerationError,
+)
+from tidemark.broker.long_polling import PullRequestHoldService
+from tidemark.broker.offsets import Fence
+from tidemark.broker.offsets.commits import OffsetCommitService
+from tidemark.broker.pull import QueueReadAccess, is_stale
+from tidemark.broker.store import GetStatus, MessageStore
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.fetch")

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from broker.config_file import ConfigFile, load_json
-from broker.errors import InvalidArgumentError, NotFoundError
+from tidemark.broker.config_file import ConfigFile, load_json
+from tidemark.broker.errors import InvalidArgumentError, NotFoundError
 from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_group_name
 

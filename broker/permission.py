@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.errors import PermissionDeniedError
+from tidemark.broker.errors import PermissionDeniedError
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.permission")

@@ -16,15 +16,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.errors import InvalidArgumentError, PermissionDeniedError
-from broker.groups import SubscriptionGroupManager, check_group
-from broker.locks import QueueLockManager
-from broker.long_polling import PullRequestHoldService
-from broker.offsets import ConsumerOffsetManager, Fence
-from broker.offsets.commits import OffsetCommitService
-from broker.permission import BrokerPermission
-from broker.store import GetStatus, MessageStore, StoredMessage
-from broker.topics import TopicConfig, TopicConfigManager
+from tidemark.broker.errors import InvalidArgumentError, PermissionDeniedError
+from tidemark.broker.groups import SubscriptionGroupManager, check_group
+from tidemark.broker.locks import QueueLockManager
+from tidemark.broker.long_polling import PullRequestHoldService
+from tidemark.broker.offsets import ConsumerOffsetManager, Fence
+from tidemark.broker.offsets.commits import OffsetCommitService
+from tidemark.broker.permission import BrokerPermission
+from tidemark.broker.store import GetStatus, MessageStore, StoredMessage
+from tidemark.broker.topics import TopicConfig, TopicConfigManager
 from tidemark.logs import get_logger
 from tidemark.protocol import TagExpression, parse_tag_expression
 

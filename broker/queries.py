@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from broker.errors import InvalidArgumentError, NotFoundError
-from broker.pull import check_queue
-from broker.store import MessageStore, StoredMessage
-from broker.topics import TopicConfigManager
+from tidemark.broker.errors import InvalidArgumentError, NotFoundError
+from tidemark.broker.pull import check_queue
+from tidemark.broker.store import MessageStore, StoredMessage
+from tidemark.broker.topics import TopicConfigManager
 from tidemark.protocol import PropertyKey, is_broker_topic, split_keys
 
 MAX_KEY_QUERY_RESULTS = 1000

@@ -22,7 +22,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import grpc
 
-from broker import tls
+from tidemark.broker import tls
 from tidemark.logs import get_logger
 from tidemark.protocol import ERROR_CLASS_KEY
 from tidemark.v1 import namesrv_pb2, namesrv_pb2_grpc

@@ -32,22 +32,22 @@ from dataclasses import dataclass
 
 import grpc
 
-from broker import tls
-from broker.errors import FailedPreconditionError, InvalidArgumentError, StoreError
-from broker.groups import SubscriptionGroupManager
-from broker.offsets import ConsumerOffsetManager
-from broker.offsets.persistence import (
+from tidemark.auth import Credentials, signed_metadata
+from tidemark.broker import tls
+from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError, StoreError
+from tidemark.broker.groups import SubscriptionGroupManager
+from tidemark.broker.offsets import ConsumerOffsetManager
+from tidemark.broker.offsets.persistence import (
     DecodeResult,
     OffsetFileError,
     decode_offset_table,
     encode_offset_table,
 )
-from broker.pop.ledger import PopStateError
-from broker.pop.service import PopService
-from broker.schedule import ScheduleMessageService
-from broker.store import MessageStore
-from broker.topics import TopicConfigManager
-from tidemark.auth import Credentials, signed_metadata
+from tidemark.broker.pop.ledger import PopStateError
+from tidemark.broker.pop.service import PopService
+from tidemark.broker.schedule import ScheduleMessageService
+from tidemark.broker.store import MessageStore
+from tidemark.broker.topics import TopicConfigManager
 from tidemark.logs import get_logger
 from tidemark.scheduler import cancel_and_wait
 from tidemark.v1 import replication_pb2, replication_pb2_grpc

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from broker.errors import InvalidArgumentError, NotFoundError
-from broker.groups import SubscriptionGroupManager, check_group
-from broker.permission import BrokerPermission
-from broker.schedule import ScheduleMessageService
-from broker.store import MessageRecord, MessageStore, StoredMessage
-from broker.topics import TopicConfigManager
+from tidemark.broker.errors import InvalidArgumentError, NotFoundError
+from tidemark.broker.groups import SubscriptionGroupManager, check_group
+from tidemark.broker.permission import BrokerPermission
+from tidemark.broker.schedule import ScheduleMessageService
+from tidemark.broker.store import MessageRecord, MessageStore, StoredMessage
+from tidemark.broker.topics import TopicConfigManager
 from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, dlq_topic, retry_topic, tag_hash
 

@@ -20,8 +20,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.config_file import load_json
-from broker.errors import ConfigFileError
+from tidemark.broker.config_file import load_json
+from tidemark.broker.errors import ConfigFileError
 from tidemark.fsutil import atomic_write
 from tidemark.logs import get_logger
 

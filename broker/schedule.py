@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from broker.config_file import load_json
-from broker.store import GetStatus, MessageRecord, MessageStore, StoredMessage
+from tidemark.broker.config_file import load_json
+from tidemark.broker.store import GetStatus, MessageRecord, MessageStore, StoredMessage
 from tidemark.fsutil import atomic_write
 from tidemark.logs import get_logger
 from tidemark.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash

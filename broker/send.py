@@ -12,15 +12,15 @@ import zlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from broker.config import BrokerConfig, FlushDiskType
-from broker.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
-from broker.permission import BrokerPermission
-from broker.producers.service import BatchSequence, IdempotenceService
-from broker.producers.table import Verdict
-from broker.schedule import ScheduleMessageService
-from broker.store import MessageRecord, MessageStore, PutResult, RecordsPut
-from broker.topics import TopicConfig, TopicConfigManager
-from broker.transactions.service import TransactionService
+from tidemark.broker.config import BrokerConfig, FlushDiskType
+from tidemark.broker.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from tidemark.broker.permission import BrokerPermission
+from tidemark.broker.producers.service import BatchSequence, IdempotenceService
+from tidemark.broker.producers.table import Verdict
+from tidemark.broker.schedule import ScheduleMessageService
+from tidemark.broker.store import MessageRecord, MessageStore, PutResult, RecordsPut
+from tidemark.broker.topics import TopicConfig, TopicConfigManager
+from tidemark.broker.transactions.service import TransactionService
 from tidemark.protocol import (
     RETRY_GROUP_TOPIC_PREFIX,
     SCHEDULE_TOPIC,

@@ -11,19 +11,19 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from broker import memory, tls
-from broker.auth.guard import AccessGuard
-from broker.config import BrokerConfig
-from broker.controller import BrokerController
-from broker.datadir import DataDirLock
-from broker.metrics import BrokerStateCollector, serve
-from broker.services.admin import AdminServicer
-from broker.services.intake import RequestBudget, RequestIntake
-from broker.services.membership import MembershipServicer
-from broker.services.messaging import MessagingServicer
-from broker.services.offsets import OffsetServicer
-from broker.services.replication import ReplicationServicer
-from broker.services.rmq5 import service as rmq5
+from tidemark.broker import memory, tls
+from tidemark.broker.auth.guard import AccessGuard
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.datadir import DataDirLock
+from tidemark.broker.metrics import BrokerStateCollector, serve
+from tidemark.broker.services.admin import AdminServicer
+from tidemark.broker.services.intake import RequestBudget, RequestIntake
+from tidemark.broker.services.membership import MembershipServicer
+from tidemark.broker.services.messaging import MessagingServicer
+from tidemark.broker.services.offsets import OffsetServicer
+from tidemark.broker.services.replication import ReplicationServicer
+from tidemark.broker.services.rmq5 import service as rmq5
 from tidemark.logs import get_logger
 from tidemark.v1 import (
     admin_pb2,

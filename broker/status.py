@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from broker.metrics import PREFIX
+from tidemark.broker.metrics import PREFIX
 
 if TYPE_CHECKING:
-    from broker.controller import BrokerController
+    from tidemark.broker.controller import BrokerController
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import grpc
 
-from broker.config import BrokerConfig
+from tidemark.broker.config import BrokerConfig
 
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
 

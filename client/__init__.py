@@ -11,13 +11,14 @@ import os
 # grpc is first imported, so it is set before any import below.)
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from client.admin import Admin
-from client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
-from client.consumer.dedup import DedupKey, DedupListener, FileDedupStore, MemoryDedupStore
-from client.consumer.listener import ConsumeConcurrentlyContext, ConsumeOrderlyContext
-from client.consumer.lite_pull_consumer import PullConsumer
-from client.consumer.push_consumer import PushConsumer
-from client.errors import (
+from tidemark.auth import Credentials
+from tidemark.client.admin import Admin
+from tidemark.client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
+from tidemark.client.consumer.dedup import DedupKey, DedupListener, FileDedupStore, MemoryDedupStore
+from tidemark.client.consumer.listener import ConsumeConcurrentlyContext, ConsumeOrderlyContext
+from tidemark.client.consumer.lite_pull_consumer import PullConsumer
+from tidemark.client.consumer.push_consumer import PushConsumer
+from tidemark.client.errors import (
     AlreadyExistsError,
     ClientStateError,
     FailedPreconditionError,
@@ -36,7 +37,7 @@ from client.errors import (
     UnavailableError,
     UnknownProducerError,
 )
-from client.message import (
+from tidemark.client.message import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
     ConsumeOrderlyStatus,
@@ -48,26 +49,25 @@ from client.message import (
     PullStatus,
     SendResult,
 )
-from client.producer.producer import Producer
-from client.producer.selector import (
+from tidemark.client.producer.producer import Producer
+from tidemark.client.producer.selector import (
     MessageQueueSelector,
     SelectMessageQueueByHash,
     SelectMessageQueueByRandom,
 )
-from client.producer.transaction import (
+from tidemark.client.producer.transaction import (
     LocalTransactionState,
     TransactionProducer,
     TransactionSendResult,
 )
-from client.security import TlsSettings
-from client.settings import (
+from tidemark.client.security import TlsSettings
+from tidemark.client.settings import (
     ClientSettings,
     ProducerSettings,
     PullConsumerSettings,
     PushConsumerSettings,
 )
-from client.types import ResetTarget
-from tidemark.auth import Credentials
+from tidemark.client.types import ResetTarget
 
 __all__ = [
     "Admin", "AllocateMessageQueueStrategy", "strategy_by_name", "ConsumeConcurrentlyContext",

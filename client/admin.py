@@ -11,14 +11,19 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from client.dead_letters import Requeued, advanced, requeue_copy, requeue_start
-from client.errors import ClientStateError, InvalidArgumentError, NotFoundError
-from client.message import MessageExt, MessageQueue, PullResult
-from client.remoting.cluster import BrokerCluster
-from client.remoting.connection import BrokerConnection
-from client.runtime import LoopThread
-from client.settings import ClientSettings, build
-from client.types import (
+from tidemark.client.dead_letters import Requeued, advanced, requeue_copy, requeue_start
+from tidemark.client.errors import (
+    ClientStateError,
+    InvalidArgumentError,
+    NotFoundError,
+    TidemarkError,
+)
+from tidemark.client.message import MessageExt, MessageQueue, PullResult
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.remoting.connection import BrokerConnection
+from tidemark.client.runtime import LoopThread
+from tidemark.client.settings import ClientSettings, build
+from tidemark.client.types import (
     AclRuleInfo,
     BrokerInfo,
     BrokerStatus,
@@ -38,7 +43,10 @@ from client.types import (
     TopicRoute,
     UserInfo,
 )
+from tidemark.logs import get_logger
 from tidemark.protocol import dlq_topic
+
+log = get_logger("tidemark.client.admin")
 
 T = TypeVar("T")
 
@@ -470,9 +478,11 @@ class Admin:
         return out[:limit]
 
     def requeue_dead_letters(self, group: str, msg_id: str | None = None) -> list[Requeued]:
-        """Send DLQ messages back to their original topics as fresh copies: every one no earlier requeue
-        sent, or the one with msg_id (even if it was requeued before). The group's offset on its DLQ
-        marks what was sent (client.dead_letters), so requeueing all twice sends nothing the second time."""
+        """Send DLQ messages back to their original topics as fresh copies: every one past the mark, or the
+        one with msg_id (even if it was requeued before). The group's offset on its DLQ is the mark
+        (tidemark.client.dead_letters): it moves over what was sent from it, so requeueing all twice sends
+        nothing the second time. A message sent alone by msg_id past the mark is sent again by a later
+        requeue of all; two requeues of all at the same time may both send the same messages."""
         ranges = self.offsets(self._dlq_queues(group))
         marks = {mq: requeue_start(low, self.committed(group, mq)) for mq, (low, _high) in ranges.items()}
         if msg_id is None:
@@ -500,10 +510,18 @@ class Admin:
                     moved[mq] = mark
             return out
         try:
-            return self._run(go(), timeout=self.settings.request_timeout_s * (len(dead) + 4) + 30)
-        finally:
-            if moved:  # also after a failure: what was sent stays sent
-                self.commit(group, moved)
+            out = self._run(go(), timeout=self.settings.request_timeout_s * (len(dead) + 4) + 30)
+        except BaseException:
+            if moved:  # also after a failure: what was sent stays sent, and the failure is what the user sees
+                try:
+                    self.commit(group, moved)
+                except TidemarkError as e:
+                    log.warning("requeued dead letters could not be marked: a later requeue sends them again",
+                                event="dlq_mark_failed", group=group, error=str(e))
+            raise
+        if moved:
+            self.commit(group, moved)
+        return out
 
     def send_back(self, group: str, message: MessageExt, *, delay_level: int = 0,
                   max_reconsume_times: int = 0) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client.message import Message, MessageExt, MessageQueue
+from tidemark.client.message import Message, MessageExt, MessageQueue
 from tidemark.protocol import PropertyKey
 
 # Properties the broker adds on the way to the DLQ; a requeued copy starts without them.

@@ -6,8 +6,8 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from client.errors import InvalidTypeError
 from tidemark import records
+from tidemark.client.errors import InvalidTypeError
 from tidemark.protocol import PropertyKey
 
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from client.errors import ClientStateError, RequestTimeoutError
+from tidemark.client.errors import ClientStateError, RequestTimeoutError
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.client.runtime")

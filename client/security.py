@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.errors import InvalidArgumentError
 from tidemark.auth import Credentials
+from tidemark.client.errors import InvalidArgumentError
 
 ACCESS_KEY_ENV = "TIDEMARK_ACCESS_KEY"
 SECRET_KEY_ENV = "TIDEMARK_SECRET_KEY"

@@ -17,17 +17,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
-from client.errors import InvalidArgumentError
-from client.message import ConsumeFromWhere, MessageModel
-from client.security import (
+from tidemark.auth import Credentials
+from tidemark.client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
+from tidemark.client.errors import InvalidArgumentError
+from tidemark.client.message import ConsumeFromWhere, MessageModel
+from tidemark.client.security import (
     TlsSettings,
     coerce_credentials,
     coerce_tls,
     credentials_from_env,
     tls_from_env,
 )
-from tidemark.auth import Credentials
 from tidemark.protocol import (
     DEFAULT_BROKER_ADDR,
     DEFAULT_MAX_MESSAGE_SIZE,

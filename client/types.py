@@ -6,7 +6,7 @@ import enum
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from client.message import MessageQueue
+from tidemark.client.message import MessageQueue
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,9 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from client import Admin, AlreadyExistsError, Message, NotFoundError, Producer
-from client.cli.main import main as tidemark_cli
-from client.security import credentials_from_env, tls_from_env
+from tidemark.client import Admin, AlreadyExistsError, Message, NotFoundError, Producer
+from tidemark.client.cli.main import main as tidemark_cli
+from tidemark.client.security import credentials_from_env, tls_from_env
 
 
 def produce(where: dict[str, str], topic: str, events: int) -> None:
@@ -93,7 +93,7 @@ def run_pipeline(where: dict[str, str], topic: str, group: str, checkpoint: str,
     from pyspark.sql import SparkSession
     from pyspark.sql import functions as F
 
-    import spark_connector
+    from tidemark import spark_connector
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (SparkSession.builder.master(master).appName("tidemark-demo")
@@ -139,7 +139,7 @@ def start_broker(data_dir: Path) -> tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(data_dir.parent / "broker.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "broker.app", "--data-dir", str(data_dir), "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(data_dir), "--port", str(port)],
                             stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 30
     while b"event=broker_ready" not in (data_dir.parent / "broker.log").read_bytes():

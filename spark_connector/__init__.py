@@ -1,6 +1,6 @@
 """Tidemark source and sink for the PySpark Python Data Source API (pyspark >= 4.2).
 
-    import spark_connector
+    from tidemark import spark_connector
     spark_connector.register(spark)
 
     df = (spark.read.format("tidemark")
@@ -57,11 +57,11 @@ import os
 import sys
 from typing import Any
 
-from spark_connector.arrow import ARROW_SCHEMA, SCHEMA
-from spark_connector.offsets import DataLossError
-from spark_connector.options import OptionError
-from spark_connector.progress import offsets_behind_latest
-from spark_connector.source import TidemarkDataSource
+from tidemark.spark_connector.arrow import ARROW_SCHEMA, SCHEMA
+from tidemark.spark_connector.offsets import DataLossError
+from tidemark.spark_connector.options import OptionError
+from tidemark.spark_connector.progress import offsets_behind_latest
+from tidemark.spark_connector.source import TidemarkDataSource
 
 
 def register(spark: Any) -> None:

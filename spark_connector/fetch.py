@@ -24,15 +24,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from client import Admin
-from client.consumer.record_reader import QueueEndedError, RecordChunk, RecordReader
-from client.errors import RequestTimeoutError, UnavailableError
-from client.message import MessageQueue
-from spark_connector.arrow import records_to_batch
-from spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
-from spark_connector.options import Security, describe_servers
+from tidemark.client import Admin
+from tidemark.client.consumer.record_reader import QueueEndedError, RecordChunk, RecordReader
+from tidemark.client.errors import RequestTimeoutError, UnavailableError
+from tidemark.client.message import MessageQueue
 from tidemark.logs import get_logger
 from tidemark.protocol import parse_tag_expression
+from tidemark.spark_connector.arrow import records_to_batch
+from tidemark.spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
+from tidemark.spark_connector.options import Security, describe_servers
 
 log = get_logger("tidemark.spark")
 

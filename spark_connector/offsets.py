@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from client.errors import InvalidArgumentError, TidemarkError
-from client.message import MessageQueue
+from tidemark.client.errors import InvalidArgumentError, TidemarkError
+from tidemark.client.message import MessageQueue
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.spark")

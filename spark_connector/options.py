@@ -16,24 +16,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from client.errors import InvalidArgumentError
-from client.security import TlsSettings
-from client.settings import default_brokers, default_namesrv, parse_addresses, parse_brokers
-from spark_connector.offsets import EARLIEST, LATEST
-from spark_connector.queues import (
+from tidemark.auth import Credentials
+from tidemark.client.errors import InvalidArgumentError
+from tidemark.client.security import TlsSettings
+from tidemark.client.settings import (
+    default_brokers,
+    default_namesrv,
+    parse_addresses,
+    parse_brokers,
+)
+from tidemark.protocol import (
+    InvalidNameError,
+    check_group_name,
+    check_topic_name,
+    parse_tag_expression,
+)
+from tidemark.spark_connector.offsets import EARLIEST, LATEST
+from tidemark.spark_connector.queues import (
     QueueRef,
     QueueSpecError,
     Subscription,
     compile_pattern,
     parse_assign,
     parse_queue_values,
-)
-from tidemark.auth import Credentials
-from tidemark.protocol import (
-    InvalidNameError,
-    check_group_name,
-    check_topic_name,
-    parse_tag_expression,
 )
 
 # Canonical spelling of each option; keys arrive lower-cased.

@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Mapping
 
-from client import Admin
-from client.errors import NotFoundError, TidemarkError
-from client.message import MessageQueue
-from spark_connector.admission import TriggerGate
-from spark_connector.offsets import (
+from tidemark.client import Admin
+from tidemark.client.errors import NotFoundError, TidemarkError
+from tidemark.client.message import MessageQueue
+from tidemark.logs import get_logger
+from tidemark.spark_connector.admission import TriggerGate
+from tidemark.spark_connector.offsets import (
     EARLIEST,
     LATEST,
     OffsetRange,
@@ -24,9 +25,8 @@ from spark_connector.offsets import (
     split_ranges,
     waiting_messages,
 )
-from spark_connector.options import ByTimestamp, OffsetKind, OptionError, ReadOptions
-from spark_connector.queues import QueueRef, Subscription, resolve, unmatched
-from tidemark.logs import get_logger
+from tidemark.spark_connector.options import ByTimestamp, OffsetKind, OptionError, ReadOptions
+from tidemark.spark_connector.queues import QueueRef, Subscription, resolve, unmatched
 
 log = get_logger("tidemark.spark")
 

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from spark_connector.offsets import offsets_from_json
+from tidemark.spark_connector.offsets import offsets_from_json
 
 
 def offsets_behind_latest(source: Mapping[str, Any]) -> dict[str, float] | None:

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from client.errors import InvalidArgumentError
-from client.message import MessageQueue
+from tidemark.client.errors import InvalidArgumentError
+from tidemark.client.message import MessageQueue
 from tidemark.protocol import InvalidNameError, check_topic_name
 
 

@@ -48,9 +48,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from client import Message, MessageQueue, MessageQueueSelector, Producer
-from client.errors import InvalidArgumentError, TidemarkError
-from spark_connector.options import OptionError, WriteOptions
+from tidemark.client import Message, MessageQueue, MessageQueueSelector, Producer
+from tidemark.client.errors import InvalidArgumentError, TidemarkError
+from tidemark.spark_connector.options import OptionError, WriteOptions
 
 MAX_BATCH_MESSAGES = 512
 MAX_BATCH_BYTES = 1024 * 1024

@@ -29,20 +29,20 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from client.message import MessageQueue
-from spark_connector import planner
-from spark_connector.admission import TriggerGate
-from spark_connector.arrow import SCHEMA
-from spark_connector.fetch import FetchSettings, fetch_range
-from spark_connector.offsets import OffsetRange
-from spark_connector.options import (
+from tidemark.client.message import MessageQueue
+from tidemark.spark_connector import planner
+from tidemark.spark_connector.admission import TriggerGate
+from tidemark.spark_connector.arrow import SCHEMA
+from tidemark.spark_connector.fetch import FetchSettings, fetch_range
+from tidemark.spark_connector.offsets import OffsetRange
+from tidemark.spark_connector.options import (
     OptionError,
     ReadOptions,
     check_read_options,
     parse_read_options,
     parse_write_options,
 )
-from spark_connector.sink import TidemarkStreamWriter, TidemarkWriter, check_write_schema
+from tidemark.spark_connector.sink import TidemarkStreamWriter, TidemarkWriter, check_write_schema
 
 # Rows per Arrow record batch handed to Spark.
 

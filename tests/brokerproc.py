@@ -127,7 +127,7 @@ class BrokerProcess(ChildProcess):
         return f"127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "broker.app", "--data-dir", str(self.data_dir), "--port", str(self.port),
+        return [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(self.data_dir), "--port", str(self.port),
                 "--broker-name", self.broker_name, *self.args]
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
@@ -175,7 +175,7 @@ class NamesrvProcess(ChildProcess):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(orphan_safe([sys.executable, "-m", "broker.namesrv.server", "--port",
+            self.proc = subprocess.Popen(orphan_safe([sys.executable, "-m", "tidemark.broker.namesrv.server", "--port",
                                                       str(self.port), *self.args]),
                                          stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

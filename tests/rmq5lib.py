@@ -7,7 +7,7 @@ import uuid
 
 import grpc
 
-from broker.services.rmq5.service import METHODS
+from tidemark.broker.services.rmq5.service import METHODS
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from brokerproc import ChildProcess, orphan_safe
 
-from client import Admin, Message, MessageQueue, NotFoundError, Producer
+from tidemark.client import Admin, Message, MessageQueue, NotFoundError, Producer
 
 CONSUMER_SCRIPT = Path(__file__).parent / "consumer_proc.py"
 

@@ -32,7 +32,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from broker.errors import InvalidArgumentError
+from tidemark.broker.errors import InvalidArgumentError
 from tidemark.protocol import InvalidNameError, check_group_name, check_topic_name
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -21,10 +21,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from broker.auth.acl import Action, Decision, Resource, ResourceType, User
-from broker.auth.store import AuthStore
-from broker.errors import PermissionDeniedError, UnauthenticatedError
 from tidemark import auth as signatures
+from tidemark.broker.auth.acl import Action, Decision, Resource, ResourceType, User
+from tidemark.broker.auth.store import AuthStore
+from tidemark.broker.errors import PermissionDeniedError, UnauthenticatedError
 from tidemark.protocol import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC
 
 INVALID_CREDENTIALS = "invalid access key or signature"

@@ -41,9 +41,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.auth.acl import AclRule, Action, Decision, Resource, User, evaluate
-from broker.config_file import ConfigFile
-from broker.errors import (
+from tidemark.broker.auth.acl import AclRule, Action, Decision, Resource, User, evaluate
+from tidemark.broker.config_file import ConfigFile
+from tidemark.broker.errors import (
     AlreadyExistsError,
     ConfigFileError,
     FailedPreconditionError,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from broker.errors import FencedError, InvalidArgumentError, NotFoundError
+from tidemark.broker.errors import FencedError, InvalidArgumentError, NotFoundError
 from tidemark.protocol import InvalidNameError, check_topic_name, is_system_topic
 
 DEFAULT_EXPIRY_MS = 120_000

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from broker import tls
-from broker.namesrv.routes import DEFAULT_EXPIRY_MS, RouteTable
-from broker.namesrv.service import NameServerServicer
-from broker.services.intake import RequestBudget, RequestIntake
+from tidemark.broker import tls
+from tidemark.broker.namesrv.routes import DEFAULT_EXPIRY_MS, RouteTable
+from tidemark.broker.namesrv.service import NameServerServicer
+from tidemark.broker.services.intake import RequestBudget, RequestIntake
 from tidemark.logs import get_logger, setup_logging
 from tidemark.scheduler import Scheduler
 from tidemark.v1 import namesrv_pb2, namesrv_pb2_grpc

@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import grpc
 
-from broker.namesrv.routes import Registration, RouteTable, TopicQueues
-from broker.services.errors import stateless_rpc
+from tidemark.broker.namesrv.routes import Registration, RouteTable, TopicQueues
+from tidemark.broker.services.errors import stateless_rpc
 from tidemark.logs import get_logger
 from tidemark.v1 import admin_pb2, namesrv_pb2, namesrv_pb2_grpc
 

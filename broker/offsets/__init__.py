@@ -4,8 +4,13 @@
 format and crash-safe loading. Pure domain code: no grpc.
 """
 
-from broker.offsets.manager import ConsumerOffsetManager, Fence, OwnershipView, PersistReport
-from broker.offsets.persistence import (
+from tidemark.broker.offsets.manager import (
+    ConsumerOffsetManager,
+    Fence,
+    OwnershipView,
+    PersistReport,
+)
+from tidemark.broker.offsets.persistence import (
     OFFSET_FILE_NAME,
     DecodeResult,
     LoadReport,

@@ -12,7 +12,7 @@ import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from broker.errors import (
+from tidemark.broker.errors import (
     BrokerError,
     FailedPreconditionError,
     FencedError,
@@ -20,10 +20,10 @@ from broker.errors import (
     NotFoundError,
     StaleResetGenerationError,
 )
-from broker.groups import SubscriptionGroupManager, check_group
-from broker.offsets import ConsumerOffsetManager, Fence
-from broker.store import MessageStore
-from broker.topics import TopicConfig, TopicConfigManager, check_topic
+from tidemark.broker.groups import SubscriptionGroupManager, check_group
+from tidemark.broker.offsets import ConsumerOffsetManager, Fence
+from tidemark.broker.store import MessageStore
+from tidemark.broker.topics import TopicConfig, TopicConfigManager, check_topic
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.offsets")

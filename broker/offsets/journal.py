@@ -62,8 +62,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker import segments
-from broker.segments import DecodedSegment, RecordDamage, SegmentedLog, frame
+from tidemark.broker import segments
+from tidemark.broker.segments import DecodedSegment, RecordDamage, SegmentedLog, frame
 
 JOURNAL_PREFIX = "consumerOffset.journal."
 _HEAD = struct.Struct("<BH")  # op, topic length

@@ -50,9 +50,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
-from broker.epoch import EpochSequence
-from broker.errors import FencedError, InvalidArgumentError, StaleResetGenerationError
-from broker.offsets.journal import (
+from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.errors import FencedError, InvalidArgumentError, StaleResetGenerationError
+from tidemark.broker.offsets.journal import (
     JournalRecord,
     OffsetJournal,
     Op,
@@ -60,7 +60,7 @@ from broker.offsets.journal import (
     apply_records,
     encode_records,
 )
-from broker.offsets.persistence import (
+from tidemark.broker.offsets.persistence import (
     OFFSET_FILE_NAME,
     TOPIC_GROUP_SEPARATOR,
     LoadReport,
@@ -71,7 +71,7 @@ from broker.offsets.persistence import (
     load_offset_file,
     write_offset_file,
 )
-from broker.store.writability import describe
+from tidemark.broker.store.writability import describe
 from tidemark.logs import get_logger
 
 _log = logging.getLogger("tidemark.broker.offsets")
@@ -137,6 +137,9 @@ class ConsumerOffsetManager:
         self._fences: dict[TableKey, dict[int, _FenceState]] = {}
         # Generations of reset entries, persisted beside the offsets (small: resets are rare).
         self._generations: dict[TableKey, dict[int, int]] = {}
+        # Entries removed by an admin (delete-offsets, a deleted group or topic) since this start, until the
+        # group commits there again: a replica's table handed back must not bring them back (take_back).
+        self._removed: set[TableKey] = set()
         # Dirty tracking by version numbers, not a flag: a persist records the
         # version it snapshotted, so a commit landing during the write keeps
         # the table dirty.
@@ -333,14 +336,15 @@ class ConsumerOffsetManager:
                   generations: Mapping[TableKey, Mapping[int, int]]) -> int:
         """A master taking back the commits its replica held while it was away: each entry moves forward
         to the replica's offset, never back, and only when both saw the same reset generation (a reset
-        made here meanwhile wins). Returns how many moved."""
+        made here meanwhile wins), and never into an entry an admin removed here since this start. Returns
+        how many moved."""
         moved = 0
         with self.batch():
             for key, queues in table.items():
                 for queue_id, offset in queues.items():
                     same_reset = generations.get(key, {}).get(queue_id, 0) == \
                         self._generations.get(key, {}).get(queue_id, 0)
-                    if same_reset and offset > self._offsets.get(key, {}).get(queue_id, -1):
+                    if same_reset and key not in self._removed and offset > self._offsets.get(key, {}).get(queue_id, -1):
                         moved += self._store(key, queue_id, offset)
         return moved
 
@@ -406,6 +410,7 @@ class ConsumerOffsetManager:
         removed = 0
         generations = False
         for key in keys:
+            self._removed.add(key)
             queues = self._offsets.pop(key, None)
             self._fences.pop(key, None)
             generations = self._generations.pop(key, None) is not None or generations
@@ -571,6 +576,7 @@ class ConsumerOffsetManager:
         queues = self._offsets.get(key)
         if queues is None:
             queues = self._offsets[key] = {}
+            self._removed.discard(key)
         elif queues.get(queue_id) == offset:
             return False
         queues[queue_id] = offset

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.errors import ConfigFileError
+from tidemark.broker.errors import ConfigFileError
 from tidemark.fsutil import atomic_write, backup_path
 from tidemark.logs import EventLogger, get_logger
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from broker.errors import ConfigFileError, InvalidArgumentError
+from tidemark.broker.errors import ConfigFileError, InvalidArgumentError
 from tidemark.fsutil import fsync_dir
 
 __all__ = [

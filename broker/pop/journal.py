@@ -46,11 +46,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from broker import segments
-from broker.errors import ConfigFileError
-from broker.offsets.persistence import remove_leftover_temp_files
-from broker.pop.handles import QueueKey
-from broker.pop.ledger import (
+from tidemark.broker import segments
+from tidemark.broker.errors import ConfigFileError
+from tidemark.broker.offsets.persistence import remove_leftover_temp_files
+from tidemark.broker.pop.handles import QueueKey
+from tidemark.broker.pop.ledger import (
     Acked,
     Changed,
     Dropped,
@@ -64,7 +64,7 @@ from broker.pop.ledger import (
     Reset,
     Revived,
 )
-from broker.segments import DecodedSegment, SegmentedLog, frame
+from tidemark.broker.segments import DecodedSegment, SegmentedLog, frame
 from tidemark.fsutil import atomic_write, backup_path
 from tidemark.logs import get_logger
 

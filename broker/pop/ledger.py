@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import NamedTuple
 
-from broker.pop.handles import HandleFields, QueueKey, StaleReceiptHandleError
+from tidemark.broker.pop.handles import HandleFields, QueueKey, StaleReceiptHandleError
 
 __all__ = [
     "PopSettings", "PopLedger", "InFlight", "Pending", "PopResult", "ExpiredEntry", "PopStateError",

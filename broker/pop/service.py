@@ -32,19 +32,19 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.config import BrokerConfig
-from broker.errors import (
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
     StoreError,
 )
-from broker.groups import SubscriptionGroupManager, check_group
-from broker.long_polling import PullRequestHoldService
-from broker.offsets import ConsumerOffsetManager
-from broker.permission import BrokerPermission
-from broker.pop.handles import (
+from tidemark.broker.groups import SubscriptionGroupManager, check_group
+from tidemark.broker.long_polling import PullRequestHoldService
+from tidemark.broker.offsets import ConsumerOffsetManager
+from tidemark.broker.permission import BrokerPermission
+from tidemark.broker.pop.handles import (
     HandleFields,
     InvalidReceiptHandleError,
     QueueKey,
@@ -52,12 +52,12 @@ from broker.pop.handles import (
     StaleReceiptHandleError,
     load_or_create_secret,
 )
-from broker.pop.journal import STATE_FILE_NAME as STATE_FILE
-from broker.pop.journal import PopStore
-from broker.pop.ledger import PopLedger
-from broker.retry import redelivery_copy
-from broker.store import GetStatus, MessageStore, StoredMessage
-from broker.topics import TopicConfigManager
+from tidemark.broker.pop.journal import STATE_FILE_NAME as STATE_FILE
+from tidemark.broker.pop.journal import PopStore
+from tidemark.broker.pop.ledger import PopLedger
+from tidemark.broker.retry import redelivery_copy
+from tidemark.broker.store import GetStatus, MessageStore, StoredMessage
+from tidemark.broker.topics import TopicConfigManager
 from tidemark.fsutil import atomic_write
 from tidemark.logs import get_logger
 from tidemark.protocol import RETRY_GROUP_TOPIC_PREFIX, PropertyKey, TagExpression, dlq_topic

@@ -16,11 +16,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.errors import StoreError
-from broker.producers.store import ProducerStateStore
-from broker.producers.table import Appended, Decision, ProducerState, ProducerTable, QueueSequence
-from broker.store import MessageStore, RecordsPut
-from broker.topics import check_topic
+from tidemark.broker.errors import StoreError
+from tidemark.broker.producers.store import ProducerStateStore
+from tidemark.broker.producers.table import (
+    Appended,
+    Decision,
+    ProducerState,
+    ProducerTable,
+    QueueSequence,
+)
+from tidemark.broker.store import MessageStore, RecordsPut
+from tidemark.broker.topics import check_topic
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.producers")

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
-from broker import segments
-from broker.errors import ConfigFileError
-from broker.offsets.persistence import remove_leftover_temp_files
-from broker.producers.table import (
+from tidemark.broker import segments
+from tidemark.broker.errors import ConfigFileError
+from tidemark.broker.offsets.persistence import remove_leftover_temp_files
+from tidemark.broker.producers.table import (
     Allocated,
     Appended,
     Forgotten,
@@ -31,7 +31,7 @@ from broker.producers.table import (
     ProducerStateError,
     ProducerTable,
 )
-from broker.segments import DecodedSegment, SegmentedLog, frame
+from tidemark.broker.segments import DecodedSegment, SegmentedLog, frame
 from tidemark.fsutil import atomic_write, backup_path
 from tidemark.logs import get_logger
 

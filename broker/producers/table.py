@@ -47,7 +47,7 @@ import enum
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from broker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 
 # Batches remembered per producer and queue with their offsets (Kafka keeps 5: its max in-flight requests).
 WINDOW = 5

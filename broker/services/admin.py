@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import grpc
 
-from broker.auth import AclRule, Action, Decision, Resource, User
-from broker.controller import VERSION, BrokerController
-from broker.errors import InvalidArgumentError, NotFoundError
-from broker.groups import GroupConfig, check_group
-from broker.offsets.commits import OffsetChange
-from broker.services.convert import message_ext, queue, topic_config
-from broker.services.errors import rpc
-from broker.status import broker_status
+from tidemark.broker.auth import AclRule, Action, Decision, Resource, User
+from tidemark.broker.auth.guard import on_topic
+from tidemark.broker.controller import VERSION, BrokerController
+from tidemark.broker.errors import InvalidArgumentError, NotFoundError
+from tidemark.broker.groups import GroupConfig, check_group
+from tidemark.broker.offsets.commits import OffsetChange
+from tidemark.broker.services import access
+from tidemark.broker.services.convert import message_ext, queue, topic_config
+from tidemark.broker.services.errors import rpc
+from tidemark.broker.status import broker_status
 from tidemark.protocol import format_duration_ms
 from tidemark.v1 import admin_pb2, admin_pb2_grpc, common_pb2, offsets_pb2
 
@@ -190,7 +192,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def QueryMessageById(self, request, context: grpc.aio.ServicerContext):
         b = self._b
         found = await b.queries.by_msg_id(request.msg_id, request.topic, later_ms=max(b.config.delay_levels_ms, default=0))
-        return admin_pb2.QueryMessageByIdResponse(messages=[message_ext(m, b.config.broker_name) for m in found])
+        visible = [m for m in found if access.allowed(on_topic(m.topic, Action.GET))]
+        return admin_pb2.QueryMessageByIdResponse(messages=[message_ext(m, b.config.broker_name) for m in visible])
 
     @rpc
     async def GetBrokerStatus(self, request, context: grpc.aio.ServicerContext):

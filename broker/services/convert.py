@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from broker.errors import InvalidArgumentError
-from broker.offsets import Fence
-from broker.store import StoredMessage
-from broker.topics import TopicConfig
+from tidemark.broker.errors import InvalidArgumentError
+from tidemark.broker.offsets import Fence
+from tidemark.broker.store import StoredMessage
+from tidemark.broker.topics import TopicConfig
 from tidemark.protocol import InvalidNameError, PropertyKey, check_client_id, check_topic_name
 from tidemark.v1 import admin_pb2, common_pb2
 

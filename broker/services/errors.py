@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from broker.errors import (
+from tidemark.broker.errors import (
     AlreadyExistsError,
     BrokerError,
     ConfigFileError,

@@ -49,10 +49,10 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from broker.auth.guard import AccessGuard
-from broker.errors import BrokerError, InvalidArgumentError
-from broker.services.access import SUPER_ONLY, Caller, MethodAccess, needs_for
-from broker.services.errors import status_for
+from tidemark.broker.auth.guard import AccessGuard
+from tidemark.broker.errors import BrokerError, InvalidArgumentError
+from tidemark.broker.services.access import SUPER_ONLY, Caller, MethodAccess, needs_for
+from tidemark.broker.services.errors import status_for
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.rpc")

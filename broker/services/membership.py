@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import grpc
 
-from broker.consumer_manager import ConsumerInfo
-from broker.controller import BrokerController
-from broker.errors import BrokerError, InvalidArgumentError
-from broker.groups import check_group
-from broker.services.convert import checked_client_id, checked_topic, fence_from_pb, queue
-from broker.services.errors import rpc, status_for
+from tidemark.broker.consumer_manager import ConsumerInfo
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.errors import BrokerError, InvalidArgumentError
+from tidemark.broker.groups import check_group
+from tidemark.broker.services.convert import checked_client_id, checked_topic, fence_from_pb, queue
+from tidemark.broker.services.errors import rpc, status_for
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression
 from tidemark.v1 import common_pb2, membership_pb2, membership_pb2_grpc
 

@@ -8,19 +8,19 @@ from collections.abc import Callable
 
 import grpc
 
-from broker.auth.acl import Action
-from broker.auth.guard import on_topic
-from broker.controller import BrokerController
-from broker.errors import BrokerError, InvalidArgumentError
-from broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
-from broker.producers.service import BatchSequence
-from broker.pull import PullRequest
-from broker.send import OutgoingMessage
-from broker.services import access
-from broker.services.convert import checked_client_id, fence_from_pb, message_ext
-from broker.services.errors import rpc, status_for
-from broker.transactions.service import real_view
-from broker.transactions.table import Outcome
+from tidemark.broker.auth.acl import Action
+from tidemark.broker.auth.guard import on_topic
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.errors import BrokerError, InvalidArgumentError
+from tidemark.broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
+from tidemark.broker.producers.service import BatchSequence
+from tidemark.broker.pull import PullRequest
+from tidemark.broker.send import OutgoingMessage
+from tidemark.broker.services import access
+from tidemark.broker.services.convert import checked_client_id, fence_from_pb, message_ext
+from tidemark.broker.services.errors import rpc, status_for
+from tidemark.broker.transactions.service import real_view
+from tidemark.broker.transactions.table import Outcome
 from tidemark.logs import get_logger
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
 

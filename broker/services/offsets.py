@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import grpc
 
-from broker.controller import BrokerController
-from broker.errors import FailedPreconditionError, InvalidArgumentError
-from broker.offsets.commits import Commit, CommitTally, ResetKind, ResetTarget
-from broker.pull import check_queue
-from broker.services.convert import fence_from_pb, queue
-from broker.services.errors import rpc
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
+from tidemark.broker.offsets.commits import Commit, CommitTally, ResetKind, ResetTarget
+from tidemark.broker.pull import check_queue
+from tidemark.broker.services.convert import fence_from_pb, queue
+from tidemark.broker.services.errors import rpc
 from tidemark.v1 import offsets_pb2, offsets_pb2_grpc
 
 _REJECT = {"FENCED": offsets_pb2.FENCED, "STALE_RESET_GENERATION": offsets_pb2.STALE_RESET_GENERATION,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 
-from broker.controller import BrokerController
-from broker.errors import BrokerError, FailedPreconditionError
-from broker.replication import decode_offsets
-from broker.services.errors import rpc, status_for
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.errors import BrokerError, FailedPreconditionError
+from tidemark.broker.replication import decode_offsets
+from tidemark.broker.services.errors import rpc, status_for
 from tidemark.logs import get_logger
 from tidemark.v1 import replication_pb2, replication_pb2_grpc
 
@@ -42,7 +42,6 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         self._source()
         offsets = decode_offsets(request.offsets_json)
         moved = self._b.offsets.take_back(offsets.table, offsets.reset_generations)
-        if moved:
-            log.info("offsets handed back by a replica", event="offsets_handed_back", entries=moved,
-                     peer=context.peer())
+        log.info("offsets handed back by a replica", event="offsets_handed_back", entries=moved,
+                 peer=context.peer())  # once per replica connection
         return replication_pb2.HandBackOffsetsResponse(advanced=moved)

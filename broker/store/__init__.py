@@ -4,7 +4,7 @@ Pure domain code (no grpc). See docs/architecture.md, "Store", and
 `message_store` for the threading model and lifecycle.
 """
 
-from broker.store.message_store import (
+from tidemark.broker.store.message_store import (
     FlushMode,
     GetResult,
     GetStatus,

@@ -18,9 +18,9 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from broker.errors import InvalidArgumentError
-from broker.store.model import MessageRecord, StoredMessage
 from tidemark import records
+from tidemark.broker.errors import InvalidArgumentError
+from tidemark.broker.store.model import MessageRecord, StoredMessage
 from tidemark.records import (
     CRC_FIELD,
     CRC_OFFSET,

@@ -21,10 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.errors import StoreError
-from broker.store import codec
-from broker.store.flush import DirtySet, FileHandle, FlushJob
-from broker.store.model import StoredMessage
+from tidemark.broker.errors import StoreError
+from tidemark.broker.store import codec
+from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
+from tidemark.broker.store.model import StoredMessage
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.store")

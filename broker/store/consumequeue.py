@@ -28,10 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
-from broker.errors import StoreError
-from broker.store.codec import CQ_ENTRY, CQ_ENTRY_SIZE
-from broker.store.flush import DirtySet, FileHandle, FlushJob
-from broker.store.openfiles import OpenFiles
+from tidemark.broker.errors import StoreError
+from tidemark.broker.store.codec import CQ_ENTRY, CQ_ENTRY_SIZE
+from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
+from tidemark.broker.store.openfiles import OpenFiles
 from tidemark.fsutil import fsync_dir
 from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name

@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.errors import StoreError
-from broker.store.model import FlushMode
-from broker.store.openfiles import OpenFiles
+from tidemark.broker.errors import StoreError
+from tidemark.broker.store.model import FlushMode
+from tidemark.broker.store.openfiles import OpenFiles
 from tidemark.fsutil import fsync_dir
 from tidemark.logs import get_logger
 from tidemark.scheduler import cancel_and_wait

@@ -25,18 +25,19 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from broker.errors import InvalidArgumentError, StoreError
-from broker.store import codec, reads
-from broker.store.checkpoint import (
+from tidemark import records
+from tidemark.broker.errors import InvalidArgumentError, StoreError
+from tidemark.broker.store import codec, reads
+from tidemark.broker.store.checkpoint import (
     ABORT_FILE_NAME,
     CHECKPOINT_FILE_NAME,
     AbortFile,
     StoreCheckpoint,
 )
-from broker.store.commitlog import CommitLog
-from broker.store.consumequeue import ConsumeQueue, ConsumeQueueTable
-from broker.store.flush import DirtySet, FlushJob, FlushService
-from broker.store.model import (
+from tidemark.broker.store.commitlog import CommitLog
+from tidemark.broker.store.consumequeue import ConsumeQueue, ConsumeQueueTable
+from tidemark.broker.store.flush import DirtySet, FlushJob, FlushService
+from tidemark.broker.store.model import (
     FlushMode,
     GetResult,
     GetStatus,
@@ -48,8 +49,7 @@ from broker.store.model import (
     StoreConfig,
     StoredMessage,
 )
-from broker.store.writability import GuardSettings, WriteGuard, describe, free_bytes
-from tidemark import records
+from tidemark.broker.store.writability import GuardSettings, WriteGuard, describe, free_bytes
 from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name
 

@@ -1,7 +1,7 @@
 """Value types of the message store: its settings, what is stored, what reads return.
 
 Kept apart from `message_store` so the codec can build `StoredMessage`s without
-importing the facade. Everything here is re-exported by `broker.store`.
+importing the facade. Everything here is re-exported by `tidemark.broker.store`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from broker.store.openfiles import DEFAULT_MAX_OPEN_FILES
+from tidemark.broker.store.openfiles import DEFAULT_MAX_OPEN_FILES
 from tidemark.protocol import DEFAULT_MAX_MESSAGE_SIZE, PropertyKey
 
 # A segment must hold at least one small record plus the end-of-segment marker.

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from broker.store.commitlog import CommitLog
-from broker.store.consumequeue import ConsumeQueue
-from broker.store.model import GetResult, GetStatus, RawRead, StoredMessage
+from tidemark.broker.store.commitlog import CommitLog
+from tidemark.broker.store.consumequeue import ConsumeQueue
+from tidemark.broker.store.model import GetResult, GetStatus, RawRead, StoredMessage
 
 # Consume-queue entries read per pread while scanning for matches.
 ENTRY_READ_BATCH = 256

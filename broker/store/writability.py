@@ -43,7 +43,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.errors import StoreError
+from tidemark.broker.errors import StoreError
 from tidemark.logs import get_logger
 from tidemark.scheduler import cancel_and_wait
 

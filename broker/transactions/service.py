@@ -37,13 +37,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
-from broker.faults import crash_point
-from broker.groups import check_group
-from broker.permission import BrokerPermission
-from broker.store import MessageRecord, MessageStore, StoredMessage
-from broker.topics import TopicConfigManager, check_topic
-from broker.transactions.table import Half, Outcome, TransactionTable
+from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from tidemark.broker.faults import crash_point
+from tidemark.broker.groups import check_group
+from tidemark.broker.permission import BrokerPermission
+from tidemark.broker.store import MessageRecord, MessageStore, StoredMessage
+from tidemark.broker.topics import TopicConfigManager, check_topic
+from tidemark.broker.transactions.table import Half, Outcome, TransactionTable
 from tidemark.fsutil import atomic_write
 from tidemark.logs import get_logger
 from tidemark.protocol import (

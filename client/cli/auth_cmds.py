@@ -18,10 +18,10 @@ import argparse
 import copy
 import os
 
-from client.cli.output import emit
-from client.cli.topic_cmds import admin
-from client.errors import InvalidArgumentError
-from client.types import AclRuleInfo, UserInfo
+from tidemark.client.cli.output import emit
+from tidemark.client.cli.topic_cmds import admin
+from tidemark.client.errors import InvalidArgumentError
+from tidemark.client.types import AclRuleInfo, UserInfo
 
 USER_SECRET_ENV = "TIDEMARK_USER_SECRET_KEY"
 _USER_COLUMNS = ["user", "super_user", "brokers"]

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 
-from client.admin import Admin
-from client.cli.connect import client_kwargs
-from client.cli.output import emit
+from tidemark.client.admin import Admin
+from tidemark.client.cli.connect import client_kwargs
+from tidemark.client.cli.output import emit
 
 
 def build_parser(common: argparse.ArgumentParser, command: str = "promote") -> argparse.ArgumentParser:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from client.admin import Admin
-from client.cli.connect import client_kwargs
-from client.cli.output import emit
+from tidemark.client.admin import Admin
+from tidemark.client.cli.connect import client_kwargs
+from tidemark.client.cli.output import emit
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -14,8 +14,9 @@ import logging
 import os
 from typing import Any
 
-from client.errors import InvalidArgumentError
-from client.security import (
+from tidemark.auth import Credentials
+from tidemark.client.errors import InvalidArgumentError
+from tidemark.client.security import (
     ACCESS_KEY_ENV,
     SECRET_KEY_ENV,
     TLS_CA_FILE_ENV,
@@ -23,7 +24,6 @@ from client.security import (
     TLS_KEY_FILE_ENV,
     TlsSettings,
 )
-from tidemark.auth import Credentials
 
 
 def add_arguments(common: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ def add_arguments(common: argparse.ArgumentParser) -> None:
                         help="name the brokers' certificates hold, when it is not the host in --broker")
 
 
-# The logger naming a listed broker that does not answer (client.remoting.cluster): the CLI shows its
+# The logger naming a listed broker that does not answer (tidemark.client.remoting.cluster): the CLI shows its
 # warnings, one line each, while the command goes on with the brokers that answer.
 UNREACHABLE_LOGGER = "tidemark.client.cluster"
 

@@ -7,10 +7,10 @@ import signal
 import sys
 import threading
 
-from client.cli.args import int_in, seconds
-from client.cli.connect import client_kwargs
-from client.console.server import Console, ConsoleSettings
-from client.settings import ClientSettings
+from tidemark.client.cli.args import int_in, seconds
+from tidemark.client.cli.connect import client_kwargs
+from tidemark.client.console.server import Console, ConsoleSettings
+from tidemark.client.settings import ClientSettings
 from tidemark.logs import setup_logging
 
 

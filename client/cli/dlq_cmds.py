@@ -1,13 +1,13 @@
-"""tidemark dlq list | requeue: the dead-letter queue %DLQ%<group> (rules in client.dead_letters)."""
+"""tidemark dlq list | requeue: the dead-letter queue %DLQ%<group> (rules in tidemark.client.dead_letters)."""
 
 from __future__ import annotations
 
 import argparse
 
-from client.admin import Admin
-from client.cli.args import int_in
-from client.cli.connect import client_kwargs
-from client.cli.output import emit, iso_ms
+from tidemark.client.admin import Admin
+from tidemark.client.cli.args import int_in
+from tidemark.client.cli.connect import client_kwargs
+from tidemark.client.cli.output import emit, iso_ms
 from tidemark.protocol import dlq_topic
 
 

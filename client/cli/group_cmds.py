@@ -1,41 +1,24 @@
 """tidemark group list | describe | progress | reset-offset | update | delete-offsets | clone-offset | delete.
 
-Every command that changes something is a dry run unless --execute: it prints what it would do."""
+Every command that changes offsets or a group's config is a dry run unless --execute: it prints what it
+would do. `group delete` acts at once, as mqadmin deleteSubGroup and kafka-consumer-groups --delete do."""
 
 from __future__ import annotations
 
 import argparse
 import csv
-import io
-import re
 import sys
 import time
 from collections.abc import Callable
 
-from client.admin import Admin
-from client.cli.args import OFFSET, QUEUE_ID, SHIFT, int_in
-from client.cli.connect import client_kwargs
-from client.cli.message_cmds import parse_time_ms
-from client.cli.output import emit, iso_ms
-from client.errors import InvalidArgumentError, NotFoundError, TidemarkError
-from client.message import MessageQueue
-from client.types import OffsetChange, ResetTarget, group_state
-
-_MAX_DURATION_MS = 100 * 365 * 86400 * 1000
-_DURATION = re.compile(r"^P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?$")
-
-
-def parse_iso_duration_ms(text: str) -> int:
-    """ISO 8601 durations as kafka-consumer-groups takes them: PT10M, PT1H30M, P1D, PT45S."""
-    m = _DURATION.fullmatch(text)
-    if not m or text in ("P", "PT") or not any(m.groups()):
-        raise InvalidArgumentError(f"--by-duration: {text!r} is not an ISO 8601 duration like PT10M or P1DT2H")
-    days, hours, minutes, seconds = m.groups()
-    total = (int(days or 0) * 86400 + int(hours or 0) * 3600 + int(minutes or 0) * 60) * 1000
-    total += int(float(seconds or 0) * 1000)
-    if total > _MAX_DURATION_MS:
-        raise InvalidArgumentError(f"--by-duration: {text!r} reaches back more than 100 years")
-    return total
+from tidemark.client import offset_plan
+from tidemark.client.admin import Admin
+from tidemark.client.cli.args import OFFSET, QUEUE_ID, SHIFT, int_in
+from tidemark.client.cli.connect import client_kwargs
+from tidemark.client.cli.message_cmds import parse_time_ms
+from tidemark.client.cli.output import emit, iso_ms
+from tidemark.client.errors import InvalidArgumentError, NotFoundError
+from tidemark.client.types import OffsetChange, ResetTarget, group_state
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -190,113 +173,14 @@ def _target(args: argparse.Namespace) -> tuple[ResetTarget, int]:
     if args.to_datetime is not None:  # "" too: parse_time_ms refuses it by name
         return ResetTarget.TIMESTAMP, parse_time_ms(args.to_datetime, "--to-datetime")
     if args.by_duration is not None:
-        return ResetTarget.TIMESTAMP, int(time.time() * 1000) - parse_iso_duration_ms(args.by_duration)
+        return ResetTarget.TIMESTAMP, int(time.time() * 1000) - offset_plan.parse_iso_duration_ms(args.by_duration)
     if args.shift_by is not None:
         return ResetTarget.SHIFT_BY, args.shift_by
     return ResetTarget.OFFSET, args.to_offset
 
 
-def _topics(a: Admin, args: argparse.Namespace) -> list[str]:
-    if not args.all_topics:
-        return [args.topic]
-    topics = sorted({s.queue.topic for s in a.consume_stats(args.group)} - {""})
-    topics = [t for t in topics if not t.startswith("%")]
-    if not topics:
-        raise NotFoundError(f"group {args.group!r} has no offsets for any topic")
-    return topics
-
-
-def _current_plan(a: Admin, group: str, topics: list[str], queue: int | None) -> list[OffsetChange]:
-    return [OffsetChange(s.queue, s.consumer_offset, s.consumer_offset) for t in topics
-            for s in a.consume_stats(group, t)
-            if s.consumer_offset >= 0 and (queue is None or s.queue.queue_id == queue)]
-
-
-PlanStep = tuple[MessageQueue | None, str, ResetTarget, int]  # queue (None: every queue), topic, target, value
-
-
-def read_plan(text: str, source: str) -> list[tuple[int, str, int, int]]:
-    """The rows of a CSV plan, (line number, topic, queue, offset): `topic,queue,offset` per line
-    (kafka-consumer-groups --export's format with partition as queue id); blank lines are skipped.
-    InvalidArgumentError naming the first bad row."""
-    rows: list[tuple[int, str, int, int]] = []
-    seen: dict[tuple[str, int], int] = {}
-    for n, fields in enumerate(csv.reader(io.StringIO(text)), 1):
-        if not fields or all(not f.strip() for f in fields):
-            continue
-        where = f"{source} line {n}"
-        if len(fields) != 3:
-            raise InvalidArgumentError(f"{where}: expected topic,queue,offset, got {len(fields)} field(s)")
-        topic, queue_text, offset_text = (f.strip() for f in fields)
-        if not topic:
-            raise InvalidArgumentError(f"{where}: the topic is empty")
-        try:
-            queue_id, offset = int(queue_text), int(offset_text)
-        except ValueError:
-            raise InvalidArgumentError(f"{where}: queue {queue_text!r} and offset {offset_text!r} must be "
-                                       f"integers") from None
-        if not 0 <= queue_id <= 65535 or not 0 <= offset < 2**63:
-            raise InvalidArgumentError(f"{where}: queue {queue_id} or offset {offset} is out of range")
-        if (topic, queue_id) in seen:
-            raise InvalidArgumentError(f"{where}: {topic} queue {queue_id} is already on line "
-                                       f"{seen[topic, queue_id]}")
-        seen[topic, queue_id] = n
-        rows.append((n, topic, queue_id, offset))
-    if not rows:
-        raise InvalidArgumentError(f"{source}: the plan has no rows")
-    return rows
-
-
-def _one_broker_queue(a: Admin, topic: str, queue_id: int, routes: dict[str, list[MessageQueue]]) -> MessageQueue:
-    """The queue a CSV row names: its topic must be on one broker (a row carries no broker name)."""
-    if topic not in routes:
-        routes[topic] = a.fetch_message_queues(topic)
-    brokers = sorted({q.broker_name for q in routes[topic]})
-    if len(brokers) > 1:
-        raise InvalidArgumentError(f"topic {topic!r} is on {len(brokers)} brokers ({', '.join(brokers)}): a CSV "
-                                   f"row names only a queue id")
-    queue = next((q for q in routes[topic] if q.queue_id == queue_id), None)
-    if queue is None:
-        raise InvalidArgumentError(f"topic {topic!r} has no queue {queue_id}")
-    return queue
-
-
-def _file_steps(a: Admin, path: str) -> list[tuple[str, PlanStep]]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidArgumentError(f"--from-file {path}: {e.strerror if isinstance(e, OSError) else e}") from None
-    steps = []
-    routes: dict[str, list[MessageQueue]] = {}
-    for n, topic, queue_id, offset in read_plan(text, path):
-        where = f"{path} line {n}"
-        try:
-            queue = _one_broker_queue(a, topic, queue_id, routes)
-        except TidemarkError as e:
-            raise type(e)(f"{where}: {e}") from None
-        steps.append((where, (queue, topic, ResetTarget.OFFSET, offset)))
-    return steps
-
-
-def _run_steps(a: Admin, group: str, steps: list[tuple[str, PlanStep]], *, dry_run: bool) -> list[OffsetChange]:
-    changes: list[OffsetChange] = []
-    for where, (queue, topic, target, value) in steps:
-        try:
-            changes.extend(a.reset_offset(group, topic, target, value, queue=queue, dry_run=dry_run))
-        except TidemarkError as e:
-            raise type(e)(f"{where}: {e}" if where else str(e)) from None
-    return changes
-
-
 def _export(changes: list[OffsetChange]) -> None:
-    brokers: dict[str, set[str]] = {}
-    for c in changes:
-        brokers.setdefault(c.queue.topic, set()).add(c.queue.broker_name)
-    for topic, names in brokers.items():
-        if len(names) > 1:
-            raise InvalidArgumentError(f"--export: topic {topic!r} is on {len(names)} brokers "
-                                       f"({', '.join(sorted(names))}): a CSV row names only a queue id")
+    offset_plan.check_exportable(changes)
     out = csv.writer(sys.stdout, lineterminator="\n")
     for c in sorted(changes, key=lambda c: (c.queue.topic, c.queue.queue_id)):
         out.writerow([c.queue.topic, c.queue.queue_id, c.new_offset])
@@ -313,25 +197,27 @@ def reset_offset(args: argparse.Namespace) -> int:
         usage_error("--queue needs --topic")
     with _admin(args) as a:
         if args.from_file is not None:
-            steps = _file_steps(a, args.from_file)
+            steps = offset_plan.file_steps(a, args.from_file)
         else:
-            topics = _topics(a, args)
+            topics = offset_plan.group_topics(a, args.group) if args.all_topics else [args.topic]
             queue = None
             if args.queue is not None:
                 queue = next((q for q in a.fetch_message_queues(args.topic) if q.queue_id == args.queue), None)
                 if queue is None:
                     raise InvalidArgumentError(f"topic {args.topic!r} has no queue {args.queue}")
             if args.to_current:
-                changes = _current_plan(a, args.group, topics, args.queue)
+                changes = offset_plan.current_plan(a, args.group, topics, args.queue)
                 steps = []
             else:
                 target, value = _target(args)
                 steps = [("", (queue, t, target, value)) for t in topics]
         if steps:
             # The whole plan is checked first: a refused step changes nothing anywhere.
-            changes = _run_steps(a, args.group, steps, dry_run=True)
+            changes = offset_plan.run_steps(a, args.group, steps, dry_run=True)
+            if args.export:
+                offset_plan.check_exportable(changes)  # before --execute moves anything
             if args.execute:
-                changes = _run_steps(a, args.group, steps, dry_run=False)
+                changes = offset_plan.run_steps(a, args.group, steps, dry_run=False)
     if args.export:
         _export(changes)
         return 0

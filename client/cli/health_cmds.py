@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from client.cli.output import emit
-from client.health import check
+from tidemark.client.cli.output import emit
+from tidemark.client.health import check
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import sys
+from collections.abc import Callable
 
-from client.cli import (
+from tidemark.client.cli import (
     auth_cmds,
     broker_cmds,
     cluster_cmds,
@@ -24,9 +25,9 @@ from client.cli import (
     topic_cmds,
     transaction_cmds,
 )
-from client.cli.args import seconds
-from client.errors import TidemarkError
-from client.settings import (
+from tidemark.client.cli.args import seconds
+from tidemark.client.errors import TidemarkError
+from tidemark.client.settings import (
     BROKER_ENV,
     NAMESRV_ENV,
     default_brokers,
@@ -51,19 +52,19 @@ def client_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from broker.app import build_parser as broker_parser
-    from broker.namesrv.server import build_parser as namesrv_parser
-
     parser = argparse.ArgumentParser(prog="tidemark", description="Tidemark message broker and tools.")
     parser.add_argument("--version", action="version", version=f"tidemark {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker = sub.add_parser("broker", help="run a broker in the foreground (`tidemark broker promote --broker "
                                            "HOST:PORT`: make a replica the master)")
-    broker_parser(broker)
-    broker.set_defaults(run=_run_broker)
     namesrv = sub.add_parser("namesrv", help="run a name server in the foreground")
-    namesrv_parser(namesrv)
-    namesrv.set_defaults(run=_run_namesrv)
+    daemons, _ = _daemon_parsers()
+    if daemons:  # else `pip install tidemark` without the broker extra: main() says what to install
+        broker_parser, namesrv_parser = daemons
+        broker_parser(broker)
+        broker.set_defaults(run=_run_broker)
+        namesrv_parser(namesrv)
+        namesrv.set_defaults(run=_run_namesrv)
     common = client_options()
     topic_cmds.register(sub, common)
     message_cmds.register(sub, common)
@@ -85,14 +86,27 @@ def _version() -> str:
         return "unknown"
 
 
+def _daemon_parsers() -> tuple[tuple[Callable, Callable] | None, str | None]:
+    """The broker's and the name server's argument builders; or None and the missing module when the
+    broker's dependencies (the extra tidemark[broker]) are not installed."""
+    try:
+        from tidemark.broker.app import build_parser as broker_parser
+        from tidemark.broker.namesrv.server import build_parser as namesrv_parser
+    except ModuleNotFoundError as e:
+        if (e.name or "tidemark").partition(".")[0] == "tidemark":
+            raise
+        return None, e.name
+    return (broker_parser, namesrv_parser), None
+
+
 def _run_broker(args: argparse.Namespace) -> int:
-    from broker.app import run
+    from tidemark.broker.app import run
 
     return run(args)
 
 
 def _run_namesrv(args: argparse.Namespace) -> int:
-    from broker.namesrv.server import run
+    from tidemark.broker.namesrv.server import run
 
     return run(args)
 
@@ -104,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         parser = broker_cmds.build_parser(client_options(), argv[1])
         args = parser.parse_args(argv[2:])
         args.command = f"broker {argv[1]}"
+    elif argv[:1] in (["broker"], ["namesrv"]) and (missing := _daemon_parsers()[1]):
+        print(f"tidemark: `tidemark {argv[0]}` needs the broker's dependencies ({missing} is not installed): "
+              f"pip install 'tidemark[broker]'", file=sys.stderr)
+        return 1
     else:
         parser = build_parser()
         args = parser.parse_args(argv)

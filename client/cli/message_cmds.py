@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-from client.admin import Admin
-from client.cli.args import OFFSET, QUEUE_ID, int_in
-from client.cli.connect import client_kwargs
-from client.cli.output import (
+from tidemark.client.admin import Admin
+from tidemark.client.cli.args import OFFSET, QUEUE_ID, int_in
+from tidemark.client.cli.connect import client_kwargs
+from tidemark.client.cli.output import (
     BODY_FORMATS,
     Progress,
     emit,
@@ -23,9 +23,9 @@ from client.cli.output import (
     message_line,
     print_line,
 )
-from client.consumer.push_consumer import PushConsumer
-from client.errors import InvalidArgumentError, TidemarkError
-from client.message import (
+from tidemark.client.consumer.push_consumer import PushConsumer
+from tidemark.client.errors import InvalidArgumentError, TidemarkError
+from tidemark.client.message import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
     Message,
@@ -33,7 +33,7 @@ from client.message import (
     MessageQueue,
     PullStatus,
 )
-from client.producer.producer import Producer
+from tidemark.client.producer.producer import Producer
 
 # `consume --group` started while no broker answers: try again, backing off up to this.
 START_RETRY_MIN_S = 0.5

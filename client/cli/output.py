@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from client.message import MessageExt
+from tidemark.client.message import MessageExt
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 
-from client.admin import Admin
-from client.cli.args import QUEUE_COUNT
-from client.cli.connect import client_kwargs
-from client.cli.output import emit, iso_ms
-from client.errors import InvalidArgumentError
+from tidemark.client.admin import Admin
+from tidemark.client.cli.args import QUEUE_COUNT
+from tidemark.client.cli.connect import client_kwargs
+from tidemark.client.cli.output import emit, iso_ms
+from tidemark.client.errors import InvalidArgumentError
 
 
 def admin(args: argparse.Namespace) -> Admin:

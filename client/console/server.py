@@ -14,9 +14,16 @@
     GET  /api/dlq/G                dead letters of group G
     POST /api/dlq/G/requeue {msg_id | all: true}
 
-Every call is made with the signed-in user's credentials (else the console's own, from its command
-line), so the brokers' ACLs decide what each user may read and do; `--read-only` refuses every action
-whoever asks. Answers are JSON; an error is {"error": message} with the status the client library's
+Every call is made with the signed-in user's credentials, so the brokers' ACLs decide what each user
+may read and do. Without a session, pages are read with the console's own credentials (its command
+line's, if any); actions then need a sign-in whenever the console has credentials of its own (they are
+there for reading and sampling, not to lend to visitors), and a cookie the console does not know is
+refused, never quietly replaced by those credentials. `--read-only` refuses every action whoever asks.
+
+Browser hardening: actions take JSON with the X-Tidemark-Console header (a cross-site form can send
+neither without a CORS preflight, which the console never grants), a request whose body is refused
+closes its connection (no keep-alive smuggling), a console on a loopback address answers only to
+loopback host names (no DNS rebinding), and only the four files of static/ are served. Answers are JSON; an error is {"error": message} with the status the client library's
 error class maps to (400 bad input, 401/403 credentials and rules, 404 unknown names, 503 brokers down).
 
 Threads: one per HTTP request (ThreadingHTTPServer), one sampler recording every group's lag and every
@@ -29,6 +36,7 @@ from __future__ import annotations
 import json
 import secrets
 import threading
+import time
 from dataclasses import dataclass, replace
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -36,10 +44,11 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from client.admin import Admin
-from client.console import views
-from client.console.history import History
-from client.errors import (
+from tidemark.auth import Credentials
+from tidemark.client.admin import Admin
+from tidemark.client.console import views
+from tidemark.client.console.history import History
+from tidemark.client.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -50,15 +59,20 @@ from client.errors import (
     UnauthenticatedError,
     UnavailableError,
 )
-from client.runtime import ClientState, Lifecycle
-from client.settings import ClientSettings
-from tidemark.auth import Credentials
+from tidemark.client.runtime import ClientState, Lifecycle
+from tidemark.client.settings import ClientSettings
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.console")
 
 COOKIE = "tidemark_console"
+ACTION_HEADER = "X-Tidemark-Console"
 _MAX_BODY = 64 * 1024
+_STATIC_FILES = frozenset({"index.html", "app.js", "chart.js", "style.css"})
+_LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+# Sessions: at most this many (the least recently used goes first), each forgotten after this idle time.
+MAX_SESSIONS = 64
+SESSION_IDLE_S = 8 * 3600
 _STATUS: list[tuple[type[TidemarkError], HTTPStatus]] = [
     (InvalidArgumentError, HTTPStatus.BAD_REQUEST),
     (UnauthenticatedError, HTTPStatus.UNAUTHORIZED),
@@ -89,6 +103,7 @@ class ConsoleSettings:
 class _Session:
     user: str
     admin: Admin
+    used: float = 0.0
 
 
 class Console:
@@ -180,8 +195,18 @@ class Console:
     # -- sessions ----------------------------------------------------------------
 
     def session(self, token: str | None) -> _Session | None:
+        """The live session of a cookie; an idle one is closed and forgotten."""
+        now = time.monotonic()
         with self._sessions_lock:
-            return self._sessions.get(token or "")
+            s = self._sessions.get(token or "")
+            if s is not None and now - s.used > SESSION_IDLE_S:
+                del self._sessions[token or ""]
+            elif s is not None:
+                s.used = now
+                return s
+        if s is not None:
+            s.admin.shutdown()
+        return None
 
     def default_admin(self) -> Admin:
         """The console's own client (its command line's credentials, if any), started on first use and
@@ -193,9 +218,18 @@ class Console:
                 self._admin = admin
             return self._admin
 
-    def admin_for(self, token: str | None) -> Admin:
-        s = self.session(token)
-        return s.admin if s else self.default_admin()
+    def admin_for(self, token: str | None, *, acting: bool = False) -> Admin:
+        """The client a request uses: its session's; without a cookie, the console's own, except for an
+        action while the console has credentials of its own (sign in to act). An unknown or expired
+        cookie is UnauthenticatedError: the visitor believes they are signed in."""
+        if token:
+            s = self.session(token)
+            if s is None:
+                raise UnauthenticatedError("the console session expired or is unknown: sign in again")
+            return s.admin
+        if acting and self.client.credentials is not None:
+            raise UnauthenticatedError("sign in to the console to act: its own credentials are only for reading")
+        return self.default_admin()
 
     def login(self, access_key: str, secret_key: str) -> tuple[str, _Session]:
         """Check the credentials against the brokers (one read), then remember them for the cookie."""
@@ -209,9 +243,15 @@ class Console:
             admin.shutdown()
             raise
         token = secrets.token_urlsafe(32)
-        session = _Session(access_key, admin)
+        session = _Session(access_key, admin, time.monotonic())
         with self._sessions_lock:
             self._sessions[token] = session
+            evicted = []
+            while len(self._sessions) > MAX_SESSIONS:
+                oldest = min(self._sessions, key=lambda k: self._sessions[k].used)
+                evicted.append(self._sessions.pop(oldest))
+        for old in evicted:
+            old.admin.shutdown()
         log.info("console sign-in", event="console_login", user=access_key)
         return token, session
 
@@ -263,9 +303,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, json.dumps(doc, default=str).encode(), "application/json", headers)
 
     def _body(self) -> dict[str, Any]:
-        if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json":
-            # Forms from other sites cannot send JSON without a CORS preflight: this is the CSRF guard.
-            raise InvalidArgumentError("send the request as application/json")
+        if self.headers.get("Content-Type", "").split(";")[0].strip() != "application/json" \
+                or self.headers.get(ACTION_HEADER) != "1":
+            # Forms from other sites can send neither without a CORS preflight: this is the CSRF guard.
+            raise InvalidArgumentError(f"send the request as application/json with {ACTION_HEADER}: 1")
         try:
             length = int(self.headers.get("Content-Length", "0"))
         except ValueError:
@@ -282,12 +323,25 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self, route) -> None:
         try:
+            self._check_host()
             route()
         except TidemarkError as e:
+            self.close_connection = True  # a refused request's body may be unread: never parse it as a request
             self._json(status_of(e), {"error": str(e)})
         except Exception:
+            self.close_connection = True
             log.exception("console request failed", event="console_request_failed", path=self.path)
             self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error: see the console's log"})
+
+    def _check_host(self) -> None:
+        """A console on a loopback address answers only to loopback names: a page of another site whose
+        name was re-pointed at 127.0.0.1 (DNS rebinding) is refused."""
+        if self.server.console.settings.host not in _LOOPBACK_NAMES:
+            return
+        host = self.headers.get("Host", "")
+        name = host.rsplit(":", 1)[0] if not host.startswith("[") else host.split("]")[0] + "]"
+        if name not in _LOOPBACK_NAMES:
+            raise PermissionDeniedError(f"this console answers only to 127.0.0.1 or localhost, not {name!r}")
 
     # -- routes ------------------------------------------------------------------
 
@@ -307,9 +361,11 @@ class _Handler(BaseHTTPRequestHandler):
         if not parts or parts[0] != "api":
             return self._static(parts)
         if parts[1:] == ["session"]:  # answered without the brokers: the sign-in form needs it first
-            s = console.session(self._token())
+            token = self._token()
+            s = console.session(token)
+            forget = {"Set-Cookie": f"{COOKIE}=; Path=/; Max-Age=0; SameSite=Strict"} if token and not s else None
             return self._json(HTTPStatus.OK, {"user": s.user if s else None,
-                                              "read_only": console.settings.read_only})
+                                              "read_only": console.settings.read_only}, forget)
         admin = console.admin_for(self._token())
         match parts[1:]:
             case ["overview"]:
@@ -345,7 +401,7 @@ class _Handler(BaseHTTPRequestHandler):
                                   {"Set-Cookie": f"{COOKIE}=; Path=/; Max-Age=0; SameSite=Strict"})
         if console.settings.read_only:
             raise PermissionDeniedError("the console was started with --read-only: no actions")
-        admin = console.admin_for(self._token())
+        admin = console.admin_for(self._token(), acting=True)
         match parts:
             case ["api", "groups", name, "reset"]:
                 req = views.ResetRequest.parse(body)
@@ -366,12 +422,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _static(self, parts: list[str]) -> None:
         name = "/".join(parts) or "index.html"
-        files = resources.files("client.console") / "static"
-        suffix = "." + name.rsplit(".", 1)[-1] if "." in name else ""
-        target = files / name
-        if ".." in parts or suffix not in _STATIC_TYPES or not target.is_file():
+        if name not in _STATIC_FILES:
             raise NotFoundError(f"no such file: /{name}")
-        self._send(HTTPStatus.OK, target.read_bytes(), _STATIC_TYPES[suffix])
+        target = resources.files("tidemark.client.console") / "static" / name
+        self._send(HTTPStatus.OK, target.read_bytes(), _STATIC_TYPES["." + name.rsplit(".", 1)[-1]])
 
 
 def _int(text: str) -> int:

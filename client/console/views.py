@@ -2,7 +2,7 @@
 
 Nothing here knows HTTP; the server maps a URL to one of these functions and writes its result as JSON.
 Errors are the client library's (NotFoundError, PermissionDeniedError, ...), mapped to statuses by the
-server. Group state, lag and DLQ rules are the client library's own (client.types.group_state, the
+server. Group state, lag and DLQ rules are the client library's own (tidemark.client.types.group_state, the
 brokers' consume stats), so the console and `tidemark group describe` can never disagree.
 """
 
@@ -13,12 +13,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from client import health
-from client.admin import Admin
-from client.console.history import History
-from client.errors import InvalidArgumentError, NotFoundError, TidemarkError, UnavailableError
-from client.message import MessageExt, MessageQueue
-from client.types import OffsetChange, QueueStats, ResetTarget, group_state
+from tidemark.client import health
+from tidemark.client.admin import Admin
+from tidemark.client.console.history import History
+from tidemark.client.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    TidemarkError,
+    UnavailableError,
+)
+from tidemark.client.message import MessageExt, MessageQueue
+from tidemark.client.types import OffsetChange, QueueStats, ResetTarget, group_state
 from tidemark.protocol import dlq_topic
 
 # A body longer than this is cut in previews (the page says how many bytes were left out).
@@ -189,7 +194,10 @@ class ResetRequest:
         queue = doc.get("queue")
         if queue is not None and (isinstance(queue, bool) or not isinstance(queue, int) or queue < 0):
             raise InvalidArgumentError("reset: queue must be a queue id (0 or more)")
-        return cls(topic, target, value, queue, bool(doc.get("execute", False)))
+        execute = doc.get("execute", False)
+        if not isinstance(execute, bool):
+            raise InvalidArgumentError("reset: execute must be true or false")
+        return cls(topic, target, value, queue, execute)
 
 
 def reset(admin: Admin, name: str, req: ResetRequest) -> dict[str, Any]:
@@ -223,7 +231,10 @@ def messages(admin: Admin, query: dict[str, str]) -> dict[str, Any]:
         raise InvalidArgumentError("give a key, or a queue id and an offset (integers)") from None
     if queue < 0 or not 0 <= offset < 2**63:
         raise InvalidArgumentError("queue and offset must be 0 or more")
-    broker = query.get("broker") or sorted({d.broker_name for d in admin.route(topic_name).queue_datas})[0]
+    brokers = sorted({d.broker_name for d in admin.route(topic_name).queue_datas})
+    if not brokers:
+        raise NotFoundError(f"topic {topic_name!r} has no queues on any broker")
+    broker = query.get("broker") or brokers[0]
     return {"messages": [message(admin.view_message(MessageQueue(topic_name, broker, queue), offset))]}
 
 
@@ -236,10 +247,10 @@ def dead_letters(admin: Admin, name: str, limit: int = 200) -> dict[str, Any]:
 
 
 def requeue(admin: Admin, name: str, doc: dict[str, Any]) -> dict[str, Any]:
-    msg_id = doc.get("msg_id")
-    if not doc.get("all") and not (isinstance(msg_id, str) and msg_id):
-        raise InvalidArgumentError("requeue: give a msg_id, or all: true")
-    done = admin.requeue_dead_letters(name, None if doc.get("all") else msg_id)
+    msg_id, everything = doc.get("msg_id"), doc.get("all", False)
+    if not isinstance(everything, bool) or everything == (isinstance(msg_id, str) and bool(msg_id)):
+        raise InvalidArgumentError("requeue: give a msg_id, or all: true (not both)")
+    done = admin.requeue_dead_letters(name, None if everything else msg_id)
     return {"requeued": [{"msg_id": r.msg_id, "topic": r.topic, **_mq(r.queue), "offset": r.queue_offset}
                          for r in done]}
 

@@ -51,8 +51,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
-from client.errors import InvalidArgumentError, InvalidTypeError
-from client.message import MessageQueue
+from tidemark.client.errors import InvalidArgumentError, InvalidTypeError
+from tidemark.client.message import MessageQueue
 from tidemark.logs import get_logger
 
 __all__ = [

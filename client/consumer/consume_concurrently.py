@@ -26,18 +26,18 @@ import asyncio
 from collections.abc import Callable, Sequence
 from functools import partial
 
-from client.consumer.consume_pool import ConsumeThreadPool
-from client.consumer.fetcher import Fetcher
-from client.consumer.lease import QueueLease
-from client.consumer.listener import (
+from tidemark.client.consumer.consume_pool import ConsumeThreadPool
+from tidemark.client.consumer.fetcher import Fetcher
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.consumer.listener import (
     ConsumeConcurrentlyContext,
     MessageListenerConcurrently,
     split_by_ack_index,
 )
-from client.consumer.offset_store import OffsetStore
-from client.consumer.send_back import SendBackService
-from client.message import ConsumeConcurrentlyStatus, MessageExt
-from client.settings import PushConsumerSettings
+from tidemark.client.consumer.offset_store import OffsetStore
+from tidemark.client.consumer.send_back import SendBackService
+from tidemark.client.message import ConsumeConcurrentlyStatus, MessageExt
+from tidemark.client.settings import PushConsumerSettings
 from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, is_retry_topic
 

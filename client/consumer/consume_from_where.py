@@ -8,9 +8,9 @@ max offset.
 
 from __future__ import annotations
 
-from client.consumer.offset_store import OffsetStore, ReadOffsetType
-from client.message import ConsumeFromWhere, MessageQueue
-from client.remoting.cluster import BrokerCluster
+from tidemark.client.consumer.offset_store import OffsetStore, ReadOffsetType
+from tidemark.client.message import ConsumeFromWhere, MessageQueue
+from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.protocol import is_retry_topic
 
 

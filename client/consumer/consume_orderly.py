@@ -15,15 +15,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from client.consumer.consume_concurrently import SKIPPED, call_listener, for_listener
-from client.consumer.consume_pool import ConsumeThreadPool
-from client.consumer.fetcher import Fetcher
-from client.consumer.lease import QueueLease
-from client.consumer.listener import ConsumeOrderlyContext, MessageListenerOrderly
-from client.consumer.offset_store import OffsetStore
-from client.consumer.send_back import SendBackService
-from client.message import ConsumeOrderlyStatus, MessageExt
-from client.settings import PushConsumerSettings
+from tidemark.client.consumer.consume_concurrently import SKIPPED, call_listener, for_listener
+from tidemark.client.consumer.consume_pool import ConsumeThreadPool
+from tidemark.client.consumer.fetcher import Fetcher
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.consumer.listener import ConsumeOrderlyContext, MessageListenerOrderly
+from tidemark.client.consumer.offset_store import OffsetStore
+from tidemark.client.consumer.send_back import SendBackService
+from tidemark.client.message import ConsumeOrderlyStatus, MessageExt
+from tidemark.client.settings import PushConsumerSettings
 from tidemark.logs import get_logger
 from tidemark.protocol import is_retry_topic
 

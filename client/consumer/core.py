@@ -24,19 +24,23 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from client.consumer.consume_from_where import compute_pull_from_where
-from client.consumer.fetcher import Fetcher, FetchLimits
-from client.consumer.lease import QueueLease
-from client.consumer.membership import GroupMembership, HeartbeatData
-from client.consumer.offset_store import LocalFileOffsetStore, OffsetStore, RemoteBrokerOffsetStore
-from client.consumer.ownership import QueueOwnership
-from client.consumer.rebalance import RebalanceService
-from client.errors import FencedError
-from client.message import MessageExt, MessageModel, MessageQueue
-from client.remoting.cluster import BrokerCluster
-from client.remoting.streams import QueueEnd
-from client.settings import ConsumerSettings
-from client.types import CommitRejectReason, RejectedCommit
+from tidemark.client.consumer.consume_from_where import compute_pull_from_where
+from tidemark.client.consumer.fetcher import Fetcher, FetchLimits
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.consumer.membership import GroupMembership, HeartbeatData
+from tidemark.client.consumer.offset_store import (
+    LocalFileOffsetStore,
+    OffsetStore,
+    RemoteBrokerOffsetStore,
+)
+from tidemark.client.consumer.ownership import QueueOwnership
+from tidemark.client.consumer.rebalance import RebalanceService
+from tidemark.client.errors import FencedError
+from tidemark.client.message import MessageExt, MessageModel, MessageQueue
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.remoting.streams import QueueEnd
+from tidemark.client.settings import ConsumerSettings
+from tidemark.client.types import CommitRejectReason, RejectedCommit
 from tidemark.logs import get_logger
 from tidemark.scheduler import Scheduler
 

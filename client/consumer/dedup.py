@@ -45,14 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from client.consumer.consume_concurrently import checked_status
-from client.consumer.listener import (
+from tidemark.client.consumer.consume_concurrently import checked_status
+from tidemark.client.consumer.listener import (
     ConsumeConcurrentlyContext,
     ConsumeOrderlyContext,
     split_by_ack_index,
 )
-from client.errors import ClientStateError, InvalidArgumentError, InvalidTypeError
-from client.message import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, MessageExt
+from tidemark.client.errors import ClientStateError, InvalidArgumentError, InvalidTypeError
+from tidemark.client.message import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, MessageExt
 from tidemark.fsutil import atomic_write
 from tidemark.logs import get_logger
 

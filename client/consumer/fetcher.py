@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from client.consumer.lease import QueueLease
-from client.consumer.offset_store import OffsetStore
-from client.errors import TidemarkError
-from client.message import MessageExt
-from client.remoting.cluster import BrokerCluster
-from client.remoting.streams import FetchStream, QueueEnd
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.consumer.offset_store import OffsetStore
+from tidemark.client.errors import TidemarkError
+from tidemark.client.message import MessageExt
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.remoting.streams import FetchStream, QueueEnd
 from tidemark.logs import get_logger
 from tidemark.protocol import TagExpression, parse_tag_expression
 

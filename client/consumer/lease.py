@@ -24,9 +24,9 @@ from __future__ import annotations
 import asyncio
 import enum
 
-from client.consumer.process_queue import ProcessQueue
-from client.message import MessageQueue
-from client.types import Fence
+from tidemark.client.consumer.process_queue import ProcessQueue
+from tidemark.client.message import MessageQueue
+from tidemark.client.types import Fence
 
 
 class LeaseStatus(enum.Enum):

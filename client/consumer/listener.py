@@ -13,7 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from client.message import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, MessageExt, MessageQueue
+from tidemark.client.message import (
+    ConsumeConcurrentlyStatus,
+    ConsumeOrderlyStatus,
+    MessageExt,
+    MessageQueue,
+)
 
 
 @dataclass(slots=True)

@@ -15,12 +15,12 @@ import collections
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from client.consumer.core import ConsumerCore
-from client.consumer.lease import QueueLease
-from client.errors import ClientStateError, InvalidArgumentError
-from client.message import MessageExt, MessageQueue
-from client.runtime import ClientState, Lifecycle, LoopThread
-from client.settings import PullConsumerSettings, build, unique_instance
+from tidemark.client.consumer.core import ConsumerCore
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.errors import ClientStateError, InvalidArgumentError
+from tidemark.client.message import MessageExt, MessageQueue
+from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
+from tidemark.client.settings import PullConsumerSettings, build, unique_instance
 from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression
 from tidemark.scheduler import Scheduler

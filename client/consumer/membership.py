@@ -14,10 +14,10 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from client.errors import TidemarkError
-from client.message import MessageQueue
-from client.remoting.cluster import BrokerCluster
-from client.remoting.connection import BrokerConnection
+from tidemark.client.errors import TidemarkError
+from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.remoting.connection import BrokerConnection
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.client.membership")

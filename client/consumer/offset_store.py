@@ -22,11 +22,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from client.consumer.lease import QueueLease
-from client.errors import TidemarkError
-from client.message import MessageQueue
-from client.remoting.cluster import BrokerCluster
-from client.types import CommitOffsetsResult, CommitRejectReason, OffsetCommit, RejectedCommit
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.errors import TidemarkError
+from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.types import (
+    CommitOffsetsResult,
+    CommitRejectReason,
+    OffsetCommit,
+    RejectedCommit,
+)
 from tidemark.fsutil import atomic_write
 from tidemark.logs import get_logger
 

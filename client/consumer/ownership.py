@@ -32,13 +32,13 @@ import asyncio
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from client.consumer.kept_progress import KeptProgress, resume_offset
-from client.consumer.lease import QueueLease
-from client.consumer.offset_store import OffsetStore
-from client.consumer.queue_state import OwnedQueue, QueueState
-from client.errors import FencedError, TidemarkError
-from client.message import MessageQueue
-from client.remoting.cluster import BrokerCluster
+from tidemark.client.consumer.kept_progress import KeptProgress, resume_offset
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.consumer.offset_store import OffsetStore
+from tidemark.client.consumer.queue_state import OwnedQueue, QueueState
+from tidemark.client.errors import FencedError, TidemarkError
+from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.client.ownership")

@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-from client.message import MessageExt
+from tidemark.client.message import MessageExt
 
 __all__ = ["ProcessQueue"]
 

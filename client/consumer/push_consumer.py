@@ -13,18 +13,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
-from client.consumer.consume_orderly import ConsumeMessageOrderlyService
-from client.consumer.consume_pool import ConsumeThreadPool
-from client.consumer.core import ConsumerCore
-from client.consumer.fetcher import FetchLimits
-from client.consumer.lease import QueueLease
-from client.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
-from client.consumer.send_back import SendBackService
-from client.errors import ClientStateError, InvalidArgumentError
-from client.message import MessageExt, MessageQueue
-from client.runtime import ClientState, Lifecycle, LoopThread
-from client.settings import PushConsumerSettings, build, unique_instance
+from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
+from tidemark.client.consumer.consume_orderly import ConsumeMessageOrderlyService
+from tidemark.client.consumer.consume_pool import ConsumeThreadPool
+from tidemark.client.consumer.core import ConsumerCore
+from tidemark.client.consumer.fetcher import FetchLimits
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
+from tidemark.client.consumer.send_back import SendBackService
+from tidemark.client.errors import ClientStateError, InvalidArgumentError
+from tidemark.client.message import MessageExt, MessageQueue
+from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
+from tidemark.client.settings import PushConsumerSettings, build, unique_instance
 from tidemark.logs import get_logger
 from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
 

@@ -21,9 +21,9 @@ import asyncio
 import enum
 from dataclasses import dataclass
 
-from client.consumer.lease import QueueLease
-from client.errors import TidemarkError
-from client.message import MessageQueue
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.errors import TidemarkError
+from tidemark.client.message import MessageQueue
 
 
 class QueueState(enum.Enum):

@@ -13,12 +13,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from client.consumer.allocate import AllocateMessageQueueStrategy
-from client.consumer.ownership import QueueOwnership
-from client.errors import NotFoundError, TidemarkError
-from client.message import MessageModel, MessageQueue
-from client.remoting.cluster import BrokerCluster
-from client.types import TopicRoute
+from tidemark.client.consumer.allocate import AllocateMessageQueueStrategy
+from tidemark.client.consumer.ownership import QueueOwnership
+from tidemark.client.errors import NotFoundError, TidemarkError
+from tidemark.client.message import MessageModel, MessageQueue
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.types import TopicRoute
 from tidemark.logs import get_logger
 from tidemark.protocol import is_retry_topic
 

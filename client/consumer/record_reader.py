@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from client.errors import TidemarkError
-from client.message import MessageQueue
-from client.remoting.cluster import BrokerCluster
-from client.remoting.streams import FetchStream, QueueEnd
-from client.runtime import ClientState, Lifecycle, LoopThread
-from client.settings import ClientSettings, build
+from tidemark.client.errors import TidemarkError
+from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.remoting.streams import FetchStream, QueueEnd
+from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
+from tidemark.client.settings import ClientSettings, build
 
 WINDOW_BYTES = 32 * 1024 * 1024
 # Before opening a queue again after its broker could not be reached or its stream broke.

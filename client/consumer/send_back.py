@@ -8,9 +8,9 @@ caller keeps the message for local re-consumption.
 
 from __future__ import annotations
 
-from client.errors import TidemarkError
-from client.message import Message, MessageExt
-from client.remoting.cluster import BrokerCluster
+from tidemark.client.errors import TidemarkError
+from tidemark.client.message import Message, MessageExt
+from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, retry_topic
 

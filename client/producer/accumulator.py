@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from client.message import MessageQueue, SendResult
+from tidemark.client.message import MessageQueue, SendResult
 from tidemark.logs import get_logger
 from tidemark.records import HEADER_SIZE, RecordBatchBuilder
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from client.errors import (
+from tidemark.client.errors import (
     ClientStateError,
     InvalidArgumentError,
     OutOfOrderSequenceError,
@@ -36,13 +36,13 @@ from client.errors import (
     UnavailableError,
     UnknownProducerError,
 )
-from client.message import Message, MessageQueue, SendResult
-from client.producer.accumulator import ProducerBatch, RecordAccumulator, SendCallback
-from client.producer.selector import MessageQueueSelector
-from client.producer.sequences import ProducerSequences
-from client.remoting.cluster import BrokerCluster
-from client.runtime import ClientState, Lifecycle, LoopThread
-from client.settings import ProducerSettings, build
+from tidemark.client.message import Message, MessageQueue, SendResult
+from tidemark.client.producer.accumulator import ProducerBatch, RecordAccumulator, SendCallback
+from tidemark.client.producer.selector import MessageQueueSelector
+from tidemark.client.producer.sequences import ProducerSequences
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
+from tidemark.client.settings import ProducerSettings, build
 from tidemark.logs import get_logger
 from tidemark.protocol import (
     InvalidNameError,
@@ -61,7 +61,7 @@ log = get_logger("tidemark.client.producer")
 def check_message(message: Message, max_size: int) -> None:
     """RocketMQ's Validators.checkMessage: topic name, non-empty body, size limit."""
     if not isinstance(message, Message):
-        raise InvalidArgumentError(f"expected a client.Message, got {type(message).__name__}")
+        raise InvalidArgumentError(f"expected a tidemark.client.Message, got {type(message).__name__}")
     try:
         check_topic_name(message.topic)
     except InvalidNameError as e:
@@ -484,7 +484,7 @@ class Producer:
 
     def _check(self, message: Message) -> None:
         if not isinstance(message, Message):
-            raise InvalidArgumentError(f"expected a client.Message, got {type(message).__name__}")
+            raise InvalidArgumentError(f"expected a tidemark.client.Message, got {type(message).__name__}")
         body = message.body
         if message.topic in self._checked_topics and 0 < len(body) <= self.settings.max_message_size:
             return

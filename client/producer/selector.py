@@ -8,7 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from client.message import Message, MessageQueue
+from tidemark.client.message import Message, MessageQueue
 
 
 class MessageQueueSelector(ABC):

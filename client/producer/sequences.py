@@ -33,7 +33,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from client.message import MessageQueue
+from tidemark.client.message import MessageQueue
 
 
 @dataclass(slots=True)

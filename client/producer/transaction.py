@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from client.errors import InvalidArgumentError, TidemarkError
-from client.message import Message, MessageExt, MessageQueue, SendResult
-from client.producer.producer import Producer
-from client.remoting.connection import BrokerConnection
-from client.settings import ProducerSettings
+from tidemark.client.errors import InvalidArgumentError, TidemarkError
+from tidemark.client.message import Message, MessageExt, MessageQueue, SendResult
+from tidemark.client.producer.producer import Producer
+from tidemark.client.remoting.connection import BrokerConnection
+from tidemark.client.settings import ProducerSettings
 from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, check_group_name
 

@@ -31,17 +31,22 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from client.errors import InvalidArgumentError, NotFoundError, TidemarkError, UnavailableError
-from client.message import MessageQueue
-from client.remoting.connection import BrokerConnection
-from client.remoting.namesrv import NameServerClient
-from client.security import TlsSettings
-from client.types import ClusterBroker, QueueData, TopicRoute
 from tidemark.auth import Credentials
+from tidemark.client.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    TidemarkError,
+    UnavailableError,
+)
+from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.connection import BrokerConnection
+from tidemark.client.remoting.namesrv import NameServerClient
+from tidemark.client.security import TlsSettings
+from tidemark.client.types import ClusterBroker, QueueData, TopicRoute
 from tidemark.logs import get_logger
 
 if TYPE_CHECKING:
-    from client.settings import ClientSettings
+    from tidemark.client.settings import ClientSettings
 
 log = get_logger("tidemark.client.cluster")
 

@@ -1,7 +1,7 @@
 """BrokerConnection: one gRPC channel to one broker and a typed async method per RPC.
 
 Every call goes through `_call`, which applies the timeout and turns gRPC
-errors into `client.errors` exceptions. Must be created and used on one event
+errors into `tidemark.client.errors` exceptions. Must be created and used on one event
 loop (grpc.aio channels are loop-bound).
 """
 
@@ -13,19 +13,26 @@ from typing import Any
 
 import grpc
 
-from client.errors import (
+from tidemark.auth import Credentials
+from tidemark.client.errors import (
     InvalidArgumentError,
     TidemarkError,
     UnavailableError,
     from_rpc_error,
     from_status,
 )
-from client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
-from client.remoting import convert
-from client.remoting.security import open_channel
-from client.remoting.streams import FetchStream, OnBroken, OnEnded, OnRecords, ProduceStream
-from client.security import TlsSettings
-from client.types import (
+from tidemark.client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
+from tidemark.client.remoting import convert
+from tidemark.client.remoting.security import open_channel
+from tidemark.client.remoting.streams import (
+    FetchStream,
+    OnBroken,
+    OnEnded,
+    OnRecords,
+    ProduceStream,
+)
+from tidemark.client.security import TlsSettings
+from tidemark.client.types import (
     AclRuleInfo,
     BrokerInfo,
     BrokerStatus,
@@ -48,7 +55,6 @@ from client.types import (
     TopicRoute,
     UserInfo,
 )
-from tidemark.auth import Credentials
 from tidemark.protocol import ERROR_CLASS_KEY
 from tidemark.v1 import (
     admin_pb2,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from client.message import Message, MessageExt, MessageQueue, PullResult, PullStatus
-from client.types import (
+from tidemark.client.message import Message, MessageExt, MessageQueue, PullResult, PullStatus
+from tidemark.client.types import (
     AclRuleInfo,
     BrokerInfo,
     CommitRejectReason,

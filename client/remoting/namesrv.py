@@ -13,12 +13,17 @@ from collections.abc import Sequence
 
 import grpc
 
-from client.errors import TidemarkError, TlsHandshakeError, UnavailableError, from_rpc_error
-from client.remoting import convert
-from client.remoting.security import open_channel
-from client.security import TlsSettings
-from client.types import ClusterBroker, TopicRoute
 from tidemark.auth import Credentials
+from tidemark.client.errors import (
+    TidemarkError,
+    TlsHandshakeError,
+    UnavailableError,
+    from_rpc_error,
+)
+from tidemark.client.remoting import convert
+from tidemark.client.remoting.security import open_channel
+from tidemark.client.security import TlsSettings
+from tidemark.client.types import ClusterBroker, TopicRoute
 from tidemark.v1 import admin_pb2, namesrv_pb2, namesrv_pb2_grpc
 
 _CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 2_000),

@@ -1,4 +1,4 @@
-"""TLS channels and signed calls: the gRPC side of `client.security`.
+"""TLS channels and signed calls: the gRPC side of `tidemark.client.security`.
 
 Every call on a connection with credentials carries a fresh signature
 (`tidemark.auth.signed_metadata`: x-mq-date-time and authorization). It is added
@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from client.security import TlsSettings
 from tidemark.auth import Credentials, signed_metadata
+from tidemark.client.security import TlsSettings
 
 ChannelOption = tuple[str, Any]
 

@@ -3,7 +3,7 @@
 Both are long-lived bidirectional gRPC calls that carry many requests, so the
 per-call cost of gRPC is paid once per stream, not per message. This module
 only translates between protobuf and plain values and maps errors into
-`client.errors`; what the batches and queues mean is the producer's and
+`tidemark.client.errors`; what the batches and queues mean is the producer's and
 consumer's business. A broken stream fails everything waiting on it with a
 retriable UnavailableError and is replaced by a new one on next use.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from client.errors import (
+from tidemark.client.errors import (
     InternalError,
     RequestTimeoutError,
     TidemarkError,
@@ -25,8 +25,8 @@ from client.errors import (
     from_rpc_error,
     from_status,
 )
-from client.message import MessageQueue
-from client.types import Fence
+from tidemark.client.message import MessageQueue
+from tidemark.client.types import Fence
 from tidemark.logs import get_logger
 from tidemark.v1 import common_pb2, messaging_pb2
 

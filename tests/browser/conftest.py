@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from client.console.server import Console, ConsoleSettings
-from client.settings import ClientSettings
+from tidemark.client.console.server import Console, ConsoleSettings
+from tidemark.client.settings import ClientSettings
 
 CHROMIUM = os.environ.get("TIDEMARK_CHROMIUM", "/usr/bin/chromium")
 # The machine's network is closed: background networking would only fill the log with refused lookups.

@@ -9,7 +9,8 @@ import threading
 
 from workload import create_topic, produce, settled, stored_messages, wait_until
 
-from client import (
+from tidemark.auth import Credentials
+from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -17,8 +18,7 @@ from client import (
     Producer,
     PushConsumer,
 )
-from client.errors import NotFoundError
-from tidemark.auth import Credentials
+from tidemark.client.errors import NotFoundError
 
 OP_SECRET = "op-secret-001"
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from brokerproc import BrokerProcess
 
-from client import Admin
+from tidemark.client import Admin
 
 ROOT = ("root", "root-secret-1")
 WRITER = ("writer", "writer-secret-1")

@@ -13,7 +13,7 @@ import time
 import pytest
 from workload import wait_until
 
-from client import Admin, Message, NotFoundError, Producer
+from tidemark.client import Admin, Message, NotFoundError, Producer
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 import pytest
 from workload import wait_until
 
-from client import Admin, Message, MessageQueue, Producer
+from tidemark.client import Admin, Message, MessageQueue, Producer
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import sys
 
 from brokerproc import BrokerProcess
 
-from client import Admin, TlsSettings
+from tidemark.client import Admin, TlsSettings
 
 SCRIPT = """
 import sys

@@ -8,7 +8,7 @@ import threading
 import pytest
 from workload import stored_messages, wait_until
 
-from client import Admin
+from tidemark.client import Admin
 
 
 def visible(address: str, topic: str) -> list[bytes]:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from client import Admin
+from tidemark.client import Admin
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

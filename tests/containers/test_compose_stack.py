@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from client import Admin, TlsSettings, UnauthenticatedError
+from tidemark.client import Admin, TlsSettings, UnauthenticatedError
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = f"tidemark-test-{os.getpid()}"

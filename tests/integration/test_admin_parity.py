@@ -3,7 +3,7 @@
 (consume_enable, retry_max_times, consume_broadcast_enable), `group reset-offset` with --all-topics,
 --to-current, --export and --from-file, `group delete-offsets` and `group clone-offset`.
 
-The CLI runs in-process (client.cli.main.main) with its stdout and stderr captured."""
+The CLI runs in-process (tidemark.client.cli.main.main) with its stdout and stderr captured."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from brokerproc import BrokerProcess, BrokerStubs
 from workload import create_topic, produce, wait_until
 
-from client import (
+from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -24,8 +24,8 @@ from client import (
     NotFoundError,
     PushConsumer,
 )
-from client.cli import main as cli
-from client.message import MessageModel
+from tidemark.client.cli import main as cli
+from tidemark.client.message import MessageModel
 from tidemark.protocol import MessageIdGenerator, dlq_topic
 from tidemark.v1 import messaging_pb2
 
@@ -43,7 +43,7 @@ def broker(tmp_path_factory):
 @pytest.fixture
 def run(broker, monkeypatch, capsys):
     """run(*args) -> (exit code, stdout, stderr) of `tidemark ARGS --broker ADDRESS`."""
-    monkeypatch.setattr("client.cli.main.setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr("tidemark.client.cli.main.setup_logging", lambda *a, **k: None)
     monkeypatch.delenv("TIDEMARK_BROKER", raising=False)
     monkeypatch.delenv("TIDEMARK_NAMESRV", raising=False)
 
@@ -177,7 +177,7 @@ def test_broker_status_shows_a_replica_with_its_master(broker_factory, monkeypat
     replica = broker_factory("broker-a", args=("--broker-id", "1", "--master", master.address))
     create_topic(master.address, "Replicated", 1)
     produce(master.address, "Replicated", 3)
-    monkeypatch.setattr("client.cli.main.setup_logging", lambda *a, **k: None)
+    monkeypatch.setattr("tidemark.client.cli.main.setup_logging", lambda *a, **k: None)
 
     def status() -> dict[int, dict]:
         assert cli.main(["broker", "status", "--json", "--broker", f"{master.address},{replica.address}"]) == 0
@@ -433,10 +433,10 @@ def test_deleted_and_cloned_offsets_survive_a_kill_9(broker_factory, monkeypatch
 
 
 def test_msg_id_times_and_csv_plans_parse_as_documented():
-    from broker.errors import InvalidArgumentError as BrokerInvalid
-    from broker.queries import msg_id_time_ms
-    from client.cli.group_cmds import read_plan
-    from client.errors import InvalidArgumentError
+    from tidemark.broker.errors import InvalidArgumentError as BrokerInvalid
+    from tidemark.broker.queries import msg_id_time_ms
+    from tidemark.client.offset_plan import read_plan
+    from tidemark.client.errors import InvalidArgumentError
 
     msg_id = MessageIdGenerator().next()
     assert abs(msg_id_time_ms(msg_id) - time.time() * 1000) < 60_000
@@ -448,3 +448,63 @@ def test_msg_id_times_and_csv_plans_parse_as_documented():
     assert read_plan("T,0,5\n\n T , 1 , 6 \n", "p") == [(1, "T", 0, 5), (3, "T", 1, 6)]
     with pytest.raises(InvalidArgumentError, match="p line 2"):
         read_plan("T,0,5\nT,0,-1\n", "p")
+
+
+def test_msg_id_lookup_without_a_topic_shows_only_topics_the_user_may_get(broker_factory):
+    from tidemark.auth import Credentials
+    from tidemark.client import Admin, Message, NotFoundError, Producer
+
+    b = broker_factory(args=("--auth", "--init-user", "op:op-secret-001"))
+    op = Credentials("op", "op-secret-001")
+    with Admin(brokers=b.address, credentials=op) as admin:
+        admin.create_topic("Public", 1)
+        admin.create_topic("Secret", 1)
+        admin.create_user("monitor", "monitor-secret-1")
+        admin.create_acl("monitor", "Cluster", ["Get"], "Allow")
+        admin.create_acl("monitor", "Topic:Public", ["Get"], "Allow")
+    with Producer(brokers=b.address, credentials=op) as p:
+        public = p.send(Message("Public", b"shown")).msg_id
+        secret = p.send(Message("Secret", b"hidden")).msg_id
+    with Admin(brokers=b.address, credentials=Credentials("monitor", "monitor-secret-1")) as monitor:
+        assert [m.body for m in monitor.query_message_by_id(public)] == [b"shown"]
+        with pytest.raises(NotFoundError):  # found on the broker, but not the monitor's to see
+            monitor.query_message_by_id(secret)
+    with Admin(brokers=b.address, credentials=op) as admin:
+        assert [m.body for m in admin.query_message_by_id(secret)] == [b"hidden"]
+
+
+def test_deleted_offsets_do_not_come_back_when_a_replica_reconnects(broker_factory):
+    """A master takes back the commits a reconnecting replica holds (failover); offsets an admin deleted
+    since must not be among them."""
+    master = broker_factory("broker-a", args=("--replication", "sync"))
+    replica = broker_factory("broker-a", args=("--broker-id", "1", "--master", master.address))
+    create_topic(master.address, "Kept", 1)
+    produce(master.address, "Kept", 4)
+
+    def streaming() -> int:
+        with Admin(brokers=master.address) as admin:
+            return admin.broker_status_at(master.address).replicas
+
+    def on_replica(group: str) -> dict[int, int]:
+        try:
+            return committed(replica.address, group, "Kept")
+        except NotFoundError:
+            return {}
+
+    wait_until(lambda: streaming() == 1, 30, "the replica streaming from its master")
+    with Admin(brokers=master.address) as admin:
+        admin.commit("gone", {mq("Kept", 0): 3})
+    wait_until(lambda: on_replica("gone") == {0: 3}, 30, "the commit copied to the replica")
+    with Admin(brokers=master.address) as admin:
+        admin.delete_group_offsets("gone", "Kept")
+    replica.kill()
+    wait_until(lambda: streaming() == 0, 30, "the master to see its replica gone")
+    replica.start()
+    def hand_backs() -> int:
+        return master.log_text().count("event=offsets_handed_back")
+
+    before = hand_backs()
+    wait_until(lambda: streaming() == 1, 30, "the replica back")
+    wait_until(lambda: hand_backs() > before, 30, "the replica's table handed back to the master")
+    assert on_replica("gone") == {0: 3}, "the replica still held the deleted entry when it handed its table back"
+    assert committed(master.address, "gone", "Kept") == {0: -1}

@@ -16,7 +16,7 @@ import yaml
 from brokerproc import free_port
 from workload import metric, wait_until
 
-from client import Admin, Message, MessageQueue, Producer
+from tidemark.client import Admin, Message, MessageQueue, Producer
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus" / "tidemark-alerts.yml"

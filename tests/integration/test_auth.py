@@ -24,8 +24,10 @@ from rpc_fuzzlib import (
 )
 from test_rpc_fuzz import BASELINES, seed
 
-from broker.services.access import NEEDS
-from client import (
+from tests.brokerproc import BrokerProcess, BrokerStubs
+from tidemark.auth import Credentials, signed_metadata
+from tidemark.broker.services.access import NEEDS
+from tidemark.client import (
     Admin,
     FailedPreconditionError,
     Message,
@@ -34,8 +36,6 @@ from client import (
     PullConsumer,
     UnauthenticatedError,
 )
-from tests.brokerproc import BrokerProcess, BrokerStubs
-from tidemark.auth import Credentials, signed_metadata
 from tidemark.v1 import admin_pb2, membership_pb2, messaging_pb2, offsets_pb2
 
 ROOT = Credentials("root", "root-secret-1")

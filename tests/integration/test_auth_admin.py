@@ -21,14 +21,14 @@ import pytest
 from brokerproc import BrokerProcess, BrokerStubs
 from workload import wait_until
 
-from client import (
+from tidemark.auth import Credentials
+from tidemark.client import (
     Admin,
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
 )
-from tidemark.auth import Credentials
 from tidemark.v1 import admin_pb2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,7 +202,7 @@ def replace_file(path: Path, text: str) -> None:
 
 def tidemark(*args: str, broker: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
-    return subprocess.run([sys.executable, "-m", "client.cli.main", *args, "--broker", broker],
+    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", broker],
                           capture_output=True, text=True, timeout=60, cwd=REPO, env={**environ, **(env or {})})
 
 
@@ -320,7 +320,7 @@ def test_user_and_acl_rpcs_are_refused_on_a_broker_without_auth(broker):
     ("acl", "frob"),
 ], ids=lambda a: " ".join(a))
 def test_cli_bad_usage_exits_2_with_one_error_line(args):
-    out = subprocess.run([sys.executable, "-m", "client.cli.main", *args], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
                          timeout=60, cwd=REPO)
     assert out.returncode == 2
     assert len([line for line in out.stderr.splitlines() if "error" in line]) == 1, out.stderr

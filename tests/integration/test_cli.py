@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from brokerproc import BrokerProcess, free_port
 
-from client import Admin, MessageQueue
+from tidemark.client import Admin, MessageQueue
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ def cli_broker(tmp_path_factory) -> BrokerProcess:
 
 def tidemark(*args: str, broker: str | None, timeout: float = 60,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "client.cli.main", *args]
+    cmd = [sys.executable, "-m", "tidemark.client.cli.main", *args]
     if broker is not None:
         cmd += ["--broker", broker]
     environ = {k: v for k, v in os.environ.items() if k != "TIDEMARK_BROKER"}

@@ -9,11 +9,11 @@ import sys
 
 from workload import create_topic, produce, wait_until
 
-from client import Admin
+from tidemark.client import Admin
 
 
 def run_consume(address: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "client.cli.main", "consume", *args, "--broker", address],
+    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "consume", *args, "--broker", address],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -42,7 +42,7 @@ def test_count_prints_exactly_n_and_commits_only_those(broker):
 def test_without_count_runs_until_sigterm_then_commits_and_exits_0(broker):
     create_topic(broker.address, "CliRun", 1)
     produce(broker.address, "CliRun", 10)
-    proc = subprocess.Popen([sys.executable, "-m", "client.cli.main", "consume", "CliRun", "--group", "runner",
+    proc = subprocess.Popen([sys.executable, "-m", "tidemark.client.cli.main", "consume", "CliRun", "--group", "runner",
                              "--from-where", "first", "--tag", "*", "--broker", broker.address],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     seen = []

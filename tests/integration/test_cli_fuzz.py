@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from client import Admin
-from client.cli.main import main
+from tidemark.client import Admin
+from tidemark.client.cli.main import main
 
 NUMBERS = st.one_of(
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
@@ -49,7 +49,7 @@ def command(draw) -> list[str]:
 def _logging_untouched(monkeypatch):
     """main() configures the process's root logger (ERROR, its own handler) as the command line wants; in
     this process that would silence the warnings later tests count (tests/spark/test_fetch_restart.py)."""
-    monkeypatch.setattr("client.cli.main.setup_logging", lambda *args, **kwargs: None)
+    monkeypatch.setattr("tidemark.client.cli.main.setup_logging", lambda *args, **kwargs: None)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import pytest
 from brokerproc import BrokerProcess, free_port
 from workload import create_topic, wait_until
 
-from client import (
+from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -30,11 +30,11 @@ from client import (
     Producer,
     PushConsumer,
 )
-from client.cli import broker_cmds
-from client.cli.main import build_parser, client_options
-from client.cli.output import escaped_text, render_body
-from client.dead_letters import advanced, requeue_start
-from client.errors import NotFoundError
+from tidemark.client.cli import broker_cmds
+from tidemark.client.cli.main import build_parser, client_options
+from tidemark.client.cli.output import escaped_text, render_body
+from tidemark.client.dead_letters import advanced, requeue_start
+from tidemark.client.errors import NotFoundError
 from tidemark.protocol import dlq_topic
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}"
 
 def tidemark(*args: str, broker: str | None, stdin: bytes | None = None,
              timeout: float = 60) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "client.cli.main", *args]
+    cmd = [sys.executable, "-m", "tidemark.client.cli.main", *args]
     if broker is not None:
         cmd += ["--broker", broker]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
@@ -172,7 +172,7 @@ def _on_a_terminal(*args: str, broker: str) -> list[str]:
     """stdout lines of a command whose stdout is a terminal (a pseudo-terminal)."""
     master, slave = pty.openpty()
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
-    proc = subprocess.Popen([sys.executable, "-m", "client.cli.main", *args, "--broker", broker], stdout=slave,
+    proc = subprocess.Popen([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", broker], stdout=slave,
                             stderr=subprocess.PIPE, cwd=REPO, env=env)
     os.close(slave)
     chunks = []
@@ -302,7 +302,7 @@ def test_a_down_broker_in_the_list_is_named_once_and_the_others_serve(surface_br
 
 
 def _run_broker(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "client.cli.main", "broker", "--host", "127.0.0.1",
+    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "--host", "127.0.0.1",
                            "--data-dir", str(tmp_path / "data"), *args],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
 

@@ -34,7 +34,7 @@ from brokerproc import free_port, orphan_safe
 from cryptography.hazmat.primitives import serialization
 from workload import wait_until
 
-from client import Admin, TlsSettings, UnauthenticatedError
+from tidemark.client import Admin, TlsSettings, UnauthenticatedError
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -369,7 +369,7 @@ def _healthchecks(stack: Stack, names: tuple[str, ...]) -> dict[str, str]:
         assert command[:2] == ["CMD", "tidemark"]
         port = 9876 if name in NAMESRVS else 10911
         argv = [a.replace(f"127.0.0.1:{port}", f"127.0.0.1:{stack.ports[(name, port)]}") for a in command[2:]]
-        checks[name] = subprocess.Popen([sys.executable, "-m", "client.cli.main", *argv], stdout=subprocess.PIPE,
+        checks[name] = subprocess.Popen([sys.executable, "-m", "tidemark.client.cli.main", *argv], stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, env=stack.env(services[name]))
     outputs = {name: check.communicate(timeout=60)[0] for name, check in checks.items()}
     return {name: out for name, out in outputs.items() if checks[name].returncode != 0}
@@ -427,14 +427,14 @@ def test_compose_services_run_as_processes(stack_dir):
             stack.start(name, [spark_class, *command[1:]], stack.spark_env(name, services[name]),
                         user=_uid_gid(services[name]))
         for name in NAMESRVS:
-            argv = [sys.executable, "-m", "client.cli.main", *services[name]["entrypoint"][1:],
+            argv = [sys.executable, "-m", "tidemark.client.cli.main", *services[name]["entrypoint"][1:],
                     *stack.translate(name, services[name]["command"])]
             stack.start(name, argv, stack.env(services[name]))
         for name in NAMESRVS:
             stack.wait_for_log(name, "event=namesrv_ready", 60)
         assert _healthchecks(stack, NAMESRVS) == {}, "ready, so healthy by their compose healthchecks"
         for name in (*BROKERS, *REPLICAS):
-            argv = [sys.executable, "-m", "client.cli.main", "broker", *stack.translate(name, services[name]["command"])]
+            argv = [sys.executable, "-m", "tidemark.client.cli.main", "broker", *stack.translate(name, services[name]["command"])]
             stack.start(name, argv, stack.env(services[name]))
         for name in (*BROKERS, *REPLICAS):
             stack.wait_for_log(name, "event=broker_ready", 60)

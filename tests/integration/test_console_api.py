@@ -15,9 +15,10 @@ import urllib.request
 import pytest
 from workload import create_topic, produce, wait_until
 
-from client import Admin
-from client.console.server import Console, ConsoleSettings
-from client.settings import ClientSettings
+from tidemark.auth import Credentials
+from tidemark.client import Admin
+from tidemark.client.console.server import Console, ConsoleSettings
+from tidemark.client.settings import ClientSettings
 
 
 @pytest.fixture(scope="module")
@@ -46,11 +47,12 @@ def group(console, module_broker) -> str:
     return name
 
 
-def call(console, path: str, body=None, *, content_type: str = "application/json", raw: bytes | None = None):
+def call(console, path: str, body=None, *, content_type: str = "application/json", raw: bytes | None = None,
+         headers: dict[str, str] | None = None):
     host, port = console.address
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(f"http://{host}:{port}{path}", data=data,
-                                 headers={"Content-Type": content_type} if data is not None else {})
+    sent = {"Content-Type": content_type, "X-Tidemark-Console": "1"} if data is not None else {}
+    req = urllib.request.Request(f"http://{host}:{port}{path}", data=data, headers={**sent, **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read())
@@ -72,6 +74,7 @@ def committed(address: str, group: str) -> list[int]:
     ({"topic": "Orders", "target": "earliest", "queue": 9}, 400, "has no queue 9"),
     ({"topic": "Orders", "target": "earliest", "queue": True}, 400, "queue must be a queue id"),
     ({"topic": "NoSuchTopic", "target": "earliest", "execute": True}, 404, "NoSuchTopic"),
+    ({"topic": "Orders", "target": "earliest", "execute": "false"}, 400, "execute must be true or false"),
 ])
 def test_bad_reset_requests_answer_a_reason_and_change_nothing(console, broker, group, body, status, reason):
     got_status, doc = call(console, f"/api/groups/{group}/reset", body)
@@ -80,12 +83,17 @@ def test_bad_reset_requests_answer_a_reason_and_change_nothing(console, broker, 
 
 
 def test_requests_that_are_not_json_objects_are_refused(console, broker, group):
-    assert call(console, f"/api/groups/{group}/reset", raw=b"topic=Orders", content_type="application/x-www-form-urlencoded") \
-        == (400, {"error": "send the request as application/json"})
+    guard = "send the request as application/json with X-Tidemark-Console: 1"
+    assert call(console, f"/api/groups/{group}/reset", raw=b"topic=Orders",
+                content_type="application/x-www-form-urlencoded") == (400, {"error": guard})
+    assert call(console, f"/api/groups/{group}/reset", {"topic": "Orders", "target": "earliest", "execute": True},
+                headers={"X-Tidemark-Console": "0"}) == (400, {"error": guard})
     assert call(console, f"/api/groups/{group}/reset", raw=b"{nope") == (400, {"error": "the request body is not JSON"})
     assert call(console, f"/api/groups/{group}/reset", raw=b"[1]") == (400, {"error": "the request body must be a JSON object"})
     assert call(console, f"/api/groups/{group}/reset", raw=b"x" * (65 * 1024))[0] == 400
-    assert call(console, f"/api/dlq/{group}/requeue", {})[1]["error"] == "requeue: give a msg_id, or all: true"
+    for body in ({}, {"all": "no"}, {"all": True, "msg_id": "AB"}):
+        assert call(console, f"/api/dlq/{group}/requeue", body)[1]["error"] == \
+            "requeue: give a msg_id, or all: true (not both)"
     assert committed(broker.address, group) == [5, 5]
 
 
@@ -94,6 +102,11 @@ def test_unknown_names_and_paths(console, group):
     assert call(console, "/api/topics/NoSuchTopic")[0] == 404
     assert call(console, "/api/nothing") == (404, {"error": "no such page: /api/nothing"})
     assert call(console, "/../../etc/passwd")[0] == 404
+    for path in ("/..%2Fstatic%2Fapp.js", "/%2Fetc%2Fhostname.js", "/static/app.js", "/app.js%00.html"):
+        assert call(console, path)[0] == 404, path
+    assert call(console, "/api/overview", headers={"Host": "rebound.example:8080"}) == \
+        (403, {"error": "this console answers only to 127.0.0.1 or localhost, not 'rebound.example'"})
+    assert call(console, "/api/overview", headers={"Host": "localhost"})[0] == 200
     assert call(console, f"/api/groups/{group}?since=yesterday") == (400, {"error": "not an integer: 'yesterday'"})
     assert call(console, "/api/messages?topic=Orders&queue=x&offset=1")[0] == 400
 
@@ -133,7 +146,7 @@ def test_a_read_only_console_refuses_actions(broker, group):
 
 
 def test_console_command_serves_until_sigterm_and_a_taken_port_is_one_line(broker):
-    proc = subprocess.Popen([sys.executable, "-m", "client.cli.main", "console", "--broker", broker.address,
+    proc = subprocess.Popen([sys.executable, "-m", "tidemark.client.cli.main", "console", "--broker", broker.address,
                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -143,7 +156,7 @@ def test_console_command_serves_until_sigterm_and_a_taken_port_is_one_line(broke
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
             assert resp.status == 200 and b"<title>Tidemark console</title>" in resp.read()
 
-        taken = subprocess.run([sys.executable, "-m", "client.cli.main", "console", "--broker", broker.address,
+        taken = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "console", "--broker", broker.address,
                                 "--port", str(port)], capture_output=True, text=True, timeout=60)
         assert taken.returncode == 1
         assert taken.stderr.strip().splitlines()[-1] == \
@@ -187,3 +200,46 @@ def test_overview_of_a_cluster_lists_replicas_and_brokers_that_died(namesrv_fact
         rows = {b["address"]: b for b in doc["brokers"]}
         assert rows[other.address]["health"].startswith("UNREACHABLE")
         assert rows[master.address]["health"] == "SERVING"
+
+
+def test_a_refused_request_closes_its_connection_so_its_body_is_never_a_request(console, broker, group):
+    """A cross-site form (text/plain) can carry a whole HTTP request in its body: with keep-alive, a server
+    that refuses without reading the body would then parse and run that inner request."""
+    inner = json.dumps({"topic": "Orders", "target": "earliest", "execute": True}).encode()
+    smuggled = (f"POST /api/groups/{group}/reset HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"X-Tidemark-Console: 1\r\nContent-Length: {len(inner)}\r\n\r\n").encode() + inner
+    outer = (f"POST /api/groups/{group}/reset HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: text/plain\r\n"
+             f"Content-Length: {len(smuggled)}\r\n\r\n").encode() + smuggled
+    with socket.create_connection(console.address, timeout=10) as sock:
+        sock.sendall(outer)
+        answer = b""
+        while chunk := sock.recv(65536):  # the console closes the connection after its one answer
+            answer += chunk
+    assert answer.count(b"HTTP/1.1 ") == 1 and answer.startswith(b"HTTP/1.1 400"), answer
+    assert committed(broker.address, group) == [5, 5]
+
+
+def test_a_console_with_credentials_lends_them_for_reading_never_for_actions(broker_factory):
+    broker = broker_factory(args=("--auth", "--init-user", "op:op-secret-001"))
+    op = Credentials("op", "op-secret-001")
+    with Admin(brokers=broker.address, credentials=op) as admin:
+        admin.create_topic("Orders", 1)
+        admin.commit("billing", {admin.fetch_message_queues("Orders")[0]: 0})
+    settings = ClientSettings(brokers=broker.address, credentials=op)
+    with Console(settings, ConsoleSettings(port=0)) as c:
+        assert call(c, "/api/groups/billing")[0] == 200
+        assert call(c, "/api/groups/billing/reset", {"topic": "Orders", "target": "latest"}) == \
+            (401, {"error": "sign in to the console to act: its own credentials are only for reading"})
+        stale = {"Cookie": "tidemark_console=forged-or-expired"}
+        assert call(c, "/api/groups/billing", headers=stale) == \
+            (401, {"error": "the console session expired or is unknown: sign in again"})
+        assert call(c, "/api/login", {"access_key": "op", "secret_key": "wrong"})[0] == 401
+        host, port = c.address
+        req = urllib.request.Request(f"http://{host}:{port}/api/login", method="POST",
+                                     data=json.dumps({"access_key": "op", "secret_key": "op-secret-001"}).encode(),
+                                     headers={"Content-Type": "application/json", "X-Tidemark-Console": "1"})
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            cookie = resp.headers["Set-Cookie"].split(";")[0]
+        status, doc = call(c, "/api/groups/billing/reset", {"topic": "Orders", "target": "latest"},
+                           headers={"Cookie": cookie})
+        assert status == 200 and not doc["executed"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from workload import ConsumerProcess, create_topic, produce, wait_until
 
-from client import Admin
+from tidemark.client import Admin
 
 
 def test_consumer_kill_9_redelivers_only_after_last_commit(broker, tmp_path):

@@ -13,7 +13,14 @@ import pytest
 from brokerproc import BrokerStubs, orphan_safe
 from workload import create_topic, produce, wait_until
 
-from client import Admin, ConsumeConcurrentlyStatus, Message, MessageQueue, Producer, PushConsumer
+from tidemark.client import (
+    Admin,
+    ConsumeConcurrentlyStatus,
+    Message,
+    MessageQueue,
+    Producer,
+    PushConsumer,
+)
 from tidemark.v1 import common_pb2, membership_pb2, messaging_pb2
 
 
@@ -24,7 +31,7 @@ def lag(address: str, group: str, topic: str) -> tuple[int, int]:
 
 
 def cli(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "client.cli.main", *args, "--broker", address],
+    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", address],
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -51,7 +58,7 @@ def test_a_group_that_filters_by_tag_reaches_lag_zero(broker):
 def test_consume_into_head_stops_cleanly_and_commits_only_what_was_printed(broker):
     create_topic(broker.address, "Orders", 1)
     produce(broker.address, "Orders", 1000, batch=100)
-    command = (f"{sys.executable} -m client.cli.main consume Orders --group g --from-where first --count 1000 "
+    command = (f"{sys.executable} -m tidemark.client.cli.main consume Orders --group g --from-where first --count 1000 "
                f"--broker {broker.address} | head -2")
     out = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -81,7 +88,7 @@ def test_consume_count_one_prints_exactly_one_message_every_time(broker):
 def test_port_zero_advertises_the_port_it_picked(tmp_path):
     log = tmp_path / "broker.log"
     with open(log, "wb") as f:
-        proc = subprocess.Popen(orphan_safe([sys.executable, "-m", "broker.app", "--data-dir", str(tmp_path / "d"),
+        proc = subprocess.Popen(orphan_safe([sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(tmp_path / "d"),
                                              "--port", "0"]), stdout=f, stderr=subprocess.STDOUT)
     try:
         wait_until(lambda: "event=broker_ready" in log.read_text(), 30, "the broker to start")
@@ -139,7 +146,7 @@ def test_cli_consume_has_no_python_warnings_about_closed_pipes(broker):
     create_topic(broker.address, "Orders", 1)
     produce(broker.address, "Orders", 50)
     env = {**os.environ}
-    out = subprocess.run(["bash", "-c", f"{sys.executable} -m client.cli.main consume Orders --count 50 "
+    out = subprocess.run(["bash", "-c", f"{sys.executable} -m tidemark.client.cli.main consume Orders --count 50 "
                                         f"--broker {broker.address} | head -1"],
                          capture_output=True, text=True, timeout=60, env=env)
     assert out.returncode == 0 and len(out.stdout.splitlines()) == 1

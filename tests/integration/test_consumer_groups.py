@@ -9,7 +9,7 @@ import time
 import pytest
 from workload import ConsumerProcess, create_topic, wait_until
 
-from client import Admin, Message, Producer
+from tidemark.client import Admin, Message, Producer
 
 TOPIC = "Stream"
 

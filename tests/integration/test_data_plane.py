@@ -11,7 +11,7 @@ import pytest
 from brokerproc import BrokerStubs
 from workload import create_topic, wait_until
 
-from client import Admin, Message, MessageQueue, Producer, UnavailableError
+from tidemark.client import Admin, Message, MessageQueue, Producer, UnavailableError
 from tidemark.protocol import tag_hash
 from tidemark.records import RecordBatchBuilder, encode_properties
 from tidemark.v1 import messaging_pb2, offsets_pb2

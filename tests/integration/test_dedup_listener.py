@@ -8,8 +8,14 @@ from collections import Counter
 
 from workload import create_topic, settled, wait_until
 
-from client import ConsumeConcurrentlyStatus, ConsumeFromWhere, Message, Producer, PushConsumer
-from client.consumer.dedup import DedupKey, DedupListener, MemoryDedupStore
+from tidemark.client import (
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    Message,
+    Producer,
+    PushConsumer,
+)
+from tidemark.client.consumer.dedup import DedupKey, DedupListener, MemoryDedupStore
 
 # Level n waits n * 100 ms: a message retried because its copy was in flight comes back in ~0.3 s.
 BROKER_ARGS = ("--delay-levels", " ".join(f"{n * 100}ms" for n in range(1, 19)))

@@ -11,12 +11,12 @@ import time
 
 import pytest
 
-import broker.controller as controller_module
-from broker.config import BrokerConfig
-from broker.controller import BrokerController
-from broker.errors import InvalidArgumentError
-from broker.send import MAX_DELIVERY_DELAY_MS, DeliveryTimeError, OutgoingMessage
-from broker.store import GetStatus, StoredMessage
+import tidemark.broker.controller as controller_module
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.errors import InvalidArgumentError
+from tidemark.broker.send import MAX_DELIVERY_DELAY_MS, DeliveryTimeError, OutgoingMessage
+from tidemark.broker.store import GetStatus, StoredMessage
 from tidemark.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
 
 T0 = 1_800_000_000_000

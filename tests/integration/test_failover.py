@@ -16,7 +16,7 @@ import pytest
 from brokerproc import BrokerStubs
 from workload import wait_until
 
-from client import (
+from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -123,7 +123,7 @@ def test_a_promoted_replica_takes_writes_and_the_old_master_is_fenced(cluster):
         before = [producer.send(Message("Failover", b"a%d" % i), queue=MessageQueue("Failover", "broker-a", i % 2))
                   for i in range(20)]
     master.kill()
-    cli = [sys.executable, "-m", "client.cli.main", "broker", "promote", "--broker", replica.address, "--json"]
+    cli = [sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker", replica.address, "--json"]
     promoted = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert promoted.returncode == 0, promoted.stderr
     assert [(r["id"], r["epoch"], r["perm"]) for r in json.loads(promoted.stdout)] == [(0, 1, "RW")]
@@ -182,7 +182,7 @@ def test_pop_deliveries_in_flight_survive_a_promotion(cluster):
 
     wait_until(lambda: inflight_on_replica() == 20, 20, "the replica to persist the mirrored pop state")
     master.kill()
-    promoted = subprocess.run([sys.executable, "-m", "client.cli.main", "broker", "promote", "--broker",
+    promoted = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
                                replica.address], capture_output=True, text=True, timeout=60)
     assert promoted.returncode == 0, promoted.stderr
     with grpc.insecure_channel(replica.address) as channel:

@@ -12,7 +12,7 @@ from brokerproc import BrokerProcess, BrokerStubs, free_port
 from workload import wait_until
 
 from bench.memory_flood import flood, status_kib
-from client import Admin, InvalidArgumentError, Message, Producer
+from tidemark.client import Admin, InvalidArgumentError, Message, Producer
 from tidemark.v1 import admin_pb2, common_pb2, messaging_pb2
 
 MiB = 1024 * 1024
@@ -34,7 +34,7 @@ def test_a_second_broker_on_the_same_data_dir_exits_at_once_naming_the_holder(tm
                 topic="kept", queue_id=0, messages=[common_pb2.Message(body=b"one")]))
         before = _files(tmp_path / "data")
         second = subprocess.run(
-            [sys.executable, "-m", "broker.app", "--data-dir", str(tmp_path / "data"), "--port", str(free_port()),
+            [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(tmp_path / "data"), "--port", str(free_port()),
              "--broker-name", "broker-a"], capture_output=True, text=True, timeout=60)
         assert second.returncode == 1
         lines = second.stderr.strip().splitlines()

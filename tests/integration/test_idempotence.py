@@ -10,9 +10,9 @@ import pytest
 from brokerproc import BrokerStubs
 from workload import stored_messages
 
-from client import Admin, Message, Producer
-from client.errors import RequestTimeoutError
-from client.remoting import streams
+from tidemark.client import Admin, Message, Producer
+from tidemark.client.errors import RequestTimeoutError
+from tidemark.client.remoting import streams
 from tidemark.records import RecordBatchBuilder, encode_properties
 from tidemark.v1 import messaging_pb2
 
@@ -143,7 +143,7 @@ def test_unknown_producers_and_out_of_order_sequences_are_refused_and_store_noth
 
 
 def test_producer_list_shows_ids_and_sequences(broker, monkeypatch, capsys):
-    from client.cli import main as cli
+    from tidemark.client.cli import main as cli
 
     monkeypatch.setattr(cli, "setup_logging", lambda *a, **k: None)
     with Admin(brokers=broker.address) as admin:

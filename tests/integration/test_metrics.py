@@ -12,7 +12,7 @@ import pytest
 from brokerproc import free_port
 from workload import create_topic, produce, scrape, wait_until
 
-from client import (
+from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,

@@ -12,7 +12,7 @@ import pytest
 from tlslib import SECURITY_ENV_KEYS
 from workload import wait_until
 
-from client import (
+from tidemark.client import (
     Admin,
     ConsumeFromWhere,
     Message,
@@ -110,7 +110,7 @@ def registered(address: str) -> list[str]:
 
 def test_the_cli_lists_the_cluster_and_routes_through_name_servers(two_by_two):
     ns, brokers = two_by_two
-    cli = [sys.executable, "-m", "client.cli.main"]
+    cli = [sys.executable, "-m", "tidemark.client.cli.main"]
     csv = ",".join(n.address for n in ns)
     created = subprocess.run([*cli, "topic", "create", "CliRouted", "--queues", "3", "--namesrv", csv],
                              capture_output=True, text=True, timeout=60)

@@ -7,7 +7,7 @@ import threading
 import pytest
 from workload import wait_until
 
-from client import (
+from tidemark.client import (
     Admin,
     ClientStateError,
     InvalidArgumentError,

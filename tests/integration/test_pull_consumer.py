@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from workload import create_topic, produce, queue, wait_until
 
-from client import Admin, ClientStateError, ConsumeFromWhere, InvalidArgumentError, PullConsumer
+from tidemark.client import (
+    Admin,
+    ClientStateError,
+    ConsumeFromWhere,
+    InvalidArgumentError,
+    PullConsumer,
+)
 
 
 def poll_all(consumer: PullConsumer, want: int, timeout: float = 20.0) -> list:

@@ -10,7 +10,7 @@ import time
 import pytest
 from workload import create_topic, produce, settled, wait_until
 
-from client import (
+from tidemark.client import (
     Admin,
     ClientStateError,
     ConsumeConcurrentlyStatus,

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import reference_table as broker_reference
-from client.settings import (
+from tidemark.broker.config import reference_table as broker_reference
+from tidemark.client.settings import (
     ProducerSettings,
     PullConsumerSettings,
     PushConsumerSettings,
@@ -56,7 +56,7 @@ def test_quickstart_runs_in_order(broker, tmp_path):
     for line in quickstart_commands():
         argv = shlex.split(line)
         if argv[0] == ".venv/bin/tidemark":
-            argv = [sys.executable, "-m", "client.cli.main", *argv[1:]]
+            argv = [sys.executable, "-m", "tidemark.client.cli.main", *argv[1:]]
         elif argv[0] == ".venv/bin/python":
             argv = [sys.executable, *argv[1:]]
         else:

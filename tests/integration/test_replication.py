@@ -12,7 +12,7 @@ import pytest
 from brokerproc import BrokerStubs, free_port
 from workload import metric, scrape, wait_until
 
-from client import Admin, Message, MessageQueue, Producer, TidemarkError
+from tidemark.client import Admin, Message, MessageQueue, Producer, TidemarkError
 from tidemark.v1 import admin_pb2, common_pb2, messaging_pb2
 
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from brokerproc import BrokerProcess, orphan_safe
 from workload import create_topic, produce, wait_until
 
-from client import Admin
-from client.errors import RequestTimeoutError, UnavailableError
+from tidemark.client import Admin
+from tidemark.client.errors import RequestTimeoutError, UnavailableError
 
 MESSAGES = 3000
 QUEUES = 4
@@ -97,7 +97,7 @@ def test_group_consumer_rides_through_broker_kill_9_loop(tmp_path: Path):
         create_topic(broker.address, "Loop", QUEUES)
         ids = produce(broker.address, "Loop", MESSAGES)
         consumer = subprocess.Popen(
-            orphan_safe([sys.executable, "-m", "client.cli.main", "consume", "Loop", "--group", "loop",
+            orphan_safe([sys.executable, "-m", "tidemark.client.cli.main", "consume", "Loop", "--group", "loop",
                          "--from-where", "first", "--broker", broker.address]),
             stdout=subprocess.PIPE, stderr=open(tmp_path / "consumer.err", "wb"), text=True, bufsize=1)
         reader = PacedReader(consumer.stdout)
@@ -143,7 +143,7 @@ def test_group_consumer_started_while_the_broker_is_down_waits_for_it(tmp_path: 
         ids = produce(broker.address, "Late", 100)
         broker.kill()
         consumer = subprocess.Popen(
-            orphan_safe([sys.executable, "-m", "client.cli.main", "consume", "Late", "--group", "late",
+            orphan_safe([sys.executable, "-m", "tidemark.client.cli.main", "consume", "Late", "--group", "late",
                          "--from-where", "first", "--timeout", "1", "--broker", broker.address]),
             stdout=subprocess.PIPE, stderr=open(err, "wb"), text=True, bufsize=1)
         wait_until(lambda: consumer.poll() is not None or "retrying" in err.read_text(), 30,
@@ -163,8 +163,8 @@ def test_group_consumer_started_while_the_broker_is_down_waits_for_it(tmp_path: 
 
 
 def test_record_reader_reads_on_through_a_broker_restart(tmp_path: Path):
-    from client.consumer.record_reader import RecordReader
-    from client.message import MessageQueue
+    from tidemark.client.consumer.record_reader import RecordReader
+    from tidemark.client.message import MessageQueue
 
     broker = BrokerProcess(tmp_path / "data", args=("--flush", "sync")).start()
     try:

@@ -10,7 +10,7 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 from rmq5lib import Rmq5Stub, message, resource
 
-from client import Admin
+from tidemark.client import Admin
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 

@@ -21,7 +21,7 @@ from google.protobuf.duration_pb2 import Duration
 from rmq5lib import Rmq5Stub, resource
 from workload import wait_until
 
-from client import Admin, Message, Producer
+from tidemark.client import Admin, Message, Producer
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 MESSAGES = 2_000

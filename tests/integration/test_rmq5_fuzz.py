@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from rpc_fuzzlib import TOPICS, request_strategy, snapshot
 from test_rpc_fuzz import BROKER_ARGS, seed
 
-from broker.services.rmq5.service import METHODS
 from tests.brokerproc import BrokerProcess, BrokerStubs
+from tidemark.broker.services.rmq5.service import METHODS
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 # A gRPC status the protocol uses for what it cannot answer in a response.

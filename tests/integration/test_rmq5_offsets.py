@@ -9,7 +9,7 @@ from google.protobuf.duration_pb2 import Duration
 from rmq5lib import Rmq5Stub, resource
 from workload import create_topic, produce
 
-from client import Admin, MessageQueue
+from tidemark.client import Admin, MessageQueue
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 

@@ -23,8 +23,8 @@ from brokerproc import BrokerProcess
 from tlslib import SECURITY_ENV_KEYS, Pki, without_security_env
 from workload import ConsumerProcess, SlowStartProxy, wait_until
 
-from broker.auth.guard import INVALID_CREDENTIALS
-from client import (
+from tidemark.broker.auth.guard import INVALID_CREDENTIALS
+from tidemark.client import (
     Admin,
     ConsumeFromWhere,
     Message,
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 ROOT = ("root", "root-secret-1")
 WRITER = ("writer", "writer-secret-1")
 READER = ("reader", "reader-secret-1")
-# The broker's UNAUTHENTICATED details (client.UnauthenticatedError and the CLI's one line carry them).
+# The broker's UNAUTHENTICATED details (tidemark.client.UnauthenticatedError and the CLI's one line carry them).
 NO_CREDENTIALS, BAD_SIGNATURE = "no credentials", INVALID_CREDENTIALS
 @pytest.fixture(autouse=True)
 def _no_security_env(monkeypatch):
@@ -292,7 +292,7 @@ def tidemark(broker: BrokerProcess, pki: Pki, *args: str, credentials: tuple[str
     env["TIDEMARK_TLS_CA_FILE"] = str(pki.ca)
     if credentials is not None:
         env["TIDEMARK_ACCESS_KEY"], env["TIDEMARK_SECRET_KEY"] = credentials
-    return subprocess.run([sys.executable, "-m", "client.cli.main", *args, "--broker", broker.address],
+    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", broker.address],
                           capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
 
 

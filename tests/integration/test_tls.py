@@ -15,7 +15,7 @@ import pytest
 from brokerproc import BrokerProcess
 from tlslib import SECURITY_ENV_KEYS, Pki, without_security_env
 
-from client import (
+from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -180,7 +180,7 @@ def test_mutual_tls_needs_a_client_certificate(mtls_broker, pki):
 
 def tidemark(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     environ = without_security_env(os.environ)
-    return subprocess.run([sys.executable, "-m", "client.cli.main", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
                           timeout=60, cwd=REPO, env={**environ, **(env or {})})
 
 

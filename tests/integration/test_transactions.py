@@ -8,7 +8,7 @@ import threading
 import pytest
 from workload import stored_messages, wait_until
 
-from client import Admin, LocalTransactionState, Message, TransactionProducer
+from tidemark.client import Admin, LocalTransactionState, Message, TransactionProducer
 
 COMMIT, ROLLBACK, UNKNOW = (LocalTransactionState.COMMIT_MESSAGE, LocalTransactionState.ROLLBACK_MESSAGE,
                             LocalTransactionState.UNKNOW)
@@ -92,7 +92,7 @@ def test_a_check_goes_to_another_producer_of_the_group_when_the_sender_died(fast
 
 
 def test_a_transaction_nobody_decides_is_rolled_back_after_the_maximum_checks(broker_factory, monkeypatch, capsys):
-    from client.cli import main as cli
+    from tidemark.client.cli import main as cli
 
     fast_broker = broker_factory(args=(*FAST_CHECKS, "--transaction-check-max", "3"))
     with Admin(brokers=fast_broker.address) as admin:

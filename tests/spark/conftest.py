@@ -17,7 +17,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 from spark_testlib import Kit, base_builder, stop_active_session
 
-import spark_connector
+from tidemark import spark_connector
 
 STANDALONE_MODULE = "test_spark_standalone.py"
 

@@ -14,7 +14,7 @@ from pyspark import SparkContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from client import Admin, Message, MessageQueue, Producer
+from tidemark.client import Admin, Message, MessageQueue, Producer
 
 _names = itertools.count()
 

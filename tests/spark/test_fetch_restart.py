@@ -1,4 +1,4 @@
-"""The Spark source's executor-side read (spark_connector.fetch.fetch_range) rides through a broker outage
+"""The Spark source's executor-side read (tidemark.spark_connector.fetch.fetch_range) rides through a broker outage
 longer than pollTimeoutMs: it waits for the broker instead of failing the task."""
 
 from __future__ import annotations
@@ -10,17 +10,17 @@ import pytest
 from brokerproc import BrokerProcess
 from workload import wait_until
 
-from client import Admin, Message, Producer
-from spark_connector.fetch import FetchSettings, fetch_range
-from spark_connector.offsets import OffsetRange
+from tidemark.client import Admin, Message, Producer
+from tidemark.spark_connector.fetch import FetchSettings, fetch_range
+from tidemark.spark_connector.offsets import OffsetRange
 
 
 def test_a_stalled_read_keeps_waiting_while_no_broker_answers(monkeypatch):
     """Mid-read, the reader keeps reopening; when a poll timeout passes, the stall check cannot ask the
     broker for the queue's bounds either, and says: nothing decided, keep waiting (not a failed task)."""
-    from client.errors import TlsHandshakeError, UnavailableError
-    from client.message import MessageQueue
-    from spark_connector import fetch
+    from tidemark.client.errors import TlsHandshakeError, UnavailableError
+    from tidemark.client.message import MessageQueue
+    from tidemark.spark_connector import fetch
 
     settings = FetchSettings(brokers="127.0.0.1:1", fail_on_data_loss=True, poll_timeout_s=1.0)
     rng = OffsetRange(MessageQueue("Outage", "broker-a", 0), 0, 100)

@@ -11,7 +11,7 @@ import pytest
 from pyspark.errors import PySparkException
 from spark_testlib import Sent, row_key
 
-from spark_connector import SCHEMA
+from tidemark.spark_connector import SCHEMA
 
 pytestmark = pytest.mark.spark
 

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BinaryType
 from workload import stored_messages
 
-from client import Admin, Message, Producer
+from tidemark.client import Admin, Message, Producer
 
 pytestmark = pytest.mark.spark
 

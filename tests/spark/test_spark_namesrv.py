@@ -15,11 +15,11 @@ import pytest
 from pyspark.errors import PySparkException
 from spark_testlib import BatchLog
 
-from client import Admin
-from client.message import MessageQueue
-from spark_connector import OptionError
-from spark_connector.fetch import FetchSettings
-from spark_connector.options import parse_read_options, parse_write_options
+from tidemark.client import Admin
+from tidemark.client.message import MessageQueue
+from tidemark.spark_connector import OptionError
+from tidemark.spark_connector.fetch import FetchSettings
+from tidemark.spark_connector.options import parse_read_options, parse_write_options
 
 BROKERS = ("broker-a", "broker-b")
 ROWS = 40

@@ -13,18 +13,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pyspark.sql.streaming.datasource import ReadMaxRows, ReadMinRows
 
-from client.message import MessageQueue
-from spark_connector import SCHEMA, OptionError, TidemarkDataSource, offsets_behind_latest
-from spark_connector.admission import TriggerGate
-from spark_connector.offsets import offsets_to_json, waiting_messages
-from spark_connector.options import (
+from tidemark.client.message import MessageQueue
+from tidemark.spark_connector import SCHEMA, OptionError, TidemarkDataSource, offsets_behind_latest
+from tidemark.spark_connector.admission import TriggerGate
+from tidemark.spark_connector.offsets import offsets_to_json, waiting_messages
+from tidemark.spark_connector.options import (
     DEFAULT_MAX_TRIGGER_DELAY_S,
     ByTimestamp,
     OffsetKind,
     check_read_options,
     parse_read_options,
 )
-from spark_connector.queues import QueueRef, Subscription, parse_assign, resolve, unmatched
+from tidemark.spark_connector.queues import QueueRef, Subscription, parse_assign, resolve, unmatched
 
 SERVERS = {"brokers": "127.0.0.1:1"}
 

@@ -10,8 +10,8 @@ from pyspark.errors import PySparkException
 from pyspark.sql import functions as F
 from tlslib import make_pki
 
-from broker.auth.guard import INVALID_CREDENTIALS
-from client import Admin, Message, Producer, TlsSettings
+from tidemark.broker.auth.guard import INVALID_CREDENTIALS
+from tidemark.client import Admin, Message, Producer, TlsSettings
 
 pytestmark = pytest.mark.spark
 

@@ -12,8 +12,8 @@ import pytest
 from pyspark.errors import PySparkException
 from spark_testlib import BatchLog, wait_for
 
-import spark_connector
-from spark_connector import offsets_behind_latest
+from tidemark import spark_connector
+from tidemark.spark_connector import offsets_behind_latest
 
 pytestmark = pytest.mark.spark
 

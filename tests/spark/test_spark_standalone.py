@@ -25,7 +25,7 @@ import pytest
 from brokerproc import free_port, orphan_safe
 from spark_testlib import BatchLog, Kit, base_builder, row_key, stop_active_session
 
-import spark_connector
+from tidemark import spark_connector
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

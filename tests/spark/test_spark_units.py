@@ -15,12 +15,18 @@ from hypothesis import strategies as st
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import IntegerType, MapType, StringType, StructField, StructType
 
-from broker.store.codec import encode_record
-from broker.store.model import MessageRecord
-from client.message import MessageExt, MessageQueue
-from spark_connector import ARROW_SCHEMA, SCHEMA, DataLossError, OptionError, TidemarkDataSource
-from spark_connector.arrow import records_to_batch
-from spark_connector.offsets import (
+from tidemark.broker.store.codec import encode_record
+from tidemark.broker.store.model import MessageRecord
+from tidemark.client.message import MessageExt, MessageQueue
+from tidemark.spark_connector import (
+    ARROW_SCHEMA,
+    SCHEMA,
+    DataLossError,
+    OptionError,
+    TidemarkDataSource,
+)
+from tidemark.spark_connector.arrow import records_to_batch
+from tidemark.spark_connector.offsets import (
     OffsetFormatError,
     OffsetRange,
     check_start,
@@ -30,11 +36,15 @@ from spark_connector.offsets import (
     rate_limit,
     split_ranges,
 )
-from spark_connector.options import OffsetKind, parse_read_options, parse_write_options
-from spark_connector.planner import stream_ranges
-from spark_connector.queues import QueueRef
-from spark_connector.sink import check_write_schema
-from spark_connector.source import QueueRangePartition, TidemarkBatchReader, TidemarkStreamReader
+from tidemark.spark_connector.options import OffsetKind, parse_read_options, parse_write_options
+from tidemark.spark_connector.planner import stream_ranges
+from tidemark.spark_connector.queues import QueueRef
+from tidemark.spark_connector.sink import check_write_schema
+from tidemark.spark_connector.source import (
+    QueueRangePartition,
+    TidemarkBatchReader,
+    TidemarkStreamReader,
+)
 
 BASE = {"brokers": "127.0.0.1:1", "topic": "t"}
 
@@ -118,9 +128,9 @@ SECRET = "spark-s3cret-never-shown"
 
 
 def test_security_options_reach_the_clients_and_never_show_the_secret():
-    from client.security import TlsSettings
-    from spark_connector.fetch import FetchSettings
     from tidemark.auth import Credentials
+    from tidemark.client.security import TlsSettings
+    from tidemark.spark_connector.fetch import FetchSettings
 
     opts = {**BASE, "ACCESSKEY": "etl", "secretKey": SECRET, "tlsCaFile": "/certs/ca.pem",
             "tlsCertFile": "/certs/c.pem", "tlsKeyFile": "/certs/c.key"}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from client.cli.main import main
-from client.errors import InvalidArgumentError
-from client.settings import ClientSettings
+from tidemark.client.cli.main import main
+from tidemark.client.errors import InvalidArgumentError
+from tidemark.client.settings import ClientSettings
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,7 @@ def test_a_bad_name_server_address_is_named(bad):
 
 
 def test_a_bad_environment_value_is_reported_as_such(monkeypatch, capsys):
-    monkeypatch.setattr("client.cli.main.setup_logging", lambda *args, **kwargs: None)  # the process's logging
+    monkeypatch.setattr("tidemark.client.cli.main.setup_logging", lambda *args, **kwargs: None)  # the process's logging
     monkeypatch.setenv("TIDEMARK_NAMESRV", "broken")
     with pytest.raises(SystemExit) as e:
         main(["topic", "list"])

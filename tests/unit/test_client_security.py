@@ -10,14 +10,19 @@ import itertools
 import grpc
 import pytest
 
-from broker.config import BrokerConfig
-from broker.tls import exposure_warning, is_loopback
-from client import Admin, ProducerSettings, PushConsumerSettings, TlsSettings
-from client.errors import InvalidArgumentError, TlsHandshakeError, UnavailableError, from_rpc_error
-from client.remoting import security
-from client.settings import ClientSettings
 from tidemark import auth
 from tidemark.auth import Credentials
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.tls import exposure_warning, is_loopback
+from tidemark.client import Admin, ProducerSettings, PushConsumerSettings, TlsSettings
+from tidemark.client.errors import (
+    InvalidArgumentError,
+    TlsHandshakeError,
+    UnavailableError,
+    from_rpc_error,
+)
+from tidemark.client.remoting import security
+from tidemark.client.settings import ClientSettings
 
 SECRET = "s3cret-value-never-shown"
 CREDS = Credentials("alice", SECRET)
@@ -243,7 +248,7 @@ def test_exposure_warning(tmp_path):
 def test_cli_connection_flags(monkeypatch):
     import argparse
 
-    from client.cli import connect
+    from tidemark.client.cli import connect
 
     for key in ("TIDEMARK_ACCESS_KEY", "TIDEMARK_SECRET_KEY", "TIDEMARK_TLS_CA_FILE", "TIDEMARK_TLS_CERT_FILE",
                 "TIDEMARK_TLS_KEY_FILE"):

@@ -7,10 +7,10 @@ import errno
 
 import pytest
 
-from broker import config_file
-from broker.errors import StoreError
-from broker.groups import SubscriptionGroupManager
-from broker.topics import TopicConfigManager
+from tidemark.broker import config_file
+from tidemark.broker.errors import StoreError
+from tidemark.broker.groups import SubscriptionGroupManager
+from tidemark.broker.topics import TopicConfigManager
 
 
 class Disk:

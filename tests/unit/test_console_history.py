@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.console.history import History, Point
+from tidemark.client.console.history import History, Point
 
 
 def test_series_keep_the_newest_points_up_to_capacity():

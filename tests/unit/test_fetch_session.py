@@ -6,12 +6,12 @@ import asyncio
 
 import pytest
 
-from broker.config import BrokerConfig
-from broker.controller import BrokerController
-from broker.errors import FencedError, InvalidArgumentError, NotFoundError
-from broker.fetch import MAX_SCAN, EndReason, OpenQueue
-from broker.offsets import Fence
-from broker.offsets.commits import ResetKind, ResetTarget
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.errors import FencedError, InvalidArgumentError, NotFoundError
+from tidemark.broker.fetch import MAX_SCAN, EndReason, OpenQueue
+from tidemark.broker.offsets import Fence
+from tidemark.broker.offsets.commits import ResetKind, ResetTarget
 from tidemark.protocol import tag_hash
 from tidemark.records import RecordBatchBuilder, encode_properties, record_spans
 

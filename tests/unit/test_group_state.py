@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from client.message import MessageQueue
-from client.types import GroupMember, GroupState, group_state
+from tidemark.client.message import MessageQueue
+from tidemark.client.types import GroupMember, GroupState, group_state
 
 
 def q(topic: str, queue_id: int) -> MessageQueue:

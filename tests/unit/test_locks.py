@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from broker.epoch import EpochSequence
-from broker.errors import FencedError
-from broker.locks import LockGrant, QueueLockManager
+from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.errors import FencedError
+from tidemark.broker.locks import LockGrant, QueueLockManager
 
 
 class FakeClock:

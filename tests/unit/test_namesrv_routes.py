@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.errors import FencedError, InvalidArgumentError, NotFoundError
-from broker.namesrv.routes import QueueRoute, Registration, RouteTable, TopicQueues
+from tidemark.broker.errors import FencedError, InvalidArgumentError, NotFoundError
+from tidemark.broker.namesrv.routes import QueueRoute, Registration, RouteTable, TopicQueues
 
 
 def reg(name: str = "broker-a", broker_id: int = 0, address: str = "10.0.0.1:10911", *topics: TopicQueues,

@@ -12,13 +12,13 @@ import threading
 
 import pytest
 
-from broker.config_file import ConfigFile
-from broker.groups import SubscriptionGroupManager
-from broker.schedule import ScheduleMessageService
-from broker.store import MessageRecord, MessageStore, StoreConfig
-from broker.topics import TopicConfigManager
-from client.consumer.offset_store import OFFSET_DIR_ENV, LocalFileOffsetStore
-from client.message import MessageQueue
+from tidemark.broker.config_file import ConfigFile
+from tidemark.broker.groups import SubscriptionGroupManager
+from tidemark.broker.schedule import ScheduleMessageService
+from tidemark.broker.store import MessageRecord, MessageStore, StoreConfig
+from tidemark.broker.topics import TopicConfigManager
+from tidemark.client.consumer.offset_store import OFFSET_DIR_ENV, LocalFileOffsetStore
+from tidemark.client.message import MessageQueue
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import broker.pop.handles as handles_module
-from broker.errors import ConfigFileError, InvalidArgumentError
-from broker.pop.handles import (
+import tidemark.broker.pop.handles as handles_module
+from tidemark.broker.errors import ConfigFileError, InvalidArgumentError
+from tidemark.broker.pop.handles import (
     MAX_HANDLE_CHARS,
     SECRET_SIZE,
     ForgedReceiptHandleError,

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import broker.pop.journal as journal_module
-from broker.errors import ConfigFileError
-from broker.pop.handles import QueueKey
-from broker.pop.journal import (
+import tidemark.broker.pop.journal as journal_module
+from tidemark.broker.errors import ConfigFileError
+from tidemark.broker.pop.handles import QueueKey
+from tidemark.broker.pop.journal import (
     JOURNAL_PREFIX,
     STATE_FILE_NAME,
     LoadSource,
@@ -24,7 +24,7 @@ from broker.pop.journal import (
     encode_events,
     list_segments,
 )
-from broker.pop.ledger import (
+from tidemark.broker.pop.ledger import (
     Acked,
     Changed,
     Dropped,

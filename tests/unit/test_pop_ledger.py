@@ -16,8 +16,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from broker.pop.handles import HandleFields, QueueKey, StaleReceiptHandleError
-from broker.pop.ledger import (
+from tidemark.broker.pop.handles import HandleFields, QueueKey, StaleReceiptHandleError
+from tidemark.broker.pop.ledger import (
     Acked,
     Changed,
     Pending,

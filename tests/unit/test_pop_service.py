@@ -8,13 +8,13 @@ import asyncio
 
 import pytest
 
-import broker.controller as controller_module
-from broker.config import BrokerConfig
-from broker.controller import BrokerController
-from broker.offsets.commits import ResetKind, ResetTarget
-from broker.pop.handles import ForgedReceiptHandleError, StaleReceiptHandleError
-from broker.pop.service import InvisibleTimeError, ReceiveRequest, pop_retry_topic
-from broker.send import OutgoingMessage
+import tidemark.broker.controller as controller_module
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.offsets.commits import ResetKind, ResetTarget
+from tidemark.broker.pop.handles import ForgedReceiptHandleError, StaleReceiptHandleError
+from tidemark.broker.pop.service import InvisibleTimeError, ReceiveRequest, pop_retry_topic
+from tidemark.broker.send import OutgoingMessage
 from tidemark.protocol import dlq_topic, parse_tag_expression
 
 
@@ -148,7 +148,7 @@ def test_tag_filter_skips_count_as_done_and_bad_requests_change_nothing(tmp_path
 
 
 def test_a_group_is_consumed_either_by_pop_or_by_queue_owners(tmp_path, clock):
-    from broker.errors import FailedPreconditionError
+    from tidemark.broker.errors import FailedPreconditionError
 
     async def scenario(b):
         await send(b, b"m")
@@ -165,7 +165,7 @@ def test_a_pop_journal_that_cannot_be_written_refuses_changes_and_shows_in_healt
     import errno
     import os
 
-    from broker.errors import StoreError
+    from tidemark.broker.errors import StoreError
 
     async def scenario(b):
         await send(b, b"m")

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.errors import ConfigFileError, InvalidArgumentError
-from broker.producers.store import STATE_FILE_NAME, ProducerStateStore
-from broker.producers.table import (
+from tidemark.broker.errors import ConfigFileError, InvalidArgumentError
+from tidemark.broker.producers.store import STATE_FILE_NAME, ProducerStateStore
+from tidemark.broker.producers.table import (
     WINDOW,
     OutOfOrderSequenceError,
     ProducerFencedError,
@@ -149,9 +149,9 @@ class _EmptyStore:
 
 
 def test_a_batch_the_store_refuses_after_its_journal_entry_is_not_taken_as_stored(tmp_path):
-    from broker.errors import StoreError
-    from broker.producers.service import BatchSequence, IdempotenceService
-    from broker.store import RecordsPut
+    from tidemark.broker.errors import StoreError
+    from tidemark.broker.producers.service import BatchSequence, IdempotenceService
+    from tidemark.broker.store import RecordsPut
 
     def service() -> IdempotenceService:
         s = IdempotenceService(tmp_path, store=_EmptyStore(), clock_ms=lambda: 0, max_producers=10, expiry_ms=10**6)

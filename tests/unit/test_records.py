@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.message import MessageExt
 from tidemark import records
+from tidemark.client.message import MessageExt
 from tidemark.protocol import tag_hash
 from tidemark.records import RecordBatchBuilder, RecordError, check_batch, encode_properties
 

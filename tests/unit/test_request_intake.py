@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from broker.errors import InvalidArgumentError
-from broker.services.intake import RequestBudget, RequestIntake, _Unpacker
+from tidemark.broker.errors import InvalidArgumentError
+from tidemark.broker.services.intake import RequestBudget, RequestIntake, _Unpacker
 
 
 def test_unary_requests_past_the_budget_are_refused_but_small_ones_always_get_in():

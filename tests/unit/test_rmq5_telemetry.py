@@ -8,9 +8,9 @@ import asyncio
 import grpc
 import pytest
 
-from broker.config import BrokerConfig
-from broker.server import BrokerServer
-from broker.services.rmq5 import service
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.server import BrokerServer
+from tidemark.broker.services.rmq5 import service
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 

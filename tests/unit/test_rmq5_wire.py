@@ -78,7 +78,7 @@ def test_every_enum_has_upstream_values(upstream):
 
 def test_the_messages_of_every_served_method_are_declared(upstream):
     """Each method the broker serves takes and answers messages declared here."""
-    from broker.services.rmq5.service import METHODS
+    from tidemark.broker.services.rmq5.service import METHODS
 
     declared = {m.name for m in ours().message_type}
     for method in METHODS:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.transactions.table import Outcome, TransactionTable
+from tidemark.broker.transactions.table import Outcome, TransactionTable
 
 
 def table(**kw) -> TransactionTable:

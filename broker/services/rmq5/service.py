@@ -18,22 +18,28 @@ from typing import Any
 
 import grpc
 
-from broker.controller import BrokerController
-from broker.errors import BrokerError, InvalidArgumentError, NotFoundError
-from broker.pop.service import MAX_BATCH, ReceiveRequest
-from broker.pull import PullRequest, PullStatus, check_queue
-from broker.services.errors import status_for
-from broker.services.rmq5 import convert
-from broker.services.rmq5.status import Code, ProtocolError, TopicNotFoundError, ok, status_of
-from broker.services.rmq5.telemetry import (
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.errors import BrokerError, InvalidArgumentError, NotFoundError
+from tidemark.broker.pop.service import MAX_BATCH, ReceiveRequest
+from tidemark.broker.pull import PullRequest, PullStatus, check_queue
+from tidemark.broker.services.errors import status_for
+from tidemark.broker.services.rmq5 import convert
+from tidemark.broker.services.rmq5.status import (
+    Code,
+    ProtocolError,
+    TopicNotFoundError,
+    ok,
+    status_of,
+)
+from tidemark.broker.services.rmq5.telemetry import (
     LONG_POLLING_TIMEOUT_MS,
     RECEIVE_BATCH_SIZE,
     ClientRegistry,
     client_id_of,
     filter_expression,
 )
-from broker.transactions.service import Check, TransactionService, real_view
-from broker.transactions.table import Outcome
+from tidemark.broker.transactions.service import Check, TransactionService, real_view
+from tidemark.broker.transactions.table import Outcome
 from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, parse_tag_expression
 from tidemark.rmq5.v2 import messaging_pb2 as pb

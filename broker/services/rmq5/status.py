@@ -8,7 +8,7 @@ and a gRPC error status is kept for what the protocol itself cannot carry (a bro
 
 from __future__ import annotations
 
-from broker.errors import (
+from tidemark.broker.errors import (
     BrokerError,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -17,9 +17,9 @@ from broker.errors import (
     StoreError,
     UnauthenticatedError,
 )
-from broker.pop.handles import InvalidReceiptHandleError
-from broker.pop.service import InvisibleTimeError
-from broker.send import DeliveryTimeError
+from tidemark.broker.pop.handles import InvalidReceiptHandleError
+from tidemark.broker.pop.service import InvisibleTimeError
+from tidemark.broker.send import DeliveryTimeError
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 Code = pb.Code

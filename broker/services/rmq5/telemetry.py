@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from broker.consumer_manager import ConsumerInfo
-from broker.controller import BrokerController
-from broker.errors import InvalidArgumentError
-from broker.groups import check_group
-from broker.retry import FIRST_RETRY_DELAY_LEVEL
-from broker.services.convert import checked_client_id
-from broker.services.rmq5.convert import duration, resource_name
-from broker.services.rmq5.status import Code, ProtocolError
+from tidemark.broker.consumer_manager import ConsumerInfo
+from tidemark.broker.controller import BrokerController
+from tidemark.broker.errors import InvalidArgumentError
+from tidemark.broker.groups import check_group
+from tidemark.broker.retry import FIRST_RETRY_DELAY_LEVEL
+from tidemark.broker.services.convert import checked_client_id
+from tidemark.broker.services.rmq5.convert import duration, resource_name
+from tidemark.broker.services.rmq5.status import Code, ProtocolError
 from tidemark.protocol import parse_tag_expression
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 

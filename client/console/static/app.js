@@ -6,6 +6,7 @@ import { lineChart } from "./chart.js";
 
 const REFRESH_MS = 2000;
 let timer = null;       // the current page's refresh, cleared on navigation
+let generation = 0;     // raised by every navigation: a page still loading when the user moved on stays idle
 let session = { user: null, read_only: false };
 
 function h(tag, attrs = {}, ...children) {
@@ -20,8 +21,9 @@ function h(tag, attrs = {}, ...children) {
 }
 
 async function api(path, body) {
-  const init = body === undefined ? {} : { method: "POST", headers: { "Content-Type": "application/json" },
-                                           body: JSON.stringify(body) };
+  // The header is the console's CSRF guard: cross-site forms cannot send it.
+  const init = body === undefined ? {} : { method: "POST", body: JSON.stringify(body),
+                                           headers: { "Content-Type": "application/json", "X-Tidemark-Console": "1" } };
   const resp = await fetch(path, init);
   const doc = await resp.json().catch(() => ({ error: `HTTP ${resp.status}` }));
   if (!resp.ok) throw new Error(doc.error || `HTTP ${resp.status}`);
@@ -222,7 +224,9 @@ async function groupPage(page, name) {
     }
     status(`updated ${new Date().toLocaleTimeString()}`);
   };
+  const mine = generation;
   await update();
+  if (mine !== generation) return;  // the user navigated away while the first load ran
   timer = setInterval(() => update().catch((e) => status(`refresh failed: ${e.message}`)), REFRESH_MS);
 }
 
@@ -297,6 +301,7 @@ const ROUTES = [
 ];
 
 async function route() {
+  generation += 1;
   clearInterval(timer);
   timer = null;
   await renderSession();

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from broker.auth import Action
-from broker.auth.guard import on_group, on_topic
-from broker.services.access import NEEDS
+from tidemark.broker.auth import Action
+from tidemark.broker.auth.guard import on_group, on_topic
+from tidemark.broker.services.access import NEEDS
 from tidemark.v1 import messaging_pb2
 
 
@@ -29,8 +29,8 @@ def test_a_read_without_a_group_needs_sub_on_the_topic_only():
 
 def test_every_rocketmq5_method_says_what_it_needs():
     """RocketMQ 5's methods have their own table (their names overlap tidemark.v1's, their requests not)."""
-    from broker.services.access import NEEDS_V2, V2_SERVICE, needs_for
-    from broker.services.rmq5.service import METHODS, SERVICE
+    from tidemark.broker.services.access import NEEDS_V2, V2_SERVICE, needs_for
+    from tidemark.broker.services.rmq5.service import METHODS, SERVICE
 
     assert SERVICE == V2_SERVICE
     assert {m.name for m in METHODS} <= set(NEEDS_V2)
@@ -38,7 +38,7 @@ def test_every_rocketmq5_method_says_what_it_needs():
 
 
 def test_rocketmq5_requests_map_to_topic_and_group_rights():
-    from broker.services.access import NEEDS_V2
+    from tidemark.broker.services.access import NEEDS_V2
     from tidemark.rmq5.v2 import messaging_pb2 as v2
 
     def res(name):

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.auth import AclRule, Action, Decision, Resource, ResourceType, User, evaluate
-from broker.errors import InvalidArgumentError
+from tidemark.broker.auth import AclRule, Action, Decision, Resource, ResourceType, User, evaluate
+from tidemark.broker.errors import InvalidArgumentError
 
 USERS = ["alice", "bob"]
 NAMES = ["orders", "orders-eu", "orders-us", "billing", "audit"]
@@ -186,6 +186,6 @@ def test_a_rule_needs_an_action_and_keeps_cidrs_in_normal_form():
 
 
 def test_a_rule_written_for_ipv4_mapped_addresses_matches_those_peers():
-    from broker.auth.acl import parse_network
+    from tidemark.broker.auth.acl import parse_network
     assert str(parse_network("::ffff:10.0.0.0/104")) == "10.0.0.0/8"
     assert str(parse_network("::ffff:10.1.2.3")) == "10.1.2.3/32"

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.auth import Action, Decision, Resource, ResourceType, User
-from broker.errors import InvalidArgumentError
+from tidemark.broker.auth import Action, Decision, Resource, ResourceType, User
+from tidemark.broker.errors import InvalidArgumentError
 
 
 @pytest.mark.parametrize("text, resource, canonical", [

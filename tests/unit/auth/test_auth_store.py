@@ -11,9 +11,9 @@ import stat
 
 import pytest
 
-from broker import config_file
-from broker.auth import AclRule, Action, AuthStore, Decision, Resource, User
-from broker.errors import (
+from tidemark.broker import config_file
+from tidemark.broker.auth import AclRule, Action, AuthStore, Decision, Resource, User
+from tidemark.broker.errors import (
     AlreadyExistsError,
     ConfigFileError,
     FailedPreconditionError,

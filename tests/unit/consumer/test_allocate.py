@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.consumer.allocate import (
+from tidemark.client.consumer.allocate import (
     STRATEGIES,
     AllocateMachineRoomNearby,
     AllocateMessageQueueAveragely,
@@ -25,7 +25,7 @@ from client.consumer.allocate import (
     prepare_allocation,
     strategy_by_name,
 )
-from client.message import MessageQueue
+from tidemark.client.message import MessageQueue
 
 GROUP = "g"
 ROOMS = ("hz", "sh", "bj")
@@ -115,7 +115,7 @@ def test_invalid_inputs_are_rejected_like_rocketmq(strategy, caplog):
         strategy.allocate(GROUP, "hz@c1", [], ["hz@c1"])
     with pytest.raises(ValueError, match="cid_all is empty"):
         strategy.allocate(GROUP, "hz@c1", mqs, [])
-    with caplog.at_level(logging.INFO, logger="client.consumer.allocate"):
+    with caplog.at_level(logging.INFO, logger="tidemark.client.consumer.allocate"):
         assert strategy.allocate(GROUP, "hz@stranger", mqs, ["hz@c1"]) == []
     assert any(
         r.levelno == logging.INFO and "[BUG]" in r.getMessage() and "hz@stranger" in r.getMessage()

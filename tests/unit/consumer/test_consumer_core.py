@@ -9,21 +9,21 @@ import time
 
 import pytest
 
-from client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
-from client.consumer.consume_orderly import ConsumeMessageOrderlyService
-from client.consumer.consume_pool import ConsumeThreadPool
-from client.consumer.lease import LeaseStatus, QueueLease
-from client.consumer.offset_store import RemoteBrokerOffsetStore
-from client.consumer.queue_state import IllegalTransition, OwnedQueue, QueueState
-from client.errors import InvalidArgumentError
-from client.message import (
+from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
+from tidemark.client.consumer.consume_orderly import ConsumeMessageOrderlyService
+from tidemark.client.consumer.consume_pool import ConsumeThreadPool
+from tidemark.client.consumer.lease import LeaseStatus, QueueLease
+from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
+from tidemark.client.consumer.queue_state import IllegalTransition, OwnedQueue, QueueState
+from tidemark.client.errors import InvalidArgumentError
+from tidemark.client.message import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
     MessageExt,
     MessageModel,
     MessageQueue,
 )
-from client.settings import PullConsumerSettings, PushConsumerSettings, build
+from tidemark.client.settings import PullConsumerSettings, PushConsumerSettings, build
 from tidemark.scheduler import Scheduler
 
 MQ = MessageQueue("T", "broker-a", 0)
@@ -415,7 +415,7 @@ def test_settings_take_names_as_users_write_them_and_name_the_bad_one():
 
 
 def test_a_fallback_retry_never_asks_for_more_delay_levels_than_the_broker_has():
-    from client.consumer.send_back import retry_delay_level
+    from tidemark.client.consumer.send_back import retry_delay_level
     assert retry_delay_level(0, 0, 18) == 3  # RocketMQ's 3 + reconsume times
     assert retry_delay_level(20, 0, 18) == 18
     assert retry_delay_level(0, 0, 2) == 2  # a broker configured with two levels

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from client.consumer.dedup import (
+from tidemark.client.consumer.dedup import (
     ClaimOutcome,
     DedupKey,
     DedupListener,
@@ -21,13 +21,18 @@ from client.consumer.dedup import (
     decode_log,
     encode_record,
 )
-from client.consumer.listener import (
+from tidemark.client.consumer.listener import (
     ConsumeConcurrentlyContext,
     ConsumeOrderlyContext,
     split_by_ack_index,
 )
-from client.errors import ClientStateError, InvalidArgumentError, InvalidTypeError
-from client.message import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, MessageExt, MessageQueue
+from tidemark.client.errors import ClientStateError, InvalidArgumentError, InvalidTypeError
+from tidemark.client.message import (
+    ConsumeConcurrentlyStatus,
+    ConsumeOrderlyStatus,
+    MessageExt,
+    MessageQueue,
+)
 
 SUCCESS = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER

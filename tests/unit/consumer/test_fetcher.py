@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from client.consumer.fetcher import Fetcher, FetchLimits
-from client.consumer.lease import QueueLease
-from client.message import MessageQueue
+from tidemark.client.consumer.fetcher import Fetcher, FetchLimits
+from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.message import MessageQueue
 from tidemark.protocol import tag_hash
 from tidemark.records import RecordBatchBuilder, encode_properties
 

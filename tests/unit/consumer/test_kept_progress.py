@@ -8,12 +8,12 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from client.consumer.kept_progress import KeptProgress, resume_offset
-from client.consumer.offset_store import RemoteBrokerOffsetStore
-from client.consumer.ownership import QueueOwnership
-from client.consumer.queue_state import QueueState
-from client.message import MessageQueue
-from client.types import QueueLockGrant
+from tidemark.client.consumer.kept_progress import KeptProgress, resume_offset
+from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
+from tidemark.client.consumer.ownership import QueueOwnership
+from tidemark.client.consumer.queue_state import QueueState
+from tidemark.client.message import MessageQueue
+from tidemark.client.types import QueueLockGrant
 
 MQ = MessageQueue("T", "broker-a", 0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from client.consumer.membership import GroupMembership, HeartbeatData
+from tidemark.client.consumer.membership import GroupMembership, HeartbeatData
 
 
 class ScriptedBroker:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
-from client.consumer.offset_store import RemoteBrokerOffsetStore
-from client.consumer.ownership import QueueOwnership
-from client.consumer.queue_state import QueueState
-from client.errors import RequestTimeoutError
-from client.message import MessageQueue
-from client.types import QueueLockGrant
+from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
+from tidemark.client.consumer.ownership import QueueOwnership
+from tidemark.client.consumer.queue_state import QueueState
+from tidemark.client.errors import RequestTimeoutError
+from tidemark.client.message import MessageQueue
+from tidemark.client.types import QueueLockGrant
 
 MQ = MessageQueue("T", "broker-a", 0)
 MQ1 = MessageQueue("T", "broker-a", 1)

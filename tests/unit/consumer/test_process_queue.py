@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from client.consumer.process_queue import ProcessQueue
-from client.message import MessageExt
+from tidemark.client.consumer.process_queue import ProcessQueue
+from tidemark.client.message import MessageExt
 
 
 def msg(offset: int, body: bytes = b"x") -> MessageExt:

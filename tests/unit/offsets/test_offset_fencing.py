@@ -2,10 +2,10 @@
 
 import pytest
 
-from broker.epoch import EpochSequence
-from broker.errors import FencedError, StaleResetGenerationError
-from broker.locks import QueueLockManager
-from broker.offsets import ConsumerOffsetManager, Fence
+from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.errors import FencedError, StaleResetGenerationError
+from tidemark.broker.locks import QueueLockManager
+from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 
 G, T = "g", "t"
 

@@ -12,11 +12,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import broker.offsets.manager as manager_module
-from broker.epoch import EpochSequence
-from broker.errors import StaleResetGenerationError
-from broker.offsets import ConsumerOffsetManager, Fence
-from broker.offsets.journal import (
+import tidemark.broker.offsets.manager as manager_module
+from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.errors import StaleResetGenerationError
+from tidemark.broker.offsets import ConsumerOffsetManager, Fence
+from tidemark.broker.offsets.journal import (
     JOURNAL_PREFIX,
     JournalRecord,
     OffsetJournal,
@@ -27,7 +27,7 @@ from broker.offsets.journal import (
     encode_records,
     list_segments,
 )
-from broker.offsets.persistence import remove_leftover_temp_files, temp_paths
+from tidemark.broker.offsets.persistence import remove_leftover_temp_files, temp_paths
 
 names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="@"), min_size=1, max_size=12)
 records = st.builds(JournalRecord, op=st.sampled_from(Op), topic=names, group=names,
@@ -401,8 +401,8 @@ def test_close_releases_the_segment(tmp_path):
 
 
 def test_the_broker_closes_the_journal_at_shutdown(tmp_path):
-    from broker.config import BrokerConfig
-    from broker.controller import BrokerController
+    from tidemark.broker.config import BrokerConfig
+    from tidemark.broker.controller import BrokerController
 
     async def scenario():
         b = BrokerController(BrokerConfig(data_dir=tmp_path, flush_interval_ms=3_600_000))
@@ -418,9 +418,9 @@ def test_the_broker_closes_the_journal_at_shutdown(tmp_path):
 
 
 def test_the_journal_state_reaches_broker_health(tmp_path, monkeypatch):
-    from broker.config import BrokerConfig
-    from broker.controller import BrokerController
-    from broker.health import CONSUMER_OFFSETS
+    from tidemark.broker.config import BrokerConfig
+    from tidemark.broker.controller import BrokerController
+    from tidemark.broker.health import CONSUMER_OFFSETS
 
     async def scenario():
         b = BrokerController(BrokerConfig(data_dir=tmp_path, flush_interval_ms=3_600_000))

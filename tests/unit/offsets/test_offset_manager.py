@@ -6,10 +6,10 @@ import threading
 
 import pytest
 
-import broker.offsets.manager as manager_module
-from broker.epoch import EpochSequence
-from broker.errors import ConfigFileError, InvalidArgumentError
-from broker.offsets import ConsumerOffsetManager, LoadSource, decode_offset_table
+import tidemark.broker.offsets.manager as manager_module
+from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.errors import ConfigFileError, InvalidArgumentError
+from tidemark.broker.offsets import ConsumerOffsetManager, LoadSource, decode_offset_table
 
 
 @pytest.fixture

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.errors import ConfigFileError
-from broker.offsets.persistence import (
+from tidemark.broker.errors import ConfigFileError
+from tidemark.broker.offsets.persistence import (
     LoadSource,
     OffsetFileError,
     decode_offset_table,

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from broker.epoch import EpochSequence
-from broker.errors import StaleResetGenerationError
-from broker.offsets import ConsumerOffsetManager, Fence
-from broker.offsets.persistence import decode_offset_table, encode_offset_table
+from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.errors import StaleResetGenerationError
+from tidemark.broker.offsets import ConsumerOffsetManager, Fence
+from tidemark.broker.offsets.persistence import decode_offset_table, encode_offset_table
 
 
 def test_generations_round_trip_beside_the_rocketmq_table():

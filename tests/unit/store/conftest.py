@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pytest
 from store_testlib import body_for
 
-from broker.store import MessageRecord, MessageStore, RecoveryReport, StoreConfig
+from tidemark.broker.store import MessageRecord, MessageStore, RecoveryReport, StoreConfig
 
 
 class FakeClock:

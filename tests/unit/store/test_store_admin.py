@@ -10,7 +10,7 @@ import time
 import pytest
 from store_testlib import body_for
 
-from broker.store import GetStatus
+from tidemark.broker.store import GetStatus
 
 
 @pytest.mark.parametrize("crash", [False, True], ids=["clean-restart", "unclean-restart"])

@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from broker.errors import InvalidArgumentError
-from broker.store import MessageRecord, codec
+from tidemark.broker.errors import InvalidArgumentError
+from tidemark.broker.store import MessageRecord, codec
 
 
 def _roundtrip(record: MessageRecord, **kwargs):

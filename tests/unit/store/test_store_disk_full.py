@@ -18,9 +18,9 @@ import os
 import pytest
 from store_testlib import body_for
 
-from broker.errors import StoreError
-from broker.store import FlushMode, MessageStore
-from broker.store.writability import GuardSettings, WriteGuard, WriteState, describe
+from tidemark.broker.errors import StoreError
+from tidemark.broker.store import FlushMode, MessageStore
+from tidemark.broker.store.writability import GuardSettings, WriteGuard, WriteState, describe
 
 NO_MARGIN = GuardSettings(probe_interval_s=3600, resume_free_bytes=0)
 
@@ -165,7 +165,7 @@ def test_shutdown_on_a_full_disk_is_not_clean_and_the_next_start_keeps_every_ack
         DiskBudget(monkeypatch, config.data_dir, 0)
         with pytest.raises(StoreError, match="disk full"):
             await store.put_messages(make_records(5, start=12))
-        monkeypatch.setattr("broker.store.checkpoint.atomic_write", _full_disk)  # no room for the checkpoint
+        monkeypatch.setattr("tidemark.broker.store.checkpoint.atomic_write", _full_disk)  # no room for the checkpoint
         with pytest.raises(StoreError, match="not marking it clean"):
             await store.shutdown()
         return acked

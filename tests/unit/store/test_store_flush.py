@@ -10,9 +10,9 @@ import shutil
 import pytest
 from store_testlib import body_for
 
-from broker.errors import StoreError
-from broker.store import FlushMode
-from broker.store.flush import FileHandle, FlushJob
+from tidemark.broker.errors import StoreError
+from tidemark.broker.store import FlushMode
+from tidemark.broker.store.flush import FileHandle, FlushJob
 
 
 class FsyncRecorder:

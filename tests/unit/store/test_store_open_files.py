@@ -12,9 +12,9 @@ import threading
 import pytest
 from store_testlib import body_for
 
-from broker.store import GetStatus
-from broker.store.flush import FileHandle, FlushJob
-from broker.store.openfiles import OpenFiles
+from tidemark.broker.store import GetStatus
+from tidemark.broker.store.flush import FileHandle, FlushJob
+from tidemark.broker.store.openfiles import OpenFiles
 
 QUEUES = 12
 CACHE = 3

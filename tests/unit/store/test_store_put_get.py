@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from store_testlib import body_for
 
-from broker.errors import InvalidArgumentError, StoreError
-from broker.store import GetStatus, MessageRecord
+from tidemark.broker.errors import InvalidArgumentError, StoreError
+from tidemark.broker.store import GetStatus, MessageRecord
 from tidemark.protocol import parse_tag_expression, tag_hash
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from store_testlib import body_for
 
-from broker.store import GetStatus, MessageStore, PutResult
+from tidemark.broker.store import GetStatus, MessageStore, PutResult
 
 
 def _put_run(open_store, batches, *, crash: bool) -> tuple[MessageStore, list[PutResult]]:

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 from store_testlib import body_for
 
-from broker.errors import StoreError
-from broker.store import MessageStore, commitlog
+from tidemark.broker.errors import StoreError
+from tidemark.broker.store import MessageStore, commitlog
 
 
 def _replicate(master: MessageStore, replica: MessageStore, max_bytes: int) -> int:
@@ -209,7 +209,7 @@ def test_a_cut_moves_the_checkpoint_back_so_a_crash_recovers_from_a_record_start
 def test_a_follower_answers_a_position_past_its_end_with_wait_not_with_the_start(config, clock, make_records):
     """A consumer failing over to a replica that is behind keeps its position (RocketMQ's slave answers the
     same); a master sends a reader past the end back (OFFSET_OVERFLOW_BADLY)."""
-    from broker.store import GetStatus
+    from tidemark.broker.store import GetStatus
 
     async def scenario():
         store = MessageStore(config, clock=clock)

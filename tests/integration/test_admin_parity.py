@@ -435,8 +435,8 @@ def test_deleted_and_cloned_offsets_survive_a_kill_9(broker_factory, monkeypatch
 def test_msg_id_times_and_csv_plans_parse_as_documented():
     from tidemark.broker.errors import InvalidArgumentError as BrokerInvalid
     from tidemark.broker.queries import msg_id_time_ms
-    from tidemark.client.offset_plan import read_plan
     from tidemark.client.errors import InvalidArgumentError
+    from tidemark.client.offset_plan import read_plan
 
     msg_id = MessageIdGenerator().next()
     assert abs(msg_id_time_ms(msg_id) - time.time() * 1000) < 60_000

@@ -9,7 +9,8 @@ What was requeued is remembered the way consumers remember what they read: the
 group's committed offset on each queue of its DLQ (a group never consumes its
 own %DLQ% topic otherwise) is the mark below which every dead letter was sent
 back. A requeue of all starts at the mark and advances it, so a second run
-finds nothing new and never sends a message twice; `tidemark group progress
+finds nothing new (a message requeued alone by msg id past the mark is sent
+again by a later requeue of all); `tidemark group progress
 GROUP --topic %DLQ%GROUP` shows how many dead letters wait, and `tidemark group
 reset-offset GROUP --topic %DLQ%GROUP --to-earliest` makes them all eligible
 again, as Kafka users move a group back to re-read a topic. With auth, moving

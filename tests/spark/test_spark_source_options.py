@@ -178,6 +178,8 @@ def test_min_offsets_per_trigger_holds_batches_back(spark, kit, tmp_path):
             "minOffsetsBehindLatest": 0, "maxOffsetsBehindLatest": 10, "avgOffsetsBehindLatest": 5.0}
         kit.produce(topic, mqs, [10, 5])  # 25 waiting now: read at the next trigger
         wait_for(q, lambda q: len(log.rows()) >= 55)
+        # The sink sees a batch's rows before the query records its progress: wait for that too.
+        wait_for(q, lambda q: sum(_rows_per_batch(q)) >= 55)
     finally:
         q.stop()
     assert len(log.rows()) == len(set(log.rows())) == 55

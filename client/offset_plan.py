@@ -83,6 +83,17 @@ def read_plan(text: str, source: str) -> list[tuple[int, str, int, int]]:
     return rows
 
 
+def queue_of(a: Admin, topic: str, queue_id: int | None) -> MessageQueue | None:
+    """The queue --queue (or the console's form) names, None for every queue; InvalidArgumentError when the
+    topic has no such queue. (Several brokers each holding that id: the first, as today's reset takes it.)"""
+    if queue_id is None:
+        return None
+    queue = next((q for q in a.fetch_message_queues(topic) if q.queue_id == queue_id), None)
+    if queue is None:
+        raise InvalidArgumentError(f"topic {topic!r} has no queue {queue_id}")
+    return queue
+
+
 def one_broker_queue(a: Admin, topic: str, queue_id: int, routes: dict[str, list[MessageQueue]]) -> MessageQueue:
     """The queue a CSV row names: its topic must be on one broker (a row carries no broker name)."""
     if topic not in routes:

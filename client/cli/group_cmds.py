@@ -200,11 +200,7 @@ def reset_offset(args: argparse.Namespace) -> int:
             steps = offset_plan.file_steps(a, args.from_file)
         else:
             topics = offset_plan.group_topics(a, args.group) if args.all_topics else [args.topic]
-            queue = None
-            if args.queue is not None:
-                queue = next((q for q in a.fetch_message_queues(args.topic) if q.queue_id == args.queue), None)
-                if queue is None:
-                    raise InvalidArgumentError(f"topic {args.topic!r} has no queue {args.queue}")
+            queue = offset_plan.queue_of(a, args.topic, args.queue)
             if args.to_current:
                 changes = offset_plan.current_plan(a, args.group, topics, args.queue)
                 steps = []

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tidemark.client import health
+from tidemark.client import health, offset_plan
 from tidemark.client.admin import Admin
 from tidemark.client.console.history import History
 from tidemark.client.errors import (
@@ -202,11 +202,7 @@ class ResetRequest:
 
 def reset(admin: Admin, name: str, req: ResetRequest) -> dict[str, Any]:
     """Preview (execute false) or apply an offset reset; both answer the per-queue changes."""
-    queue = None
-    if req.queue is not None:
-        queue = next((q for q in admin.fetch_message_queues(req.topic) if q.queue_id == req.queue), None)
-        if queue is None:
-            raise InvalidArgumentError(f"topic {req.topic!r} has no queue {req.queue}")
+    queue = offset_plan.queue_of(admin, req.topic, req.queue)
     changes: list[OffsetChange] = admin.reset_offset(name, req.topic, req.target, req.value, queue=queue,
                                                      dry_run=not req.execute)
     return {"group": name, "executed": req.execute,

@@ -13,7 +13,7 @@ DATA_DIR ?= ./data
 PORT ?= 10911
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: setup gen run test lint lock bench bench-client bench-rmq5 demo images clean
+.PHONY: setup gen run test torture lint lock bench bench-client bench-rmq5 demo images clean
 
 setup: $(STAMP) $(PROTO_STAMP)
 
@@ -64,6 +64,15 @@ test: setup
 		  apt-get install -y -q --no-install-recommends chromium >/dev/null; } || \
 		echo "chromium could not be installed: the console's browser tests will skip"
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Seeded fault runs (tests/faults/, docs/guarantees.md): make torture SCENARIOS=kill,failover RUNS=20 SEED=100
+# MODE=flush=sync DURATION=30. Prints each run, the command that repeats a failing one, and a table.
+RUNS ?= 5
+SEED ?= 1
+DURATION ?= 30
+torture: setup
+	$(PY) -m tests.faults.torture --runs $(RUNS) --seed $(SEED) --duration $(DURATION) \
+		$(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(MODE),--mode $(MODE))
 
 demo: setup
 	$(PY) examples/streaming_pipeline.py --start-broker

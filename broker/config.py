@@ -60,9 +60,10 @@ class BrokerConfig:
     broker_id: int = _setting(0, "0: the master of broker_name; above 0: a replica of it (needs master)")
     master: str = _setting("", "host:port of the master a replica copies (broker_id above 0)")
     replication: ReplicationMode = _setting(ReplicationMode.ASYNC, "async: answer sends at once; sync: answer only "
-                                            "once a replica has them (master)")
-    replication_timeout_ms: int = _setting(3000, "Sync replication: how long a send waits for a replica before it "
-                                           "fails (UNAVAILABLE)")
+                                            "once a replica has them, refuse them while no replica is in sync "
+                                            "(master)")
+    replication_timeout_ms: int = _setting(3000, "Sync replication: how long a stored send waits for a replica "
+                                           "before its answer is an unknown outcome (DEADLINE_EXCEEDED)")
     register_interval_ms: int = _setting(5000, "How often the broker registers with the name servers (and at once "
                                          "after a topic or permission change)")
     flush: FlushDiskType = _setting(FlushDiskType.ASYNC, "async: fsync every flush interval; sync: ack after fsync")

@@ -171,11 +171,11 @@ class BrokerController:
             store=self.store, topics=self.topics, permission=self.permission, clock_ms=self.clock_ms,
             config_dir=config_dir, timeout_ms=config.transaction_timeout_ms,
             check_interval_ms=config.transaction_check_interval_ms, max_checks=config.transaction_check_max,
-            replicated=self._sync_wait())
+            sync_replication=self._sync_replication())
         self.sender = SendService(config=config, store=self.store, topics=self.topics,
                                   permission=self.permission, schedule=self.schedule,
                                   ids=MessageIdGenerator(), clock_ms=self.clock_ms, producers=self.producers,
-                                  transactions=self.transactions, replicated=self._sync_wait())
+                                  transactions=self.transactions, sync_replication=self._sync_replication())
         self.metrics = BrokerMetrics()
         # Sends, config changes and the offset timer report disk trouble here; the server maps it to health.
         self.persistence = PersistenceHealth(self.metrics)
@@ -510,10 +510,11 @@ class BrokerController:
         return ReplicationSource(self.store, broker_name=c.broker_name, segment_size=c.commitlog_segment_size,
                                  timeout_s=c.replication_timeout_ms / 1000, epoch=lambda: self.epoch)
 
-    def _sync_wait(self):
-        """What a send waits for after the store: a replica's acknowledgement with sync replication."""
+    def _sync_replication(self) -> ReplicationSource | None:
+        """With sync replication, what a send checks before the store (a replica in sync) and waits for after
+        it (a replica's acknowledgement)."""
         sync = self.replication is not None and self.config.replication is ReplicationMode.SYNC
-        return self.replication.wait_replicated if sync else None
+        return self.replication if sync else None
 
     async def promote(self) -> int:
         """Make this replica the master of its name with a new epoch (`tidemark broker promote`); returns
@@ -541,7 +542,7 @@ class BrokerController:
         self.store.follower = False
         self.replication = self._replication_source()
         self.store.add_dispatch_listener(self.replication.on_append)
-        self.sender.replicated = self.transactions.replicated = self._sync_wait()
+        self.sender.sync_replication = self.transactions.sync_replication = self._sync_replication()
         self.transactions.load()  # the half and op topics it copied: open transactions are checked from here
         await self.transactions.start()
         self.permission.promote()

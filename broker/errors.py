@@ -48,5 +48,11 @@ class StoreError(BrokerError):
     """The message store cannot serve the request (I/O failure, shutting down)."""
 
 
+class OutcomeUnknownError(BrokerError):
+    """The request may have taken effect or not, and the broker cannot say which in time (a sync-replication
+    send stored here that no replica acknowledged). Not a refusal: the caller retries, and an idempotent
+    producer's retry with the same sequence is stored once. DEADLINE_EXCEEDED, like a timeout."""
+
+
 class ConfigFileError(BrokerError):
     """A config file (offsets, topics, groups) is present but cannot be used."""

@@ -31,6 +31,7 @@ from tidemark.broker.errors import (
     FencedError,
     InvalidArgumentError,
     StaleResetGenerationError,
+    StoreError,
 )
 from tidemark.broker.long_polling import PullRequestHoldService
 from tidemark.broker.offsets import Fence
@@ -314,6 +315,11 @@ class FetchSession:
             log.info("piggybacked commit ignored",
                      event="piggyback_commit_ignored", group=q.group, topic=q.topic, queue_id=q.queue_id,
                      offset=offset, error=e)
+        except StoreError:
+            # The offset journal cannot take it (a full disk): not applied, and the queue is still served.
+            # The offsets manager says so once (and health turns NOT_SERVING); the client's next credit
+            # carries the offset again, so nothing is lost but the commit's timeliness.
+            pass
         return True
 
     def _reset(self, q: _Served, generation: int) -> None:

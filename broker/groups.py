@@ -35,12 +35,22 @@ def check_group(group: str) -> None:
         raise InvalidArgumentError(str(e)) from None
 
 
+def _name_problem(group: str) -> str:
+    """What is wrong with a group name ("" when nothing)."""
+    try:
+        check_group_name(group)
+    except InvalidNameError as e:
+        return str(e)
+    return ""
+
+
 class SubscriptionGroupManager:
     def __init__(self, config_dir: Path, *, retry_queue_nums: int = 1, retry_max_times: int = 16) -> None:
         self._path = Path(config_dir) / "subscriptionGroup.json"
         self.file = ConfigFile(self._path, self._document)
         self._defaults = GroupConfig(group="", retry_queue_nums=retry_queue_nums, retry_max_times=retry_max_times)
         self._groups: dict[str, GroupConfig] = {}
+        self._mirror_skipped: frozenset[str] = frozenset()  # the master's groups with bad names
 
     def load(self) -> int:
         self._groups = self._parse(load_json(self._path, log) or {})
@@ -67,8 +77,16 @@ class SubscriptionGroupManager:
         return self._document()
 
     def mirror(self, doc: dict) -> bool:
-        """A replica's copy of its master's groups (`document()`), replaced whole; True when it changed."""
+        """A replica's copy of its master's groups (`document()`), replaced whole; True when it changed.
+        Groups whose names no RPC accepts are left out: they come from another process."""
         before, after = self._groups, self._parse(doc)
+        bad = {name: why for name in after if (why := _name_problem(name))}
+        if bad.keys() != self._mirror_skipped:
+            self._mirror_skipped = frozenset(bad)  # said once per change, not at every mirror
+            for name, why in list(bad.items())[:5]:
+                log.warning("mirrored group skipped: %s", why, event="group_mirror_skipped", group=repr(name),
+                            total=len(bad))
+        after = {name: group for name, group in after.items() if name not in bad}
         if after == before:
             return False
         self._groups = after

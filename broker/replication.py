@@ -14,27 +14,43 @@ RocketMQ's master/slave HA, over one gRPC stream per replica
   second it also mirrors the master's topics, groups and consumer offsets.
 - **ReplicationSource** (on a master) serves those streams, at most
   `window_bytes` ahead of what a replica acknowledged, and knows how far each
-  replica is. With sync replication a send is answered only once a replica
-  acknowledged its records (RocketMQ's SYNC_MASTER), or fails after
-  `timeout_s` with ReplicationTimeoutError (UNAVAILABLE): never an
-  acknowledgement of data only the master holds. The records stay on the
-  master, so a retry may store them twice (at-least-once).
+  replica is. With sync replication (RocketMQ's SYNC_MASTER) a send is
+  stored or refused, never both:
+  - before storing, `check_in_sync` refuses it while no connected replica
+    is in sync (NotEnoughReplicasError, UNAVAILABLE, nothing stored: Kafka's
+    NOT_ENOUGH_REPLICAS, RocketMQ's SLAVE_NOT_AVAILABLE);
+  - after storing, the answer waits until a replica acknowledged the
+    records, or after `timeout_s` is ReplicationTimeoutError: an unknown
+    outcome (DEADLINE_EXCEEDED), never an acknowledgement of data only the
+    master holds. The records stay on the master; an idempotent producer's
+    retry with the same sequence is answered as a duplicate, any other
+    retry may store them twice (at-least-once).
+  A replica is in sync while it holds everything the master has, or held
+  it within the last `max(timeout_s, 2 heartbeats)` (Kafka's
+  replica.lag.time.max.ms): one that went silent or fell behind stops
+  counting before sends pile up on the master only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import enum
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
 from tidemark.auth import Credentials, signed_metadata
 from tidemark.broker import tls
-from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError, StoreError
+from tidemark.broker.errors import (
+    FailedPreconditionError,
+    InvalidArgumentError,
+    OutcomeUnknownError,
+    StoreError,
+)
 from tidemark.broker.groups import SubscriptionGroupManager
 from tidemark.broker.offsets import ConsumerOffsetManager
 from tidemark.broker.offsets.persistence import (
@@ -59,6 +75,18 @@ WINDOW_BYTES = 8 << 20
 HEARTBEAT_S = 1.0
 MAX_RECEIVE_BYTES = 256 << 20
 
+_MASTER_CHANNEL_OPTIONS = (
+    # A chunk holds at least one whole record, up to max_message_size and more; the offset table too.
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    # A master that comes up (or back) is found within a couple of seconds. gRPC's own backoff grows to two
+    # minutes, and a sync master refuses every send until a replica connects: a replica started 20 s before
+    # its master took 9 s more to connect, and the wait grows with the time it failed.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    # gRPC core takes this as the least time one connection attempt may take (client/remoting/connection.py).
+    ("grpc.min_reconnect_backoff_ms", 20_000),
+)
+
 
 def decode_offsets(data: bytes) -> DecodeResult:
     """An offsets document from the other side; InvalidArgumentError when it is not one."""
@@ -68,12 +96,45 @@ def decode_offsets(data: bytes) -> DecodeResult:
         raise InvalidArgumentError(f"offsets_json is not an offset table: {e}") from None
 
 
-class ReplicationTimeoutError(StoreError):
-    """A sync-replication send no replica acknowledged in time (or no replica is connected)."""
+class NotEnoughReplicasError(StoreError):
+    """A sync-replication send refused before it was stored: no connected replica is in sync."""
+
+
+class ReplicationTimeoutError(OutcomeUnknownError):
+    """A sync-replication send stored on the master that no replica acknowledged in time: it may be lost
+    with the master, or be on a replica already; the client cannot know."""
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+# Kept per replica: the chunks that brought it level with the master and are not acknowledged yet.
+MAX_LEVELS = 256
+
+
+@dataclass
+class CatchUp:
+    """When a replica last held everything its master had (Kafka's lastCaughtUpTime), from what the master
+    sent and what the replica acknowledged. Pure: times are given."""
+
+    at: float | None = None  # None: not since it connected
+    _levels: collections.deque[tuple[int, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=MAX_LEVELS))
+
+    def sent(self, end: int, master_end: int, now: float) -> None:
+        """A chunk (or heartbeat) ending at `end` went out when the master's log ended at `master_end`."""
+        if end < master_end or (self._levels and self._levels[-1][0] == end):
+            return  # behind even once stored; or no news (the earliest time for an end is kept)
+        self._levels.append((end, now))
+
+    def acknowledged(self, end: int) -> None:
+        while self._levels and self._levels[0][0] <= end:
+            self.at = self._levels.popleft()[1]
+
+    def in_sync(self, acked: int, master_end: int, now: float, max_lag_s: float) -> bool:
+        """Holding all the master has, or having held all it had within `max_lag_s`."""
+        return acked >= master_end or (self.at is not None and now - self.at <= max_lag_s)
 
 
 @dataclass
@@ -81,17 +142,23 @@ class _Replica:
     key: str  # "name/id@peer"
     acked: int
     progress: asyncio.Event
+    catch_up: CatchUp = field(default_factory=CatchUp)
 
 
 class ReplicationSource:
     def __init__(self, store: MessageStore, *, broker_name: str, segment_size: int, timeout_s: float = 3.0,
                  chunk_bytes: int = CHUNK_BYTES, window_bytes: int = WINDOW_BYTES,
-                 epoch: Callable[[], int] = lambda: 0) -> None:
+                 epoch: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
         self._epoch = epoch
         self._broker_name = broker_name
         self._segment_size = segment_size
         self._timeout_s = timeout_s
+        # A replica that has not been level with the master for longer than a send waits for it cannot be
+        # counted on to acknowledge the next one in time (two heartbeats at least: an idle replica hears
+        # from the master once a second).
+        self._max_lag_s = max(timeout_s, 2 * HEARTBEAT_S)
+        self._clock = clock
         self._chunk_bytes = chunk_bytes
         self._window_bytes = window_bytes
         self._replicas: dict[str, _Replica] = {}
@@ -107,30 +174,46 @@ class ReplicationSource:
         """Connected replicas and the commit-log end each acknowledged."""
         return {r.key: r.acked for r in self._replicas.values()}
 
+    def check_in_sync(self) -> None:
+        """Before a sync-replication send is stored: NotEnoughReplicasError (nothing stored, retriable)
+        unless a connected replica is in sync, so that a send is either stored or refused, never both."""
+        end, now = self._store.commit_log_max_offset, self._clock()
+        replicas = list(self._replicas.values())
+        if any(r.catch_up.in_sync(r.acked, end, now, self._max_lag_s) for r in replicas):
+            return
+        if not replicas:
+            why = "none is connected"
+        else:
+            why = "; ".join(f"{r.key} holds {r.acked} of {end} bytes, " + (
+                "not level since it connected" if r.catch_up.at is None else
+                f"last level {now - r.catch_up.at:.1f} s ago") for r in replicas)
+            why = f"behind for longer than {self._max_lag_s:.1f} s: {why}"
+        raise NotEnoughReplicasError(f"broker {self._broker_name} replicates synchronously and no in-sync replica "
+                                     f"is connected ({why}); the message was not stored, retry later")
+
     async def wait_replicated(self, end: int) -> None:
-        """Until a replica acknowledged `end`; ReplicationTimeoutError after the timeout or without replicas."""
+        """Until a replica acknowledged `end` (one may connect meanwhile); ReplicationTimeoutError after the
+        timeout: the records are stored here, whether a replica has them is unknown."""
         if any(r.acked >= end for r in self._replicas.values()):
             return
-        if not self._replicas:
-            raise ReplicationTimeoutError(f"broker {self._broker_name} replicates synchronously and no replica "
-                                          f"is connected; the message was stored on the master only")
         future = asyncio.get_running_loop().create_future()
         self._waiters.append((end, future))
         try:
             await asyncio.wait_for(future, self._timeout_s)
         except TimeoutError:
             raise ReplicationTimeoutError(
-                f"no replica of broker {self._broker_name} acknowledged the message within "
-                f"{self._timeout_s:.1f} s; it was stored on the master only") from None
+                f"no replica of broker {self._broker_name} acknowledged the message within {self._timeout_s:.1f} s; "
+                f"it is stored on the master, its outcome is unknown (retry; an idempotent producer's retry is "
+                f"stored once)") from None
         finally:
             self._waiters = [(e, f) for e, f in self._waiters if f is not future]
 
     def _acknowledge(self, replica: _Replica, end: int) -> None:
         replica.acked = max(replica.acked, end)
+        replica.catch_up.acknowledged(replica.acked)
         replica.progress.set()
-        best = max(r.acked for r in self._replicas.values())
         for want, future in self._waiters:
-            if want <= best and not future.done():
+            if want <= replica.acked and not future.done():
                 future.set_result(None)
 
     async def serve(self, requests: AsyncIterator[replication_pb2.ReplicaProgress],
@@ -161,6 +244,8 @@ class ReplicationSource:
                     f"clear the replica's data dir to copy the master again")
             start = store.commit_log_min_offset
         replica = _Replica(f"{hello.broker_name}/{hello.broker_id}@{peer}", start, asyncio.Event())
+        replica.catch_up.sent(start, store.commit_log_max_offset, self._clock())
+        replica.catch_up.acknowledged(start)  # level already when it connects at the master's end
         appended = asyncio.Event()
         self._replicas[replica.key] = replica
         self._appended.add(appended)
@@ -176,8 +261,11 @@ class ReplicationSource:
             log.info("replica disconnected", event="replica_disconnected", replica=replica.key, acked=replica.acked)
 
     async def _read_acks(self, requests: AsyncIterator[replication_pb2.ReplicaProgress], replica: _Replica) -> None:
-        async for progress in requests:
-            self._acknowledge(replica, progress.commit_log_end)
+        try:
+            async for progress in requests:
+                self._acknowledge(replica, progress.commit_log_end)
+        finally:
+            self._replicas.pop(replica.key, None)  # gone: sends are refused from now on, not stored and lost
 
     async def _chunks(self, replica: _Replica, offset: int, appended: asyncio.Event,
                       reader: asyncio.Task) -> AsyncIterator[replication_pb2.ReplicationChunk]:
@@ -190,11 +278,15 @@ class ReplicationSource:
             appended.clear()
             data = store.replication_chunk(offset, self._chunk_bytes)
             if data:
-                yield replication_pb2.ReplicationChunk(offset=offset, data=data, master_end=store.commit_log_max_offset,
+                master_end = store.commit_log_max_offset
+                replica.catch_up.sent(offset + len(data), master_end, self._clock())
+                yield replication_pb2.ReplicationChunk(offset=offset, data=data, master_end=master_end,
                                                        master_epoch=self._epoch())
                 offset += len(data)
             elif not await _wait(appended, HEARTBEAT_S):
-                yield replication_pb2.ReplicationChunk(offset=offset, master_end=store.commit_log_max_offset,
+                master_end = store.commit_log_max_offset
+                replica.catch_up.sent(offset, master_end, self._clock())
+                yield replication_pb2.ReplicationChunk(offset=offset, master_end=master_end,
                                                        master_epoch=self._epoch())
 
     def metadata(self, topics: TopicConfigManager, groups: SubscriptionGroupManager,
@@ -266,9 +358,7 @@ class ReplicaSync:
     def start(self) -> None:
         if self.state is not State.NEW:
             return
-        # A chunk holds at least one whole record, up to max_message_size and more; the offset table too.
-        self._channel = tls.peer_channel(self.master, self._tls_ca_file,
-                                         (("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),))
+        self._channel = tls.peer_channel(self.master, self._tls_ca_file, _MASTER_CHANNEL_OPTIONS)
         self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-sync")
         self.state = State.RUNNING
@@ -336,8 +426,9 @@ class ReplicaSync:
             return
         try:
             if self._hand_back_due:
+                table = self._offsets.table(well_named=True)
                 answer = await self._stub.HandBackOffsets(replication_pb2.ReplicaMetadata(
-                    offsets_json=encode_offset_table(*self._offsets.table())), timeout=5, metadata=self._signed())
+                    offsets_json=encode_offset_table(*table)), timeout=5, metadata=self._signed())
                 self._hand_back_due = False
                 if answer.advanced:
                     log.info("offsets handed back to the master", event="offsets_handed_back",

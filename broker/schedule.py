@@ -161,9 +161,9 @@ class ScheduleMessageService:
 
     def mirror(self, progress: dict[int, int]) -> None:
         """A replica's copy of its master's delivery progress (forward only), so a promoted replica does
-        not deliver again what its master delivered."""
+        not deliver again what its master delivered. Levels this broker does not have are ignored."""
         for level, offset in progress.items():
-            if offset > self._offsets.get(level, 0):
+            if 1 <= level <= len(self._levels) and offset > self._offsets.get(level, 0):
                 self._offsets[level] = offset
                 self._dirty = True
 

@@ -9,8 +9,9 @@ schedule topic.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from tidemark.broker.config import BrokerConfig, FlushDiskType
 from tidemark.broker.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
@@ -32,6 +33,7 @@ from tidemark.protocol import (
     is_system_topic,
     tag_hash,
 )
+from tidemark.records import first_msg_id
 
 # How far ahead a delivery time may be (RocketMQ 5 proxy's maxDelayTimeMills: one day).
 MAX_DELIVERY_DELAY_MS = 86_400_000
@@ -60,6 +62,17 @@ class DeliveryTimeError(InvalidArgumentError):
     """A delivery time the broker refuses (too far ahead, or not a time); RocketMQ 5's ILLEGAL_DELIVERY_TIME."""
 
 
+class SyncReplication(Protocol):
+    """What a send needs of sync replication (broker/replication.py's ReplicationSource)."""
+
+    def check_in_sync(self) -> None:
+        """Refuse (NotEnoughReplicasError) before anything is stored while no replica is in sync."""
+
+    async def wait_replicated(self, end: int) -> None:
+        """Until a replica holds the commit log up to `end`; an unknown outcome (ReplicationTimeoutError) after
+        the timeout."""
+
+
 @dataclass(frozen=True, slots=True)
 class Sent:
     msg_id: str
@@ -72,13 +85,13 @@ class SendService:
                  permission: BrokerPermission, schedule: ScheduleMessageService,
                  ids: MessageIdGenerator, clock_ms, producers: IdempotenceService,
                  transactions: TransactionService,
-                 replicated: Callable[[int], Awaitable[None]] | None = None) -> None:
+                 sync_replication: SyncReplication | None = None) -> None:
         self._config = config
         self._producers = producers
         self._transactions = transactions
-        # Sync replication: waits until a replica has the commit log up to an end offset (broker/replication.py);
-        # set again when a replica is promoted.
-        self.replicated = replicated
+        # Sync replication: a send is refused before it is stored while no replica is in sync, and answered
+        # once a replica has it (broker/replication.py); set again when a replica is promoted.
+        self.sync_replication = sync_replication
         self._store = store
         self._topics = topics
         self._permission = permission
@@ -87,8 +100,9 @@ class SendService:
         self._clock_ms = clock_ms
         self._next_queue: dict[str, int] = {}
 
-    def _topic_for_send(self, name: str) -> TopicConfig:
-        """The topic to send to, auto-created where the broker allows it."""
+    def _resolve_topic(self, name: str) -> tuple[TopicConfig, bool]:
+        """The topic to send to, and whether it is still to be created (where the broker allows it): nothing
+        is created here, so a send refused by a later check leaves no topic behind."""
         if is_broker_topic(name):
             # Only the broker writes there (RocketMQ's TopicValidator): the schedule and transaction services
             # re-put whatever REAL_TOPIC a message names, past that topic's own checks and permissions.
@@ -98,14 +112,17 @@ class SendService:
                                         f"instead")
         topic = self._topics.get(name)
         if topic is not None:
-            return topic
+            return topic, False
         if is_retry_topic(name):
             # A consumer's fallback send to its retry topic creates it, as RocketMQ does.
-            return self._topics.ensure_system_topic(name, self._config.retry_queue_nums)
+            return self._topics.plan(name, self._config.retry_queue_nums, system=True), True
         if self._config.auto_create_topic and not is_system_topic(name):
-            return self._topics.create(name, self._config.default_topic_queue_nums)
+            return self._topics.plan(name, self._config.default_topic_queue_nums), True
         self._topics.require(name)  # InvalidArgumentError for a bad name, else NotFoundError
         raise NotFoundError(f"topic {name!r} does not exist on this broker")
+
+    def _create(self, topic: TopicConfig) -> TopicConfig:
+        return self._topics.create(topic.name, topic.queue_nums, system=topic.system)
 
     async def send(self, topic_name: str, queue_id: int | None, messages: Sequence[OutgoingMessage], *,
                    queue_key: str = "") -> list[Sent]:
@@ -114,7 +131,7 @@ class SendService:
         next queue round robin."""
         if not messages:
             raise InvalidArgumentError("a send needs at least one message (empty batch)")
-        topic = self._topic_for_send(topic_name)
+        topic, new = self._resolve_topic(topic_name)  # created once the whole request passed its checks
         self._permission.check_writable()
         if not topic.writable:
             raise PermissionDeniedError(f"topic {topic.name!r} is not writable")
@@ -138,19 +155,31 @@ class SendService:
             if len(records) > 1 or delay_level or deliver_at or is_retry_topic(topic.name):
                 raise InvalidArgumentError("a transactional message goes alone, without a delay, to a user topic")
             records = [self._transactions.half_record(records[0])]
+            again = self._transactions.stored_half(records[0])
+            if again is not None:  # a retry of a half send whose answer was lost: the half it holds
+                if self.sync_replication is not None:
+                    await self.sync_replication.wait_replicated(again.commit_log_offset + again.store_size)
+                return [Sent(ids[0], queue_id, PutResult(again.queue_offset, again.commit_log_offset,
+                                                         again.store_timestamp, again.store_size))]
+        dlq = None
         if is_retry_topic(topic.name):
-            records, dead = self._retry_or_dlq(topic.name, records)
-            if dead:
+            records, dlq = self._retry_or_dlq(topic.name, records)
+            if dlq is not None:
                 delay_level = deliver_at = 0
         if delay_level > 0:
             records = [self._schedule.to_schedule_record(records[0], delay_level, now)]
         elif deliver_at > 0:
             records = [self._schedule.schedule_at(records[0], deliver_at, now)]
+        self._check_in_sync()
+        if new:  # every check passed: only now the topics the send goes to come into being
+            self._create(topic)
+        if dlq is not None:
+            self._topics.ensure_system_topic(dlq, 1)
         results = await self._store.put_messages(records)
         if half:
             self._transactions.added(results[0].queue_offset, records[0], results[0].store_timestamp)
-        if self.replicated is not None:
-            await self.replicated(results[-1].commit_log_offset + results[-1].store_size)
+        if self.sync_replication is not None:
+            await self.sync_replication.wait_replicated(results[-1].commit_log_offset + results[-1].store_size)
         return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]
 
     def append_records(self, topic_name: str, queue_id: int, data: bytes, count: int,
@@ -166,7 +195,7 @@ class SendService:
         if is_system_topic(topic_name):
             raise InvalidArgumentError(
                 f"record batches go to user topics; {topic_name!r} is a system topic (use SendMessage)")
-        topic = self._topic_for_send(topic_name)
+        topic, new = self._resolve_topic(topic_name)
         self._permission.check_writable()
         if not topic.writable:
             raise PermissionDeniedError(f"topic {topic.name!r} is not writable")
@@ -174,32 +203,43 @@ class SendService:
             raise InvalidArgumentError(
                 f"queue id {queue_id} is out of range for topic {topic.name!r} "
                 f"(write queues 0..{topic.write_queue_nums - 1})")
+        if new:  # an auto-created topic comes into being only for a batch that passed the checks above
+            topic = self._create(topic)
         if sequence is None:
+            self._check_in_sync()
             return self._store.append_records(topic.name, queue_id, data, count)
-        decision = self._producers.check(sequence, topic.name, queue_id, count)
+        decision = self._producers.check(sequence, topic.name, queue_id, count, first_msg_id(data))
         if decision.verdict is Verdict.DUPLICATE:
+            # Stored before (its first answer may have been an unknown outcome): answered, never refused.
             return RecordsPut(decision.first_offset, [], 0, self._store.commit_log_max_offset, duplicate=True)
+        self._check_in_sync()
         return self._producers.append(
             sequence, topic.name, queue_id, count,
             lambda journal: self._store.append_records(topic.name, queue_id, data, count, before_write=journal))
 
+    def _check_in_sync(self) -> None:
+        """Sync replication stores or refuses a send, never both: refused here, before anything is stored."""
+        if self.sync_replication is not None:
+            self.sync_replication.check_in_sync()
+
     @property
     def acknowledges_at_once(self) -> bool:
         """Whether a stored batch may be answered before anything more (no fsync, no replica to wait for)."""
-        return self._config.flush is not FlushDiskType.SYNC and self.replicated is None
+        return self._config.flush is not FlushDiskType.SYNC and self.sync_replication is None
 
     async def wait_durable(self, put: RecordsPut) -> None:
         """Until the batch is as safe as the config promises: fsynced (sync flush), on a replica (sync
-        replication)."""
+        replication; ReplicationTimeoutError, an unknown outcome, when none acknowledges in time)."""
         await self._store.wait_durable(put.end)
-        if self.replicated is not None:
-            await self.replicated(put.end)
+        if self.sync_replication is not None:
+            await self.sync_replication.wait_replicated(put.end)
 
-    def _retry_or_dlq(self, retry: str, records: list[MessageRecord]) -> tuple[list[MessageRecord], bool]:
+    def _retry_or_dlq(self, retry: str, records: list[MessageRecord]) -> tuple[list[MessageRecord], str | None]:
         """A consumer's direct send to its retry topic (the send-back fallback), as RocketMQ's
         handleRetryAndDLQ: reconsume times come from RECONSUME_TIME; past MAX_RECONSUME_TIMES the
-        message goes to the group's DLQ instead (then it is not delayed: True)."""
-        out, dead = [], False
+        message goes to the group's DLQ instead (then it is not delayed, and the DLQ's name is returned:
+        the caller creates it once the whole send passed its checks)."""
+        out, dead = [], None
         for record in records:
             props = record.properties
             try:
@@ -209,9 +249,8 @@ class SendService:
                 raise InvalidArgumentError("RECONSUME_TIME and MAX_RECONSUME_TIMES must be integers") from None
             record = replace(record, reconsume_times=reconsume)
             if reconsume > limit:
-                dlq = self._topics.ensure_system_topic(dlq_topic(retry[len(RETRY_GROUP_TOPIC_PREFIX):]), 1)
-                record = replace(record, topic=dlq.name, queue_id=0)
-                dead = True
+                dead = dlq_topic(retry[len(RETRY_GROUP_TOPIC_PREFIX):])
+                record = replace(record, topic=dead, queue_id=0)
             out.append(record)
         return out, dead
 

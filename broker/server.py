@@ -48,6 +48,24 @@ SERVICE_NAMES = tuple(
 )
 
 
+class HealthServicer(health.aio.HealthServicer):
+    """grpc's health service, with List: grpcio-health-checking's raises NotImplementedError, which an
+    anonymous caller could turn into an ERROR and a traceback in the log per call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._statuses: dict[str, int] = {}  # what set() was told last, per service name
+
+    async def set(self, service: str, status) -> None:
+        self._statuses[service] = status
+        await super().set(service, status)
+
+    async def List(self, request, context):
+        """The status of every service the broker registered (the health protocol's List)."""
+        return health_pb2.HealthListResponse(statuses={
+            name: health_pb2.HealthCheckResponse(status=status) for name, status in self._statuses.items()})
+
+
 class PortInUseError(OSError):
     """A port the broker is to listen on is taken (by another broker, often): said in one line, nothing
     started."""
@@ -79,7 +97,7 @@ class BrokerServer:
         self.config = self.controller.config  # with a promotion's role applied (broker/roles.py)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
-        self._health = health.aio.HealthServicer()
+        self._health = HealthServicer()
         # SERVING only while started, not stopping, and every part can write to disk (broker/health.py).
         self._serving = False
         self._health_updates: set[asyncio.Task] = set()

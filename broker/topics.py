@@ -57,6 +57,15 @@ def check_topic(name: str) -> None:
         raise InvalidArgumentError(str(e)) from None
 
 
+def _name_problem(name: str) -> str:
+    """What is wrong with a topic name ("" when nothing)."""
+    try:
+        check_topic_name(name)
+    except InvalidNameError as e:
+        return str(e)
+    return ""
+
+
 def _check_queue_nums(label: str, n: int) -> None:
     if not isinstance(n, int) or not 1 <= n <= MAX_QUEUE_NUMS:
         raise InvalidArgumentError(f"{label} must be between 1 and {MAX_QUEUE_NUMS}, got {n}")
@@ -68,6 +77,7 @@ class TopicConfigManager:
         self._topics: dict[str, TopicConfig] = {}
         self.file = ConfigFile(self._path, self._document)
         self.version = 0  # counts changes (the name server registration is sent again when it moves)
+        self._mirror_skipped: frozenset[str] = frozenset()  # the master's topics with bad names
 
     def load(self) -> int:
         self._topics = self._parse(load_json(self._path, log) or {})
@@ -95,8 +105,16 @@ class TopicConfigManager:
         return self._document()
 
     def mirror(self, doc: dict) -> bool:
-        """A replica's copy of its master's topics (`document()`), replaced whole; True when it changed."""
+        """A replica's copy of its master's topics (`document()`), replaced whole; True when it changed.
+        Topics whose names no RPC accepts are left out: they come from another process."""
         before, after = self._topics, self._parse(doc)
+        bad = {name: why for name in after if (why := _name_problem(name))}
+        if bad.keys() != self._mirror_skipped:
+            self._mirror_skipped = frozenset(bad)  # said once per change, not at every mirror
+            for name, why in list(bad.items())[:5]:
+                log.warning("mirrored topic skipped: %s", why, event="topic_mirror_skipped", topic=repr(name),
+                            total=len(bad))
+        after = {name: topic for name, topic in after.items() if name not in bad}
         if after == before:
             return False
         self._topics = after
@@ -145,7 +163,10 @@ class TopicConfigManager:
     def list(self, *, include_system: bool = False) -> list[TopicConfig]:
         return sorted((t for t in self._topics.values() if include_system or not t.system), key=lambda t: t.name)
 
-    def create(self, name: str, queue_nums: int, *, system: bool = False) -> TopicConfig:
+    def plan(self, name: str, queue_nums: int, *, system: bool = False) -> TopicConfig:
+        """The config `create` would give the topic, checked, without creating it: a request that creates
+        a topic on its way (a send) checks everything else against it first, so a refused one leaves no
+        topic behind."""
         try:
             check_topic_name(name, allow_system=system)
         except InvalidNameError as e:
@@ -153,7 +174,10 @@ class TopicConfigManager:
         _check_queue_nums("queue_nums", queue_nums)
         if name in self._topics:
             raise AlreadyExistsError(f"topic {name!r} already exists")
-        topic = TopicConfig(name=name, read_queue_nums=queue_nums, write_queue_nums=queue_nums)
+        return TopicConfig(name=name, read_queue_nums=queue_nums, write_queue_nums=queue_nums)
+
+    def create(self, name: str, queue_nums: int, *, system: bool = False) -> TopicConfig:
+        topic = self.plan(name, queue_nums, system=system)
         self._topics[name] = topic
         self._save(name, None)
         log.info("topic created", event="topic_create", topic=name, queues=queue_nums)

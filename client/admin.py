@@ -7,6 +7,7 @@ Calls that concern a topic go to the brokers holding it and merge the answers.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -109,6 +110,10 @@ class Admin:
 
     async def _conn(self, mq: MessageQueue) -> BrokerConnection:
         return await self.cluster.connection(mq.broker_name)
+
+    async def _read(self, mq: MessageQueue, call: Callable[[BrokerConnection], Awaitable[T]]) -> T:
+        """A read of the queue's broker that goes to its replica at once when it finds the master gone."""
+        return await self.cluster.read(mq.broker_name, call)
 
     # -- brokers ---------------------------------------------------------------
 
@@ -216,13 +221,14 @@ class Admin:
         return self._run(self._call_mq(mq, "search_offset", timestamp_ms))
 
     async def _call_mq(self, mq: MessageQueue, method: str, *args: Any) -> Any:
-        return await getattr(await self._conn(mq), method)(mq, *args)
+        return await self._read(mq, lambda c: getattr(c, method)(mq, *args))
 
     def offsets(self, mqs: Sequence[MessageQueue]) -> dict[MessageQueue, tuple[int, int]]:
         """(min offset, max offset) of many queues in one round of calls."""
         async def one(mq: MessageQueue) -> tuple[int, int]:
-            c = await self._conn(mq)
-            return await c.min_offset(mq), await c.max_offset(mq)
+            async def bounds(c: BrokerConnection) -> tuple[int, int]:
+                return await c.min_offset(mq), await c.max_offset(mq)
+            return await self._read(mq, bounds)
 
         async def go() -> dict[MessageQueue, tuple[int, int]]:
             values = await asyncio.gather(*(one(mq) for mq in mqs))
@@ -232,7 +238,7 @@ class Admin:
     def committed(self, group: str, mq: MessageQueue) -> int:
         """The group's committed offset for a queue, -1 when none."""
         async def go() -> int:
-            return (await (await self._conn(mq)).query_consumer_offset(group, mq))[0]
+            return (await self._read(mq, lambda c: c.query_consumer_offset(group, mq)))[0]
         return self._run(go())
 
     def commit(self, group: str, offsets: Mapping[MessageQueue, int], *, sync: bool = True) -> CommitOffsetsResult:
@@ -420,13 +426,13 @@ class Admin:
              subscription: str = "*") -> PullResult:
         """Read a queue without a group (nothing is committed)."""
         async def go() -> PullResult:
-            return await (await self._conn(mq)).pull("", mq, offset, max_nums=max_nums, suspend_ms=suspend_ms,
-                                                     subscription=subscription)
+            return await self._read(mq, lambda c: c.pull("", mq, offset, max_nums=max_nums, suspend_ms=suspend_ms,
+                                                         subscription=subscription))
         return self._run(go(), timeout=self.settings.request_timeout_s + suspend_ms / 1000 + 5)
 
     def view_message(self, mq: MessageQueue, offset: int) -> MessageExt:
         async def go() -> MessageExt:
-            return await (await self._conn(mq)).view_message(mq.topic, mq.queue_id, offset)
+            return await self._read(mq, lambda c: c.view_message(mq.topic, mq.queue_id, offset))
         return self._run(go())
 
     def query_message_by_id(self, msg_id: str, topic: str = "") -> list[MessageExt]:
@@ -499,9 +505,10 @@ class Admin:
             out = []
             for m in dead:
                 copy = requeue_copy(m)
-                queues = await self.cluster.write_queues(copy.topic)
+                queues = await self.cluster.await_write_queues(
+                    copy.topic, time.monotonic() + self.settings.request_timeout_s)
                 target = queues[len(out) % len(queues)]
-                conn = await self.cluster.connection(target.broker_name)
+                conn = await self.cluster.master_connection(target.broker_name)
                 (result,) = await conn.send(copy.topic, [copy], queue_id=target.queue_id)
                 out.append(Requeued(m.msg_id, copy.topic, result.message_queue, result.queue_offset))
                 mq = MessageQueue(m.topic, m.broker_name, m.queue_id)

@@ -145,6 +145,12 @@ _TLS_FAILURES = (
 )
 _HANDSHAKE_MARKERS = ("Tls handshake failed", "Ssl handshake failed", "SSL_ERROR_SSL", "Handshake failed")
 _CLOSED_MARKERS = ("Socket closed", "Connection reset", "Broken pipe", "connection closed", "End of TCP stream")
+# A connection cut, not refused: a reset, or a close before the TLS handshake completed ("Handshake read
+# failed (Socket closed)"). A broker refusing a plaintext client or a client certificate never does that:
+# it lets the handshake finish (a TLS 1.3 client's side ends before the server checks its certificate),
+# then closes in order (a bare "Socket closed"). A dying or restarting broker, or a middlebox resetting
+# connections, does.
+_CUT_MARKERS = ("Connection reset", "Broken pipe", "Handshake read failed", "Handshake write failed")
 
 
 def _connect_failure(details: str, address: str, tls: bool | None, client_cert: bool,
@@ -163,8 +169,14 @@ def _connect_failure(details: str, address: str, tls: bool | None, client_cert: 
                                  code=grpc.StatusCode.UNAVAILABLE)
     if "failed to connect" not in details or not any(m in details for m in _CLOSED_MARKERS):
         return None
-    # The broker hung up before any answer. That is also what a broker going down looks like, so
-    # these stay retriable UnavailableErrors; the hint says which setting to look at.
+    if any(m in details for m in _CUT_MARKERS):
+        how = ("reset" if "reset" in details else "closed before the handshake completed" if "Handshake" in details
+               else "closed")
+        return UnavailableError(f"{where} closed the connection during setup ({how}): it may be down or "
+                                f"restarting", code=grpc.StatusCode.UNAVAILABLE)
+    # The broker hung up in order before any answer: what a broker refusing a plaintext client or a
+    # client certificate does, though a broker going down may too, so these stay retriable
+    # UnavailableErrors; the hint says which setting to look at.
     if tls is False:
         hint = f"the {peer} may require TLS (set tls, or --tls / --tls-ca-file)"
     elif tls and not client_cert:

@@ -112,23 +112,30 @@ class ChildProcess:
 
 
 class BrokerProcess(ChildProcess):
+    """A broker on `host` (127.0.0.1; a fault network's host address, with `launch` its namespace's
+    `ip netns exec` prefix: tests/faults/netns.py)."""
+
     def __init__(self, data_dir: Path, *, port: int | None = None, broker_name: str = "broker-a",
-                 args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> None:
+                 args: tuple[str, ...] = (), env: dict[str, str] | None = None, host: str = "127.0.0.1",
+                 launch: tuple[str, ...] = ()) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.broker_name = broker_name
         self.args = tuple(args)
         self.env = env or {}
+        self.host = host
+        self.launch = tuple(launch)
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-{broker_name}.log"
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(self.data_dir), "--port", str(self.port),
-                "--broker-name", self.broker_name, *self.args]
+        host = ("--host", self.host) if self.host != "127.0.0.1" else ()
+        return [*self.launch, sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(self.data_dir),
+                "--port", str(self.port), *host, "--broker-name", self.broker_name, *self.args]
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -161,22 +168,26 @@ class NamesrvProcess(ChildProcess):
 
     READY = re.compile(r"event=namesrv_ready .*port=(\d+)")
 
-    def __init__(self, log_dir: Path, *, port: int | None = None, args: tuple[str, ...] = ()) -> None:
+    def __init__(self, log_dir: Path, *, port: int | None = None, args: tuple[str, ...] = (),
+                 host: str = "127.0.0.1", launch: tuple[str, ...] = ()) -> None:
         self.port = port or free_port()
         self.args = tuple(args)
+        self.host = host
+        self.launch = tuple(launch)
         self.proc: subprocess.Popen | None = None
         self.log_path = Path(log_dir) / f"namesrv-{self.port}.log"
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> NamesrvProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(orphan_safe([sys.executable, "-m", "tidemark.broker.namesrv.server", "--port",
-                                                      str(self.port), *self.args]),
+            host = ("--host", self.host) if self.host != "127.0.0.1" else ()
+            self.proc = subprocess.Popen(orphan_safe([*self.launch, sys.executable, "-m", "tidemark.broker.namesrv.server",
+                                                      "--port", str(self.port), *host, *self.args]),
                                          stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

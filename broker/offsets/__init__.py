@@ -1,15 +1,12 @@
 """Consumer offsets: the committed-offset table with fencing, and consumerOffset.json.
 
-`manager` holds the in-memory table and its rules; `persistence` the file
+`manager` holds the in-memory table and its rules; `fencing` who may move an
+entry; `journal` every change since the last snapshot; `persistence` the file
 format and crash-safe loading. Pure domain code: no grpc.
 """
 
-from tidemark.broker.offsets.manager import (
-    ConsumerOffsetManager,
-    Fence,
-    OwnershipView,
-    PersistReport,
-)
+from tidemark.broker.offsets.fencing import Fence, OwnershipView
+from tidemark.broker.offsets.manager import ConsumerOffsetManager, PersistReport
 from tidemark.broker.offsets.persistence import (
     OFFSET_FILE_NAME,
     DecodeResult,

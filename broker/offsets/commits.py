@@ -4,12 +4,20 @@ ConsumerOffsetManager keeps the table and the fencing rules; this module checks
 names and ranges against the topics and the store (RocketMQ stores a negative
 offset; Tidemark refuses it), batches oneway commits, resets offsets for
 admins and computes consume stats (lag).
+
+Every check comes before any change: a refused request leaves nothing behind.
+A group's config, created on first use as in RocketMQ (an acknowledged commit,
+a reset), is written before any offset of the group moves: when
+subscriptionGroup.json cannot take it, the caller gets StoreError (UNAVAILABLE)
+and neither the group nor the offset exists. Other commits (riding on pulls
+and fetch credit, a lock's final commit, RocketMQ 5's UpdateOffset) create no
+config: their consumers' heartbeats did.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from tidemark.broker.errors import (
@@ -22,6 +30,7 @@ from tidemark.broker.errors import (
 )
 from tidemark.broker.groups import SubscriptionGroupManager, check_group
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
+from tidemark.broker.offsets.persistence import TableKey, invalid_names, table_key
 from tidemark.broker.store import MessageStore
 from tidemark.broker.topics import TopicConfig, TopicConfigManager, check_topic
 from tidemark.logs import get_logger
@@ -44,6 +53,9 @@ class Commit:
     queue_id: int
     offset: int
     fence: Fence | None = None
+    # Why the commit cannot apply, found before it got here (a fence that did not decode): it is then
+    # rejected as INVALID like any other bad commit of its batch.
+    invalid: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,36 +154,81 @@ class OffsetCommitService:
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int, fence: Fence | None, *,
                acknowledged: bool = False) -> bool:
-        """Validate and apply one commit; FencedError / StaleResetGenerationError when rejected.
+        """Validate and apply one commit (piggybacked on a pull or fetch credit, a lock's final commit);
+        FencedError / StaleResetGenerationError when rejected, StoreError (nothing applied) when the
+        offset journal cannot take it. Creates no group config.
 
         An acknowledged (unary) commit may move the offset back within the committer's epoch; oneway
         ones (stream, piggyback) only forward, so a late one cannot rewind a newer commit."""
         self.validate(group, topic, queue_id, offset)
-        self._groups.ensure(group)
         changed = self._offsets.commit(group, topic, queue_id, offset, fence, allow_rewind=acknowledged)
         self.commits_applied += 1
         return changed
 
-    def commit_batch(self, commits: Iterable[Commit]) -> BatchResult:
-        """Apply commits in order; a rejected one is reported, the rest still apply."""
+    async def commit_acknowledged(self, c: Commit) -> bool:
+        """UpdateConsumerOffset: `commit(acknowledged=True)`, checked in full first, and creating the
+        group's config (written first) when it has none."""
+        self._check(c)
+        await self._register([c.group])
+        return self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence, acknowledged=True)
+
+    def _check(self, c: Commit) -> None:
+        """Everything that would refuse the commit now, changing nothing."""
+        if c.invalid:
+            raise InvalidArgumentError(c.invalid)
+        self.validate(c.group, c.topic, c.queue_id, c.offset)
+        self._offsets.check_fence(c.group, c.topic, c.queue_id, c.fence)
+
+    async def _register(self, groups: Iterable[str]) -> None:
+        """Create the configs the groups lack and wait until subscriptionGroup.json holds them; StoreError
+        (and none created) when it cannot."""
+        new = [g for g in dict.fromkeys(groups) if self._groups.get(g) is None]
+        for group in new:
+            self._groups.ensure(group)
+        if new:
+            await self._groups.file.flush()
+
+    async def commit_batch(self, commits: Iterable[Commit]) -> BatchResult:
+        """Apply one CommitOffsets message's commits in order; a rejected one is reported, the rest still
+        apply. Each is checked first, the groups of those that passed get their configs, then they apply in
+        one offset-journal write. StoreError, with nothing of the batch applied, when the config file or
+        the journal cannot take it."""
+        checked: list[tuple[Commit, BrokerError | None]] = []
+        for c in commits:
+            try:
+                self._check(c)
+                checked.append((c, None))
+            except BrokerError as e:
+                checked.append((c, e))
+        await self._register(c.group for c, error in checked if error is None)
         applied = rejected = 0
         rejections: list[Rejection] = []
         with self._offsets.batch():  # the batch's changes reach the offset journal in one write
-            for c in commits:
-                try:
-                    self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
-                    applied += 1
-                    continue
-                except FencedError as e:
-                    reason, message = RejectReason.FENCED, str(e)
-                except StaleResetGenerationError as e:
-                    reason, message = RejectReason.STALE_RESET_GENERATION, str(e)
-                except BrokerError as e:
-                    reason, message = RejectReason.INVALID, str(e)
+            for c, error in checked:
+                if error is None:
+                    try:  # checked again: the configs' write let other requests run, and an earlier
+                        # commit of the batch may have fenced this one
+                        self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+                        applied += 1
+                        continue
+                    except BrokerError as e:
+                        error = e
                 rejected += 1
                 if len(rejections) < MAX_REPORTED_REJECTIONS:
-                    rejections.append(Rejection(c, reason, message))
+                    rejections.append(Rejection(c, _reason(error), str(error)))
         return BatchResult(applied, rejected, rejections)
+
+    def take_back(self, table: Mapping[TableKey, Mapping[int, int]],
+                  generations: Mapping[TableKey, Mapping[int, int]]) -> int:
+        """HandBackOffsets: a replica's commits, taken as ConsumerOffsetManager.take_back says, once every
+        name is checked: a topic or group name no other RPC accepts refuses the whole call
+        (InvalidArgumentError naming the key), so nothing of it applies."""
+        bad = invalid_names(table)
+        if bad:
+            key, why = next(iter(bad.items()))
+            more = f" (and {len(bad) - 1} more bad keys)" if len(bad) > 1 else ""
+            raise InvalidArgumentError(f"offsets_json key {table_key(*key)!r}: {why}{more}; nothing was applied")
+        return self._offsets.take_back(table, generations)
 
     def query(self, group: str, topic: str, queue_id: int) -> tuple[int, int]:
         """(committed offset or -1, reset generation)."""
@@ -179,8 +236,8 @@ class OffsetCommitService:
         return (self._offsets.query(group, topic, queue_id),
                 self._offsets.reset_generation(group, topic, queue_id))
 
-    def reset(self, group: str, topic_name: str, queue_id: int | None, target: ResetTarget,
-              *, dry_run: bool) -> list[OffsetChange]:
+    async def reset(self, group: str, topic_name: str, queue_id: int | None, target: ResetTarget,
+                    *, dry_run: bool) -> list[OffsetChange]:
         check_group(group)
         topic = self._topics.require(topic_name)
         if queue_id is None:
@@ -190,7 +247,7 @@ class OffsetCommitService:
             queue_ids = [queue_id]
         changes = [self._reset_one(group, topic_name, q, target) for q in queue_ids]
         if not dry_run:
-            self._groups.ensure(group)
+            await self._register([group])
             with self._offsets.batch():
                 for change in changes:
                     self._offsets.reset(group, topic_name, change.queue_id, change.new_offset)
@@ -246,8 +303,8 @@ class OffsetCommitService:
                      queues=len(changes))
         return changes
 
-    def clone_offsets(self, src_group: str, dest_group: str, topic_name: str, *,
-                      dry_run: bool) -> list[OffsetChange]:
+    async def clone_offsets(self, src_group: str, dest_group: str, topic_name: str, *,
+                            dry_run: bool) -> list[OffsetChange]:
         """The destination group's offsets of a topic become the source group's (RocketMQ's
         cloneGroupOffset): queues the source has no offset for lose the destination's. Applied as admin
         resets (new generations), so live consumers of the destination continue from the cloned offsets."""
@@ -263,7 +320,7 @@ class OffsetCommitService:
         changes = [OffsetChange(topic.name, q, dest.get(q, -1), source.get(q, -1))
                    for q in sorted(set(source) | set(dest))]
         if not dry_run:
-            self._groups.ensure(dest_group)
+            await self._register([dest_group])
             with self._offsets.batch():
                 self._offsets.remove_group_topic(dest_group, topic.name)
                 for change in changes:
@@ -296,3 +353,11 @@ class OffsetCommitService:
                 last = self._store.store_timestamp_at(topic.name, q, committed - 1) if committed > 0 else None
                 rows.append(QueueProgress(topic.name, q, low, high, committed, lag, last or 0))
         return rows
+
+
+def _reason(error: BrokerError) -> RejectReason:
+    if isinstance(error, FencedError):
+        return RejectReason.FENCED
+    if isinstance(error, StaleResetGenerationError):
+        return RejectReason.STALE_RESET_GENERATION
+    return RejectReason.INVALID

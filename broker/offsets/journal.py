@@ -19,19 +19,21 @@ segment from the snapshot's mark on (all of them for a file without the mark).
 Why the mark: records are assignments ("queue q of topic@group is at offset
 o", "entries of group g are gone"), so replaying a segment the snapshot already
 contains would be harmless *if every change had been journalled*. It is not
-when an append failed (a full disk): the change stands in memory and reaches
-the snapshot, but an older record of the same entry is still in a covered
-segment. A crash between writing the snapshot and deleting those segments
+when an append failed (a full disk) for a change the manager keeps anyway (a
+pop watermark, a mirrored table: manager.py): the change stands in memory and
+reaches the snapshot, but an older record of the same entry is still in a
+covered segment. A crash between writing the snapshot and deleting those segments
 would then replay the older record over the newer snapshot and move the offset
 backwards. Covered segments are therefore never replayed.
 
-A failed append (the disk is full) is raised to the manager, which keeps the
-change in memory and reports the journal as failing. The segment it went to
-stays usable unless part of the write reached it: a write that failed wrote
-nothing, so the next append continues the same intact segment, and a segment
-nothing ever reached is removed, so a long disk-full episode leaves no trail of
-empty files. Only a short write (a torn record inside the segment, which would
-hide every later record from the replay) moves on to a new segment.
+A failed append (the disk is full) is raised to the manager, which refuses
+and undoes the change (or, for the changes above, keeps it in memory) and
+reports the journal as failing. The segment it went to stays usable: a write
+that failed wrote nothing, so the next append continues the same intact
+segment; a short write is cut off again, so none of its records comes back at
+the next replay (the manager refused them all); and a segment nothing ever
+reached is removed, so a long disk-full episode leaves no trail of empty files.
+Only a short write that cannot be cut off moves on to a new segment.
 
 Durability: records are written with one os.write per applied batch (group
 commit: a CommitOffsets batch of 500 commits is one write), not fsynced. That
@@ -57,6 +59,7 @@ Pure functions for the format; OffsetJournal does the file work.
 from __future__ import annotations
 
 import enum
+import os
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -144,10 +147,22 @@ class ReplayReport:
 
 class OffsetJournal(SegmentedLog):
     """Append-only segments of JournalRecords beside consumerOffset.json (broker/segments.py: a short
-    write starts a new segment; see the module docstring for the other failures)."""
+    write is cut off again; see the module docstring for the other failures)."""
 
     def __init__(self, directory: Path) -> None:
         super().__init__(directory, JOURNAL_PREFIX, "offset journal")
+
+    def _failed_locked(self, *, torn: bool) -> None:
+        if torn and self._fd is not None:
+            # Cut the short write off: the manager refused the whole batch, so none of its whole records
+            # may come back at the next replay, and a torn one would hide every later record. Shrinking a
+            # file needs no space; only if even that fails does the next append move on to a new segment.
+            try:
+                os.ftruncate(self._fd, self._size)
+                return
+            except OSError:
+                pass
+        super()._failed_locked(torn=torn)
 
     def read_all(self, first: int = 0) -> tuple[list[JournalRecord], ReplayReport]:
         """Every intact record of the segments numbered `first` or higher (those below are in the

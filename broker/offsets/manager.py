@@ -7,8 +7,8 @@ committer's owner epoch and the reset generation it last saw, so a consumer
 that lost its queue, or that has not yet seen an admin reset, cannot move the
 offset.
 
-Fencing state (last fenced commit) lives in memory only; reset generations
-are persisted beside the table.
+The fencing rules are fencing.py's. Fencing state (last fenced commit) lives
+in memory only; reset generations are persisted beside the table.
 Generations and epochs come from the broker-wide EpochSequence, whose values
 grow across restarts, so a value quoted by a client from before a restart
 never looks newer than one issued after it.
@@ -23,15 +23,25 @@ Every change of the table is also appended to the offset journal
 (journal.py) before the call returns, so a broker killed between two 5 s
 snapshots loses no applied commit: load() replays the journal on top of the
 snapshot, and each successful snapshot deletes the journal segments it covers.
-Changes made inside `batch()` go out in one write.
+Each public change is one `batch()` (a CommitOffsets message is one too): its
+records go out in one write when the outermost batch ends.
 
-Unless the journal cannot be written (a full disk): the change is still
-applied and acknowledged, as RocketMQ keeps commits in memory, and reaches the
-next snapshot; only a crash before that snapshot loses it. The journal is then
-*failing*: logged once when it starts and once when it ends, shown in
-`journal_error` and passed to `on_journal_state` (the broker's health). It ends
-with the next append that works, or with a snapshot taken after the failure
-(that snapshot holds every change the journal missed).
+When the journal cannot take that write (a full disk), what the caller asked
+for is refused: every change of the batch is undone and StoreError raised
+(UNAVAILABLE), as a send is refused, so an acknowledged commit is always in the
+journal and a refused one is never applied, not even after a kill -9. (Keeping
+such commits in memory, as RocketMQ does, acknowledged commits a crash before
+the next snapshot lost.) Batches opened with `must_journal=False` are the
+exception: changes that repeat state kept elsewhere (a pop watermark, whose
+acknowledgements the pop journal holds; a deleted topic's entries; a master's
+table mirrored on its replica) stand in memory and reach the next snapshot.
+
+The journal is then *failing*: logged once when it starts and once when it
+ends, shown in `journal_error` and passed to `on_journal_state` (the broker's
+health). It ends with the next append that works, or with a snapshot taken
+after the failure (it holds every change the journal missed, and proves the
+disk takes writes again; the snapshot timer writes one while the journal fails
+even when nothing changed).
 
 Threading: every method except the file write runs on the broker's event-loop
 thread. persist_if_dirty copies the table there, then encodes and writes in a
@@ -48,10 +58,16 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
 
 from tidemark.broker.epoch import EpochSequence
-from tidemark.broker.errors import FencedError, InvalidArgumentError, StaleResetGenerationError
+from tidemark.broker.errors import InvalidArgumentError, StoreError
+from tidemark.broker.offsets.fencing import (
+    NO_FENCE_STATE,
+    Fence,
+    FenceState,
+    OwnershipView,
+    check_fence,
+)
 from tidemark.broker.offsets.journal import (
     JournalRecord,
     OffsetJournal,
@@ -68,28 +84,16 @@ from tidemark.broker.offsets.persistence import (
     TableKey,
     count_entries,
     encode_offset_table,
+    invalid_names,
     load_offset_file,
+    table_key,
     write_offset_file,
 )
+from tidemark.broker.offsets.undo import BatchUndo
 from tidemark.broker.store.writability import describe
 from tidemark.logs import get_logger
 
 _log = logging.getLogger("tidemark.broker.offsets")
-
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """What a commit quotes to prove it is current; every field optional."""
-
-    client_id: str = ""
-    owner_epoch: int | None = None  # from LockGrant; None for an unfenced (RocketMQ) commit
-    reset_generation: int | None = None  # the queue's generation the committer last saw
-
-
-class OwnershipView(Protocol):
-    """The lock manager as the offset manager sees it (QueueLockManager satisfies it)."""
-
-    def current_epoch(self, group: str, topic: str, queue_id: int) -> int | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,20 +103,6 @@ class PersistReport:
     entries: int
     snapshot_s: float = 0.0  # the part spent on the event-loop thread
     journal_segments_removed: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class _FenceState:
-    """Per-entry fencing memory. Replaced on change, never mutated."""
-
-    reset_generation: int = 0
-    # (owner epoch, reset generation) of the last fenced commit: a later commit
-    # quoting the same pair is the same owner in the same era, so it may only
-    # move forward; a late oneway commit arriving out of order must not rewind.
-    last_fenced: tuple[int, int] | None = None
-
-
-_NO_FENCE_STATE = _FenceState()
 
 
 class ConsumerOffsetManager:
@@ -134,7 +124,7 @@ class ConsumerOffsetManager:
         self._allow_empty_on_corruption = allow_empty_on_corruption
         self._log = get_logger(logger or _log)
         self._offsets: OffsetTable = {}
-        self._fences: dict[TableKey, dict[int, _FenceState]] = {}
+        self._fences: dict[TableKey, dict[int, FenceState]] = {}
         # Generations of reset entries, persisted beside the offsets (small: resets are rare).
         self._generations: dict[TableKey, dict[int, int]] = {}
         # Entries removed by an admin (delete-offsets, a deleted group or topic) since this start, until the
@@ -159,11 +149,14 @@ class ConsumerOffsetManager:
         self._journal = OffsetJournal(self._path.parent) if journal else None
         self._pending: list[JournalRecord] = []  # records of the batch under way, written when it ends
         self._batch_depth = 0
+        self._undo: BatchUndo | None = None  # how to undo the batch under way (None: no batch under way)
+        self._must_journal = True  # the outermost batch's: undo and refuse when the journal fails
         self.journal_report: ReplayReport | None = None
         # Why the journal cannot be written (None: it can), and the table version of the last failure:
         # a snapshot of that version or later holds every change the journal missed.
         self._journal_error: str | None = None
         self._journal_failed_version = 0
+        self._mirror_skipped: frozenset[TableKey] = frozenset()  # entries of the master's table with bad names
         # Called on the event loop with journal_error whenever the journal starts or stops failing.
         self.on_journal_state: Callable[[str | None], None] | None = None
 
@@ -190,7 +183,7 @@ class ConsumerOffsetManager:
         self._offsets = table
         self._generations = {key: dict(queues) for key, queues in report.reset_generations.items()}
         replayed = self._replay_journal(report.journal_from)
-        self._fences = {key: {q: _FenceState(reset_generation=g) for q, g in queues.items()}
+        self._fences = {key: {q: FenceState(reset_generation=g) for q, g in queues.items()}
                         for key, queues in self._generations.items()}
         self._version += 1
         self._persisted_version = self._version
@@ -214,41 +207,57 @@ class ConsumerOffsetManager:
         return apply_records(self._offsets, self._generations, records)
 
     @contextmanager
-    def batch(self) -> Iterator[None]:
-        """Changes made inside reach the journal in one write when the outermost batch ends."""
+    def batch(self, *, must_journal: bool = True) -> Iterator[None]:
+        """Changes made inside are one unit: they reach the journal in one write when the outermost batch
+        ends. When that write fails, the outermost batch's `must_journal` decides: True, every change of
+        the batch is undone and StoreError raised (the caller refuses what it was asked); False, they stand
+        in memory and reach the next snapshot (see the module docstring)."""
+        outer = self._batch_depth == 0
+        if outer:
+            self._undo = BatchUndo((self._offsets, self._fences, self._generations), self._removed)
+            self._must_journal = must_journal
         self._batch_depth += 1
         try:
             yield
         finally:
             self._batch_depth -= 1
-            if self._batch_depth == 0:
-                self._flush_journal()
+            if outer:
+                undo, self._undo = self._undo, None
+                self._flush_journal(undo)
 
     def _journal_change(self, record: JournalRecord) -> None:
-        if self._journal is None or not self._loaded:
-            return
-        self._pending.append(record)
-        if self._batch_depth == 0:
-            self._flush_journal()
+        """Queue a record for the write that ends the running batch (every change runs in one)."""
+        if self._journal is not None and self._loaded:
+            self._pending.append(record)
 
-    def _flush_journal(self) -> None:
+    def _flush_journal(self, undo: BatchUndo) -> None:
         if not self._pending:
             return
         records, self._pending = self._pending, []
         try:
             self._journal.append(encode_records(records))
         except OSError as e:
-            # The change stands in memory and reaches the next snapshot; only a crash before it loses it.
-            self._journal_failed_version = self._version
-            if self._journal_error is None:
-                self._journal_error = f"offset journal: {describe(e)}"
-                self._log.error("cannot append to the offset journal: %s; commits are still applied and reach "
-                                "the next snapshot, a crash before it loses them", e,
-                                event="offsets_journal_failed", records=len(records))
-                self._report_journal_state()
-            return
+            self._journal_failed(e, len(records))
+            if not self._must_journal:
+                return  # stands in memory; the next snapshot takes it (and ends the failing state)
+            undo.restore()  # the version stays moved on: the next snapshot is also the failing state's probe
+            raise StoreError(f"{describe(e)}: the offset journal cannot take the change, so it was not applied; "
+                             f"retry later") from None
         if self._journal_error is not None:
             self._journal_recovered("written again")
+
+    def _journal_failed(self, error: OSError, records: int) -> None:
+        self._journal_failed_version = self._version
+        if self._journal_error is None:
+            self._journal_error = f"offset journal: {describe(error)}"
+            self._log.error("cannot append to the offset journal: %s; commits are refused until it can be "
+                            "written", error, event="offsets_journal_failed", records=records)
+            self._report_journal_state()
+
+    def _touch(self, key: TableKey) -> None:
+        """Call before every change of an entry: a batch the journal refuses puts it back."""
+        if self._undo is not None:
+            self._undo.keep(key)
 
     def _journal_recovered(self, how: str) -> None:
         self._journal_error = None
@@ -284,29 +293,40 @@ class ConsumerOffsetManager:
         _check_offset(offset)
         key = (topic, group)
         state = self._fence_state(key, queue_id)
-        if fence is not None and (
-            fence.owner_epoch is not None or fence.reset_generation is not None
-        ):
-            self._check_fence(group, topic, queue_id, fence, state)
-            if fence.owner_epoch is not None:
-                pair = (fence.owner_epoch, state.reset_generation)
-                if state.last_fenced == pair and offset < self.query(group, topic, queue_id) and not allow_rewind:
-                    return False
-                if state.last_fenced != pair:
-                    self._set_fence_state(key, queue_id, replace(state, last_fenced=pair))
-        return self._store(key, queue_id, offset)
+        if fence is None or not fence.fenced:
+            with self.batch():
+                return self._store(key, queue_id, offset)
+        self._check_fence(group, topic, queue_id, fence, state)
+        pair = None if fence.owner_epoch is None else (fence.owner_epoch, state.reset_generation)
+        if pair is not None and state.last_fenced == pair and offset < self.query(group, topic, queue_id) \
+                and not allow_rewind:
+            return False
+        with self.batch():
+            if pair is not None and state.last_fenced != pair:
+                self._set_fence_state(key, queue_id, replace(state, last_fenced=pair))
+            return self._store(key, queue_id, offset)
+
+    def check_fence(self, group: str, topic: str, queue_id: int, fence: Fence | None) -> None:
+        """What commit() would refuse for its fence (FencedError, StaleResetGenerationError), changing
+        nothing: a caller with side effects to make first (a group config) refuses before them."""
+        _check_entry(group, topic, queue_id)
+        if fence is not None and fence.fenced:
+            self._check_fence(group, topic, queue_id, fence, self._fence_state((topic, group), queue_id))
 
     def advance(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
         """Move the committed offset forward to `offset`, never back; True if it moved.
 
         For groups whose progress the broker tracks itself (pop consumption: the
         smallest offset not yet acknowledged, broker/pop/ledger.py): there is no
-        queue owner to fence, and a late call with an older watermark is ignored."""
+        queue owner to fence, and a late call with an older watermark is ignored. The pop journal holds the
+        acknowledgements the watermark comes from, so a journal failure keeps the move in memory (for the
+        next snapshot) instead of refusing an acknowledgement that happened."""
         _check_entry(group, topic, queue_id)
         _check_offset(offset)
         if offset <= self.query(group, topic, queue_id):
             return False
-        return self._store((topic, group), queue_id, offset)
+        with self.batch(must_journal=False):
+            return self._store((topic, group), queue_id, offset)
 
     def mirror(self, table: Mapping[TableKey, Mapping[int, int]],
                generations: Mapping[TableKey, Mapping[int, int]]) -> int:
@@ -314,10 +334,20 @@ class ConsumerOffsetManager:
         forward to the master's offset, never back, so commits the replica took while the master was
         away are not rewound by an older copy; an admin reset on the master (a newer reset generation)
         is taken as it is, backwards too. Fencing was the master's job. Entries the master dropped stay
-        until the replica's own cleanup (a deleted group or topic)."""
+        until the replica's own cleanup (a deleted group or topic). Entries with names no RPC accepts
+        (`invalid_names`) are skipped. The master holds the table, so what the replica's journal cannot
+        take stands in memory (the next mirror or snapshot repeats it) rather than failing the mirror."""
         changed = 0
-        with self.batch():
+        skipped = invalid_names(table)
+        if skipped.keys() != self._mirror_skipped:
+            self._mirror_skipped = frozenset(skipped)  # said once per change, not every second
+            for key, why in list(skipped.items())[:5]:
+                self._log.warning("mirrored offsets of %r skipped: %s", table_key(*key), why,
+                                  event="offsets_mirror_skipped", total=len(skipped))
+        with self.batch(must_journal=False):
             for key, queues in table.items():
+                if key in skipped:
+                    continue
                 for queue_id, offset in queues.items():
                     generation = generations.get(key, {}).get(queue_id, 0)
                     if generation > self._generations.get(key, {}).get(queue_id, 0):
@@ -337,7 +367,8 @@ class ConsumerOffsetManager:
         """A master taking back the commits its replica held while it was away: each entry moves forward
         to the replica's offset, never back, and only when both saw the same reset generation (a reset
         made here meanwhile wins), and never into an entry an admin removed here since this start. Returns
-        how many moved."""
+        how many moved. Names are the caller's to check first (`invalid_names`): the table comes from
+        another process. StoreError, nothing moved, when the journal cannot take it."""
         moved = 0
         with self.batch():
             for key, queues in table.items():
@@ -348,10 +379,12 @@ class ConsumerOffsetManager:
                         moved += self._store(key, queue_id, offset)
         return moved
 
-    def table(self) -> tuple[dict[TableKey, dict[int, int]], dict[TableKey, dict[int, int]]]:
-        """Copies of the offset table and its reset generations (what a replica mirrors)."""
-        return ({key: queues.copy() for key, queues in self._offsets.items()},
-                {key: queues.copy() for key, queues in self._generations.items()})
+    def table(self, *, well_named: bool = False) -> tuple[OffsetTable, OffsetTable]:
+        """Copies of the offset table and its reset generations (what a replica mirrors); `well_named`
+        leaves out entries with names the master refuses (a replica's hand-back: one would refuse it all)."""
+        bad = invalid_names(self._offsets) if well_named else {}
+        return ({key: queues.copy() for key, queues in self._offsets.items() if key not in bad},
+                {key: queues.copy() for key, queues in self._generations.items() if key not in bad})
 
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when none (RocketMQ's answer)."""
@@ -376,11 +409,12 @@ class ConsumerOffsetManager:
         old = self.query(group, topic, queue_id)
         state = self._fence_state(key, queue_id)
         generation = self._epochs.next()
-        self._set_fence_state(key, queue_id, replace(state, reset_generation=generation))
-        self._generations.setdefault(key, {})[queue_id] = generation
-        self._store(key, queue_id, offset, journal=False)
-        self._version += 1  # the new generation must reach the file even if the offset is unchanged
-        self._journal_change(JournalRecord(Op.RESET, topic, group, queue_id, offset, generation))
+        with self.batch():
+            self._set_fence_state(key, queue_id, replace(state, reset_generation=generation))
+            self._generations.setdefault(key, {})[queue_id] = generation
+            self._store(key, queue_id, offset, journal=False)
+            self._version += 1  # the new generation must reach the file even if the offset is unchanged
+            self._journal_change(JournalRecord(Op.RESET, topic, group, queue_id, offset, generation))
         return old
 
     # -- removal -----------------------------------------------------------
@@ -400,25 +434,28 @@ class ConsumerOffsetManager:
         return self._remove([(topic, group)], JournalRecord(Op.REMOVE_GROUP_TOPIC, topic=topic, group=group))
 
     def clean_topic(self, topic: str) -> int:
-        """Forget every group's offsets of a deleted topic; return the queue entries removed."""
+        """Forget every group's offsets of a deleted topic; return the queue entries removed. The topic is
+        gone already, so a journal failure keeps the removal in memory (for the next snapshot)."""
         return self._remove(
             [k for k in self._offsets if k[0] == topic] + [k for k in self._fences if k[0] == topic],
-            JournalRecord(Op.CLEAN_TOPIC, topic=topic),
+            JournalRecord(Op.CLEAN_TOPIC, topic=topic), must_journal=False,
         )
 
-    def _remove(self, keys: list[TableKey], record: JournalRecord) -> int:
+    def _remove(self, keys: list[TableKey], record: JournalRecord, *, must_journal: bool = True) -> int:
         removed = 0
         generations = False
-        for key in keys:
-            self._removed.add(key)
-            queues = self._offsets.pop(key, None)
-            self._fences.pop(key, None)
-            generations = self._generations.pop(key, None) is not None or generations
-            if queues:
-                removed += len(queues)
-        if removed or generations:
-            self._version += 1
-            self._journal_change(record)
+        with self.batch(must_journal=must_journal):
+            for key in keys:
+                self._touch(key)
+                self._removed.add(key)
+                queues = self._offsets.pop(key, None)
+                self._fences.pop(key, None)
+                generations = self._generations.pop(key, None) is not None or generations
+                if queues:
+                    removed += len(queues)
+            if removed or generations:
+                self._version += 1
+                self._journal_change(record)
         return removed
 
     # -- views -------------------------------------------------------------
@@ -472,7 +509,9 @@ class ConsumerOffsetManager:
         during the write keeps the table dirty for the next round.
         """
         async with self._persist_lock:
-            if not self.dirty or not self._loaded:
+            # While the journal fails, a snapshot is written even when nothing changed: one that works
+            # proves the disk takes writes again, which ends the failing state.
+            if not (self.dirty or self._journal_error is not None) or not self._loaded:
                 return None
             started = time.perf_counter()
             version, snapshot, keep_from = self._snapshot()
@@ -537,48 +576,29 @@ class ConsumerOffsetManager:
 
     # -- helpers -------------------------------------------------------------
 
-    def _check_fence(
-        self, group: str, topic: str, queue_id: int, fence: Fence, state: _FenceState
-    ) -> None:
-        where = f"queue {topic}:{queue_id} of group {group!r}"
-        who = f"client {fence.client_id!r}" if fence.client_id else "the committer"
-        if fence.reset_generation is not None and fence.reset_generation < state.reset_generation:
-            raise StaleResetGenerationError(
-                f"the offset of {where} was reset by an admin (generation {state.reset_generation}); "
-                f"{who} committed with generation {fence.reset_generation}, from before the reset. "
-                f"The commit was ignored; continue from the reset offset {self.query(group, topic, queue_id)}"
-            )
-        if fence.owner_epoch is None:
-            return
-        current = (
-            self._ownership.current_epoch(group, topic, queue_id)
-            if self._ownership is not None
-            else None
-        )
-        if current is None and state.last_fenced is not None:
-            current = state.last_fenced[0]
-        if current is not None and fence.owner_epoch < current:
-            raise FencedError(
-                f"commit to {where} by {who} is fenced: its owner epoch {fence.owner_epoch} is older "
-                f"than the queue's current epoch {current}; another consumer owns the queue now"
-            )
+    def _check_fence(self, group: str, topic: str, queue_id: int, fence: Fence, state: FenceState) -> None:
+        current = self._ownership.current_epoch(group, topic, queue_id) if self._ownership is not None else None
+        check_fence(f"queue {topic}:{queue_id} of group {group!r}", fence, state, current,
+                    self.query(group, topic, queue_id))
 
-    def _fence_state(self, key: TableKey, queue_id: int) -> _FenceState:
+    def _fence_state(self, key: TableKey, queue_id: int) -> FenceState:
         states = self._fences.get(key)
         if states is None:
-            return _NO_FENCE_STATE
-        return states.get(queue_id, _NO_FENCE_STATE)
+            return NO_FENCE_STATE
+        return states.get(queue_id, NO_FENCE_STATE)
 
-    def _set_fence_state(self, key: TableKey, queue_id: int, state: _FenceState) -> None:
+    def _set_fence_state(self, key: TableKey, queue_id: int, state: FenceState) -> None:
+        self._touch(key)
         self._fences.setdefault(key, {})[queue_id] = state
 
     def _store(self, key: TableKey, queue_id: int, offset: int, *, journal: bool = True) -> bool:
         queues = self._offsets.get(key)
+        if queues is not None and queues.get(queue_id) == offset:
+            return False
+        self._touch(key)
         if queues is None:
             queues = self._offsets[key] = {}
             self._removed.discard(key)
-        elif queues.get(queue_id) == offset:
-            return False
         queues[queue_id] = offset
         self._version += 1
         if journal:

@@ -38,13 +38,14 @@ import enum
 import json
 import logging
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidemark.broker.errors import ConfigFileError
 from tidemark.fsutil import atomic_write, backup_path
 from tidemark.logs import EventLogger, get_logger
+from tidemark.protocol import InvalidNameError, check_group_name, check_topic_name
 
 OFFSET_FILE_NAME = "consumerOffset.json"
 TOPIC_GROUP_SEPARATOR = "@"
@@ -100,6 +101,22 @@ class DecodeResult:
 
 def table_key(topic: str, group: str) -> str:
     return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
+
+
+def invalid_names(keys: Iterable[TableKey]) -> dict[TableKey, str]:
+    """The entries whose topic or group name no RPC accepts (tidemark.protocol's rules), with why.
+
+    The file format only needs one '@' per key; a table from another process (a replica handing its
+    commits back, a master mirrored by its replica) must also keep out names such as 'g\\n' or 'f:G', which
+    would make groups no other RPC can inspect or delete."""
+    bad = {}
+    for topic, group in keys:
+        try:
+            check_topic_name(topic)
+            check_group_name(group)
+        except InvalidNameError as e:
+            bad[(topic, group)] = str(e)
+    return bad
 
 
 # -- encode / decode -------------------------------------------------------

@@ -192,8 +192,13 @@ class ProducerTable:
         return self._last_id
 
     def check(self, producer_id: int, epoch: int, topic: str, queue_id: int, base_seq: int,
-              count: int) -> Decision:
-        """What a batch is (APPEND or DUPLICATE), or the error that refuses it. Changes nothing."""
+              count: int, first_msg_id: str = "") -> Decision:
+        """What a batch is (APPEND or DUPLICATE), or the error that refuses it. Changes nothing.
+
+        A duplicate of an unkeyed producer must also start with the stored batch's message id: a retry
+        carries the same messages, so another id means the producer reused a sequence for another
+        batch, and answering it as a duplicate would acknowledge messages that were never stored. (A
+        keyed producer's replay, a restarted Spark task, carries the same rows under new ids.)"""
         _check_int("epoch", epoch)
         _check_int("base sequence", base_seq)
         producer = self._producers.get(producer_id)
@@ -218,6 +223,12 @@ class ProducerTable:
         if last <= state.last_seq:
             for batch in state.recent:
                 if batch.base_seq == base_seq and batch.count == count:
+                    if (not producer.key and first_msg_id and batch.first_msg_id
+                            and first_msg_id != batch.first_msg_id):
+                        raise OutOfOrderSequenceError(
+                            f"producer {producer_id} on {topic}:{queue_id}: sequences {base_seq}..{last} hold "
+                            f"another batch (first message {batch.first_msg_id}, this one {first_msg_id}); "
+                            f"nothing stored")
                     return Decision(Verdict.DUPLICATE, batch.first_offset)
             if base_seq > state.last_seq - _window_span(state):
                 raise OutOfOrderSequenceError(

@@ -183,8 +183,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @rpc
     async def CloneGroupOffsets(self, request, context: grpc.aio.ServicerContext):
-        changes = self._b.commits.clone_offsets(request.src_group, request.dest_group, request.topic,
-                                                dry_run=request.dry_run)
+        changes = await self._b.commits.clone_offsets(request.src_group, request.dest_group, request.topic,
+                                                      dry_run=request.dry_run)
         return admin_pb2.CloneGroupOffsetsResponse(changes=_changes(changes, self._b.config.broker_name),
                                                    applied=not request.dry_run)
 

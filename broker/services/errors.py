@@ -15,6 +15,7 @@ from tidemark.broker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    OutcomeUnknownError,
     PermissionDeniedError,
     StoreError,
     UnauthenticatedError,
@@ -33,6 +34,7 @@ _STATUS: tuple[tuple[type[BrokerError], grpc.StatusCode], ...] = (
     (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
     (StoreError, grpc.StatusCode.UNAVAILABLE),
     (ConfigFileError, grpc.StatusCode.INTERNAL),
+    (OutcomeUnknownError, grpc.StatusCode.DEADLINE_EXCEEDED),
 )
 
 

@@ -188,16 +188,28 @@ class RequestIntake(grpc.aio.ServerInterceptor):
         if h.request_streaming:
             inner = h.stream_stream if h.response_streaming else h.stream_unary
 
+            # A servicer that is not Tidemark's (reflection) lets the stream's refusal of a message (bad
+            # bytes: logged once per interval by `bad_request`; access) escape: answered here with its
+            # status, not as UNKNOWN with a traceback each. Tidemark's servicers answer their own.
             async def call(requests, context):
                 caller = await unpack.caller(context)
                 async with contextlib.aclosing(unpack.stream(requests, context, caller)) as stream:
-                    return await inner(stream, context)
+                    try:
+                        return await inner(stream, context)
+                    except BrokerError as e:
+                        await context.abort(status_for(e), str(e))
 
+            # The handler's answers are closed before its requests: a handler still inside the request
+            # stream when that closes raises "aclose(): asynchronous generator is already running".
             async def call_streaming(requests, context):
                 caller = await unpack.caller(context)
                 async with contextlib.aclosing(unpack.stream(requests, context, caller)) as stream:
-                    async for response in inner(stream, context):
-                        yield response
+                    async with contextlib.aclosing(inner(stream, context)) as responses:
+                        try:
+                            async for response in responses:
+                                yield response
+                        except BrokerError as e:
+                            await context.abort(status_for(e), str(e))
         else:
             inner = h.unary_stream if h.response_streaming else h.unary_unary
 

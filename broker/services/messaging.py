@@ -1,4 +1,9 @@
-"""MessagingService: the data plane (Produce and Fetch streams), unary send and pull, send-back, view, key search."""
+"""MessagingService: the data plane (Produce and Fetch streams), unary send and pull, send-back, view, key search.
+
+The two bidirectional streams end quietly however they end (the client finishes, cancels, or its
+connection is reset): each is a coroutine that writes its answers (services/streams.py says why) and
+owns the task reading its requests, which it cancels and awaits before it returns.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +24,11 @@ from tidemark.broker.send import OutgoingMessage
 from tidemark.broker.services import access
 from tidemark.broker.services.convert import checked_client_id, fence_from_pb, message_ext
 from tidemark.broker.services.errors import rpc, status_for
+from tidemark.broker.services.streams import call_ended, write
 from tidemark.broker.transactions.service import real_view
 from tidemark.broker.transactions.table import Outcome
 from tidemark.logs import get_logger
+from tidemark.scheduler import cancel_and_wait
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
 
 log = get_logger("tidemark.broker.messaging")
@@ -55,19 +62,31 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                                               commit_log_offset=s.put.commit_log_offset)
                      for s in sent])
 
-    async def Produce(self, request_iterator, context: grpc.aio.ServicerContext):
+    async def Produce(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         """Record batches in, one answer per batch, in order. A bad batch fails alone."""
         answers: asyncio.Queue = asyncio.Queue()
+        durable: set[asyncio.Task] = set()  # answers waiting for the disk or a replica
+
+        def take(request) -> None:
+            answer = self._produce_one(request)
+            if isinstance(answer, asyncio.Task):
+                durable.add(answer)
+            answers.put_nowait(answer)
+
         failure: list[BaseException] = []
-        reader = _reader(request_iterator, lambda request: answers.put_nowait(self._produce_one(request)),
-                         lambda: answers.put_nowait(None), failure, "produce")
+        reader = _reader(request_iterator, take, lambda: answers.put_nowait(None), failure, "produce")
         try:
             while (answer := await answers.get()) is not None:
-                yield answer if isinstance(answer, messaging_pb2.ProduceResponse) else await answer
+                if isinstance(answer, asyncio.Task):
+                    durable.discard(answer)
+                    answer = await answer
+                await write(context, answer)
             if failure:
                 await _abort_with(context, failure[0], "produce")
         finally:
-            reader.cancel()
+            # The batches are stored; a client that went away gets no answer. (Cancelling a wait for the
+            # disk or a replica stops only the wait.)
+            await cancel_and_wait(reader, *durable)
 
     def _produce_one(self, request):
         """Store one batch now; its answer, or (SYNC flush) a task that answers once it is durable."""
@@ -97,14 +116,16 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                 await b.flush_configs()  # a topic created by this send is on disk before the answer
                 await b.sender.wait_durable(put)
             except BrokerError as e:
-                return messaging_pb2.ProduceResponse(request_id=request.request_id,
-                                                     code=status_for(e).value[0], error=str(e))
+                # A replica that did not acknowledge in time: an unknown outcome, which the class says
+                # (the idempotent producer retries with the same sequence), not a refusal.
+                return messaging_pb2.ProduceResponse(request_id=request.request_id, code=status_for(e).value[0],
+                                                     error=str(e), error_class=type(e).__name__)
             metrics.send_latency.observe(time.perf_counter() - started)
             return ok
 
         return asyncio.get_running_loop().create_task(durable())
 
-    async def Fetch(self, request_iterator, context: grpc.aio.ServicerContext):
+    async def Fetch(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         """Streaming pull: the client opens queues and grants credit, the broker pushes records."""
         b = self._b
         session = b.fetch_session()
@@ -136,12 +157,12 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                 for end in frame.ended:
                     response.ended.append(_ended_pb(end))
                 metrics.fetch_frames.inc()
-                yield response
+                await write(context, response)
             if failure:
                 await _abort_with(context, failure[0], "fetch")
         finally:
             metrics.fetch_streams.dec()
-            reader.cancel()
+            await cancel_and_wait(reader)
             session.close()
 
     @rpc
@@ -243,6 +264,8 @@ def _reader(requests, handle: Callable[[object], None], on_end: Callable[[], Non
         except BrokerError as e:
             failure.append(e)
         except Exception as e:
+            if call_ended(e):
+                return  # (on_end runs): the stream ends like a finished one
             log.exception("stream request failed", event="stream_request_failed", stream=kind)
             failure.append(e)
         finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 
 from tidemark.broker.controller import BrokerController
-from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
+from tidemark.broker.errors import BrokerError, FailedPreconditionError, InvalidArgumentError
 from tidemark.broker.offsets.commits import Commit, CommitTally, ResetKind, ResetTarget
 from tidemark.broker.pull import check_queue
 from tidemark.broker.services.convert import fence_from_pb, queue
@@ -20,15 +20,23 @@ def _commit(pb) -> Commit:
     return Commit(pb.group, pb.topic, pb.queue_id, pb.offset, fence_from_pb(pb.fence, pb.HasField("fence")))
 
 
+def _streamed_commit(pb) -> Commit:
+    """One commit of a CommitOffsets message: a fence that does not decode makes it a rejected commit,
+    not the end of the stream (the other commits apply, as the contract says)."""
+    try:
+        return _commit(pb)
+    except BrokerError as e:
+        return Commit(pb.group, pb.topic, pb.queue_id, pb.offset, invalid=str(e))
+
+
 class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
     def __init__(self, broker: BrokerController) -> None:
         self._b = broker
 
     @rpc
     async def UpdateConsumerOffset(self, request, context: grpc.aio.ServicerContext):
-        c = _commit(request.commit)
         try:
-            self._b.commits.commit(c.group, c.topic, c.queue_id, c.offset, c.fence, acknowledged=True)
+            await self._b.commits.commit_acknowledged(_commit(request.commit))
         except FailedPreconditionError as e:
             self._b.metrics.offset_commits_rejected.labels(type(e).__name__).inc()
             raise
@@ -40,7 +48,7 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
         tally = CommitTally()
         metrics = self._b.metrics
         async for batch in request_iterator:
-            result = self._b.commits.commit_batch(_commit(pb) for pb in batch.commits)
+            result = await self._b.commits.commit_batch(_streamed_commit(pb) for pb in batch.commits)
             tally.add(result)
             metrics.offset_commits.labels("stream").inc(result.applied)
             for r in result.rejections:
@@ -89,8 +97,8 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
                 "offset": ResetKind.OFFSET, "shift_by": ResetKind.SHIFT_BY}[which]
         value = 0 if kind in (ResetKind.EARLIEST, ResetKind.LATEST) else getattr(request, which)
         queue_id = request.queue_id if request.HasField("queue_id") else None
-        changes = self._b.commits.reset(request.group, request.topic, queue_id, ResetTarget(kind, value),
-                                        dry_run=request.dry_run)
+        changes = await self._b.commits.reset(request.group, request.topic, queue_id, ResetTarget(kind, value),
+                                              dry_run=request.dry_run)
         name = self._b.config.broker_name
         return offsets_pb2.ResetOffsetResponse(
             applied=not request.dry_run,

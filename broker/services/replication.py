@@ -41,7 +41,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
     async def HandBackOffsets(self, request, context: grpc.aio.ServicerContext):
         self._source()
         offsets = decode_offsets(request.offsets_json)
-        moved = self._b.offsets.take_back(offsets.table, offsets.reset_generations)
+        moved = self._b.commits.take_back(offsets.table, offsets.reset_generations)
         log.info("offsets handed back by a replica", event="offsets_handed_back", entries=moved,
                  peer=context.peer())  # once per replica connection
         return replication_pb2.HandBackOffsetsResponse(advanced=moved)

@@ -33,9 +33,10 @@ import collections
 import dataclasses
 import itertools
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
 from tidemark.broker.faults import crash_point
@@ -53,6 +54,9 @@ from tidemark.protocol import (
     PropertyKey,
     tag_hash,
 )
+
+if TYPE_CHECKING:
+    from tidemark.broker.send import SyncReplication
 
 log = get_logger("tidemark.broker.transactions")
 
@@ -73,14 +77,14 @@ class Check:
 class TransactionService:
     def __init__(self, *, store: MessageStore, topics: TopicConfigManager, permission: BrokerPermission,
                  clock_ms: Callable[[], int], config_dir: Path, timeout_ms: int, check_interval_ms: int,
-                 max_checks: int, replicated: Callable[[int], Awaitable[None]] | None = None) -> None:
+                 max_checks: int, sync_replication: SyncReplication | None = None) -> None:
         self._store = store
         self._topics = topics
         self._permission = permission
         self._clock_ms = clock_ms
         self._path = Path(config_dir) / STATE_FILE_NAME
         self._limits = {"timeout_ms": timeout_ms, "check_interval_ms": check_interval_ms, "max_checks": max_checks}
-        self.replicated = replicated
+        self.sync_replication = sync_replication  # as SendService's
         self._ids = MessageIdGenerator()
         self.table = TransactionTable(**self._limits)
         self._written_version = 0
@@ -182,6 +186,13 @@ class TransactionService:
                              tags_code=record.tags_code, flag=record.flag, born_timestamp=record.born_timestamp,
                              born_host=record.born_host)
 
+    def stored_half(self, record: MessageRecord) -> StoredMessage | None:
+        """The open half this half record repeats (same producer group and message id): a producer's retry
+        of a send whose answer it lost. Answered with that half, never stored twice (TransactionTable)."""
+        props = record.properties
+        offset = self.table.open_offset(props.get(PropertyKey.PRODUCER_GROUP, ""), props.get(PropertyKey.UNIQ_KEY, ""))
+        return None if offset is None else self._store.message_at(TRANSACTION_HALF_TOPIC, 0, offset)
+
     def added(self, half_offset: int, record: MessageRecord, store_timestamp: int) -> None:
         props = record.properties
         self.table.add(half_offset, props[PropertyKey.PRODUCER_GROUP], props[PropertyKey.UNIQ_KEY],
@@ -222,6 +233,8 @@ class TransactionService:
                 raise NotFoundError(f"transaction {msg_id} cannot commit: topic {real.topic!r} no longer exists")
             op.update(topic=real.topic, queue=real.queue_id, offset=self._store.max_offset(real.topic, real.queue_id))
         op_offset = self._store.max_offset(TRANSACTION_OP_TOPIC, 0)
+        if self.sync_replication is not None:
+            self.sync_replication.check_in_sync()  # refused before the op is stored, not after
         # The op and the message in one step: nothing else can write between them (see the module doc).
         last = self._store.put_messages_now([self._op_record(op)])[-1]
         if real is not None:
@@ -230,8 +243,8 @@ class TransactionService:
         self.table.resolve(half_offset, outcome, op_offset)
         end = last.commit_log_offset + last.store_size
         await self._store.wait_durable(end)
-        if self.replicated is not None:
-            await self.replicated(end)
+        if self.sync_replication is not None:
+            await self.sync_replication.wait_replicated(end)
         return True
 
     def _op_record(self, op: dict) -> MessageRecord:

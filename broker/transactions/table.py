@@ -11,7 +11,10 @@ after which it is rolled back.
 
 The table holds, per half (by its queue offset in the half topic): the group,
 the message id, when it was stored, how many checks were sent and when the
-next is due. Everything below the **floor** is resolved; the floor and the
+next is due. Open halves are also found by (group, message id): a producer
+that lost the answer to a half send retries it with the same message id, and
+the broker answers that retry with the half it holds instead of storing a
+second one, which a check would later commit as a second copy. Everything below the **floor** is resolved; the floor and the
 op-topic offset below which no op matters any more (the op floor) are what a
 restart needs to rebuild the table by scanning both topics from there
 (broker/transactions/service.py).
@@ -54,6 +57,7 @@ class TransactionTable:
         self.check_interval_ms = check_interval_ms
         self.max_checks = max_checks
         self._open: dict[int, Half] = {}
+        self._by_id: dict[tuple[str, str], int] = {}  # (group, msg id) -> offset of its open half
         # Resolved halves at or above the floor: half offset -> (outcome, op record offset).
         self._resolved: dict[int, tuple[Outcome, int]] = {}
         self._floor = floor
@@ -69,6 +73,10 @@ class TransactionTable:
 
     def get(self, offset: int) -> Half | None:
         return self._open.get(offset)
+
+    def open_offset(self, group: str, msg_id: str) -> int | None:
+        """The offset of the open half of this group with this message id, if there is one."""
+        return self._by_id.get((group, msg_id))
 
     def outcome(self, offset: int) -> Outcome | None:
         """How a resolved half ended (None: open, unknown, or below the floor where outcomes are forgotten)."""
@@ -88,6 +96,7 @@ class TransactionTable:
         if offset < self._floor or offset in self._resolved or offset in self._open:
             return
         self._open[offset] = Half(offset, group, msg_id, topic, stored_ms, 0, stored_ms + self.timeout_ms)
+        self._by_id.setdefault((group, msg_id), offset)
         self._end = max(self._end, offset + 1)
         self.version += 1
 
@@ -95,7 +104,9 @@ class TransactionTable:
         """The op record at `op_offset` ended the half at `offset`."""
         if offset < self._floor:
             return
-        self._open.pop(offset, None)
+        half = self._open.pop(offset, None)
+        if half is not None and self._by_id.get((half.group, half.msg_id)) == offset:
+            del self._by_id[(half.group, half.msg_id)]
         self._resolved[offset] = (outcome, op_offset)
         self._end = max(self._end, offset + 1)
         self._advance()

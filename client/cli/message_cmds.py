@@ -135,12 +135,8 @@ def send(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("--lines splits --body or --body-file into messages; it does not go with --count")
     bodies = None if args.count is not None else _bodies(args)  # read before connecting: a bad file fails fast
     with Producer(**client_kwargs(args), send_msg_timeout_s=args.timeout) as producer:
-        queue = None
-        if args.queue is not None:
-            mqs = [q for q in producer.fetch_publish_message_queues(args.topic) if q.queue_id == args.queue]
-            if not mqs:
-                raise InvalidArgumentError(f"topic {args.topic!r} has no writable queue {args.queue}")
-            queue = mqs[0]
+        # A queue the topic does not have is an input error; one whose master is down is an outage.
+        queue = None if args.queue is None else producer.fetch_publish_message_queue(args.topic, args.queue)
         if bodies is not None:
             step = args.batch if args.lines else 1
             results = []

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tidemark.client.errors import TidemarkError
+from tidemark.client.errors import ClientStateError, TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.streams import FetchStream, QueueEnd
@@ -149,10 +149,18 @@ class RecordReader:
                     yield item
                     self._loop.loop.call_soon_threadsafe(self._give_back, mq.broker_name, handle, len(item.data))
             finally:
-                self._loop.loop.call_soon_threadsafe(self._close, mq.broker_name, handle)
+                self._close_soon(mq.broker_name, handle)
             if reached < end:
                 failures += 1
                 yield from _pause(failures)
+
+    def _close_soon(self, broker: str, handle: int) -> None:
+        """Close the read's handle on the loop. A read left unfinished can be closed by the garbage
+        collector after shutdown(), which closed its stream already: nothing is left to close then."""
+        try:
+            self._loop.loop.call_soon_threadsafe(self._close, broker, handle)
+        except (ClientStateError, RuntimeError):  # no loop any more / a loop that closed meanwhile
+            pass
 
     # -- loop side ---------------------------------------------------------------------------
 

@@ -29,15 +29,16 @@ import grpc
 
 from tidemark.client.errors import (
     ClientStateError,
+    InternalError,
     InvalidArgumentError,
     OutOfOrderSequenceError,
-    RequestTimeoutError,
     TidemarkError,
     UnavailableError,
     UnknownProducerError,
 )
 from tidemark.client.message import Message, MessageQueue, SendResult
 from tidemark.client.producer.accumulator import ProducerBatch, RecordAccumulator, SendCallback
+from tidemark.client.producer.attempts import Doubt, Outcome, Tries, back_off, outcome_of
 from tidemark.client.producer.selector import MessageQueueSelector
 from tidemark.client.producer.sequences import ProducerSequences
 from tidemark.client.remoting.cluster import BrokerCluster
@@ -174,73 +175,98 @@ class AsyncProducer:
         timeout = timeout or self.settings.send_msg_timeout_s
         attempts = 1 + self.settings.retry_times_when_send_failed
         avoid = None
-        tries = _Tries(attempts)
+        tries = Tries(attempts)
+        deadline = time.monotonic() + timeout  # waiting for a writable queue takes at most one timeout
+        doubt = Doubt()
         while True:
-            target = queue or (prefer if tries.made == 0 and prefer is not None else
-                               await self._select(topic, first, selector, arg, avoid=avoid))
+            try:
+                target = queue or (prefer if tries.made == 0 and prefer is not None else
+                                   await self._select(topic, first, selector, arg, avoid=avoid, deadline=deadline))
+            except TidemarkError as e:
+                doubt.raise_final(e)
             try:
                 if self.sequences is None:
                     tries.made += 1
                     conn = await self.cluster.master_connection(target.broker_name)
                     offset = await conn.produce_stream().send(topic, target.queue_id, len(msg_ids), data, timeout)
                 else:
-                    offset = await self._send_sequenced(target, data, len(msg_ids), timeout, tries)
+                    offset = await self._send_sequenced(target, data, len(msg_ids), timeout, tries, doubt)
                 return [SendResult(msg_id, target, offset + i if offset >= 0 else -1)
                         for i, msg_id in enumerate(msg_ids)]
             except TidemarkError as e:
+                doubt.saw(e)
                 if not e.retriable or tries.spent:
-                    raise
+                    doubt.raise_final(e)
                 avoid = target.broker_name
                 self.cluster.forget_route(topic)
-                await _back_off(e, tries.made - 1)
+                await back_off(e, tries.made - 1)
                 log.warning("send failed, retrying",
                             event="send_retry", topic=topic, broker=target.broker_name, attempt=tries.made,
                             error=e)
 
     async def _send_sequenced(self, target: MessageQueue, data: bytes, count: int, timeout: float,
-                              tries: _Tries) -> int:
+                              tries: Tries, doubt: Doubt) -> int:
         """An idempotent producer's send to one queue (counting its attempts in `tries`): the first offset.
 
-        Retries that may find the batch already stored (a timeout, an overloaded broker, the only broker
-        restarting) go to the same queue with the same sequence, so the broker answers the second as a
-        duplicate. A broker that went away while others serve the topic raises: the caller moves the batch
-        to another broker's queue, where it is stored twice if the first broker had kept it."""
+        Retries that may find the batch already stored (a timeout, an overloaded broker, a reset mid-call,
+        the only broker restarting) go to the same queue with the same sequence, so the broker answers the
+        second as a duplicate. A broker that went away while others serve the topic raises: the caller
+        moves the batch to another broker's queue, where it is stored twice if the first broker had kept
+        it. Whenever the batch leaves this queue after an attempt that may have been stored, the queue
+        starts a new epoch (sequences.py: a sequence never carries two different batches)."""
         sequences = self.sequences
         state = sequences.queue(target)
         async with state.lock:
-            while True:
-                tries.made += 1
-                try:
-                    conn = await self.cluster.master_connection(target.broker_name)
-                    producer_id = await sequences.producer_id(
-                        target.broker_name, lambda key, conn=conn: conn.init_producer(key, target.topic))
-                    offset = await conn.produce_stream().send(
-                        target.topic, target.queue_id, count, data, timeout,
-                        sequence=(producer_id, state.epoch, state.next_seq))
-                except OutOfOrderSequenceError:
-                    if tries.spent:
-                        raise
-                    state.new_epoch()  # nothing was stored; the broker holds no usable sequence for us
-                    continue
-                except UnknownProducerError:
-                    if tries.spent:
-                        raise
-                    sequences.forget_broker(target.broker_name, producer_id)
-                    continue
-                except (RequestTimeoutError, UnavailableError) as e:
-                    # Stored or not, unknown. A timeout or an overload: the same sequence again. An
-                    # unreachable broker: another broker's queue when there is one (availability first),
-                    # else the same sequence until it is back (a restart). Once the batch leaves the queue,
-                    # the queue starts a new epoch.
-                    unreachable = isinstance(e, UnavailableError) and e.code is not grpc.StatusCode.RESOURCE_EXHAUSTED
-                    if (not e.retriable or tries.spent or self.cluster.is_down(target.broker_name)
-                            or (unreachable and await self._elsewhere(target))):
-                        state.new_epoch()
-                        raise
-                    await asyncio.sleep(min(0.05 * 2 ** tries.made, 1.0) * random.uniform(0.5, 1.0))
-                    continue
-                state.stored(count)
-                return offset
+            in_doubt = False  # an attempt of this batch may have been stored
+            try:
+                while True:
+                    tries.made += 1
+                    try:
+                        conn = await self.cluster.master_connection(target.broker_name)
+                        producer_id = await sequences.producer_id(
+                            target.broker_name, lambda key, conn=conn: conn.init_producer(key, target.topic))
+                        offset = await conn.produce_stream().send(
+                            target.topic, target.queue_id, count, data, timeout,
+                            sequence=(producer_id, state.epoch, state.next_seq))
+                    except OutOfOrderSequenceError:
+                        if tries.spent:
+                            raise
+                        state.new_epoch()  # nothing was stored; the broker holds no usable sequence for us
+                        continue
+                    except UnknownProducerError:
+                        if tries.spent:
+                            raise
+                        sequences.forget_broker(target.broker_name, producer_id)
+                        continue
+                    except BaseException as e:
+                        if outcome_of(e) is Outcome.REFUSED:
+                            raise  # nothing stored by this attempt (the caller knows of earlier ones)
+                        in_doubt = True
+                        if isinstance(e, TidemarkError):
+                            doubt.saw(e)
+                        if not await self._same_sequence_again(e, target, tries):
+                            raise
+                        await asyncio.sleep(min(0.05 * 2 ** tries.made, 1.0) * random.uniform(0.5, 1.0))
+                        continue
+                    state.stored(count)
+                    return offset
+            except BaseException:
+                if in_doubt:
+                    state.new_epoch()
+                raise
+
+    async def _same_sequence_again(self, error: BaseException, target: MessageQueue, tries: Tries) -> bool:
+        """Whether a send whose outcome is unknown goes to the same queue again (with the same sequence):
+        a retriable error or an internal one while attempts remain, unless the broker is down or
+        unreachable while another broker serves the topic."""
+        if not isinstance(error, TidemarkError) or tries.spent:
+            return False
+        if not (error.retriable or isinstance(error, InternalError)):
+            return False
+        if self.cluster.is_down(target.broker_name):
+            return False
+        unreachable = isinstance(error, UnavailableError) and error.code is not grpc.StatusCode.RESOURCE_EXHAUSTED
+        return not (unreachable and await self._elsewhere(target))
 
     async def _elsewhere(self, target: MessageQueue) -> bool:
         """Whether another broker has a writable queue of the target's topic."""
@@ -258,18 +284,25 @@ class AsyncProducer:
         timeout = timeout or self.settings.send_msg_timeout_s
         attempts = 1 + self.settings.retry_times_when_send_failed
         avoid = None
+        deadline = time.monotonic() + timeout  # waiting for a writable queue takes at most one timeout
+        doubt = Doubt()
         for attempt in range(attempts):
-            target = queue or await self._select(topic, messages[0], selector, arg, avoid=avoid)
+            try:
+                target = queue or await self._select(topic, messages[0], selector, arg, avoid=avoid,
+                                                     deadline=deadline)
+            except TidemarkError as e:
+                doubt.raise_final(e)
             try:
                 conn = await self.cluster.master_connection(target.broker_name)
                 return await conn.send(topic, messages, queue_id=target.queue_id, born_host=self.settings.client_ip,
                                        timeout=timeout)
             except TidemarkError as e:
+                doubt.saw(e)
                 if not e.retriable or attempt == attempts - 1:
-                    raise
+                    doubt.raise_final(e)
                 avoid = target.broker_name
                 self.cluster.forget_route(topic)
-                await _back_off(e, attempt)
+                await back_off(e, attempt)
         raise AssertionError("unreachable")
 
     def _with_id(self, message: Message) -> Message:
@@ -280,10 +313,11 @@ class AsyncProducer:
                        properties=props, delay_level=message.delay_level, flag=message.flag)
 
     async def _select(self, topic: str, message: Message | None, selector: MessageQueueSelector | None, arg: Any,
-                      avoid: str | None) -> MessageQueue:
-        mqs = await self.cluster.write_queues(topic)
-        if not mqs:
-            raise InvalidArgumentError(f"topic {topic!r} has no writable queue")
+                      avoid: str | None, deadline: float) -> MessageQueue:
+        """A writable queue of the topic. While it has none (its master down, a promotion under way) the
+        route is asked for again at once and then a few times a second until `deadline`: a retriable
+        UnavailableError then, not an input error."""
+        mqs = await self.cluster.await_write_queues(topic, deadline)
         if selector is not None:
             return selector.select(mqs, message, arg)
         candidates = [q for q in mqs if q.broker_name != avoid] or mqs
@@ -395,6 +429,14 @@ class Producer:
         return self._loop.run(self._core.cluster.write_queues(topic, refresh=True),
                               timeout=self.settings.request_timeout_s * 2)
 
+    def fetch_publish_message_queue(self, topic: str, queue_id: int) -> MessageQueue:
+        """The writable queue `queue_id` of the topic (of the first broker holding one): InvalidArgumentError
+        when the topic has no such queue, a retriable UnavailableError when it has but takes no writes now
+        (its master is down or being replaced)."""
+        self._life.require(ClientState.RUNNING, action="fetch queues")
+        return self._loop.run(self._core.cluster.write_queue(topic, queue_id),
+                              timeout=self.settings.request_timeout_s * 2)
+
     # -- sending -----------------------------------------------------------------------------
 
     def send(self, message: Message, *, queue: MessageQueue | None = None,
@@ -416,7 +458,8 @@ class Producer:
             if m.topic != topic:
                 raise InvalidArgumentError(f"all messages of a batch must share a topic ({topic!r} vs {m.topic!r})")
         s = self.settings
-        wait = (timeout or s.send_msg_timeout_s) * (1 + s.retry_times_when_send_failed) + 1
+        # Every attempt, and the wait for a writable queue during a failover (one more timeout at most).
+        wait = (timeout or s.send_msg_timeout_s) * (2 + s.retry_times_when_send_failed) + 1
         if _needs_unary(messages[0]):
             if len(messages) > 1 and any(m.delay_level for m in messages):
                 raise InvalidArgumentError("delayed messages cannot be sent in a batch")
@@ -503,8 +546,8 @@ class Producer:
         if cached is not None and now - cached[0] < self.settings.route_refresh_interval_s:
             return cached[1]
         queues = self._loop.run(self._core.cluster.write_queues(topic), timeout=self.settings.request_timeout_s * 2)
-        if not queues:
-            raise InvalidArgumentError(f"topic {topic!r} has no writable queue")
+        if not queues:  # send_async does not wait out a failover: the future gets the retriable error
+            raise self._core.cluster.no_writable_queue(topic)
         self._routes[topic] = (now, queues)
         return queues
 
@@ -521,27 +564,6 @@ class Producer:
                 target.set_result(f.result()[0])
         source.add_done_callback(copy)
         return target
-
-
-class _Tries:
-    """Attempts of one send, across the queues it tries: `attempts` in all (1 + retry_times_when_send_failed)."""
-
-    __slots__ = ("attempts", "made")
-
-    def __init__(self, attempts: int) -> None:
-        self.attempts = attempts
-        self.made = 0
-
-    @property
-    def spent(self) -> bool:
-        return self.made >= self.attempts
-
-
-async def _back_off(error: TidemarkError, attempt: int) -> None:
-    """An overloaded broker (RESOURCE_EXHAUSTED: request bytes in flight at its limit) gets a pause
-    before the retry, growing with each attempt (50 ms, 100 ms, ... up to 1 s, with jitter)."""
-    if error.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-        await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0) * random.uniform(0.5, 1.0))
 
 
 def _check_batch_size(size: int, count: int, max_message_size: int) -> None:

@@ -10,11 +10,16 @@ together (max_in_flight_requests).
 
 How a sequence moves:
 - a batch stored (or answered as a duplicate): `next_seq += count`;
-- a batch refused for its content (INVALID_ARGUMENT, PERMISSION_DENIED...):
-  nothing was stored, the sequence stays;
-- an outcome the producer cannot know (the broker went away, every retry
-  timed out): the queue moves to a new epoch, sequence 0, so the next batch
-  neither waits on a gap nor is mistaken for the lost one;
+- a batch the broker refused (`attempts.outcome_of(error)` is REFUSED: a bad request,
+  a permission, an unknown topic): nothing was stored, the sequence stays;
+- any other failure leaves the outcome unknown (a timeout, a reset mid-call,
+  an internal error, a cancelled send): the batch was stored or not. Its
+  retries reuse the sequence (the broker answers a stored one as a
+  duplicate); once the producer gives up on it, the queue moves to a new
+  epoch, sequence 0, so the next batch neither waits on a gap nor is taken
+  for the stored one. Reusing the sequence for a *different* batch would be
+  acknowledged with the first batch's offsets and never stored: the one
+  thing this module must not allow, whatever the error;
 - OutOfOrderSequenceError (the broker lost the queue's state: a power cut,
   an expiry): nothing was stored; the batch moves to a new epoch too;
 - UnknownProducerError (the broker forgot the id): a new id for that broker,

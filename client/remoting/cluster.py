@@ -21,15 +21,27 @@ heartbeating and committing there (the replica holds the commits and hands
 them back to the master when it returns), and `write_queues` leaves the
 name out, so producers send to the other broker names. The master is probed
 at most every PROBE_INTERVAL_S while it is away; the first answer switches
-back.
+back. A read without a group (`read`) that finds the master unreachable goes
+to the replica at once, as a grouped reader's next attempt would.
+
+**While no queue takes writes** (a master down, a replica being promoted),
+waiting for the periodic refresh would keep producers down for up to
+route_refresh_interval_s after the cluster healed; instead the route, and for
+a send pinned to a broker name the cluster view, are asked for again at once,
+at most once per ROUTE_RETRY_INTERVAL_S each, so a dead cluster is not
+hammered. That is an outage (UnavailableError, retriable), not an input error.
+
+**Unreachable is not missing**: NotFoundError only when a broker (or a name
+server) that answered says the topic does not exist; when the brokers that
+might hold it cannot be asked, the answer is a retriable UnavailableError.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from tidemark.auth import Credentials
 from tidemark.client.errors import (
@@ -51,6 +63,63 @@ if TYPE_CHECKING:
 log = get_logger("tidemark.client.cluster")
 
 PROBE_INTERVAL_S = 1.0
+# How often a route without a writable queue, or the cluster view while a master is away, is asked for
+# again out of schedule (per topic, per broker name).
+ROUTE_RETRY_INTERVAL_S = 0.25
+
+T = TypeVar("T")
+
+
+class RetryGate:
+    """At most one try per key every `interval_s`: how often something urgent is asked again."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self._clock = clock
+        self._last: dict[object, float] = {}
+
+    def try_now(self, key: object) -> bool:
+        """True (and the try is counted) when the last try of `key` is at least interval_s old."""
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            return False
+        self._last[key] = now
+        return True
+
+    def wait_s(self, key: object) -> float:
+        """Seconds until `key` may be tried again (0 when it may now)."""
+        last = self._last.get(key)
+        return 0.0 if last is None else max(0.0, self.interval_s - (self._clock() - last))
+
+
+def merged_route(topic: str, answers: Iterable[tuple[str, TopicRoute | BaseException]]) -> TopicRoute:
+    """One route from each listed broker's GetRoute answer ((who, answer or error) pairs). Brokers that
+    could not be asked are left out while others hold queues; when none does, the topic is missing only
+    if every broker answered so, else unknown: a retriable UnavailableError naming who was not reached."""
+    datas: list[QueueData] = []
+    missing: list[str] = []
+    unreachable: list[tuple[str, TidemarkError]] = []
+    for who, answer in answers:
+        if isinstance(answer, NotFoundError):
+            missing.append(who)
+        elif isinstance(answer, UnavailableError) or (isinstance(answer, TidemarkError) and answer.retriable):
+            unreachable.append((who, answer))
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            datas.extend(answer.queue_datas)
+    if datas:
+        return TopicRoute(topic, tuple(sorted(datas, key=lambda d: d.broker_name)))
+    if unreachable:
+        errors = [e for _, e in unreachable]
+        # Every broker refused the same way (a TLS handshake): that kind, not a retriable outage.
+        kinds = {type(e) for e in errors}
+        kind = kinds.pop() if len(kinds) == 1 and not errors[0].retriable else UnavailableError
+        answered = f"; {', '.join(missing)} answered that the topic is not there" if missing else ""
+        raise kind(f"the route of topic {topic!r} is unknown: {', '.join(w for w, _ in unreachable)} could not be "
+                   f"reached ({'; '.join(str(e) for e in errors)}){answered}", code=errors[0].code)
+    raise NotFoundError(f"topic {topic!r} does not exist on any broker ({', '.join(missing)})")
 
 
 class BrokerCluster:
@@ -71,6 +140,7 @@ class BrokerCluster:
         self._cluster_at: float | None = None  # when the name servers last told the cluster view
         self._routes: dict[str, tuple[float, TopicRoute]] = {}
         self._reported: set[str] = set()  # listed addresses already warned about as unreachable
+        self._retry = RetryGate(ROUTE_RETRY_INTERVAL_S)  # out-of-schedule refreshes while writes cannot go
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -242,11 +312,28 @@ class BrokerCluster:
 
     async def master_connection(self, broker_name: str) -> BrokerConnection:
         """The master's connection, for writes: a retriable UnavailableError while it is away (a replica
-        takes no writes; the sender picks another broker's queue)."""
+        takes no writes; the sender picks another broker's queue). While it is away the name servers are
+        asked again (at most every ROUTE_RETRY_INTERVAL_S): a promoted replica is the master at once."""
         conn = await self.connection(broker_name)
+        if broker_name in self._down and self.namesrv is not None and self._retry.try_now(("master", broker_name)):
+            await self.discover(refresh=True)  # a new address for the name ends the failover
+            conn = await self.connection(broker_name)
         if broker_name in self._down:
             raise UnavailableError(f"the master of {broker_name} is unreachable; its replica takes no writes")
         return conn
+
+    async def read(self, broker_name: str, call: Callable[[BrokerConnection], Awaitable[T]]) -> T:
+        """call() on the connection serving reads of broker_name, for a read without a group. When it finds
+        the master unreachable and the name fails over to its replica, the call goes to the replica at
+        once, as a grouped reader's next fetch does (nothing but the caller would retry it)."""
+        conn = await self.connection(broker_name)
+        try:
+            return await call(conn)
+        except UnavailableError:
+            standby = await self.connection(broker_name)
+            if standby is conn:
+                raise
+            return await call(standby)
 
     async def _failover(self, name: str, master: BrokerConnection) -> BrokerConnection:
         now = time.monotonic()
@@ -279,23 +366,18 @@ class BrokerCluster:
             return await self._route_from_namesrv(topic, cached)
         brokers = await self.discover()
         answers = await asyncio.gather(*(c.route(topic) for c in brokers.values()), return_exceptions=True)
-        datas: list[QueueData] = []
-        for result in answers:
-            if isinstance(result, NotFoundError | UnavailableError):
-                continue
-            if isinstance(result, BaseException):
-                raise result
-            datas.extend(result.queue_datas)
-        if not datas:
+        try:
+            route = merged_route(topic, ((f"{name} ({c.address})", answer) for (name, c), answer
+                                         in zip(brokers.items(), answers, strict=True)))
+        except TidemarkError:
             self._routes.pop(topic, None)
-            raise NotFoundError(f"topic {topic!r} does not exist on any broker ({', '.join(brokers)})")
-        for d in datas:
+            raise
+        for d in route.queue_datas:
             if d.broker_name not in self._by_name and d.broker_addr not in self._by_address:
                 conn = self._connect(d.broker_addr)
                 conn.broker_name = d.broker_name
                 self._by_address[d.broker_addr] = conn
                 self._by_name[d.broker_name] = conn
-        route = TopicRoute(topic, tuple(sorted(datas, key=lambda d: d.broker_name)))
         self._routes[topic] = (time.monotonic(), route)
         return route
 
@@ -325,6 +407,56 @@ class BrokerCluster:
         return (await self.route(topic, refresh=refresh)).read_queues()
 
     async def write_queues(self, topic: str, *, refresh: bool = False) -> list[MessageQueue]:
-        """The topic's writable queues, but those of a broker name whose master is away."""
+        """The topic's writable queues, but those of a broker name whose master is away. With none, the
+        masters that are away are probed and the route asked for again at once (at most every
+        ROUTE_RETRY_INTERVAL_S per topic): a promotion or a master's return ends the wait then."""
         route = await self.route(topic, refresh=refresh)
+        queues = self._writable(route)
+        if not queues and self._retry.try_now(("route", topic)):
+            for name in {d.broker_name for d in route.queue_datas if d.broker_name in self._down}:
+                await self.connection(name)  # probes the master (at most every PROBE_INTERVAL_S)
+            route = await self.route(topic, refresh=True)
+            queues = self._writable(route)
+        return queues
+
+    def _writable(self, route: TopicRoute) -> list[MessageQueue]:
         return [mq for mq in route.write_queues() if mq.broker_name not in self._down]
+
+    async def await_write_queues(self, topic: str, deadline: float) -> list[MessageQueue]:
+        """The topic's writable queues; while it has none (a failover under way), asked for again every
+        ROUTE_RETRY_INTERVAL_S until `deadline` (time.monotonic()), then a retriable UnavailableError
+        saying why none takes writes."""
+        while True:
+            queues = await self.write_queues(topic)
+            if queues:
+                return queues
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self.no_writable_queue(topic)
+            await asyncio.sleep(min(left, max(self._retry.wait_s(("route", topic)), 0.01)))
+
+    async def write_queue(self, topic: str, queue_id: int) -> MessageQueue:
+        """The writable queue `queue_id` of the topic (of the first broker name with one): InvalidArgumentError
+        when the topic has no such queue, a retriable UnavailableError when it has but takes no writes now."""
+        queues = [q for q in await self.write_queues(topic, refresh=True) if q.queue_id == queue_id]
+        if queues:
+            return queues[0]
+        route = await self.route(topic)
+        if not any(queue_id < max(d.read_queue_nums, d.write_queue_nums) for d in route.queue_datas):
+            raise InvalidArgumentError(f"topic {topic!r} has no writable queue {queue_id}")
+        raise self.no_writable_queue(topic, queue_id)
+
+    def no_writable_queue(self, topic: str, queue_id: int | None = None) -> UnavailableError:
+        """The error for a topic whose queues exist but none takes writes now, saying why per broker name."""
+        cached = self._routes.get(topic)
+        reasons = []
+        for d in cached[1].queue_datas if cached is not None else ():
+            if d.broker_name in self._down:
+                reasons.append(f"the master of {d.broker_name} is unreachable and its replica takes no writes")
+            elif not d.writable:
+                reasons.append(f"{d.broker_name} takes no writes (a replica standing in for a master that is down, "
+                               "or the topic's or broker's permission)")
+        which = "" if queue_id is None else f" {queue_id}"
+        return UnavailableError(f"topic {topic!r} has no writable queue{which} now: "
+                                f"{'; '.join(reasons) or 'none of its brokers takes writes'}; a failover or "
+                                "promotion may be under way: retry later")

@@ -6,6 +6,13 @@ only translates between protobuf and plain values and maps errors into
 `tidemark.client.errors`; what the batches and queues mean is the producer's and
 consumer's business. A broken stream fails everything waiting on it with a
 retriable UnavailableError and is replaced by a new one on next use.
+
+Closing ends a stream as a finished one, not a cancelled one: the client
+half-closes and reads to the broker's final status (within CLOSE_GRACE_S,
+then it cancels). Both sides then end quietly, and no gRPC operation of the
+call is left in flight when the client's event loop closes (gRPC delivers a
+cancelled call's last completions later, to a loop that may be gone:
+"RuntimeError: Event loop is closed" in another loop's log).
 """
 
 from __future__ import annotations
@@ -33,6 +40,12 @@ from tidemark.v1 import common_pb2, messaging_pb2
 log = get_logger("tidemark.client.streams")
 
 _STATUS_NAMES = {messaging_pb2.OFFSET_ILLEGAL: "OFFSET_ILLEGAL", messaging_pb2.OFFSET_RESET: "OFFSET_RESET"}
+
+# How long close() waits for the broker to end the stream after the client half-closed.
+CLOSE_GRACE_S = 2.0
+
+# grpc.aio's status for a call whose own write failed in gRPC core (the connection went away under it).
+_LOCAL_FAILURE = "Internal error from Core"
 
 
 def _fence_pb(fence: Fence) -> common_pb2.CommitFence:
@@ -87,8 +100,7 @@ class ProduceStream:
             raise RequestTimeoutError(f"broker {self._address}: no answer to a send within {timeout} s "
                                       f"(the batch may still have been stored)") from None
         except (grpc.RpcError, asyncio.InvalidStateError) as e:
-            self._fail(self._error(e) if isinstance(e, grpc.RpcError)
-                       else UnavailableError(f"broker {self._address}: produce stream closed"))
+            self._fail(_write_failure(e, self._address, "produce", self._error))
             raise self._broken from None
         finally:
             self._pending.pop(request_id, None)
@@ -107,6 +119,10 @@ class ProduceStream:
                     future.set_result(response.first_queue_offset)
         except grpc.RpcError as e:
             error = self._error(e)
+        except asyncio.CancelledError:
+            if _cancelled(asyncio.current_task()):
+                raise
+            # else the call was cancelled (close() after its grace, a failed write): the stream ended
         finally:
             self._fail(error)
 
@@ -119,9 +135,12 @@ class ProduceStream:
                 future.exception()  # its sender may have stopped waiting (timeout): nothing to report twice
 
     async def close(self) -> None:
+        """End the stream: sends still waiting fail (UnavailableError); the broker's answers to them are not
+        read. Half-closes and waits for the broker to end the call, or cancels it after CLOSE_GRACE_S."""
         self._fail(UnavailableError(f"broker {self._address}: produce stream closed"))
-        self._call.cancel()
-        await asyncio.gather(self._reader, return_exceptions=True)
+        async with self._write_lock:
+            await _half_close(self._call)
+            await _end_call(self._call, self._reader)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +175,7 @@ class FetchStream:
         self._on_broken = on_broken
         self._outbox: asyncio.Queue[messaging_pb2.FetchRequest | None] = asyncio.Queue()
         self._broken = False
+        self._open: set[int] = set()  # handles the broker serves: closed first when the stream closes
         loop = asyncio.get_running_loop()
         self._reader = loop.create_task(self._read(), name=f"fetch-read:{address}")
         self._writer = loop.create_task(self._write(), name=f"fetch-write:{address}")
@@ -173,6 +193,7 @@ class FetchStream:
         o.batch_size = batch_size
         if fence is not None:
             o.fence.CopyFrom(_fence_pb(fence))
+        self._open.add(handle)
         self._outbox.put_nowait(request)
 
     def credit(self, handle: int, messages: int, nbytes: int, commit_offset: int | None = None) -> None:
@@ -184,28 +205,38 @@ class FetchStream:
         self._outbox.put_nowait(request)
 
     def close_queue(self, handle: int) -> None:
+        self._open.discard(handle)
         request = messaging_pb2.FetchRequest()
         request.close.handle = handle
         self._outbox.put_nowait(request)
 
     async def _write(self) -> None:
+        """Send the outbox in order; None ends the writer (after a half-close, when the stream closes)."""
         try:
             while (request := await self._outbox.get()) is not None:
                 await self._call.write(request)
         except (grpc.RpcError, asyncio.InvalidStateError) as e:
-            self._break(self._error(e) if isinstance(e, grpc.RpcError)
-                        else UnavailableError(f"broker {self._address}: fetch stream closed"))
+            self._break(_write_failure(e, self._address, "fetch", self._error))
+        else:
+            await _half_close(self._call)
 
     async def _read(self) -> None:
         error: TidemarkError = UnavailableError(f"broker {self._address}: fetch stream ended")
         try:
             async for response in self._call:
+                if self._broken:
+                    continue  # closing: what was on its way is not wanted any more
                 for part in response.records:
                     self._on_records(part.handle, part.count, part.records, part.next_offset, part.max_offset)
                 for end in response.ended:
+                    self._open.discard(end.handle)
                     self._on_ended(end.handle, _queue_end(end, self._address))
         except grpc.RpcError as e:
             error = self._error(e)
+        except asyncio.CancelledError:
+            if _cancelled(asyncio.current_task()):
+                raise
+            # else the call was cancelled (close() after its grace, a failed write): the stream ended
         except Exception as e:  # a consumer-side bug: reopening every queue of the stream recovers
             log.exception("fetch stream handler failed", event="fetch_handler_failed", broker=self._address)
             error = InternalError(f"broker {self._address}: fetched records could not be handled: {e!r}")
@@ -220,11 +251,54 @@ class FetchStream:
             self._on_broken(error)
 
     async def close(self) -> None:
-        """Cancel the call (the broker forgets every handle of it) and stop both tasks."""
+        """Close every open queue, half-close and wait for the broker to end the call (it forgets every
+        handle of it), or cancel it after CLOSE_GRACE_S; both tasks are done when this returns. No
+        callback runs once close() started."""
         self._broken = True
-        self._outbox.put_nowait(None)
-        self._call.cancel()
-        await asyncio.gather(self._reader, self._writer, return_exceptions=True)
+        for handle in sorted(self._open):
+            self.close_queue(handle)
+        self._outbox.put_nowait(None)  # the writer sends what is queued, then half-closes
+        await _end_call(self._call, self._reader, self._writer)
+
+
+async def _half_close(call: Any) -> None:
+    """Tell the broker this side is done writing (nothing to do on a call that ended)."""
+    if call.done():
+        return
+    try:
+        await call.done_writing()
+    except (grpc.RpcError, grpc.aio.InternalError, asyncio.InvalidStateError):
+        pass  # the call failed under it: its reader reports why
+
+
+async def _end_call(call: Any, *tasks: asyncio.Task) -> None:
+    """Wait for the tasks reading and writing a call that was half-closed (or is ending) to finish, for
+    CLOSE_GRACE_S; then cancel the call, and wait for them anyway. A cancellation of the caller propagates
+    (after the call is cancelled)."""
+    if not call.done():
+        try:
+            await asyncio.wait(tasks, timeout=CLOSE_GRACE_S)
+        finally:
+            call.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _cancelled(task: asyncio.Task | None) -> bool:
+    """Whether the task itself is being cancelled (not only a gRPC call it reads, which grpc.aio reports
+    as CancelledError too)."""
+    return task is not None and task.cancelling() > 0
+
+
+def _write_failure(e: grpc.RpcError | asyncio.InvalidStateError, address: str, kind: str,
+                   error: Callable[[grpc.RpcError], TidemarkError]) -> TidemarkError:
+    """The error for a stream whose write failed: a call that had ended, or whose connection went away under
+    the write, is a broken stream (retriable), not a broker's INTERNAL answer."""
+    if isinstance(e, asyncio.InvalidStateError):
+        return UnavailableError(f"broker {address}: {kind} stream closed")
+    if e.code() is grpc.StatusCode.INTERNAL and e.details() == _LOCAL_FAILURE:
+        return UnavailableError(f"broker {address}: {kind} stream broken (the connection went away)",
+                                code=grpc.StatusCode.UNAVAILABLE)
+    return error(e)
 
 
 def _queue_end(pb: messaging_pb2.FetchEnded, address: str) -> QueueEnd:

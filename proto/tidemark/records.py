@@ -121,6 +121,17 @@ def property_value(data: bytes | memoryview, prefix: bytes) -> bytes | None:
     return data[start:data.index(b"\x02", start)]
 
 
+def first_msg_id(data: bytes | bytearray | memoryview) -> str:
+    """The message id (UNIQ_KEY) of a batch's first record, read without checking the batch; "" when it
+    cannot be read (check_batch then says what is wrong)."""
+    try:
+        _, _, _, _, props_at, props_len, _, _ = variable_fields(data, 0)
+        value = property_value(memoryview(data)[props_at:props_at + props_len], _UNIQ_PREFIX)
+        return value.decode("utf-8") if value else ""
+    except (struct.error, ValueError):
+        return ""
+
+
 def short_string(kind: str, text: str) -> bytes:
     """A uint16-length-prefixed UTF-8 field (born host, topic)."""
     if type(text) is not str:

@@ -3,11 +3,19 @@
 The broker's data dir is a tmpfs of 8 MiB (root only: `mount -t tmpfs`). A
 filler file takes most of it and sends take the rest, until the broker
 answers UNAVAILABLE. Then: health NOT_SERVING, the persistence metrics, topic
-creation refused and not half-applied, consumer offsets still committed in
-memory with the failing timer visible. Deleting the filler must bring writes
-back by themselves (no restart), with every acknowledged message readable at
-its offset, and a restart after that must be clean. Every wait polls
-observable state against a deadline.
+creation refused and not half-applied, a consumer offset commit refused too
+(UNAVAILABLE, not applied) with the offsets' failing state visible. Deleting
+the filler must bring writes back by themselves (no restart), with every
+acknowledged message readable at its offset and commits accepted again, and a
+restart after that must be clean. Every wait polls observable state against a
+deadline.
+
+This test used to assert that a commit on a full disk is "still committed in
+memory" (RocketMQ's contract). That guarantee was stated wrong: such a commit
+was acknowledged although the offset journal could not take it, so a kill -9
+before the next snapshot lost it. A commit the journal cannot take is now
+refused like a send and not applied (test_fault_defects_broker.py checks it on
+every commit path, across a kill -9).
 """
 
 from __future__ import annotations
@@ -153,9 +161,22 @@ def test_a_full_disk_refuses_writes_visibly_and_they_resume_by_themselves_when_s
         assert create.value.code() == grpc.StatusCode.UNAVAILABLE, create.value
         assert "disk full" in create.value.details() and "retry later" in create.value.details()
         assert "later" not in api.topics()
-        # A commit is kept in memory (RocketMQ's contract); the timer that cannot write it is visible.
-        api.commit("watchers", topic, 0, len(acked[0]))
-        wait_until(lambda: failing(metrics_port, "consumer_offsets") == 1, TIMEOUT, "offset timer failing")
+        # A commit the offset journal cannot take is refused and not applied (those that still fit in the
+        # journal's last page are journalled, so acknowledged); the failing offsets show.
+        last = 0
+        for i in range(400):
+            try:
+                api.commit("watchers", topic, 0, 1 + i % 2)  # always a change: always a journal record
+            except grpc.RpcError as e:
+                refused = e
+                break
+            last = 1 + i % 2
+        else:
+            pytest.fail("no commit was refused on a full disk")
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE, refused
+        assert "disk full" in refused.details() and "not applied" in refused.details(), refused.details()
+        assert api.query("watchers", topic, 0) == last
+        wait_until(lambda: failing(metrics_port, "consumer_offsets") == 1, TIMEOUT, "offsets failing")
 
         filler.unlink()
         (small_disk / "filler-2").unlink()
@@ -165,6 +186,7 @@ def test_a_full_disk_refuses_writes_visibly_and_they_resume_by_themselves_when_s
         for q in range(queues):
             acked[q] += api.send(topic, q, 3, "after")
         api.create_topic("later")
+        api.commit("watchers", topic, 0, len(acked[0]) - 3)  # accepted again
         assert_all_readable(api, topic, acked)
 
     log = broker.log_text()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import threading
 
@@ -11,7 +13,12 @@ from brokerproc import BrokerStubs
 from workload import stored_messages
 
 from tidemark.client import Admin, Message, Producer
-from tidemark.client.errors import RequestTimeoutError
+from tidemark.client.errors import (
+    InternalError,
+    RequestTimeoutError,
+    TidemarkError,
+    UnavailableError,
+)
 from tidemark.client.remoting import streams
 from tidemark.records import RecordBatchBuilder, encode_properties
 from tidemark.v1 import messaging_pb2
@@ -55,6 +62,47 @@ def test_a_retry_after_a_lost_answer_is_stored_once(broker, monkeypatch, idempot
         assert after.queue_offset == 2
     else:
         assert bodies == [b"a", b"b", b"a", b"b", b"c"], "without idempotence the retry stores a second copy"
+
+
+def fail_first_after_store(monkeypatch, error: Exception) -> list[int]:
+    """The first produce call stores its batch, then fails with `error` (what a connection reset mid-call
+    looks like to grpc: the batch is on the broker, the answer is lost)."""
+    original = streams.ProduceStream.send
+    calls: list[int] = []
+
+    async def send(self, topic, queue_id, count, data, timeout, sequence=None):
+        calls.append(count)
+        offset = await original(self, topic, queue_id, count, data, timeout, sequence=sequence)
+        if len(calls) == 1:
+            raise error
+        return offset
+
+    monkeypatch.setattr(streams.ProduceStream, "send", send)
+    return calls
+
+
+@pytest.mark.parametrize("retries", [2, 0])
+@pytest.mark.parametrize("error", [InternalError("Internal error from Core"), UnavailableError("Socket closed"),
+                                   asyncio.CancelledError()], ids=["internal", "unavailable", "cancelled"])
+def test_a_send_whose_outcome_is_unknown_never_lends_its_sequence_to_the_next(broker, monkeypatch, retries, error):
+    """Regression (issue 27): a send cut off after the broker stored it (InternalError from a reset) let
+    the next batch reuse its sequence; the broker answered that batch as a duplicate of the stored one, and
+    the producer acknowledged a message it never stored. Every acknowledgement must name the offset where
+    its own message is."""
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("Unknown", 1)
+    fail_first_after_store(monkeypatch, error)
+    acked = {}
+    with Producer(brokers=broker.address, retry_times_when_send_failed=retries) as producer:
+        for body in (b"a", b"b", b"c"):
+            try:
+                acked[body] = producer.send(Message("Unknown", body)).queue_offset
+            except (TidemarkError, asyncio.CancelledError, concurrent.futures.CancelledError):
+                assert body == b"a" and (retries == 0 or isinstance(error, asyncio.CancelledError))
+    bodies = stored(broker.address, "Unknown")
+    for body, offset in acked.items():
+        assert bodies[offset] == body, f"{body!r} was acknowledged at offset {offset}, which holds {bodies[offset]!r}"
+    assert bodies.count(b"a") == 1 and {b"b", b"c"} <= set(bodies)
 
 
 def test_a_broker_restart_between_the_try_and_the_retry_still_deduplicates(broker, monkeypatch):
@@ -137,6 +185,9 @@ def test_unknown_producers_and_out_of_order_sequences_are_refused_and_store_noth
         assert produce(producer_id, 0, b"first").first_queue_offset == 0
         again = produce(producer_id, 0, b"first")
         assert again.duplicate and again.first_queue_offset == 0
+        reused = produce(producer_id, 0, b"other")  # the same sequence for another message: not a duplicate
+        assert reused.error_class == "OutOfOrderSequenceError" and "hold another batch" in reused.error
+        assert not reused.duplicate
         skip = produce(producer_id, 2, b"x")
         assert skip.error_class == "OutOfOrderSequenceError" and "expected sequence 1, got 2" in skip.error
     assert stored(broker.address, "IdemBad") == [b"first"]

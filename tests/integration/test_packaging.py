@@ -1,7 +1,8 @@
 """The wheel users get from `pip install tidemark`: one import package, the client library only.
 
-Builds the wheel from a copy of this tree (no build isolation when this interpreter's setuptools can
-build it, so no index is needed for that), installs it with its base dependencies only (pinned by
+Builds the wheel from a copy of this tree as a fresh clone has it, without the generated gRPC code (the
+build generates it; no build isolation when this interpreter's setuptools can build it, so no index is
+needed for that), installs it with its base dependencies only (pinned by
 requirements.lock; from PyPI or pip's cache) into a clean venv outside the tree, and runs it there.
 """
 
@@ -27,10 +28,11 @@ FOLDERS = {"broker": "tidemark.broker", "client": "tidemark.client", "spark_conn
            "proto/tidemark": "tidemark"}
 OLD_NAMES = {"broker", "client", "spark_connector"}
 NOT_IN_BASE = ("pyspark", "pyarrow", "grpc_tools", "numpy", "uvloop", "prometheus_client")
-# What is not copied to build the wheel: caches, venvs, data and earlier builds.
+# What is not copied to build the wheel: caches, venvs, data, earlier builds, and the generated gRPC code
+# (not in git: the build must generate it, as it does from a fresh clone).
 IGNORED = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "data", "__pycache__", "*.egg-info",
                                  ".pytest_cache", ".ruff_cache", ".hypothesis", "spark-warehouse", "metastore_db",
-                                 "node_modules", "*.log")
+                                 "node_modules", "*.log", "*_pb2.py", "*_pb2.pyi", "*_pb2_grpc.py", ".generated")
 
 
 def _run(argv: list, **kw) -> subprocess.CompletedProcess:
@@ -51,11 +53,10 @@ def _can_build_here() -> bool:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    generated = list((ROOT / "proto" / "tidemark" / "v1").glob("*_pb2.py"))
-    assert generated, "the gRPC code is not generated: run `make gen` first"
     tmp = tmp_path_factory.mktemp("wheel")
     src = tmp / "src"
-    shutil.copytree(ROOT, src, ignore=IGNORED, symlinks=True)  # a clean build/ each time: no stale modules
+    shutil.copytree(ROOT, src, ignore=IGNORED, symlinks=True)  # as a fresh clone: no build/, no generated code
+    assert not list((src / "proto").rglob("*_pb2*.py")), "the copy must start without generated code"
     offline = ["--no-build-isolation"] if _can_build_here() else []  # else pip fetches setuptools to build
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", *offline,
           "--wheel-dir", tmp / "dist", src], cwd=tmp, timeout=120)

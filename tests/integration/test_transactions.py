@@ -145,3 +145,31 @@ def test_kill_between_the_op_record_and_the_message_still_commits_exactly_once(b
         b.start()  # the restored message is found where its op says: not put again
         assert visible(b.address, "Orders") == [b"torn"]
     assert checks.asked == []
+
+
+def test_a_retried_half_message_is_stored_once_and_commits_once(fast_broker, monkeypatch):
+    """Regression (issue 27, found by the fault checker under connection resets): a half message whose
+    answer was lost was sent again and stored twice; the producer committed the second, and the check of
+    the first, answered from the application's state, committed it too: two copies on the topic. The
+    broker answers a retried half (same producer group, same message id) with the half it holds."""
+    from tidemark.client.errors import UnavailableError
+    from tidemark.client.remoting.connection import BrokerConnection
+
+    original = BrokerConnection.send
+    calls: list[int] = []
+
+    async def send(self, topic, messages, **kw):
+        calls.append(len(messages))
+        results = await original(self, topic, messages, **kw)
+        if len(calls) == 1:
+            raise UnavailableError("Socket closed (the answer to the half message was lost)")
+        return results
+
+    monkeypatch.setattr(BrokerConnection, "send", send)
+    checks = Checks(COMMIT)  # the application committed it: a check of any copy says so
+    with producer(fast_broker, checks) as p:
+        result = p.send_message_in_transaction(Message("Orders", b"once", keys="o-1"), lambda m, a: COMMIT)
+        assert result.local_transaction_state is COMMIT and len(calls) == 2
+        wait_until(lambda: not open_halves(fast_broker.address), 15, "no half message left open")
+    assert visible(fast_broker.address, "Orders") == [b"once"]
+    assert checks.asked == [], "nothing was left for a check to decide"

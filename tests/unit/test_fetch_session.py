@@ -134,7 +134,7 @@ def test_an_admin_reset_ends_the_queue_with_the_new_offset_and_generation(tmp_pa
         s = b.fetch_session()
         s.open(OpenQueue(1, "g", "T", 0, 10, fence=Fence("A", None, 0), credit_messages=100,
                          credit_bytes=10**6, batch_size=32))
-        b.commits.reset("g", "T", 0, ResetTarget(ResetKind.OFFSET, 4), dry_run=False)
+        await b.commits.reset("g", "T", 0, ResetTarget(ResetKind.OFFSET, 4), dry_run=False)
         f = await frame(s)
         [end] = f.ended
         assert (end.reason, end.next_offset) == (EndReason.OFFSET_RESET, 4) and end.reset_generation > 0

@@ -124,7 +124,7 @@ def test_a_reset_starts_the_pop_state_over_at_the_new_offset(tmp_path, clock):
         for r in got:
             b.pop.ack("g", "T", r.handle)
         assert committed(b) == 4
-        b.commits.reset("g", "T", 0, ResetTarget(ResetKind.OFFSET, 1), dry_run=False)
+        await b.commits.reset("g", "T", 0, ResetTarget(ResetKind.OFFSET, 1), dry_run=False)
         again = await b.pop.receive(request())
         assert [r.message.body for r in again] == [b"1", b"2", b"3"]
     run(tmp_path, scenario)

@@ -172,3 +172,19 @@ def test_a_batch_the_store_refuses_after_its_journal_entry_is_not_taken_as_store
     assert producers.check(sequence, "T", 0, 1).verdict is Verdict.DUPLICATE
     assert service().check(sequence, "T", 0, 1).verdict is Verdict.APPEND, \
         "after a restart, journaled batches the store lacks are dropped"
+
+
+def test_a_duplicate_must_carry_the_stored_batch_s_messages():
+    """A sequence reused for another batch (issue 27: a client that lost track of an unknown outcome) is
+    refused, not answered with the stored batch's offsets; a retry of the same batch, and a keyed
+    producer's replay under new ids, are still duplicates."""
+    table = ProducerTable()
+    pid = table.allocate("", 0)
+    table.will_append(pid, 0, "T", 0, 0, 2, 10, "id-a", 1)
+    assert table.check(pid, 0, "T", 0, 0, 2, "id-a").verdict is Verdict.DUPLICATE
+    assert table.check(pid, 0, "T", 0, 0, 2).verdict is Verdict.DUPLICATE, "no id to compare: as before"
+    with pytest.raises(OutOfOrderSequenceError, match="hold another batch"):
+        table.check(pid, 0, "T", 0, 0, 2, "id-b")
+    keyed = table.allocate("spark:q:0", 0)
+    table.will_append(keyed, 0, "T", 0, 0, 2, 12, "id-x", 1)
+    assert table.check(keyed, 0, "T", 0, 0, 2, "id-y").verdict is Verdict.DUPLICATE

@@ -60,3 +60,16 @@ def test_a_restart_from_the_floors_rebuilds_the_same_open_halves(order, ended):
     for op_offset in range(t.op_floor, len(ops)):
         again.resolve(ops[op_offset], Outcome.COMMIT, op_offset)
     assert [h.offset for h in again.halves()] == [h.offset for h in t.halves()] == sorted(order[ended:])
+
+
+def test_open_halves_are_found_by_group_and_message_id_until_they_end():
+    table = TransactionTable(timeout_ms=1000, check_interval_ms=1000, max_checks=3)
+    table.add(0, "g", "id-1", "T", 0)
+    table.add(1, "g", "id-1", "T", 0)  # a second copy (stored before the broker deduplicated): the first wins
+    table.add(2, "other", "id-1", "T", 0)
+    assert table.open_offset("g", "id-1") == 0 and table.open_offset("other", "id-1") == 2
+    assert table.open_offset("g", "id-2") is None
+    table.resolve(1, Outcome.ROLLBACK, 0)
+    assert table.open_offset("g", "id-1") == 0, "ending another copy does not forget the indexed one"
+    table.resolve(0, Outcome.COMMIT, 1)
+    assert table.open_offset("g", "id-1") is None

@@ -38,11 +38,13 @@ from tidemark.broker.services.rmq5.telemetry import (
     client_id_of,
     filter_expression,
 )
+from tidemark.broker.services.streams import write
 from tidemark.broker.transactions.service import Check, TransactionService, real_view
 from tidemark.broker.transactions.table import Outcome
 from tidemark.logs import get_logger
 from tidemark.protocol import PropertyKey, parse_tag_expression
 from tidemark.rmq5.v2 import messaging_pb2 as pb
+from tidemark.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker.rmq5")
 
@@ -160,9 +162,10 @@ class Rmq5Servicer:
         self.clients.terminated(client_id, group)
         return pb.NotifyClientTerminationResponse(status=ok())
 
-    async def Telemetry(self, requests, context: grpc.aio.ServicerContext):
+    async def Telemetry(self, requests, context: grpc.aio.ServicerContext) -> None:
         """Settings in, effective settings out, and to a producer the checks of half messages on its topics
-        (RecoverOrphanedTransactionCommand); the stream lives as long as the client."""
+        (RecoverOrphanedTransactionCommand); the stream lives as long as the client. A coroutine that writes
+        its answers and awaits its read of the next command before it returns (services/streams.py)."""
         try:
             client_id = client_id_of(context.invocation_metadata())
         except BrokerError as e:
@@ -184,20 +187,21 @@ class Rmq5Servicer:
                     said = self.clients.get(client_id)
                     checks.watch(said.topics if said.client_type == pb.PRODUCER else ())
                     await self._b.flush_configs()
-                    yield pb.TelemetryCommand(status=ok(), settings=answer)
+                    await write(context, pb.TelemetryCommand(status=ok(), settings=answer))
                 # Other commands answer the broker's own requests (stack traces, verification), or carry
                 # nothing the broker needs.
                 while (check := await checks.next(commands)) is not None:
-                    yield pb.TelemetryCommand(recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
-                        message=convert.received(real_view(check.message), store_host=self._b.config.address),
-                        transaction_id=str(check.half_offset)))
+                    await write(context, pb.TelemetryCommand(
+                        recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
+                            message=convert.received(real_view(check.message), store_host=self._b.config.address),
+                            transaction_id=str(check.half_offset))))
                 command = checks.command
         except BrokerError as e:
             # Telemetry's errors are gRPC statuses (the proxy's): the client reopens the stream.
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT if isinstance(e, InvalidArgumentError)
                                 else status_for(e), str(e))
         finally:
-            checks.close()
+            await checks.close()
             self.clients.disconnected(client_id, said)
 
     # ---- sending --------------------------------------------------------------------------------------
@@ -475,10 +479,12 @@ class _TransactionChecks:
             self._transactions.unwatch(convert.RMQ5_PRODUCER_GROUP, self._queue)
             self._queue = None
 
-    def close(self) -> None:
+    async def close(self) -> None:
+        """Stop waiting for commands and checks, and wait until both waits are over: the read of the next
+        command must be finished before the stream it reads is closed."""
+        read, get, self._read, self._get = self._read, self._get, None, None
+        await cancel_and_wait(read, get)
         self._stop_watch()
-        if self._read is not None:
-            self._read.cancel()
 
 
 def _sent_entry(m: pb.Message, sent) -> pb.SendResultEntry:

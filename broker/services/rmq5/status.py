@@ -19,6 +19,7 @@ from tidemark.broker.errors import (
 )
 from tidemark.broker.pop.handles import InvalidReceiptHandleError
 from tidemark.broker.pop.service import InvisibleTimeError
+from tidemark.broker.replication import NotEnoughReplicasError, ReplicationTimeoutError
 from tidemark.broker.send import DeliveryTimeError
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
@@ -43,6 +44,10 @@ _CODES: tuple[tuple[type[BrokerError], int], ...] = (
     (InvalidReceiptHandleError, Code.INVALID_RECEIPT_HANDLE),
     (InvisibleTimeError, Code.ILLEGAL_INVISIBLE_TIME),
     (DeliveryTimeError, Code.ILLEGAL_DELIVERY_TIME),
+    # Sync replication: refused before storing (the proxy's HA_NOT_AVAILABLE), or stored here and not
+    # acknowledged by a replica in time, an unknown outcome (SLAVE_PERSISTENCE_TIMEOUT).
+    (NotEnoughReplicasError, Code.HA_NOT_AVAILABLE),
+    (ReplicationTimeoutError, Code.SLAVE_PERSISTENCE_TIMEOUT),
     (UnauthenticatedError, Code.UNAUTHORIZED),
     (PermissionDeniedError, Code.FORBIDDEN),
     (InvalidArgumentError, Code.BAD_REQUEST),

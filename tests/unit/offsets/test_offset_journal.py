@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import tidemark.broker.offsets.manager as manager_module
 from tidemark.broker.epoch import EpochSequence
-from tidemark.broker.errors import StaleResetGenerationError
+from tidemark.broker.errors import StaleResetGenerationError, StoreError
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.journal import (
     JOURNAL_PREFIX,
@@ -272,7 +272,7 @@ def test_without_the_journal_a_crash_loses_what_was_not_snapshotted(tmp_path):
     assert crash_and_reload(tmp_path, journal=False).query("g", "T", 0) == 5
 
 
-def test_a_failed_append_poisons_the_segment(tmp_path, monkeypatch):
+def test_a_short_write_is_cut_off_and_the_segment_goes_on(tmp_path, monkeypatch):
     journal = OffsetJournal(tmp_path)
     journal.read_all()
     journal.append(encode_record(JournalRecord(Op.SET, "T", "g", 0, 1)))
@@ -283,7 +283,22 @@ def test_a_failed_append_poisons_the_segment(tmp_path, monkeypatch):
     monkeypatch.undo()
     journal.append(encode_record(JournalRecord(Op.SET, "T", "g", 0, 3)))
     recs, report = OffsetJournal(tmp_path).read_all()
-    assert [r.offset for r in recs] == [1, 3] and report.segments == 2 and len(report.damage) == 1
+    assert [r.offset for r in recs] == [1, 3] and report.segments == 1 and report.damage == []
+
+
+def test_whole_records_of_a_short_write_do_not_come_back(tmp_path, monkeypatch):
+    m = crash_and_reload(tmp_path)
+    m.commit("g", "T", 0, 1)
+    first = len(encode_record(JournalRecord(Op.SET, "T", "g", 0, 2)))
+    real = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real(fd, data[:first + 3]))  # one record and a bit
+    with pytest.raises(StoreError), m.batch():
+        m.commit("g", "T", 0, 2)
+        m.commit("g", "T", 1, 7)
+    monkeypatch.undo()
+    assert (m.query("g", "T", 0), m.query("g", "T", 1)) == (1, -1)
+    again = crash_and_reload(tmp_path)
+    assert (again.query("g", "T", 0), again.query("g", "T", 1)) == (1, -1)
 
 
 # -- leftovers of an interrupted snapshot write (item 9) ----------------------------------------
@@ -327,8 +342,9 @@ def test_a_full_disk_is_reported_once_leaves_no_empty_segments_and_recovers(tmp_
     m.commit("g", "T", 0, 1)
     monkeypatch.setattr(os, "write", disk_full)
     for i in range(2, 40):  # one failed append per commit batch
-        m.commit("g", "T", 0, i)
-    assert m.query("g", "T", 0) == 39  # still acknowledged and applied (RocketMQ keeps commits in memory)
+        with pytest.raises(StoreError, match="disk full.*offset journal.*not applied"):
+            m.commit("g", "T", 0, i)
+    assert m.query("g", "T", 0) == 1  # refused, so not applied: a crash could not have kept them
     assert m.journal_error is not None and "No space left" in m.journal_error
     assert segments(tmp_path) == ["consumerOffset.journal.0000000001"]  # no file per failed batch
     assert [r.levelname for r in caplog.records if "offset journal" in r.getMessage()] == ["ERROR"]
@@ -354,29 +370,40 @@ def test_a_failed_first_append_removes_the_segment_it_created(tmp_path, monkeypa
     journal.close()
 
 
-def test_a_snapshot_covering_what_the_journal_missed_ends_the_failing_state(tmp_path, monkeypatch):
+def test_a_snapshot_after_a_failed_append_ends_the_failing_state(tmp_path, monkeypatch):
     m = crash_and_reload(tmp_path)
     states = []
     m.on_journal_state = states.append
     monkeypatch.setattr(os, "write", disk_full)
-    m.commit("g", "T", 0, 5)
+    with pytest.raises(StoreError):
+        m.commit("g", "T", 0, 5)
     monkeypatch.undo()
     assert m.journal_error is not None
-    asyncio.run(m.persist_if_dirty())  # the snapshot holds the unjournalled commit now
+    asyncio.run(m.persist_if_dirty())  # written although nothing changed: it proves the disk takes writes
     assert m.journal_error is None and len(states) == 2 and states[-1] is None
+
+
+def test_a_kept_change_the_journal_missed_reaches_the_snapshot_which_ends_the_failing_state(tmp_path, monkeypatch):
+    m = crash_and_reload(tmp_path)
+    monkeypatch.setattr(os, "write", disk_full)
+    assert m.advance("g", "T", 0, 5)  # a pop watermark: kept in memory, not refused
+    monkeypatch.undo()
+    assert m.journal_error is not None and m.query("g", "T", 0) == 5
+    asyncio.run(m.persist_if_dirty())
+    assert m.journal_error is None and crash_and_reload(tmp_path).query("g", "T", 0) == 5
 
 
 def test_a_change_the_journal_missed_is_not_undone_by_replaying_older_segments(tmp_path, monkeypatch):
     m = crash_and_reload(tmp_path)
-    m.commit("g", "T", 0, 10)  # journalled in segment 1
+    m.commit("g", "T", 0, 5)  # journalled in segment 1
     monkeypatch.setattr(os, "write", disk_full)
-    m.commit("g", "T", 0, 5)  # unfenced: last write wins; the journal cannot take it
+    m.advance("g", "T", 0, 10)  # kept in memory (a pop watermark); the journal cannot take it
     monkeypatch.undo()
     # Killed after the snapshot reached the disk, before the segments it covers were deleted.
     monkeypatch.setattr(OffsetJournal, "discard_before", lambda self, seq: 0)
     m.persist_now()
     assert segments(tmp_path) == ["consumerOffset.journal.0000000001"]
-    assert crash_and_reload(tmp_path).query("g", "T", 0) == 5
+    assert crash_and_reload(tmp_path).query("g", "T", 0) == 10
 
 
 def test_an_offset_file_without_the_journal_mark_replays_every_segment(tmp_path):
@@ -427,7 +454,8 @@ def test_the_journal_state_reaches_broker_health(tmp_path, monkeypatch):
         b.load()
         try:
             monkeypatch.setattr(os, "write", disk_full)
-            b.offsets.commit("g", "T", 0, 1)
+            with pytest.raises(StoreError):
+                b.offsets.commit("g", "T", 0, 1)
             monkeypatch.undo()
             assert "disk full" in b.persistence.failing_parts()[CONSUMER_OFFSETS]
             b.offsets.commit("g", "T", 0, 2)

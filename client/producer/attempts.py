@@ -1,0 +1,91 @@
+"""What a send's attempts tell: how many were made, whether one may have stored the message, when to retry.
+
+A failed attempt either was **refused** (the broker answered that it stored
+nothing: a bad request, a permission, an unknown topic, a failed
+precondition) or its outcome is **unknown** (a timeout, an unreachable or
+overloaded broker, a connection reset mid-call, an internal error, a
+cancelled call): stored or not. Two rules follow, for every send path:
+
+- an idempotent producer never lends a sequence that may carry a stored
+  batch to another batch (sequences.py);
+- a send that ends with a refusal after an attempt in doubt raises the
+  doubt, not the refusal: the refusal would tell the application that
+  nothing was stored, which it cannot know (`Doubt`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import random
+from typing import NoReturn
+
+import grpc
+
+from tidemark.client.errors import (
+    AlreadyExistsError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    TidemarkError,
+    UnauthenticatedError,
+)
+
+# Errors that mean the broker looked at the request and stored none of it.
+_REFUSALS = (InvalidArgumentError, NotFoundError, AlreadyExistsError, FailedPreconditionError,
+             PermissionDeniedError, UnauthenticatedError)
+
+
+class Outcome(enum.Enum):
+    """What a failed attempt says about its message."""
+
+    REFUSED = "refused"  # nothing was stored
+    UNKNOWN = "unknown"  # stored or not
+
+
+def outcome_of(error: BaseException) -> Outcome:
+    """REFUSED only for an answer that says nothing was stored; UNKNOWN for anything else."""
+    if isinstance(error, _REFUSALS) and getattr(error, "retriable", False) is False:
+        return Outcome.REFUSED
+    return Outcome.UNKNOWN
+
+
+class Tries:
+    """Attempts of one send, across the queues it tries: `attempts` in all (1 + retry_times_when_send_failed)."""
+
+    __slots__ = ("attempts", "made")
+
+    def __init__(self, attempts: int) -> None:
+        self.attempts = attempts
+        self.made = 0
+
+    @property
+    def spent(self) -> bool:
+        return self.made >= self.attempts
+
+
+class Doubt:
+    """The first attempt of a send whose outcome is unknown; `raise_final` raises the send's last error,
+    or, when that is a refusal after such an attempt, the doubt ("... may have been stored")."""
+
+    def __init__(self) -> None:
+        self.first: TidemarkError | None = None
+
+    def saw(self, error: TidemarkError) -> None:
+        if self.first is None and outcome_of(error) is Outcome.UNKNOWN:
+            self.first = error
+
+    def raise_final(self, error: TidemarkError) -> NoReturn:
+        if self.first is None or outcome_of(error) is Outcome.UNKNOWN:
+            raise error
+        doubt = self.first
+        raise type(doubt)(f"{doubt}; a retry was then refused ({type(error).__name__}: {error}): the message may "
+                          f"have been stored", code=doubt.code) from error
+
+
+async def back_off(error: TidemarkError, attempt: int) -> None:
+    """An overloaded broker (RESOURCE_EXHAUSTED: request bytes in flight at its limit) gets a pause
+    before the retry, growing with each attempt (50 ms, 100 ms, ... up to 1 s, with jitter)."""
+    if error.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0) * random.uniform(0.5, 1.0))

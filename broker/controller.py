@@ -153,20 +153,21 @@ class BrokerController:
                               on_state=self._on_pop_state,
                               on_moved=lambda group, to_dlq: (self.metrics.dlq if to_dlq
                                                               else self.metrics.retries).labels(group).inc())
-        # A master serves its replicas' streams; a replica copies its master (broker/replication.py).
-        self.replication = self._replication_source() if not config.broker_id else None
-        self.store.follower = bool(config.broker_id)  # reads past a replica's end wait for it to catch up
-        self.replica = ReplicaSync(master=config.master, store=self.store, topics=self.topics, groups=self.groups,
-                                   offsets=self.offsets, schedule=self.schedule, pop=self.pop,
-                                   broker_name=config.broker_name,
-                                   broker_id=config.broker_id, segment_size=config.commitlog_segment_size,
-                                   after_mirror=self.flush_configs, on_topic_gone=self._remove_topic_data,
-                                   tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials()) \
-            if config.broker_id else None
         self.producers = IdempotenceService(config_dir, store=self.store, clock_ms=self.clock_ms,
                                             max_producers=config.max_idempotent_producers,
                                             expiry_ms=config.producer_id_expiry_ms,
                                             id_floor=self.clock_ms() << 16)
+        # A master serves its replicas' streams; a replica copies its master (broker/replication.py).
+        self.replication = self._replication_source() if not config.broker_id else None
+        self.producers.follower = bool(config.broker_id)
+        self.store.follower = bool(config.broker_id)  # reads past a replica's end wait for it to catch up
+        self.replica = ReplicaSync(master=config.master, store=self.store, topics=self.topics, groups=self.groups,
+                                   offsets=self.offsets, schedule=self.schedule, pop=self.pop,
+                                   producers=self.producers, broker_name=config.broker_name,
+                                   broker_id=config.broker_id, segment_size=config.commitlog_segment_size,
+                                   after_mirror=self.flush_configs, on_topic_gone=self._remove_topic_data,
+                                   tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials()) \
+            if config.broker_id else None
         self.transactions = TransactionService(
             store=self.store, topics=self.topics, permission=self.permission, clock_ms=self.clock_ms,
             config_dir=config_dir, timeout_ms=config.transaction_timeout_ms,
@@ -212,10 +213,27 @@ class BrokerController:
         self.producers.load()
         self.transactions.load()
         self.topics.ensure_system_topic(SCHEDULE_TOPIC, len(self.config.delay_levels_ms))
-        self.store.add_dispatch_listener(self.hold.notify)
         if self.replication is not None:
             self.store.add_dispatch_listener(self.replication.on_append)
+        self._wire_reads()
         return StartupReport(recovery, offsets, topics, groups)
+
+    def _wire_reads(self) -> None:
+        """Who wakes readers when a queue grows, and how far they read: on a replica every append, at once;
+        on a master what a replica acknowledged (broker/replication.py: readers never see what a failover
+        may lose)."""
+        source = self.replication
+        self.store.remove_dispatch_listener(self.hold.notify)
+        if source is None:
+            self.store.read_limit = lambda: None
+            self.store.add_dispatch_listener(self.hold.notify)
+        else:
+            source.on_readable, source.on_all_readable = self.hold.notify, self.hold.notify_all
+            self.store.read_limit = source.read_limit
+
+    def _release_readers(self) -> None:
+        if self.replication is not None:
+            self.replication.release_readers()
 
     async def start(self) -> None:
         await self.store.start()
@@ -241,6 +259,7 @@ class BrokerController:
         if self.replica is not None:
             self.replica.start()
             s.every("mirror-master-metadata", 1.0, self.replica.mirror_metadata)
+        s.every("release-readers", 1.0, self._release_readers)
         if self.registrar.addresses:
             self.registrar.start()
             await self.registrar.register_all()  # routable before ready (a name server that is down costs its timeout)
@@ -507,8 +526,11 @@ class BrokerController:
 
     def _replication_source(self) -> ReplicationSource:
         c = self.config
-        return ReplicationSource(self.store, broker_name=c.broker_name, segment_size=c.commitlog_segment_size,
-                                 timeout_s=c.replication_timeout_ms / 1000, epoch=lambda: self.epoch)
+        source = ReplicationSource(self.store, broker_name=c.broker_name, segment_size=c.commitlog_segment_size,
+                                   timeout_s=c.replication_timeout_ms / 1000,
+                                   sync=c.replication is ReplicationMode.SYNC, epoch=lambda: self.epoch)
+        source.follow(self.producers, self.offsets)
+        return source
 
     def _sync_replication(self) -> ReplicationSource | None:
         """With sync replication, what a send checks before the store (a replica in sync) and waits for after
@@ -540,9 +562,11 @@ class BrokerController:
         self.config = dataclasses.replace(self.config, broker_id=0, master="")
         self.epoch = epoch
         self.store.follower = False
+        self.producers.promoted()
         self.replication = self._replication_source()
         self.store.add_dispatch_listener(self.replication.on_append)
         self.sender.sync_replication = self.transactions.sync_replication = self._sync_replication()
+        self._wire_reads()
         self.transactions.load()  # the half and op topics it copied: open transactions are checked from here
         await self.transactions.start()
         self.permission.promote()

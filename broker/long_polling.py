@@ -36,6 +36,11 @@ class PullRequestHoldService:
             for callback in list(watchers.values()):
                 callback()
 
+    def notify_all(self) -> None:
+        """Every queue may have changed (readers of a sync master were bounded for the first time)."""
+        for topic, queue_id in {*self._waiters, *self._watchers}:
+            self.notify(topic, queue_id)
+
     def watch(self, topic: str, queue_id: int, callback: Callable[[], None]) -> Callable[[], None]:
         """Call `callback` (on the loop thread) whenever the queue changes; returns the unwatch function."""
         key = (topic, queue_id)

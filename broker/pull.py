@@ -234,7 +234,7 @@ class PullService:
             remaining = deadline - time.monotonic()
             arrived = remaining > 0 and await self._hold.wait(
                 req.topic, req.queue_id, offset, remaining,
-                lambda: store.max_offset(req.topic, req.queue_id))
+                lambda: store.readable_max_offset(req.topic, req.queue_id))
             if not arrived:
                 status_out = PullStatus.NO_MATCHED_MSG if skipped else PullStatus.NO_NEW_MSG
                 return PullOutcome(status_out, [], offset, store.min_offset(req.topic, req.queue_id),

@@ -12,6 +12,11 @@ RocketMQ's master/slave HA, over one gRPC stream per replica
   consume queues, then acknowledges its new end. A broken stream is opened
   again with backoff, from the replica's end, so restarts resume. Every
   second it also mirrors the master's topics, groups and consumer offsets.
+- The stream also carries the master's state changes with the records: the
+  idempotent-producer table (whole at the stream's start, then every change,
+  a batch's with or before its records: a promoted replica deduplicates the
+  retry of any batch it holds) and the consumer-offset changes (taken like
+  the mirror takes them, milliseconds after the commit, not up to a second).
 - **ReplicationSource** (on a master) serves those streams, at most
   `window_bytes` ahead of what a replica acknowledged, and knows how far each
   replica is. With sync replication (RocketMQ's SYNC_MASTER) a send is
@@ -29,6 +34,18 @@ RocketMQ's master/slave HA, over one gRPC stream per replica
   it within the last `max(timeout_s, 2 heartbeats)` (Kafka's
   replica.lag.time.max.ms): one that went silent or fell behind stops
   counting before sends pile up on the master only.
+- Readers see only what a replica acknowledged (`confirmed`, Kafka's high
+  watermark): the store's reads end there and readers are woken when it
+  moves (`on_readable`), not on the append. Otherwise a consumer could read
+  a record the master stored but no replica got (a send that timed out, an
+  async send not copied yet) and, after a failover, skip the message the
+  promoted replica stores at the same offset. With sync replication the
+  bound holds once a replica has connected (what no replica holds was never
+  acknowledged); with async replication only while a replica is in sync
+  (one that falls behind or goes away must not stop the consumers of a
+  master that takes writes without it; promoting it then loses what it
+  lacks, Kafka's unclean election). Until a replica first connects, nothing
+  bounds reads.
 """
 
 from __future__ import annotations
@@ -53,6 +70,7 @@ from tidemark.broker.errors import (
 )
 from tidemark.broker.groups import SubscriptionGroupManager
 from tidemark.broker.offsets import ConsumerOffsetManager
+from tidemark.broker.offsets.journal import JournalRecord, decode_records, encode_records
 from tidemark.broker.offsets.persistence import (
     DecodeResult,
     OffsetFileError,
@@ -61,6 +79,9 @@ from tidemark.broker.offsets.persistence import (
 )
 from tidemark.broker.pop.ledger import PopStateError
 from tidemark.broker.pop.service import PopService
+from tidemark.broker.producers.service import IdempotenceService
+from tidemark.broker.producers.store import decode_events, encode_events
+from tidemark.broker.producers.table import ProducerEvent, ProducerStateError
 from tidemark.broker.schedule import ScheduleMessageService
 from tidemark.broker.store import MessageStore
 from tidemark.broker.topics import TopicConfigManager
@@ -145,11 +166,34 @@ class _Replica:
     catch_up: CatchUp = field(default_factory=CatchUp)
 
 
+# A stream owing more changes than this sends the producer table whole again instead (a slow replica).
+MAX_FEED_EVENTS = 100_000
+
+
+@dataclass(eq=False)  # one per stream, kept in a set by identity
+class _Feed:
+    """The state changes one replica's stream owes it besides records (see the module docstring)."""
+
+    producer_state: bytes = b""  # the whole table, JSON: the first chunk's (or after an overflow)
+    producer_events: list[ProducerEvent] = field(default_factory=list)
+    offset_records: list[JournalRecord] = field(default_factory=list)
+
+    def pending(self) -> bool:
+        return bool(self.producer_state or self.producer_events or self.offset_records)
+
+    def take(self) -> dict[str, bytes]:
+        fields = {"producer_state": self.producer_state, "producer_events": encode_events(self.producer_events),
+                  "offset_records": encode_records(self.offset_records)}
+        self.producer_state, self.producer_events, self.offset_records = b"", [], []
+        return fields
+
+
 class ReplicationSource:
     def __init__(self, store: MessageStore, *, broker_name: str, segment_size: int, timeout_s: float = 3.0,
-                 chunk_bytes: int = CHUNK_BYTES, window_bytes: int = WINDOW_BYTES,
+                 chunk_bytes: int = CHUNK_BYTES, window_bytes: int = WINDOW_BYTES, sync: bool = False,
                  epoch: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic) -> None:
         self._store = store
+        self._sync = sync
         self._epoch = epoch
         self._broker_name = broker_name
         self._segment_size = segment_size
@@ -164,11 +208,94 @@ class ReplicationSource:
         self._replicas: dict[str, _Replica] = {}
         self._appended: set[asyncio.Event] = set()  # one per open stream, set on every append
         self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._feeds: set[_Feed] = set()  # one per open stream
+        self._producers: IdempotenceService | None = None
+        # Sync replication: the highest commit-log end a replica acknowledged (None: no replica since start),
+        # and the appends readers are not told of yet: (commit-log end after the append, queue).
+        self.confirmed: int | None = None
+        self._unconfirmed: collections.deque[tuple[int, tuple[str, int]]] = collections.deque()
+        # Readers of a queue to wake when its appends become readable (None: readers are not bounded).
+        self.on_readable: Callable[[str, int], None] | None = None
+        self.on_all_readable: Callable[[], None] = lambda: None
 
-    def on_append(self, _topic: str, _queue_id: int) -> None:
-        """The store's dispatch listener: wake the streams."""
+    def on_append(self, topic: str, queue_id: int) -> None:
+        """The store's dispatch listener: wake the streams (and readers, once it is readable)."""
         for event in self._appended:
             event.set()
+        if self.on_readable is not None:
+            if self.read_limit() is None:
+                self.on_readable(topic, queue_id)
+            else:
+                self._unconfirmed.append((self._store.commit_log_max_offset, (topic, queue_id)))
+
+    def follow(self, producers: IdempotenceService, offsets: ConsumerOffsetManager) -> None:
+        """Send the producer table and the offset changes along with the records (the controller wires it)."""
+        self._producers = producers
+        producers.listeners.append(self._producer_events)
+        offsets.listeners.append(self._offset_records)
+
+    def _producer_events(self, events) -> None:
+        for feed in self._feeds:
+            if len(feed.producer_events) + len(events) > MAX_FEED_EVENTS:
+                feed.producer_events, feed.producer_state = [], self._producer_state()
+            else:
+                feed.producer_events.extend(events)
+        self._wake_streams()
+
+    def _offset_records(self, records) -> None:
+        for feed in self._feeds:
+            if len(feed.offset_records) + len(records) <= MAX_FEED_EVENTS:  # else the next mirror has them
+                feed.offset_records.extend(records)
+        self._wake_streams()
+
+    def _producer_state(self) -> bytes:
+        return json.dumps(self._producers.snapshot(), separators=(",", ":")).encode() if self._producers else b""
+
+    def _wake_streams(self) -> None:
+        for event in self._appended:
+            event.set()
+
+    def read_limit(self) -> int | None:
+        """The store's read limit: what a replica acknowledged, or None (unbounded) before any replica
+        connected and, with async replication, while no replica is in sync."""
+        if self.confirmed is None:
+            return None
+        if self._sync or self._any_in_sync():
+            return self.confirmed
+        return None
+
+    def _any_in_sync(self) -> bool:
+        end, now = self._store.commit_log_max_offset, self._clock()
+        return any(r.catch_up.in_sync(r.acked, end, now, self._max_lag_s) for r in self._replicas.values())
+
+    def release_readers(self) -> None:
+        """The timer's job: once reads are no longer bounded (async: no replica in sync any more), wake the
+        readers of every append they were not told of."""
+        if self._unconfirmed and self.read_limit() is None:
+            self._unconfirmed.clear()
+            self.on_all_readable()
+
+    def _confirm(self, end: int) -> None:
+        """A replica holds the commit log up to `end`: readers may read up to there."""
+        first = self.confirmed is None
+        if not first and end <= self.confirmed:
+            return
+        self.confirmed = end
+        if self.on_readable is None:
+            return
+        if first and end < self._store.commit_log_max_offset:
+            # Readers were unbounded until now: what they read past `end` stays read; what they wait for
+            # past it comes with the next appends, or here once the replica holds the tail.
+            self._unconfirmed.append((self._store.commit_log_max_offset, ("", -1)))
+        woken: set[tuple[str, int]] = set()
+        while self._unconfirmed and self._unconfirmed[0][0] <= end:
+            _, key = self._unconfirmed.popleft()
+            if key not in woken:
+                woken.add(key)
+                if key[1] < 0:
+                    self.on_all_readable()
+                else:
+                    self.on_readable(*key)
 
     def replicas(self) -> dict[str, int]:
         """Connected replicas and the commit-log end each acknowledged."""
@@ -179,7 +306,7 @@ class ReplicationSource:
         unless a connected replica is in sync, so that a send is either stored or refused, never both."""
         end, now = self._store.commit_log_max_offset, self._clock()
         replicas = list(self._replicas.values())
-        if any(r.catch_up.in_sync(r.acked, end, now, self._max_lag_s) for r in replicas):
+        if self._any_in_sync():
             return
         if not replicas:
             why = "none is connected"
@@ -211,6 +338,7 @@ class ReplicationSource:
     def _acknowledge(self, replica: _Replica, end: int) -> None:
         replica.acked = max(replica.acked, end)
         replica.catch_up.acknowledged(replica.acked)
+        self._confirm(replica.acked)
         replica.progress.set()
         for want, future in self._waiters:
             if want <= replica.acked and not future.done():
@@ -246,18 +374,23 @@ class ReplicationSource:
         replica = _Replica(f"{hello.broker_name}/{hello.broker_id}@{peer}", start, asyncio.Event())
         replica.catch_up.sent(start, store.commit_log_max_offset, self._clock())
         replica.catch_up.acknowledged(start)  # level already when it connects at the master's end
+        self._confirm(start)
         appended = asyncio.Event()
+        feed = _Feed(producer_state=self._producer_state())  # taken in the same step as the feed starts
         self._replicas[replica.key] = replica
         self._appended.add(appended)
+        self._feeds.add(feed)
         log.info("replica connected", event="replica_connected", replica=replica.key, offset=start)
         reader = asyncio.get_running_loop().create_task(self._read_acks(requests, replica))
         try:
-            async for chunk in self._chunks(replica, start, appended, reader):
+            async for chunk in self._chunks(replica, start, appended, reader, feed):
                 yield chunk
         finally:
             await cancel_and_wait(reader)  # its failure (the replica's side closed) is retrieved, not left
             self._replicas.pop(replica.key, None)
             self._appended.discard(appended)
+            self._feeds.discard(feed)
+            self.release_readers()
             log.info("replica disconnected", event="replica_disconnected", replica=replica.key, acked=replica.acked)
 
     async def _read_acks(self, requests: AsyncIterator[replication_pb2.ReplicaProgress], replica: _Replica) -> None:
@@ -267,8 +400,8 @@ class ReplicationSource:
         finally:
             self._replicas.pop(replica.key, None)  # gone: sends are refused from now on, not stored and lost
 
-    async def _chunks(self, replica: _Replica, offset: int, appended: asyncio.Event,
-                      reader: asyncio.Task) -> AsyncIterator[replication_pb2.ReplicationChunk]:
+    async def _chunks(self, replica: _Replica, offset: int, appended: asyncio.Event, reader: asyncio.Task,
+                      feed: _Feed) -> AsyncIterator[replication_pb2.ReplicationChunk]:
         store = self._store
         while not reader.done():
             if offset - replica.acked > self._window_bytes:  # far enough ahead: wait for acknowledgements
@@ -276,18 +409,15 @@ class ReplicationSource:
                 await _wait(replica.progress, HEARTBEAT_S)
                 continue
             appended.clear()
+            # The state changes first: a batch's producer event is published before its records are read.
+            state = feed.take() if feed.pending() else {}
             data = store.replication_chunk(offset, self._chunk_bytes)
-            if data:
+            if data or state or not await _wait(appended, HEARTBEAT_S):
                 master_end = store.commit_log_max_offset
                 replica.catch_up.sent(offset + len(data), master_end, self._clock())
                 yield replication_pb2.ReplicationChunk(offset=offset, data=data, master_end=master_end,
-                                                       master_epoch=self._epoch())
+                                                       master_epoch=self._epoch(), **state)
                 offset += len(data)
-            elif not await _wait(appended, HEARTBEAT_S):
-                master_end = store.commit_log_max_offset
-                replica.catch_up.sent(offset, master_end, self._clock())
-                yield replication_pb2.ReplicationChunk(offset=offset, master_end=master_end,
-                                                       master_epoch=self._epoch())
 
     def metadata(self, topics: TopicConfigManager, groups: SubscriptionGroupManager,
                  offsets: ConsumerOffsetManager, schedule: ScheduleMessageService,
@@ -318,13 +448,14 @@ class ReplicaSync:
 
     def __init__(self, *, master: str, store: MessageStore, topics: TopicConfigManager,
                  groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, schedule: ScheduleMessageService,
-                 pop: PopService, broker_name: str, broker_id: int, segment_size: int, after_mirror: Callable[[], Awaitable[None]],
+                 pop: PopService, producers: IdempotenceService, broker_name: str, broker_id: int, segment_size: int, after_mirror: Callable[[], Awaitable[None]],
                  on_topic_gone: Callable[[str], Awaitable[None]], tls_ca_file: str = "",
                  credentials: Credentials | None = None, clock_ms: Callable[[], int] = _now_ms) -> None:
         self.master = master
         self._store = store
         self._topics, self._groups, self._offsets, self._schedule = topics, groups, offsets, schedule
         self._pop = pop
+        self._producers = producers
         # A topic the master deleted: its data goes here too (the store's queues, offsets, locks).
         self._on_topic_gone = on_topic_gone
         self._hello = dict(broker_name=broker_name, broker_id=broker_id, segment_size=segment_size)
@@ -406,6 +537,7 @@ class ReplicaSync:
             if chunk.HasField("truncate_to"):
                 await store.truncate_to(chunk.truncate_to)
                 return  # and ask again from there
+            self._follow_state(chunk)
             if chunk.data:
                 written = store.append_replicated(chunk.offset, chunk.data)
                 if any(self._topics.get(topic) is None for topic, _ in written):
@@ -416,6 +548,18 @@ class ReplicaSync:
                 self._caught_up_ms = self._clock_ms()
             await call.write(replication_pb2.ReplicaProgress(commit_log_end=store.commit_log_max_offset,
                                                              **self._hello))
+
+    def _follow_state(self, chunk: replication_pb2.ReplicationChunk) -> None:
+        """The master's producer table and offset changes that came with the chunk (before its records)."""
+        try:
+            if chunk.producer_state:
+                self._producers.follow_state(json.loads(chunk.producer_state))
+            if chunk.producer_events:
+                self._producers.follow_events(decode_events(chunk.producer_events).items)
+        except (ValueError, ProducerStateError) as e:
+            log.warning("the master's producer state is unusable here: %s", e, event="producer_follow_failed")
+        if chunk.offset_records:
+            self._offsets.mirror_records(decode_records(chunk.offset_records).items)
 
     def _signed(self):
         return signed_metadata(self._credentials) if self._credentials is not None else None

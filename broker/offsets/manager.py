@@ -148,6 +148,10 @@ class ConsumerOffsetManager:
         # Without a journal (journal=False) a crash loses the changes since the last snapshot, as in RocketMQ.
         self._journal = OffsetJournal(self._path.parent) if journal else None
         self._pending: list[JournalRecord] = []  # records of the batch under way, written when it ends
+        # Called with each batch's records once they hold (journaled, or standing in memory): a master's
+        # replicas (broker/replication.py), which take them within milliseconds instead of at the next mirror.
+        self.listeners: list[Callable[[list[JournalRecord]], None]] = []
+        self._outgoing: list[JournalRecord] = []
         self._batch_depth = 0
         self._undo: BatchUndo | None = None  # how to undo the batch under way (None: no batch under way)
         self._must_journal = True  # the outermost batch's: undo and refuse when the journal fails
@@ -223,12 +227,17 @@ class ConsumerOffsetManager:
             self._batch_depth -= 1
             if outer:
                 undo, self._undo = self._undo, None
-                self._flush_journal(undo)
+                outgoing, self._outgoing = self._outgoing, []
+                self._flush_journal(undo)  # a refused batch (StoreError) is undone, and told to nobody
+                for listener in self.listeners if outgoing else ():
+                    listener(outgoing)
 
     def _journal_change(self, record: JournalRecord) -> None:
         """Queue a record for the write that ends the running batch (every change runs in one)."""
         if self._journal is not None and self._loaded:
             self._pending.append(record)
+        if self.listeners and self._loaded:
+            self._outgoing.append(record)
 
     def _flush_journal(self, undo: BatchUndo) -> None:
         if not self._pending:
@@ -286,7 +295,10 @@ class ConsumerOffsetManager:
         - same owner epoch and generation as the last fenced commit -> the
           offset only moves forward (a smaller one is ignored, returns False),
           unless allow_rewind: an acknowledged commit is the committer's latest
-          word (e.g. after seeking back), only late oneway commits are stale.
+          word (e.g. after seeking back), only late oneway commits are stale;
+        - an owner epoch nothing vouches for (no lock on the queue and no fenced
+          commit since this broker started) -> forward only as well: after a
+          restart a consumer that lost the queue before it may still commit.
         Nothing changes when an error is raised.
         """
         _check_entry(group, topic, queue_id)
@@ -298,8 +310,12 @@ class ConsumerOffsetManager:
                 return self._store(key, queue_id, offset)
         self._check_fence(group, topic, queue_id, fence, state)
         pair = None if fence.owner_epoch is None else (fence.owner_epoch, state.reset_generation)
-        if pair is not None and state.last_fenced == pair and offset < self.query(group, topic, queue_id) \
-                and not allow_rewind:
+        # A commit whose owner nothing here can vouch for (no lock on the queue, no fenced commit seen since
+        # this start: the broker restarted) may be a stale owner's: it may move the offset forward only.
+        unverified = pair is not None and state.last_fenced is None and (
+            self._ownership is None or self._ownership.current_epoch(group, topic, queue_id) is None)
+        if pair is not None and (state.last_fenced == pair and not allow_rewind or unverified) \
+                and offset < self.query(group, topic, queue_id):
             return False
         with self.batch():
             if pair is not None and state.last_fenced != pair:
@@ -360,6 +376,18 @@ class ConsumerOffsetManager:
                         changed += 1
                     elif offset > self._offsets.get(key, {}).get(queue_id, -1):
                         changed += self._store(key, queue_id, offset)
+        return changed
+
+    def mirror_records(self, records: list[JournalRecord]) -> int:
+        """A replica taking its master's journal records as they come (broker/replication.py), by `mirror`'s
+        rules, in order: commits forward only, resets by generation, removals left to its own cleanup."""
+        changed = 0
+        with self.batch(must_journal=False):
+            for r in records:
+                if r.op is Op.SET or r.op is Op.RESET:
+                    key = (r.topic, r.group)
+                    changed += self.mirror({key: {r.queue_id: r.offset}},
+                                           {key: {r.queue_id: r.generation}} if r.op is Op.RESET else {})
         return changed
 
     def take_back(self, table: Mapping[TableKey, Mapping[int, int]],

@@ -7,12 +7,21 @@ broker died between the journal and the commit log, or a power cut took the
 commit log's tail). Snapshots are written every flush interval when the table
 changed, off the event loop; producers idle past the expiry are forgotten on
 the same timer.
+
+A master's replicas hold the same table, so that a promoted replica answers a
+retry of any batch it holds as a duplicate: `listeners` get every change
+(ids given out and forgotten once journaled, batches once stored), which
+broker/replication.py sends along with the records. A replica takes the
+table whole when its stream opens (`follow_state`) and each change after
+(`follow_events`), journaling them as its own; it forgets no producer by
+itself (the master's Forgotten events do), and on promotion drops the
+batches it does not hold (`promoted`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +30,7 @@ from tidemark.broker.producers.store import ProducerStateStore
 from tidemark.broker.producers.table import (
     Appended,
     Decision,
+    ProducerEvent,
     ProducerState,
     ProducerTable,
     QueueSequence,
@@ -50,6 +60,10 @@ class IdempotenceService:
         self._clock_ms = clock_ms
         self.table: ProducerTable | None = None
         self.error: str | None = None  # why the last snapshot failed (None: fine)
+        # Called with every change once it holds (journaled; a batch: stored): a master's replicas.
+        self.listeners: list[Callable[[Sequence[ProducerEvent]], None]] = []
+        self.follower = False  # a replica: the master's events change the table, not the expiry timer
+        self._limits = {"max_producers": max_producers, "expiry_ms": expiry_ms, "id_floor": id_floor}
 
     def load(self) -> None:
         """Read the table (after the store recovered) and drop batches the store does not hold."""
@@ -61,7 +75,55 @@ class IdempotenceService:
         if dropped or report.events:
             log.info("producer state loaded", event="producer_state_loaded", source=report.source,
                      producers=len(table), replayed=report.events, unstored_batches_dropped=dropped)
+        self._use(table)
+
+    def _use(self, table: ProducerTable) -> None:
+        journal = table.sink
+
+        def sink(events: Sequence[ProducerEvent]) -> None:
+            journal(events)
+            # Ids given out or forgotten hold once journaled; a batch only once stored (`append`).
+            self._publish([e for e in events if not isinstance(e, Appended)])
+
+        table.sink = sink
         self.table = table
+
+    def _publish(self, events: Sequence[ProducerEvent]) -> None:
+        if events:
+            for listener in self.listeners:
+                listener(events)
+
+    # -- a replica's copy -------------------------------------------------------------------------
+
+    def snapshot(self) -> dict:
+        """The whole table (what a replica's stream starts with)."""
+        return self.table.snapshot()
+
+    def follow_state(self, doc: dict) -> None:
+        """A replica: the master's table, whole (its stream opened), replaces this one."""
+        table = ProducerTable.from_snapshot(doc, **self._limits)
+        table.sink = self.table.sink
+        table.version = self.table.version + 1  # written by the next snapshot
+        self.table = table
+
+    def follow_events(self, events: Sequence[ProducerEvent]) -> None:
+        """A replica: the master's changes since, journaled here and applied in order. A journal that cannot
+        take them is reported by the next snapshot (which holds them)."""
+        try:
+            self._state.append(events)
+        except OSError as e:
+            log.warning("the master's producer events are not journaled here: %s", e, event="producer_follow_failed")
+        for event in events:
+            self.table.apply(event)
+
+    def promoted(self) -> None:
+        """A replica became the master: batches its table knows but its store lacks (the master's events ran
+        ahead of its records) are dropped, and it expires producers itself from now on."""
+        self.follower = False
+        dropped = self.table.drop_unstored(self._stored)
+        if dropped:
+            log.info("producer batches the promoted replica does not hold dropped", event="producer_state_promoted",
+                     dropped=dropped)
 
     def _stored(self, topic: str, queue_id: int, first_offset: int, count: int, first_msg_id: str) -> bool:
         if first_offset + count > self._store.max_offset(topic, queue_id):
@@ -102,6 +164,7 @@ class IdempotenceService:
         put = write(journal)
         for event in journaled:
             self.table.apply(event)
+        self._publish(journaled)
         return put
 
     def producers(self, topic: str = "") -> list[tuple[ProducerState, list[tuple[tuple[str, int], QueueSequence]]]]:
@@ -124,7 +187,8 @@ class IdempotenceService:
         if self.table is None:
             return
         try:
-            self.table.expire(self._clock_ms())
+            if not self.follower:
+                self.table.expire(self._clock_ms())
         except OSError:
             pass  # the journal is failing; the snapshot below reports it, the next tick tries again
         await self.persist_if_dirty()

@@ -117,6 +117,10 @@ class MessageStore:
         self._flusher: FlushService | None = None
         # A replica's store: reads past a queue's end wait for replication instead of going back (reads.py).
         self.follower = False
+        # The commit-log offset readers may read up to (None: everything stored). A sync-replication master
+        # sets it to what a replica acknowledged: a consumer never reads a record a failover may lose (and
+        # then skip the message the promoted replica stores at the same offset). Kafka's high watermark.
+        self.read_limit: Callable[[], int | None] = lambda: None
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -484,7 +488,7 @@ class MessageStore:
             )
         return reads.get_messages(self._queues.get(topic, queue_id), self._commitlog, offset, max_count,
                                   matcher=matcher, exact_matcher=exact_matcher, max_scan=max_scan,
-                                  follower=self.follower)
+                                  follower=self.follower, limit=self.read_limit())
 
     def read_records(
         self,
@@ -506,7 +510,7 @@ class MessageStore:
             )
         return reads.read_records(self._queues.get(topic, queue_id), self._commitlog, offset, max_count=max_count,
                                   max_bytes=max_bytes, tags_codes=tags_codes, max_scan=max_scan,
-                                  follower=self.follower)
+                                  follower=self.follower, limit=self.read_limit())
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get(topic, queue_id)
@@ -516,6 +520,14 @@ class MessageStore:
         """The next queue offset to be assigned."""
         queue = self._queues.get(topic, queue_id)
         return queue.max_offset if queue is not None else 0
+
+    def readable_max_offset(self, topic: str, queue_id: int) -> int:
+        """Where readers see the queue end: max_offset, or less under a `read_limit`."""
+        return reads.readable_high(self._queues.get(topic, queue_id), self.read_limit())
+
+    def remove_dispatch_listener(self, listener: DispatchListener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
 
     def _entry(self, topic: str, queue_id: int, offset: int) -> tuple[int, int, int] | None:
         self._readable()

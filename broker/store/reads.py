@@ -47,15 +47,30 @@ def _next_offset(status: GetStatus, offset: int, low: int, high: int) -> int:
             GetStatus.OFFSET_OVERFLOW_ONE: offset, GetStatus.OFFSET_OVERFLOW_BADLY: low if low == 0 else high}[status]
 
 
+def readable_high(queue: ConsumeQueue | None, limit: int | None) -> int:
+    """The end of what readers may see of a queue: its entries whose records end at or before the commit-log
+    offset `limit` (a sync master's replicated end), or all of them when `limit` is None."""
+    if queue is None:
+        return 0
+    low, high = queue.min_offset, queue.max_offset
+    if limit is None or high <= low:
+        return high
+    last = queue.entry_at(high - 1)
+    if last is None or last[0] + last[1] <= limit:
+        return high
+    return queue.first_offset_where(low, high - 1, lambda e: e[0] + e[1] > limit)
+
+
 def get_messages(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, max_count: int, *,
                  matcher: Callable[[int], bool] | None, exact_matcher: Callable[[StoredMessage], bool] | None,
-                 max_scan: int, follower: bool = False) -> GetResult:
+                 max_scan: int, follower: bool = False, limit: int | None = None) -> GetResult:
     """Up to max_count matching messages from `offset`, examining at most max_scan entries.
 
     `matcher` sees the consume queue's tags code (cheap); `exact_matcher` the decoded message.
-    next_begin_offset follows the last entry examined."""
-    low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
-    status = position_status(offset, low, high, follower=follower)
+    next_begin_offset follows the last entry examined. With a `limit` (readable_high) the queue ends
+    there for the reader, who waits at that end like a follower's."""
+    low, high = (queue.min_offset, readable_high(queue, limit)) if queue is not None else (0, 0)
+    status = position_status(offset, low, high, follower=follower or limit is not None)
     if status is not None:
         return GetResult(status, [], _next_offset(status, offset, low, high), low, high)
     messages: list[StoredMessage] = []
@@ -83,13 +98,14 @@ def get_messages(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, 
 
 
 def read_records(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, *, max_count: int, max_bytes: int,
-                 tags_codes: frozenset[int] | None, max_scan: int, follower: bool = False) -> RawRead:
+                 tags_codes: frozenset[int] | None, max_scan: int, follower: bool = False,
+                 limit: int | None = None) -> RawRead:
     """Up to max_count records (and max_bytes, at least one record) from `offset`, as stored.
 
     Consume-queue entries are filtered by tags code, the whole scan window in one vectorised pass;
-    the consumer checks tags exactly (hash codes may collide)."""
-    low, high = (queue.min_offset, queue.max_offset) if queue is not None else (0, 0)
-    status = position_status(offset, low, high, follower=follower)
+    the consumer checks tags exactly (hash codes may collide). `limit` as in get_messages."""
+    low, high = (queue.min_offset, readable_high(queue, limit)) if queue is not None else (0, 0)
+    status = position_status(offset, low, high, follower=follower or limit is not None)
     if status is not None:
         return RawRead(status, b"", 0, _next_offset(status, offset, low, high), low, high)
     commit_log_min = commitlog.min_offset

@@ -190,7 +190,8 @@ class AsyncProducer:
                     conn = await self.cluster.master_connection(target.broker_name)
                     offset = await conn.produce_stream().send(topic, target.queue_id, len(msg_ids), data, timeout)
                 else:
-                    offset = await self._send_sequenced(target, data, len(msg_ids), timeout, tries, doubt)
+                    offset = await self._send_sequenced(target, data, len(msg_ids), timeout, tries, doubt,
+                                                        deadline)
                 return [SendResult(msg_id, target, offset + i if offset >= 0 else -1)
                         for i, msg_id in enumerate(msg_ids)]
             except TidemarkError as e:
@@ -205,7 +206,7 @@ class AsyncProducer:
                             error=e)
 
     async def _send_sequenced(self, target: MessageQueue, data: bytes, count: int, timeout: float,
-                              tries: Tries, doubt: Doubt) -> int:
+                              tries: Tries, doubt: Doubt, deadline: float) -> int:
         """An idempotent producer's send to one queue (counting its attempts in `tries`): the first offset.
 
         Retries that may find the batch already stored (a timeout, an overloaded broker, a reset mid-call,
@@ -244,7 +245,7 @@ class AsyncProducer:
                         in_doubt = True
                         if isinstance(e, TidemarkError):
                             doubt.saw(e)
-                        if not await self._same_sequence_again(e, target, tries):
+                        if not await self._same_sequence_again(e, target, tries, deadline):
                             raise
                         await asyncio.sleep(min(0.05 * 2 ** tries.made, 1.0) * random.uniform(0.5, 1.0))
                         continue
@@ -255,18 +256,25 @@ class AsyncProducer:
                     state.new_epoch()
                 raise
 
-    async def _same_sequence_again(self, error: BaseException, target: MessageQueue, tries: Tries) -> bool:
+    async def _same_sequence_again(self, error: BaseException, target: MessageQueue, tries: Tries,
+                                   deadline: float) -> bool:
         """Whether a send whose outcome is unknown goes to the same queue again (with the same sequence):
-        a retriable error or an internal one while attempts remain, unless the broker is down or
-        unreachable while another broker serves the topic."""
+        a retriable error or an internal one, while attempts remain. A broker that is down or unreachable
+        is left only for another broker name that takes writes (availability first: stored twice if the
+        first had it); another queue of the same broker name would store it twice for nothing, so the
+        batch waits, until `deadline`, for its broker to come back or its replica to be promoted (the
+        retriable UnavailableError of a topic with no writable queue after that)."""
         if not isinstance(error, TidemarkError) or tries.spent:
             return False
         if not (error.retriable or isinstance(error, InternalError)):
             return False
-        if self.cluster.is_down(target.broker_name):
-            return False
         unreachable = isinstance(error, UnavailableError) and error.code is not grpc.StatusCode.RESOURCE_EXHAUSTED
-        return not (unreachable and await self._elsewhere(target))
+        if not (unreachable or self.cluster.is_down(target.broker_name)):
+            return True
+        if await self._elsewhere(target):
+            return False
+        queues = await self.cluster.await_write_queues(target.topic, deadline)
+        return any(q.broker_name == target.broker_name for q in queues)
 
     async def _elsewhere(self, target: MessageQueue) -> bool:
         """Whether another broker has a writable queue of the target's topic."""

@@ -15,8 +15,10 @@ What is counted:
   (allowed: the outcome was unknown), and among them `refused_stored`, sends
   refused *for certain* and stored (never allowed: the client was told
   nothing was stored);
-- misplaced: acknowledgements whose (queue, offset) holds another value, or
-  nothing (the client was told where its message is, and it is not there);
+- misplaced: acknowledgements of a stored value that is not where the
+  acknowledgement says (the client was told where its message is, and it is
+  elsewhere); an acknowledged value stored nowhere is `lost`, whose position
+  may then hold another value (the sequence-reuse bug, an async failover);
 - offsets_backwards: a group's committed offset of a queue observed lower
   than an earlier observation;
 - order: for orderly groups, a message delivered for the first time after a
@@ -155,12 +157,10 @@ def check(events: Iterable[Event], stored: Mapping[QueueKey, Sequence[tuple[int,
     for e in sorted(acked, key=lambda e: e.time):
         if e.value not in copies:
             report.lost.add(f"{e.value} acked at {_q(e.queue)}@{e.offset} t={e.time:.2f}")
-        if e.offset >= 0:
+        if e.offset >= 0 and e.value in copies and (e.queue, e.offset) not in where[e.value]:
             there = at.get((e.queue, e.offset))
-            if there != e.value:
-                report.misplaced.add(f"{e.value} acked at {_q(e.queue)}@{e.offset} which holds "
-                                     f"{there or 'nothing'}" + (f", stored at {_where(where[e.value])}"
-                                                                if e.value in where else ", stored nowhere"))
+            report.misplaced.add(f"{e.value} acked at {_q(e.queue)}@{e.offset} which holds {there or 'nothing'}, "
+                                 f"stored at {_where(where[e.value])}")
     for value, n in sorted(copies.items()):
         if value not in invoked:
             report.unexpected.add(f"{value} stored at {_where(where[value])}", n)

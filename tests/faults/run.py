@@ -265,6 +265,8 @@ def _problem_lines(text: str) -> list[str]:
     """Each kind of problem line once, with how often it occurred (the message, not the traceback)."""
     counts: dict[str, int] = {}
     for line in text.splitlines():
+        if line.startswith("[official client]"):
+            continue
         match = LOG_PROBLEMS.search(line)
         if match:
             message = _MSG.search(line)
@@ -274,6 +276,9 @@ def _problem_lines(text: str) -> list[str]:
 
 
 _MSG = re.compile(r'msg="((?:[^"\\]|\\.)*)"')
+
+
+_OFFICIAL_CLIENT = "site-packages/rocketmq/"
 
 
 class _ClientLogCapture(logging.Handler):
@@ -292,6 +297,10 @@ class _ClientLogCapture(logging.Handler):
             text = self.format(record)
         except Exception:
             text = str(record.msg)
+        if _OFFICIAL_CLIENT in text:
+            # The official RocketMQ 5 client's own tracebacks (its heartbeat callback re-raises a failed
+            # call under faults): the pop workload's peer, not Tidemark's code. Kept, marked, not a finding.
+            text = "[official client] " + text.replace("\n", " | ")
         with self._lock2:
             self._lines.append(text)
 

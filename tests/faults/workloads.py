@@ -432,7 +432,13 @@ def read_back(clients: Clients, topics: Iterable[str], *, decode: Callable[[byte
                 while offset < high:
                     result = _retry(lambda o=offset, mq=mq: admin.pull(mq, o, max_nums=256), deadline)
                     if not result.messages:
-                        offset = max(offset + 1, result.next_begin_offset)
+                        if result.next_begin_offset > offset:  # entries nothing was read from (retention)
+                            offset = result.next_begin_offset
+                            continue
+                        # Not readable yet (a sync master's reads end at what its replica holds): wait.
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"{mq} is readable up to {offset} only, {high} stored")
+                        time.sleep(0.1)
                         continue
                     for m in result.messages:
                         entries.append((m.queue_offset, decode(m.body)))

@@ -194,3 +194,34 @@ def test_handover_old_owner_cannot_move_offset_after_new_owner_locks(mgr, locks)
         mgr.commit(G, T, 0, 130, Fence("c1", e1))
     mgr.commit(G, T, 0, 104, Fence("c2", e2))
     assert mgr.query(G, T, 0) == 104
+
+
+# -- after a restart: an owner nothing vouches for --------------------------------
+
+
+def test_after_a_restart_a_fenced_commit_nobody_vouches_for_moves_forward_only(tmp_path, clock):
+    """Found by the fault checker (kill scenario): after a broker restart neither the locks nor the last
+    fenced commit are known, and a consumer that had lost the queue before the restart rewound its offset
+    with a stale fenced commit. Such a commit now moves the offset forward only."""
+    locks = QueueLockManager(epochs=EpochSequence(seed=1000), clock=clock)
+    before = ConsumerOffsetManager(tmp_path, epochs=EpochSequence(seed=5000), ownership=locks)
+    before.load()
+    stale = _epoch(locks, "c1")
+    before.commit(G, T, 0, 9, Fence("c1", stale))
+    locks.unlock(G, "c1", [(T, 0)])
+    current = _epoch(locks, "c2")
+    before.commit(G, T, 0, 12, Fence("c2", current))
+
+    fresh_locks = QueueLockManager(epochs=EpochSequence(seed=2000), clock=clock)  # a restarted broker
+    after = ConsumerOffsetManager(tmp_path, epochs=EpochSequence(seed=6000), ownership=fresh_locks)
+    after.load()
+    assert after.query(G, T, 0) == 12
+    assert not after.commit(G, T, 0, 9, Fence("c1", stale)), "a stale owner rewound the offset"
+    assert after.query(G, T, 0) == 12
+    assert after.commit(G, T, 0, 15, Fence("c1", stale)), "forward is still taken"
+    # Once the queue is locked again, its owner's commits are checked against the lock, rewinds included.
+    owner = _epoch(fresh_locks, "c2")
+    with pytest.raises(FencedError):
+        after.commit(G, T, 0, 20, Fence("c1", stale))
+    assert after.commit(G, T, 0, 13, Fence("c2", owner), allow_rewind=True)
+    assert after.query(G, T, 0) == 13

@@ -1,0 +1,174 @@
+"""Readers of a master see only what a replica holds (Kafka's high watermark), so a failover never makes
+a consumer skip a message.
+
+Found by the fault checker (tests/faults, the failover scenario): a consumer read a record the master had
+stored but no replica had copied (a send that timed out); the master was killed, its replica promoted, and
+the next acknowledged message went to the same queue offset, which the consumer had already passed: that
+message never reached its group.
+"""
+
+from __future__ import annotations
+
+import pytest
+from faults.proxy import FaultProxy
+from workload import wait_until
+
+from tidemark.client import Admin, Message, MessageQueue, Producer, RequestTimeoutError
+
+TOPIC = "Watermark"
+QUEUE = MessageQueue(TOPIC, "broker-a", 0)
+
+
+def readable(address: str, offset: int) -> list[bytes]:
+    """What a reader gets from offset on (one pull, no wait)."""
+    with Admin(brokers=address) as admin:
+        return [m.body for m in admin.pull(QUEUE, offset, max_nums=64).messages]
+
+
+@pytest.fixture
+def pair(broker_factory):
+    """(master, replica, link): the replica copies the master through a fault proxy (`link`), whose
+    blackhole holds what the master sends and drops it if the master dies meanwhile."""
+    links = []
+
+    def make(replication: str):
+        master = broker_factory("broker-a", args=("--replication", replication, "--replication-timeout-ms", "1000"))
+        link = FaultProxy(master.address, name="replica-link")
+        links.append(link)
+        replica = broker_factory("broker-a", args=("--broker-id", "1", "--master", link.address))
+        with Admin(brokers=master.address) as admin:
+            admin.create_topic(TOPIC, 1)
+        return master, replica, link
+
+    yield make
+    for link in links:
+        link.close()
+
+
+def send(address: str, body: bytes, **kw) -> int:
+    with Producer(brokers=address, retry_times_when_send_failed=0, **kw) as producer:
+        return producer.send(Message(TOPIC, body), queue=QUEUE).queue_offset
+
+
+@pytest.mark.parametrize("replication", ["sync", "async"])
+def test_a_record_no_replica_holds_is_not_read_and_a_failover_skips_nothing(pair, replication):
+    master, replica, link = pair(replication)
+    base = warm_up(master)
+
+    link.blackhole(True)  # the replica stays connected and gets nothing
+    try:
+        if replication == "sync":
+            with pytest.raises(RequestTimeoutError):  # stored on the master, no replica has it
+                send(master.address, b"in-doubt")
+        else:
+            assert send(master.address, b"not-copied") == base  # acknowledged at once, copied later
+        with Admin(brokers=master.address) as admin:
+            assert admin.max_offset(QUEUE) == base + 1, "the master stored it"
+        assert readable(master.address, base) == [], "a reader saw a record no replica holds"
+        master.kill()  # ... and the master is gone before the replica got it: the held bytes are dropped (as a
+        link.reset()   # dead machine's would be; a killed process's kernel would still send them)
+    finally:
+        link.heal()
+
+    with Admin(brokers=replica.address) as admin:
+        admin.promote(replica.address)
+    assert send(replica.address, b"after-failover") == base, "the promoted replica reuses the offset"
+    assert readable(replica.address, base) == [b"after-failover"]
+
+
+@pytest.mark.parametrize("replication", ["sync", "async"])
+def test_what_the_replica_acknowledges_becomes_readable(pair, replication):
+    master, _, link = pair(replication)
+    base = warm_up(master)
+    link.blackhole(True)
+    try:
+        try:
+            send(master.address, b"second")
+        except RequestTimeoutError:
+            assert replication == "sync"
+        assert readable(master.address, base) == []
+    finally:
+        link.heal()
+    # The replica catches up: what it acknowledges is readable.
+    wait_until(lambda: readable(master.address, base) == [b"second"], 15, "the copied message readable")
+
+
+def test_async_reads_are_not_held_by_a_replica_that_fell_behind(pair):
+    """With async replication a replica that stops acknowledging no longer bounds reads once it is out of
+    sync (its lag past max(replication timeout, 2 s)): the master's consumers go on."""
+    master, _, link = pair("async")
+    base = warm_up(master)
+    link.blackhole(True)
+    try:
+        assert send(master.address, b"second") == base
+        wait_until(lambda: readable(master.address, base) == [b"second"], 15,
+                   "reads unbounded once the replica is out of sync")
+    finally:
+        link.heal()
+
+
+def warm_up(master) -> int:
+    """Until the replica is in sync (a send acknowledged and readable); the queue offset of the next send."""
+    wait_until(lambda: _try_send(master.address, b"warm-up") is not None, 30, "the replica in sync")
+    with Admin(brokers=master.address) as admin:
+        end = admin.max_offset(QUEUE)
+    wait_until(lambda: len(readable(master.address, 0)) == end, 10, "what was sent readable")
+    return end
+
+
+def _try_send(address: str, body: bytes) -> int | None:
+    try:
+        return send(address, body)
+    except Exception:
+        return None
+
+
+def test_a_promoted_replica_knows_every_producer_sequence_and_answers_a_retry_as_a_duplicate(pair):
+    """Found by the fault checker (failover scenario, idempotence on): a batch the master stored and
+    replicated, whose answer the producer never got, was stored again by the promoted replica (it did not
+    know the producer id: UnknownProducerError, a new id, a second copy). The replica now holds the
+    producer table from the replication stream, so the same sequence is a duplicate there."""
+    from brokerproc import BrokerStubs
+
+    from tidemark.records import RecordBatchBuilder, encode_properties
+    from tidemark.v1 import messaging_pb2
+
+    master, replica, _ = pair("sync")
+    base = warm_up(master)
+
+    def produce(address: str, producer_id: int, seq: int, body: bytes):
+        builder = RecordBatchBuilder(TOPIC)
+        builder.append(body, encode_properties({"UNIQ_KEY": body.hex()}))
+        with BrokerStubs(address) as stubs:
+            [answer] = stubs.messaging.Produce(iter([messaging_pb2.ProduceRequest(
+                request_id=1, topic=TOPIC, queue_id=0, count=1, records=bytes(builder.buffer), producer_id=producer_id,
+                producer_epoch=0, base_sequence=seq)]), timeout=10)
+        return answer
+
+    with BrokerStubs(master.address) as stubs:
+        producer_id = stubs.messaging.InitProducer(messaging_pb2.InitProducerRequest(topic=TOPIC), timeout=10).producer_id
+    assert produce(master.address, producer_id, 0, b"seq-0").code == 0
+    stored = produce(master.address, producer_id, 1, b"seq-1")  # answered; say the answer was lost
+    assert stored.code == 0 and stored.first_queue_offset == base + 1
+    master.kill()
+    with Admin(brokers=replica.address) as admin:
+        admin.promote(replica.address)
+    again = produce(replica.address, producer_id, 1, b"seq-1")
+    assert again.code == 0 and again.duplicate and again.first_queue_offset == base + 1, again
+    assert produce(replica.address, producer_id, 2, b"seq-2").first_queue_offset == base + 2
+    assert readable(replica.address, base) == [b"seq-0", b"seq-1", b"seq-2"]
+
+
+def test_a_replica_takes_each_commit_within_milliseconds_not_at_the_next_mirror(pair):
+    """Found by the fault checker (failover scenario): offsets mirrored every second moved back by up to a
+    second of commits when the replica was promoted (or read while the master was away). Commits reach the
+    replica on the replication stream: each one is there well before the next one-second mirror."""
+    master, replica, _ = pair("sync")
+    warm_up(master)
+    for i in range(10):
+        send(master.address, b"m%d" % i)
+    with Admin(brokers=master.address) as on_master, Admin(brokers=replica.address) as on_replica:
+        for value in range(1, 11):
+            on_master.commit("watchers", {QUEUE: value})
+            wait_until(lambda v=value: on_replica.committed("watchers", QUEUE) == v, 0.25,
+                       f"commit {value} on the replica within 250 ms")

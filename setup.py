@@ -29,11 +29,14 @@ PROTO_PACKAGES = ("tidemark/v1", "tidemark/rmq5/v2")
 
 
 def generate_grpc_code() -> None:
-    """protoc for every .proto whose generated module is missing (a fresh clone, an sdist)."""
+    """protoc when a generated module is missing (a fresh clone, an sdist) or older than its .proto."""
     proto_root = ROOT / "proto"
     sources = [p for pkg in PROTO_PACKAGES for p in sorted((proto_root / pkg).glob("*.proto"))]
-    if all(p.with_name(f"{p.stem}_pb2.py").exists() and p.with_name(f"{p.stem}_pb2_grpc.py").exists()
-           for p in sources):
+    def current(p: Path) -> bool:
+        generated = [p.with_name(f"{p.stem}_pb2.py"), p.with_name(f"{p.stem}_pb2_grpc.py")]
+        return all(g.exists() and g.stat().st_mtime >= p.stat().st_mtime for g in generated)
+
+    if all(current(p) for p in sources):
         return
     import grpc_tools
     from grpc_tools import protoc

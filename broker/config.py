@@ -86,6 +86,9 @@ class BrokerConfig:
     watch_grace_ms: int = _setting(5000, "A broken watch stream counts as a leave after this grace")
     lock_expiry_ms: int = _setting(60_000, "Queue ownership lock lifetime without renewal")
     max_long_polling_ms: int = _setting(30_000, "Upper bound on a pull's suspend timeout")
+    keepalive_min_interval_ms: int = _setting(10_000, "Shortest keepalive ping interval a client's idle connection "
+                                              "may use (Tidemark's clients ping every 30 s; faster pingers are "
+                                              "sent away with GOAWAY too_many_pings, gRPC's default is 5 min)")
     delay_levels: str = _setting(DEFAULT_DELAY_LEVELS, "Delay levels for scheduled and retried messages")
     retry_queue_nums: int = _setting(1, "Queues of an auto-created %RETRY% topic")
     max_reconsume_times: int = _setting(16, "Default retries before a message goes to %DLQ%")
@@ -167,7 +170,7 @@ def _problems(c: BrokerConfig):
                  "max_open_consume_queue_files",
                  "max_message_size", "default_topic_queue_nums", "retry_queue_nums", "producer_id_expiry_ms",
                  "max_idempotent_producers", "transaction_timeout_ms", "transaction_check_interval_ms",
-                 "transaction_check_max"):
+                 "transaction_check_max", "keepalive_min_interval_ms"):
         if getattr(c, name) <= 0:
             yield f"{name} must be > 0, got {getattr(c, name)}"
     if c.max_request_bytes < 0:

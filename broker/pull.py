@@ -195,7 +195,7 @@ class PullService:
             messages=[],
             next_begin_offset=self._access.reset_offset(req.group, req.topic, req.queue_id),
             min_offset=self._store.min_offset(req.topic, req.queue_id),
-            max_offset=self._store.max_offset(req.topic, req.queue_id),
+            max_offset=self._store.readable_max_offset(req.topic, req.queue_id),
             reset_generation=generation,
         )
 
@@ -238,7 +238,7 @@ class PullService:
             if not arrived:
                 status_out = PullStatus.NO_MATCHED_MSG if skipped else PullStatus.NO_NEW_MSG
                 return PullOutcome(status_out, [], offset, store.min_offset(req.topic, req.queue_id),
-                                   store.max_offset(req.topic, req.queue_id))
+                                   store.readable_max_offset(req.topic, req.queue_id))
 
 
 def _cap_bytes(messages: list[StoredMessage], next_offset: int) -> tuple[list[StoredMessage], int]:

@@ -237,7 +237,9 @@ class ReplicationSource:
     def _producer_events(self, events) -> None:
         for feed in self._feeds:
             if len(feed.producer_events) + len(events) > MAX_FEED_EVENTS:
-                feed.producer_events, feed.producer_state = [], self._producer_state()
+                # The table whole instead, and these events after it: an id given out or forgotten is
+                # published before the table applies it (applying one twice changes nothing).
+                feed.producer_state, feed.producer_events = self._producer_state(), list(events)
             else:
                 feed.producer_events.extend(events)
         self._wake_streams()
@@ -387,18 +389,23 @@ class ReplicationSource:
                 yield chunk
         finally:
             await cancel_and_wait(reader)  # its failure (the replica's side closed) is retrieved, not left
-            self._replicas.pop(replica.key, None)
+            self._forget(replica)
             self._appended.discard(appended)
             self._feeds.discard(feed)
             self.release_readers()
             log.info("replica disconnected", event="replica_disconnected", replica=replica.key, acked=replica.acked)
+
+    def _forget(self, replica: _Replica) -> None:
+        """This stream's replica is gone; a newer stream of the same replica (same key) stays."""
+        if self._replicas.get(replica.key) is replica:
+            del self._replicas[replica.key]
 
     async def _read_acks(self, requests: AsyncIterator[replication_pb2.ReplicaProgress], replica: _Replica) -> None:
         try:
             async for progress in requests:
                 self._acknowledge(replica, progress.commit_log_end)
         finally:
-            self._replicas.pop(replica.key, None)  # gone: sends are refused from now on, not stored and lost
+            self._forget(replica)  # gone: sends are refused from now on, not stored and lost
 
     async def _chunks(self, replica: _Replica, offset: int, appended: asyncio.Event, reader: asyncio.Task,
                       feed: _Feed) -> AsyncIterator[replication_pb2.ReplicationChunk]:

@@ -159,8 +159,9 @@ class SendService:
             if again is not None:  # a retry of a half send whose answer was lost: the half it holds
                 if self.sync_replication is not None:
                     await self.sync_replication.wait_replicated(again.commit_log_offset + again.store_size)
-                return [Sent(ids[0], queue_id, PutResult(again.queue_offset, again.commit_log_offset,
-                                                         again.store_timestamp, again.store_size))]
+                real_queue = int(again.properties.get(PropertyKey.REAL_QID, queue_id))  # where the first went
+                return [Sent(ids[0], real_queue, PutResult(again.queue_offset, again.commit_log_offset,
+                                                           again.store_timestamp, again.store_size))]
         dlq = None
         if is_retry_topic(topic.name):
             records, dlq = self._retry_or_dlq(topic.name, records)
@@ -203,16 +204,17 @@ class SendService:
             raise InvalidArgumentError(
                 f"queue id {queue_id} is out of range for topic {topic.name!r} "
                 f"(write queues 0..{topic.write_queue_nums - 1})")
-        if new:  # an auto-created topic comes into being only for a batch that passed the checks above
+        if sequence is not None:
+            decision = self._producers.check(sequence, topic.name, queue_id, count, first_msg_id(data))
+            if decision.verdict is Verdict.DUPLICATE:
+                # Stored before (its first answer may have been an unknown outcome): answered, never refused.
+                return RecordsPut(decision.first_offset, [], 0, self._store.commit_log_max_offset, duplicate=True)
+        self._check_in_sync()
+        if new:  # an auto-created topic comes into being only for a batch that passed every check
+            self._store.check_batch(topic.name, data, count)
             topic = self._create(topic)
         if sequence is None:
-            self._check_in_sync()
             return self._store.append_records(topic.name, queue_id, data, count)
-        decision = self._producers.check(sequence, topic.name, queue_id, count, first_msg_id(data))
-        if decision.verdict is Verdict.DUPLICATE:
-            # Stored before (its first answer may have been an unknown outcome): answered, never refused.
-            return RecordsPut(decision.first_offset, [], 0, self._store.commit_log_max_offset, duplicate=True)
-        self._check_in_sync()
         return self._producers.append(
             sequence, topic.name, queue_id, count,
             lambda journal: self._store.append_records(topic.name, queue_id, data, count, before_write=journal))

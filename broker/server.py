@@ -132,6 +132,11 @@ class BrokerServer:
             ("grpc.max_receive_message_length", self.config.request_limit_bytes),
             ("grpc.max_send_message_length", MAX_GRPC_SEND_BYTES),
             ("grpc.so_reuseport", 0),
+            # Clients ping idle connections (client/remoting/connection.py: every 30 s, calls or not). gRPC's
+            # server default accepts one ping per 5 minutes without data and then sends GOAWAY
+            # "too_many_pings": idle consoles and consumers lost their connection every couple of minutes.
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", self.config.keepalive_min_interval_ms),
         ])
         messaging_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(self.controller), server)
         offsets_pb2_grpc.add_OffsetServiceServicer_to_server(OffsetServicer(self.controller), server)

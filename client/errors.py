@@ -75,6 +75,11 @@ class UnavailableError(TidemarkError):
     retriable = True
 
 
+class BrokerUnreachableError(UnavailableError):
+    """No connection to the broker could be set up (refused, reset or closed during setup; a master failed
+    over to its replica): unlike a call cut off mid-way, nothing of the request can have reached it."""
+
+
 class TlsHandshakeError(UnavailableError):
     """The TLS handshake with a broker failed for a reason retrying cannot fix (an untrusted, expired or
     misnamed certificate, TLS against a plaintext broker); the message says which and what to check."""
@@ -172,8 +177,8 @@ def _connect_failure(details: str, address: str, tls: bool | None, client_cert: 
     if any(m in details for m in _CUT_MARKERS):
         how = ("reset" if "reset" in details else "closed before the handshake completed" if "Handshake" in details
                else "closed")
-        return UnavailableError(f"{where} closed the connection during setup ({how}): it may be down or "
-                                f"restarting", code=grpc.StatusCode.UNAVAILABLE)
+        return BrokerUnreachableError(f"{where} closed the connection during setup ({how}): it may be down or "
+                                      f"restarting", code=grpc.StatusCode.UNAVAILABLE)
     # The broker hung up in order before any answer: what a broker refusing a plaintext client or a
     # client certificate does, though a broker going down may too, so these stay retriable
     # UnavailableErrors; the hint says which setting to look at.
@@ -186,8 +191,8 @@ def _connect_failure(details: str, address: str, tls: bool | None, client_cert: 
         hint = f"the {peer} may not trust this client's certificate (mutual TLS)"
     else:
         hint = "it may require TLS or a client certificate"
-    return UnavailableError(f"{where} closed the connection during setup: {hint}",
-                            code=grpc.StatusCode.UNAVAILABLE)
+    return BrokerUnreachableError(f"{where} closed the connection during setup: {hint}",
+                                  code=grpc.StatusCode.UNAVAILABLE)
 
 
 def from_rpc_error(error: grpc.RpcError, *, address: str = "", tls: bool | None = None,
@@ -208,6 +213,8 @@ def from_rpc_error(error: grpc.RpcError, *, address: str = "", tls: bool | None 
     for key, value in trailing or ():
         if key == ERROR_CLASS_KEY and value in _BY_BROKER_CLASS:
             cls = _BY_BROKER_CLASS[value]
-    if cls is UnavailableError and address:
+    if cls is UnavailableError and "failed to connect" in details:
+        cls = BrokerUnreachableError  # e.g. "Connection refused": the call never left
+    if issubclass(cls, UnavailableError) and address:
         details = f"{peer} {address}: {details}"
     return cls(details, code=code)

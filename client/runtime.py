@@ -1,8 +1,12 @@
 """LoopThread: the event loop a synchronous facade runs its asyncio core on.
 
 Each Producer/PushConsumer/PullConsumer owns one; nothing is shared between
-components by accident. stop() cancels what is left on the loop, closes it and
-joins the thread, so no thread or channel outlives shutdown().
+components by accident. stop() cancels what is left on the loop and joins the
+thread, so no thread or channel outlives shutdown(). The stopped loop is closed
+a little later, not at once: grpc.aio's process-wide poller thread may still
+hand it the completions of calls its channels cancelled (most often when a
+connection was blackholed), and a closed loop answers with "RuntimeError: Event
+loop is closed", logged with a traceback in whichever loop polled them.
 """
 
 from __future__ import annotations
@@ -10,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import enum
+import queue
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -74,6 +80,34 @@ class Lifecycle:
         raise ClientStateError(f"cannot {action}: the {self._what} is {state.value}")
 
 
+class _LoopCloser:
+    """Closes stopped loops CLOSE_DELAY_S after they stopped, on one daemon thread (see the module doc)."""
+
+    CLOSE_DELAY_S = 2.0
+
+    def __init__(self) -> None:
+        self._due: queue.Queue[tuple[float, asyncio.AbstractEventLoop]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def close_later(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tidemark-loop-closer", daemon=True)
+                self._thread.start()
+        self._due.put((time.monotonic() + self.CLOSE_DELAY_S, loop))
+
+    def _run(self) -> None:
+        while True:
+            due, loop = self._due.get()
+            time.sleep(max(0.0, due - time.monotonic()))
+            if not loop.is_closed() and not loop.is_running():
+                loop.close()
+
+
+_CLOSER = _LoopCloser()
+
+
 class LoopThread:
     def __init__(self, name: str) -> None:
         self._name = name
@@ -112,7 +146,7 @@ class LoopThread:
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
+            _CLOSER.close_later(loop)
 
     @property
     def on_own_thread(self) -> bool:

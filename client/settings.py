@@ -151,14 +151,16 @@ def _check_group(group: str) -> None:
         raise InvalidArgumentError(str(e)) from None
 
 
-def _coerce_enum(settings: object, name: str, enum_cls: type[enum.Enum], *, prefix: str = "") -> None:
-    """Accept an enum member or its name (any case, the prefix optional); store the member."""
+def _coerce_enum(settings: object, name: str, enum_cls: type[enum.Enum], *, prefix: str = "",
+                 suffix: str = "") -> None:
+    """Accept an enum member or its name (any case, the prefix and suffix optional: "first" for
+    CONSUME_FROM_FIRST_OFFSET, as the CLI's --from-where); store the member."""
     value = getattr(settings, name)
     if isinstance(value, enum_cls):
         return
     if isinstance(value, str):
         key = value.strip().upper()
-        for candidate in (key, prefix + key):
+        for candidate in (key, prefix + key, prefix + key + suffix):
             if candidate in enum_cls.__members__:
                 object.__setattr__(settings, name, enum_cls[candidate])
                 return
@@ -254,7 +256,7 @@ class ConsumerSettings(ClientSettings):
         super().__post_init__()
         _check_group(self.group)
         _coerce_enum(self, "message_model", MessageModel)
-        _coerce_enum(self, "consume_from_where", ConsumeFromWhere, prefix="CONSUME_FROM_")
+        _coerce_enum(self, "consume_from_where", ConsumeFromWhere, prefix="CONSUME_FROM_", suffix="_OFFSET")
         object.__setattr__(self, "allocate_strategy", _strategy(self.allocate_strategy, self.allocate_strategy_args))
         _positive(self, "pull_batch_size", "pull_threshold_for_queue", "pull_threshold_size_for_queue",
                   "persist_consumer_offset_interval_s", "rebalance_interval_s", "heartbeat_interval_s",

@@ -260,7 +260,7 @@ class OffsetCommitService:
 
     def _reset_one(self, group: str, topic: str, queue_id: int, target: ResetTarget) -> OffsetChange:
         low = self._store.min_offset(topic, queue_id)
-        high = self._store.max_offset(topic, queue_id)
+        high = self._store.readable_max_offset(topic, queue_id)  # "latest" is the end readers see
         old = self._offsets.query(group, topic, queue_id)
         kind = target.kind
         if kind is ResetKind.EARLIEST:

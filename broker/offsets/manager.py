@@ -312,14 +312,14 @@ class ConsumerOffsetManager:
         pair = None if fence.owner_epoch is None else (fence.owner_epoch, state.reset_generation)
         # A commit whose owner nothing here can vouch for (no lock on the queue, no fenced commit seen since
         # this start: the broker restarted) may be a stale owner's: it may move the offset forward only.
-        unverified = pair is not None and state.last_fenced is None and (
-            self._ownership is None or self._ownership.current_epoch(group, topic, queue_id) is None)
+        unverified = pair is not None and state.last_fenced is None and self._ownership is not None and \
+            self._ownership.current_epoch(group, topic, queue_id) is None
         if pair is not None and (state.last_fenced == pair and not allow_rewind or unverified) \
                 and offset < self.query(group, topic, queue_id):
             return False
         with self.batch():
-            if pair is not None and state.last_fenced != pair:
-                self._set_fence_state(key, queue_id, replace(state, last_fenced=pair))
+            if pair is not None and state.last_fenced != pair and not unverified:  # an unverified epoch
+                self._set_fence_state(key, queue_id, replace(state, last_fenced=pair))  # proves nothing
             return self._store(key, queue_id, offset)
 
     def check_fence(self, group: str, topic: str, queue_id: int, fence: Fence | None) -> None:
@@ -345,7 +345,7 @@ class ConsumerOffsetManager:
             return self._store((topic, group), queue_id, offset)
 
     def mirror(self, table: Mapping[TableKey, Mapping[int, int]],
-               generations: Mapping[TableKey, Mapping[int, int]]) -> int:
+               generations: Mapping[TableKey, Mapping[int, int]], *, report_skipped: bool = True) -> int:
         """A replica's copy of its master's table; returns how many entries changed. An entry moves
         forward to the master's offset, never back, so commits the replica took while the master was
         away are not rewound by an older copy; an admin reset on the master (a newer reset generation)
@@ -355,7 +355,7 @@ class ConsumerOffsetManager:
         take stands in memory (the next mirror or snapshot repeats it) rather than failing the mirror."""
         changed = 0
         skipped = invalid_names(table)
-        if skipped.keys() != self._mirror_skipped:
+        if report_skipped and skipped.keys() != self._mirror_skipped:
             self._mirror_skipped = frozenset(skipped)  # said once per change, not every second
             for key, why in list(skipped.items())[:5]:
                 self._log.warning("mirrored offsets of %r skipped: %s", table_key(*key), why,
@@ -387,7 +387,8 @@ class ConsumerOffsetManager:
                 if r.op is Op.SET or r.op is Op.RESET:
                     key = (r.topic, r.group)
                     changed += self.mirror({key: {r.queue_id: r.offset}},
-                                           {key: {r.queue_id: r.generation}} if r.op is Op.RESET else {})
+                                           {key: {r.queue_id: r.generation}} if r.op is Op.RESET else {},
+                                           report_skipped=False)  # the one-second mirror says it, once
         return changed
 
     def take_back(self, table: Mapping[TableKey, Mapping[int, int]],

@@ -162,8 +162,10 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                 await _abort_with(context, failure[0], "fetch")
         finally:
             metrics.fetch_streams.dec()
-            await cancel_and_wait(reader)
-            session.close()
+            try:
+                await cancel_and_wait(reader)
+            finally:
+                session.close()  # even when a second cancellation cut the wait short
 
     @rpc
     async def InitProducer(self, request, context: grpc.aio.ServicerContext):

@@ -76,7 +76,7 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
     @rpc
     async def GetMaxOffset(self, request, context: grpc.aio.ServicerContext):
         self._checked(request.topic, request.queue_id)
-        return offsets_pb2.OffsetResponse(offset=self._b.store.max_offset(request.topic, request.queue_id))
+        return offsets_pb2.OffsetResponse(offset=self._b.store.readable_max_offset(request.topic, request.queue_id))
 
     @rpc
     async def SearchOffsetByTimestamp(self, request, context: grpc.aio.ServicerContext):

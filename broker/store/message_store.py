@@ -117,9 +117,10 @@ class MessageStore:
         self._flusher: FlushService | None = None
         # A replica's store: reads past a queue's end wait for replication instead of going back (reads.py).
         self.follower = False
-        # The commit-log offset readers may read up to (None: everything stored). A sync-replication master
-        # sets it to what a replica acknowledged: a consumer never reads a record a failover may lose (and
-        # then skip the message the promoted replica stores at the same offset). Kafka's high watermark.
+        # The commit-log offset readers may read up to (None: everything stored). A master with replicas
+        # sets it to what a replica acknowledged (broker/replication.py): a consumer never reads a record a
+        # failover may lose (and then skip the message the promoted replica stores at the same offset).
+        # Kafka's high watermark.
         self.read_limit: Callable[[], int | None] = lambda: None
 
     # -- lifecycle -----------------------------------------------------------------
@@ -327,6 +328,14 @@ class MessageStore:
             for i, (pos, size) in enumerate(zip(positions, batch.sizes, strict=True))
         ]
 
+    def check_batch(self, topic: str, data: bytes | bytearray, count: int) -> records.CheckedBatch:
+        """A producer's batch checked whole, as append_records checks it (InvalidArgumentError)."""
+        try:
+            return records.check_batch(data, count, topic=topic, max_message_size=self._config.max_message_size,
+                                       max_record_size=self._commitlog.max_record_size)
+        except records.RecordError as exc:
+            raise InvalidArgumentError(str(exc)) from None
+
     def append_records(self, topic: str, queue_id: int, data: bytes | bytearray, count: int, *,
                        before_write: Callable[[int, str], None] | None = None) -> RecordsPut:
         """Append a producer's record batch (tidemark.records layout) as it came off the wire.
@@ -341,12 +350,7 @@ class MessageStore:
         """
         self._check_writable()
         _check_queue(topic, queue_id)
-        try:
-            checked = records.check_batch(
-                data, count, topic=topic, max_message_size=self._config.max_message_size,
-                max_record_size=self._commitlog.max_record_size)
-        except records.RecordError as exc:
-            raise InvalidArgumentError(str(exc)) from None
+        checked = self.check_batch(topic, data, count)
         base = self.max_offset(topic, queue_id)
         if before_write is not None:
             before_write(base, checked.msg_ids[0] if checked.msg_ids else "")

@@ -23,11 +23,16 @@ from tidemark.broker.store.model import GetResult, GetStatus, RawRead, StoredMes
 ENTRY_READ_BATCH = 256
 
 
-def position_status(offset: int, low: int, high: int, *, follower: bool = False) -> GetStatus | None:
+def position_status(offset: int, low: int, high: int, *, follower: bool = False,
+                    stored_high: int | None = None) -> GetStatus | None:
     """Why nothing can be read at `offset` of a queue holding [low, high); None when something can.
 
     A follower (a replica behind its master) answers a position past its end as "at the end": the reader
-    waits there while the replica catches up, instead of being sent back to the start."""
+    waits there while the replica catches up, instead of being sent back to the start. So does a master
+    whose readers see the queue end at `high` while it holds up to `stored_high` (its read bound): a
+    position in between is a real one, not yet readable; past `stored_high` it is wrong as anywhere."""
+    if stored_high is not None and high < offset <= stored_high:
+        return GetStatus.OFFSET_OVERFLOW_ONE
     if follower and offset > high:
         return GetStatus.OFFSET_OVERFLOW_ONE
     if high == 0 or low == high:
@@ -49,7 +54,7 @@ def _next_offset(status: GetStatus, offset: int, low: int, high: int) -> int:
 
 def readable_high(queue: ConsumeQueue | None, limit: int | None) -> int:
     """The end of what readers may see of a queue: its entries whose records end at or before the commit-log
-    offset `limit` (a sync master's replicated end), or all of them when `limit` is None."""
+    offset `limit` (what a master's replica acknowledged), or all of them when `limit` is None."""
     if queue is None:
         return 0
     low, high = queue.min_offset, queue.max_offset
@@ -68,9 +73,10 @@ def get_messages(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, 
 
     `matcher` sees the consume queue's tags code (cheap); `exact_matcher` the decoded message.
     next_begin_offset follows the last entry examined. With a `limit` (readable_high) the queue ends
-    there for the reader, who waits at that end like a follower's."""
+    there for the reader, who waits at a position between there and the stored end."""
     low, high = (queue.min_offset, readable_high(queue, limit)) if queue is not None else (0, 0)
-    status = position_status(offset, low, high, follower=follower or limit is not None)
+    status = position_status(offset, low, high, follower=follower,
+                             stored_high=queue.max_offset if queue is not None and limit is not None else None)
     if status is not None:
         return GetResult(status, [], _next_offset(status, offset, low, high), low, high)
     messages: list[StoredMessage] = []
@@ -105,7 +111,8 @@ def read_records(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, 
     Consume-queue entries are filtered by tags code, the whole scan window in one vectorised pass;
     the consumer checks tags exactly (hash codes may collide). `limit` as in get_messages."""
     low, high = (queue.min_offset, readable_high(queue, limit)) if queue is not None else (0, 0)
-    status = position_status(offset, low, high, follower=follower or limit is not None)
+    status = position_status(offset, low, high, follower=follower,
+                             stored_high=queue.max_offset if queue is not None and limit is not None else None)
     if status is not None:
         return RawRead(status, b"", 0, _next_offset(status, offset, low, high), low, high)
     commit_log_min = commitlog.min_offset

@@ -38,7 +38,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError, NotFoundError
+from tidemark.broker.errors import (
+    BrokerError,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from tidemark.broker.faults import crash_point
 from tidemark.broker.groups import check_group
 from tidemark.broker.permission import BrokerPermission
@@ -93,6 +98,7 @@ class TransactionService:
         self._watchers: dict[str, dict[asyncio.Queue[Check], tuple[str, frozenset[str]]]] = \
             collections.defaultdict(dict)
         self._turn = itertools.count()
+        self._discard_failures: dict[int, str] = {}  # half offset -> why its rollback failed (said once)
         self.repaired = 0  # committed messages put again at start (a crash between the op and the message)
         self._unfinished: list[dict] = []  # commit ops found at load, their messages checked at start
 
@@ -212,6 +218,8 @@ class TransactionService:
         if half is None:
             previous = self.table.outcome(half_offset)
             if previous is outcome:
+                if self.sync_replication is not None:  # the first end's answer may have timed out on a replica
+                    await self.sync_replication.wait_replicated(self._store.commit_log_max_offset)
                 return False
             if previous is not None or half_offset < self.table.floor:
                 raise FailedPreconditionError(
@@ -293,8 +301,13 @@ class TransactionService:
                             half.group, half.checks, event="transaction_discarded", half_offset=half.offset)
                 try:
                     await self.end(half.group, half.msg_id, half.offset, Outcome.ROLLBACK, by="check-limit")
-                except Exception:
-                    log.exception("discarding transaction %s failed", half.msg_id, event="transaction_discard_failed")
+                except BrokerError as e:  # no replica in sync, a full disk: tried again on the next tick
+                    if self._discard_failures.get(half.offset) != str(e):
+                        self._discard_failures[half.offset] = str(e)
+                        log.warning("discarding transaction %s failed: %s", half.msg_id, e,
+                                    event="transaction_discard_failed")
+                else:
+                    self._discard_failures.pop(half.offset, None)
                 continue
             self._send_check(half)
             self.table.checked(half.offset, now)

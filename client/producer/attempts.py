@@ -84,8 +84,13 @@ class Doubt:
                           f"have been stored", code=doubt.code) from error
 
 
+async def pause(attempt: int) -> None:
+    """The wait before retry number `attempt`: 50 ms, 100 ms, ... up to 1 s, with jitter."""
+    await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0) * random.uniform(0.5, 1.0))
+
+
 async def back_off(error: TidemarkError, attempt: int) -> None:
     """An overloaded broker (RESOURCE_EXHAUSTED: request bytes in flight at its limit) gets a pause
-    before the retry, growing with each attempt (50 ms, 100 ms, ... up to 1 s, with jitter)."""
+    before the retry on another queue; other failures are retried there at once."""
     if error.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
-        await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0) * random.uniform(0.5, 1.0))
+        await pause(attempt)

@@ -19,26 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import random
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
-
 from tidemark.client.errors import (
+    BrokerUnreachableError,
     ClientStateError,
     InternalError,
     InvalidArgumentError,
     OutOfOrderSequenceError,
     TidemarkError,
-    UnavailableError,
     UnknownProducerError,
 )
 from tidemark.client.message import Message, MessageQueue, SendResult
 from tidemark.client.producer.accumulator import ProducerBatch, RecordAccumulator, SendCallback
-from tidemark.client.producer.attempts import Doubt, Outcome, Tries, back_off, outcome_of
+from tidemark.client.producer.attempts import Doubt, Outcome, Tries, back_off, outcome_of, pause
 from tidemark.client.producer.selector import MessageQueueSelector
 from tidemark.client.producer.sequences import ProducerSequences
 from tidemark.client.remoting.cluster import BrokerCluster
@@ -191,7 +188,7 @@ class AsyncProducer:
                     offset = await conn.produce_stream().send(topic, target.queue_id, len(msg_ids), data, timeout)
                 else:
                     offset = await self._send_sequenced(target, data, len(msg_ids), timeout, tries, doubt,
-                                                        deadline)
+                                                        deadline, pinned=queue is not None or selector is not None)
                 return [SendResult(msg_id, target, offset + i if offset >= 0 else -1)
                         for i, msg_id in enumerate(msg_ids)]
             except TidemarkError as e:
@@ -206,7 +203,7 @@ class AsyncProducer:
                             error=e)
 
     async def _send_sequenced(self, target: MessageQueue, data: bytes, count: int, timeout: float,
-                              tries: Tries, doubt: Doubt, deadline: float) -> int:
+                              tries: Tries, doubt: Doubt, deadline: float, *, pinned: bool = False) -> int:
         """An idempotent producer's send to one queue (counting its attempts in `tries`): the first offset.
 
         Retries that may find the batch already stored (a timeout, an overloaded broker, a reset mid-call,
@@ -245,9 +242,9 @@ class AsyncProducer:
                         in_doubt = True
                         if isinstance(e, TidemarkError):
                             doubt.saw(e)
-                        if not await self._same_sequence_again(e, target, tries, deadline):
+                        if not await self._same_sequence_again(e, target, tries, deadline, pinned):
                             raise
-                        await asyncio.sleep(min(0.05 * 2 ** tries.made, 1.0) * random.uniform(0.5, 1.0))
+                        await pause(tries.made)
                         continue
                     state.stored(count)
                     return offset
@@ -257,21 +254,22 @@ class AsyncProducer:
                 raise
 
     async def _same_sequence_again(self, error: BaseException, target: MessageQueue, tries: Tries,
-                                   deadline: float) -> bool:
+                                   deadline: float, pinned: bool) -> bool:
         """Whether a send whose outcome is unknown goes to the same queue again (with the same sequence):
-        a retriable error or an internal one, while attempts remain. A broker that is down or unreachable
-        is left only for another broker name that takes writes (availability first: stored twice if the
-        first had it); another queue of the same broker name would store it twice for nothing, so the
-        batch waits, until `deadline`, for its broker to come back or its replica to be promoted (the
-        retriable UnavailableError of a topic with no writable queue after that)."""
+        a retriable error or an internal one, while attempts remain. A broker that cannot be reached (no
+        connection, or its master failed over) is left for another broker name that takes writes
+        (availability first: stored twice if the first had it), unless the send is pinned to its queue
+        (an explicit queue, a selector's key), which would come back to it under a new sequence. Otherwise
+        (another queue of the same broker name would store it twice for nothing) the batch waits, until
+        `deadline`, for its broker to come back or its replica to be promoted (then the retriable
+        UnavailableError of a topic with no writable queue)."""
         if not isinstance(error, TidemarkError) or tries.spent:
             return False
         if not (error.retriable or isinstance(error, InternalError)):
             return False
-        unreachable = isinstance(error, UnavailableError) and error.code is not grpc.StatusCode.RESOURCE_EXHAUSTED
-        if not (unreachable or self.cluster.is_down(target.broker_name)):
-            return True
-        if await self._elsewhere(target):
+        if not (isinstance(error, BrokerUnreachableError) or self.cluster.is_down(target.broker_name)):
+            return True  # a call cut off mid-way, a timeout, an overload: the broker is there
+        if not pinned and await self._elsewhere(target):
             return False
         queues = await self.cluster.await_write_queues(target.topic, deadline)
         return any(q.broker_name == target.broker_name for q in queues)

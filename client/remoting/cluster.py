@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tidemark.auth import Credentials
 from tidemark.client.errors import (
+    BrokerUnreachableError,
     InvalidArgumentError,
     NotFoundError,
     TidemarkError,
@@ -319,7 +320,7 @@ class BrokerCluster:
             await self.discover(refresh=True)  # a new address for the name ends the failover
             conn = await self.connection(broker_name)
         if broker_name in self._down:
-            raise UnavailableError(f"the master of {broker_name} is unreachable; its replica takes no writes")
+            raise BrokerUnreachableError(f"the master of {broker_name} is unreachable; its replica takes no writes")
         return conn
 
     async def read(self, broker_name: str, call: Callable[[BrokerConnection], Awaitable[T]]) -> T:

@@ -15,6 +15,7 @@ import grpc
 
 from tidemark.auth import Credentials
 from tidemark.client.errors import (
+    BrokerUnreachableError,
     InvalidArgumentError,
     TidemarkError,
     UnavailableError,
@@ -162,7 +163,7 @@ class BrokerConnection:
         why); an unreachable broker is reported to on_unavailable."""
         error = from_rpc_error(e, address=self.address, tls=self._tls is not None,
                                client_cert=bool(self._tls and self._tls.cert_file))
-        if type(error) is UnavailableError and _unreachable(e):
+        if type(error) in (UnavailableError, BrokerUnreachableError) and _unreachable(e):
             self._on_unavailable(self)
         return error
 

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tidemark.client import Admin
+from tidemark.client import Admin, TidemarkError
 
 from .checker import Expect
 from .nemesis import Fault
@@ -100,9 +100,20 @@ def _broker_args(run: Run, *extra: str) -> tuple[str, ...]:
             "--transaction-check-interval-ms", "1000", *extra)
 
 
-def _settle_transactions(seconds: float = 4.0) -> Callable[[], None]:
-    """After the faults: time for the broker to check transactions left open (timeout 1 s, checks 1 s)."""
-    return lambda: time.sleep(seconds)
+def _settle_transactions(clients: Clients, timeout: float = 30.0) -> Callable[[], None]:
+    """After the faults: until the broker has no transaction left open (it checks them every second past a
+    1 s timeout), so that the read-back sees each one's outcome."""
+    def settle() -> None:
+        deadline = time.monotonic() + timeout
+        with Admin(**clients.options()) as admin:
+            while time.monotonic() < deadline:
+                try:
+                    if not admin.list_transactions():
+                        return
+                except TidemarkError:
+                    pass  # the cluster still healing: ask again
+                time.sleep(0.2)
+    return settle
 
 
 # -- scenarios --------------------------------------------------------------------------------------
@@ -120,7 +131,7 @@ def resets(run: Run) -> Outcome:
     clients = run.clients(brokers=[node], **CLIENT)
     # As fast as 6 threads go: the acknowledged-but-lost producer needed resets under load to show.
     _workload(run, clients, transactions=True, prod_threads=6, prod_rate=0, pop_via=node.address)
-    return _execute(run, clients, durable=True, settle=_settle_transactions())
+    return _execute(run, clients, durable=True, settle=_settle_transactions(clients))
 
 
 def partition(run: Run) -> Outcome:
@@ -131,7 +142,7 @@ def partition(run: Run) -> Outcome:
                             hold=(1.0, 5.0)))
     clients = run.clients(brokers=[node], **CLIENT)
     _workload(run, clients, transactions=True)
-    return _execute(run, clients, durable=True, settle=_settle_transactions())
+    return _execute(run, clients, durable=True, settle=_settle_transactions(clients))
 
 
 def kill(run: Run) -> Outcome:
@@ -143,7 +154,7 @@ def kill(run: Run) -> Outcome:
     ]
     clients = run.clients(brokers=[node], **CLIENT)
     _workload(run, clients, transactions=True, pop_via=node.address)
-    return _execute(run, clients, durable=run.mode["flush"] == "sync", settle=_settle_transactions())
+    return _execute(run, clients, durable=run.mode["flush"] == "sync", settle=_settle_transactions(clients))
 
 
 def failover(run: Run) -> Outcome:

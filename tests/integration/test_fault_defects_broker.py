@@ -229,6 +229,12 @@ def test_a_refused_send_creates_no_topic(broker_factory):
             timeout=TIMEOUT))
         assert answer.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], answer
         assert topics_of(api) == before, "a refused batch created its topic"
+        # ... and a malformed batch for a queue the topic would have (refused by the store's checks).
+        [answer] = list(api.messaging.Produce(iter([messaging_pb2.ProduceRequest(
+            request_id=2, topic="auto-batch-topic", queue_id=0, count=2, records=bytes(builder.buffer))]),
+            timeout=TIMEOUT))
+        assert answer.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], answer
+        assert topics_of(api) == before, "a malformed batch created its topic"
         # The same sends, valid, still create what they should.
         api.messaging.SendMessage(messaging_pb2.SendMessageRequest(
             topic="%RETRY%late-group", messages=[common_pb2.Message(body=b"x")]), timeout=TIMEOUT)

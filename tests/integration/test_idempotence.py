@@ -206,3 +206,25 @@ def test_producer_list_shows_ids_and_sequences(broker, monkeypatch, capsys):
     (row,) = json.loads(capsys.readouterr().out)
     assert (row["key"], row["topic"], row["queue"], row["last_sequence"], row["last_offset"]) == \
         ("job-7", "IdemCli", 0, 2, 2)
+
+
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "free"])
+def test_a_reset_mid_call_is_retried_on_the_same_queue_though_another_broker_serves_the_topic(
+        broker_factory, monkeypatch, pinned):
+    """Found in review (issue 27): any UnavailableError counted as "the broker is unreachable", so with a
+    second broker name serving the topic a batch cut off by a reset left its sequence: a pinned send came
+    back to its queue under a new epoch, a free one went to the other broker, and a batch the first broker
+    had stored was stored twice. A call cut off mid-way is retried with its sequence; only a broker that
+    cannot be reached is left."""
+    a, b = broker_factory("broker-a"), broker_factory("broker-b")
+    for broker in (a, b):
+        with Admin(brokers=broker.address) as admin:
+            admin.create_topic("Twice", 1)
+    calls = fail_first_after_store(monkeypatch, UnavailableError("Socket closed"))
+    with Producer(brokers=f"{a.address},{b.address}") as producer:
+        target = next(q for q in producer.fetch_publish_message_queues("Twice") if q.broker_name == "broker-a")
+        result = producer.send(Message("Twice", b"once"), queue=target if pinned else None)
+    assert len(calls) == 2, "one try, cut off after the store, and one retry"
+    held = {"broker-a": stored(a.address, "Twice"), "broker-b": stored(b.address, "Twice")}
+    assert held[result.message_queue.broker_name] == [b"once"]
+    assert sum(held.values(), []) == [b"once"], f"stored twice: {held}"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tidemark.broker.config import reference_table as broker_reference
+from tidemark.client import Admin
 from tidemark.client.settings import (
     ProducerSettings,
     PullConsumerSettings,
@@ -69,3 +70,17 @@ def test_quickstart_runs_in_order(broker, tmp_path):
     assert len(consumed) == 1001
     assert "total lag 0" in outputs[4]
     assert "total lag 0" in outputs[-1], outputs[-1]
+
+
+def test_the_library_example_prints_what_it_sends(broker, tmp_path):
+    """Issue 31: the example sent before its consumer started, and a new group starts at the end of the
+    queues: it printed nothing. Run as written, against a broker with the Orders topic."""
+    section = README.read_text().split("## Using the library", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("Orders", 4)
+    script = tmp_path / "example.py"
+    script.write_text(code.replace("127.0.0.1:10911", broker.address))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert '{"id": 2}' in out.stdout, f"printed nothing of the refund:\n{out.stdout}\n{out.stderr[-2000:]}"

@@ -53,7 +53,7 @@ REFUSED = _LAST + "UNAVAILABLE: ipv4:127.0.0.1:9: Socket closed"
 def test_a_connection_cut_during_setup_is_not_blamed_on_tls(details, tls, client_cert):
     error = from_rpc_error(_Failed(details), address="127.0.0.1:9", tls=tls, client_cert=client_cert)
     text = str(error)
-    assert type(error) is UnavailableError and error.retriable
+    assert isinstance(error, UnavailableError) and not isinstance(error, TlsHandshakeError) and error.retriable
     assert text.startswith("broker 127.0.0.1:9 closed the connection during setup (") and "down or restarting" in text
     assert "TLS" not in text and "certificate" not in text
 
@@ -65,7 +65,7 @@ def test_a_connection_cut_during_setup_is_not_blamed_on_tls(details, tls, client
 ])
 def test_an_orderly_close_after_the_handshake_keeps_its_hint(tls, client_cert, hint):
     error = from_rpc_error(_Failed(REFUSED), address="127.0.0.1:9", tls=tls, client_cert=client_cert)
-    assert type(error) is UnavailableError and error.retriable
+    assert isinstance(error, UnavailableError) and not isinstance(error, TlsHandshakeError) and error.retriable
     assert str(error).startswith(f"broker 127.0.0.1:9 closed the connection during setup: {hint}")
 
 
@@ -126,7 +126,7 @@ def test_no_writable_queue_is_a_retriable_outage_saying_why():
                                                   QueueData("broker-b", "b:1", 2, 2, True, False))))
     cluster._down["broker-a"] = 0.0
     error = cluster.no_writable_queue("T", 1)
-    assert type(error) is UnavailableError and error.retriable
+    assert isinstance(error, UnavailableError) and not isinstance(error, TlsHandshakeError) and error.retriable
     text = str(error)
     assert text.startswith("topic 'T' has no writable queue 1 now: the master of broker-a is unreachable")
     assert "broker-b takes no writes" in text and "retry later" in text

@@ -209,7 +209,7 @@ def test_handshake_failures_become_one_line_non_retriable_errors(details, expect
 def test_a_hang_up_during_setup_gets_a_hint_but_stays_retriable():
     closed = "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:9: Socket closed"
     plain = from_rpc_error(_Failed(closed), address="127.0.0.1:9", tls=False)
-    assert type(plain) is UnavailableError and plain.retriable and "may require TLS" in str(plain)
+    assert isinstance(plain, UnavailableError) and not isinstance(plain, TlsHandshakeError) and plain.retriable and "may require TLS" in str(plain)
     no_cert = from_rpc_error(_Failed(closed), address="127.0.0.1:9", tls=True, client_cert=False)
     assert "client certificate" in str(no_cert)
     refused = from_rpc_error(_Failed("failed to connect to all addresses; last error: UNAVAILABLE: "

@@ -423,7 +423,7 @@ class Rmq5Servicer:
         if policy == pb.BEGINNING:
             offset = b.store.min_offset(topic, queue_id)
         elif policy == pb.END:
-            offset = b.store.max_offset(topic, queue_id)
+            offset = b.store.readable_max_offset(topic, queue_id)
         else:
             if not request.HasField("timestamp"):
                 raise ProtocolError(Code.BAD_REQUEST, "a TIMESTAMP query needs a timestamp")

@@ -219,6 +219,8 @@ def test_after_a_restart_a_fenced_commit_nobody_vouches_for_moves_forward_only(t
     assert not after.commit(G, T, 0, 9, Fence("c1", stale)), "a stale owner rewound the offset"
     assert after.query(G, T, 0) == 12
     assert after.commit(G, T, 0, 15, Fence("c1", stale)), "forward is still taken"
+    assert not after.commit(G, T, 0, 13, Fence("c2", current)), "an unverified commit vouched for nobody"
+    assert after.query(G, T, 0) == 15
     # Once the queue is locked again, its owner's commits are checked against the lock, rewinds included.
     owner = _epoch(fresh_locks, "c2")
     with pytest.raises(FencedError):

@@ -11,7 +11,10 @@ PROTO_SRC := $(wildcard $(PROTO_DIR)/tidemark/v1/*.proto) $(wildcard $(PROTO_DIR
 PROTO_STAMP := $(PROTO_DIR)/tidemark/v1/.generated
 DATA_DIR ?= ./data
 PORT ?= 10911
-PYTEST_ARGS ?= --durations=30
+# The suite runs on pytest-xdist workers; tests/conftest.py keeps tests that share a heavy resource
+# (container engine, SparkSession, browser, benchmarks, fault scenarios) on one worker each.
+PYTEST_WORKERS ?= 3
+PYTEST_ARGS ?= --durations=30 -n $(PYTEST_WORKERS) --dist loadscope
 
 .PHONY: setup gen run test torture lint lock bench bench-client bench-rmq5 demo images clean
 

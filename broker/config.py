@@ -21,7 +21,8 @@ from typing import Any
 from tidemark.protocol import DEFAULT_DELAY_LEVELS, DEFAULT_PORT, parse_delay_levels
 
 ENV_PREFIX = "TIDEMARK_"
-_INIT_USER = re.compile(r"[A-Za-z0-9_.-]{1,64}:[\x21-\x7e]{8,256}")
+# NAME:SECRET of a user given on the command line (init_user, a name server's broker_user).
+USER_SPEC = re.compile(r"[A-Za-z0-9_.-]{1,64}:[\x21-\x7e]{8,256}")
 # What a request adds around its messages: protobuf framing, topic, properties of a batch.
 REQUEST_OVERHEAD_BYTES = 64 * 1024
 
@@ -60,8 +61,11 @@ class BrokerConfig:
     broker_id: int = _setting(0, "0: the master of broker_name; above 0: a replica of it (needs master)")
     master: str = _setting("", "host:port of the master a replica copies (broker_id above 0)")
     replication: ReplicationMode = _setting(ReplicationMode.ASYNC, "async: answer sends at once; sync: answer only "
-                                            "once a replica has them, refuse them while no replica is in sync "
-                                            "(master)")
+                                            "once min_sync_replicas replicas have them, refuse them while fewer "
+                                            "are in sync (master)")
+    min_sync_replicas: int = _setting(1, "Sync replication: how many replicas must hold a send before it is "
+                                      "acknowledged; while fewer are in sync, sends are refused before anything "
+                                      "is stored (Kafka's min.insync.replicas, counting replicas only)")
     replication_timeout_ms: int = _setting(3000, "Sync replication: how long a stored send waits for a replica "
                                            "before its answer is an unknown outcome (DEADLINE_EXCEEDED)")
     register_interval_ms: int = _setting(5000, "How often the broker registers with the name servers (and at once "
@@ -165,6 +169,10 @@ def _problems(c: BrokerConfig):
         host, _, port = c.master.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             yield f"master address {c.master!r} is not host:port"
+    if not 1 <= c.min_sync_replicas <= 16:
+        yield f"min_sync_replicas must be 1..16, got {c.min_sync_replicas}"
+    elif c.min_sync_replicas != 1 and c.replication is not ReplicationMode.SYNC:
+        yield "min_sync_replicas counts the replicas a send waits for: it needs replication sync"
     for name in ("replication_timeout_ms", "register_interval_ms", "flush_interval_ms", "flush_consumer_offset_interval_ms", "channel_expired_timeout_ms",
                  "lock_expiry_ms", "commitlog_segment_size", "consume_queue_entries_per_file",
                  "max_open_consume_queue_files",
@@ -180,7 +188,7 @@ def _problems(c: BrokerConfig):
                f"({c.max_message_size}) plus {REQUEST_OVERHEAD_BYTES} bytes of framing")
     if c.max_inflight_request_bytes <= 0:
         yield f"max_inflight_request_bytes must be > 0, got {c.max_inflight_request_bytes}"
-    if c.init_user and not _INIT_USER.fullmatch(c.init_user):
+    if c.init_user and not USER_SPEC.fullmatch(c.init_user):
         yield "init_user must be NAME:SECRET (the secret at least 8 characters)"
     if c.auth_max_skew_s <= 0:
         yield f"auth_max_skew_s must be > 0, got {c.auth_max_skew_s}"

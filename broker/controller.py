@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import shutil
 import time
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from tidemark.broker.errors import (
     StoreError,
 )
 from tidemark.broker.fetch import FetchSession
+from tidemark.broker.gauges import take_snapshot
 from tidemark.broker.groups import SubscriptionGroupManager, check_group
 from tidemark.broker.health import (
     CONFIG_FILES,
@@ -195,7 +195,7 @@ class BrokerController:
             namesrv_addresses(config), build=self.registration,
             fingerprint=lambda: (self.topics.version, self.permission.readable, self.permission.writable,
                                  self.config.broker_id, self.epoch),
-            tls_ca_file=config.peer_tls_ca, on_fenced=self.permission.fence)
+            tls_ca_file=config.peer_tls_ca, on_fenced=self.permission.fence, credentials=self._peer_credentials())
         self.started_ms = self.clock_ms()
         self._promoting = False
         self.ready = False
@@ -340,38 +340,7 @@ class BrokerController:
 
     def snapshot(self) -> StateSnapshot:
         """State gauges for a metrics scrape (called on the event loop thread)."""
-        state = StateSnapshot(store_bytes=self.store.store_size_bytes(), schedule_pending=self.schedule.pending(),
-                              offset_entries=self.offsets.entry_count(), long_polls_waiting=self.hold.waiting(),
-                              job_runs={name: runs for name, _interval, runs in self.scheduler.jobs()})
-        if self.replica is not None:
-            state.replica_lag = (self.replica.lag_bytes, self.replica.lag_ms)
-        if self.replication is not None:
-            end = self.store.commit_log_max_offset
-            state.replicas_behind = {key: max(0, end - acked) for key, acked in self.replication.replicas().items()}
-        now, seen = self.clock_ms(), set()
-        for group in self.offsets.groups():
-            for topic in self.offsets.topics_of_group(group):
-                config = self.topics.get(topic)
-                if config is None:
-                    continue
-                max_offsets = {q: self.store.max_offset(topic, q) for q in range(config.queue_nums)}
-                for queue_id, lag in sorted(self.offsets.lag(group, topic, max_offsets).items()):
-                    state.lag.append((group, topic, queue_id, lag))
-                    committed = self.offsets.query(group, topic, queue_id)
-                    stored = self.store.store_timestamp_at(topic, queue_id, max(committed, 0)) if lag else None
-                    state.progress.append((group, topic, queue_id, committed,
-                                           max(0.0, (now - stored) / 1000) if stored else 0.0))
-                    if (topic, queue_id) not in seen:
-                        seen.add((topic, queue_id))
-                        state.queue_offsets.append((topic, queue_id, self.store.min_offset(topic, queue_id),
-                                                    max_offsets[queue_id]))
-        try:
-            state.disk_free_bytes = shutil.disk_usage(self.config.data_dir).free
-        except OSError:
-            pass
-        for group in self.consumers.groups():
-            state.clients[group] = len(self.consumers.consumer_ids(group))
-        return state
+        return take_snapshot(self)
 
     def heartbeat(self, info: ConsumerInfo) -> list[str]:
         """Register or refresh a consumer; the group's members after it.
@@ -528,7 +497,8 @@ class BrokerController:
         c = self.config
         source = ReplicationSource(self.store, broker_name=c.broker_name, segment_size=c.commitlog_segment_size,
                                    timeout_s=c.replication_timeout_ms / 1000,
-                                   sync=c.replication is ReplicationMode.SYNC, epoch=lambda: self.epoch)
+                                   sync=c.replication is ReplicationMode.SYNC, min_replicas=c.min_sync_replicas,
+                                   epoch=lambda: self.epoch)
         source.follow(self.producers, self.offsets)
         return source
 
@@ -582,6 +552,7 @@ class BrokerController:
             version=VERSION, epoch=self.epoch,
             replica_lag_bytes=self.replica.lag_bytes if self.replica is not None else 0,
             replica_lag_ms=self.replica.lag_ms if self.replica is not None else 0,
+            in_sync_replicas=self.replication.in_sync_replicas() if self.replication is not None else (),
             readable=self.permission.readable, writable=self.permission.writable,
             uptime_ms=max(0, self.clock_ms() - self.started_ms),
             topics=[admin_pb2.TopicConfig(name=t.name, read_queue_nums=t.read_queue_nums,

@@ -10,6 +10,8 @@ never reads structures while they change.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
+import platform
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -21,6 +23,8 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
+    disable_created_metrics,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -32,6 +36,18 @@ log = get_logger("tidemark.broker.metrics")
 
 PREFIX = "tidemark"
 
+# No `_created` series beside every counter and histogram: rate() and increase() handle a counter that
+# restarts from zero without them, and the 30-odd extra series were noise on every scrape. A
+# process-wide switch of prometheus_client; a broker process exposes only its own metrics.
+disable_created_metrics()
+
+
+def package_version() -> str:
+    try:
+        return importlib.metadata.version("tidemark")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing
+        return "unknown"
+
 
 class BrokerMetrics:
     """The broker's event metrics, in their own registry (several brokers may share a process in tests)."""
@@ -39,6 +55,8 @@ class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.build = Info(f"{PREFIX}_build", "The broker's version (1 per broker; join on instance)", registry=r)
+        self.build.info({"version": package_version(), "python": platform.python_version()})
         self.messages_in = Counter(f"{PREFIX}_messages_in", "Messages stored, by topic", ["topic"], registry=r)
         self.duplicate_batches = Counter(f"{PREFIX}_duplicate_batches",
                                          "Idempotent producers' retried batches answered without storing them again",
@@ -103,6 +121,8 @@ class StateSnapshot:
     replica_lag: tuple[int, int] | None = None
     # A master: each connected replica's acknowledged distance behind this log, in bytes.
     replicas_behind: dict[str, int] = field(default_factory=dict)
+    # Per group, dead letters in %DLQ%GROUP not yet requeued.
+    dlq_depth: dict[str, int] = field(default_factory=dict)
 
 
 class BrokerStateCollector(Collector):
@@ -162,13 +182,19 @@ class BrokerStateCollector(Collector):
         if state.replica_lag is not None:
             yield GaugeMetricFamily(f"{PREFIX}_replica_lag_bytes", "Commit-log bytes this replica is behind its master",
                                     value=state.replica_lag[0])
-            yield GaugeMetricFamily(f"{PREFIX}_replica_lag_ms", "How long this replica has been behind its master",
-                                    value=state.replica_lag[1])
+            yield GaugeMetricFamily(f"{PREFIX}_replica_lag_seconds", "How long this replica has been behind its master",
+                                    value=state.replica_lag[1] / 1000)
         behind = GaugeMetricFamily(f"{PREFIX}_replica_behind_bytes",
                                    "Commit-log bytes each connected replica has not acknowledged", labels=["replica"])
         for replica, value in sorted(state.replicas_behind.items()):
             behind.add_metric([replica], value)
         yield behind
+        dlq = GaugeMetricFamily(f"{PREFIX}_dlq_depth", "Dead letters of a group not yet requeued (messages in "
+                                "%DLQ%GROUP past the group's requeue offset; masters only), by group",
+                                labels=["group"])
+        for group, n in sorted(state.dlq_depth.items()):
+            dlq.add_metric([group], n)
+        yield dlq
         runs = CounterMetricFamily(f"{PREFIX}_scheduler_job_runs", "Completed runs of each periodic broker task",
                                    labels=["job"])
         for job, n in sorted(state.job_runs.items()):
@@ -180,8 +206,8 @@ def serve(metrics: BrokerMetrics, collector: BrokerStateCollector, host: str, po
           health: Callable[[], tuple[bool, str]] = lambda: (True, "")):
     """Start the HTTP endpoint on a daemon thread; returns the server (call .shutdown() to stop).
 
-    GET /metrics is the Prometheus text format; GET /healthz answers 200 "ok" while the broker serves and can
-    write, else 503 with the reason (what the gRPC health check says); any other path is 404."""
+    GET /metrics is the Prometheus text format; GET /healthz answers 200 "ok" while `health` says so (the
+    broker serves, can write and its event loop answers), else 503 with the reason; any other path is 404."""
     metrics.registry.register(collector)
     registry = metrics.registry
 

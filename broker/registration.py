@@ -9,6 +9,9 @@ permission) is registered at once instead: `sync_if_changed` is awaited by
 the request that made it, so a client that created a topic finds its route
 at the name servers as soon as the answer arrives.
 
+With credentials (the broker's init_user) every call is signed, which a name server started with
+--broker-user requires: only a broker may register, and so fence a master (namesrv/guard.py).
+
 A name server that does not answer delays nothing beyond `timeout_s` and
 fails nothing: the next tick tries again, and the log says once when a
 name server stops and starts answering.
@@ -22,6 +25,7 @@ from collections.abc import Callable, Hashable, Sequence
 
 import grpc
 
+from tidemark.auth import Credentials, signed_metadata
 from tidemark.broker import tls
 from tidemark.logs import get_logger
 from tidemark.protocol import ERROR_CLASS_KEY
@@ -39,8 +43,10 @@ class State(enum.Enum):
 class NameServerRegistrar:
     def __init__(self, addresses: Sequence[str], *, build: Callable[[], namesrv_pb2.BrokerRegistration],
                  fingerprint: Callable[[], Hashable], tls_ca_file: str = "", timeout_s: float = 3.0,
-                 on_fenced: Callable[[str], None] = lambda why: None) -> None:
+                 on_fenced: Callable[[str], None] = lambda why: None,
+                 credentials: Credentials | None = None) -> None:
         self.addresses = tuple(addresses)
+        self._credentials = credentials
         self._build = build
         self._fingerprint = fingerprint
         self._tls_ca_file = tls_ca_file
@@ -100,7 +106,8 @@ class NameServerRegistrar:
 
     async def _call(self, address: str, method: str, request) -> bool:
         try:
-            answer = await getattr(self._stubs[address], method)(request, timeout=self._timeout)
+            metadata = signed_metadata(self._credentials) if self._credentials is not None else None
+            answer = await getattr(self._stubs[address], method)(request, timeout=self._timeout, metadata=metadata)
         except grpc.RpcError as e:
             if (ERROR_CLASS_KEY, "FencedError") in tuple(e.trailing_metadata() or ()):
                 self._on_fenced(e.details())

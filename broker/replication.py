@@ -21,22 +21,26 @@ RocketMQ's master/slave HA, over one gRPC stream per replica
   `window_bytes` ahead of what a replica acknowledged, and knows how far each
   replica is. With sync replication (RocketMQ's SYNC_MASTER) a send is
   stored or refused, never both:
-  - before storing, `check_in_sync` refuses it while no connected replica
-    is in sync (NotEnoughReplicasError, UNAVAILABLE, nothing stored: Kafka's
-    NOT_ENOUGH_REPLICAS, RocketMQ's SLAVE_NOT_AVAILABLE);
-  - after storing, the answer waits until a replica acknowledged the
-    records, or after `timeout_s` is ReplicationTimeoutError: an unknown
+  - before storing, `check_in_sync` refuses it while fewer than
+    `min_replicas` connected replicas are in sync (NotEnoughReplicasError,
+    UNAVAILABLE, nothing stored: Kafka's NOT_ENOUGH_REPLICAS with
+    min.insync.replicas, RocketMQ's SLAVE_NOT_AVAILABLE);
+  - after storing, the answer waits until `min_replicas` replicas
+    acknowledged the records, or after `timeout_s` is ReplicationTimeoutError: an unknown
     outcome (DEADLINE_EXCEEDED), never an acknowledgement of data only the
     master holds. The records stay on the master; an idempotent producer's
     retry with the same sequence is answered as a duplicate, any other
     retry may store them twice (at-least-once).
-  A replica is in sync while it holds everything the master has, or held
+  Replicas are counted by broker id (a replica that reconnects while its old
+  stream lingers is one replica). A replica is in sync while it holds everything the master has, or held
   it within the last `max(timeout_s, 2 heartbeats)` (Kafka's
   replica.lag.time.max.ms): one that went silent or fell behind stops
   counting before sends pile up on the master only.
-- Readers see only what a replica acknowledged (`confirmed`, Kafka's high
-  watermark): the store's reads end there and readers are woken when it
-  moves (`on_readable`), not on the append. Otherwise a consumer could read
+- Readers see only what `min_replicas` replicas acknowledged (`confirmed`,
+  Kafka's high watermark; while fewer are connected, what all of the
+  connected ones hold, as Kafka's moves with a shrinking in-sync set): the
+  store's reads end there and readers are woken when it moves
+  (`on_readable`), not on the append. Otherwise a consumer could read
   a record the master stored but no replica got (a send that timed out, an
   async send not copied yet) and, after a failover, skip the message the
   promoted replica stores at the same offset. With sync replication the
@@ -56,7 +60,6 @@ import enum
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 
 import grpc
 
@@ -70,7 +73,7 @@ from tidemark.broker.errors import (
 )
 from tidemark.broker.groups import SubscriptionGroupManager
 from tidemark.broker.offsets import ConsumerOffsetManager
-from tidemark.broker.offsets.journal import JournalRecord, decode_records, encode_records
+from tidemark.broker.offsets.journal import decode_records
 from tidemark.broker.offsets.persistence import (
     DecodeResult,
     OffsetFileError,
@@ -80,8 +83,14 @@ from tidemark.broker.offsets.persistence import (
 from tidemark.broker.pop.ledger import PopStateError
 from tidemark.broker.pop.service import PopService
 from tidemark.broker.producers.service import IdempotenceService
-from tidemark.broker.producers.store import decode_events, encode_events
-from tidemark.broker.producers.table import ProducerEvent, ProducerStateError
+from tidemark.broker.producers.store import decode_events
+from tidemark.broker.producers.table import ProducerStateError
+from tidemark.broker.replica_progress import (
+    MAX_FEED_EVENTS,
+    _Feed,
+    _Replica,
+    nth_highest,
+)
 from tidemark.broker.schedule import ScheduleMessageService
 from tidemark.broker.store import MessageStore
 from tidemark.broker.topics import TopicConfigManager
@@ -118,82 +127,29 @@ def decode_offsets(data: bytes) -> DecodeResult:
 
 
 class NotEnoughReplicasError(StoreError):
-    """A sync-replication send refused before it was stored: no connected replica is in sync."""
+    """A sync-replication send refused before it was stored: fewer connected replicas are in sync than
+    min_sync_replicas."""
 
 
 class ReplicationTimeoutError(OutcomeUnknownError):
-    """A sync-replication send stored on the master that no replica acknowledged in time: it may be lost
-    with the master, or be on a replica already; the client cannot know."""
+    """A sync-replication send stored on the master that fewer than min_sync_replicas replicas acknowledged
+    in time: it may be lost with the master, or be on a replica already; the client cannot know."""
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-# Kept per replica: the chunks that brought it level with the master and are not acknowledged yet.
-MAX_LEVELS = 256
-
-
-@dataclass
-class CatchUp:
-    """When a replica last held everything its master had (Kafka's lastCaughtUpTime), from what the master
-    sent and what the replica acknowledged. Pure: times are given."""
-
-    at: float | None = None  # None: not since it connected
-    _levels: collections.deque[tuple[int, float]] = field(
-        default_factory=lambda: collections.deque(maxlen=MAX_LEVELS))
-
-    def sent(self, end: int, master_end: int, now: float) -> None:
-        """A chunk (or heartbeat) ending at `end` went out when the master's log ended at `master_end`."""
-        if end < master_end or (self._levels and self._levels[-1][0] == end):
-            return  # behind even once stored; or no news (the earliest time for an end is kept)
-        self._levels.append((end, now))
-
-    def acknowledged(self, end: int) -> None:
-        while self._levels and self._levels[0][0] <= end:
-            self.at = self._levels.popleft()[1]
-
-    def in_sync(self, acked: int, master_end: int, now: float, max_lag_s: float) -> bool:
-        """Holding all the master has, or having held all it had within `max_lag_s`."""
-        return acked >= master_end or (self.at is not None and now - self.at <= max_lag_s)
-
-
-@dataclass
-class _Replica:
-    key: str  # "name/id@peer"
-    acked: int
-    progress: asyncio.Event
-    catch_up: CatchUp = field(default_factory=CatchUp)
-
-
-# A stream owing more changes than this sends the producer table whole again instead (a slow replica).
-MAX_FEED_EVENTS = 100_000
-
-
-@dataclass(eq=False)  # one per stream, kept in a set by identity
-class _Feed:
-    """The state changes one replica's stream owes it besides records (see the module docstring)."""
-
-    producer_state: bytes = b""  # the whole table, JSON: the first chunk's (or after an overflow)
-    producer_events: list[ProducerEvent] = field(default_factory=list)
-    offset_records: list[JournalRecord] = field(default_factory=list)
-
-    def pending(self) -> bool:
-        return bool(self.producer_state or self.producer_events or self.offset_records)
-
-    def take(self) -> dict[str, bytes]:
-        fields = {"producer_state": self.producer_state, "producer_events": encode_events(self.producer_events),
-                  "offset_records": encode_records(self.offset_records)}
-        self.producer_state, self.producer_events, self.offset_records = b"", [], []
-        return fields
-
-
 class ReplicationSource:
     def __init__(self, store: MessageStore, *, broker_name: str, segment_size: int, timeout_s: float = 3.0,
                  chunk_bytes: int = CHUNK_BYTES, window_bytes: int = WINDOW_BYTES, sync: bool = False,
-                 epoch: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic) -> None:
+                 min_replicas: int = 1, epoch: Callable[[], int] = lambda: 0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if min_replicas < 1:
+            raise ValueError(f"min_replicas must be at least 1, got {min_replicas}")
         self._store = store
         self._sync = sync
+        self._min_replicas = min_replicas
         self._epoch = epoch
         self._broker_name = broker_name
         self._segment_size = segment_size
@@ -210,7 +166,7 @@ class ReplicationSource:
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._feeds: set[_Feed] = set()  # one per open stream
         self._producers: IdempotenceService | None = None
-        # Sync replication: the highest commit-log end a replica acknowledged (None: no replica since start),
+        # What `min_replicas` replicas acknowledged, as _replicated_end says (None: no replica since start),
         # and the appends readers are not told of yet: (commit-log end after the append, queue).
         self.confirmed: int | None = None
         self._unconfirmed: collections.deque[tuple[int, tuple[str, int]]] = collections.deque()
@@ -258,8 +214,8 @@ class ReplicationSource:
             event.set()
 
     def read_limit(self) -> int | None:
-        """The store's read limit: what a replica acknowledged, or None (unbounded) before any replica
-        connected and, with async replication, while no replica is in sync."""
+        """The store's read limit: `confirmed`, or None (unbounded) before any replica connected and, with
+        async replication, while no replica is in sync."""
         if self.confirmed is None:
             return None
         if self._sync or self._any_in_sync():
@@ -267,8 +223,29 @@ class ReplicationSource:
         return None
 
     def _any_in_sync(self) -> bool:
+        return bool(self.in_sync_replicas())
+
+    def in_sync_replicas(self) -> list[int]:
+        """The broker ids of the connected replicas in sync (RocketMQ 5's SyncStateSet, Kafka's ISR less
+        the leader)."""
         end, now = self._store.commit_log_max_offset, self._clock()
-        return any(r.catch_up.in_sync(r.acked, end, now, self._max_lag_s) for r in self._replicas.values())
+        return sorted(r.broker_id for r in self._replicas.values()
+                      if r.catch_up.in_sync(r.acked, end, now, self._max_lag_s))
+
+    def _acked_by_id(self) -> list[int]:
+        """Per connected replica, the commit-log end it acknowledged (one stream per broker id: serve()
+        drops an older stream of a replica that connects again)."""
+        return [r.acked for r in self._replicas.values()]
+
+    def _held_by_enough(self, end: int) -> bool:
+        """Whether `min_replicas` replicas acknowledged `end`."""
+        acked = self._acked_by_id()
+        return len(acked) >= self._min_replicas and nth_highest(acked, self._min_replicas) >= end
+
+    def _replicated_end(self) -> int | None:
+        """What readers may read up to: what `min_replicas` replicas hold, or, while fewer are connected,
+        what every connected one holds (Kafka's high watermark over the in-sync set); None: none is."""
+        return nth_highest(self._acked_by_id(), self._min_replicas)
 
     def release_readers(self) -> None:
         """The timer's job: once reads are no longer bounded (async: no replica in sync any more), wake the
@@ -278,7 +255,8 @@ class ReplicationSource:
             self.on_all_readable()
 
     def _confirm(self, end: int) -> None:
-        """A replica holds the commit log up to `end`: readers may read up to there."""
+        """Replicas hold the commit log up to `end` (as _replicated_end counts): readers may read up to
+        there."""
         first = self.confirmed is None
         if not first and end <= self.confirmed:
             return
@@ -300,38 +278,45 @@ class ReplicationSource:
                     self.on_readable(*key)
 
     def replicas(self) -> dict[str, int]:
-        """Connected replicas and the commit-log end each acknowledged."""
+        """Connected replicas (their current stream's key) and the commit-log end each acknowledged."""
         return {r.key: r.acked for r in self._replicas.values()}
 
     def check_in_sync(self) -> None:
         """Before a sync-replication send is stored: NotEnoughReplicasError (nothing stored, retriable)
-        unless a connected replica is in sync, so that a send is either stored or refused, never both."""
-        end, now = self._store.commit_log_max_offset, self._clock()
-        replicas = list(self._replicas.values())
-        if self._any_in_sync():
+        unless `min_replicas` connected replicas are in sync, so that a send is either stored or refused,
+        never both."""
+        in_sync = self.in_sync_replicas()
+        if len(in_sync) >= self._min_replicas:
             return
-        if not replicas:
+        end, now = self._store.commit_log_max_offset, self._clock()
+        lagging = [r for r in self._replicas.values() if r.broker_id not in in_sync]
+        if not self._replicas:
             why = "none is connected"
         else:
             why = "; ".join(f"{r.key} holds {r.acked} of {end} bytes, " + (
                 "not level since it connected" if r.catch_up.at is None else
-                f"last level {now - r.catch_up.at:.1f} s ago") for r in replicas)
-            why = f"behind for longer than {self._max_lag_s:.1f} s: {why}"
-        raise NotEnoughReplicasError(f"broker {self._broker_name} replicates synchronously and no in-sync replica "
-                                     f"is connected ({why}); the message was not stored, retry later")
+                f"last level {now - r.catch_up.at:.1f} s ago") for r in lagging)
+            why = (f"in sync: {', '.join(map(str, in_sync)) or 'none'}; "
+                   f"behind for longer than {self._max_lag_s:.1f} s: {why or 'none'}")
+        need = "no in-sync replica is" if self._min_replicas == 1 else \
+            f"fewer than {self._min_replicas} in-sync replicas (min_sync_replicas) are"
+        raise NotEnoughReplicasError(f"broker {self._broker_name} replicates synchronously and {need} connected "
+                                     f"({why}); the message was not stored, retry later")
 
     async def wait_replicated(self, end: int) -> None:
-        """Until a replica acknowledged `end` (one may connect meanwhile); ReplicationTimeoutError after the
-        timeout: the records are stored here, whether a replica has them is unknown."""
-        if any(r.acked >= end for r in self._replicas.values()):
+        """Until `min_replicas` replicas acknowledged `end` (they may connect meanwhile);
+        ReplicationTimeoutError after the timeout: the records are stored here, whether replicas have
+        them is unknown."""
+        if self._held_by_enough(end):
             return
         future = asyncio.get_running_loop().create_future()
         self._waiters.append((end, future))
         try:
             await asyncio.wait_for(future, self._timeout_s)
         except TimeoutError:
+            who = "no replica" if self._min_replicas == 1 else f"fewer than {self._min_replicas} replicas"
             raise ReplicationTimeoutError(
-                f"no replica of broker {self._broker_name} acknowledged the message within {self._timeout_s:.1f} s; "
+                f"{who} of broker {self._broker_name} acknowledged the message within {self._timeout_s:.1f} s; "
                 f"it is stored on the master, its outcome is unknown (retry; an idempotent producer's retry is "
                 f"stored once)") from None
         finally:
@@ -340,10 +325,17 @@ class ReplicationSource:
     def _acknowledge(self, replica: _Replica, end: int) -> None:
         replica.acked = max(replica.acked, end)
         replica.catch_up.acknowledged(replica.acked)
-        self._confirm(replica.acked)
         replica.progress.set()
+        self._on_replicas_changed()
+
+    def _on_replicas_changed(self) -> None:
+        """A replica acknowledged, connected or went: move the read bound, answer the sends now held."""
+        end = self._replicated_end()
+        if end is None:
+            return
+        self._confirm(end)
         for want, future in self._waiters:
-            if want <= replica.acked and not future.done():
+            if not future.done() and self._held_by_enough(want):
                 future.set_result(None)
 
     async def serve(self, requests: AsyncIterator[replication_pb2.ReplicaProgress],
@@ -373,22 +365,29 @@ class ReplicationSource:
                     f"the replica ends at {start}, before the master's oldest record {store.commit_log_min_offset}; "
                     f"clear the replica's data dir to copy the master again")
             start = store.commit_log_min_offset
-        replica = _Replica(f"{hello.broker_name}/{hello.broker_id}@{peer}", start, asyncio.Event())
+        replica = _Replica(f"{hello.broker_name}/{hello.broker_id}@{peer}", start, asyncio.Event(),
+                           broker_id=hello.broker_id)
         replica.catch_up.sent(start, store.commit_log_max_offset, self._clock())
         replica.catch_up.acknowledged(start)  # level already when it connects at the master's end
-        self._confirm(start)
         appended = asyncio.Event()
         feed = _Feed(producer_state=self._producer_state())  # taken in the same step as the feed starts
-        self._replicas[replica.key] = replica
-        self._appended.add(appended)
-        self._feeds.add(feed)
-        log.info("replica connected", event="replica_connected", replica=replica.key, offset=start)
-        reader = asyncio.get_running_loop().create_task(self._read_acks(requests, replica))
+        reader: asyncio.Task | None = None
         try:
+            # One stream per replica: an older one still open (its peer gone, not noticed yet) no longer
+            # speaks for it, so a replica that lost its data and connects again counts for what it holds.
+            for old in [r for r in self._replicas.values() if r.broker_id == replica.broker_id]:
+                del self._replicas[old.key]
+            self._replicas[replica.key] = replica
+            self._appended.add(appended)
+            self._feeds.add(feed)
+            self._on_replicas_changed()
+            log.info("replica connected", event="replica_connected", replica=replica.key, offset=start)
+            reader = asyncio.get_running_loop().create_task(self._read_acks(requests, replica))
             async for chunk in self._chunks(replica, start, appended, reader, feed):
                 yield chunk
         finally:
-            await cancel_and_wait(reader)  # its failure (the replica's side closed) is retrieved, not left
+            if reader is not None:
+                await cancel_and_wait(reader)  # its failure (the replica's side closed) is retrieved, not left
             self._forget(replica)
             self._appended.discard(appended)
             self._feeds.discard(feed)

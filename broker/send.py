@@ -66,11 +66,12 @@ class SyncReplication(Protocol):
     """What a send needs of sync replication (broker/replication.py's ReplicationSource)."""
 
     def check_in_sync(self) -> None:
-        """Refuse (NotEnoughReplicasError) before anything is stored while no replica is in sync."""
+        """Refuse (NotEnoughReplicasError) before anything is stored while fewer than min_sync_replicas
+        replicas are in sync."""
 
     async def wait_replicated(self, end: int) -> None:
-        """Until a replica holds the commit log up to `end`; an unknown outcome (ReplicationTimeoutError) after
-        the timeout."""
+        """Until min_sync_replicas replicas hold the commit log up to `end`; an unknown outcome
+        (ReplicationTimeoutError) after the timeout."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import errno
 import socket
+import threading
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -41,6 +42,8 @@ log = get_logger("tidemark.broker")
 
 # Room for a pull response of many messages; requests are limited by the config (max_request_bytes).
 MAX_GRPC_SEND_BYTES = 64 * 1024 * 1024
+# /healthz: how long the event loop may take to run a no-op before the broker counts as stuck.
+HEALTH_LOOP_TIMEOUT_S = 3.0
 SERVICE_NAMES = tuple(
     module.DESCRIPTOR.services_by_name[name].full_name
     for module, name in ((messaging_pb2, "MessagingService"), (offsets_pb2, "OffsetService"),
@@ -103,6 +106,7 @@ class BrokerServer:
         self._health_updates: set[asyncio.Task] = set()
         self.controller.persistence.add_listener(self._on_persistence_health)
         self._metrics_server = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._data_dir_lock = DataDirLock(config.data_dir)
         self._trimmer = memory.Trimmer()
 
@@ -166,7 +170,8 @@ class BrokerServer:
         self._server = server
         await self.controller.start()
         if self.config.metrics_port:
-            collector = BrokerStateCollector(asyncio.get_running_loop(), self.controller.snapshot)
+            self._loop = asyncio.get_running_loop()
+            collector = BrokerStateCollector(self._loop, self.controller.snapshot)
             # Its own address, loopback by default: the gRPC port's TLS and auth do not cover it.
             try:
                 self._metrics_server = serve(self.controller.metrics, collector, self.config.metrics_host,
@@ -207,11 +212,22 @@ class BrokerServer:
         return AccessGuard(store, max_skew_s=self.config.auth_max_skew_s)
 
     def _http_health(self) -> tuple[bool, str]:
-        """/healthz (read from the metrics thread): what the gRPC health check says."""
+        """/healthz (read from the metrics thread): what the gRPC health check says, and that the event
+        loop, which answers that check and every request, still runs (a stuck loop is unhealthy here, as
+        the gRPC check would time out)."""
         if not self._serving:
             return False, "starting or stopping"
         failing = self.controller.persistence.failing_parts()
-        return not failing, "; ".join(f"{part}: {why}" for part, why in sorted(failing.items()))
+        if failing:
+            return False, "; ".join(f"{part}: {why}" for part, why in sorted(failing.items()))
+        ran = threading.Event()
+        try:
+            self._loop.call_soon_threadsafe(ran.set)
+        except RuntimeError:  # the loop is closed: stopping
+            return False, "starting or stopping"
+        if not ran.wait(HEALTH_LOOP_TIMEOUT_S):
+            return False, f"the broker's event loop did not answer within {HEALTH_LOOP_TIMEOUT_S:g} s"
+        return True, ""
 
     async def _set_health(self, status) -> None:
         for name in ("", *SERVICE_NAMES):

@@ -336,8 +336,7 @@ class Admin:
                 except NotFoundError:
                     continue
                 found = True
-                for m in d.members:
-                    members.setdefault(m.client_id, m)
+                members.update({m.client_id: m.merged(members.get(m.client_id)) for m in d.members})
                 locks.extend(d.locks)
             if not found:
                 raise NotFoundError(f"group {group!r} is unknown on every broker")
@@ -483,12 +482,12 @@ class Admin:
             offset = result.next_begin_offset
         return out[:limit]
 
-    def requeue_dead_letters(self, group: str, msg_id: str | None = None) -> list[Requeued]:
-        """Send DLQ messages back to their original topics as fresh copies: every one past the mark, or the
-        one with msg_id (even if it was requeued before). The group's offset on its DLQ is the mark
-        (tidemark.client.dead_letters): it moves over what was sent from it, so requeueing all twice sends
-        nothing the second time. A message sent alone by msg_id past the mark is sent again by a later
-        requeue of all; two requeues of all at the same time may both send the same messages."""
+    def requeue_dead_letters(self, group: str, msg_id: str | None = None, *, dry_run: bool = False) -> list[Requeued]:
+        """Send DLQ messages back to their original topics as fresh copies (dry_run: only say which, and where
+        they wait): every one past the mark, or the one with msg_id (even if it was requeued before). The
+        group's offset on its DLQ is the mark (tidemark.client.dead_letters): it moves over what was sent
+        from it, so requeueing all twice sends nothing the second time. A message sent alone by msg_id past
+        the mark is sent again by a later requeue of all; two requeues of all at once may send the same ones."""
         ranges = self.offsets(self._dlq_queues(group))
         marks = {mq: requeue_start(low, self.committed(group, mq)) for mq, (low, _high) in ranges.items()}
         if msg_id is None:
@@ -497,6 +496,8 @@ class Admin:
             dead = [m for m in self.dead_letters(group, limit=1_000_000) if m.msg_id == msg_id]
             if not dead:
                 raise InvalidArgumentError(f"no message with msg id {msg_id} in {dlq_topic(group)}")
+        if dry_run:
+            return [Requeued(m.msg_id, requeue_copy(m).topic, m.message_queue, m.queue_offset) for m in dead]
         if dead:
             self.commit(group, marks)  # a requeue that may not record what it sent (ACLs) sends nothing
         moved: dict[MessageQueue, int] = {}

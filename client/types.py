@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tidemark.client.message import MessageQueue
 
@@ -237,6 +237,13 @@ class GroupMember:
     last_heartbeat_timestamp: int
     allocate_strategy: str
 
+    def merged(self, other: GroupMember | None) -> GroupMember:
+        """This member as one broker reports it, with the queues it owns on another broker's report too (each
+        broker knows only its own queues' owners)."""
+        if other is None:
+            return self
+        return replace(self, owned_queues=tuple(sorted({*self.owned_queues, *other.owned_queues})))
+
 
 @dataclass(frozen=True, slots=True)
 class QueueLockInfo:
@@ -309,6 +316,7 @@ class ClusterBroker:
     uptime_ms: int | None
     replica_lag_bytes: int = 0  # a replica's distance behind its master
     replica_lag_ms: int = 0
+    in_sync_replicas: tuple[int, ...] = ()  # a master's replicas in sync (broker ids), as it last registered
 
     @property
     def role(self) -> str:

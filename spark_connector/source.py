@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NoReturn
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -43,8 +44,7 @@ from tidemark.spark_connector.options import (
     parse_write_options,
 )
 from tidemark.spark_connector.sink import TidemarkStreamWriter, TidemarkWriter, check_write_schema
-
-# Rows per Arrow record batch handed to Spark.
+from tidemark.spark_connector.user_errors import option_errors_in_one_line
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class TidemarkBatchReader(DataSourceReader):
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
 
+    @option_errors_in_one_line()
     def partitions(self) -> list[InputPartition]:
         return [QueueRangePartition.of(r) for r in planner.plan_batch(self.options)]
 
@@ -104,6 +105,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         min_rows = options.min_offsets_per_trigger
         self._gate = None if min_rows is None else TriggerGate(min_rows, options.max_trigger_delay_s)
 
+    @option_errors_in_one_line()
     def initialOffset(self) -> dict:
         return planner.initial_offsets(self.options)
 
@@ -116,6 +118,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMinRows(self.options.min_offsets_per_trigger)
         return super().getDefaultReadLimit()
 
+    @option_errors_in_one_line()
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         # Spark asks for the next batch only once the batch ending at `start` is done, but calls
         # commit(end) for a batch only when it plans the one after it: the last batch of a run
@@ -131,9 +134,11 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict | None:
         return self._latest
 
+    @option_errors_in_one_line()
     def prepareForTriggerAvailableNow(self) -> None:
         self._target = planner.latest_offsets(self.options)
 
+    @option_errors_in_one_line()
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         return [QueueRangePartition.of(r) for r in planner.stream_ranges(self.options, start, end)]
 
@@ -148,13 +153,54 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._committed = end
 
 
+class RejectedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """What streamReader() returns for options a stream cannot take (an ending* option): Spark's first
+    call fails with the OptionError. Raised from streamReader() itself, the error would be followed by
+    an UnboundLocalError: PySpark 4.3's stream runner calls stop() in a `finally` on the reader it never
+    got. The same bases as TidemarkStreamReader, so Spark plans the same stream whichever it gets."""
+
+    def __init__(self, error: OptionError) -> None:
+        self.error = error
+
+    @option_errors_in_one_line()
+    def _fail(self) -> NoReturn:
+        raise self.error
+
+    def initialOffset(self) -> dict:
+        self._fail()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        self._fail()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._fail()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._fail()
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        self._fail()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        self._fail()
+
+    def commit(self, end: dict) -> None:
+        self._fail()
+
+
 class TidemarkDataSource(DataSource):
-    """spark.read / readStream / write / writeStream .format("tidemark"); see spark_connector."""
+    """spark.read / readStream / write / writeStream .format("tidemark"); see spark_connector.
+
+    Every method Spark calls to plan checks the options it needs and fails with an OptionError that
+    PySpark reports as its one-line message (user_errors): load() for what holds for any read, the
+    query's planning for what depends on batch versus streaming, save() and a stream's start for writes.
+    """
 
     @classmethod
     def name(cls) -> str:
         return "tidemark"
 
+    @option_errors_in_one_line()
     def schema(self) -> StructType:
         # Spark asks for the schema at spark.read/readStream...load() (not for writes, which bring the
         # DataFrame's): checking the options here makes a bad one fail load(), not a task or the
@@ -162,20 +208,26 @@ class TidemarkDataSource(DataSource):
         check_read_options(self.options)
         return SCHEMA
 
+    @option_errors_in_one_line()
     def reader(self, schema: StructType) -> DataSourceReader:
         _check_schema(schema)
         return TidemarkBatchReader(parse_read_options(self.options, streaming=False))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        _check_schema(schema)
-        return TidemarkStreamReader(parse_read_options(self.options, streaming=True))
+        try:
+            _check_schema(schema)
+            return TidemarkStreamReader(parse_read_options(self.options, streaming=True))
+        except OptionError as e:
+            return RejectedStreamReader(e)
 
+    @option_errors_in_one_line()
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         if overwrite:
             raise OptionError("the tidemark sink only appends messages; use mode('append')")
         check_write_schema(schema)
         return TidemarkWriter(parse_write_options(self.options))
 
+    @option_errors_in_one_line()
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         # Complete output mode re-sends every result row each micro-batch, as Kafka's sink does.
         check_write_schema(schema)

@@ -74,3 +74,40 @@ def pki(tmp_path_factory):
     from tlslib import make_pki
 
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+# `make test` runs the suite on several pytest-xdist workers (-n N --dist loadscope), a file at a time:
+# the tests of one file run on one worker in their order, so a module-scoped broker and what one test
+# leaves for the next (a requeued dead letter, say) are as in a serial run. Files that share a heavy
+# session resource run on one worker together: the container engine and its images (and the compose
+# test that skips when they ran), one SparkSession, one browser, the benchmarks' smoke runs, which
+# measure and must not compete with each other, and the fault scenarios (network namespaces, timings).
+# (xdist's own xdist_group marks do not reach its scheduler under pytest 9, whose node ids are
+# read-only, hence a scheduler of our own that splits node ids into these units.)
+_WORKER_GROUPS = (
+    ("tests/containers/", "containers"),
+    ("tests/integration/test_compose.py", "containers"),
+    ("tests/spark/", "spark"),
+    ("tests/browser/", "browser"),
+    ("tests/bench/", "bench"),
+    ("tests/integration/test_faults.py", "faults"),
+)
+
+
+def worker_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its heavy resource's group, else its file."""
+    path = nodeid.split("::", 1)[0]
+    return next((group for prefix, group in _WORKER_GROUPS if path.startswith(prefix)), path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFileAndResource(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return worker_unit(nodeid)
+
+    return ByFileAndResource(config, log)

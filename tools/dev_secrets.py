@@ -9,8 +9,10 @@ examples):
     ca.pem                  the CA that signed broker.pem; clients trust it (TIDEMARK_TLS_CA_FILE)
     broker.pem, broker.key  one certificate for every broker and name server of docker-compose.yml, localhost,
                             127.0.0.1, ::1
-    tidemark.env            TIDEMARK_INIT_USER=root:SECRET for the brokers' first start, and
-                            TIDEMARK_ACCESS_KEY/TIDEMARK_SECRET_KEY for the clients (compose env_file)
+    tidemark.env            TIDEMARK_INIT_USER=root:SECRET for the brokers' first start, the same as
+                            TIDEMARK_BROKER_USER for the name servers (they take only registrations it
+                            signs), and TIDEMARK_ACCESS_KEY/TIDEMARK_SECRET_KEY for the clients (compose
+                            env_file)
 
 The CA's key is not kept: run again with --force for new certificates (and a new secret; a broker
 volume that already has users keeps its old root user, so `docker-compose down --volumes` first).
@@ -82,6 +84,8 @@ def env_file(user: str, secret: str) -> str:
     return (f"# Written by tools/dev_secrets.py. The brokers create this super user on first start;\n"
             f"# the job and host-side clients sign their requests with it.\n"
             f"TIDEMARK_INIT_USER={user}:{secret}\n"
+            f"# The name servers take registrations signed by that user only.\n"
+            f"TIDEMARK_BROKER_USER={user}:{secret}\n"
             f"TIDEMARK_ACCESS_KEY={user}\n"
             f"TIDEMARK_SECRET_KEY={secret}\n")
 

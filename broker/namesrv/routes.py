@@ -62,6 +62,7 @@ class Registration:
     uptime_ms: int = 0
     replica_lag_bytes: int = 0
     replica_lag_ms: int = 0
+    in_sync_replicas: tuple[int, ...] = ()
     epoch: int = 0
 
     @property

@@ -15,12 +15,15 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from tidemark.auth import Credentials
 from tidemark.broker import tls
+from tidemark.broker.config import USER_SPEC
+from tidemark.broker.namesrv.guard import RegistrationGuard
 from tidemark.broker.namesrv.routes import DEFAULT_EXPIRY_MS, RouteTable
 from tidemark.broker.namesrv.service import NameServerServicer
 from tidemark.broker.services.intake import RequestBudget, RequestIntake
@@ -33,6 +36,7 @@ log = get_logger("tidemark.namesrv")
 DEFAULT_NAMESRV_PORT = 9876
 # A registration carries every topic config of a broker: room for about 100,000 topics.
 MAX_REQUEST_BYTES = 32 * 1024 * 1024
+BROKER_USER_ENV = "TIDEMARK_BROKER_USER"
 SERVICE_NAME = namesrv_pb2.DESCRIPTOR.services_by_name["NameServerService"].full_name
 
 
@@ -48,6 +52,8 @@ class NameServerConfig:
     tls_cert: str = ""
     tls_key: str = ""
     tls_client_ca: str = ""
+    # NAME:SECRET the brokers sign registrations with (their init_user); empty: registrations are open.
+    broker_user: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -58,10 +64,20 @@ class NameServerConfig:
             raise ValueError("tls_cert and tls_key must be given together")
         if self.tls_client_ca and not self.tls_cert:
             raise ValueError("tls_client_ca (mutual TLS) needs tls_cert and tls_key")
+        if self.broker_user and not USER_SPEC.fullmatch(self.broker_user):
+            raise ValueError("broker_user must be NAME:SECRET (the brokers' init_user; the secret at least "
+                             "8 characters)")
         for name in ("tls_cert", "tls_key", "tls_client_ca"):
             path = getattr(self, name)
             if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
                 raise ValueError(f"{name} {path} is not a readable file")
+
+    @property
+    def broker_credentials(self) -> Credentials | None:
+        if not self.broker_user:
+            return None
+        name, _, secret = self.broker_user.partition(":")
+        return Credentials(name, secret)
 
     @property
     def scan_interval_s(self) -> float:
@@ -92,7 +108,9 @@ class NameServer:
         server = grpc.aio.server(
             interceptors=[RequestIntake(RequestBudget(MAX_REQUEST_BYTES))],
             options=[("grpc.max_receive_message_length", MAX_REQUEST_BYTES), ("grpc.so_reuseport", 0)])
-        namesrv_pb2_grpc.add_NameServerServiceServicer_to_server(NameServerServicer(self.table, now_ms), server)
+        guard = RegistrationGuard(self.config.broker_credentials)
+        namesrv_pb2_grpc.add_NameServerServiceServicer_to_server(NameServerServicer(self.table, now_ms, guard),
+                                                                 server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         listen, credentials = f"{self.config.host}:{self.config.port}", tls.server_credentials(self.config)
         self.port = (server.add_secure_port(listen, credentials) if credentials is not None
@@ -106,7 +124,7 @@ class NameServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self.state = State.RUNNING
         log.info("name server ready", event="namesrv_ready", host=self.config.host, port=self.port,
-                 expiry_ms=self.config.expiry_ms)
+                 expiry_ms=self.config.expiry_ms, registrations="open" if guard.open else "signed")
         return self.port
 
     async def stop(self, grace_s: float = 1.0) -> None:
@@ -140,6 +158,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--tls-key", default="", metavar="FILE", help="PEM private key of --tls-cert")
     parser.add_argument("--tls-client-ca", default="", metavar="FILE",
                         help="PEM CA bundle client certificates must chain to (mutual TLS)")
+    parser.add_argument("--broker-user", default=os.environ.get(BROKER_USER_ENV, ""), metavar="NAME:SECRET",
+                        help="take registrations only when signed by this user, the brokers' --init-user (needed "
+                             f"when brokers run --auth: an unsigned registration could fence a master); also "
+                             f"${BROKER_USER_ENV}, which keeps the secret out of the process list")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="log level")
     parser.add_argument("--log-format", default="kv", choices=("kv", "json"), help="log format")
@@ -162,7 +184,8 @@ async def _serve(config: NameServerConfig) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = NameServerConfig(host=args.host, port=args.port, expiry_ms=args.expiry_ms, tls_cert=args.tls_cert,
-                                  tls_key=args.tls_key, tls_client_ca=args.tls_client_ca)
+                                  tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
+                                  broker_user=args.broker_user)
     except ValueError as e:
         print(f"tidemark namesrv: {e}", file=sys.stderr)
         return 2

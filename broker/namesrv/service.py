@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import grpc
 
+from tidemark.broker.namesrv.guard import RegistrationGuard
 from tidemark.broker.namesrv.routes import Registration, RouteTable, TopicQueues
 from tidemark.broker.services.errors import stateless_rpc
 from tidemark.logs import get_logger
@@ -19,17 +20,26 @@ def registration(pb: namesrv_pb2.BrokerRegistration) -> Registration:
         cluster_name=pb.cluster_name, broker_name=pb.broker_name, broker_id=pb.broker_id, address=pb.address,
         version=pb.version, readable=pb.readable, writable=pb.writable, uptime_ms=pb.uptime_ms,
         replica_lag_bytes=max(0, pb.replica_lag_bytes), replica_lag_ms=max(0, pb.replica_lag_ms), epoch=pb.epoch,
+        in_sync_replicas=tuple(sorted(set(pb.in_sync_replicas))),
         topics=tuple(TopicQueues(t.name, t.read_queue_nums, t.write_queue_nums, t.readable, t.writable)
                      for t in pb.topics))
 
 
 class NameServerServicer(namesrv_pb2_grpc.NameServerServiceServicer):
-    def __init__(self, table: RouteTable, clock_ms: Callable[[], int]) -> None:
+    def __init__(self, table: RouteTable, clock_ms: Callable[[], int],
+                 guard: RegistrationGuard | None = None) -> None:
         self._table = table
         self._clock_ms = clock_ms
+        self._guard = guard or RegistrationGuard(None)
+
+    def _check_signed(self, context: grpc.aio.ServicerContext) -> None:
+        """Before a call changes the table: refused unless signed by the brokers' user (when one is set)."""
+        if not self._guard.open:
+            self._guard.check(dict(context.invocation_metadata() or ()))
 
     @stateless_rpc
     async def RegisterBroker(self, request, context: grpc.aio.ServicerContext):
+        self._check_signed(context)
         r = registration(request.broker)
         if self._table.register(r, self._clock_ms()):
             log.info("broker registered", event="broker_registered", cluster=r.cluster_name, broker=r.broker_name,
@@ -39,6 +49,7 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServiceServicer):
 
     @stateless_rpc
     async def UnregisterBroker(self, request, context: grpc.aio.ServicerContext):
+        self._check_signed(context)
         removed = self._table.unregister(request.broker_name, request.broker_id, request.address)
         if removed:
             log.info("broker unregistered", event="broker_unregistered", broker=request.broker_name,
@@ -58,5 +69,5 @@ class NameServerServicer(namesrv_pb2_grpc.NameServerServiceServicer):
             cluster_name=r.cluster_name, broker_name=r.broker_name, broker_id=r.broker_id, address=r.address,
             version=r.version, readable=r.readable, writable=r.writable, topic_count=b.user_topic_count,
             last_update_ms=b.last_update_ms, uptime_ms=r.uptime_ms, replica_lag_bytes=r.replica_lag_bytes,
-            replica_lag_ms=r.replica_lag_ms, epoch=r.epoch)
+            replica_lag_ms=r.replica_lag_ms, epoch=r.epoch, in_sync_replicas=r.in_sync_replicas)
             for b in self._table.brokers() for r in (b.registration,)])

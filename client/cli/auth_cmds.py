@@ -7,6 +7,10 @@ changes go to every broker. A new secret key comes from --secret-key, a file
 given none), so it need not appear in a process list or shell history. No
 command prints a secret.
 
+`user update`, `user delete` and `acl delete` are dry runs unless --execute, as every command that changes
+or deletes what exists (tidemark.client.change_plans); `user create` and `acl create` add something new and
+act at once.
+
 In `user create` and `user update`, --secret-key is the user's new secret, as
 in the issue's syntax; it takes the place of the common --secret-key there,
 so the caller's own secret comes from $TIDEMARK_SECRET_KEY for these two.
@@ -18,7 +22,8 @@ import argparse
 import copy
 import os
 
-from tidemark.client.cli.output import emit
+from tidemark.client import change_plans
+from tidemark.client.cli.output import DRY_RUN, emit
 from tidemark.client.cli.topic_cmds import admin
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.types import AclRuleInfo, UserInfo
@@ -61,13 +66,15 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     _secret_options(p)
     p.add_argument("--super", dest="super_user", action=argparse.BooleanOptionalAction, default=None,
                    help="make the user a super user (--no-super: a normal user)")
+    _execute_option(p)
     p.set_defaults(run=update_user)
 
     p = usub.add_parser("list", parents=[common], help="list users (never their secrets)")
     p.set_defaults(run=list_users)
 
-    p = usub.add_parser("delete", parents=[common], help="delete a user and its ACL rules")
+    p = usub.add_parser("delete", parents=[common], help="delete a user and its ACL rules (dry run unless --execute)")
     p.add_argument("name", help="user to delete")
+    _execute_option(p)
     p.set_defaults(run=delete_user)
 
     acl = sub.add_parser("acl", help="ACL rules of the brokers' users")
@@ -88,10 +95,16 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--user", default=None, help="only this user's rules")
     p.set_defaults(run=list_acls)
 
-    p = asub.add_parser("delete", parents=[common], help="delete a user's rules (all, or those on --resource)")
+    p = asub.add_parser("delete", parents=[common],
+                        help="delete a user's rules (all, or those on --resource; dry run unless --execute)")
     p.add_argument("user", help="user whose rules go")
     p.add_argument("--resource", default=None, metavar="RESOURCE", help="only the rules on this resource pattern")
+    _execute_option(p)
     p.set_defaults(run=delete_acl)
+
+
+def _execute_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
 
 
 def read_secret(args: argparse.Namespace, *, env_default: str | None = None) -> str | None:
@@ -139,8 +152,12 @@ def update_user(args: argparse.Namespace) -> int:
     if secret is None and args.super_user is None:
         raise InvalidArgumentError("nothing to update: give a secret key option, --super or --no-super")
     with admin(args) as a:
-        updated = a.update_user(args.name, secret_key=secret, super_user=args.super_user)
-    emit([_user_row(updated)], _USER_COLUMNS, as_json=args.json)
+        if args.execute:
+            updated = a.update_user(args.name, secret_key=secret, super_user=args.super_user)
+        else:
+            updated = change_plans.plan_user_update(a, args.name, super_user=args.super_user)
+    note = "" if args.execute else ("a new secret key; " if secret is not None else "") + DRY_RUN
+    emit([_user_row(updated)], _USER_COLUMNS, as_json=args.json, footer=note)
     return 0
 
 
@@ -153,11 +170,16 @@ def list_users(args: argparse.Namespace) -> int:
 
 def delete_user(args: argparse.Namespace) -> int:
     with admin(args) as a:
-        rules = a.delete_user(args.name)
+        if args.execute:
+            rules = a.delete_user(args.name)
+        else:
+            rules = len(change_plans.plan_user_deletion(a, args.name)[1])
     if args.json:
-        emit([{"user": args.name, "deleted": True, "deleted_acls": rules}], [], as_json=True)
-    else:
+        emit([{"user": args.name, "deleted": args.execute, "deleted_acls": rules}], [], as_json=True)
+    elif args.execute:
         print(f"user {args.name} deleted with {rules} ACL rule(s)")
+    else:
+        print(f"user {args.name} would be deleted with {rules} ACL rule(s)\n{DRY_RUN}")
     return 0
 
 
@@ -180,6 +202,11 @@ def list_acls(args: argparse.Namespace) -> int:
 
 def delete_acl(args: argparse.Namespace) -> int:
     with admin(args) as a:
+        if not args.execute:
+            rules = change_plans.plan_acl_deletion(a, args.user, args.resource)
+            emit([_acl_row(r) for r in rules], _ACL_COLUMNS, as_json=args.json,
+                 footer=f"{len(rules)} ACL rule(s) to delete; {DRY_RUN}")
+            return 0
         deleted = a.delete_acl(args.user, args.resource)
     if args.json:
         emit([{"user": args.user, "resource": args.resource, "deleted": deleted}], [], as_json=True)

@@ -9,20 +9,21 @@ from __future__ import annotations
 import argparse
 
 from tidemark.client.admin import Admin
+from tidemark.client.cli.args import Parser
 from tidemark.client.cli.connect import client_kwargs
 from tidemark.client.cli.output import emit
 
 
 def build_parser(common: argparse.ArgumentParser, command: str = "promote") -> argparse.ArgumentParser:
     if command == "status":
-        parser = argparse.ArgumentParser(
+        parser = Parser(
             prog="tidemark broker status", parents=[common],
             description="Every broker's version, uptime, store size on disk, flush mode, replication role, "
                         "connected consumer clients and fetch streams, topic and group counts (RocketMQ's "
                         "brokerStatus).")
         parser.set_defaults(run=status)
         return parser
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tidemark broker promote", parents=[common],
         description="Make the replica at --broker the master of its broker name with a new epoch. Producers "
                     "write to it from then on; the old master, when it comes back, is refused by the name "

@@ -28,8 +28,9 @@ def list_brokers(args: argparse.Namespace) -> int:
              "uptime_s": None if b.uptime_ms is None else round(b.uptime_ms / 1000),
              "registered_ago_s": round((now - b.last_update_ms) / 1000, 1) if b.last_update_ms else None,
              "lag_bytes": b.replica_lag_bytes if b.broker_id else None,
-             "lag_ms": b.replica_lag_ms if b.broker_id else None}
+             "lag_ms": b.replica_lag_ms if b.broker_id else None,
+             "in_sync": None if b.broker_id or not b.last_update_ms else list(b.in_sync_replicas)}
             for b in brokers]
     emit(rows, ["cluster", "broker", "id", "role", "address", "version", "perm", "topics", "uptime_s",
-                "registered_ago_s", "lag_bytes", "lag_ms"], as_json=args.json)
+                "registered_ago_s", "lag_bytes", "lag_ms", "in_sync"], as_json=args.json)
     return 0

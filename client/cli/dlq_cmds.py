@@ -1,4 +1,6 @@
-"""tidemark dlq list | requeue: the dead-letter queue %DLQ%<group> (rules in tidemark.client.dead_letters)."""
+"""tidemark dlq list | requeue: the dead-letter queue %DLQ%<group> (rules in tidemark.client.dead_letters).
+
+`dlq requeue` is a dry run unless --execute, as every changing command: it lists what it would send."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import argparse
 from tidemark.client.admin import Admin
 from tidemark.client.cli.args import int_in
 from tidemark.client.cli.connect import client_kwargs
-from tidemark.client.cli.output import emit, iso_ms
+from tidemark.client.cli.output import DRY_RUN, emit, iso_ms
 from tidemark.protocol import dlq_topic
 
 
@@ -18,15 +20,19 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("group", help="consumer group whose dead letters to list")
     p.add_argument("--max", type=int_in(1, 100_000), default=1000, help="list at most this many (default 1000)")
     p.set_defaults(run=list_dlq)
-    p = dsub.add_parser("requeue", parents=[common], help="send DLQ messages back to their original topic",
-                        description="Send dead letters back to their original topic. The group's offset on "
-                                    "%%DLQ%%GROUP marks what was requeued: --all sends only the messages no "
-                                    "earlier requeue sent (`tidemark group reset-offset GROUP --topic %%DLQ%%GROUP "
-                                    "--to-earliest` makes every one eligible again).")
+    # A description is printed as written (only help strings are %-formatted): one % each.
+    p = dsub.add_parser("requeue", parents=[common],
+                        help="send DLQ messages back to their original topic (dry run unless --execute)",
+                        description="Send dead letters back to their original topic (without --execute: list "
+                                    "what would be sent). The group's offset on %DLQ%GROUP marks what was "
+                                    "requeued: --all sends only the messages no earlier requeue sent (`tidemark "
+                                    "group reset-offset GROUP --topic %DLQ%GROUP --to-earliest --execute` makes "
+                                    "every one eligible again).")
     p.add_argument("group", help="consumer group whose dead letters to requeue")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--msg-id", help="requeue this message (even if it was requeued before)")
     which.add_argument("--all", action="store_true", help="requeue every message not requeued yet")
+    p.add_argument("--execute", action="store_true", help="send them (default: only list them)")
     p.set_defaults(run=requeue)
 
 
@@ -48,7 +54,15 @@ def list_dlq(args: argparse.Namespace) -> int:
 
 def requeue(args: argparse.Namespace) -> int:
     with Admin(**client_kwargs(args)) as admin:
-        done = admin.requeue_dead_letters(args.group, args.msg_id if not args.all else None)
+        done = admin.requeue_dead_letters(args.group, args.msg_id if not args.all else None,
+                                          dry_run=not args.execute)
+    if not args.execute:
+        # Where each waits in the DLQ, and the topic it would go back to.
+        emit([{"msg_id": r.msg_id, "topic": r.topic, "dlq_broker": r.queue.broker_name,
+               "dlq_queue": r.queue.queue_id, "dlq_offset": r.queue_offset} for r in done],
+             ["msg_id", "topic", "dlq_broker", "dlq_queue", "dlq_offset"], as_json=args.json,
+             footer=f"{len(done)} message(s) to requeue; {DRY_RUN}")
+        return 0
     rows = [{"msg_id": r.msg_id, "topic": r.topic, "broker": r.queue.broker_name, "queue": r.queue.queue_id,
              "offset": r.queue_offset} for r in done]
     emit(rows, ["msg_id", "topic", "broker", "queue", "offset"], as_json=args.json,

@@ -1,7 +1,8 @@
 """tidemark group list | describe | progress | reset-offset | update | delete-offsets | clone-offset | delete.
 
-Every command that changes offsets or a group's config is a dry run unless --execute: it prints what it
-would do. `group delete` acts at once, as mqadmin deleteSubGroup and kafka-consumer-groups --delete do."""
+Every command that changes offsets or a group's config, or deletes the group, is a dry run unless
+--execute: it prints what it would do (the rule of every changing command, tidemark.client.change_plans).
+`group delete --execute` is refused while the group has live members, naming them."""
 
 from __future__ import annotations
 
@@ -11,22 +12,25 @@ import sys
 import time
 from collections.abc import Callable
 
-from tidemark.client import offset_plan
+from tidemark.client import change_plans, group_status, offset_plan
 from tidemark.client.admin import Admin
 from tidemark.client.cli.args import OFFSET, QUEUE_ID, SHIFT, int_in
 from tidemark.client.cli.connect import client_kwargs
 from tidemark.client.cli.message_cmds import parse_time_ms
-from tidemark.client.cli.output import emit, iso_ms
+from tidemark.client.cli.output import DRY_RUN, emit, iso_ms
 from tidemark.client.errors import InvalidArgumentError, NotFoundError
-from tidemark.client.types import OffsetChange, ResetTarget, group_state
+from tidemark.client.types import GroupState, OffsetChange, QueueStats, ResetTarget, group_state
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     group = sub.add_parser("group", help="consumer groups")
     gsub = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
 
-    p = gsub.add_parser("list", parents=[common], help="groups known to the brokers")
+    p = gsub.add_parser("list", parents=[common], help="groups known to the brokers, with their state")
     p.add_argument("--topic", default="", help="only groups with offsets on this topic")
+    p.add_argument("--state", type=_states, metavar="STATE[,STATE]",
+                   help=f"only groups in these states ({', '.join(s.value for s in GroupState)}; "
+                        f"kafka-consumer-groups --list --state)")
     p.set_defaults(run=list_groups)
 
     p = gsub.add_parser("describe", parents=[common], help="members, owned queues and lag")
@@ -45,19 +49,25 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     scope.add_argument("--all-topics", action="store_true",
                        help="every topic the group has offsets for (its %%RETRY%% topic excluded)")
     p.add_argument("--queue", type=QUEUE_ID, help="only this queue id (with --topic)")
+    p.add_argument("--broker-name", metavar="NAME",
+                   help="with --queue: the broker holding that queue (needed when the topic is on several)")
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--to-earliest", action="store_true", help="to each queue's first stored message")
     target.add_argument("--to-latest", action="store_true", help="past each queue's last message")
     target.add_argument("--to-current", action="store_true",
                         help="to the committed offsets: changes nothing (use with --export to save them)")
-    target.add_argument("--to-datetime", metavar="ISO", help="to the first message stored at or after this time")
+    target.add_argument("--to-datetime", metavar="TIME",
+                        help="to the first message stored at or after this time: ISO (2026-11-22T10:00:00) or "
+                             "epoch milliseconds")
     target.add_argument("--by-duration", metavar="PT10M", help="to this long ago")
     target.add_argument("--shift-by", type=SHIFT, metavar="N", help="forward (or back, negative) by N messages")
     target.add_argument("--to-offset", type=OFFSET, metavar="N", help="to this offset")
     target.add_argument("--from-file", metavar="FILE",
-                        help="to the offsets of a CSV plan, `topic,queue,offset` per line (what --export prints)")
+                        help="to the offsets of a CSV plan, `topic,broker,queue,offset` per line (what --export "
+                             "prints; `topic,queue,offset` for a topic on one broker)")
     p.add_argument("--export", action="store_true",
-                   help="print the plan as CSV lines `topic,queue,offset` (kafka-consumer-groups --export)")
+                   help="print the plan as CSV lines `topic,broker,queue,offset` (kafka-consumer-groups --export, "
+                        "with the broker that names the queue)")
     p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
     p.set_defaults(run=reset_offset, usage_error=p.error)
 
@@ -95,8 +105,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
     p.set_defaults(run=clone_offset)
 
-    p = gsub.add_parser("delete", parents=[common], help="delete a group's offsets and config")
+    p = gsub.add_parser("delete", parents=[common], help="delete a group's offsets and config (dry run unless "
+                                                         "--execute); refused while the group has live members")
     p.add_argument("group", help="the consumer group to delete")
+    p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
     p.set_defaults(run=delete)
 
 
@@ -109,30 +121,42 @@ def _bool(text: str) -> bool:
     return value
 
 
+def _states(text: str) -> frozenset[GroupState]:
+    """An argparse type: group states, comma separated, in any case."""
+    names = {s.value.lower(): s for s in GroupState}
+    wanted = [w.strip().lower() for w in text.split(",") if w.strip()]
+    unknown = [w for w in wanted if w not in names]
+    if unknown or not wanted:
+        raise argparse.ArgumentTypeError(f"{text!r}: a state is one of {', '.join(s.value for s in GroupState)}")
+    return frozenset(names[w] for w in wanted)
+
+
 def _admin(args: argparse.Namespace) -> Admin:
     return Admin(**client_kwargs(args)).start()
 
 
 def list_groups(args: argparse.Namespace) -> int:
     with _admin(args) as a:
-        groups = a.list_groups(args.topic)
-    rows = [{"group": g.group, "topics": list(g.topics), "members": g.member_count,
-             "model": g.message_model.replace("MESSAGE_MODEL_UNSPECIFIED", "-")} for g in groups]
-    emit(rows, ["group", "topics", "members", "model"], as_json=args.json)
+        groups = [(g, group_status.state_of(a, g.group)) for g in a.list_groups(args.topic)]
+    rows = [{"group": g.group, "state": state.value, "topics": list(g.topics), "members": g.member_count,
+             "model": g.message_model.replace("MESSAGE_MODEL_UNSPECIFIED", "-")}
+            for g, state in groups if args.state is None or state in args.state]
+    emit(rows, ["group", "state", "topics", "members", "model"], as_json=args.json)
     return 0
 
 
-def _progress_rows(stats) -> list[dict]:
+def _progress_rows(a: Admin, stats: list[QueueStats]) -> list[dict]:
+    """Per queue: offsets, lag in messages and in seconds (None: a lagging queue whose age is unknown)."""
+    lag_s = group_status.lag_seconds(a, stats)
     return [{"topic": s.queue.topic, "broker": s.queue.broker_name, "queue": s.queue.queue_id,
              "broker_offset": s.max_offset, "consumer_offset": s.consumer_offset, "lag": s.lag,
-             "last_consumed": iso_ms(s.last_timestamp)} for s in stats]
+             "lag_s": lag_s.get(s.queue), "last_consumed": iso_ms(s.last_timestamp)} for s in stats]
 
 
 def progress(args: argparse.Namespace) -> int:
     with _admin(args) as a:
-        stats = a.consume_stats(args.group, args.topic)
-    rows = _progress_rows(stats)
-    emit(rows, ["topic", "broker", "queue", "broker_offset", "consumer_offset", "lag", "last_consumed"],
+        rows = _progress_rows(a, a.consume_stats(args.group, args.topic))
+    emit(rows, ["topic", "broker", "queue", "broker_offset", "consumer_offset", "lag", "lag_s", "last_consumed"],
          as_json=args.json, footer=f"total lag {sum(r['lag'] for r in rows)}")
     return 0
 
@@ -144,15 +168,17 @@ def describe(args: argparse.Namespace) -> int:
             stats = a.consume_stats(args.group)
         except NotFoundError:
             stats = []
+        rows = _progress_rows(a, stats)
     state = group_state(d.members, [s.queue for s in stats]).value
     owner = {q: m.client_id for m in d.members for q in m.owned_queues}
     members = [{"client_id": m.client_id, "host": m.host, "model": m.message_model, "type": m.consume_type,
                 "strategy": m.allocate_strategy or "-", "subscriptions": [f"{t}:{e}" for t, e in m.subscriptions],
                 "owned_queues": len(m.owned_queues), "last_heartbeat": iso_ms(m.last_heartbeat_timestamp)}
                for m in d.members]
-    queues = [{**row, "owner": owner.get(s.queue, "-")} for s, row in zip(stats, _progress_rows(stats), strict=True)]
+    queues = [{**row, "owner": owner.get(s.queue, "-")} for s, row in zip(stats, rows, strict=True)]
     if args.json:
-        emit([{"group": d.group, "state": state, "members": members, "queues": queues,
+        lag_s = max((q["lag_s"] for q in queues if q["lag_s"] is not None), default=0.0)
+        emit([{"group": d.group, "state": state, "lag_s": lag_s, "members": members, "queues": queues,
                "locks": [{"queue": str(lk.queue), "client_id": lk.client_id, "owner_epoch": lk.owner_epoch}
                          for lk in d.locks]}], [], as_json=True)
         return 0
@@ -160,8 +186,8 @@ def describe(args: argparse.Namespace) -> int:
     emit(members, ["client_id", "host", "model", "type", "strategy", "subscriptions", "owned_queues",
                    "last_heartbeat"], as_json=False)
     print()
-    emit(queues, ["topic", "broker", "queue", "owner", "broker_offset", "consumer_offset", "lag"], as_json=False,
-         footer=f"total lag {sum(q['lag'] for q in queues)}")
+    emit(queues, ["topic", "broker", "queue", "owner", "broker_offset", "consumer_offset", "lag", "lag_s"],
+         as_json=False, footer=f"total lag {sum(q['lag'] for q in queues)}")
     return 0
 
 
@@ -180,29 +206,31 @@ def _target(args: argparse.Namespace) -> tuple[ResetTarget, int]:
 
 
 def _export(changes: list[OffsetChange]) -> None:
-    offset_plan.check_exportable(changes)
     out = csv.writer(sys.stdout, lineterminator="\n")
-    for c in sorted(changes, key=lambda c: (c.queue.topic, c.queue.queue_id)):
-        out.writerow([c.queue.topic, c.queue.queue_id, c.new_offset])
+    for c in sorted(changes, key=lambda c: c.queue):
+        out.writerow([c.queue.topic, c.queue.broker_name, c.queue.queue_id, c.new_offset])
 
 
 def reset_offset(args: argparse.Namespace) -> int:
     usage_error: Callable[[str], None] = args.usage_error
     if args.from_file is not None:
-        if args.topic is not None or args.all_topics or args.queue is not None:
-            usage_error("--from-file: the plan names the topics and queues; drop --topic, --all-topics, --queue")
+        if args.topic is not None or args.all_topics or args.queue is not None or args.broker_name:
+            usage_error("--from-file: the plan names the topics and queues; drop --topic, --all-topics, --queue, "
+                        "--broker-name")
     elif args.topic is None and not args.all_topics:
         usage_error("give --topic TOPIC or --all-topics")
     elif args.queue is not None and args.all_topics:
         usage_error("--queue needs --topic")
+    elif args.broker_name and args.queue is None:
+        usage_error("--broker-name names the broker of --queue; give --queue too")
     with _admin(args) as a:
         if args.from_file is not None:
             steps = offset_plan.file_steps(a, args.from_file)
         else:
             topics = offset_plan.group_topics(a, args.group) if args.all_topics else [args.topic]
-            queue = offset_plan.queue_of(a, args.topic, args.queue)
+            queue = offset_plan.queue_of(a, args.topic, args.queue, args.broker_name or "")
             if args.to_current:
-                changes = offset_plan.current_plan(a, args.group, topics, args.queue)
+                changes = offset_plan.current_plan(a, args.group, topics, queue)
                 steps = []
             else:
                 target, value = _target(args)
@@ -210,8 +238,6 @@ def reset_offset(args: argparse.Namespace) -> int:
         if steps:
             # The whole plan is checked first: a refused step changes nothing anywhere.
             changes = offset_plan.run_steps(a, args.group, steps, dry_run=True)
-            if args.export:
-                offset_plan.check_exportable(changes)  # before --execute moves anything
             if args.execute:
                 changes = offset_plan.run_steps(a, args.group, steps, dry_run=False)
     if args.export:
@@ -222,7 +248,7 @@ def reset_offset(args: argparse.Namespace) -> int:
     if args.to_current:
         note = "offsets unchanged (--to-current)"
     else:
-        note = "offsets reset" if args.execute else "dry run: nothing changed; add --execute to apply"
+        note = "offsets reset" if args.execute else DRY_RUN
     emit(rows, ["topic", "broker", "queue", "current_offset", "new_offset"], as_json=args.json,
          footer=note)
     return 0
@@ -234,7 +260,7 @@ def _changes_table(args: argparse.Namespace, changes: list[OffsetChange], done: 
              "new_offset": c.new_offset if c.new_offset >= 0 else None if args.json else "-"}  # none: removed
             for c in changes]
     emit(rows, ["topic", "broker", "queue", "current_offset", "new_offset"], as_json=args.json,
-         footer=done if args.execute else "dry run: nothing changed; add --execute to apply")
+         footer=done if args.execute else DRY_RUN)
 
 
 def update(args: argparse.Namespace) -> int:
@@ -251,7 +277,7 @@ def update(args: argparse.Namespace) -> int:
              "consume_orderly": g.consume_orderly} for g in configs]
     emit(rows, ["group", "consume_enable", "broadcast_enable", "retry_queue_nums", "retry_max_times",
                 "consume_orderly"], as_json=args.json,
-         footer="group updated" if args.execute else "dry run: nothing changed; add --execute to apply")
+         footer="group updated" if args.execute else DRY_RUN)
     return 0
 
 
@@ -271,9 +297,16 @@ def clone_offset(args: argparse.Namespace) -> int:
 
 def delete(args: argparse.Namespace) -> int:
     with _admin(args) as a:
-        a.delete_group(args.group)
+        plan = change_plans.plan_group_deletion(a, args.group)
+        if args.execute:
+            change_plans.delete_group(a, plan)
     if args.json:
-        emit([{"group": args.group, "deleted": True}], [], as_json=True)
-    else:
+        emit([{"group": plan.group, "deleted": args.execute, "topics": list(plan.topics),
+               "live_members": [m.client_id for m in plan.live_members]}], [], as_json=True)
+    elif args.execute:
         print(f"group {args.group} deleted")
+    else:
+        emit([{"group": plan.group, "topics": list(plan.topics),
+               "live_members": [m.client_id for m in plan.live_members]}], ["group", "topics", "live_members"],
+             as_json=False, footer=DRY_RUN)
     return 0

@@ -1,6 +1,6 @@
 """`tidemark`: the broker daemon and the client/admin commands.
 
-Errors print one line on stderr and exit 1; bad usage exits 2 (argparse).
+Errors print one line on stderr and exit 1; bad usage is one line too, exit 2 (args.Parser).
 Every client command takes --broker HOST:PORT[,HOST:PORT...] (env TIDEMARK_BROKER).
 """
 
@@ -25,7 +25,7 @@ from tidemark.client.cli import (
     topic_cmds,
     transaction_cmds,
 )
-from tidemark.client.cli.args import seconds
+from tidemark.client.cli.args import Parser, seconds
 from tidemark.client.errors import TidemarkError
 from tidemark.client.settings import (
     BROKER_ENV,
@@ -52,7 +52,7 @@ def client_options() -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tidemark", description="Tidemark message broker and tools.")
+    parser = Parser(prog="tidemark", description="Tidemark message broker and tools.")
     parser.add_argument("--version", action="version", version=f"tidemark {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker = sub.add_parser("broker", help="run a broker in the foreground (`tidemark broker promote --broker "

@@ -12,19 +12,20 @@ from collections.abc import Callable
 from datetime import datetime
 
 from tidemark.client.admin import Admin
-from tidemark.client.cli.args import OFFSET, QUEUE_ID, int_in
+from tidemark.client.cli.args import INT64_MAX, OFFSET, QUEUE_ID, from_offset, group_name, int_in
 from tidemark.client.cli.connect import client_kwargs
 from tidemark.client.cli.output import (
     BODY_FORMATS,
     Progress,
     emit,
     iso_ms,
+    message_fields,
     message_json,
     message_line,
     print_line,
 )
 from tidemark.client.consumer.push_consumer import PushConsumer
-from tidemark.client.errors import InvalidArgumentError, TidemarkError
+from tidemark.client.errors import FailedPreconditionError, InvalidArgumentError, TidemarkError
 from tidemark.client.message import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -64,8 +65,10 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = sub.add_parser("consume", parents=[common], help="print messages: a readable line each on a terminal, "
                                                          "JSON lines otherwise (or with --json)")
     p.add_argument("topic", help="topic to read")
-    p.add_argument("--group", help="consume as a push consumer of this group (commits as it goes)")
-    p.add_argument("--from-offset", default="earliest", help="without --group: earliest | latest | N")
+    p.add_argument("--group", type=group_name,
+                   help="consume as a push consumer of this group (commits as it goes)")
+    p.add_argument("--from-offset", type=from_offset, default="earliest",
+                   help="without --group: earliest | latest | N (0 to 2^63-1)")
     p.add_argument("--count", type=int_in(1, 10**12), help="stop after this many messages (default: until SIGINT/SIGTERM)")
     p.add_argument("--tag", default="*", help="tag expression, e.g. 'a || b'")
     p.add_argument("--from-where", choices=["last", "first", "timestamp"], default="last",
@@ -95,17 +98,25 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p = msub.add_parser("search", parents=[common], help="messages with a key within a time range")
     p.add_argument("--topic", required=True, help="the topic to search")
     p.add_argument("--key", required=True, help="a message key (one of the keys the producer set)")
-    p.add_argument("--begin", help="ISO time (default: 24 h ago)")
-    p.add_argument("--end", help="ISO time (default: now)")
+    p.add_argument("--begin", help="ISO time or epoch milliseconds (default: 24 h ago)")
+    p.add_argument("--end", help="ISO time or epoch milliseconds (default: now)")
     p.add_argument("--max", type=int_in(1, 10_000), default=64, help="at most this many messages (default 64)")
     p.set_defaults(run=message_search)
 
 
 def parse_time_ms(text: str, option: str) -> int:
+    """An ISO date/time (local time unless it has an offset), or epoch milliseconds as RocketMQ's tools take
+    them (digits only: never read as an ISO basic date like 20261122)."""
+    if text.isascii() and text.isdigit():
+        if len(text) > 19 or int(text) > INT64_MAX:  # (a length check first: int() refuses 4,300 digits)
+            shown = text if len(text) <= 25 else text[:20] + "..."
+            raise InvalidArgumentError(f"{option}: {shown} is past the largest epoch milliseconds ({INT64_MAX})")
+        return int(text)
     try:
         return int(datetime.fromisoformat(text).timestamp() * 1000)
     except ValueError:
-        raise InvalidArgumentError(f"{option}: {text!r} is not an ISO date/time like 2026-11-22T10:00:00") from None
+        raise InvalidArgumentError(f"{option}: {text!r} is not an ISO date/time like 2026-11-22T10:00:00 or epoch "
+                                   f"milliseconds") from None
 
 
 def _bodies(args: argparse.Namespace) -> list[bytes]:
@@ -223,18 +234,13 @@ def consume_plain(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start(spec: str, low: int, high: int) -> int:
+def _start(spec: str | int, low: int, high: int) -> int:
+    """Where --from-offset (earliest, latest or an offset, checked by args.from_offset) starts a queue."""
     if spec == "earliest":
         return low
     if spec == "latest":
         return high
-    try:
-        n = int(spec)
-    except ValueError:
-        raise InvalidArgumentError(f"--from-offset must be earliest, latest or a number, got {spec!r}") from None
-    if n < 0:
-        raise InvalidArgumentError(f"--from-offset must be >= 0, got {n}")
-    return min(max(n, low), high)
+    return min(max(int(spec), low), high)
 
 
 def consume_group(args: argparse.Namespace) -> int:
@@ -275,6 +281,7 @@ def consume_group(args: argparse.Namespace) -> int:
         current.append(c)
         return c
 
+    _check_may_consume(args)
     consumer = _start_riding_out_outages(build, stop)
     if consumer is None:
         return 0  # stopped before any broker answered
@@ -287,6 +294,19 @@ def consume_group(args: argparse.Namespace) -> int:
             # Nothing more can reach the reader; keep Python's exit-time flush from failing on the pipe.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _check_may_consume(args: argparse.Namespace) -> None:
+    """FailedPreconditionError when the brokers refuse the group's reads (consume_enable=false): its consumer
+    would get nothing, and wait silently for ever."""
+    try:
+        with Admin(**client_kwargs(args)) as admin:
+            config = admin.group_config(args.group)
+    except TidemarkError:  # no config (a new group may consume), no broker yet, no right to read it: go on
+        return
+    if not config.consume_enable:
+        raise FailedPreconditionError(f"group {args.group!r} has consume_enable=false: the brokers refuse its reads "
+                                      f"(`tidemark group update {args.group} --consume-enable true --execute`)")
 
 
 def _start_riding_out_outages(build: Callable[[], PushConsumer], stop: threading.Event) -> PushConsumer | None:
@@ -333,7 +353,7 @@ def message_get(args: argparse.Namespace) -> int:
     if args.json:
         print_line(doc)
     else:
-        emit([{"field": k, "value": v} for k, v in doc.items()], ["field", "value"], as_json=False)
+        emit(message_fields(doc), ["field", "value"], as_json=False)
     return 0
 
 
@@ -350,7 +370,7 @@ def _message_get_by_id(args: argparse.Namespace) -> int:
             continue
         if i:
             print()
-        emit([{"field": k, "value": v} for k, v in doc.items()], ["field", "value"], as_json=False)
+        emit(message_fields(doc), ["field", "value"], as_json=False)
     return 0
 
 

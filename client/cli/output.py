@@ -12,6 +12,9 @@ from typing import Any
 
 from tidemark.client.message import MessageExt
 
+# The footer of every changing command run without --execute.
+DRY_RUN = "dry run: nothing changed; add --execute to apply"
+
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     """Rows as an aligned text table; numbers right-aligned, header in upper case."""
@@ -38,8 +41,12 @@ def _cell(value: Any) -> str:
 
 
 def emit(rows: Sequence[dict[str, Any]], columns: Sequence[str], *, as_json: bool, footer: str = "") -> None:
+    """Rows as a table with its footer, or as JSON on stdout; a dry run's JSON says so on stderr (a
+    plan's rows look like the change they describe, and a script must not take one for the other)."""
     if as_json:
         print(json.dumps(list(rows), indent=2, default=str))
+        if DRY_RUN in footer:
+            print(DRY_RUN, file=sys.stderr)
         return
     print(table(rows, columns))
     if footer:
@@ -111,6 +118,19 @@ def message_json(m: MessageExt, *, body_format: str | None = None, max_body_byte
     if cut:
         doc["body_cut_bytes"] = cut
     return doc
+
+
+def message_fields(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message_json document as `field value` rows for a person: times as local ISO times, each property
+    a `key=value` row of its own (the JSON keeps the raw numbers and the properties object)."""
+    rows: list[dict[str, Any]] = []
+    for field, value in doc.items():
+        if field == "properties":
+            lines = [f"{escaped_text(k.encode())}={escaped_text(v.encode())}" for k, v in sorted(value.items())]
+            rows += [{"field": "properties" if i == 0 else "", "value": line} for i, line in enumerate(lines or ["-"])]
+        else:
+            rows.append({"field": field, "value": iso_ms(value) if field.endswith("_timestamp") else value})
+    return rows
 
 
 def message_line(m: MessageExt, *, body_format: str = "text", max_body_bytes: int = 0) -> str:

@@ -1,13 +1,19 @@
-"""tidemark topic create | update | delete | list | describe."""
+"""tidemark topic create | update | delete | list | describe.
+
+`topic update` and `topic delete` are dry runs unless --execute (the rule of every changing command,
+tidemark.client.change_plans); `topic delete --execute` is refused while live consumers use the topic,
+naming them, unless --force. `topic create` acts at once: it makes something new (an existing name is
+refused), so there is nothing to lose."""
 
 from __future__ import annotations
 
 import argparse
 
+from tidemark.client import change_plans
 from tidemark.client.admin import Admin
 from tidemark.client.cli.args import QUEUE_COUNT
 from tidemark.client.cli.connect import client_kwargs
-from tidemark.client.cli.output import emit, iso_ms
+from tidemark.client.cli.output import DRY_RUN, emit, iso_ms
 from tidemark.client.errors import InvalidArgumentError
 
 
@@ -25,15 +31,22 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--broker-name", action="append", default=None, help="only on this broker (repeatable)")
     p.set_defaults(run=create)
 
-    p = tsub.add_parser("update", parents=[common], help="change queue numbers or permission")
+    p = tsub.add_parser("update", parents=[common],
+                        help="change queue numbers or permission (dry run unless --execute)")
     p.add_argument("name", help="topic to change")
+    p.add_argument("--queues", type=QUEUE_COUNT, help="read and write queues per broker (as `topic create`)")
     p.add_argument("--read-queues", type=QUEUE_COUNT, help="queues consumers read, per broker")
     p.add_argument("--write-queues", type=QUEUE_COUNT, help="queues producers write, per broker")
     p.add_argument("--perm", choices=["RW", "R", "W", "-"], help="RW (default), R (read only), W or - (closed)")
+    p.add_argument("--execute", action="store_true", help="apply the change (default: only show it)")
     p.set_defaults(run=update)
 
-    p = tsub.add_parser("delete", parents=[common], help="delete a topic, its queues and its group offsets")
+    p = tsub.add_parser("delete", parents=[common],
+                        help="delete a topic, its messages and its group offsets (dry run unless --execute)")
     p.add_argument("name", help="topic to delete")
+    p.add_argument("--execute", action="store_true", help="delete it (default: only show what would go)")
+    p.add_argument("--force", action="store_true",
+                   help="with --execute: delete it even while live consumers use it (they are named otherwise)")
     p.set_defaults(run=delete)
 
     p = tsub.add_parser("list", parents=[common], help="list topics")
@@ -65,7 +78,11 @@ def create(args: argparse.Namespace) -> int:
 
 
 def update(args: argparse.Namespace) -> int:
+    if args.queues is not None and (args.read_queues is not None or args.write_queues is not None):
+        raise InvalidArgumentError("--queues sets both read and write queues; drop --read-queues/--write-queues")
     changes = {}
+    if args.queues is not None:
+        changes["read_queue_nums"] = changes["write_queue_nums"] = args.queues
     if args.read_queues is not None:
         changes["read_queue_nums"] = args.read_queues
     if args.write_queues is not None:
@@ -74,12 +91,14 @@ def update(args: argparse.Namespace) -> int:
         changes["readable"] = "R" in args.perm
         changes["writable"] = "W" in args.perm
     if not changes:
-        raise InvalidArgumentError("nothing to update: give --read-queues, --write-queues or --perm")
+        raise InvalidArgumentError("nothing to update: give --queues, --read-queues, --write-queues or --perm")
     with admin(args) as a:
-        updated = a.update_topic(args.name, **changes)
-        names = [d.broker_name for d in a.route(args.name).queue_datas]
-    emit([_config_row(b, t) for b, t in zip(names, updated, strict=True)],
-         ["topic", "broker", "read_queues", "write_queues", "perm"], as_json=args.json)
+        planned = change_plans.plan_topic_update(a, args.name, changes)
+        if args.execute:
+            updated = a.update_topic(args.name, **changes)
+            planned = list(zip([d.broker_name for d in a.route(args.name).queue_datas], updated, strict=True))
+    emit([_config_row(b, t) for b, t in planned], ["topic", "broker", "read_queues", "write_queues", "perm"],
+         as_json=args.json, footer="" if args.execute else DRY_RUN)
     return 0
 
 
@@ -94,12 +113,23 @@ def route(args: argparse.Namespace) -> int:
 
 
 def delete(args: argparse.Namespace) -> int:
+    if args.force and not args.execute:
+        raise InvalidArgumentError("--force goes with --execute (without it nothing is deleted)")
     with admin(args) as a:
-        a.delete_topic(args.name)
+        plan = change_plans.plan_topic_deletion(a, args.name)
+        if args.execute:
+            change_plans.delete_topic(a, plan, force=args.force)
+    live = [str(c) for c in plan.live_consumers]
     if args.json:
-        emit([{"topic": args.name, "deleted": True}], ["topic", "deleted"], as_json=True)
-    else:
+        emit([{"topic": plan.topic, "deleted": args.execute, "brokers": list(plan.brokers), "queues": plan.queues,
+               "messages": plan.messages, "groups": list(plan.groups), "live_consumers": live}], [], as_json=True)
+    elif args.execute:
         print(f"topic {args.name} deleted")
+    else:
+        emit([{"topic": plan.topic, "brokers": list(plan.brokers), "queues": plan.queues, "messages": plan.messages,
+               "groups": list(plan.groups)}], ["topic", "brokers", "queues", "messages", "groups"], as_json=False,
+             footer="".join(f"live consumer: {c}\n" for c in live) + DRY_RUN
+             + (" (refused while live consumers use it, unless --force)" if live else ""))
     return 0
 
 

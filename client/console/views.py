@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tidemark.client import health, offset_plan
+from tidemark.client import group_status, health, offset_plan
 from tidemark.client.admin import Admin
 from tidemark.client.console.history import History
 from tidemark.client.errors import (
@@ -23,13 +23,11 @@ from tidemark.client.errors import (
     UnavailableError,
 )
 from tidemark.client.message import MessageExt, MessageQueue
-from tidemark.client.types import OffsetChange, QueueStats, ResetTarget, group_state
+from tidemark.client.types import OffsetChange, ResetTarget, group_state
 from tidemark.protocol import dlq_topic
 
 # A body longer than this is cut in previews (the page says how many bytes were left out).
 PREVIEW_BYTES = 4096
-# Queues whose oldest unconsumed message is looked up for a group's lag in seconds (one call each).
-MAX_AGE_LOOKUPS = 64
 
 
 def now_ms() -> int:
@@ -120,19 +118,6 @@ def groups(admin: Admin, history: History) -> dict[str, Any]:
     return {"groups": rows}
 
 
-def _oldest_unconsumed_ms(admin: Admin, stats: list[QueueStats]) -> dict[MessageQueue, int]:
-    """Store time of each lagging queue's first unconsumed message (the lag in seconds is now minus it)."""
-    out: dict[MessageQueue, int] = {}
-    lagging = sorted((s for s in stats if s.lag > 0), key=lambda s: -s.lag)[:MAX_AGE_LOOKUPS]
-    for s in lagging:
-        at = max(s.consumer_offset, s.min_offset)
-        try:
-            out[s.queue] = admin.view_message(s.queue, at).store_timestamp
-        except NotFoundError:  # expired or not yet visible: no age to tell
-            continue
-    return out
-
-
 def group(admin: Admin, history: History, name: str, *, since_ms: int = 0) -> dict[str, Any]:
     d = admin.describe_group(name)
     try:
@@ -143,10 +128,10 @@ def group(admin: Admin, history: History, name: str, *, since_ms: int = 0) -> di
     total = sum(s.lag for s in stats)
     history.record("lag", name, now, total)
     owner = {q: m.client_id for m in d.members for q in m.owned_queues}
-    oldest = _oldest_unconsumed_ms(admin, stats)
+    lag_s = group_status.lag_seconds(admin, stats, now)
     queues = [{**_mq(s.queue), "owner": owner.get(s.queue, ""), "min_offset": s.min_offset,
                "max_offset": s.max_offset, "committed": s.consumer_offset, "lag": s.lag,
-               "lag_s": round((now - oldest[s.queue]) / 1000, 1) if s.queue in oldest else 0.0,
+               "lag_s": lag_s.get(s.queue, 0.0),
                "last_consumed_ms": s.last_timestamp} for s in stats]
     members = [{"client_id": m.client_id, "host": m.host, "model": m.message_model, "type": m.consume_type,
                 "orderly": m.orderly, "strategy": m.allocate_strategy,
@@ -175,6 +160,7 @@ class ResetRequest:
     value: int
     queue: int | None
     execute: bool
+    broker: str = ""  # the queue's broker, for a topic on several (queue ids repeat on each)
 
     @classmethod
     def parse(cls, doc: dict[str, Any]) -> ResetRequest:
@@ -197,12 +183,15 @@ class ResetRequest:
         execute = doc.get("execute", False)
         if not isinstance(execute, bool):
             raise InvalidArgumentError("reset: execute must be true or false")
-        return cls(topic, target, value, queue, execute)
+        broker = doc.get("broker", "")
+        if not isinstance(broker, str):
+            raise InvalidArgumentError("reset: broker must be a broker name")
+        return cls(topic, target, value, queue, execute, broker)
 
 
 def reset(admin: Admin, name: str, req: ResetRequest) -> dict[str, Any]:
     """Preview (execute false) or apply an offset reset; both answer the per-queue changes."""
-    queue = offset_plan.queue_of(admin, req.topic, req.queue)
+    queue = offset_plan.queue_of(admin, req.topic, req.queue, req.broker)
     changes: list[OffsetChange] = admin.reset_offset(name, req.topic, req.target, req.value, queue=queue,
                                                      dry_run=not req.execute)
     return {"group": name, "executed": req.execute,

@@ -55,7 +55,7 @@ class NameServerClient:
         pb = await self._ask("GetClusterInfo", namesrv_pb2.GetClusterInfoRequest())
         return [ClusterBroker(b.cluster_name, b.broker_name, b.broker_id, b.address, b.version, b.readable,
                               b.writable, b.topic_count, b.last_update_ms, b.uptime_ms, b.replica_lag_bytes,
-                              b.replica_lag_ms) for b in pb.brokers]
+                              b.replica_lag_ms, tuple(b.in_sync_replicas)) for b in pb.brokers]
 
     async def _ask(self, method: str, request):
         """The first answer, starting at the name server that answered last; an answer that is an

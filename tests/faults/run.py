@@ -8,7 +8,7 @@ namespace or on a small disk), adds workloads and faults, and calls
 1. workloads start (producers, consumer groups, the offset observer);
 2. the nemesis plays the seeded schedule for `duration` seconds;
 3. every fault is healed; producers stop;
-4. consumer groups get up to `drain_s` to be delivered everything stored;
+4. consumer groups are delivered everything stored, failing after `drain_s` without any progress;
 5. consumers stop, offsets are observed one last time, every queue is read back;
 6. the checker judges the history; broker and client logs are searched for
    tracebacks and the asyncio complaints of an unowned task.

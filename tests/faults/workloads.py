@@ -462,17 +462,24 @@ def _retry(call: Callable[[], Any], deadline: float) -> Any:
 
 def wait_drained(history: History, stored: Mapping[QueueKey, list[tuple[int, str]]],
                  groups: Mapping[str, Iterable[str]], timeout: float) -> dict[str, int]:
-    """Wait until each group (-> its topics) was delivered every stored value of its topics, or the
-    timeout; returns how many values each group still misses."""
-    deadline = time.monotonic() + timeout
+    """Wait until each group (-> its topics) was delivered every stored value of its topics; returns how
+    many values each group still misses. `timeout` is how long the groups may go without a new delivery
+    (a consumer still catching up on a loaded machine is slow, not stuck), within four times that in all."""
+    start = time.monotonic()
+    deadline, cap = start + timeout, start + 4 * timeout
     wanted = {g: {v for q, entries in stored.items() if q[0] in set(topics) for _, v in entries}
               for g, topics in groups.items()}
+    last = None
     while True:
         delivered: dict[str, set[str]] = {g: set() for g in wanted}
         for e in history.events():
             if e.group in delivered:
                 delivered[e.group].add(e.value)
         missing = {g: len(values - delivered[g]) for g, values in wanted.items()}
-        if not any(missing.values()) or time.monotonic() > deadline:
+        now = time.monotonic()
+        if last is not None and sum(missing.values()) < sum(last.values()):
+            deadline = min(cap, now + timeout)  # progress: the stall clock starts again
+        last = missing
+        if not any(missing.values()) or now > deadline:
             return missing
         time.sleep(0.2)

@@ -311,13 +311,13 @@ def test_reset_offset_all_topics_export_and_from_file(broker, run, tmp_path):
     with Admin(brokers=address) as admin:
         admin.commit("planner", {mq("PlanA", 0): 3, mq("PlanA", 1): 4, mq("PlanB", 0): 5})
     saved = ok(run, "group", "reset-offset", "planner", "--all-topics", "--to-current", "--export")
-    assert saved == "PlanA,0,3\nPlanA,1,4\nPlanB,0,5\n"
+    assert saved == "PlanA,broker-a,0,3\nPlanA,broker-a,1,4\nPlanB,broker-a,0,5\n"
     rows = json.loads(ok(run, "group", "reset-offset", "planner", "--all-topics", "--to-current", "--json"))
     assert [(r["topic"], r["queue"], r["current_offset"], r["new_offset"]) for r in rows] == [
         ("PlanA", 0, 3, 3), ("PlanA", 1, 4, 4), ("PlanB", 0, 5, 5)]
     # Dry run across every topic: the plan, nothing changed.
     plan = ok(run, "group", "reset-offset", "planner", "--all-topics", "--to-earliest", "--export")
-    assert plan == "PlanA,0,0\nPlanA,1,0\nPlanB,0,0\nPlanB,1,0\n"
+    assert plan == "PlanA,broker-a,0,0\nPlanA,broker-a,1,0\nPlanB,broker-a,0,0\nPlanB,broker-a,1,0\n"
     assert committed(address, "planner", "PlanA") == {0: 3, 1: 4}
     ok(run, "group", "reset-offset", "planner", "--all-topics", "--to-earliest", "--execute")
     assert committed(address, "planner", "PlanA") == {0: 0, 1: 0} and committed(address, "planner", "PlanB") == {
@@ -445,7 +445,8 @@ def test_msg_id_times_and_csv_plans_parse_as_documented():
     for bad in ("", "xyz", "0" * 32, "02" + "0" * 32, "G" * 32):
         with pytest.raises(BrokerInvalid):
             msg_id_time_ms(bad)
-    assert read_plan("T,0,5\n\n T , 1 , 6 \n", "p") == [(1, "T", 0, 5), (3, "T", 1, 6)]
+    assert read_plan("T,0,5\n\n T , 1 , 6 \nT,broker-b,2,7\n", "p") == [(1, "T", "", 0, 5), (3, "T", "", 1, 6),
+                                                                       (4, "T", "broker-b", 2, 7)]
     with pytest.raises(InvalidArgumentError, match="p line 2"):
         read_plan("T,0,5\nT,0,-1\n", "p")
 

@@ -236,9 +236,9 @@ def test_cli_user_and_acl_commands(broker_factory, tmp_path):
     users = json.loads(config(broker, "users.json").read_text())["users"]
     assert users["from-file"]["password"] == "file-secret-01" and users["from-env"]["password"] == "env-secret-01"
 
-    assert json.loads(ok("user", "update", "from-env", "--super", "--json", broker=addr,
+    assert json.loads(ok("user", "update", "from-env", "--execute", "--super", "--json", broker=addr,
                          env=OP_ENV))[0]["super_user"] is True
-    ok("user", "update", "from-env", "--no-super", "--secret-key-env", "ROTATED", broker=addr,
+    ok("user", "update", "from-env", "--execute", "--no-super", "--secret-key-env", "ROTATED", broker=addr,
        env={**OP_ENV, "ROTATED": "rotated-secret-1"})
     assert json.loads(config(broker, "users.json").read_text())["users"]["from-env"] == \
         {"username": "from-env", "password": "rotated-secret-1", "userType": "Normal"}
@@ -279,20 +279,20 @@ def test_cli_user_and_acl_commands(broker_factory, tmp_path):
                                         broker=addr, env=OP_ENV)
     assert "nothing to update" in fails("user", "update", "cli", broker=addr, env=OP_ENV)
     # With cli a normal user again, `op` is the last super user: it may be neither deleted nor demoted.
-    assert json.loads(ok("user", "update", "cli", "--no-super", "--json", broker=addr,
+    assert json.loads(ok("user", "update", "cli", "--execute", "--no-super", "--json", broker=addr,
                          env=OP_ENV))[0]["super_user"] is False
-    assert "'op' is the last super user" in fails("user", "delete", "op", broker=addr, env=OP_ENV)
-    assert "'op' is the last super user" in fails("user", "update", "op", "--no-super", broker=addr, env=OP_ENV)
-    assert json.loads(ok("user", "update", "cli", "--super", "--json", broker=addr,
+    assert "'op' is the last super user" in fails("user", "delete", "op", "--execute", broker=addr, env=OP_ENV)
+    assert "'op' is the last super user" in fails("user", "update", "op", "--execute", "--no-super", broker=addr, env=OP_ENV)
+    assert json.loads(ok("user", "update", "cli", "--execute", "--super", "--json", broker=addr,
                          env=OP_ENV))[0]["super_user"] is True
 
-    assert ok("acl", "delete", "from-env", "--resource", "Cluster", broker=addr, env=OP_ENV).strip() == \
+    assert ok("acl", "delete", "from-env", "--execute", "--resource", "Cluster", broker=addr, env=OP_ENV).strip() == \
         "1 ACL rule(s) of from-env deleted"
-    assert "no ACL rule on Cluster" in fails("acl", "delete", "from-env", "--resource", "Cluster", broker=addr,
+    assert "no ACL rule on Cluster" in fails("acl", "delete", "from-env", "--execute", "--resource", "Cluster", broker=addr,
                                              env=OP_ENV)
-    assert json.loads(ok("user", "delete", "from-file", "--json", broker=addr, env=OP_ENV)) == \
+    assert json.loads(ok("user", "delete", "from-file", "--execute", "--json", broker=addr, env=OP_ENV)) == \
         [{"user": "from-file", "deleted": True, "deleted_acls": 1}]
-    assert ok("user", "delete", "from-env", broker=addr, env=OP_ENV).strip() == \
+    assert ok("user", "delete", "from-env", "--execute", broker=addr, env=OP_ENV).strip() == \
         "user from-env deleted with 0 ACL rule(s)"
     assert json.loads(ok("acl", "list", "--json", broker=addr, env=OP_ENV)) == []
     # Here --secret-key is the new user's; the caller's own secret comes from the environment. Signed as the

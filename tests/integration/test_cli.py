@@ -111,8 +111,8 @@ def test_errors_are_one_line_with_exit_1(cli_broker):
     assert "'cli-err' already exists" in _one_line(fails(1, "topic", "create", "cli-err", broker=addr))
     assert "reserved" in _one_line(fails(1, "topic", "create", "%DLQ%mine", broker=addr))
     assert "may only contain" in _one_line(fails(1, "topic", "create", "bad name", broker=addr))
-    assert "--from-offset" in _one_line(fails(1, "consume", "cli-err", "--from-offset", "soon", "--count", "1",
-                                             broker=addr))
+    assert "--from-offset" in _one_line(fails(2, "consume", "cli-err", "--from-offset", "soon", "--count", "1",
+                                             broker=addr))  # a usage error, as every bad value of an option
     assert "no writable queue 7" in _one_line(fails(1, "send", "cli-err", "--body", "x", "--queue", "7", broker=addr))
     assert "has no offsets" in _one_line(fails(1, "group", "progress", "nobody", broker=addr))
     dead = f"127.0.0.1:{free_port()}"
@@ -161,7 +161,7 @@ def test_group_progress_table_and_json(cli_broker, group_topic):
     addr = cli_broker.address
     text = ok("group", "progress", "cg", "--topic", group_topic, broker=addr)
     assert text.splitlines()[0].split() == ["TOPIC", "BROKER", "QUEUE", "BROKER_OFFSET", "CONSUMER_OFFSET", "LAG",
-                                            "LAST_CONSUMED"]
+                                            "LAG_S", "LAST_CONSUMED"]
     rows = [(r["TOPIC"], r["BROKER"], r["QUEUE"], r["BROKER_OFFSET"], r["CONSUMER_OFFSET"], r["LAG"])
             for r in table_rows(text)]
     assert rows == [("cli-grp", "broker-a", "0", "10", "7", "3"), ("cli-grp", "broker-a", "1", "6", "6", "0"),

@@ -148,16 +148,24 @@ def test_changing_commands(cli_broker, as_json):
     extra = ("--json",) if as_json else ()
     topic = f"Scratch{suffix.replace('-', '')}"
     check(f"topic-create{suffix}", tidemark(broker.address, "topic", "create", topic, "--queues", "3", *extra))
-    check(f"topic-update{suffix}", tidemark(broker.address, "topic", "update", topic, "--perm", "R", *extra))
-    tidemark(broker.address, "topic", "update", topic, "--perm", "RW")
+    # Every changing command: its plan (nothing changed), then --execute.
+    check(f"topic-update-dry-run{suffix}", tidemark(broker.address, "topic", "update", topic, "--perm", "R", *extra))
+    check(f"topic-update{suffix}",
+          tidemark(broker.address, "topic", "update", topic, "--perm", "R", "--execute", *extra))
+    tidemark(broker.address, "topic", "update", topic, "--perm", "RW", "--execute")
     check(f"send-body{suffix}", tidemark(broker.address, "send", topic, "--body", "hi", "--queue", "1", *extra))
     check(f"send-count{suffix}", tidemark(broker.address, "send", topic, "--count", "10", "--size", "8", *extra))
     check(f"group-reset-execute{suffix}",
           tidemark(broker.address, "group", "reset-offset", f"g{suffix}", "--topic", topic, "--to-offset", "1",
                    "--queue", "1", "--execute", *extra))
-    check(f"group-delete{suffix}", tidemark(broker.address, "group", "delete", f"g{suffix}", *extra))
-    check(f"dlq-requeue{suffix}", tidemark(broker.address, "dlq", "requeue", "golden-group", "--all", *extra))
-    check(f"topic-delete{suffix}", tidemark(broker.address, "topic", "delete", topic, *extra))
+    check(f"group-delete-dry-run{suffix}", tidemark(broker.address, "group", "delete", f"g{suffix}", *extra))
+    check(f"group-delete{suffix}", tidemark(broker.address, "group", "delete", f"g{suffix}", "--execute", *extra))
+    check(f"dlq-requeue-dry-run{suffix}",
+          tidemark(broker.address, "dlq", "requeue", "golden-group", "--all", *extra))
+    check(f"dlq-requeue{suffix}",
+          tidemark(broker.address, "dlq", "requeue", "golden-group", "--all", "--execute", *extra))
+    check(f"topic-delete-dry-run{suffix}", tidemark(broker.address, "topic", "delete", topic, *extra))
+    check(f"topic-delete{suffix}", tidemark(broker.address, "topic", "delete", topic, "--execute", *extra))
 
 
 @pytest.fixture(scope="module")
@@ -183,13 +191,16 @@ def test_user_and_acl_commands(auth_broker, as_json):
         return tidemark(auth_broker.address, *args, *extra, env=env)
 
     check(f"user-create{suffix}", run("user", "create", user, "--secret-key", "golden-secret", "--super"))
-    check(f"user-update{suffix}", run("user", "update", user, "--no-super"))
+    check(f"user-update-dry-run{suffix}", run("user", "update", user, "--no-super"))
+    check(f"user-update{suffix}", run("user", "update", user, "--no-super", "--execute"))
     check(f"acl-create{suffix}", run("acl", "create", user, "--resource", "Topic:Golden*", "--actions", "Pub,Sub",
                                      "--decision", "Allow", "--source-ip", "10.0.0.0/8"))
     check(f"user-list{suffix}", run("user", "list"))
     check(f"acl-list{suffix}", run("acl", "list", "--user", user))
-    check(f"acl-delete{suffix}", run("acl", "delete", user, "--resource", "Topic:Golden*"))
-    check(f"user-delete{suffix}", run("user", "delete", user))
+    check(f"acl-delete-dry-run{suffix}", run("acl", "delete", user, "--resource", "Topic:Golden*"))
+    check(f"acl-delete{suffix}", run("acl", "delete", user, "--resource", "Topic:Golden*", "--execute"))
+    check(f"user-delete-dry-run{suffix}", run("user", "delete", user))
+    check(f"user-delete{suffix}", run("user", "delete", user, "--execute"))
 
 
 BAD_USAGE = [

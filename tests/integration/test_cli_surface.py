@@ -340,7 +340,7 @@ def _dead(addr: str, group: str) -> list:
 
 
 def _requeue(addr: str, group: str, *which: str) -> list[dict]:
-    return json.loads(ok("dlq", "requeue", group, *which, "--json", broker=addr))
+    return json.loads(ok("dlq", "requeue", group, *which, "--execute", "--json", broker=addr))
 
 
 def test_dlq_requeue_all_sends_each_dead_letter_once(broker_factory):
@@ -371,7 +371,7 @@ def test_dlq_requeue_all_sends_each_dead_letter_once(broker_factory):
 
         assert sorted(r["msg_id"] for r in _requeue(addr, "doomed", "--all")) == sorted(ids)
         wait_until(lambda: sorted(accepted) == [b"m0", b"m1", b"m2"], 60, "the requeued copies consumed")
-        again = ok("dlq", "requeue", "doomed", "--all", broker=addr)
+        again = ok("dlq", "requeue", "doomed", "--all", "--execute", broker=addr)
         assert again.splitlines()[-1] == "0 message(s) requeued", again
         with Admin(brokers=addr) as admin:
             assert admin.max_offset(MessageQueue("Jobs", "broker-a", 0)) == 6, "a dead letter was sent twice"

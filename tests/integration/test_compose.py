@@ -44,6 +44,8 @@ BROKERS = ("broker-a", "broker-b")  # the masters, with published ports
 REPLICAS = ("broker-a-replica", "broker-b-replica")
 NAMESRVS = ("namesrv-1", "namesrv-2")
 SECRETS_VAR = "TIDEMARK_SECRETS_DIR"
+# The containers' health probe: standard library only (broker/probe.py).
+PROBE = ("python", "-m", "tidemark.broker.probe")
 
 
 def compose() -> dict:
@@ -80,7 +82,7 @@ def test_the_stack_has_what_the_pipeline_needs():
             ip, host_port, _ = p.split(":")
             assert ip == "127.0.0.1", "published on the loopback only"
             host_ports.add(host_port)
-        assert s["healthcheck"]["test"][:3] == ["CMD", "tidemark", "health"]
+        assert s["healthcheck"]["test"] == ["CMD", *PROBE, "http://127.0.0.1:9090/healthz"]
         flags = _flags(s["command"])
         assert f"--advertise-addr={name}:10911" in flags
         group = name.removesuffix("-replica")
@@ -103,7 +105,8 @@ def test_the_stack_has_what_the_pipeline_needs():
         s = services[name]
         assert s["entrypoint"] == ["tidemark", "namesrv"] and "--tls-cert=/run/secrets/tidemark/broker.pem" in \
             _flags(s["command"])
-        assert s["healthcheck"]["test"][:4] == ["CMD", "tidemark", "health", "--namesrv"]
+        assert s["healthcheck"]["test"] == ["CMD", *PROBE, "tcp://127.0.0.1:9876"]
+        assert s["env_file"] == f"${{{SECRETS_VAR}-./deploy/secrets}}/tidemark.env", "TIDEMARK_BROKER_USER"
     for name in ("spark-worker", "job"):  # the job's driver and the worker's executors connect
         assert "/run/secrets/tidemark/ca.pem" in _secret_mounts(services[name]).values(), name
     job = services["job"]
@@ -142,7 +145,8 @@ def test_dockerfile_broker_image():
     broker_stage = text.split("FROM runtime AS broker", 1)[1]
     assert "ARG BASE_IMAGE=python:3.11-slim" in text and "--no-index --find-links /wheels" in text
     assert "USER tidemark" in broker_stage and 'VOLUME ["/data"]' in broker_stage
-    assert 'HEALTHCHECK' in broker_stage and '"tidemark", "health"' in broker_stage
+    assert 'HEALTHCHECK' in broker_stage and '"tidemark.broker.probe", "http://127.0.0.1:9090/healthz"' in broker_stage
+    assert "ENV TIDEMARK_METRICS_PORT=9090" in broker_stage
     assert 'ENTRYPOINT ["tidemark", "broker"]' in broker_stage and "STOPSIGNAL SIGTERM" in broker_stage
     assert "AS spark" in text and "default-jre-headless" in text
 
@@ -214,6 +218,7 @@ class Stack:
         self.variables = {SECRETS_VAR: str(secrets)}
         self.ports = {(name, 10911): free_port() for name in (*BROKERS, *REPLICAS)}
         self.ports.update({(name, 9876): free_port() for name in NAMESRVS})
+        self.ports.update({(name, 9090): free_port() for name in (*BROKERS, *REPLICAS)})  # metrics, /healthz
         self.ports[("spark-master", 7077)] = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
 
@@ -233,6 +238,8 @@ class Stack:
                 a = str(self.container_path(service, compose()["services"][service], a))
             elif prev in ("--host", "--driver-host") or a == "0.0.0.0":
                 a = "127.0.0.1"
+            elif prev == "--metrics-port" and (service, 9090) in self.ports:
+                a = str(self.ports[(service, 9090)])
             elif prev in ("--webui-port", "--metrics-port"):
                 a = str(free_port())
             elif prev == "--port" and (service, 10911) in self.ports:
@@ -361,15 +368,17 @@ class Stack:
 
 
 def _healthchecks(stack: Stack, names: tuple[str, ...]) -> dict[str, str]:
-    """Each service's own compose healthcheck command, with its environment (TLS: its CA), all at once:
-    the output of those that fail (none: all healthy)."""
+    """Each service's own compose healthcheck command (the probe), its ports mapped, all at once: the
+    output of those that fail (none: all healthy)."""
     services, checks = compose()["services"], {}
     for name in names:
         command = services[name]["healthcheck"]["test"]
-        assert command[:2] == ["CMD", "tidemark"]
-        port = 9876 if name in NAMESRVS else 10911
-        argv = [a.replace(f"127.0.0.1:{port}", f"127.0.0.1:{stack.ports[(name, port)]}") for a in command[2:]]
-        checks[name] = subprocess.Popen([sys.executable, "-m", "tidemark.client.cli.main", *argv], stdout=subprocess.PIPE,
+        assert command[:4] == ["CMD", *PROBE]
+        argv = command[4:]
+        for port in (9090, 9876):
+            if (name, port) in stack.ports:
+                argv = [a.replace(f"127.0.0.1:{port}", f"127.0.0.1:{stack.ports[(name, port)]}") for a in argv]
+        checks[name] = subprocess.Popen([sys.executable, *PROBE[1:], *argv], stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, env=stack.env(services[name]))
     outputs = {name: check.communicate(timeout=60)[0] for name, check in checks.items()}
     return {name: out for name, out in outputs.items() if checks[name].returncode != 0}
@@ -439,6 +448,7 @@ def test_compose_services_run_as_processes(stack_dir):
             stack.start(name, argv, stack.env(services[name]))
         for name in NAMESRVS:
             stack.wait_for_log(name, "event=namesrv_ready", 60)
+            stack.wait_for_log(name, "registrations=signed", 5)  # only the brokers' user may register
         assert _healthchecks(stack, NAMESRVS) == {}, "ready, so healthy by their compose healthchecks"
         for name in (*BROKERS, *REPLICAS):
             argv = [sys.executable, "-m", "tidemark.client.cli.main", "broker", *stack.translate(name, services[name]["command"])]

@@ -75,6 +75,8 @@ def committed(address: str, group: str) -> list[int]:
     ({"topic": "Orders", "target": "earliest", "queue": True}, 400, "queue must be a queue id"),
     ({"topic": "NoSuchTopic", "target": "earliest", "execute": True}, 404, "NoSuchTopic"),
     ({"topic": "Orders", "target": "earliest", "execute": "false"}, 400, "execute must be true or false"),
+    ({"topic": "Orders", "target": "earliest", "queue": 0, "broker": 7}, 400, "broker must be a broker name"),
+    ({"topic": "Orders", "target": "earliest", "queue": 0, "broker": "broker-z"}, 400, "broker-z"),
 ])
 def test_bad_reset_requests_answer_a_reason_and_change_nothing(console, broker, group, body, status, reason):
     got_status, doc = call(console, f"/api/groups/{group}/reset", body)
@@ -132,6 +134,12 @@ def test_dry_run_changes_nothing_and_execute_moves_offsets(console, broker, grou
                        {"topic": "Orders", "target": "shift", "value": -2, "execute": True})
     assert status == 200 and doc["executed"]
     assert committed(broker.address, group) == [3, 3]
+    # One queue, named with its broker (a topic on several brokers repeats queue ids).
+    status, doc = call(console, f"/api/groups/{group}/reset",
+                       {"topic": "Orders", "target": "offset", "value": 1, "queue": 1, "broker": "broker-a",
+                        "execute": True})
+    assert status == 200 and [(c["broker"], c["queue"], c["new"]) for c in doc["changes"]] == [("broker-a", 1, 1)]
+    assert committed(broker.address, group) == [3, 1]
 
 
 def test_a_read_only_console_refuses_actions(broker, group):

@@ -186,3 +186,26 @@ def test_bytes_in_and_out_count_the_stored_records_per_topic_and_group(broker_fa
     m = scrape(port)
     assert value(m, "tidemark_bytes_out_total", topic="Weighed", group="weigher") == size
     assert value(m, "tidemark_bytes_in_total", topic="Weighed") == size, "reading stores nothing"
+
+
+def test_dlq_depth_build_info_and_no_created_series_survive_a_restart(broker_factory):
+    port = free_port()
+    broker = broker_factory(args=("--metrics-port", str(port)))
+    create_topic(broker.address, "Doomed", 1)
+    produce(broker.address, "Doomed", 3)
+    with Admin(brokers=broker.address) as admin:
+        for m in admin.pull(MessageQueue("Doomed", "broker-a", 0), 0, max_nums=3).messages:
+            admin.send_back("doomed", m, delay_level=-1)  # straight to %DLQ%doomed
+        wait_until(lambda: value(scrape(port), "tidemark_dlq_depth", group="doomed") == 3, 15, "three dead letters")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "_created" not in text
+    build = [line for line in text.splitlines() if line.startswith("tidemark_build_info{")]
+    assert len(build) == 1 and 'version="' in build[0] and build[0].endswith(" 1.0"), build
+    broker.restart()  # the depth is the DLQ's content, not a counter: a restart keeps it
+    wait_until(lambda: value(scrape(port), "tidemark_dlq_depth", group="doomed") == 3, 15, "the depth after a restart")
+    assert value(scrape(port), "tidemark_dlq_messages_total", group="doomed") == 0
+    with Admin(brokers=broker.address) as admin:
+        (first, *_rest) = admin.dead_letters("doomed")
+        admin.requeue_dead_letters("doomed", first.msg_id)
+    wait_until(lambda: value(scrape(port), "tidemark_dlq_depth", group="doomed") == 2, 15,
+               "the requeued letter to leave the depth")

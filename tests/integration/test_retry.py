@@ -112,7 +112,7 @@ def test_always_failing_message_lands_in_dlq_and_queue_moves_on(broker_factory, 
 
     # dlq requeue sends it back to Jobs; a consumer that now accepts it gets it.
     out = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "dlq", "requeue", "strict", "--all",
-                          "--broker", broker.address], capture_output=True, text=True, timeout=60)
+                          "--execute", "--broker", broker.address], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert poison in out.stdout
     accepted = Deliveries()

@@ -10,9 +10,8 @@ import grpc
 import pytest
 
 from tidemark.broker.errors import OutcomeUnknownError, StoreError
+from tidemark.broker.replica_progress import MAX_LEVELS, CatchUp, _Replica, nth_highest
 from tidemark.broker.replication import (
-    MAX_LEVELS,
-    CatchUp,
     NotEnoughReplicasError,
     ReplicationSource,
     ReplicationTimeoutError,
@@ -88,3 +87,101 @@ def test_a_stored_send_no_replica_acknowledges_in_time_has_an_unknown_outcome():
     assert isinstance(e.value, OutcomeUnknownError) and not isinstance(e.value, StoreError)
     assert status_for(e.value) is grpc.StatusCode.DEADLINE_EXCEEDED  # the client's RequestTimeoutError
     assert code_for(e.value) == Code.SLAVE_PERSISTENCE_TIMEOUT
+
+
+# -- min_sync_replicas: N replicas, counted by broker id ------------------------------------------------
+
+
+class _Clock:
+    now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _attach(s: ReplicationSource, key: str, acked: int, clock: _Clock):
+    """A connected replica stream as serve() makes it (one per broker id), level with the master at `acked`
+    if that is its end."""
+    broker_id = int(key.split("/")[1].split("@")[0])
+    replica = _Replica(key, acked, asyncio.Event(), CatchUp(), broker_id=broker_id)
+    replica.catch_up.sent(acked, s._store.commit_log_max_offset, clock())
+    replica.catch_up.acknowledged(acked)
+    for old in [k for k, r in s._replicas.items() if r.broker_id == broker_id]:
+        del s._replicas[old]
+    s._replicas[key] = replica
+    s._on_replicas_changed()
+    return replica
+
+
+def _n_source(n: int, end: int = 100, timeout_s: float = 0.5):
+    clock = _Clock()
+    store = SimpleNamespace(commit_log_max_offset=end)
+    return ReplicationSource(store, broker_name="broker-a", segment_size=1 << 20, timeout_s=timeout_s, sync=True,
+                             min_replicas=n, clock=clock), store, clock
+
+
+def test_with_two_required_one_in_sync_replica_is_refused_and_says_which_are():
+    s, _store, clock = _n_source(2)
+    _attach(s, "broker-a/1@p1", 100, clock)
+    with pytest.raises(NotEnoughReplicasError, match=r"fewer than 2 in-sync replicas .*in sync: 1;") as e:
+        s.check_in_sync()
+    assert "not stored" in str(e.value)
+    _attach(s, "broker-a/2@p2", 100, clock)
+    s.check_in_sync()
+    assert s.in_sync_replicas() == [1, 2]
+
+
+def test_a_replica_reconnecting_while_its_old_stream_lingers_counts_once_for_what_it_holds_now():
+    s, store, clock = _n_source(2)
+    _attach(s, "broker-a/1@p1", 100, clock)
+    _attach(s, "broker-a/1@p9", 100, clock)  # the same replica, a second stream
+    assert s.in_sync_replicas() == [1]
+    with pytest.raises(NotEnoughReplicasError):
+        s.check_in_sync()
+    _attach(s, "broker-a/2@p2", 100, clock)
+    store.commit_log_max_offset = 500
+    clock.now += 10  # nobody level since: out of sync until they catch up
+    _attach(s, "broker-a/1@p7", 0, clock)  # replica 1 lost its data and connects again from 0
+    assert not s._held_by_enough(100), "its old stream no longer vouches for what it lost"
+
+
+def test_nth_highest_is_what_n_replicas_hold_or_what_all_hold():
+    assert nth_highest([], 2) is None
+    assert nth_highest([300], 2) == 300
+    assert nth_highest([100, 300, 200], 1) == 300
+    assert nth_highest([100, 300, 200], 2) == 200
+    assert nth_highest([100, 300, 200], 5) == 100
+
+
+def test_a_send_is_answered_once_n_replicas_hold_it_and_readers_see_what_n_hold():
+    async def scenario() -> None:
+        s, store, clock = _n_source(2)
+        one, two = _attach(s, "broker-a/1@p1", 100, clock), _attach(s, "broker-a/2@p2", 100, clock)
+        assert s.read_limit() == 100
+        store.commit_log_max_offset = 150
+        waiting = asyncio.ensure_future(s.wait_replicated(150))
+        s._acknowledge(one, 150)
+        await asyncio.sleep(0)
+        assert not waiting.done() and s.read_limit() == 100  # one replica holds it: not acknowledged, not readable
+        s._acknowledge(two, 150)
+        await asyncio.wait_for(waiting, 1)
+        assert s.read_limit() == 150
+
+    asyncio.run(scenario())
+
+
+def test_fewer_than_n_acknowledgements_in_time_is_an_unknown_outcome_naming_the_rule():
+    async def scenario() -> None:
+        s, store, clock = _n_source(2, timeout_s=0.05)
+        one, _two = _attach(s, "broker-a/1@p1", 100, clock), _attach(s, "broker-a/2@p2", 100, clock)
+        store.commit_log_max_offset = 150
+        s._acknowledge(one, 150)
+        with pytest.raises(ReplicationTimeoutError, match="fewer than 2 replicas of broker broker-a"):
+            await s.wait_replicated(150)
+
+    asyncio.run(scenario())
+
+
+def test_min_replicas_below_one_is_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        _n_source(0)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from tidemark.broker.replication import CatchUp, ReplicationSource, _Replica
+from tidemark.broker.replica_progress import CatchUp, _Replica
+from tidemark.broker.replication import ReplicationSource
 
 
 class Clock:
@@ -33,7 +34,7 @@ def append(s, store, topic: str, queue_id: int, size: int = 10) -> None:
 
 
 def connect(s, store, clock, acked: int) -> _Replica:
-    replica = _Replica("broker-a/1@peer", acked, asyncio.Event(), CatchUp())
+    replica = _Replica("broker-a/1@peer", acked, asyncio.Event(), CatchUp(), broker_id=1)
     replica.catch_up.sent(acked, store.commit_log_max_offset, clock())
     replica.catch_up.acknowledged(acked)
     s._replicas[replica.key] = replica

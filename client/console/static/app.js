@@ -162,12 +162,14 @@ function resetForm(name, topics) {
      ["timestamp", "to time"]].map(([v, l]) => h("option", { value: v }, l)));
   const value = h("input", { name: "value", placeholder: "offset, shift or time", size: 22 });
   const queue = h("input", { name: "queue", placeholder: "all", size: 5 });
+  const broker = h("input", { name: "broker", placeholder: "any", size: 10 });
   const out = h("div", { id: "reset-result" });
   const request = (execute) => {
     const doc = { topic: topic.value, target: target.value, execute };
     if (["offset", "shift"].includes(target.value)) doc.value = Number.parseInt(value.value || "0", 10);
     if (target.value === "timestamp") doc.value = Date.parse(value.value);
     if (queue.value.trim()) doc.queue = Number.parseInt(queue.value, 10);
+    if (broker.value.trim()) doc.broker = broker.value.trim();  // a topic on several brokers repeats queue ids
     return doc;
   };
   const run = async (execute) => {
@@ -187,7 +189,8 @@ function resetForm(name, topics) {
   return h("div", {},
     h("form", { class: "inline", id: "reset-form", onsubmit: (ev) => { ev.preventDefault(); run(false); } },
       h("label", {}, "topic", topic), h("label", {}, "target", target), h("label", {}, "value", value),
-      h("label", {}, "queue", queue), h("button", { id: "reset-preview" }, "Preview reset")),
+      h("label", {}, "queue", queue), h("label", {}, "broker", broker),
+      h("button", { id: "reset-preview" }, "Preview reset")),
     out);
 }
 

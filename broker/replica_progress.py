@@ -1,0 +1,85 @@
+"""What a master knows of each replica's stream (broker/replication.py): how far it acknowledged, when
+it last held everything the master had (in sync or not), and the state changes the stream owes it. Pure
+data and arithmetic; the streams themselves live in ReplicationSource.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from tidemark.broker.offsets.journal import JournalRecord, encode_records
+from tidemark.broker.producers.store import encode_events
+from tidemark.broker.producers.table import ProducerEvent
+
+# Kept per replica: the chunks that brought it level with the master and are not acknowledged yet.
+MAX_LEVELS = 256
+
+
+@dataclass
+class CatchUp:
+    """When a replica last held everything its master had (Kafka's lastCaughtUpTime), from what the master
+    sent and what the replica acknowledged. Pure: times are given."""
+
+    at: float | None = None  # None: not since it connected
+    _levels: collections.deque[tuple[int, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=MAX_LEVELS))
+
+    def sent(self, end: int, master_end: int, now: float) -> None:
+        """A chunk (or heartbeat) ending at `end` went out when the master's log ended at `master_end`."""
+        if end < master_end or (self._levels and self._levels[-1][0] == end):
+            return  # behind even once stored; or no news (the earliest time for an end is kept)
+        self._levels.append((end, now))
+
+    def acknowledged(self, end: int) -> None:
+        while self._levels and self._levels[0][0] <= end:
+            self.at = self._levels.popleft()[1]
+
+    def in_sync(self, acked: int, master_end: int, now: float, max_lag_s: float) -> bool:
+        """Holding all the master has, or having held all it had within `max_lag_s`."""
+        return acked >= master_end or (self.at is not None and now - self.at <= max_lag_s)
+
+
+@dataclass
+class _Replica:
+    """One replica's stream as its master sees it."""
+
+    key: str  # "name/id@peer": one per stream
+    acked: int
+    progress: asyncio.Event
+    catch_up: CatchUp = field(default_factory=CatchUp)
+    broker_id: int = field(kw_only=True)  # the replica: a reconnect is a new stream of the same one
+
+
+# A stream owing more changes than this sends the producer table whole again instead (a slow replica).
+MAX_FEED_EVENTS = 100_000
+
+
+@dataclass(eq=False)  # one per stream, kept in a set by identity
+class _Feed:
+    """The state changes one replica's stream owes it besides records (see the module docstring)."""
+
+    producer_state: bytes = b""  # the whole table, JSON: the first chunk's (or after an overflow)
+    producer_events: list[ProducerEvent] = field(default_factory=list)
+    offset_records: list[JournalRecord] = field(default_factory=list)
+
+    def pending(self) -> bool:
+        return bool(self.producer_state or self.producer_events or self.offset_records)
+
+    def take(self) -> dict[str, bytes]:
+        fields = {"producer_state": self.producer_state, "producer_events": encode_events(self.producer_events),
+                  "offset_records": encode_records(self.offset_records)}
+        self.producer_state, self.producer_events, self.offset_records = b"", [], []
+        return fields
+
+
+def nth_highest(ends: Iterable[int], n: int) -> int | None:
+    """The commit-log end at least `n` of the replicas hold (their n-th highest acknowledged end), or,
+    with fewer than `n` of them, the end all of them hold; None without any."""
+    ranked = sorted(ends, reverse=True)
+    return ranked[min(n, len(ranked)) - 1] if ranked else None
+
+
+__all__ = ["MAX_FEED_EVENTS", "MAX_LEVELS", "CatchUp", "nth_highest"]

@@ -16,7 +16,7 @@ PORT ?= 10911
 PYTEST_WORKERS ?= 3
 PYTEST_ARGS ?= --durations=30 -n $(PYTEST_WORKERS) --dist loadscope
 
-.PHONY: setup gen run test torture lint lock bench bench-client bench-rmq5 demo images clean
+.PHONY: setup gen run test torture lint lock bench bench-client bench-rmq5 demo images docs clean
 
 setup: $(STAMP) $(PROTO_STAMP)
 
@@ -97,6 +97,14 @@ images: $(RUN_STAMP) $(PROTO_STAMP)
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# The API reference of the client library and the Spark connector, from the docstrings (pdoc), in
+# build/api/ (open build/api/index.html). Admin's subject modules (client/admin_*.py) are documented
+# too: the Admin page links each method it inherits from them to its entry there.
+docs: setup
+	rm -rf build/api
+	$(PY) -m pdoc -o build/api tidemark.client \
+		$(patsubst client/%.py,tidemark.client.%,$(sort $(wildcard client/admin_*.py))) tidemark.spark_connector
 
 clean:
 	rm -rf $(VENV) $(PROTO_DIR)/tidemark/v1/*_pb2*.py* $(PROTO_DIR)/tidemark/rmq5/v2/*_pb2*.py* $(PROTO_STAMP)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from tidemark.broker import config as broker_config
-from tidemark.broker import memory
+from tidemark.broker import data_format, memory
 from tidemark.broker.errors import BrokerError
 from tidemark.logs import get_logger, setup_logging
 
@@ -60,6 +60,14 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         sys.stdout.write(broker_config.render(config))
         return 0
+    # A data dir in a format this build does not read is refused as a bad config is: one line, exit 2, before
+    # anything logs or touches the dir (broker/data_format.py). The server checks again before its lock.
+    from tidemark.broker.version import VERSION
+    try:
+        data_format.check(config.data_dir, version=VERSION)
+    except data_format.DataFormatError as e:
+        print(f"tidemark broker: {e}", file=sys.stderr)
+        return 2
     setup_logging(config.log_level, config.log_format)
     memory.configure()
     try:
@@ -71,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
             uvloop.run(_serve(config))
         else:
             asyncio.run(_serve(config))
+    except data_format.DataFormatError as e:  # stamped by another broker since the check above
+        print(f"tidemark broker: {e}", file=sys.stderr)
+        return 2
     except StopFailedError as e:
         log.error("broker stop failed", event="broker_stop_failed", error=e.__cause__)
         print(f"tidemark broker: {e}", file=sys.stderr)

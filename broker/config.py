@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidemark.broker.store.model import MIN_SEGMENT_SIZE
 from tidemark.protocol import DEFAULT_DELAY_LEVELS, DEFAULT_PORT, parse_delay_levels
 
 ENV_PREFIX = "TIDEMARK_"
@@ -173,8 +174,10 @@ def _problems(c: BrokerConfig):
         yield f"min_sync_replicas must be 1..16, got {c.min_sync_replicas}"
     elif c.min_sync_replicas != 1 and c.replication is not ReplicationMode.SYNC:
         yield "min_sync_replicas counts the replicas a send waits for: it needs replication sync"
+    if not MIN_SEGMENT_SIZE <= c.commitlog_segment_size <= 2**31 - 1:
+        yield f"commitlog_segment_size must be {MIN_SEGMENT_SIZE}..{2**31 - 1} bytes, got {c.commitlog_segment_size}"
     for name in ("replication_timeout_ms", "register_interval_ms", "flush_interval_ms", "flush_consumer_offset_interval_ms", "channel_expired_timeout_ms",
-                 "lock_expiry_ms", "commitlog_segment_size", "consume_queue_entries_per_file",
+                 "lock_expiry_ms", "consume_queue_entries_per_file",
                  "max_open_consume_queue_files",
                  "max_message_size", "default_topic_queue_nums", "retry_queue_nums", "producer_id_expiry_ms",
                  "max_idempotent_producers", "transaction_timeout_ms", "transaction_check_interval_ms",

@@ -48,6 +48,7 @@ from tidemark.broker.pull import PullService, QueueReadAccess
 from tidemark.broker.queries import MessageQueries
 from tidemark.broker.registration import NameServerRegistrar
 from tidemark.broker.replication import ReplicaSync, ReplicationSource
+from tidemark.broker.replication_checkpoint import ReplicationCheckpoint
 from tidemark.broker.retry import SendBackService
 from tidemark.broker.roles import ROLE_FILE_NAME, Role, load_role, save_role
 from tidemark.broker.schedule import ScheduleMessageService
@@ -56,6 +57,7 @@ from tidemark.broker.store import FlushMode, MessageStore, StoreConfig
 from tidemark.broker.store.writability import WriteState, describe
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.broker.transactions.service import TransactionService
+from tidemark.broker.version import VERSION
 from tidemark.logs import get_logger
 from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator, retry_topic
 from tidemark.scheduler import Scheduler
@@ -63,7 +65,6 @@ from tidemark.v1 import admin_pb2, namesrv_pb2
 
 log = get_logger("tidemark.broker")
 
-VERSION = "0.1.0"
 # The longest a LockQueues call may wait for queues held by another client.
 MAX_LOCK_WAIT_MS = 30_000
 RETENTION_CHECK_INTERVAL_S = 600.0
@@ -198,6 +199,7 @@ class BrokerController:
             tls_ca_file=config.peer_tls_ca, on_fenced=self.permission.fence, credentials=self._peer_credentials())
         self.started_ms = self.clock_ms()
         self._promoting = False
+        self._checkpoint: ReplicationCheckpoint | None = None  # a master's replicated end across restarts
         self.ready = False
         self._started = False
 
@@ -215,6 +217,8 @@ class BrokerController:
         self.topics.ensure_system_topic(SCHEDULE_TOPIC, len(self.config.delay_levels_ms))
         if self.replication is not None:
             self.store.add_dispatch_listener(self.replication.on_append)
+            self._checkpoint = ReplicationCheckpoint(self.config.config_dir, self.replication)
+            self._checkpoint.restore()
         self._wire_reads()
         return StartupReport(recovery, offsets, topics, groups)
 
@@ -234,6 +238,10 @@ class BrokerController:
     def _release_readers(self) -> None:
         if self.replication is not None:
             self.replication.release_readers()
+
+    async def _checkpoint_replication(self) -> None:
+        if self._checkpoint is not None:
+            await self._checkpoint.save_if_moved()
 
     async def start(self) -> None:
         await self.store.start()
@@ -260,6 +268,7 @@ class BrokerController:
             self.replica.start()
             s.every("mirror-master-metadata", 1.0, self.replica.mirror_metadata)
         s.every("release-readers", 1.0, self._release_readers)
+        s.every("checkpoint-replication", 1.0, self._checkpoint_replication)
         if self.registrar.addresses:
             self.registrar.start()
             await self.registrar.register_all()  # routable before ready (a name server that is down costs its timeout)
@@ -498,7 +507,7 @@ class BrokerController:
         source = ReplicationSource(self.store, broker_name=c.broker_name, segment_size=c.commitlog_segment_size,
                                    timeout_s=c.replication_timeout_ms / 1000,
                                    sync=c.replication is ReplicationMode.SYNC, min_replicas=c.min_sync_replicas,
-                                   epoch=lambda: self.epoch)
+                                   epoch=lambda: self.epoch, fenced=lambda: bool(self.permission.fenced))
         source.follow(self.producers, self.offsets)
         return source
 
@@ -534,6 +543,8 @@ class BrokerController:
         self.store.follower = False
         self.producers.promoted()
         self.replication = self._replication_source()
+        # Written from now on; what an earlier life as master left in the file is not this log's bound.
+        self._checkpoint = ReplicationCheckpoint(self.config.config_dir, self.replication)
         self.store.add_dispatch_listener(self.replication.on_append)
         self.sender.sync_replication = self.transactions.sync_replication = self._sync_replication()
         self._wire_reads()

@@ -20,6 +20,11 @@ class NotFoundError(BrokerError):
     """An unknown topic, group or message."""
 
 
+class TopicNotFoundError(NotFoundError):
+    """The request names a topic this broker does not have (RocketMQ 5's TOPIC_NOT_FOUND). Raised by the
+    topic table (TopicConfigManager.require), the one place that says so, for every protocol."""
+
+
 class AlreadyExistsError(BrokerError):
     """Creating something that exists."""
 

@@ -10,7 +10,6 @@ never reads structures while they change.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import platform
 import threading
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from tidemark.broker.version import VERSION
 from tidemark.logs import get_logger
 
 log = get_logger("tidemark.broker.metrics")
@@ -42,13 +42,6 @@ PREFIX = "tidemark"
 disable_created_metrics()
 
 
-def package_version() -> str:
-    try:
-        return importlib.metadata.version("tidemark")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree without installing
-        return "unknown"
-
-
 class BrokerMetrics:
     """The broker's event metrics, in their own registry (several brokers may share a process in tests)."""
 
@@ -56,7 +49,7 @@ class BrokerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.build = Info(f"{PREFIX}_build", "The broker's version (1 per broker; join on instance)", registry=r)
-        self.build.info({"version": package_version(), "python": platform.python_version()})
+        self.build.info({"version": VERSION, "python": platform.python_version()})
         self.messages_in = Counter(f"{PREFIX}_messages_in", "Messages stored, by topic", ["topic"], registry=r)
         self.duplicate_batches = Counter(f"{PREFIX}_duplicate_batches",
                                          "Idempotent producers' retried batches answered without storing them again",

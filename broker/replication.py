@@ -144,12 +144,13 @@ class ReplicationSource:
     def __init__(self, store: MessageStore, *, broker_name: str, segment_size: int, timeout_s: float = 3.0,
                  chunk_bytes: int = CHUNK_BYTES, window_bytes: int = WINDOW_BYTES, sync: bool = False,
                  min_replicas: int = 1, epoch: Callable[[], int] = lambda: 0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, fenced: Callable[[], bool] = lambda: False) -> None:
         if min_replicas < 1:
             raise ValueError(f"min_replicas must be at least 1, got {min_replicas}")
         self._store = store
         self._sync = sync
         self._min_replicas = min_replicas
+        self._fenced = fenced  # a replaced master: reads end at `confirmed`, whatever the mode
         self._epoch = epoch
         self._broker_name = broker_name
         self._segment_size = segment_size
@@ -214,13 +215,20 @@ class ReplicationSource:
             event.set()
 
     def read_limit(self) -> int | None:
-        """The store's read limit: `confirmed`, or None (unbounded) before any replica connected and, with
-        async replication, while no replica is in sync."""
+        """The store's read limit: `confirmed`, or None (unbounded) before any replica connected (in this
+        run or, restored, the last) and, with async replication, while no replica is in sync and the
+        broker is not fenced."""
         if self.confirmed is None:
             return None
-        if self._sync or self._any_in_sync():
+        if self._sync or self._fenced() or self._any_in_sync():
             return self.confirmed
         return None
+
+    def restore(self, confirmed: int) -> None:
+        """At start: the replicated end the last run knew (broker/replication_checkpoint.py), so readers
+        stay bounded until replicas acknowledge again."""
+        if self.confirmed is None or confirmed > self.confirmed:
+            self.confirmed = confirmed
 
     def _any_in_sync(self) -> bool:
         return bool(self.in_sync_replicas())

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from tidemark.broker.config import BrokerConfig, FlushDiskType
-from tidemark.broker.errors import InvalidArgumentError, NotFoundError, PermissionDeniedError
+from tidemark.broker.errors import InvalidArgumentError, PermissionDeniedError, TopicNotFoundError
 from tidemark.broker.permission import BrokerPermission
 from tidemark.broker.producers.service import BatchSequence, IdempotenceService
 from tidemark.broker.producers.table import Verdict
@@ -119,8 +119,8 @@ class SendService:
             return self._topics.plan(name, self._config.retry_queue_nums, system=True), True
         if self._config.auto_create_topic and not is_system_topic(name):
             return self._topics.plan(name, self._config.default_topic_queue_nums), True
-        self._topics.require(name)  # InvalidArgumentError for a bad name, else NotFoundError
-        raise NotFoundError(f"topic {name!r} does not exist on this broker")
+        self._topics.require(name)  # InvalidArgumentError for a bad name, else TopicNotFoundError
+        raise TopicNotFoundError(f"topic {name!r} does not exist on this broker")
 
     def _create(self, topic: TopicConfig) -> TopicConfig:
         return self._topics.create(topic.name, topic.queue_nums, system=topic.system)

@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tidemark.broker import memory, tls
+from tidemark.broker import data_format, memory, tls
 from tidemark.broker.auth.guard import AccessGuard
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
@@ -25,6 +25,7 @@ from tidemark.broker.services.messaging import MessagingServicer
 from tidemark.broker.services.offsets import OffsetServicer
 from tidemark.broker.services.replication import ReplicationServicer
 from tidemark.broker.services.rmq5 import service as rmq5
+from tidemark.broker.version import VERSION
 from tidemark.logs import get_logger
 from tidemark.v1 import (
     admin_pb2,
@@ -113,11 +114,14 @@ class BrokerServer:
     async def start(self) -> int:
         """Lock the data dir, recover, then serve; returns the bound port. Health turns SERVING once
         everything is up. DataDirLockedError when another broker has the data dir, PortInUseError when
-        another process has the port or the metrics port (checked first: nothing is touched then)."""
+        another process has the port or the metrics port, DataFormatError when the data dir holds a format
+        this build does not read (all three checked first: nothing is touched then)."""
         check_port_free(self.config.host, self.config.port)
         if self.config.metrics_port:
             check_port_free(self.config.metrics_host, self.config.metrics_port, "metrics port")
+        data_format.check(self.config.data_dir, version=VERSION)  # before the lock: a refused dir stays as it was
         self._data_dir_lock.acquire()
+        data_format.ensure(self.config.data_dir, version=VERSION)  # stamps a new or pre-stamp dir, locked
         report = self.controller.load()
         r = report.recovery
         log.info("store recovered",

@@ -11,7 +11,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tidemark.broker.config_file import ConfigFile, load_json
-from tidemark.broker.errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from tidemark.broker.errors import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    TopicNotFoundError,
+)
 from tidemark.logs import get_logger
 from tidemark.protocol import (
     InvalidNameError,
@@ -153,11 +157,12 @@ class TopicConfigManager:
         return self._topics.get(name)
 
     def require(self, name: str) -> TopicConfig:
-        """The topic's config, or NotFoundError naming it."""
+        """The topic's config; InvalidArgumentError for a name no topic can have, TopicNotFoundError for
+        one this broker does not have."""
         check_topic(name)
         topic = self._topics.get(name)
         if topic is None:
-            raise NotFoundError(f"topic {name!r} does not exist on this broker")
+            raise TopicNotFoundError(f"topic {name!r} does not exist on this broker")
         return topic
 
     def list(self, *, include_system: bool = False) -> list[TopicConfig]:

@@ -179,9 +179,17 @@ class PullConsumer:
 
     @property
     def state(self) -> ClientState:
+        """Where the consumer is in its lifecycle (CREATED, STARTING, RUNNING, STOPPING, SHUTDOWN);
+        readable from any thread."""
         return self._life.state
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Read `topic`'s messages whose tag matches `expression` ("*" or "" for all, "a || b" for those
+        tags) from the queues the group's rebalance gives this consumer (RocketMQ's subscribe()).
+        Subscribing again replaces the expression.
+
+        Before start() only, and not mixed with assign(): ClientStateError; InvalidArgumentError for a
+        bad topic name or expression. Whether the topic exists is checked by start() (NotFoundError)."""
         if self._assigned is not None:
             raise ClientStateError("subscribe() and assign() cannot be mixed")
         try:
@@ -204,6 +212,15 @@ class PullConsumer:
             self._run(self._require().assign(queues))
 
     def start(self) -> PullConsumer:
+        """Start fetching; returns self (RocketMQ's DefaultLitePullConsumer.start()).
+
+        Needs subscribe() or assign() first (ClientStateError otherwise, and for a consumer started
+        before). Finds the brokers and checks that every subscribed topic exists (NotFoundError).
+        Subscribed, it joins the group and runs the first rebalance; assigned, it takes exactly the
+        assigned queues. When start() returns, the queues it could take (their lock granted, when
+        locking) have their start offsets, and fetching fills poll()'s buffer. On any error, or
+        RequestTimeoutError after 4 * request_timeout_s + 5 s, the consumer is shut down and cannot be
+        started again: a new PullConsumer is needed."""
         self._life.require(ClientState.CREATED, action="start")
         if not self._subscriptions and self._assigned is None:
             raise ClientStateError("subscribe() or assign() before start()")
@@ -221,6 +238,11 @@ class PullConsumer:
         return self
 
     def shutdown(self) -> None:
+        """Stop fetching, hand every queue back, leave the group (when subscribed), close; idempotent.
+
+        Each queue's final commit is what the offset store holds: the offsets poll() reached under auto
+        commit, else the last commit() (what was polled since is read again).
+        Batches fetched but not polled are dropped. Never started, the consumer just goes to SHUTDOWN."""
         state = self._life.state
         if state in (ClientState.SHUTDOWN, ClientState.STOPPING):
             return
@@ -260,9 +282,15 @@ class PullConsumer:
         self._run(self._require().seek(mq, offset))
 
     def seek_to_begin(self, mq: MessageQueue) -> None:
+        """Continue reading mq from the oldest message the broker still stores (its min offset;
+        RocketMQ's seekToBegin). As with seek(): InvalidArgumentError unless mq is in assignment(),
+        and batches of mq fetched but not yet polled are dropped."""
         self._run(self._require().seek_edge(mq, end=False))
 
     def seek_to_end(self, mq: MessageQueue) -> None:
+        """Continue reading mq at its end (its max offset; RocketMQ's seekToEnd): only messages stored
+        from now on. As with seek(): InvalidArgumentError unless mq is in assignment(), and batches of
+        mq fetched but not yet polled are dropped."""
         self._run(self._require().seek_edge(mq, end=True))
 
     def committed(self, mq: MessageQueue) -> int:
@@ -278,9 +306,15 @@ class PullConsumer:
         self._run(core.commit(offsets, sync))
 
     def assignment(self) -> set[MessageQueue]:
+        """The queues this consumer reads now (RocketMQ's assignment()): those assign() named or the
+        rebalance gave it, once started; queues still waiting for their lock or being handed back are
+        not in it. A new set each call."""
         return set(self._loop.call(self._require().ownership.pulling, timeout=5))
 
     def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's readable queues on every broker, sorted, asked for now rather than from the
+        cached route (RocketMQ's fetchMessageQueues): what assign() takes. NotFoundError when no broker
+        has the topic, a retriable UnavailableError when none has it but some could not be asked."""
         return self._run(self._require().cluster.read_queues(topic, refresh=True))
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
@@ -289,5 +323,7 @@ class PullConsumer:
         self._loop.call(lambda: core.pause(queues), timeout=5)
 
     def resume(self, queues: Iterable[MessageQueue]) -> None:
+        """Undo pause() for these queues (RocketMQ's resume()): their batches held meanwhile go back to
+        poll(), after those already waiting; queues not paused are left as they are."""
         core, queues = self._require(), list(queues)
         self._loop.call(lambda: core.resume(queues), timeout=5)

@@ -129,13 +129,23 @@ class PushConsumer:
 
     @property
     def client_id(self) -> str:
+        """How the brokers know this consumer in its group (member lists, allocation, queue locks):
+        RocketMQ's clientId, client_ip@instance_name. Without an instance_name each consumer of the
+        process gets its own (pid, pid-2...), so two consumers in one process never share one."""
         return self.settings.client_id
 
     @property
     def state(self) -> ClientState:
+        """Where the consumer is in its lifecycle (CREATED, STARTING, RUNNING, STOPPING, SHUTDOWN);
+        readable from any thread, a listener's too."""
         return self._life.state
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume `topic`'s messages whose tag matches `expression`: "*" (or "") for all, "a || b" for
+        those tags (RocketMQ's subscribe(topic, subExpression)). Subscribing again replaces the expression.
+
+        Before start() only (ClientStateError after); InvalidArgumentError for a bad topic name or
+        expression. Whether the topic exists is checked by start() (NotFoundError)."""
         self._life.require(ClientState.CREATED, action="subscribe")
         try:
             check_topic_name(topic)
@@ -159,6 +169,15 @@ class PushConsumer:
         self._listener, self._orderly = listener, orderly
 
     def start(self) -> PushConsumer:
+        """Join the group and start consuming; returns self (RocketMQ's DefaultMQPushConsumer.start()).
+
+        Needs a listener and a subscription (ClientStateError otherwise, and for a consumer started
+        before). Finds the brokers, checks that every subscribed topic exists (NotFoundError), loads
+        the offsets, heartbeats and runs the first rebalance: when start() returns, the queues it could
+        take (their lock granted, when locking) have their start offsets, and the listener may have
+        been called already (on the consume threads). Clustering consumers also subscribe to the
+        group's retry topic. On any error, or RequestTimeoutError after 4 * request_timeout_s + 5 s,
+        the consumer is shut down and cannot be started again: a new PushConsumer is needed."""
         self._life.require(ClientState.CREATED, action="start")
         if self._listener is None:
             raise ClientStateError("register a message listener before start()")
@@ -219,10 +238,17 @@ class PushConsumer:
         self._running("suspend").suspended = True
 
     def resume(self) -> None:
+        """Undo suspend() (RocketMQ's resume()): fetching goes on, the brokers get the credit held back
+        meanwhile, and the batches held while suspended go to the listener.
+
+        Safe from any thread, a listener's included; ClientStateError before start() or after shutdown()."""
         core = self._running("resume")
         self._loop.call(core.resume, timeout=5)
 
     def owned_queues(self) -> list[MessageQueue]:
+        """The queues this consumer reads now, sorted: rebalance gave them to it, their lock is held
+        (when locking) and their start offset fixed. Queues still waiting for their lock, or draining
+        before they go to another consumer, are not listed. ClientStateError unless started."""
         core = self._running("list owned queues")
         return self._loop.call(core.ownership.pulling, timeout=5)
 
@@ -232,6 +258,15 @@ class PushConsumer:
         self._loop.run(core.persist_offsets(), timeout=self.settings.request_timeout_s * 4)
 
     def stats(self) -> dict[str, int]:
+        """Counters since start(), read together on the consumer's loop (one consistent snapshot).
+
+        consumed_ok / consumed_failed: messages the listener consumed / did not (a retried message counts
+        at each attempt); cached_messages: fetched and not yet consumed, over the owned queues;
+        rebalances: rebalance passes; rebalance_changes: how often a pass changed a topic's queues;
+        handovers: queues handed to their next owner after draining and a final commit (locking mode);
+        owned_queues: len(owned_queues()); sent_back: failed messages the broker took back for retry
+        (or its DLQ); retry_fallbacks: those sent to the retry topic directly because the send-back
+        failed. ClientStateError unless started."""
         core = self._running("read stats")
 
         def collect() -> dict[str, int]:

@@ -394,6 +394,13 @@ class Producer:
         self._routes: dict[str, tuple[float, list[MessageQueue]]] = {}
 
     def start(self) -> Producer:
+        """Find the brokers (through the name servers when set) and start the sender of send_async's
+        batches; returns self (RocketMQ's DefaultMQProducer.start()). A no-op while running.
+
+        When no broker can be reached the discovery's error is raised (a retriable UnavailableError, or
+        the refusal itself: credentials, TLS), or RequestTimeoutError after 2 * request_timeout_s. The
+        producer is then shut down: like start() after shutdown(), starting it again is a
+        ClientStateError, and a new Producer is needed."""
         if self._life.state is ClientState.RUNNING:
             return self
         self._life.to(ClientState.STARTING)

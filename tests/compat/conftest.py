@@ -8,6 +8,7 @@ what it starts (`official` closes them even when the test fails).
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 from collections.abc import Iterator
@@ -35,7 +36,14 @@ def rmq(tmp_path_factory):
 
 @pytest.fixture
 def official(rmq) -> Iterator:
-    """Start official clients through `official(client)`; they are shut down after the test."""
+    """Start official clients through `official(client)`; they are shut down after the test.
+
+    The official client opens its telemetry stream from the thread that starts it with grpc.aio, which
+    needs that thread's current event loop; after any asyncio.run() in the same thread (an earlier test
+    on this pytest worker) there is none, and start-up fails with "failed to receive initial settings".
+    Each test gets one (an application calling asyncio.run() first needs the same)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
     started = []
 
     def start(client):
@@ -49,3 +57,5 @@ def official(rmq) -> Iterator:
             client.shutdown()
         except Exception:  # a client whose start-up failed half-way may not shut down cleanly
             pass
+    asyncio.set_event_loop(None)
+    loop.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tidemark.broker.config import reference_table as broker_reference
-from tidemark.client import Admin
+from tidemark.client import Admin, Message, Producer, ResetTarget
 from tidemark.client.settings import (
     ProducerSettings,
     PullConsumerSettings,
@@ -72,15 +72,71 @@ def test_quickstart_runs_in_order(broker, tmp_path):
     assert "total lag 0" in outputs[-1], outputs[-1]
 
 
-def test_the_library_example_prints_what_it_sends(broker, tmp_path):
-    """Issue 31: the example sent before its consumer started, and a new group starts at the end of the
-    queues: it printed nothing. Run as written, against a broker with the Orders topic."""
+def library_example(imports: str) -> str:
+    """The python example of "Using the library" whose first line is `from tidemark.client import <imports>...`."""
     section = README.read_text().split("## Using the library", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    with Admin(brokers=broker.address) as admin:
-        admin.create_topic("Orders", 4)
+    found = [code for code in re.findall(r"```python\n(.*?)```", section, re.S)
+             if re.search(rf"^from tidemark\.client import {imports}\b", code, re.M)]
+    assert len(found) == 1, f"{len(found)} examples in 'Using the library' import {imports}"
+    return found[0]
+
+
+def run_example(code: str, broker, tmp_path) -> subprocess.CompletedProcess:
+    """The example as written, against `broker`, in a fresh interpreter."""
     script = tmp_path / "example.py"
     script.write_text(code.replace("127.0.0.1:10911", broker.address))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
+    return out
+
+
+def send_orders(broker, count: int) -> list[bytes]:
+    """The Orders topic (4 queues) with `count` messages; their bodies."""
+    bodies = [f'{{"id": {i}}}'.encode() for i in range(count)]
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("Orders", 4)
+    with Producer(brokers=broker.address) as producer:
+        for body in bodies:
+            producer.send(Message("Orders", body))
+    return bodies
+
+
+def test_the_library_example_prints_what_it_sends(broker, tmp_path):
+    """Issue 31: the example sent before its consumer started, and a new group starts at the end of the
+    queues: it printed nothing. Run as written, against a broker with the Orders topic."""
+    code = library_example("ConsumeConcurrentlyStatus")
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("Orders", 4)
+    out = run_example(code, broker, tmp_path)
     assert '{"id": 2}' in out.stdout, f"printed nothing of the refund:\n{out.stdout}\n{out.stderr[-2000:]}"
+
+
+def test_the_admin_example_creates_a_topic_shows_the_lag_and_rewinds_the_group(broker, tmp_path):
+    """Run as written, with a refunds group that has read the 8 messages of Orders: it creates Invoices,
+    prints the lag 0, and moves the group back to the start of every queue (lag 8 after it)."""
+    send_orders(broker, 8)
+    with Admin(brokers=broker.address) as admin:
+        admin.reset_offset("refunds", "Orders", ResetTarget.LATEST)
+    out = run_example(library_example("Admin"), broker, tmp_path).stdout
+    assert "refunds lag: 0" in out, out
+    changes = re.findall(r"^(\d+) (\d+) -> (\d+)$", out, re.M)
+    assert sorted(int(q) for q, _old, _new in changes) == [0, 1, 2, 3], out
+    assert sum(int(old) for _q, old, _new in changes) == 8 and {new for *_, new in changes} == {"0"}, out
+    with Admin(brokers=broker.address) as admin:
+        assert "Invoices" in admin.list_topics()
+        stats = admin.consume_stats("refunds", "Orders")
+    assert [q.consumer_offset for q in stats] == [0, 0, 0, 0]
+    assert sum(q.lag for q in stats) == 8
+
+
+def test_the_pull_consumer_example_prints_and_commits_every_message(broker, tmp_path):
+    """Run as written against Orders with 10 messages: it prints each body once and leaves the audit
+    group's committed offsets at the end of every queue."""
+    bodies = send_orders(broker, 10)
+    out = run_example(library_example("PullConsumer"), broker, tmp_path).stdout
+    for body in bodies:
+        assert out.count(repr(body)) == 1, f"{body!r} printed {out.count(repr(body))} times:\n{out}"
+    with Admin(brokers=broker.address) as admin:
+        stats = admin.consume_stats("audit", "Orders")
+    assert [q.consumer_offset for q in stats] == [q.max_offset for q in stats]
+    assert sum(q.max_offset for q in stats) == 10 and sum(q.lag for q in stats) == 0

@@ -186,3 +186,64 @@ def test_a_replica_takes_each_commit_within_milliseconds_not_at_the_next_mirror(
             on_master.commit("watchers", {QUEUE: value})
             wait_until(lambda v=value: on_replica.committed("watchers", QUEUE) == v, 0.5,
                        f"commit {value} on the replica within 500 ms")
+
+
+def checkpointed(master) -> int | None:
+    """The replicated end the master last wrote (broker/replication_checkpoint.py), None before any."""
+    import json
+
+    path = master.data_dir / "config" / "replicationCheckpoint.json"
+    return json.loads(path.read_text())["confirmed"] if path.exists() else None
+
+
+def test_a_restarted_sync_master_keeps_reads_bounded_until_its_replica_acknowledges_again(pair):
+    # A known limit until now: the bound lived in memory, so a sync master restarted before its replica
+    # came back showed readers a record no replica held (here one whose send timed out).
+    master, _, link = pair("sync")
+    base = warm_up(master)
+    wait_until(lambda: (checkpointed(master) or 0) > 0 and readable(master.address, 0)
+               and checkpointed(master) >= _log_end(master), 15, "the replicated end checkpointed")
+    link.blackhole(True)
+    try:
+        with pytest.raises(RequestTimeoutError):
+            send(master.address, b"in-doubt")
+        master.kill()
+        link.reset()  # the held bytes are dropped: the replica never gets the record
+        master.start()  # the replica cannot reach it through the blackholed link
+        assert readable(master.address, base) == [], "after the restart a reader saw a record no replica holds"
+        with Admin(brokers=master.address) as admin:
+            assert admin.max_offset(QUEUE) == base
+    finally:
+        link.heal()
+    # The replica reconnects, copies the record and acknowledges it: now it is readable.
+    wait_until(lambda: readable(master.address, base) == [b"in-doubt"], 30, "the copied record readable")
+
+
+def test_a_fenced_async_master_serves_no_reads_past_what_its_replica_acknowledged(namesrv_factory, broker_factory):
+    # Async reads are bounded only while a replica is in sync; once the master is fenced (its replica was
+    # promoted), they are bounded whatever the mode: its tail sits where the new master stores other messages.
+    ns = namesrv_factory()
+    fast = ("--namesrv", ns.address, "--register-interval-ms", "300")
+    master = broker_factory("broker-a", args=("--replication", "async", "--replication-timeout-ms", "10000", *fast))
+    link = FaultProxy(master.address, name="replica-link")
+    try:
+        replica = broker_factory("broker-a", args=("--broker-id", "1", "--master", link.address, *fast))
+        with Admin(brokers=master.address) as admin:
+            admin.create_topic(TOPIC, 1)
+        base = warm_up(master)
+        link.blackhole(True)
+        assert send(master.address, b"only-here") == base
+        link.reset()  # the replica's stream ends (and its next one is held): async reads are unbounded again
+        wait_until(lambda: readable(master.address, base) == [b"only-here"], 30, "async reads unbounded")
+        with Admin(brokers=replica.address) as admin:
+            admin.promote(replica.address)
+        wait_until(lambda: "event=broker_fenced" in master.log_text(), 15, "the old master fenced")
+        assert readable(master.address, base) == [], "a fenced master served a record no replica holds"
+        assert send(replica.address, b"new-master") == base  # what the new master holds at that offset
+    finally:
+        link.close()
+
+
+def _log_end(master) -> int:
+    with Admin(brokers=master.address) as admin:
+        return admin.broker_status_at(master.address).commit_log_max_offset

@@ -19,7 +19,10 @@ from typing import Any
 import grpc
 
 from tidemark.broker.controller import BrokerController
-from tidemark.broker.errors import BrokerError, InvalidArgumentError, NotFoundError
+from tidemark.broker.errors import (
+    BrokerError,
+    InvalidArgumentError,
+)
 from tidemark.broker.pop.service import MAX_BATCH, ReceiveRequest
 from tidemark.broker.pull import PullRequest, PullStatus, check_queue
 from tidemark.broker.services.errors import status_for
@@ -27,7 +30,6 @@ from tidemark.broker.services.rmq5 import convert
 from tidemark.broker.services.rmq5.status import (
     Code,
     ProtocolError,
-    TopicNotFoundError,
     ok,
     status_of,
 )
@@ -125,9 +127,7 @@ class Rmq5Servicer:
     async def QueryRoute(self, request, context: grpc.aio.ServicerContext):
         b = self._b
         name = convert.resource_name(request.topic, "topic")
-        topic = b.topics.get(name)
-        if topic is None:
-            raise TopicNotFoundError(f"topic {name!r} does not exist on this broker")
+        topic = b.topics.require(name)
         perm = b.permission
         readable, writable = topic.readable and perm.readable, topic.writable and perm.writable
         broker = pb.Broker(name=b.config.broker_name, id=0, endpoints=self._endpoints(request.endpoints))
@@ -220,13 +220,10 @@ class Rmq5Servicer:
             batches.setdefault(group, []).append(message)
         results = {}
         for group, messages in batches.items():
-            try:
-                # One message group, one queue: its messages keep their order (FIFO).
-                sent_all = await self._b.sender.send(topic, None, messages, queue_key=group)
-                for message, sent in zip(messages, sent_all, strict=True):
-                    results[message.properties[PropertyKey.UNIQ_KEY]] = sent
-            except NotFoundError as e:
-                raise TopicNotFoundError(str(e)) from None
+            # One message group, one queue: its messages keep their order (FIFO).
+            sent_all = await self._b.sender.send(topic, None, messages, queue_key=group)
+            for message, sent in zip(messages, sent_all, strict=True):
+                results[message.properties[PropertyKey.UNIQ_KEY]] = sent
         metrics = self._b.metrics
         metrics.messages_in.labels(topic).inc(len(request.messages))
         metrics.bytes_in.labels(topic).inc(sum(s.put.store_size for s in results.values()))
@@ -258,9 +255,7 @@ class Rmq5Servicer:
         b = self._b
         name = convert.resource_name(request.topic, "topic")
         convert.resource_name(request.group, "group")
-        topic = b.topics.get(name)
-        if topic is None:
-            raise TopicNotFoundError(f"topic {name!r} does not exist on this broker")
+        topic = b.topics.require(name)
         if not (topic.readable and topic.read_queue_nums and b.permission.readable):
             raise ProtocolError(Code.FORBIDDEN, f"topic {name!r} has no readable queue on this broker")
         queue = pb.MessageQueue(topic=pb.Resource(name=name), id=-1, permission=pb.READ_WRITE,
@@ -302,8 +297,7 @@ class Rmq5Servicer:
     def _receive_request(self, request, context: grpc.aio.ServicerContext) -> ReceiveRequest:
         group = convert.resource_name(request.group, "group")
         topic = convert.resource_name(request.message_queue.topic, "topic")
-        if self._b.topics.get(topic) is None:
-            raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+        self._b.topics.require(topic)
         client_id = client_id_of(context.invocation_metadata())
         if request.auto_renew:
             invisible_ms = self._b.pop.ledger.settings.renew_slice_ms
@@ -414,9 +408,7 @@ class Rmq5Servicer:
     async def QueryOffset(self, request, context: grpc.aio.ServicerContext):
         b = self._b
         topic = convert.resource_name(request.message_queue.topic, "topic")
-        config = b.topics.get(topic)
-        if config is None:
-            raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+        config = b.topics.require(topic)
         queue_id = request.message_queue.id
         check_queue(config, queue_id)
         policy = request.query_offset_policy
@@ -433,8 +425,7 @@ class Rmq5Servicer:
     def _group_and_queue_topic(self, request) -> tuple[str, str]:
         group = convert.resource_name(request.group, "group")
         topic = convert.resource_name(request.message_queue.topic, "topic")
-        if self._b.topics.get(topic) is None:
-            raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+        self._b.topics.require(topic)
         return group, topic
 
 

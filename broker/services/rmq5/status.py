@@ -15,6 +15,7 @@ from tidemark.broker.errors import (
     NotFoundError,
     PermissionDeniedError,
     StoreError,
+    TopicNotFoundError,
     UnauthenticatedError,
 )
 from tidemark.broker.pop.handles import InvalidReceiptHandleError
@@ -32,10 +33,6 @@ class ProtocolError(InvalidArgumentError):
     def __init__(self, code: int, message: str) -> None:
         super().__init__(message)
         self.code = code
-
-
-class TopicNotFoundError(NotFoundError):
-    """The request names a topic this broker does not have."""
 
 
 # Most specific first: the first class an error is an instance of gives its code.

@@ -1,0 +1,196 @@
+"""The data dir's format stamp: which on-disk layout a data dir holds, so no broker opens one it cannot read.
+
+`<data-dir>/format.json`, written once, atomically (tidemark.fsutil):
+
+    {"format": 1, "written_by": "tidemark 0.1.0"}
+
+`format` is the version of the on-disk layout (commit-log records,
+consume-queue entries, the offset, pop and producer journals, the JSON files
+in config/); `written_by` is the Tidemark that wrote the stamp, for the
+operator reading a refusal. Format 1 is the layout of every Tidemark so far.
+
+Why refuse instead of trying: the files are read by byte layout, and a broker
+that misreads them does not stop, it repairs. Recovery cuts the commit log at
+the first record it cannot validate (commitlog.py), so a build that met a
+newer record layout would take the newer records for a torn tail and delete
+them. A broker therefore reads the stamp before it touches anything, the
+data dir's lock file included, and refuses a dir whose format it does not
+read, or whose stamp it cannot parse, with DataFormatError: one line naming
+the dir, the format found and the formats it reads, and the dir unchanged, so
+the version that wrote it can still open it.
+
+A dir without a stamp is a new one or one written before stamps existed
+(format 1 either way): `ensure` stamps it, under the data dir's lock, so two
+brokers never stamp the same dir. A stamp that cannot be written (a full
+disk) does not stop the broker: the dir stays unstamped, which reads as
+format 1, and the next start tries again.
+
+The decisions are pure functions (decode_stamp, refusal); read_stamp, check
+and ensure do the file work.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidemark.broker.errors import BrokerError
+from tidemark.fsutil import atomic_write
+from tidemark.logs import get_logger
+
+log = get_logger("tidemark.broker")
+
+FORMAT_FILE = "format.json"
+# The layout this build writes, and every layout it reads.
+CURRENT_FORMAT = 1
+READABLE_FORMATS: frozenset[int] = frozenset({1})
+# What a broker leaves in its data dir (besides the lock, which a start creates before stamping): one of
+# them present without a stamp means a dir written before stamps existed, not a new one.
+_BROKER_ENTRIES = frozenset({"commitlog", "consumequeue", "config", "checkpoint", "abort"})
+
+
+class DataFormatError(BrokerError):
+    """The data dir holds a format this build does not read, or a stamp it cannot parse; nothing was changed."""
+
+
+class StampError(ValueError):
+    """The bytes of a stamp file are not a stamp (the reason, for DataFormatError's message)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FormatStamp:
+    format: int
+    written_by: str = ""
+
+
+class Stamped(enum.Enum):
+    """What `ensure` found and did."""
+
+    FOUND = "found"  # stamped already, with a format this build reads: nothing written
+    NEW = "new"  # an empty or new dir: stamped
+    ADOPTED = "adopted"  # data from before stamps existed: stamped as format 1
+    NOT_WRITTEN = "not_written"  # unstamped, and the stamp could not be written (logged): reads as format 1
+
+
+@dataclass(frozen=True, slots=True)
+class Stamping:
+    outcome: Stamped
+    stamp: FormatStamp
+
+
+def encode_stamp(stamp: FormatStamp) -> bytes:
+    return (json.dumps({"format": stamp.format, "written_by": stamp.written_by}, indent=4) + "\n").encode()
+
+
+def decode_stamp(data: bytes) -> FormatStamp:
+    """The stamp in a file's bytes; StampError saying what is wrong with them. Keys other than format and
+    written_by are ignored: a later version may add some without changing the format."""
+    if not data.strip():
+        raise StampError("empty")
+    try:
+        doc = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise StampError(f"not valid JSON: {e.msg} at line {e.lineno}") from None
+    except UnicodeDecodeError:
+        raise StampError("not text") from None
+    if not isinstance(doc, dict):
+        raise StampError("not a JSON object")
+    if "format" not in doc:
+        raise StampError('no "format"')
+    number = doc["format"]
+    if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+        raise StampError(f'"format" is {json.dumps(number)}, expected an integer >= 1')
+    written_by = doc.get("written_by", "")
+    if not isinstance(written_by, str):
+        raise StampError(f'"written_by" is {json.dumps(written_by)}, expected a string')
+    return FormatStamp(number, written_by)
+
+
+def readable_text(readable: Collection[int]) -> str:
+    """'format 1', 'formats 1 and 2', 'formats 1, 2 and 3'."""
+    numbers = [str(n) for n in sorted(readable)]
+    if len(numbers) == 1:
+        return f"format {numbers[0]}"
+    return f"formats {', '.join(numbers[:-1])} and {numbers[-1]}"
+
+
+def refusal(data_dir: Path, stamp: FormatStamp, *, version: str,
+            readable: Collection[int] = READABLE_FORMATS) -> DataFormatError | None:
+    """Why a broker of `version` must not open a dir with this stamp; None when it may."""
+    if stamp.format in readable:
+        return None
+    by = stamp.written_by or "an unknown version"
+    return DataFormatError(f"data dir {data_dir} holds on-disk format {stamp.format} (stamped by {by}) and "
+                           f"tidemark {version} reads {readable_text(readable)} only: start it with a Tidemark "
+                           f"that reads format {stamp.format}; nothing was changed")
+
+
+def unreadable(data_dir: Path, reason: str, *, version: str,
+               readable: Collection[int] = READABLE_FORMATS) -> DataFormatError:
+    return DataFormatError(f"data dir {data_dir} has an unusable format stamp ({FORMAT_FILE} is {reason}), so "
+                           f"its on-disk format is unknown and tidemark {version} reads {readable_text(readable)}: "
+                           f"repair or restore {FORMAT_FILE}; nothing was changed")
+
+
+def holds_broker_data(names: Iterable[str]) -> bool:
+    """Whether a dir with these entries was used by a broker (else it is new, or empty)."""
+    return not _BROKER_ENTRIES.isdisjoint(names)
+
+
+# -- files -----------------------------------------------------------------
+
+
+def read_stamp(data_dir: Path, *, version: str, readable: Collection[int] = READABLE_FORMATS) -> FormatStamp | None:
+    """The dir's stamp; None when it has none (or does not exist yet). DataFormatError when the stamp is
+    there but cannot be read or parsed. Reads only."""
+    data_dir = Path(data_dir)
+    try:
+        data = (data_dir / FORMAT_FILE).read_bytes()
+    except (FileNotFoundError, NotADirectoryError):  # no stamp; a data dir that is a file is the lock's to report
+        return None
+    except OSError as e:
+        raise unreadable(data_dir, f"unreadable: {e.strerror or e}", version=version, readable=readable) from None
+    try:
+        return decode_stamp(data)
+    except StampError as e:
+        raise unreadable(data_dir, str(e), version=version, readable=readable) from None
+
+
+def check(data_dir: Path, *, version: str, readable: Collection[int] = READABLE_FORMATS) -> FormatStamp | None:
+    """DataFormatError when this build must not open the dir; else its stamp (None: unstamped). Reads only,
+    so it runs before anything else touches the dir."""
+    stamp = read_stamp(data_dir, version=version, readable=readable)
+    if stamp is not None:
+        error = refusal(data_dir, stamp, version=version, readable=readable)
+        if error is not None:
+            raise error
+    return stamp
+
+
+def ensure(data_dir: Path, *, version: str, readable: Collection[int] = READABLE_FORMATS,
+           current: int = CURRENT_FORMAT) -> Stamping:
+    """Check the dir (DataFormatError as `check`), then stamp it with `current` when it has no stamp.
+    Call with the data dir's lock held."""
+    data_dir = Path(data_dir)
+    found = check(data_dir, version=version, readable=readable)
+    if found is not None:
+        return Stamping(Stamped.FOUND, found)
+    stamp = FormatStamp(current, f"tidemark {version}")
+    existing = data_dir.is_dir() and holds_broker_data(p.name for p in data_dir.iterdir())
+    try:
+        atomic_write(data_dir / FORMAT_FILE, encode_stamp(stamp))
+    except OSError as e:
+        log.warning("cannot write the data dir's format stamp %s (%s); it reads as format %d, and the next "
+                    "start tries again", data_dir / FORMAT_FILE, e.strerror or e, current,
+                    event="data_format_stamp_failed")
+        return Stamping(Stamped.NOT_WRITTEN, stamp)
+    if existing:
+        log.info("data dir written before format stamps: stamped as on-disk format %d", current,
+                 event="data_format_stamped", file=data_dir / FORMAT_FILE, format=current, existing_data=True)
+        return Stamping(Stamped.ADOPTED, stamp)
+    log.info("new data dir stamped with on-disk format %d", current,
+             event="data_format_stamped", file=data_dir / FORMAT_FILE, format=current, existing_data=False)
+    return Stamping(Stamped.NEW, stamp)

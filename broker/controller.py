@@ -217,8 +217,8 @@ class BrokerController:
         self.topics.ensure_system_topic(SCHEDULE_TOPIC, len(self.config.delay_levels_ms))
         if self.replication is not None:
             self.store.add_dispatch_listener(self.replication.on_append)
-            self._checkpoint = ReplicationCheckpoint(self.config.config_dir, self.replication)
-            self._checkpoint.restore()
+            self._checkpoint = ReplicationCheckpoint(self.config.config_dir, self.replication, lambda: self.epoch)
+            self._checkpoint.restore(self.store.commit_log_max_offset)
         self._wire_reads()
         return StartupReport(recovery, offsets, topics, groups)
 
@@ -290,7 +290,8 @@ class BrokerController:
         steps += [("name server registration", self.registrar.stop)]
         if self.replica is not None:
             steps += [("replication", self.replica.stop)]
-        steps += [("consumer offsets", self._persist_offsets_now), ("pop state", self.pop.shutdown),
+        steps += [("replication checkpoint", self._checkpoint_replication),
+                  ("consumer offsets", self._persist_offsets_now), ("pop state", self.pop.shutdown),
                   ("producer state", self.producers.shutdown),
                   ("transaction state", self.transactions.persist_if_dirty),
                   ("config files", self.flush_configs),
@@ -543,8 +544,8 @@ class BrokerController:
         self.store.follower = False
         self.producers.promoted()
         self.replication = self._replication_source()
-        # Written from now on; what an earlier life as master left in the file is not this log's bound.
-        self._checkpoint = ReplicationCheckpoint(self.config.config_dir, self.replication)
+        # Written from now on, with the new epoch: what an earlier life as master wrote is ignored.
+        self._checkpoint = ReplicationCheckpoint(self.config.config_dir, self.replication, lambda: self.epoch)
         self.store.add_dispatch_listener(self.replication.on_append)
         self.sender.sync_replication = self.transactions.sync_replication = self._sync_replication()
         self._wire_reads()

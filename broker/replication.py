@@ -225,10 +225,15 @@ class ReplicationSource:
         return None
 
     def restore(self, confirmed: int) -> None:
-        """At start: the replicated end the last run knew (broker/replication_checkpoint.py), so readers
-        stay bounded until replicas acknowledge again."""
-        if self.confirmed is None or confirmed > self.confirmed:
-            self.confirmed = confirmed
+        """At start: the replicated end the last run knew (broker/replication_checkpoint.py, never past the
+        log's end), so readers stay bounded until replicas acknowledge again; readers waiting past it are
+        woken once a replica holds the whole log."""
+        if self.confirmed is not None and confirmed <= self.confirmed:
+            return
+        self.confirmed = confirmed
+        end = self._store.commit_log_max_offset
+        if confirmed < end:
+            self._unconfirmed.append((end, ("", -1)))
 
     def _any_in_sync(self) -> bool:
         return bool(self.in_sync_replicas())

@@ -1,5 +1,6 @@
 """The broker's version: the installed package's, one value for the registration, broker status, the
-data dir's format stamp, /metrics' build_info and `tidemark --version`."""
+data dir's format stamp and /metrics' build_info (`tidemark --version`, a client command, reads the same
+package metadata itself)."""
 
 from __future__ import annotations
 

@@ -36,7 +36,6 @@ from tidemark.broker.config import BrokerConfig
 from tidemark.broker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
-    NotFoundError,
     PermissionDeniedError,
     StoreError,
 )
@@ -218,9 +217,7 @@ class PopService:
                                      f"{MIN_INVISIBLE_MS}..{MAX_INVISIBLE_MS} ms")
         if not 1 <= r.batch <= MAX_BATCH:
             raise InvalidArgumentError(f"batch size {r.batch} is outside 1..{MAX_BATCH}")
-        topic = self._topics.get(r.topic)
-        if topic is None:
-            raise NotFoundError(f"topic {r.topic!r} does not exist on this broker")
+        topic = self._topics.require(r.topic)
         group = self._groups.find_or_default(r.group)  # its consumers' settings created it; a receive only reads
         if not group.consume_enable:
             raise PermissionDeniedError(f"group {r.group!r} may not consume (its consume_enable is false)")

@@ -11,7 +11,11 @@ import pytest
 
 from tidemark.broker.errors import ConfigFileError
 from tidemark.broker.replication import ReplicationSource
-from tidemark.broker.replication_checkpoint import CHECKPOINT_FILE_NAME, ReplicationCheckpoint, load_confirmed
+from tidemark.broker.replication_checkpoint import (
+    CHECKPOINT_FILE_NAME,
+    ReplicationCheckpoint,
+    load_confirmed,
+)
 
 
 def source(end: int) -> ReplicationSource:

@@ -159,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topic", default="demo-events")
     parser.add_argument("--group", default="demo-pipeline")
     parser.add_argument("--events", type=int, default=5000)
+    parser.add_argument("--seed-once", action="store_true",
+                        help="produce the events only when this run creates the topic (a job run again, as "
+                             "`docker-compose start` does, then adds nothing)")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=1000)
     parser.add_argument("--checkpoint", default=None, help="default: a new temp dir (the group's offsets remain)")
     parser.add_argument("--master", default="local[2]", help="Spark master URL, e.g. spark://spark-master:7077")
@@ -175,13 +178,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"started a broker at {args.brokers} (data in {scratch / 'data'})")
         # How every client here finds the brokers: the name servers when given, else the broker list.
         where = {"namesrv": args.namesrv} if args.namesrv else {"brokers": args.brokers}
+        created = False
         with Admin(**where) as admin:
             try:
                 admin.create_topic(args.topic, 4)
+                created = True
                 print(f"created topic {args.topic} with 4 queues")
             except AlreadyExistsError:
                 pass
-        produce(where, args.topic, args.events)
+        if created or not args.seed_once:
+            produce(where, args.topic, args.events)
+        else:
+            print(f"topic {args.topic} exists and --seed-once: no new events")
         total, detail = lag(where, args.group, args.topic)
         print(f"group {args.group} lag {total:>6}   {detail}")
         return run_pipeline(where, args.topic, args.group, args.checkpoint or str(scratch / "checkpoint"),

@@ -34,8 +34,11 @@ class _Job:
 async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
     """Cancel tasks and wait until each has finished (None entries are skipped).
 
-    gather(return_exceptions=True) collects the tasks' own cancellations and failures (a task reports
-    its failures where they happen); a cancellation of the caller still propagates."""
+    The tasks' own cancellations and failures are collected here (a task reports its failures where
+    they happen). A cancellation of the caller while it waits still propagates, but only once the tasks
+    have finished: what they were using (a stream they read, a file) is theirs until then, and a caller
+    that closed it under them got "aclose(): asynchronous generator is already running" (the fault
+    runs' replica_link scenario, a replica's acknowledgement reader inside the request stream)."""
     pending = []
     for task in tasks:
         if task is None:
@@ -46,8 +49,18 @@ async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
             continue
         task.cancel()
         pending.append(task)
-    if pending:
-        await asyncio.gather(*pending, return_exceptions=True)
+    cancelled = False
+    while pending:
+        try:
+            await asyncio.wait(pending)
+        except asyncio.CancelledError:
+            cancelled = True  # the caller is cancelled: the tasks are already, wait for them to end
+        pending = [t for t in pending if not t.done()]
+    for task in tasks:
+        if task is not None and task.done() and not task.cancelled():
+            task.exception()
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 class Scheduler:

@@ -115,6 +115,20 @@ def test_the_stack_has_what_the_pipeline_needs():
     assert "--namesrv=namesrv-1:9876,namesrv-2:9876" in _flags(job["command"])
 
 
+def test_every_service_runs_with_least_privilege_and_leaves_no_anonymous_volume():
+    services = compose()["services"]
+    for name, s in services.items():
+        assert s.get("cap_drop") == ["ALL"], f"{name} keeps capabilities"
+        assert "no-new-privileges:true" in s.get("security_opt", []), f"{name} may gain privileges"
+        assert s.get("read_only") is True, f"{name}: a read-only root"
+        for volume in s.get("volumes", []):
+            # `docker-compose down` without -v leaves anonymous volumes behind; named ones are reused.
+            assert ":" in volume, f"{name}: anonymous volume {volume}"
+    for name in NAMESRVS:  # the image declares VOLUME /data: a tmpfs there keeps Docker from making one
+        assert "/data" in _tmpfs(services[name])
+    assert "--seed-once" in services["job"]["command"], "a job run again (docker-compose start) adds no events"
+
+
 def _flags(command: list[str]) -> set[str]:
     return {f"{a}={b}" for a, b in zip(command, command[1:], strict=False) if a.startswith("--")}
 

@@ -236,7 +236,9 @@ class ReplicationSource:
             self._unconfirmed.append((end, ("", -1)))
 
     def _any_in_sync(self) -> bool:
-        return bool(self.in_sync_replicas())
+        # On every read of an async master: stops at the first replica in sync.
+        end, now = self._store.commit_log_max_offset, self._clock()
+        return any(r.catch_up.in_sync(r.acked, end, now, self._max_lag_s) for r in self._replicas.values())
 
     def in_sync_replicas(self) -> list[int]:
         """The broker ids of the connected replicas in sync (RocketMQ 5's SyncStateSet, Kafka's ISR less
@@ -245,20 +247,21 @@ class ReplicationSource:
         return sorted(r.broker_id for r in self._replicas.values()
                       if r.catch_up.in_sync(r.acked, end, now, self._max_lag_s))
 
-    def _acked_by_id(self) -> list[int]:
-        """Per connected replica, the commit-log end it acknowledged (one stream per broker id: serve()
-        drops an older stream of a replica that connects again)."""
-        return [r.acked for r in self._replicas.values()]
+    def _held_end(self) -> int | None:
+        """The commit-log end `min_replicas` replicas acknowledged; None while fewer are connected (one
+        stream per replica: serve() drops an older stream of a replica that connects again)."""
+        acked = [r.acked for r in self._replicas.values()]
+        return nth_highest(acked, self._min_replicas) if len(acked) >= self._min_replicas else None
 
     def _held_by_enough(self, end: int) -> bool:
         """Whether `min_replicas` replicas acknowledged `end`."""
-        acked = self._acked_by_id()
-        return len(acked) >= self._min_replicas and nth_highest(acked, self._min_replicas) >= end
+        held = self._held_end()
+        return held is not None and held >= end
 
     def _replicated_end(self) -> int | None:
         """What readers may read up to: what `min_replicas` replicas hold, or, while fewer are connected,
         what every connected one holds (Kafka's high watermark over the in-sync set); None: none is."""
-        return nth_highest(self._acked_by_id(), self._min_replicas)
+        return nth_highest((r.acked for r in self._replicas.values()), self._min_replicas)
 
     def release_readers(self) -> None:
         """The timer's job: once reads are no longer bounded (async: no replica in sync any more), wake the
@@ -347,8 +350,11 @@ class ReplicationSource:
         if end is None:
             return
         self._confirm(end)
+        held = self._held_end()
+        if held is None:
+            return
         for want, future in self._waiters:
-            if not future.done() and self._held_by_enough(want):
+            if want <= held and not future.done():
                 future.set_result(None)
 
     async def serve(self, requests: AsyncIterator[replication_pb2.ReplicaProgress],

@@ -9,6 +9,15 @@ LOCK := requirements.lock
 PROTO_DIR := proto
 PROTO_SRC := $(wildcard $(PROTO_DIR)/tidemark/v1/*.proto) $(wildcard $(PROTO_DIR)/tidemark/rmq5/v2/*.proto)
 PROTO_STAMP := $(PROTO_DIR)/tidemark/v1/.generated
+# The install is editable in setuptools' strict mode: a tree of links to every file of the package
+# (build/__editable__.*), on the venv's path by a plain .pth entry, so that editors and type checkers
+# resolve `tidemark.broker.x` to broker/x.py as Python does. The tree is made again when a file is
+# added, removed or renamed, which changes the list in $(FILES).
+STRICT := --config-settings editable_mode=strict
+FILES := $(VENV)/.tidemark-files
+$(shell mkdir -p $(VENV) && find common broker client spark_connector proto -type f ! -path '*/__pycache__/*' \
+	! -path '*.egg-info/*' ! -name '*_pb2*' ! -name .generated | LC_ALL=C sort > $(FILES).new; \
+	cmp -s $(FILES).new $(FILES) || mv $(FILES).new $(FILES); rm -f $(FILES).new)
 DATA_DIR ?= ./data
 PORT ?= 10911
 # The suite runs on pytest-xdist workers; tests/conftest.py keeps tests that share a heavy resource
@@ -22,15 +31,15 @@ setup: $(STAMP) $(PROTO_STAMP)
 
 # The broker's own dependencies and the code generator: all that `make run` needs (no Spark, no
 # test or bench packages).
-$(RUN_STAMP): pyproject.toml setup.py $(LOCK)
+$(RUN_STAMP): pyproject.toml setup.py $(LOCK) $(FILES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c $(LOCK) -e '.[broker,build]'
+	$(PY) -m pip install --quiet -c $(LOCK) $(STRICT) -e '.[broker,build]'
 	touch $@
 
 # Everything: the Spark connector, tests, benchmarks.
 $(STAMP): $(RUN_STAMP)
-	$(PY) -m pip install --quiet -c $(LOCK) -e '.[broker,build,spark,dev,compat]'
+	$(PY) -m pip install --quiet -c $(LOCK) $(STRICT) -e '.[broker,build,spark,dev,compat]'
 	touch $@
 
 # A fresh resolve of pyproject.toml's ranges into $(LOCK) (then review the diff and run make test).

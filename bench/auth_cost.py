@@ -75,10 +75,10 @@ def guard_costs(repeat: int = 20_000) -> dict[str, float]:
     """Microseconds per call of the broker's checks: signing (client side), verifying a signature (once
     per unary call or stream), and authorizing a Produce request or a Fetch open (per request or
     stream message), for a plain user with prefix rules."""
-    from tidemark.auth import Credentials, signed_metadata
     from tidemark.broker.auth.acl import AclRule, Action, Decision, Resource
     from tidemark.broker.auth.guard import AccessGuard, on_group, on_topic
     from tidemark.broker.auth.store import AuthStore
+    from tidemark.common.auth import Credentials, signed_metadata
 
     with tempfile.TemporaryDirectory() as config_dir:
         store = AuthStore(Path(config_dir))

@@ -61,7 +61,7 @@ def wait_port(port: int, timeout: float, proc: subprocess.Popen | None = None, w
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("GRPC_VERBOSITY", "ERROR")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), str(REPO / "proto"), env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)  # bench itself
     return env
 
 

@@ -53,7 +53,7 @@ from tidemark.client.consumer.allocate import AllocateMessageQueueAveragely
 from tidemark.client.consumer.membership import WATCH_RETRY_DELAY_S
 from tidemark.client.settings import ConsumerSettings
 from tidemark.client.types import QueueData, TopicRoute
-from tidemark.protocol import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, retry_topic
+from tidemark.common.protocol import DEFAULT_DELAY_LEVELS, SCHEDULE_TOPIC, retry_topic
 from tidemark.v1 import admin_pb2, common_pb2, membership_pb2, namesrv_pb2
 
 GROUP = "scaling-group"

@@ -11,7 +11,7 @@ from pathlib import Path
 from tidemark.broker import config as broker_config
 from tidemark.broker import data_format, memory
 from tidemark.broker.errors import BrokerError
-from tidemark.logs import get_logger, setup_logging
+from tidemark.common.logs import get_logger, setup_logging
 
 log = get_logger("tidemark.broker")
 

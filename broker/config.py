@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemark.broker.store.model import MIN_SEGMENT_SIZE
-from tidemark.protocol import DEFAULT_DELAY_LEVELS, DEFAULT_PORT, parse_delay_levels
+from tidemark.common.protocol import DEFAULT_DELAY_LEVELS, DEFAULT_PORT, parse_delay_levels
 
 ENV_PREFIX = "TIDEMARK_"
 # NAME:SECRET of a user given on the command line (init_user, a name server's broker_user).

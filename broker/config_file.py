@@ -17,8 +17,8 @@ from typing import Any
 
 from tidemark.broker.errors import ConfigFileError, StoreError
 from tidemark.broker.store.writability import describe
-from tidemark.fsutil import atomic_write, backup_path
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import atomic_write, backup_path
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.config")
 

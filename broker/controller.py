@@ -13,7 +13,6 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from tidemark.auth import Credentials
 from tidemark.broker.auth import AuthStore
 from tidemark.broker.config import BrokerConfig, FlushDiskType, ReplicationMode, namesrv_addresses
 from tidemark.broker.config_file import ConfigFile
@@ -41,12 +40,13 @@ from tidemark.broker.long_polling import PullRequestHoldService
 from tidemark.broker.metrics import BrokerMetrics, StateSnapshot
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.commits import OffsetCommitService
+from tidemark.broker.operations import Operations
 from tidemark.broker.permission import BrokerPermission
 from tidemark.broker.pop.service import PopService
 from tidemark.broker.producers.service import IdempotenceService
 from tidemark.broker.pull import PullService, QueueReadAccess
 from tidemark.broker.queries import MessageQueries
-from tidemark.broker.registration import NameServerRegistrar
+from tidemark.broker.registration import NameServerRegistrar, Registration
 from tidemark.broker.replication import ReplicaSync, ReplicationSource
 from tidemark.broker.replication_checkpoint import ReplicationCheckpoint
 from tidemark.broker.retry import SendBackService
@@ -58,10 +58,10 @@ from tidemark.broker.store.writability import WriteState, describe
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.broker.transactions.service import TransactionService
 from tidemark.broker.version import VERSION
-from tidemark.logs import get_logger
-from tidemark.protocol import SCHEDULE_TOPIC, MessageIdGenerator, retry_topic
-from tidemark.scheduler import Scheduler
-from tidemark.v1 import admin_pb2, namesrv_pb2
+from tidemark.common.auth import Credentials
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import SCHEDULE_TOPIC, MessageIdGenerator, retry_topic
+from tidemark.common.scheduler import Scheduler
 
 log = get_logger("tidemark.broker")
 
@@ -197,6 +197,7 @@ class BrokerController:
             fingerprint=lambda: (self.topics.version, self.permission.readable, self.permission.writable,
                                  self.config.broker_id, self.epoch),
             tls_ca_file=config.peer_tls_ca, on_fenced=self.permission.fence, credentials=self._peer_credentials())
+        self.operations = Operations(self)  # what the protocol adapters call
         self.started_ms = self.clock_ms()
         self._promoting = False
         self._checkpoint: ReplicationCheckpoint | None = None  # a master's replicated end across restarts
@@ -556,21 +557,18 @@ class BrokerController:
         await self.registrar.sync_if_changed()
         return epoch
 
-    def registration(self) -> namesrv_pb2.BrokerRegistration:
+    def registration(self) -> Registration:
         """What the broker tells the name servers: who it is and every topic it serves."""
         c = self.config
-        return namesrv_pb2.BrokerRegistration(
+        return Registration(
             cluster_name=c.cluster_name, broker_name=c.broker_name, broker_id=c.broker_id, address=c.address,
             version=VERSION, epoch=self.epoch,
             replica_lag_bytes=self.replica.lag_bytes if self.replica is not None else 0,
             replica_lag_ms=self.replica.lag_ms if self.replica is not None else 0,
-            in_sync_replicas=self.replication.in_sync_replicas() if self.replication is not None else (),
+            in_sync_replicas=tuple(self.replication.in_sync_replicas()) if self.replication is not None else (),
             readable=self.permission.readable, writable=self.permission.writable,
             uptime_ms=max(0, self.clock_ms() - self.started_ms),
-            topics=[admin_pb2.TopicConfig(name=t.name, read_queue_nums=t.read_queue_nums,
-                                          write_queue_nums=t.write_queue_nums, readable=t.readable,
-                                          writable=t.writable, system=t.system)
-                    for t in self.topics.list(include_system=True)])
+            topics=tuple(self.topics.list(include_system=True)))
 
     @property
     def configs_dirty(self) -> bool:

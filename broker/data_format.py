@@ -1,6 +1,6 @@
 """The data dir's format stamp: which on-disk layout a data dir holds, so no broker opens one it cannot read.
 
-`<data-dir>/format.json`, written once, atomically (tidemark.fsutil):
+`<data-dir>/format.json`, written once, atomically (tidemark.common.fsutil):
 
     {"format": 1, "written_by": "tidemark 0.1.0"}
 
@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.broker.errors import BrokerError
-from tidemark.fsutil import atomic_write
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker")
 

@@ -41,6 +41,19 @@ class StaleResetGenerationError(FailedPreconditionError):
     """A commit made before the committer saw an admin offset reset."""
 
 
+class InvalidReceiptHandleError(InvalidArgumentError):
+    """A pop receipt handle that cannot be used: forged, or of a delivery that is over (RocketMQ 5's
+    INVALID_RECEIPT_HANDLE). broker/pop/handles.py raises its two kinds."""
+
+
+class InvisibleTimeError(InvalidArgumentError):
+    """An invisible time outside what the broker accepts (RocketMQ 5's ILLEGAL_INVISIBLE_TIME)."""
+
+
+class DeliveryTimeError(InvalidArgumentError):
+    """A delivery time the broker refuses (too far ahead, or not a time); RocketMQ 5's ILLEGAL_DELIVERY_TIME."""
+
+
 class UnauthenticatedError(BrokerError):
     """The request carries no credentials, or wrong or stale ones."""
 
@@ -53,10 +66,21 @@ class StoreError(BrokerError):
     """The message store cannot serve the request (I/O failure, shutting down)."""
 
 
+class NotEnoughReplicasError(StoreError):
+    """A sync-replication send refused before it was stored: fewer connected replicas are in sync than
+    min_sync_replicas (RocketMQ 5's HA_NOT_AVAILABLE, Kafka's NOT_ENOUGH_REPLICAS)."""
+
+
 class OutcomeUnknownError(BrokerError):
     """The request may have taken effect or not, and the broker cannot say which in time (a sync-replication
     send stored here that no replica acknowledged). Not a refusal: the caller retries, and an idempotent
     producer's retry with the same sequence is stored once. DEADLINE_EXCEEDED, like a timeout."""
+
+
+class ReplicationTimeoutError(OutcomeUnknownError):
+    """A sync-replication send stored on the master that fewer than min_sync_replicas replicas acknowledged
+    in time: it may be lost with the master, or be on a replica already; the client cannot know
+    (RocketMQ 5's SLAVE_PERSISTENCE_TIMEOUT)."""
 
 
 class ConfigFileError(BrokerError):

@@ -38,7 +38,7 @@ from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import OffsetCommitService
 from tidemark.broker.pull import QueueReadAccess, is_stale
 from tidemark.broker.store import GetStatus, MessageStore
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.fetch")
 

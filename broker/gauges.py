@@ -11,7 +11,7 @@ import shutil
 from typing import TYPE_CHECKING
 
 from tidemark.broker.metrics import StateSnapshot
-from tidemark.protocol import DLQ_GROUP_TOPIC_PREFIX
+from tidemark.common.protocol import DLQ_GROUP_TOPIC_PREFIX
 
 if TYPE_CHECKING:
     from tidemark.broker.controller import BrokerController

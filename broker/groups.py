@@ -11,8 +11,8 @@ from pathlib import Path
 
 from tidemark.broker.config_file import ConfigFile, load_json
 from tidemark.broker.errors import InvalidArgumentError, NotFoundError
-from tidemark.logs import get_logger
-from tidemark.protocol import InvalidNameError, check_group_name
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import InvalidNameError, check_group_name
 
 log = get_logger("tidemark.broker.groups")
 

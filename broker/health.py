@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tidemark.broker.metrics import BrokerMetrics
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker")
 

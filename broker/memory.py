@@ -16,8 +16,8 @@ import asyncio
 import ctypes
 import time
 
-from tidemark.logs import get_logger
-from tidemark.scheduler import cancel_and_wait
+from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker")
 

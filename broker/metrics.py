@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tidemark.broker.version import VERSION
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.metrics")
 

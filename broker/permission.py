@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tidemark.broker.errors import PermissionDeniedError
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.permission")
 

@@ -25,8 +25,8 @@ from tidemark.broker.offsets.commits import OffsetCommitService
 from tidemark.broker.permission import BrokerPermission
 from tidemark.broker.store import GetStatus, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfig, TopicConfigManager
-from tidemark.logs import get_logger
-from tidemark.protocol import TagExpression, parse_tag_expression
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import TagExpression, parse_tag_expression
 
 log = get_logger("tidemark.broker.pull")
 

@@ -16,7 +16,7 @@ from tidemark.broker.errors import InvalidArgumentError, NotFoundError
 from tidemark.broker.pull import check_queue
 from tidemark.broker.store import MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager
-from tidemark.protocol import PropertyKey, is_broker_topic, split_keys
+from tidemark.common.protocol import PropertyKey, is_broker_topic, split_keys
 
 MAX_KEY_QUERY_RESULTS = 1000
 DEFAULT_KEY_QUERY_RESULTS = 64
@@ -25,7 +25,7 @@ _SCAN_STEP = 256
 # A msg id is found through the time it carries: the producer's clock may be off the broker's by this much.
 MSG_ID_CLOCK_SKEW_MS = 10 * 60 * 1000
 MAX_MSG_ID_RESULTS = 64
-_TIDEMARK_ID = re.compile(r"[0-9A-F]{32}")  # tidemark.protocol.MessageIdGenerator
+_TIDEMARK_ID = re.compile(r"[0-9A-F]{32}")  # tidemark.common.protocol.MessageIdGenerator
 _RMQ5_ID = re.compile(r"01[0-9A-F]{32}")  # RocketMQ 5 clients' MessageIdCodec, version 01
 _RMQ5_EPOCH_S = int(datetime(2021, 1, 1, tzinfo=UTC).timestamp())
 _EARLIEST_ID_MS = int(datetime(2000, 1, 1, tzinfo=UTC).timestamp() * 1000)

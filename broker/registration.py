@@ -22,16 +22,43 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 
 import grpc
 
-from tidemark.auth import Credentials, signed_metadata
 from tidemark.broker import tls
-from tidemark.logs import get_logger
-from tidemark.protocol import ERROR_CLASS_KEY
-from tidemark.v1 import namesrv_pb2, namesrv_pb2_grpc
+from tidemark.broker.topics import TopicConfig
+from tidemark.common.auth import Credentials, signed_metadata
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import ERROR_CLASS_KEY
+from tidemark.v1 import admin_pb2, namesrv_pb2, namesrv_pb2_grpc
 
 log = get_logger("tidemark.broker.registration")
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """What a broker tells the name servers about itself (the controller builds it, in plain types)."""
+
+    cluster_name: str
+    broker_name: str
+    broker_id: int
+    address: str
+    version: str
+    epoch: int
+    replica_lag_bytes: int
+    replica_lag_ms: int
+    in_sync_replicas: tuple[int, ...]
+    readable: bool
+    writable: bool
+    uptime_ms: int
+    topics: tuple[TopicConfig, ...]
+
+    def to_pb(self) -> namesrv_pb2.BrokerRegistration:
+        fields = {f: getattr(self, f) for f in self.__slots__ if f != "topics"}
+        return namesrv_pb2.BrokerRegistration(**fields, topics=[
+            admin_pb2.TopicConfig(name=t.name, read_queue_nums=t.read_queue_nums, write_queue_nums=t.write_queue_nums,
+                                  readable=t.readable, writable=t.writable, system=t.system) for t in self.topics])
 
 
 class State(enum.Enum):
@@ -41,7 +68,7 @@ class State(enum.Enum):
 
 
 class NameServerRegistrar:
-    def __init__(self, addresses: Sequence[str], *, build: Callable[[], namesrv_pb2.BrokerRegistration],
+    def __init__(self, addresses: Sequence[str], *, build: Callable[[], Registration],
                  fingerprint: Callable[[], Hashable], tls_ca_file: str = "", timeout_s: float = 3.0,
                  on_fenced: Callable[[str], None] = lambda why: None,
                  credentials: Credentials | None = None) -> None:
@@ -77,7 +104,7 @@ class NameServerRegistrar:
         if self.state is not State.RUNNING:
             return
         async with self._lock:
-            fingerprint, request = self._fingerprint(), namesrv_pb2.RegisterBrokerRequest(broker=self._build())
+            fingerprint, request = self._fingerprint(), namesrv_pb2.RegisterBrokerRequest(broker=self._build().to_pb())
             # Sent, answered or not: a name server that missed it gets it on the next tick, and requests
             # awaiting sync_if_changed do not each wait out a dead name server again.
             self._registered = fingerprint

@@ -63,12 +63,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from tidemark.auth import Credentials, signed_metadata
 from tidemark.broker import tls
 from tidemark.broker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
-    OutcomeUnknownError,
+    NotEnoughReplicasError,
+    ReplicationTimeoutError,
     StoreError,
 )
 from tidemark.broker.groups import SubscriptionGroupManager
@@ -94,8 +94,9 @@ from tidemark.broker.replica_progress import (
 from tidemark.broker.schedule import ScheduleMessageService
 from tidemark.broker.store import MessageStore
 from tidemark.broker.topics import TopicConfigManager
-from tidemark.logs import get_logger
-from tidemark.scheduler import cancel_and_wait
+from tidemark.common.auth import Credentials, signed_metadata
+from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import cancel_and_wait
 from tidemark.v1 import replication_pb2, replication_pb2_grpc
 
 log = get_logger("tidemark.broker.replication")
@@ -124,16 +125,6 @@ def decode_offsets(data: bytes) -> DecodeResult:
         return decode_offset_table(data)
     except OffsetFileError as e:
         raise InvalidArgumentError(f"offsets_json is not an offset table: {e}") from None
-
-
-class NotEnoughReplicasError(StoreError):
-    """A sync-replication send refused before it was stored: fewer connected replicas are in sync than
-    min_sync_replicas."""
-
-
-class ReplicationTimeoutError(OutcomeUnknownError):
-    """A sync-replication send stored on the master that fewer than min_sync_replicas replicas acknowledged
-    in time: it may be lost with the master, or be on a replica already; the client cannot know."""
 
 
 def _now_ms() -> int:

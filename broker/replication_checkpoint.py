@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING
 
 from tidemark.broker.config_file import load_json
 from tidemark.broker.errors import ConfigFileError
-from tidemark.fsutil import atomic_write
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
 
 if TYPE_CHECKING:
     from tidemark.broker.replication import ReplicationSource

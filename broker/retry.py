@@ -18,8 +18,8 @@ from tidemark.broker.permission import BrokerPermission
 from tidemark.broker.schedule import ScheduleMessageService
 from tidemark.broker.store import MessageRecord, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager
-from tidemark.logs import get_logger
-from tidemark.protocol import PropertyKey, dlq_topic, retry_topic, tag_hash
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import PropertyKey, dlq_topic, retry_topic, tag_hash
 
 log = get_logger("tidemark.broker.retry")
 

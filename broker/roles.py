@@ -9,7 +9,7 @@ older than the newest they know (broker/namesrv/routes.py), and a broker
 refused so is **fenced**: it takes no writes until it restarts (as a replica
 of the new master, or promoted again).
 
-The file is written atomically (tidemark.fsutil) before the promotion takes
+The file is written atomically (tidemark.common.fsutil) before the promotion takes
 effect: a crash in between leaves the broker a replica, never a master that
 forgot its epoch.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 
 from tidemark.broker.config_file import load_json
 from tidemark.broker.errors import ConfigFileError
-from tidemark.fsutil import atomic_write
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.roles")
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 from tidemark.broker.config_file import load_json
 from tidemark.broker.store import GetStatus, MessageRecord, MessageStore, StoredMessage
-from tidemark.fsutil import atomic_write
-from tidemark.logs import get_logger
-from tidemark.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
 
 log = get_logger("tidemark.broker.schedule")
 

@@ -14,7 +14,12 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from tidemark.broker.config import BrokerConfig, FlushDiskType
-from tidemark.broker.errors import InvalidArgumentError, PermissionDeniedError, TopicNotFoundError
+from tidemark.broker.errors import (
+    DeliveryTimeError,
+    InvalidArgumentError,
+    PermissionDeniedError,
+    TopicNotFoundError,
+)
 from tidemark.broker.permission import BrokerPermission
 from tidemark.broker.producers.service import BatchSequence, IdempotenceService
 from tidemark.broker.producers.table import Verdict
@@ -22,7 +27,7 @@ from tidemark.broker.schedule import ScheduleMessageService
 from tidemark.broker.store import MessageRecord, MessageStore, PutResult, RecordsPut
 from tidemark.broker.topics import TopicConfig, TopicConfigManager
 from tidemark.broker.transactions.service import TransactionService
-from tidemark.protocol import (
+from tidemark.common.protocol import (
     RETRY_GROUP_TOPIC_PREFIX,
     SCHEDULE_TOPIC,
     MessageIdGenerator,
@@ -33,7 +38,7 @@ from tidemark.protocol import (
     is_system_topic,
     tag_hash,
 )
-from tidemark.records import first_msg_id
+from tidemark.common.records import first_msg_id
 
 # How far ahead a delivery time may be (RocketMQ 5 proxy's maxDelayTimeMills: one day).
 MAX_DELIVERY_DELAY_MS = 86_400_000
@@ -56,10 +61,6 @@ class OutgoingMessage:
     born_host: str = ""
     # Deliver at this epoch ms (RocketMQ 5's delivery timestamp); 0 = at once. Excludes delay_level.
     deliver_at_ms: int = 0
-
-
-class DeliveryTimeError(InvalidArgumentError):
-    """A delivery time the broker refuses (too far ahead, or not a time); RocketMQ 5's ILLEGAL_DELIVERY_TIME."""
 
 
 class SyncReplication(Protocol):
@@ -186,7 +187,7 @@ class SendService:
 
     def append_records(self, topic_name: str, queue_id: int, data: bytes, count: int,
                        sequence: BatchSequence | None = None) -> RecordsPut:
-        """Store a producer's record batch (tidemark.records) in one queue, as its bytes came.
+        """Store a producer's record batch (tidemark.common.records) in one queue, as its bytes came.
 
         The fast path: no per-message objects. Delayed, retry and DLQ messages
         go through send() (the broker rewrites them); system topics are refused here.

@@ -26,7 +26,7 @@ from tidemark.broker.services.offsets import OffsetServicer
 from tidemark.broker.services.replication import ReplicationServicer
 from tidemark.broker.services.rmq5 import service as rmq5
 from tidemark.broker.version import VERSION
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 from tidemark.v1 import (
     admin_pb2,
     admin_pb2_grpc,

@@ -16,8 +16,8 @@ from tidemark.broker.errors import (
     InvalidArgumentError,
     TopicNotFoundError,
 )
-from tidemark.logs import get_logger
-from tidemark.protocol import (
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import (
     InvalidNameError,
     check_topic_name,
     is_broker_topic,

@@ -11,7 +11,6 @@ import os
 # grpc is first imported, so it is set before any import below.)
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from tidemark.auth import Credentials
 from tidemark.client.admin import Admin
 from tidemark.client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
 from tidemark.client.consumer.dedup import DedupKey, DedupListener, FileDedupStore, MemoryDedupStore
@@ -68,6 +67,7 @@ from tidemark.client.settings import (
     PushConsumerSettings,
 )
 from tidemark.client.types import ResetTarget
+from tidemark.common.auth import Credentials
 
 __all__ = [
     "Admin", "AllocateMessageQueueStrategy", "strategy_by_name", "ConsumeConcurrentlyContext",

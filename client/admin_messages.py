@@ -19,8 +19,8 @@ from tidemark.client.dead_letters import Requeued, advanced, requeue_copy, reque
 from tidemark.client.errors import InvalidArgumentError, NotFoundError, TidemarkError
 from tidemark.client.message import MessageExt, MessageQueue, PullResult
 from tidemark.client.types import HalfMessage, ProducerInfo
-from tidemark.logs import get_logger
-from tidemark.protocol import dlq_topic
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import dlq_topic
 
 __all__ = ["MessageAdmin"]
 

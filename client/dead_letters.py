@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tidemark.client.message import Message, MessageExt, MessageQueue
-from tidemark.protocol import PropertyKey
+from tidemark.common.protocol import PropertyKey
 
 # Properties the broker adds on the way to the DLQ; a requeued copy starts without them.
 RETRY_PROPERTIES = frozenset({PropertyKey.RETRY_TOPIC, PropertyKey.ORIGIN_MESSAGE_ID,

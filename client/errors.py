@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import grpc
 
-from tidemark.protocol import ERROR_CLASS_KEY
+from tidemark.common.protocol import ERROR_CLASS_KEY
 
 
 class TidemarkError(Exception):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tidemark.auth import Credentials, signed_metadata
 from tidemark.client.remoting.security import open_sync_channel
 from tidemark.client.security import TlsSettings
+from tidemark.common.auth import Credentials, signed_metadata
 
 
 def check(address: str, timeout: float, *, credentials: Credentials | None = None,

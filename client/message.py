@@ -6,9 +6,9 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tidemark import records
 from tidemark.client.errors import InvalidTypeError
-from tidemark.protocol import PropertyKey
+from tidemark.common import records
+from tidemark.common.protocol import PropertyKey
 
 
 @dataclass(frozen=True, slots=True, order=True)

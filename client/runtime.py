@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from tidemark.client.errors import ClientStateError, RequestTimeoutError
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.client.runtime")
 

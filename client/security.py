@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemark.auth import Credentials
 from tidemark.client.errors import InvalidArgumentError
+from tidemark.common.auth import Credentials
 
 ACCESS_KEY_ENV = "TIDEMARK_ACCESS_KEY"
 SECRET_KEY_ENV = "TIDEMARK_SECRET_KEY"
@@ -95,7 +95,7 @@ def coerce_credentials(value: object) -> Credentials | None:
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from None
     # Never echo the value: it may hold the secret.
-    raise InvalidArgumentError(f"credentials must be a tidemark.auth.Credentials or an (access_key, secret_key) "
+    raise InvalidArgumentError(f"credentials must be a tidemark.common.auth.Credentials or an (access_key, secret_key) "
                                f"pair, got a {type(value).__name__}")
 
 

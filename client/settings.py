@@ -17,7 +17,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.auth import Credentials
 from tidemark.client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.message import ConsumeFromWhere, MessageModel
@@ -28,7 +27,8 @@ from tidemark.client.security import (
     credentials_from_env,
     tls_from_env,
 )
-from tidemark.protocol import (
+from tidemark.common.auth import Credentials
+from tidemark.common.protocol import (
     DEFAULT_BROKER_ADDR,
     DEFAULT_MAX_MESSAGE_SIZE,
     InvalidNameError,
@@ -116,7 +116,7 @@ class ClientSettings:
     request_timeout_s: float = _setting(3.0, "Timeout of one request to a broker")
     route_refresh_interval_s: float = _setting(30.0, "How long a topic route is trusted before it is fetched again")
     credentials: Credentials | tuple[str, str] | None = _setting(
-        None, "tidemark.auth.Credentials or (access_key, secret_key) signing every request (default: "
+        None, "tidemark.common.auth.Credentials or (access_key, secret_key) signing every request (default: "
               "$TIDEMARK_ACCESS_KEY and $TIDEMARK_SECRET_KEY when both are set)", factory=credentials_from_env)
     tls: bool | TlsSettings | None = _setting(
         None, "False: plaintext; True: TLS with default trust roots; or TlsSettings(ca_file=, cert_file=, "

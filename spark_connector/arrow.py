@@ -23,8 +23,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from tidemark import records
-from tidemark.protocol import PropertyKey
+from tidemark.common import records
+from tidemark.common.protocol import PropertyKey
 
 SCHEMA = StructType([
     StructField("topic", StringType()),
@@ -102,7 +102,7 @@ def record_offsets(data: bytes, count: int) -> np.ndarray:
 
 
 def records_to_batch(data: bytes, count: int, *, topic: str, broker: str) -> pa.RecordBatch:
-    """Stored records (tidemark.records layout) as one record batch of the source's schema.
+    """Stored records (tidemark.common.records layout) as one record batch of the source's schema.
 
     Fixed fields are gathered with numpy, bodies and property sections are cut into Arrow buffers
     with one join each, and properties are split into the map column and the msg_id / keys / tags

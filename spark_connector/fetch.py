@@ -28,8 +28,8 @@ from tidemark.client import Admin
 from tidemark.client.consumer.record_reader import QueueEndedError, RecordChunk, RecordReader
 from tidemark.client.errors import RequestTimeoutError, UnavailableError
 from tidemark.client.message import MessageQueue
-from tidemark.logs import get_logger
-from tidemark.protocol import parse_tag_expression
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import parse_tag_expression
 from tidemark.spark_connector.arrow import records_to_batch
 from tidemark.spark_connector.offsets import DataLossError, OffsetRange, check_start, describe_loss
 from tidemark.spark_connector.options import Security, describe_servers

@@ -15,7 +15,7 @@ from typing import Any
 
 from tidemark.client.errors import InvalidArgumentError, TidemarkError
 from tidemark.client.message import MessageQueue
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.spark")
 

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidemark.auth import Credentials
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.security import TlsSettings
 from tidemark.client.settings import (
@@ -25,7 +24,8 @@ from tidemark.client.settings import (
     parse_addresses,
     parse_brokers,
 )
-from tidemark.protocol import (
+from tidemark.common.auth import Credentials
+from tidemark.common.protocol import (
     InvalidNameError,
     check_group_name,
     check_topic_name,

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from tidemark.client import Admin
 from tidemark.client.errors import NotFoundError, TidemarkError
 from tidemark.client.message import MessageQueue
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 from tidemark.spark_connector.admission import TriggerGate
 from tidemark.spark_connector.offsets import (
     EARLIEST,

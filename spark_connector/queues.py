@@ -26,7 +26,7 @@ from typing import Any
 
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.message import MessageQueue
-from tidemark.protocol import InvalidNameError, check_topic_name
+from tidemark.common.protocol import InvalidNameError, check_topic_name
 
 
 class QueueSpecError(InvalidArgumentError):

@@ -48,13 +48,13 @@ class BrokerStubs:
 
 class _Signer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
               grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
-    """Adds a fresh signature (tidemark.auth.signed_metadata) to every call of a sync channel."""
+    """Adds a fresh signature (tidemark.common.auth.signed_metadata) to every call of a sync channel."""
 
     def __init__(self, credentials) -> None:
         self._credentials = credentials
 
     def _signed(self, details):
-        from tidemark.auth import signed_metadata
+        from tidemark.common.auth import signed_metadata
         return _CallDetails(details, (*(details.metadata or ()), *signed_metadata(self._credentials)))
 
     def intercept_unary_unary(self, continuation, details, request):

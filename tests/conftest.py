@@ -11,6 +11,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+# PySpark starts its JVM with a preexec_fn, so with a plain fork: in a test process that has used gRPC,
+# gRPC's fork handler restarts its poller in the child, which dies on the descriptors Popen closes
+# before exec ("epoll_wait error: Bad file descriptor", then JAVA_GATEWAY_EXITED; grpc/grpc#43055, open
+# in grpcio 1.81-1.85). No test uses gRPC across a fork: the handlers stay off (read at gRPC's import).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from brokerproc import BrokerProcess, NamesrvProcess  # noqa: E402
 

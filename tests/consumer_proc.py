@@ -23,7 +23,7 @@ from tidemark.client import (  # noqa: E402
     ConsumeOrderlyStatus,
     PushConsumer,
 )
-from tidemark.logs import setup_logging  # noqa: E402
+from tidemark.common.logs import setup_logging  # noqa: E402
 
 
 def main() -> int:

@@ -56,7 +56,7 @@ def metric(port: int, name: str, **labels: str) -> float:
 def settled(address: str, group: str, *topics: str) -> bool:
     """Whether the group has committed everything stored in these topics (and its retry topic): nothing
     it is going to consume is left, so nothing more can reach its listener."""
-    from tidemark.protocol import retry_topic
+    from tidemark.common.protocol import retry_topic
 
     with Admin(brokers=address) as admin:
         for topic in (*topics, retry_topic(group)):

@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tidemark.broker.errors import InvalidArgumentError
-from tidemark.protocol import InvalidNameError, check_group_name, check_topic_name
+from tidemark.common.protocol import InvalidNameError, check_group_name, check_topic_name
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address

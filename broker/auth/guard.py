@@ -1,7 +1,7 @@
 """AccessGuard: who is calling (authentication) and may they (authorization).
 
 Authentication checks the RocketMQ 5 signature a request carries
-(tidemark/auth.py) against the user's secret, in constant time and within a
+(common/auth.py) against the user's secret, in constant time and within a
 bounded clock skew. Authorization asks the ACL rules (acl.py) whether the user
 may perform each action the request needs; a request needs several
 (`Requirement`s: a commit needs Sub on its topic and on its group), and each
@@ -21,11 +21,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from tidemark import auth as signatures
 from tidemark.broker.auth.acl import Action, Decision, Resource, ResourceType, User
 from tidemark.broker.auth.store import AuthStore
 from tidemark.broker.errors import PermissionDeniedError, UnauthenticatedError
-from tidemark.protocol import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX, SCHEDULE_TOPIC
+from tidemark.common import auth as signatures
+from tidemark.common.protocol import (
+    DLQ_GROUP_TOPIC_PREFIX,
+    RETRY_GROUP_TOPIC_PREFIX,
+    SCHEDULE_TOPIC,
+)
 
 INVALID_CREDENTIALS = "invalid access key or signature"
 

@@ -1,9 +1,9 @@
 """AuthStore: the broker's users (config/users.json) and ACL rules (config/acls.json).
 
 Secrets are kept as RocketMQ keeps them: the secret itself, since the request
-signature (HMAC-SHA1 of the date-time, tidemark/auth.py) can only be checked
+signature (HMAC-SHA1 of the date-time, common/auth.py) can only be checked
 with it; a one-way hash would not do. So both files are written with mode
-0600 (before their first byte, tidemark/fsutil.py), a secret never appears in
+0600 (before their first byte, common/fsutil.py), a secret never appears in
 a log line, an error message, a repr or an RPC answer, and this module logs
 user names only.
 
@@ -50,8 +50,8 @@ from tidemark.broker.errors import (
     InvalidArgumentError,
     NotFoundError,
 )
-from tidemark.fsutil import backup_path
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import backup_path
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.auth")
 

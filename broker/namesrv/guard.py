@@ -3,7 +3,7 @@
 A registration decides routes and fences masters (a newer epoch replaces the master of its broker
 name), so a name server started with a broker user (`--broker-user NAME:SECRET`, the brokers'
 init_user) takes RegisterBroker and UnregisterBroker only when they carry that user's RocketMQ 5
-signature (tidemark/auth.py): an anonymous or forged call is refused before it touches the table.
+signature (common/auth.py): an anonymous or forged call is refused before it touches the table.
 Routes and the cluster view stay readable by anyone, as in RocketMQ, since clients need a route
 before they can reach a broker that checks their own credentials.
 
@@ -22,9 +22,9 @@ import hmac
 import time
 from collections.abc import Callable, Mapping
 
-from tidemark import auth as signatures
-from tidemark.auth import Credentials
 from tidemark.broker.errors import UnauthenticatedError
+from tidemark.common import auth as signatures
+from tidemark.common.auth import Credentials
 
 REFUSED = "registrations must be signed by the brokers' user (the name server runs with --broker-user)"
 

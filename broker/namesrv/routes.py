@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 
 from tidemark.broker.errors import FencedError, InvalidArgumentError, NotFoundError
-from tidemark.protocol import InvalidNameError, check_topic_name, is_system_topic
+from tidemark.common.protocol import InvalidNameError, check_topic_name, is_system_topic
 
 DEFAULT_EXPIRY_MS = 120_000
 MAX_TOPICS = 1_000_000

@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from tidemark.auth import Credentials
 from tidemark.broker import tls
 from tidemark.broker.config import USER_SPEC
 from tidemark.broker.namesrv.guard import RegistrationGuard
 from tidemark.broker.namesrv.routes import DEFAULT_EXPIRY_MS, RouteTable
 from tidemark.broker.namesrv.service import NameServerServicer
 from tidemark.broker.services.intake import RequestBudget, RequestIntake
-from tidemark.logs import get_logger, setup_logging
-from tidemark.scheduler import Scheduler
+from tidemark.common.auth import Credentials
+from tidemark.common.logs import get_logger, setup_logging
+from tidemark.common.scheduler import Scheduler
 from tidemark.v1 import namesrv_pb2, namesrv_pb2_grpc
 
 log = get_logger("tidemark.namesrv")

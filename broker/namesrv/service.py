@@ -9,7 +9,7 @@ import grpc
 from tidemark.broker.namesrv.guard import RegistrationGuard
 from tidemark.broker.namesrv.routes import Registration, RouteTable, TopicQueues
 from tidemark.broker.services.errors import stateless_rpc
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 from tidemark.v1 import admin_pb2, namesrv_pb2, namesrv_pb2_grpc
 
 log = get_logger("tidemark.namesrv")

@@ -33,7 +33,7 @@ from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.persistence import TableKey, invalid_names, table_key
 from tidemark.broker.store import MessageStore
 from tidemark.broker.topics import TopicConfig, TopicConfigManager, check_topic
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.offsets")
 

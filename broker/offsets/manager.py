@@ -91,7 +91,7 @@ from tidemark.broker.offsets.persistence import (
 )
 from tidemark.broker.offsets.undo import BatchUndo
 from tidemark.broker.store.writability import describe
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 _log = logging.getLogger("tidemark.broker.offsets")
 

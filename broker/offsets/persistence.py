@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidemark.broker.errors import ConfigFileError
-from tidemark.fsutil import atomic_write, backup_path
-from tidemark.logs import EventLogger, get_logger
-from tidemark.protocol import InvalidNameError, check_group_name, check_topic_name
+from tidemark.common.fsutil import atomic_write, backup_path
+from tidemark.common.logs import EventLogger, get_logger
+from tidemark.common.protocol import InvalidNameError, check_group_name, check_topic_name
 
 OFFSET_FILE_NAME = "consumerOffset.json"
 TOPIC_GROUP_SEPARATOR = "@"
@@ -104,7 +104,7 @@ def table_key(topic: str, group: str) -> str:
 
 
 def invalid_names(keys: Iterable[TableKey]) -> dict[TableKey, str]:
-    """The entries whose topic or group name no RPC accepts (tidemark.protocol's rules), with why.
+    """The entries whose topic or group name no RPC accepts (tidemark.common.protocol's rules), with why.
 
     The file format only needs one '@' per key; a table from another process (a replica handing its
     commits back, a master mirrored by its replica) must also keep out names such as 'g\\n' or 'f:G', which

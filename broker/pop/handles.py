@@ -39,8 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from tidemark.broker.errors import ConfigFileError, InvalidArgumentError
-from tidemark.fsutil import fsync_dir
+from tidemark.broker.errors import ConfigFileError, InvalidReceiptHandleError
+from tidemark.common.fsutil import fsync_dir
 
 __all__ = [
     "HandleFields",
@@ -85,10 +85,6 @@ class HandleFields:
     @property
     def key(self) -> QueueKey:
         return QueueKey(self.group, self.topic, self.queue_id)
-
-
-class InvalidReceiptHandleError(InvalidArgumentError):
-    """A receipt handle that cannot be used (the v2 status INVALID_RECEIPT_HANDLE)."""
 
 
 class ForgedReceiptHandleError(InvalidReceiptHandleError):

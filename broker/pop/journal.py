@@ -5,7 +5,7 @@ why in detail):
 
 - `popState.json`, the snapshot: the ledger's `snapshot()` dict plus
   `"popJournalFrom": n`, written atomically with the previous file kept as
-  `.bak` (tidemark.fsutil.atomic_write), every few seconds when the ledger
+  `.bak` (tidemark.common.fsutil.atomic_write), every few seconds when the ledger
   changed and at shutdown.
 - `popState.journal.<n>`, the journal: every event the ledger emits, appended
   with one os.write per batch (one request, or one renewal sweep) before the
@@ -65,8 +65,8 @@ from tidemark.broker.pop.ledger import (
     Revived,
 )
 from tidemark.broker.segments import DecodedSegment, SegmentedLog, frame
-from tidemark.fsutil import atomic_write, backup_path
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import atomic_write, backup_path
+from tidemark.common.logs import get_logger
 
 STATE_FILE_NAME = "popState.json"
 JOURNAL_PREFIX = "popState.journal."

@@ -36,6 +36,7 @@ from tidemark.broker.config import BrokerConfig
 from tidemark.broker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
+    InvisibleTimeError,
     PermissionDeniedError,
     StoreError,
 )
@@ -57,9 +58,9 @@ from tidemark.broker.pop.ledger import PopLedger
 from tidemark.broker.retry import redelivery_copy
 from tidemark.broker.store import GetStatus, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager
-from tidemark.fsutil import atomic_write
-from tidemark.logs import get_logger
-from tidemark.protocol import RETRY_GROUP_TOPIC_PREFIX, PropertyKey, TagExpression, dlq_topic
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import RETRY_GROUP_TOPIC_PREFIX, PropertyKey, TagExpression, dlq_topic
 
 log = get_logger("tidemark.broker.pop")
 
@@ -72,10 +73,6 @@ MAX_SCAN = 2000
 REVIVE_BATCH = 1000
 # Answers kept for a repeated receive (the client retries with the same attempt id after a lost answer).
 ATTEMPT_CACHE = 1024
-
-
-class InvisibleTimeError(InvalidArgumentError):
-    """An invisible time outside what the broker accepts."""
 
 
 def pop_retry_topic(group: str, topic: str) -> str:

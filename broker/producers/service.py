@@ -37,7 +37,7 @@ from tidemark.broker.producers.table import (
 )
 from tidemark.broker.store import MessageStore, RecordsPut
 from tidemark.broker.topics import check_topic
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.producers")
 

@@ -32,8 +32,8 @@ from tidemark.broker.producers.table import (
     ProducerTable,
 )
 from tidemark.broker.segments import DecodedSegment, SegmentedLog, frame
-from tidemark.fsutil import atomic_write, backup_path
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import atomic_write, backup_path
+from tidemark.common.logs import get_logger
 
 STATE_FILE_NAME = "producerState.json"
 JOURNAL_PREFIX = "producerState.journal."

@@ -9,13 +9,13 @@ from tidemark.broker.auth.guard import on_topic
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import InvalidArgumentError, NotFoundError
 from tidemark.broker.groups import GroupConfig, check_group
-from tidemark.broker.offsets.commits import OffsetChange
+from tidemark.broker.operations import OffsetChange
 from tidemark.broker.services import access
 from tidemark.broker.services.convert import message_ext, queue, topic_config
 from tidemark.broker.services.errors import rpc
 from tidemark.broker.status import broker_status
 from tidemark.broker.version import VERSION
-from tidemark.protocol import format_duration_ms
+from tidemark.common.protocol import format_duration_ms
 from tidemark.v1 import admin_pb2, admin_pb2_grpc, common_pb2, offsets_pb2
 
 
@@ -73,13 +73,12 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @rpc
     async def GetRoute(self, request, context: grpc.aio.ServicerContext):
-        b = self._b
-        t = b.topics.require(request.topic)
-        perm = b.permission
+        route, config = self._b.operations.route(request.topic), self._b.config
+        t = route.topic
         return admin_pb2.TopicRoute(topic=t.name, queue_datas=[admin_pb2.QueueData(
-            broker_name=b.config.broker_name, broker_addr=b.config.address,
+            broker_name=config.broker_name, broker_addr=config.address,
             read_queue_nums=t.read_queue_nums, write_queue_nums=t.write_queue_nums,
-            readable=t.readable and perm.readable, writable=t.writable and perm.writable)])
+            readable=route.readable, writable=route.writable)])
 
     @rpc
     async def GetTopicStats(self, request, context: grpc.aio.ServicerContext):
@@ -87,7 +86,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.GetTopicStatsResponse(queues=[
             admin_pb2.TopicQueueStats(queue=queue(request.topic, name, s.queue_id), min_offset=s.min_offset,
                                       max_offset=s.max_offset, last_update_timestamp=s.last_store_timestamp)
-            for s in self._b.queries.topic_stats(request.topic)])
+            for s in self._b.operations.topic_stats(request.topic)])
 
     def _broker_info(self) -> admin_pb2.BrokerInfo:
         c = self._b.config
@@ -115,15 +114,14 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def ListGroups(self, request, context: grpc.aio.ServicerContext):
         b = self._b
         if request.topic:
-            b.topics.require(request.topic)
-            names = b.offsets.groups_of_topic(request.topic)
+            names = b.operations.groups_of_topic(request.topic)
         else:
             names = b.known_groups()
         out = []
         for g in names:
             members = b.consumers.members(g)
             model = members[0].message_model if members else "MESSAGE_MODEL_UNSPECIFIED"
-            out.append(admin_pb2.GroupSummary(group=g, topics=b.offsets.topics_of_group(g),
+            out.append(admin_pb2.GroupSummary(group=g, topics=b.operations.topics_of_group(g),
                                               member_count=len(members),
                                               message_model=common_pb2.MessageModel.Value(model)))
         return admin_pb2.ListGroupsResponse(groups=out)
@@ -145,7 +143,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         locks = [admin_pb2.QueueLockInfo(queue=queue(lk.topic, b.config.broker_name, lk.queue_id),
                                          client_id=lk.client_id, owner_epoch=lk.owner_epoch,
                                          expire_timestamp=lk.expire_timestamp)
-                 for lk in b.locks.locks(request.group) if lk.live]
+                 for lk in b.operations.queue_locks(request.group)]
         return admin_pb2.DescribeGroupResponse(group=request.group, members=members, locks=locks)
 
     @rpc
@@ -175,24 +173,21 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @rpc
     async def DeleteGroupOffsets(self, request, context: grpc.aio.ServicerContext):
-        b = self._b
-        changes = b.commits.delete_offsets(request.group, request.topic,
-                                           subscribers=b.consumers.subscribers(request.group, request.topic),
-                                           dry_run=request.dry_run)
-        return admin_pb2.DeleteGroupOffsetsResponse(changes=_changes(changes, b.config.broker_name),
+        changes = self._b.operations.delete_offsets(request.group, request.topic, dry_run=request.dry_run)
+        return admin_pb2.DeleteGroupOffsetsResponse(changes=_changes(changes, self._b.config.broker_name),
                                                     applied=not request.dry_run)
 
     @rpc
     async def CloneGroupOffsets(self, request, context: grpc.aio.ServicerContext):
-        changes = await self._b.commits.clone_offsets(request.src_group, request.dest_group, request.topic,
-                                                      dry_run=request.dry_run)
+        changes = await self._b.operations.clone_offsets(request.src_group, request.dest_group, request.topic,
+                                                         dry_run=request.dry_run)
         return admin_pb2.CloneGroupOffsetsResponse(changes=_changes(changes, self._b.config.broker_name),
                                                    applied=not request.dry_run)
 
     @rpc
     async def QueryMessageById(self, request, context: grpc.aio.ServicerContext):
         b = self._b
-        found = await b.queries.by_msg_id(request.msg_id, request.topic, later_ms=max(b.config.delay_levels_ms, default=0))
+        found = await b.operations.messages_by_id(request.msg_id, request.topic)
         visible = [m for m in found if access.allowed(on_topic(m.topic, Action.GET))]
         return admin_pb2.QueryMessageByIdResponse(messages=[message_ext(m, b.config.broker_name) for m in visible])
 
@@ -203,7 +198,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
 
     @rpc
     async def DeleteExpiredCommitLog(self, request, context: grpc.aio.ServicerContext):
-        deleted = self._b.store.delete_expired_segments(force=True)
+        deleted = self._b.operations.delete_expired_segments()
         return admin_pb2.DeleteExpiredCommitLogResponse(deleted_segments=deleted)
 
     @rpc
@@ -212,7 +207,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         response = admin_pb2.ListTransactionsResponse(timeout_ms=config.transaction_timeout_ms,
                                                       check_interval_ms=config.transaction_check_interval_ms,
                                                       max_checks=config.transaction_check_max)
-        for h in self._b.transactions.halves(request.group):
+        for h in self._b.operations.open_transactions(request.group):
             response.halves.add(msg_id=h.msg_id, half_offset=h.offset, group=h.group, topic=h.topic,
                                 stored_ms=h.stored_ms, checks=h.checks, next_check_ms=h.next_check_ms)
         return response
@@ -222,7 +217,7 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         config = self._b.config
         response = admin_pb2.ListProducersResponse(expiry_ms=config.producer_id_expiry_ms,
                                                    max_producers=config.max_idempotent_producers)
-        for p, sequences in self._b.producers.producers(request.topic):
+        for p, sequences in self._b.operations.idempotent_producers(request.topic):
             queues = [admin_pb2.ProducerQueueState(
                 topic=topic, queue_id=queue_id, epoch=q.epoch, last_sequence=q.last_seq,
                 last_offset=q.recent[-1].first_offset + q.recent[-1].count - 1 if q.recent else -1)

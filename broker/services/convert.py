@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from tidemark.broker.errors import InvalidArgumentError
-from tidemark.broker.offsets import Fence
-from tidemark.broker.store import StoredMessage
-from tidemark.broker.topics import TopicConfig
-from tidemark.protocol import InvalidNameError, PropertyKey, check_client_id, check_topic_name
+from tidemark.broker.operations import Fence, StoredMessage, TopicConfig
+from tidemark.common.protocol import (
+    InvalidNameError,
+    PropertyKey,
+    check_client_id,
+    check_topic_name,
+)
 from tidemark.v1 import admin_pb2, common_pb2
 
 # Properties that have their own MessageExt field are not repeated in the map.

@@ -20,8 +20,8 @@ from tidemark.broker.errors import (
     StoreError,
     UnauthenticatedError,
 )
-from tidemark.logs import get_logger
-from tidemark.protocol import ERROR_CLASS_KEY
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import ERROR_CLASS_KEY
 
 log = get_logger("tidemark.broker.rpc")
 

@@ -53,7 +53,7 @@ from tidemark.broker.auth.guard import AccessGuard
 from tidemark.broker.errors import BrokerError, InvalidArgumentError
 from tidemark.broker.services.access import SUPER_ONLY, Caller, MethodAccess, needs_for
 from tidemark.broker.services.errors import status_for
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.rpc")
 
@@ -244,8 +244,9 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                     for response in refused.answer:
                         yield response
                     return
-                async for response in inner(request, context):
-                    yield response
+                async with contextlib.aclosing(inner(request, context)) as responses:  # closed with this one
+                    async for response in responses:
+                        yield response
 
         # A streaming answer comes from an async generator, or from a coroutine that calls context.write.
         behaviour = call_streaming if inspect.isasyncgenfunction(inner) else call

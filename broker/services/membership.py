@@ -10,7 +10,8 @@ from tidemark.broker.errors import BrokerError, InvalidArgumentError
 from tidemark.broker.groups import check_group
 from tidemark.broker.services.convert import checked_client_id, checked_topic, fence_from_pb, queue
 from tidemark.broker.services.errors import rpc, status_for
-from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression
+from tidemark.broker.services.streams import write
+from tidemark.common.protocol import InvalidNameError, check_topic_name, parse_tag_expression
 from tidemark.v1 import common_pb2, membership_pb2, membership_pb2_grpc
 
 
@@ -67,7 +68,9 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
         check_group(request.group)
         return membership_pb2.GetConsumerListResponse(client_ids=self._b.consumers.consumer_ids(request.group))
 
-    async def WatchConsumerIds(self, request, context: grpc.aio.ServicerContext):
+    async def WatchConsumerIds(self, request, context: grpc.aio.ServicerContext) -> None:
+        """The group's member list at every change, for as long as the client watches: a coroutine that
+        writes (services/streams.py), so the watch ends in this frame however the call ends."""
         try:
             check_group(request.group)
             checked_client_id(request.client_id)
@@ -78,7 +81,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
         try:
             while True:
                 ids = await updates.get()
-                yield membership_pb2.ConsumerIdsChanged(group=request.group, client_ids=ids)
+                await write(context, membership_pb2.ConsumerIdsChanged(group=request.group, client_ids=ids))
         finally:
             # A client that unregistered first is no longer a member, so this only starts a grace for crashes.
             consumers.unwatch(request.group, request.client_id, updates, broken=True)

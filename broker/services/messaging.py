@@ -8,7 +8,6 @@ owns the task reading its requests, which it cancels and awaits before it return
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 
 import grpc
@@ -18,17 +17,13 @@ from tidemark.broker.auth.guard import on_topic
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import BrokerError, InvalidArgumentError
 from tidemark.broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
-from tidemark.broker.producers.service import BatchSequence
-from tidemark.broker.pull import PullRequest
-from tidemark.broker.send import OutgoingMessage
+from tidemark.broker.operations import BatchSequence, Outcome, OutgoingMessage, PullRequest
 from tidemark.broker.services import access
 from tidemark.broker.services.convert import checked_client_id, fence_from_pb, message_ext
 from tidemark.broker.services.errors import rpc, status_for
 from tidemark.broker.services.streams import call_ended, write
-from tidemark.broker.transactions.service import real_view
-from tidemark.broker.transactions.table import Outcome
-from tidemark.logs import get_logger
-from tidemark.scheduler import cancel_and_wait
+from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import cancel_and_wait
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
 
 log = get_logger("tidemark.broker.messaging")
@@ -41,6 +36,7 @@ _PULL_STATUS = {name: messaging_pb2.PullStatus.Value(name) for name in
 class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
     def __init__(self, broker: BrokerController) -> None:
         self._b = broker
+        self._ops = broker.operations
 
     @rpc
     async def SendMessage(self, request, context: grpc.aio.ServicerContext):
@@ -49,12 +45,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                                     flag=m.flag, born_timestamp=m.born_timestamp, delay_level=m.delay_level,
                                     born_host=m.born_host)
                     for m in request.messages]
-        started = time.perf_counter()
-        sent = await self._b.sender.send(request.topic, queue_id, messages)
-        metrics = self._b.metrics
-        metrics.send_latency.observe(time.perf_counter() - started)
-        metrics.messages_in.labels(request.topic).inc(len(sent))
-        metrics.bytes_in.labels(request.topic).inc(sum(s.put.store_size for s in sent))
+        sent = await self._ops.send(request.topic, queue_id, messages)
         return messaging_pb2.SendMessageResponse(
             broker_name=self._b.config.broker_name,
             results=[messaging_pb2.SendResult(msg_id=s.msg_id, queue_id=s.queue_id,
@@ -89,46 +80,35 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
             await cancel_and_wait(reader, *durable)
 
     def _produce_one(self, request):
-        """Store one batch now; its answer, or (SYNC flush) a task that answers once it is durable."""
-        b = self._b
-        started = time.perf_counter()
+        """Store one batch now; its answer, or (sync flush or replication) a task that answers once it is
+        durable."""
         sequence = BatchSequence(request.producer_id, request.producer_epoch, request.base_sequence) \
             if request.producer_id else None
         try:
-            put = b.sender.append_records(request.topic, request.queue_id, request.records, request.count, sequence)
+            appended = self._ops.append(request.topic, request.queue_id, request.records, request.count, sequence)
         except BrokerError as e:
-            return messaging_pb2.ProduceResponse(request_id=request.request_id, code=status_for(e).value[0],
-                                                 error=str(e), error_class=type(e).__name__)
-        metrics = b.metrics
-        if put.duplicate:
-            metrics.duplicate_batches.inc()
-        else:
-            metrics.messages_in.labels(request.topic).inc(request.count)
-            metrics.bytes_in.labels(request.topic).inc(len(request.records))  # stored as they came
+            return _produce_error(request.request_id, e)
+        put = appended.put
         ok = messaging_pb2.ProduceResponse(request_id=request.request_id, first_queue_offset=put.first_offset,
                                            duplicate=put.duplicate)
-        if b.sender.acknowledges_at_once and not b.configs_dirty:
-            metrics.send_latency.observe(time.perf_counter() - started)
+        if appended.durable is None:
             return ok
 
         async def durable() -> messaging_pb2.ProduceResponse:
             try:
-                await b.flush_configs()  # a topic created by this send is on disk before the answer
-                await b.sender.wait_durable(put)
+                await appended.durable()
             except BrokerError as e:
                 # A replica that did not acknowledge in time: an unknown outcome, which the class says
                 # (the idempotent producer retries with the same sequence), not a refusal.
-                return messaging_pb2.ProduceResponse(request_id=request.request_id, code=status_for(e).value[0],
-                                                     error=str(e), error_class=type(e).__name__)
-            metrics.send_latency.observe(time.perf_counter() - started)
+                return _produce_error(request.request_id, e)
             return ok
 
         return asyncio.get_running_loop().create_task(durable())
 
     async def Fetch(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         """Streaming pull: the client opens queues and grants credit, the broker pushes records."""
-        b = self._b
-        session = b.fetch_session()
+        ops = self._ops
+        session = ops.open_fetch()
 
         def handle(request) -> None:
             kind = request.WhichOneof("kind")
@@ -142,65 +122,57 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
 
         failure: list[BaseException] = []
         reader = _reader(request_iterator, handle, session.finish, failure, "fetch")
-        metrics = b.metrics
-        messages_out, bytes_out = metrics.messages_out, metrics.bytes_out
-        metrics.fetch_streams.inc()
         try:
             while (frame := await session.next_frame()) is not None:
                 response = messaging_pb2.FetchResponse()
                 for part in frame.records:
                     response.records.add(handle=part.handle, count=part.count, records=part.data,
                                          next_offset=part.next_offset, max_offset=part.max_offset)
-                    if part.count:
-                        messages_out.labels(part.topic).inc(part.count)
-                        bytes_out.labels(part.topic, part.group).inc(len(part.data))
                 for end in frame.ended:
                     response.ended.append(_ended_pb(end))
-                metrics.fetch_frames.inc()
+                ops.fetched(frame)
                 await write(context, response)
             if failure:
                 await _abort_with(context, failure[0], "fetch")
         finally:
-            metrics.fetch_streams.dec()
             try:
                 await cancel_and_wait(reader)
             finally:
-                session.close()  # even when a second cancellation cut the wait short
+                ops.close_fetch(session)  # even when a second cancellation cut the wait short
 
     @rpc
     async def InitProducer(self, request, context: grpc.aio.ServicerContext):
-        self._b.permission.check_writable()
-        return messaging_pb2.InitProducerResponse(producer_id=self._b.producers.allocate(request.key, request.topic))
+        return messaging_pb2.InitProducerResponse(producer_id=self._ops.init_producer(request.key, request.topic))
 
     @rpc
     async def EndTransaction(self, request, context: grpc.aio.ServicerContext):
         outcome = _RESOLUTIONS.get(request.resolution)
         if outcome is None:
             raise InvalidArgumentError("resolution must be TRANSACTION_COMMIT or TRANSACTION_ROLLBACK")
-        ended = await self._b.transactions.end(request.group, request.msg_id, request.half_offset, outcome,
-                                               by="check" if request.from_check else "producer", topic=request.topic)
+        ended = await self._ops.end_transaction(request.group, request.msg_id, request.half_offset, outcome,
+                                                from_check=request.from_check, topic=request.topic)
         return messaging_pb2.EndTransactionResponse(already_ended=not ended)
 
-    async def WatchTransactionChecks(self, request, context: grpc.aio.ServicerContext):
-        transactions = self._b.transactions
+    async def WatchTransactionChecks(self, request, context: grpc.aio.ServicerContext) -> None:
+        """The checks of the producer's open transactions, for as long as it watches (a coroutine that
+        writes, as the streams above)."""
         try:
             checked_client_id(request.client_id)
-            checks = transactions.watch(request.group, request.client_id, frozenset(request.topics))
+            checks = self._ops.watch_transactions(request.group, request.client_id, request.topics)
         except BrokerError as e:
             await context.abort(status_for(e), str(e))
         name = self._b.config.broker_name
         try:
             while True:
                 check = await checks.get()
-                yield messaging_pb2.TransactionCheck(msg_id=check.msg_id, half_offset=check.half_offset,
-                                                     message=message_ext(real_view(check.message), name))
+                await write(context, messaging_pb2.TransactionCheck(
+                    msg_id=check.msg_id, half_offset=check.half_offset, message=message_ext(check.message, name)))
         finally:
-            transactions.unwatch(request.group, checks)
+            checks.close()
 
     @rpc
     async def PullMessage(self, request, context: grpc.aio.ServicerContext):
-        started = time.perf_counter()
-        outcome = await self._b.puller.pull(PullRequest(
+        outcome = await self._ops.pull(PullRequest(
             group=request.group,
             topic=request.topic,
             queue_id=request.queue_id,
@@ -211,13 +183,6 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
             commit_offset=request.commit_offset if request.HasField("commit_offset") else None,
             fence=fence_from_pb(request.fence, request.HasField("fence")),
         ))
-        metrics = self._b.metrics
-        metrics.pull_latency.labels(outcome.status.value).observe(time.perf_counter() - started)
-        if outcome.messages:
-            metrics.messages_out.labels(request.topic).inc(len(outcome.messages))
-            metrics.bytes_out.labels(request.topic, request.group).inc(sum(m.store_size for m in outcome.messages))
-        if request.HasField("commit_offset"):
-            metrics.offset_commits.labels("pull").inc()
         name = self._b.config.broker_name
         return messaging_pb2.PullMessageResponse(
             status=_PULL_STATUS[outcome.status.value],
@@ -231,26 +196,24 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
     @rpc
     async def ConsumerSendMsgBack(self, request, context: grpc.aio.ServicerContext):
         checked_client_id(request.client_id, optional=True)
-        result = await self._b.send_back.send_back(
+        result = await self._ops.send_back(
             group=request.group, commit_log_offset=request.commit_log_offset, msg_id=request.msg_id,
             delay_level=request.delay_level, max_reconsume_times=request.max_reconsume_times,
             may_read=lambda topic: access.require(on_topic(topic, Action.SUB)))
-        (self._b.metrics.dlq if result.to_dlq else self._b.metrics.retries).labels(request.group).inc()
         return messaging_pb2.ConsumerSendMsgBackResponse(
             topic=result.topic, queue_id=result.queue_id, queue_offset=result.queue_offset,
             delay_level=result.delay_level, reconsume_times=result.reconsume_times)
 
     @rpc
     async def ViewMessage(self, request, context: grpc.aio.ServicerContext):
-        message = self._b.queries.message_at(request.topic, request.queue_id, request.queue_offset)
+        message = self._ops.message_at(request.topic, request.queue_id, request.queue_offset)
         return messaging_pb2.ViewMessageResponse(message=message_ext(message, self._b.config.broker_name))
 
     @rpc
     async def QueryMessageByKey(self, request, context: grpc.aio.ServicerContext):
-        b = self._b
-        found = b.queries.by_key(request.topic, request.key, request.begin_timestamp,
-                                 request.end_timestamp or b.clock_ms(), request.max_num)
-        name = b.config.broker_name
+        found = self._ops.messages_by_key(request.topic, request.key, request.begin_timestamp,
+                                          request.end_timestamp, request.max_num)
+        name = self._b.config.broker_name
         return messaging_pb2.QueryMessageByKeyResponse(messages=[message_ext(m, name) for m in found])
 
 
@@ -279,6 +242,11 @@ async def _abort_with(context: grpc.aio.ServicerContext, error: BaseException, k
     if isinstance(error, BrokerError):
         await context.abort(status_for(error), str(error))
     await context.abort(grpc.StatusCode.INTERNAL, f"{kind} stream failed: {error!r}")
+
+
+def _produce_error(request_id: int, error: BrokerError) -> messaging_pb2.ProduceResponse:
+    return messaging_pb2.ProduceResponse(request_id=request_id, code=status_for(error).value[0], error=str(error),
+                                         error_class=type(error).__name__)
 
 
 def _open_queue(pb) -> OpenQueue:

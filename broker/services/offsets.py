@@ -5,9 +5,8 @@ from __future__ import annotations
 import grpc
 
 from tidemark.broker.controller import BrokerController
-from tidemark.broker.errors import BrokerError, FailedPreconditionError, InvalidArgumentError
-from tidemark.broker.offsets.commits import Commit, CommitTally, ResetKind, ResetTarget
-from tidemark.broker.pull import check_queue
+from tidemark.broker.errors import BrokerError, InvalidArgumentError
+from tidemark.broker.operations import Commit, CommitTally, OffsetPolicy, ResetKind, ResetTarget
 from tidemark.broker.services.convert import fence_from_pb, queue
 from tidemark.broker.services.errors import rpc
 from tidemark.v1 import offsets_pb2, offsets_pb2_grpc
@@ -32,27 +31,18 @@ def _streamed_commit(pb) -> Commit:
 class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
     def __init__(self, broker: BrokerController) -> None:
         self._b = broker
+        self._ops = broker.operations
 
     @rpc
     async def UpdateConsumerOffset(self, request, context: grpc.aio.ServicerContext):
-        try:
-            await self._b.commits.commit_acknowledged(_commit(request.commit))
-        except FailedPreconditionError as e:
-            self._b.metrics.offset_commits_rejected.labels(type(e).__name__).inc()
-            raise
-        self._b.metrics.offset_commits.labels("unary").inc()
+        await self._ops.commit(_commit(request.commit))
         return offsets_pb2.UpdateConsumerOffsetResponse()
 
     @rpc
     async def CommitOffsets(self, request_iterator, context: grpc.aio.ServicerContext):
         tally = CommitTally()
-        metrics = self._b.metrics
         async for batch in request_iterator:
-            result = await self._b.commits.commit_batch(_streamed_commit(pb) for pb in batch.commits)
-            tally.add(result)
-            metrics.offset_commits.labels("stream").inc(result.applied)
-            for r in result.rejections:
-                metrics.offset_commits_rejected.labels(r.reason.value).inc()
+            tally.add(await self._ops.commit_batch(_streamed_commit(pb) for pb in batch.commits))
         return offsets_pb2.CommitOffsetsResponse(applied=tally.applied, rejected=tally.rejected, rejections=[
             offsets_pb2.RejectedCommit(
                 commit=offsets_pb2.OffsetCommit(group=r.commit.group, topic=r.commit.topic,
@@ -62,29 +52,23 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
 
     @rpc
     async def QueryConsumerOffset(self, request, context: grpc.aio.ServicerContext):
-        offset, generation = self._b.commits.query(request.group, request.topic, request.queue_id)
+        offset, generation = self._ops.committed(request.group, request.topic, request.queue_id)
         return offsets_pb2.QueryConsumerOffsetResponse(offset=offset, reset_generation=generation)
-
-    def _checked(self, topic: str, queue_id: int) -> None:
-        check_queue(self._b.topics.require(topic), queue_id)
 
     @rpc
     async def GetMinOffset(self, request, context: grpc.aio.ServicerContext):
-        self._checked(request.topic, request.queue_id)
-        return offsets_pb2.OffsetResponse(offset=self._b.store.min_offset(request.topic, request.queue_id))
+        return offsets_pb2.OffsetResponse(
+            offset=self._ops.queue_offset(request.topic, request.queue_id, OffsetPolicy.EARLIEST))
 
     @rpc
     async def GetMaxOffset(self, request, context: grpc.aio.ServicerContext):
-        self._checked(request.topic, request.queue_id)
-        return offsets_pb2.OffsetResponse(offset=self._b.store.readable_max_offset(request.topic, request.queue_id))
+        return offsets_pb2.OffsetResponse(
+            offset=self._ops.queue_offset(request.topic, request.queue_id, OffsetPolicy.LATEST))
 
     @rpc
     async def SearchOffsetByTimestamp(self, request, context: grpc.aio.ServicerContext):
-        self._checked(request.topic, request.queue_id)
-        if request.timestamp < 0:
-            raise InvalidArgumentError(f"timestamp must be >= 0, got {request.timestamp}")
-        return offsets_pb2.OffsetResponse(
-            offset=self._b.store.search_offset_by_timestamp(request.topic, request.queue_id, request.timestamp))
+        return offsets_pb2.OffsetResponse(offset=self._ops.queue_offset(
+            request.topic, request.queue_id, OffsetPolicy.TIMESTAMP, request.timestamp))
 
     @rpc
     async def ResetOffset(self, request, context: grpc.aio.ServicerContext):
@@ -97,8 +81,8 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
                 "offset": ResetKind.OFFSET, "shift_by": ResetKind.SHIFT_BY}[which]
         value = 0 if kind in (ResetKind.EARLIEST, ResetKind.LATEST) else getattr(request, which)
         queue_id = request.queue_id if request.HasField("queue_id") else None
-        changes = await self._b.commits.reset(request.group, request.topic, queue_id, ResetTarget(kind, value),
-                                              dry_run=request.dry_run)
+        changes = await self._ops.reset_offsets(request.group, request.topic, queue_id, ResetTarget(kind, value),
+                                                dry_run=request.dry_run)
         name = self._b.config.broker_name
         return offsets_pb2.ResetOffsetResponse(
             applied=not request.dry_run,
@@ -108,7 +92,7 @@ class OffsetServicer(offsets_pb2_grpc.OffsetServiceServicer):
 
     @rpc
     async def GetConsumeStats(self, request, context: grpc.aio.ServicerContext):
-        rows = self._b.commits.progress(request.group, request.topic or None)
+        rows = self._ops.progress(request.group, request.topic or None)
         name = self._b.config.broker_name
         return offsets_pb2.GetConsumeStatsResponse(
             queues=[offsets_pb2.QueueStats(queue=queue(r.topic, name, r.queue_id), min_offset=r.min_offset,

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import grpc
 
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import BrokerError, FailedPreconditionError
-from tidemark.broker.replication import decode_offsets
 from tidemark.broker.services.errors import rpc, status_for
-from tidemark.logs import get_logger
+from tidemark.broker.services.streams import write
+from tidemark.common.logs import get_logger
 from tidemark.v1 import replication_pb2, replication_pb2_grpc
 
 log = get_logger("tidemark.broker.replication")
@@ -25,23 +27,30 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                                           f"{self._b.config.master}")
         return self._b.replication
 
-    async def Replicate(self, request_iterator, context: grpc.aio.ServicerContext):
+    async def Replicate(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        """A replica's copy of the log. A coroutine that writes its chunks (services/streams.py says why) and
+        closes the master's side of the stream, whose task reads the replica's acknowledgements, before it
+        returns, however the stream ends."""
         try:
-            async for chunk in self._source().serve(request_iterator, context.peer() or ""):
-                yield chunk
+            chunks = self._source().serve(request_iterator, context.peer() or "")
         except BrokerError as e:
             await context.abort(status_for(e), str(e))
+        async with contextlib.aclosing(chunks):
+            try:
+                async for chunk in chunks:
+                    await write(context, chunk)
+            except BrokerError as e:
+                await context.abort(status_for(e), str(e))
 
     @rpc
     async def GetMetadata(self, request, context: grpc.aio.ServicerContext):
-        b = self._b
-        return self._source().metadata(b.topics, b.groups, b.offsets, b.schedule, b.pop)
+        self._source()
+        return self._b.operations.replica_metadata()
 
     @rpc
     async def HandBackOffsets(self, request, context: grpc.aio.ServicerContext):
         self._source()
-        offsets = decode_offsets(request.offsets_json)
-        moved = self._b.commits.take_back(offsets.table, offsets.reset_generations)
+        moved = self._b.operations.take_back_offsets(request.offsets_json)
         log.info("offsets handed back by a replica", event="offsets_handed_back", entries=moved,
                  peer=context.peer())  # once per replica connection
         return replication_pb2.HandBackOffsetsResponse(advanced=moved)

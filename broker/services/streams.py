@@ -14,7 +14,7 @@ then two things make a handler's end noisy unless it is written for them:
   status from server" (the client is gone). So the stream handlers are
   coroutines that `write` their answers: a cancellation always runs through
   their frame, and they cancel and await the task reading their requests
-  (tidemark.scheduler.cancel_and_wait) before they return.
+  (tidemark.common.scheduler.cancel_and_wait) before they return.
 - A write can find the call gone before grpc.aio has processed the
   cancellation, and grpc.aio logs that failure with a traceback
   ("ExecuteBatchError raised in core by servicer method"). `write` ends the

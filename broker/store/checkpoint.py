@@ -18,8 +18,8 @@ import json
 import threading
 from pathlib import Path
 
-from tidemark.fsutil import atomic_write, fsync_dir
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import atomic_write, fsync_dir
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.store")
 

@@ -1,6 +1,6 @@
 """Byte layouts of the store: commit-log records, the end-of-segment marker, consume-queue entries.
 
-Pure functions over bytes, no I/O. The record layout itself is `tidemark.records`
+Pure functions over bytes, no I/O. The record layout itself is `tidemark.common.records`
 (producers encode it, consumers decode it); this module adds what only the
 store needs: encoding a batch of MessageRecords (the broker's own puts: delayed,
 retry and DLQ messages), full decoding into StoredMessage, the end-of-segment
@@ -18,10 +18,10 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tidemark import records
 from tidemark.broker.errors import InvalidArgumentError
 from tidemark.broker.store.model import MessageRecord, StoredMessage
-from tidemark.records import (
+from tidemark.common import records
+from tidemark.common.records import (
     CRC_FIELD,
     CRC_OFFSET,
     HEADER,

@@ -25,7 +25,7 @@ from tidemark.broker.errors import StoreError
 from tidemark.broker.store import codec
 from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
 from tidemark.broker.store.model import StoredMessage
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.store")
 

@@ -32,9 +32,9 @@ from tidemark.broker.errors import StoreError
 from tidemark.broker.store.codec import CQ_ENTRY, CQ_ENTRY_SIZE
 from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
 from tidemark.broker.store.openfiles import OpenFiles
-from tidemark.fsutil import fsync_dir
-from tidemark.logs import get_logger
-from tidemark.protocol import InvalidNameError, check_topic_name
+from tidemark.common.fsutil import fsync_dir
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import InvalidNameError, check_topic_name
 
 log = get_logger("tidemark.broker.store")
 

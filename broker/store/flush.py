@@ -24,9 +24,9 @@ from pathlib import Path
 from tidemark.broker.errors import StoreError
 from tidemark.broker.store.model import FlushMode
 from tidemark.broker.store.openfiles import OpenFiles
-from tidemark.fsutil import fsync_dir
-from tidemark.logs import get_logger
-from tidemark.scheduler import cancel_and_wait
+from tidemark.common.fsutil import fsync_dir
+from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker.store")
 

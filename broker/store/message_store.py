@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from tidemark import records
 from tidemark.broker.errors import InvalidArgumentError, StoreError
 from tidemark.broker.store import codec, reads
 from tidemark.broker.store.checkpoint import (
@@ -50,8 +49,9 @@ from tidemark.broker.store.model import (
     StoredMessage,
 )
 from tidemark.broker.store.writability import GuardSettings, WriteGuard, describe, free_bytes
-from tidemark.logs import get_logger
-from tidemark.protocol import InvalidNameError, check_topic_name
+from tidemark.common import records
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import InvalidNameError, check_topic_name
 
 __all__ = [
     "FlushMode",
@@ -338,7 +338,7 @@ class MessageStore:
 
     def append_records(self, topic: str, queue_id: int, data: bytes | bytearray, count: int, *,
                        before_write: Callable[[int, str], None] | None = None) -> RecordsPut:
-        """Append a producer's record batch (tidemark.records layout) as it came off the wire.
+        """Append a producer's record batch (tidemark.common.records layout) as it came off the wire.
 
         The batch is checked whole first (InvalidArgumentError, nothing stored),
         then stamped in place (queue id, queue offsets, store time; the commit

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidemark.broker.store.openfiles import DEFAULT_MAX_OPEN_FILES
-from tidemark.protocol import DEFAULT_MAX_MESSAGE_SIZE, PropertyKey
+from tidemark.common.protocol import DEFAULT_MAX_MESSAGE_SIZE, PropertyKey
 
 # A segment must hold at least one small record plus the end-of-segment marker.
 MIN_SEGMENT_SIZE = 1024
@@ -173,7 +173,7 @@ class RecordsPut:
 
 @dataclass(frozen=True, slots=True)
 class RawRead:
-    """Stored records of one queue as bytes, back to back (tidemark.records layout).
+    """Stored records of one queue as bytes, back to back (tidemark.common.records layout).
 
     next_offset follows the last consume-queue entry examined, so a read whose
     entries were all filtered out still moves forward.

@@ -44,8 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.broker.errors import StoreError
-from tidemark.logs import get_logger
-from tidemark.scheduler import cancel_and_wait
+from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker.store")
 

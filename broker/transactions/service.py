@@ -50,9 +50,9 @@ from tidemark.broker.permission import BrokerPermission
 from tidemark.broker.store import MessageRecord, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager, check_topic
 from tidemark.broker.transactions.table import Half, Outcome, TransactionTable
-from tidemark.fsutil import atomic_write
-from tidemark.logs import get_logger
-from tidemark.protocol import (
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import (
     TRANSACTION_HALF_TOPIC,
     TRANSACTION_OP_TOPIC,
     MessageIdGenerator,

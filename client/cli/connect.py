@@ -14,7 +14,6 @@ import logging
 import os
 from typing import Any
 
-from tidemark.auth import Credentials
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.security import (
     ACCESS_KEY_ENV,
@@ -24,6 +23,7 @@ from tidemark.client.security import (
     TLS_KEY_FILE_ENV,
     TlsSettings,
 )
+from tidemark.common.auth import Credentials
 
 
 def add_arguments(common: argparse.ArgumentParser) -> None:

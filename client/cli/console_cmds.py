@@ -11,7 +11,7 @@ from tidemark.client.cli.args import int_in, seconds
 from tidemark.client.cli.connect import client_kwargs
 from tidemark.client.console.server import Console, ConsoleSettings
 from tidemark.client.settings import ClientSettings
-from tidemark.logs import setup_logging
+from tidemark.common.logs import setup_logging
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

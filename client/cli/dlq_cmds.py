@@ -10,7 +10,7 @@ from tidemark.client.admin import Admin
 from tidemark.client.cli.args import int_in
 from tidemark.client.cli.connect import client_kwargs
 from tidemark.client.cli.output import DRY_RUN, emit, iso_ms
-from tidemark.protocol import dlq_topic
+from tidemark.common.protocol import dlq_topic
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

@@ -35,7 +35,7 @@ from tidemark.client.settings import (
     parse_addresses,
     parse_brokers,
 )
-from tidemark.logs import setup_logging
+from tidemark.common.logs import setup_logging
 
 
 def client_options() -> argparse.ArgumentParser:

@@ -44,7 +44,6 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from tidemark.auth import Credentials
 from tidemark.client.admin import Admin
 from tidemark.client.console import views
 from tidemark.client.console.history import History
@@ -61,7 +60,8 @@ from tidemark.client.errors import (
 )
 from tidemark.client.runtime import ClientState, Lifecycle
 from tidemark.client.settings import ClientSettings
-from tidemark.logs import get_logger
+from tidemark.common.auth import Credentials
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.console")
 

@@ -24,7 +24,7 @@ from tidemark.client.errors import (
 )
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.types import OffsetChange, ResetTarget, group_state
-from tidemark.protocol import dlq_topic
+from tidemark.common.protocol import dlq_topic
 
 # A body longer than this is cut in previews (the page says how many bytes were left out).
 PREVIEW_BYTES = 4096

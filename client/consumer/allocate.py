@@ -53,7 +53,7 @@ from typing import Protocol
 
 from tidemark.client.errors import InvalidArgumentError, InvalidTypeError
 from tidemark.client.message import MessageQueue
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 __all__ = [
     "AllocateMachineRoomNearby",

@@ -38,8 +38,8 @@ from tidemark.client.consumer.offset_store import OffsetStore
 from tidemark.client.consumer.send_back import SendBackService
 from tidemark.client.message import ConsumeConcurrentlyStatus, MessageExt
 from tidemark.client.settings import PushConsumerSettings
-from tidemark.logs import get_logger
-from tidemark.protocol import PropertyKey, is_retry_topic
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import PropertyKey, is_retry_topic
 
 log = get_logger("tidemark.client.consume")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from tidemark.client.consumer.offset_store import OffsetStore, ReadOffsetType
 from tidemark.client.message import ConsumeFromWhere, MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
-from tidemark.protocol import is_retry_topic
+from tidemark.common.protocol import is_retry_topic
 
 
 async def compute_pull_from_where(mq: MessageQueue, *, where: ConsumeFromWhere, consume_timestamp_ms: int,

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.client.consume")
 

@@ -41,8 +41,8 @@ from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.streams import QueueEnd
 from tidemark.client.settings import ConsumerSettings
 from tidemark.client.types import CommitRejectReason, RejectedCommit
-from tidemark.logs import get_logger
-from tidemark.scheduler import Scheduler
+from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import Scheduler
 
 log = get_logger("tidemark.client.consumer")
 

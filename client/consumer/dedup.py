@@ -53,8 +53,8 @@ from tidemark.client.consumer.listener import (
 )
 from tidemark.client.errors import ClientStateError, InvalidArgumentError, InvalidTypeError
 from tidemark.client.message import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, MessageExt
-from tidemark.fsutil import atomic_write
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
 
 __all__ = ["Claim", "ClaimOutcome", "DedupKey", "DedupListener", "DedupStats", "DedupStore", "FileDedupStore",
            "MemoryDedupStore"]

@@ -32,8 +32,8 @@ from tidemark.client.errors import TidemarkError
 from tidemark.client.message import MessageExt
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.streams import FetchStream, QueueEnd
-from tidemark.logs import get_logger
-from tidemark.protocol import TagExpression, parse_tag_expression
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import TagExpression, parse_tag_expression
 
 log = get_logger("tidemark.client.fetch")
 

@@ -21,9 +21,9 @@ from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
 from tidemark.client.settings import PullConsumerSettings, build, unique_instance
-from tidemark.logs import get_logger
-from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression
-from tidemark.scheduler import Scheduler
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import InvalidNameError, check_topic_name, parse_tag_expression
+from tidemark.common.scheduler import Scheduler
 
 log = get_logger("tidemark.client.pull_consumer")
 

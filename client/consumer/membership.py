@@ -18,7 +18,7 @@ from tidemark.client.errors import TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.connection import BrokerConnection
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.client.membership")
 

@@ -32,8 +32,8 @@ from tidemark.client.types import (
     OffsetCommit,
     RejectedCommit,
 )
-from tidemark.fsutil import atomic_write
-from tidemark.logs import get_logger
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.client.offsets")
 

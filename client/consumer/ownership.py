@@ -39,7 +39,7 @@ from tidemark.client.consumer.queue_state import OwnedQueue, QueueState
 from tidemark.client.errors import FencedError, TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.client.ownership")
 

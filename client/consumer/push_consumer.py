@@ -25,8 +25,13 @@ from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
 from tidemark.client.settings import PushConsumerSettings, build, unique_instance
-from tidemark.logs import get_logger
-from tidemark.protocol import InvalidNameError, check_topic_name, parse_tag_expression, retry_topic
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import (
+    InvalidNameError,
+    check_topic_name,
+    parse_tag_expression,
+    retry_topic,
+)
 
 log = get_logger("tidemark.client.consumer")
 

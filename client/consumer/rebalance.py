@@ -19,8 +19,8 @@ from tidemark.client.errors import NotFoundError, TidemarkError
 from tidemark.client.message import MessageModel, MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.types import TopicRoute
-from tidemark.logs import get_logger
-from tidemark.protocol import is_retry_topic
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import is_retry_topic
 
 log = get_logger("tidemark.client.rebalance")
 

@@ -2,7 +2,7 @@
 
 No group, no commits, no message objects: the reader opens the queue on its
 broker's Fetch stream without a group and hands out each frame's records as
-they came (tidemark.records layout), for a decoder that turns whole frames
+they came (tidemark.common.records layout), for a decoder that turns whole frames
 into columns. Reading stops at the range's end; records past it in the last
 frame are left to the caller to trim (a frame may carry more when offsets
 below the range's start were deleted and the broker skipped them).

@@ -11,8 +11,8 @@ from __future__ import annotations
 from tidemark.client.errors import TidemarkError
 from tidemark.client.message import Message, MessageExt
 from tidemark.client.remoting.cluster import BrokerCluster
-from tidemark.logs import get_logger
-from tidemark.protocol import PropertyKey, retry_topic
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import PropertyKey, retry_topic
 
 log = get_logger("tidemark.client.retry")
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tidemark.client.message import MessageQueue, SendResult
-from tidemark.logs import get_logger
-from tidemark.records import HEADER_SIZE, RecordBatchBuilder
+from tidemark.common.logs import get_logger
+from tidemark.common.records import HEADER_SIZE, RecordBatchBuilder
 
 # What one record adds besides body and properties: its header, topic and born host (both bounded).
 _RECORD_ROOM = HEADER_SIZE + 512

@@ -1,7 +1,7 @@
 """Producer: send (sync), send_async, send_oneway, batches, queue selectors and retries.
 
 Every message is encoded once, in the caller's thread, in the store's record
-layout (tidemark.records), and travels to the broker inside a record batch on
+layout (tidemark.common.records), and travels to the broker inside a record batch on
 the connection's Produce stream. send/send_batch send their batch at once and
 wait; send_async/send_oneway go through the RecordAccumulator, which gathers
 messages per queue (linger_ms, batch_size) while up to max_in_flight_requests
@@ -41,8 +41,8 @@ from tidemark.client.producer.sequences import ProducerSequences
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
 from tidemark.client.settings import ProducerSettings, build
-from tidemark.logs import get_logger
-from tidemark.protocol import (
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import (
     InvalidNameError,
     MessageIdGenerator,
     PropertyKey,
@@ -50,7 +50,7 @@ from tidemark.protocol import (
     is_system_topic,
     tag_hash,
 )
-from tidemark.records import RecordBatchBuilder, RecordError, encode_properties
+from tidemark.common.records import RecordBatchBuilder, RecordError, encode_properties
 
 log = get_logger("tidemark.client.producer")
 

@@ -39,8 +39,8 @@ from tidemark.client.message import Message, MessageExt, MessageQueue, SendResul
 from tidemark.client.producer.producer import Producer
 from tidemark.client.remoting.connection import BrokerConnection
 from tidemark.client.settings import ProducerSettings
-from tidemark.logs import get_logger
-from tidemark.protocol import PropertyKey, check_group_name
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import PropertyKey, check_group_name
 
 log = get_logger("tidemark.client.transaction")
 

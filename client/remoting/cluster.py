@@ -43,7 +43,6 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from tidemark.auth import Credentials
 from tidemark.client.errors import (
     BrokerUnreachableError,
     InvalidArgumentError,
@@ -56,7 +55,8 @@ from tidemark.client.remoting.connection import BrokerConnection
 from tidemark.client.remoting.namesrv import NameServerClient
 from tidemark.client.security import TlsSettings
 from tidemark.client.types import ClusterBroker, QueueData, TopicRoute
-from tidemark.logs import get_logger
+from tidemark.common.auth import Credentials
+from tidemark.common.logs import get_logger
 
 if TYPE_CHECKING:
     from tidemark.client.settings import ClientSettings

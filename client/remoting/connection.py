@@ -13,7 +13,6 @@ from typing import Any
 
 import grpc
 
-from tidemark.auth import Credentials
 from tidemark.client.errors import (
     BrokerUnreachableError,
     InvalidArgumentError,
@@ -56,7 +55,8 @@ from tidemark.client.types import (
     TopicRoute,
     UserInfo,
 )
-from tidemark.protocol import ERROR_CLASS_KEY
+from tidemark.common.auth import Credentials
+from tidemark.common.protocol import ERROR_CLASS_KEY
 from tidemark.v1 import (
     admin_pb2,
     admin_pb2_grpc,

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 import grpc
 
-from tidemark.auth import Credentials
 from tidemark.client.errors import (
     TidemarkError,
     TlsHandshakeError,
@@ -24,6 +23,7 @@ from tidemark.client.remoting import convert
 from tidemark.client.remoting.security import open_channel
 from tidemark.client.security import TlsSettings
 from tidemark.client.types import ClusterBroker, TopicRoute
+from tidemark.common.auth import Credentials
 from tidemark.v1 import admin_pb2, namesrv_pb2, namesrv_pb2_grpc
 
 _CHANNEL_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 2_000),

@@ -1,7 +1,7 @@
 """TLS channels and signed calls: the gRPC side of `tidemark.client.security`.
 
 Every call on a connection with credentials carries a fresh signature
-(`tidemark.auth.signed_metadata`: x-mq-date-time and authorization). It is added
+(`tidemark.common.auth.signed_metadata`: x-mq-date-time and authorization). It is added
 by one interceptor for all four call kinds, so no RPC, stream or future method
 can forget it, and a long-lived client never sends a stale time: a stream is
 signed when it opens, which is when the broker checks it.
@@ -14,8 +14,8 @@ from typing import Any
 
 import grpc
 
-from tidemark.auth import Credentials, signed_metadata
 from tidemark.client.security import TlsSettings
+from tidemark.common.auth import Credentials, signed_metadata
 
 ChannelOption = tuple[str, Any]
 

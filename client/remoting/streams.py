@@ -34,7 +34,7 @@ from tidemark.client.errors import (
 )
 from tidemark.client.message import MessageQueue
 from tidemark.client.types import Fence
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 from tidemark.v1 import common_pb2, messaging_pb2
 
 log = get_logger("tidemark.client.streams")

@@ -9,7 +9,6 @@ import threading
 
 from workload import create_topic, produce, settled, stored_messages, wait_until
 
-from tidemark.auth import Credentials
 from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
@@ -19,6 +18,7 @@ from tidemark.client import (
     PushConsumer,
 )
 from tidemark.client.errors import NotFoundError
+from tidemark.common.auth import Credentials
 
 OP_SECRET = "op-secret-001"
 

@@ -26,7 +26,7 @@ from tidemark.client import (
 )
 from tidemark.client.cli import main as cli
 from tidemark.client.message import MessageModel
-from tidemark.protocol import MessageIdGenerator, dlq_topic
+from tidemark.common.protocol import MessageIdGenerator, dlq_topic
 from tidemark.v1 import messaging_pb2
 
 # Retries come back after 100 ms, 200 ms...: a message reaches the DLQ within seconds.
@@ -452,8 +452,8 @@ def test_msg_id_times_and_csv_plans_parse_as_documented():
 
 
 def test_msg_id_lookup_without_a_topic_shows_only_topics_the_user_may_get(broker_factory):
-    from tidemark.auth import Credentials
     from tidemark.client import Admin, Message, NotFoundError, Producer
+    from tidemark.common.auth import Credentials
 
     b = broker_factory(args=("--auth", "--init-user", "op:op-secret-001"))
     op = Credentials("op", "op-secret-001")

@@ -25,7 +25,6 @@ from rpc_fuzzlib import (
 from test_rpc_fuzz import BASELINES, seed
 
 from tests.brokerproc import BrokerProcess, BrokerStubs
-from tidemark.auth import Credentials, signed_metadata
 from tidemark.broker.services.access import NEEDS
 from tidemark.client import (
     Admin,
@@ -36,6 +35,7 @@ from tidemark.client import (
     PullConsumer,
     UnauthenticatedError,
 )
+from tidemark.common.auth import Credentials, signed_metadata
 from tidemark.v1 import admin_pb2, membership_pb2, messaging_pb2, offsets_pb2
 
 ROOT = Credentials("root", "root-secret-1")
@@ -262,7 +262,7 @@ def test_a_revoked_rule_stops_an_open_stream_at_its_next_message(secured):
         admin.create_topic("Live", 1)
         admin.create_user("streamer", "streamer-secret")
         admin.create_acl("streamer", "Topic:Live", ["Pub"], "Allow")
-    from tidemark.records import RecordBatchBuilder, encode_properties
+    from tidemark.common.records import RecordBatchBuilder, encode_properties
 
     def batch() -> bytes:
         builder = RecordBatchBuilder("Live")

@@ -21,7 +21,6 @@ import pytest
 from brokerproc import BrokerProcess, BrokerStubs
 from workload import wait_until
 
-from tidemark.auth import Credentials
 from tidemark.client import (
     Admin,
     AlreadyExistsError,
@@ -29,6 +28,7 @@ from tidemark.client import (
     InvalidArgumentError,
     NotFoundError,
 )
+from tidemark.common.auth import Credentials
 from tidemark.v1 import admin_pb2
 
 REPO = Path(__file__).resolve().parents[2]

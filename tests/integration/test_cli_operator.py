@@ -20,7 +20,6 @@ import pytest
 from brokerproc import BrokerProcess
 from workload import produce, wait_until
 
-from tidemark.auth import Credentials
 from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
@@ -33,6 +32,7 @@ from tidemark.client import (
 )
 from tidemark.client.cli import main as cli
 from tidemark.client.cli.output import DRY_RUN
+from tidemark.common.auth import Credentials
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -35,7 +35,7 @@ from tidemark.client.cli.main import build_parser, client_options
 from tidemark.client.cli.output import escaped_text, render_body
 from tidemark.client.dead_letters import advanced, requeue_start
 from tidemark.client.errors import NotFoundError
-from tidemark.protocol import dlq_topic
+from tidemark.common.protocol import dlq_topic
 
 REPO = Path(__file__).resolve().parents[2]
 STAMP = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}"

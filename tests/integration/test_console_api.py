@@ -15,10 +15,10 @@ import urllib.request
 import pytest
 from workload import create_topic, produce, wait_until
 
-from tidemark.auth import Credentials
 from tidemark.client import Admin
 from tidemark.client.console.server import Console, ConsoleSettings
 from tidemark.client.settings import ClientSettings
+from tidemark.common.auth import Credentials
 
 
 @pytest.fixture(scope="module")

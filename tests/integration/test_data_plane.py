@@ -12,8 +12,8 @@ from brokerproc import BrokerStubs
 from workload import create_topic, wait_until
 
 from tidemark.client import Admin, Message, MessageQueue, Producer, UnavailableError
-from tidemark.protocol import tag_hash
-from tidemark.records import RecordBatchBuilder, encode_properties
+from tidemark.common.protocol import tag_hash
+from tidemark.common.records import RecordBatchBuilder, encode_properties
 from tidemark.v1 import messaging_pb2, offsets_pb2
 
 

@@ -17,7 +17,7 @@ from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import InvalidArgumentError
 from tidemark.broker.send import MAX_DELIVERY_DELAY_MS, DeliveryTimeError, OutgoingMessage
 from tidemark.broker.store import GetStatus, StoredMessage
-from tidemark.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
+from tidemark.common.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
 
 T0 = 1_800_000_000_000
 

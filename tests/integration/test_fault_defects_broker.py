@@ -26,8 +26,8 @@ from brokerproc import BrokerStubs
 from test_disk_full import DISK_BYTES, Api, fill
 from workload import wait_until
 
-from tidemark.auth import Credentials
-from tidemark.records import RecordBatchBuilder, encode_properties
+from tidemark.common.auth import Credentials
+from tidemark.common.records import RecordBatchBuilder, encode_properties
 from tidemark.v1 import (
     admin_pb2,
     common_pb2,

@@ -20,7 +20,7 @@ from tidemark.client.errors import (
     UnavailableError,
 )
 from tidemark.client.remoting import streams
-from tidemark.records import RecordBatchBuilder, encode_properties
+from tidemark.common.records import RecordBatchBuilder, encode_properties
 from tidemark.v1 import messaging_pb2
 
 

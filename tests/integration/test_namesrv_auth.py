@@ -8,8 +8,8 @@ import grpc
 import pytest
 from workload import wait_until
 
-from tidemark.auth import Credentials, signed_metadata
 from tidemark.client import Admin, Message, Producer
+from tidemark.common.auth import Credentials, signed_metadata
 from tidemark.v1 import admin_pb2, namesrv_pb2, namesrv_pb2_grpc
 
 BROKER_USER = "brokers:brokers-secret-01"

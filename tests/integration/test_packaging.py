@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from importlib.metadata import version
@@ -25,8 +26,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # Source folder -> the package it is installed as (pyproject.toml [tool.setuptools.package-dir]).
 FOLDERS = {"broker": "tidemark.broker", "client": "tidemark.client", "spark_connector": "tidemark.spark_connector",
-           "proto/tidemark": "tidemark"}
-OLD_NAMES = {"broker", "client", "spark_connector"}
+           "common": "tidemark.common", "proto/tidemark": "tidemark"}
+OLD_NAMES = {"broker", "client", "spark_connector", "common"}
 NOT_IN_BASE = ("pyspark", "pyarrow", "grpc_tools", "numpy", "uvloop", "prometheus_client")
 # What is not copied to build the wheel: caches, venvs, data, earlier builds, and the generated gRPC code
 # (not in git: the build must generate it, as it does from a fresh clone).
@@ -54,14 +55,19 @@ def _can_build_here() -> bool:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("wheel")
-    src = tmp / "src"
-    shutil.copytree(ROOT, src, ignore=IGNORED, symlinks=True)  # as a fresh clone: no build/, no generated code
-    assert not list((src / "proto").rglob("*_pb2*.py")), "the copy must start without generated code"
+    src = _fresh_copy(tmp)
     offline = ["--no-build-isolation"] if _can_build_here() else []  # else pip fetches setuptools to build
     _run([sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", *offline,
           "--wheel-dir", tmp / "dist", src], cwd=tmp, timeout=120)
     [built] = (tmp / "dist").glob("tidemark-*.whl")
     return built
+
+
+def _fresh_copy(tmp: Path) -> Path:
+    src = tmp / "src"
+    shutil.copytree(ROOT, src, ignore=IGNORED, symlinks=True)  # as a fresh clone: no build/, no generated code
+    assert not list((src / "proto").rglob("*_pb2*.py")), "the copy must start without generated code"
+    return src
 
 
 def test_wheel_holds_one_package(wheel: Path) -> None:
@@ -124,6 +130,53 @@ def test_base_install_is_the_client_library(wheel: Path, tmp_path: Path) -> None
     daemon = subprocess.run([bindir / "tidemark", "broker", "--data-dir", tmp_path / "d"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=60)
     assert daemon.returncode == 1 and "pip install 'tidemark[broker]'" in daemon.stderr, daemon.stderr
+
+
+# Imports an editor resolves, each to the source file it must land in.
+JUMPS = (("from tidemark.broker.operations import Operations", "broker/operations.py"),
+         ("from tidemark.common.logs import get_logger", "common/logs.py"),
+         ("from tidemark.client.consumer.allocate import AllocateStrategyName", "client/consumer/allocate.py"),
+         ("from tidemark.v1.messaging_pb2 import ProduceRequest", "proto/tidemark/v1/messaging_pb2.pyi"))  # the generated stub
+
+
+def _jumps(python: Path | str, root: Path, tmp: Path) -> dict[str, str]:
+    """Where jedi (the engine of jedi-language-server, python-lsp-server and vim-jedi) takes "go to
+    definition" on each import of JUMPS, for a file outside the tree with `python`'s environment: it reads
+    the environment's path (site-packages and its .pth entries), never imports, as editors do."""
+    import jedi
+    code = "\n".join(line for line, _ in JUMPS) + "\n"
+    script = jedi.Script(code, path=tmp / "probe.py", project=jedi.Project(tmp),
+                         environment=jedi.create_environment(str(python), safe=False))
+    found = {}
+    for number, (line, _) in enumerate(JUMPS, 1):
+        definitions = script.goto(number, len(line), follow_imports=True)
+        paths = [os.path.relpath(os.path.realpath(d.module_path), root) for d in definitions if d.module_path]
+        found[line] = paths[0] if paths else "(not found)"
+    return found
+
+
+def test_an_editor_jumps_from_an_import_to_the_source_file(tmp_path: Path) -> None:
+    """The development install (make setup: setuptools' strict editable mode) is a tree of links static
+    tools follow; the default editable install, an import hook, leaves them nowhere."""
+    assert _jumps(sys.executable, ROOT, tmp_path) == dict(JUMPS)
+
+
+def test_an_editable_install_from_a_fresh_clone_generates_and_links_everything(tmp_path: Path) -> None:
+    if not _can_build_here():
+        pytest.skip("this interpreter's setuptools cannot build without an index")
+    src = _fresh_copy(tmp_path)
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(env_dir)
+    # The build runs in the new environment (pip --python): it sees this one's packages (setuptools,
+    # grpcio-tools, jedi) through a path entry, and not this one's install of tidemark (a .pth of a
+    # directory on the path is not read).
+    [site_dir] = (env_dir / "lib").glob("python3*/site-packages")
+    (site_dir / "dev-packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _run([sys.executable, "-m", "pip", "--python", env_dir / "bin" / "python", "install", "--quiet",
+          "--disable-pip-version-check", "--no-deps", "--no-build-isolation", "--config-settings",
+          "editable_mode=strict", "-e", src], cwd=tmp_path, timeout=180)
+    assert (src / "proto" / "tidemark" / "v1" / "messaging_pb2.py").is_file(), "the build generated no code"
+    assert _jumps(env_dir / "bin" / "python", src, tmp_path) == dict(JUMPS)
 
 
 def _old_imports(path: Path) -> list[str]:

@@ -143,7 +143,7 @@ def test_a_promoted_replica_knows_every_producer_sequence_and_answers_a_retry_as
     producer table from the replication stream, so the same sequence is a duplicate there."""
     from brokerproc import BrokerStubs
 
-    from tidemark.records import RecordBatchBuilder, encode_properties
+    from tidemark.common.records import RecordBatchBuilder, encode_properties
     from tidemark.v1 import messaging_pb2
 
     master, replica, _ = pair("sync")

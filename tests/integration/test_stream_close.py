@@ -24,9 +24,16 @@ from workload import create_topic, wait_until
 from tidemark.broker.services.rmq5 import service as rmq5
 from tidemark.client import Admin, ConsumeFromWhere, Message, MessageQueue, Producer, PullConsumer
 from tidemark.client.consumer.record_reader import RecordReader
-from tidemark.records import RecordBatchBuilder, encode_properties
+from tidemark.common.records import RecordBatchBuilder, encode_properties
 from tidemark.rmq5.v2 import messaging_pb2 as pb
-from tidemark.v1 import messaging_pb2, messaging_pb2_grpc, offsets_pb2, offsets_pb2_grpc
+from tidemark.v1 import (
+    messaging_pb2,
+    messaging_pb2_grpc,
+    offsets_pb2,
+    offsets_pb2_grpc,
+    replication_pb2,
+    replication_pb2_grpc,
+)
 
 TOPIC = "Closing"
 FIRST_OFFSET = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET
@@ -196,6 +203,55 @@ def test_streams_reset_mid_call_end_quietly_on_the_broker(broker):
         for _ in range(ROUNDS):
             asyncio.run(reset_mid_stream(proxy))
     wait_until(lambda: fetch_streams(broker.address) == 0, 15, "the broker to close every fetch stream")
+    stopped_quietly(broker)
+
+
+SEGMENT = 1 << 20  # the master's commitlog_segment_size, which a replica's hello must repeat
+
+
+def replicas(address: str) -> int:
+    with Admin(brokers=address) as admin:
+        return admin.broker_status_at(address).replicas
+
+
+async def replicate_streams(address: str, proxy: FaultProxy) -> None:
+    """A master's Replicate streams (a raw replica) ended while the master is parked writing a chunk the
+    replica does not read, by a cancel and by a reset, and while it waits for new records: its task
+    reading the replica's acknowledgements must be gone before the call's request stream is closed."""
+    hello = replication_pb2.ReplicaProgress(broker_name="broker-a", broker_id=1, commit_log_end=0,
+                                            segment_size=SEGMENT)
+    for target in (address, proxy.address):
+        async with grpc.aio.insecure_channel(target) as channel:
+            writing = replication_pb2_grpc.ReplicationServiceStub(channel).Replicate()
+            await writing.write(hello)
+            # Megabyte chunks nobody reads: the master is parked in a write once it serves the replica.
+            await asyncio.to_thread(wait_until, lambda: replicas(address) == 1, 15, "the master to serve it")
+            if target == proxy.address:
+                assert proxy.reset() >= 1
+            else:
+                writing.cancel()
+        await asyncio.to_thread(wait_until, lambda: replicas(address) == 0, 15, "the master to forget it")
+    async with grpc.aio.insecure_channel(address) as channel:
+        caught_up = replication_pb2_grpc.ReplicationServiceStub(channel).Replicate()
+        await caught_up.write(hello)
+        progress, end = 0, 1
+        while progress < end:  # acknowledged as it comes, or the master stops sending
+            chunk = await caught_up.read()
+            progress, end = chunk.offset + len(chunk.data), chunk.master_end
+            await caught_up.write(replication_pb2.ReplicaProgress(commit_log_end=progress))
+        caught_up.cancel()  # parked: the replica has everything
+    await asyncio.to_thread(wait_until, lambda: replicas(address) == 0, 15, "the master to forget it")
+
+
+def test_replicate_streams_end_quietly_on_the_master(broker_factory):
+    broker = broker_factory(args=("--commitlog-segment-size", str(SEGMENT)))
+    create_topic(broker.address, TOPIC, 1)
+    with Producer(brokers=broker.address) as producer:
+        for _ in range(40):
+            producer.send_batch([Message(TOPIC, b"x" * 8192) for _ in range(32)])
+    with FaultProxy(broker.address) as proxy:
+        for _ in range(ROUNDS):
+            asyncio.run(replicate_streams(broker.address, proxy))
     stopped_quietly(broker)
 
 

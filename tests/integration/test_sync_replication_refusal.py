@@ -29,8 +29,8 @@ from tidemark.client import (
     TidemarkError,
     UnavailableError,
 )
-from tidemark.protocol import ERROR_CLASS_KEY
-from tidemark.records import RecordBatchBuilder, encode_properties
+from tidemark.common.protocol import ERROR_CLASS_KEY
+from tidemark.common.records import RecordBatchBuilder, encode_properties
 from tidemark.v1 import common_pb2, messaging_pb2
 
 TOPIC = "Synced"

@@ -69,7 +69,7 @@ def test_a_read_waits_for_a_broker_that_is_down_longer_than_the_poll_timeout(tmp
 
 
 class _Events(logging.Handler):
-    """Counts the log records of one event (tidemark.logs keeps the event name on the record)."""
+    """Counts the log records of one event (tidemark.common.logs keeps the event name on the record)."""
 
     def __init__(self, event: str) -> None:
         super().__init__(logging.DEBUG)

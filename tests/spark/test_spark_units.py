@@ -128,8 +128,8 @@ SECRET = "spark-s3cret-never-shown"
 
 
 def test_security_options_reach_the_clients_and_never_show_the_secret():
-    from tidemark.auth import Credentials
     from tidemark.client.security import TlsSettings
+    from tidemark.common.auth import Credentials
     from tidemark.spark_connector.fetch import FetchSettings
 
     opts = {**BASE, "ACCESSKEY": "etl", "secretKey": SECRET, "tlsCaFile": "/certs/ca.pem",

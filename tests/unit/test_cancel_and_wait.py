@@ -1,4 +1,4 @@
-"""cancel_and_wait (tidemark/scheduler.py): the tasks it cancels have finished when it returns, even when
+"""cancel_and_wait (common/scheduler.py): the tasks it cancels have finished when it returns, even when
 its caller is cancelled while it waits (the caller's cancellation then propagates)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tidemark.scheduler import cancel_and_wait
+from tidemark.common.scheduler import cancel_and_wait
 
 
 async def slow_to_stop(stopped: list[str]) -> None:

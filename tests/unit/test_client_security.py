@@ -10,8 +10,6 @@ import itertools
 import grpc
 import pytest
 
-from tidemark import auth
-from tidemark.auth import Credentials
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.tls import exposure_warning, is_loopback
 from tidemark.client import Admin, ProducerSettings, PushConsumerSettings, TlsSettings
@@ -23,6 +21,8 @@ from tidemark.client.errors import (
 )
 from tidemark.client.remoting import security
 from tidemark.client.settings import ClientSettings
+from tidemark.common import auth
+from tidemark.common.auth import Credentials
 
 SECRET = "s3cret-value-never-shown"
 CREDS = Credentials("alice", SECRET)

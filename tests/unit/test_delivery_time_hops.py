@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tidemark.broker.schedule import hop_level
 from tidemark.broker.send import MAX_DELIVERY_DELAY_MS
-from tidemark.protocol import DEFAULT_DELAY_LEVELS, parse_delay_levels
+from tidemark.common.protocol import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 LEVELS = parse_delay_levels(DEFAULT_DELAY_LEVELS)
 SMALLEST = min(LEVELS)

@@ -12,8 +12,8 @@ from tidemark.broker.errors import FencedError, InvalidArgumentError, NotFoundEr
 from tidemark.broker.fetch import MAX_SCAN, EndReason, OpenQueue
 from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import ResetKind, ResetTarget
-from tidemark.protocol import tag_hash
-from tidemark.records import RecordBatchBuilder, encode_properties, record_spans
+from tidemark.common.protocol import tag_hash
+from tidemark.common.records import RecordBatchBuilder, encode_properties, record_spans
 
 
 def run(scenario):

@@ -13,27 +13,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # The source folders and the packages they are installed as (pyproject.toml's package-dir).
 PACKAGES = {"broker": "tidemark.broker", "client": "tidemark.client", "spark_connector": "tidemark.spark_connector",
-            "proto/tidemark": "tidemark"}
+            "common": "tidemark.common", "proto/tidemark": "tidemark"}
 
 # 1. The protocol adapters (Tidemark v1 servicers, the RocketMQ 5 adapter) reach the broker's domain
-#    packages only through the controller's operations, not by importing them.
+#    only through its operations layer (broker/operations.py): they import no domain package, and they use
+#    none of the controller's domain managers (`broker.store`, `self._b.pop`, ...).
 DOMAIN = ("tidemark.broker.store", "tidemark.broker.offsets", "tidemark.broker.pop", "tidemark.broker.transactions",
-          "tidemark.broker.producers")
-ADAPTERS_STILL_IMPORTING_DOMAIN = {
-    ("broker/services/admin.py", "tidemark.broker.offsets.commits"),
-    ("broker/services/convert.py", "tidemark.broker.offsets"),
-    ("broker/services/convert.py", "tidemark.broker.store"),
-    ("broker/services/messaging.py", "tidemark.broker.producers.service"),
-    ("broker/services/messaging.py", "tidemark.broker.transactions.service"),
-    ("broker/services/messaging.py", "tidemark.broker.transactions.table"),
-    ("broker/services/offsets.py", "tidemark.broker.offsets.commits"),
-    ("broker/services/rmq5/convert.py", "tidemark.broker.store"),
-    ("broker/services/rmq5/service.py", "tidemark.broker.pop.service"),
-    ("broker/services/rmq5/service.py", "tidemark.broker.transactions.service"),
-    ("broker/services/rmq5/service.py", "tidemark.broker.transactions.table"),
-    ("broker/services/rmq5/status.py", "tidemark.broker.pop.handles"),
-    ("broker/services/rmq5/status.py", "tidemark.broker.pop.service"),
-}
+          "tidemark.broker.producers", "tidemark.broker.send", "tidemark.broker.pull", "tidemark.broker.retry",
+          "tidemark.broker.queries", "tidemark.broker.replication")
+DOMAIN_MANAGERS = frozenset({"store", "commits", "offsets", "pop", "transactions", "producers", "sender", "puller",
+                             "send_back", "queries", "locks", "schedule", "fetch_session", "read_access"})
+# Names an adapter calls the controller (or a local alias of it) by.
+CONTROLLER_NAMES = frozenset({"_b", "b", "broker", "_broker"})
+ADAPTERS_STILL_IMPORTING_DOMAIN: set[tuple[str, str]] = set()
 
 # 2. The client library speaks gRPC only in client/remoting/.
 CLIENT_STILL_IMPORTING_GRPC = {"client/errors.py", "client/producer/attempts.py", "client/health.py"}
@@ -42,8 +34,8 @@ CLIENT_STILL_IMPORTING_GRPC = {"client/errors.py", "client/producer/attempts.py"
 #    the CLI's entry point, whose `broker` and `namesrv` commands start the daemons (imported inside those
 #    commands, so the client alone installs and runs without the broker's dependencies).
 CLIENT_MODULES_STARTING_DAEMONS = {"client/cli/main.py"}
-# 4. proto/ holds the protocol: .proto files, generated code and, until they move, these shared modules.
-PROTO_SHARED_MODULES_STILL_THERE = {"auth.py", "fsutil.py", "logs.py", "protocol.py", "records.py", "scheduler.py"}
+# 4. proto/ holds the protocol: .proto files, the generated code, the root package's __init__.py.
+# 5. common/ builds on nothing of the broker, the client or the connector.
 
 
 def sources(folder: str) -> list[Path]:
@@ -103,6 +95,22 @@ def test_protocol_adapters_reach_the_domain_only_through_the_controller():
     assert ADAPTERS_STILL_IMPORTING_DOMAIN - found == set(), "moved away: strike it from the list"
 
 
+def test_protocol_adapters_use_no_domain_manager_of_the_controller():
+    found = set()
+    for path in sources("broker/services"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in DOMAIN_MANAGERS and _names_controller(node.value):
+                found.add(f"{path.relative_to(ROOT).as_posix()}:{node.lineno} .{node.attr}")
+    assert found == set(), "a protocol adapter reaches past the operations layer"
+
+
+def _names_controller(node: ast.expr) -> bool:
+    """`b`, `broker`, `self._b`: the controller as the adapters hold it."""
+    if isinstance(node, ast.Name):
+        return node.id in CONTROLLER_NAMES
+    return isinstance(node, ast.Attribute) and node.attr in CONTROLLER_NAMES
+
+
 def test_the_client_speaks_grpc_only_in_remoting():
     found = {path.relative_to(ROOT).as_posix() for path in sources("client")
              if not path.relative_to(ROOT).as_posix().startswith("client/remoting/")
@@ -118,13 +126,21 @@ def test_client_and_broker_do_not_import_each_other():
         assert offenders - CLIENT_MODULES_STARTING_DAEMONS == set(), f"{folder} imports {other}: {sorted(offenders)}"
 
 
-def test_proto_holds_the_protocol_and_only_the_listed_shared_modules():
-    shared = {p.name for p in (ROOT / "proto" / "tidemark").glob("*.py") if p.name != "__init__.py"}
-    assert shared - PROTO_SHARED_MODULES_STILL_THERE == set(), "a new shared module in proto/: put it elsewhere"
-    assert PROTO_SHARED_MODULES_STILL_THERE - shared == set(), "moved away: strike it from the list"
+def test_proto_holds_the_protocol_and_no_hand_written_module():
+    written = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "proto").rglob("*.py")
+                     if "_pb2" not in p.name and p.name != "__init__.py")
+    assert written == [], "a hand-written module in proto/: shared code goes to common/"
+
+
+def test_common_builds_on_nothing_of_broker_client_or_connector():
+    offenders = {p.relative_to(ROOT).as_posix(): sorted(m for m in imports(p) if under(m, "tidemark")
+                                                        and not under(m, "tidemark.common")
+                                                        and not under(m, "tidemark.v1"))
+                 for p in sources("common")}
+    assert {path: found for path, found in offenders.items() if found} == {}
 
 
 def test_the_reader_resolves_imports_as_python_does():
-    here = ROOT / "broker" / "services" / "rmq5" / "status.py"
-    assert module_of(here) == "tidemark.broker.services.rmq5.status"
-    assert "tidemark.broker.pop.handles" in imports(here)
+    here = ROOT / "broker" / "services" / "rmq5" / "service.py"
+    assert module_of(here) == "tidemark.broker.services.rmq5.service"
+    assert {"tidemark.broker.operations", "tidemark.broker.services.rmq5.convert"} <= imports(here)

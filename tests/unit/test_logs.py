@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tidemark.logs import JsonFormatter, KeyValueFormatter, get_logger, logfmt_value
+from tidemark.common.logs import JsonFormatter, KeyValueFormatter, get_logger, logfmt_value
 
 _PAIR = re.compile(r'(\w+)=("(?:[^"\\]|\\.)*"|[^\s"]+)')
 NASTY = ['two words', 'say "hi"', "a=b", "back\\slash", "line\nbreak event=forged level=ERROR", "", "tab\there",

@@ -36,7 +36,7 @@ from tidemark.broker.pop.ledger import (
     Reset,
     Revived,
 )
-from tidemark.fsutil import backup_path
+from tidemark.common.fsutil import backup_path
 
 K = QueueKey("g", "T", 0)
 MIN = 60_000

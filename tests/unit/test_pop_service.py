@@ -15,7 +15,7 @@ from tidemark.broker.offsets.commits import ResetKind, ResetTarget
 from tidemark.broker.pop.handles import ForgedReceiptHandleError, StaleReceiptHandleError
 from tidemark.broker.pop.service import InvisibleTimeError, ReceiveRequest, pop_retry_topic
 from tidemark.broker.send import OutgoingMessage
-from tidemark.protocol import dlq_topic, parse_tag_expression
+from tidemark.common.protocol import dlq_topic, parse_tag_expression
 
 
 class Clock:

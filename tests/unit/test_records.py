@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemark import records
 from tidemark.client.message import MessageExt
-from tidemark.protocol import tag_hash
-from tidemark.records import RecordBatchBuilder, RecordError, check_batch, encode_properties
+from tidemark.common import records
+from tidemark.common.protocol import tag_hash
+from tidemark.common.records import RecordBatchBuilder, RecordError, check_batch, encode_properties
 
 LIMITS = dict(max_message_size=4096, max_record_size=8192)
 

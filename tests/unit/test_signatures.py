@@ -1,4 +1,4 @@
-"""RocketMQ 5 request signatures (tidemark/auth.py): what official clients send is accepted, nothing else is."""
+"""RocketMQ 5 request signatures (common/auth.py): what official clients send is accepted, nothing else is."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidemark import auth
+from tidemark.common import auth
 
 NOW = 1_795_000_000.0  # 2026-11-18
 SECRET = "s3cret-key"

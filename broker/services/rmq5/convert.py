@@ -20,10 +20,9 @@ from collections.abc import Iterable
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from tidemark.broker.send import OutgoingMessage
+from tidemark.broker.operations import OutgoingMessage, StoredMessage
 from tidemark.broker.services.rmq5.status import Code, ProtocolError
-from tidemark.broker.store import StoredMessage
-from tidemark.protocol import PropertyKey
+from tidemark.common.protocol import PropertyKey
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 # RocketMQ's property names for what RocketMQ 5 calls a message group and a delivery time.

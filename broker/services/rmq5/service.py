@@ -23,8 +23,17 @@ from tidemark.broker.errors import (
     BrokerError,
     InvalidArgumentError,
 )
-from tidemark.broker.pop.service import MAX_BATCH, ReceiveRequest
-from tidemark.broker.pull import PullRequest, PullStatus, check_queue
+from tidemark.broker.operations import (
+    MAX_BATCH,
+    Commit,
+    OffsetPolicy,
+    Outcome,
+    PendingCheck,
+    PullRequest,
+    PullStatus,
+    ReceiveRequest,
+    TransactionWatch,
+)
 from tidemark.broker.services.errors import status_for
 from tidemark.broker.services.rmq5 import convert
 from tidemark.broker.services.rmq5.status import (
@@ -41,12 +50,10 @@ from tidemark.broker.services.rmq5.telemetry import (
     filter_expression,
 )
 from tidemark.broker.services.streams import write
-from tidemark.broker.transactions.service import Check, TransactionService, real_view
-from tidemark.broker.transactions.table import Outcome
-from tidemark.logs import get_logger
-from tidemark.protocol import PropertyKey, parse_tag_expression
+from tidemark.common.logs import get_logger
+from tidemark.common.protocol import PropertyKey, parse_tag_expression
+from tidemark.common.scheduler import cancel_and_wait
 from tidemark.rmq5.v2 import messaging_pb2 as pb
-from tidemark.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker.rmq5")
 
@@ -119,22 +126,19 @@ def answers(response: type) -> Callable:
 class Rmq5Servicer:
     def __init__(self, broker: BrokerController) -> None:
         self._b = broker
+        self._ops = broker.operations
         self.clients = ClientRegistry(broker)
 
     # ---- routes and clients ---------------------------------------------------------------------------
 
     @answers(pb.QueryRouteResponse)
     async def QueryRoute(self, request, context: grpc.aio.ServicerContext):
-        b = self._b
         name = convert.resource_name(request.topic, "topic")
-        topic = b.topics.require(name)
-        perm = b.permission
-        readable, writable = topic.readable and perm.readable, topic.writable and perm.writable
-        broker = pb.Broker(name=b.config.broker_name, id=0, endpoints=self._endpoints(request.endpoints))
+        route = self._ops.route(name)
+        broker = pb.Broker(name=self._b.config.broker_name, id=0, endpoints=self._endpoints(request.endpoints))
         queues = []
-        for queue_id in range(max(topic.read_queue_nums, topic.write_queue_nums)):
-            r = readable and queue_id < topic.read_queue_nums
-            w = writable and queue_id < topic.write_queue_nums
+        for queue_id in range(route.queue_count):
+            r, w = route.queue_readable(queue_id), route.queue_writable(queue_id)
             queues.append(pb.MessageQueue(
                 topic=pb.Resource(name=name), id=queue_id, broker=broker, accept_message_types=ACCEPTED_TYPES,
                 permission=pb.READ_WRITE if r and w else pb.READ if r else pb.WRITE if w else pb.NONE))
@@ -172,7 +176,7 @@ class Rmq5Servicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         commands = requests.__aiter__()
         said = None
-        checks = _TransactionChecks(self._b.transactions, client_id)
+        checks = _TransactionChecks(self._ops.watch_transactions, client_id)
         try:
             try:
                 command = await asyncio.wait_for(anext(commands, None), SETTINGS_TIMEOUT_S)
@@ -193,7 +197,7 @@ class Rmq5Servicer:
                 while (check := await checks.next(commands)) is not None:
                     await write(context, pb.TelemetryCommand(
                         recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
-                            message=convert.received(real_view(check.message), store_host=self._b.config.address),
+                            message=convert.received(check.message, store_host=self._b.config.address),
                             transaction_id=str(check.half_offset))))
                 command = checks.command
         except BrokerError as e:
@@ -221,12 +225,9 @@ class Rmq5Servicer:
         results = {}
         for group, messages in batches.items():
             # One message group, one queue: its messages keep their order (FIFO).
-            sent_all = await self._b.sender.send(topic, None, messages, queue_key=group)
+            sent_all = await self._ops.send(topic, None, messages, queue_key=group)
             for message, sent in zip(messages, sent_all, strict=True):
                 results[message.properties[PropertyKey.UNIQ_KEY]] = sent
-        metrics = self._b.metrics
-        metrics.messages_in.labels(topic).inc(len(request.messages))
-        metrics.bytes_in.labels(topic).inc(sum(s.put.store_size for s in results.values()))
         return pb.SendMessageResponse(status=ok(), entries=[_sent_entry(m, results[m.system_properties.message_id])
                                                             for m in request.messages])
 
@@ -241,9 +242,8 @@ class Rmq5Servicer:
         if request.resolution == pb.TRANSACTION_RESOLUTION_UNSPECIFIED:
             return pb.EndTransactionResponse(status=ok())  # not known yet: the next check asks again
         outcome = Outcome.COMMIT if request.resolution == pb.COMMIT else Outcome.ROLLBACK
-        await self._b.transactions.end(convert.RMQ5_PRODUCER_GROUP, request.message_id, half_offset, outcome,
-                                       by="check" if request.source == pb.SOURCE_SERVER_CHECK else "producer",
-                                       topic=topic)
+        await self._ops.end_transaction(convert.RMQ5_PRODUCER_GROUP, request.message_id, half_offset, outcome,
+                                        from_check=request.source == pb.SOURCE_SERVER_CHECK, topic=topic)
         return pb.EndTransactionResponse(status=ok())
 
     # ---- pop consumption ------------------------------------------------------------------------------
@@ -252,14 +252,12 @@ class Rmq5Servicer:
     async def QueryAssignment(self, request, context: grpc.aio.ServicerContext):
         """The push consumer's load balancing is the broker's: every member may receive from every
         queue (pop), so the assignment is the whole topic, as queue -1."""
-        b = self._b
         name = convert.resource_name(request.topic, "topic")
         convert.resource_name(request.group, "group")
-        topic = b.topics.require(name)
-        if not (topic.readable and topic.read_queue_nums and b.permission.readable):
+        if not self._ops.route(name).queue_readable(0):
             raise ProtocolError(Code.FORBIDDEN, f"topic {name!r} has no readable queue on this broker")
         queue = pb.MessageQueue(topic=pb.Resource(name=name), id=-1, permission=pb.READ_WRITE,
-                                broker=pb.Broker(name=b.config.broker_name, id=0,
+                                broker=pb.Broker(name=self._b.config.broker_name, id=0,
                                                  endpoints=self._endpoints(request.endpoints)),
                                 accept_message_types=ACCEPTED_TYPES)
         return pb.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
@@ -269,7 +267,7 @@ class Rmq5Servicer:
         b = self._b
         try:
             r = self._receive_request(request, context)
-            received = await b.pop.receive(r)
+            received = await self._ops.receive(r)
         except BrokerError as e:
             yield pb.ReceiveMessageResponse(status=status_of(e))
             yield pb.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(b.clock_ms()))
@@ -290,17 +288,15 @@ class Rmq5Servicer:
                 m.system_properties.receipt_handle = item.handle
                 m.system_properties.invisible_duration.CopyFrom(convert.duration(item.invisible_ms))
                 yield pb.ReceiveMessageResponse(message=m)
-            b.metrics.messages_out.labels(r.topic).inc(len(received))
-            b.metrics.bytes_out.labels(r.topic, r.group).inc(sum(item.message.store_size for item in received))
         yield pb.ReceiveMessageResponse(delivery_timestamp=convert.timestamp(b.clock_ms()))
 
     def _receive_request(self, request, context: grpc.aio.ServicerContext) -> ReceiveRequest:
         group = convert.resource_name(request.group, "group")
         topic = convert.resource_name(request.message_queue.topic, "topic")
-        self._b.topics.require(topic)
+        self._ops.require_topic(topic)  # TOPIC_NOT_FOUND before any complaint about the rest
         client_id = client_id_of(context.invocation_metadata())
         if request.auto_renew:
-            invisible_ms = self._b.pop.ledger.settings.renew_slice_ms
+            invisible_ms = self._ops.renew_slice_ms
         elif request.HasField("invisible_duration"):
             invisible_ms = convert.duration_ms(request.invisible_duration)
         else:
@@ -319,7 +315,7 @@ class Rmq5Servicer:
             raise ProtocolError(Code.BAD_REQUEST, f"batch_size {batch} must be positive")
         return ReceiveRequest(group=group, topic=topic, filter=parse_tag_expression(filter_expression(
                                   request.filter_expression)),
-                              batch=min(batch, MAX_BATCH), invisible_ms=invisible_ms, client_id=client_id,
+                              batch=batch, invisible_ms=invisible_ms, client_id=client_id,
                               auto_renew=request.auto_renew, poll_ms=min(poll_ms, MAX_POLL_MS),
                               attempt_id=request.attempt_id if request.HasField("attempt_id") else "")
 
@@ -332,7 +328,7 @@ class Rmq5Servicer:
         entries = []
         for entry in request.entries:
             try:
-                self._b.pop.ack(group, topic, entry.receipt_handle)
+                self._ops.ack(group, topic, entry.receipt_handle)
                 status = ok()
             except BrokerError as e:
                 status = status_of(e)
@@ -347,15 +343,15 @@ class Rmq5Servicer:
     async def ChangeInvisibleDuration(self, request, context: grpc.aio.ServicerContext):
         group = convert.resource_name(request.group, "group")
         topic = convert.resource_name(request.topic, "topic")
-        handle = self._b.pop.change_invisible(group, topic, request.receipt_handle,
-                                              convert.duration_ms(request.invisible_duration))
+        handle = self._ops.change_invisible(group, topic, request.receipt_handle,
+                                            convert.duration_ms(request.invisible_duration))
         return pb.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle)
 
     @answers(pb.ForwardMessageToDeadLetterQueueResponse)
     async def ForwardMessageToDeadLetterQueue(self, request, context: grpc.aio.ServicerContext):
         group = convert.resource_name(request.group, "group")
         topic = convert.resource_name(request.topic, "topic")
-        await self._b.pop.dead_letter(group, topic, request.receipt_handle)
+        await self._ops.dead_letter(group, topic, request.receipt_handle)
         return pb.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
     # ---- queue-offset consumption (the Java PullConsumer) -----------------------------------------------
@@ -365,7 +361,7 @@ class Rmq5Servicer:
         b = self._b
         try:
             group, topic = self._group_and_queue_topic(request)
-            outcome = await b.puller.pull(PullRequest(
+            outcome = await self._ops.pull(PullRequest(
                 group=group, topic=topic, queue_id=request.message_queue.id, queue_offset=request.offset,
                 max_msg_nums=min(request.batch_size or RECEIVE_BATCH_SIZE, MAX_BATCH),
                 suspend_timeout_ms=convert.duration_ms(request.long_polling_timeout),
@@ -383,8 +379,6 @@ class Rmq5Servicer:
             for m in outcome.messages:
                 yield pb.PullMessageResponse(message=convert.received(m, store_host=b.config.address,
                                                                       delivery_attempt=m.reconsume_times + 1))
-            b.metrics.messages_out.labels(topic).inc(len(outcome.messages))
-            b.metrics.bytes_out.labels(topic, group).inc(sum(m.store_size for m in outcome.messages))
         else:
             yield pb.PullMessageResponse(status=pb.Status(code=Code.MESSAGE_NOT_FOUND, message="no new message"))
         yield pb.PullMessageResponse(next_offset=outcome.next_begin_offset)
@@ -392,13 +386,13 @@ class Rmq5Servicer:
     @answers(pb.UpdateOffsetResponse)
     async def UpdateOffset(self, request, context: grpc.aio.ServicerContext):
         group, topic = self._group_and_queue_topic(request)
-        self._b.commits.commit(group, topic, request.message_queue.id, request.offset, None, acknowledged=True)
+        await self._ops.commit(Commit(group, topic, request.message_queue.id, request.offset, None))
         return pb.UpdateOffsetResponse(status=ok())
 
     @answers(pb.GetOffsetResponse)
     async def GetOffset(self, request, context: grpc.aio.ServicerContext):
         group, topic = self._group_and_queue_topic(request)
-        offset, _ = self._b.commits.query(group, topic, request.message_queue.id)
+        offset, _ = self._ops.committed(group, topic, request.message_queue.id)
         if offset < 0:
             raise ProtocolError(Code.OFFSET_NOT_FOUND, f"group {group!r} has no offset on queue "
                                 f"{request.message_queue.id} of {topic!r}")
@@ -406,36 +400,28 @@ class Rmq5Servicer:
 
     @answers(pb.QueryOffsetResponse)
     async def QueryOffset(self, request, context: grpc.aio.ServicerContext):
-        b = self._b
         topic = convert.resource_name(request.message_queue.topic, "topic")
-        config = b.topics.require(topic)
-        queue_id = request.message_queue.id
-        check_queue(config, queue_id)
-        policy = request.query_offset_policy
-        if policy == pb.BEGINNING:
-            offset = b.store.min_offset(topic, queue_id)
-        elif policy == pb.END:
-            offset = b.store.readable_max_offset(topic, queue_id)
-        else:
-            if not request.HasField("timestamp"):
-                raise ProtocolError(Code.BAD_REQUEST, "a TIMESTAMP query needs a timestamp")
-            offset = b.store.search_offset_by_timestamp(topic, queue_id, convert.timestamp_ms(request.timestamp))
+        policy = _POLICIES.get(request.query_offset_policy, OffsetPolicy.TIMESTAMP)
+        if policy is OffsetPolicy.TIMESTAMP and not request.HasField("timestamp"):
+            raise ProtocolError(Code.BAD_REQUEST, "a TIMESTAMP query needs a timestamp")
+        offset = self._ops.queue_offset(topic, request.message_queue.id, policy,
+                                        convert.timestamp_ms(request.timestamp))
         return pb.QueryOffsetResponse(status=ok(), offset=offset)
 
     def _group_and_queue_topic(self, request) -> tuple[str, str]:
         group = convert.resource_name(request.group, "group")
         topic = convert.resource_name(request.message_queue.topic, "topic")
-        self._b.topics.require(topic)
+        self._ops.require_topic(topic)
         return group, topic
 
 
 class _TransactionChecks:
     """A producer's transaction checks, taken beside the commands it sends on its telemetry stream."""
 
-    def __init__(self, transactions: TransactionService, client_id: str) -> None:
-        self._transactions = transactions
+    def __init__(self, watch: Callable[[str, str, tuple[str, ...]], TransactionWatch], client_id: str) -> None:
+        self._watch_for = watch
         self._client_id = client_id
-        self._queue: asyncio.Queue[Check] | None = None
+        self._watch: TransactionWatch | None = None
         self._read: asyncio.Future | None = None  # the next command, read across checks
         self._get: asyncio.Future | None = None
         self.command: pb.TelemetryCommand | None = None
@@ -444,15 +430,15 @@ class _TransactionChecks:
         """(Re)register for the checks of half messages on `topics` (none: not a producer)."""
         self._stop_watch()
         if topics:
-            self._queue = self._transactions.watch(convert.RMQ5_PRODUCER_GROUP, self._client_id, frozenset(topics))
+            self._watch = self._watch_for(convert.RMQ5_PRODUCER_GROUP, self._client_id, topics)
 
-    async def next(self, commands) -> Check | None:
+    async def next(self, commands) -> PendingCheck | None:
         """The next check to send, or None once the client sent a command (then in `command`; None at the
         end of the stream)."""
         if self._read is None:
             self._read = asyncio.ensure_future(anext(commands, None))
-        if self._queue is not None and self._get is None:
-            self._get = asyncio.ensure_future(self._queue.get())
+        if self._watch is not None and self._get is None:
+            self._get = asyncio.ensure_future(self._watch.get())
         await asyncio.wait([f for f in (self._read, self._get) if f is not None],
                            return_when=asyncio.FIRST_COMPLETED)
         if self._get is not None and self._get.done():
@@ -466,9 +452,9 @@ class _TransactionChecks:
         if self._get is not None:
             self._get.cancel()
             self._get = None
-        if self._queue is not None:
-            self._transactions.unwatch(convert.RMQ5_PRODUCER_GROUP, self._queue)
-            self._queue = None
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
 
     async def close(self) -> None:
         """Stop waiting for commands and checks, and wait until both waits are over: the read of the next
@@ -476,6 +462,9 @@ class _TransactionChecks:
         read, get, self._read, self._get = self._read, self._get, None, None
         await cancel_and_wait(read, get)
         self._stop_watch()
+
+
+_POLICIES = {pb.BEGINNING: OffsetPolicy.EARLIEST, pb.END: OffsetPolicy.LATEST}
 
 
 def _sent_entry(m: pb.Message, sent) -> pb.SendResultEntry:

@@ -10,18 +10,19 @@ from __future__ import annotations
 
 from tidemark.broker.errors import (
     BrokerError,
+    DeliveryTimeError,
     FailedPreconditionError,
     InvalidArgumentError,
+    InvalidReceiptHandleError,
+    InvisibleTimeError,
+    NotEnoughReplicasError,
     NotFoundError,
     PermissionDeniedError,
+    ReplicationTimeoutError,
     StoreError,
     TopicNotFoundError,
     UnauthenticatedError,
 )
-from tidemark.broker.pop.handles import InvalidReceiptHandleError
-from tidemark.broker.pop.service import InvisibleTimeError
-from tidemark.broker.replication import NotEnoughReplicasError, ReplicationTimeoutError
-from tidemark.broker.send import DeliveryTimeError
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 Code = pb.Code

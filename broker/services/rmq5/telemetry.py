@@ -20,11 +20,10 @@ from tidemark.broker.consumer_manager import ConsumerInfo
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import InvalidArgumentError
 from tidemark.broker.groups import check_group
-from tidemark.broker.retry import FIRST_RETRY_DELAY_LEVEL
 from tidemark.broker.services.convert import checked_client_id
 from tidemark.broker.services.rmq5.convert import duration, resource_name
 from tidemark.broker.services.rmq5.status import Code, ProtocolError
-from tidemark.protocol import parse_tag_expression
+from tidemark.common.protocol import parse_tag_expression
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 CONSUME_POP = "CONSUME_POP"
@@ -155,8 +154,7 @@ class ClientRegistry:
             out.publishing.validate_message_type = True
             return out
         group = self._b.groups.ensure(client.group)
-        # Redelivery waits the broker's retry schedule: delay level 3 (10 s) on, as a send-back does.
-        delays = config.delay_levels_ms[FIRST_RETRY_DELAY_LEVEL - 1:] or config.delay_levels_ms[-1:]
+        delays = self._b.operations.redelivery_delays_ms()
         out.backoff_policy.CopyFrom(pb.RetryPolicy(
             max_attempts=group.retry_max_times + 1,
             customized_backoff=pb.CustomizedBackoff(next=[duration(ms) for ms in delays])))

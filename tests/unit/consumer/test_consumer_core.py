@@ -24,7 +24,7 @@ from tidemark.client.message import (
     MessageQueue,
 )
 from tidemark.client.settings import PullConsumerSettings, PushConsumerSettings, build
-from tidemark.scheduler import Scheduler
+from tidemark.common.scheduler import Scheduler
 
 MQ = MessageQueue("T", "broker-a", 0)
 

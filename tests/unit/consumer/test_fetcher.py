@@ -8,8 +8,8 @@ import asyncio
 from tidemark.client.consumer.fetcher import Fetcher, FetchLimits
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.message import MessageQueue
-from tidemark.protocol import tag_hash
-from tidemark.records import RecordBatchBuilder, encode_properties
+from tidemark.common.protocol import tag_hash
+from tidemark.common.records import RecordBatchBuilder, encode_properties
 
 MQ = MessageQueue("T", "broker-a", 0)
 

@@ -14,7 +14,7 @@ from store_testlib import body_for
 
 from tidemark.broker.errors import InvalidArgumentError, StoreError
 from tidemark.broker.store import GetStatus, MessageRecord
-from tidemark.protocol import parse_tag_expression, tag_hash
+from tidemark.common.protocol import parse_tag_expression, tag_hash
 
 
 def _files(path) -> list[str]:

@@ -13,9 +13,9 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from tidemark.logs import get_logger
+from tidemark.common.logs import get_logger
 
-log = get_logger("tidemark.scheduler")
+log = get_logger("tidemark.common.scheduler")
 
 JobFn = Callable[[], Awaitable[None] | None]
 

@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tidemark.protocol import PropertyKey, tag_hash
+from tidemark.common.protocol import PropertyKey, tag_hash
 
 # RocketMQ's MESSAGE_MAGIC_CODE, so a hex dump looks familiar.
 MESSAGE_MAGIC = -626843481

@@ -46,7 +46,7 @@ EXPOSE 10911 9090
 # standard library's, tens of milliseconds of CPU where `tidemark health` takes about 0.4 s.
 ENV TIDEMARK_METRICS_PORT=9090
 HEALTHCHECK --interval=5s --timeout=5s --start-period=15s --retries=3 \
-    CMD ["python", "-m", "tidemark.broker.probe", "http://127.0.0.1:9090/healthz"]
+    CMD ["python", "-m", "tidemark.broker.observe.probe", "http://127.0.0.1:9090/healthz"]
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["tidemark", "broker"]
 CMD ["--data-dir", "/data", "--host", "0.0.0.0", "--port", "10911"]

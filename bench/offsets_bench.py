@@ -200,7 +200,7 @@ class Bench:
 
 def in_process_persist(entries_per_key: int, keys: int, repeat: int) -> dict:
     """ConsumerOffsetManager persisting a table of keys x entries_per_key, outside any broker."""
-    from tidemark.broker.epoch import EpochSequence
+    from tidemark.broker.membership.epoch import EpochSequence
     from tidemark.broker.offsets import ConsumerOffsetManager
 
     tmp = Path(tempfile.mkdtemp(prefix="tidemark-offsets-"))

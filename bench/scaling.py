@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tidemark.broker.config import BrokerConfig
-from tidemark.broker.consumer_manager import ConsumerInfo, ConsumerManager
+from tidemark.broker.membership.members import ConsumerInfo, ConsumerManager
 from tidemark.broker.namesrv.routes import DEFAULT_EXPIRY_MS, RouteTable
 from tidemark.broker.namesrv.server import MAX_REQUEST_BYTES
 from tidemark.broker.namesrv.service import NameServerServicer, registration

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from tidemark.broker import config as broker_config
-from tidemark.broker import data_format, memory
+from tidemark.broker import memory
+from tidemark.broker.disk import data_format
 from tidemark.broker.errors import BrokerError
 from tidemark.common.logs import get_logger, setup_logging
 
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(broker_config.render(config))
         return 0
     # A data dir in a format this build does not read is refused as a bad config is: one line, exit 2, before
-    # anything logs or touches the dir (broker/data_format.py). The server checks again before its lock.
+    # anything logs or touches the dir (broker/disk/data_format.py). The server checks again before its lock.
     from tidemark.broker.version import VERSION
     try:
         data_format.check(config.data_dir, version=VERSION)

@@ -14,10 +14,17 @@ import time
 from dataclasses import dataclass
 
 from tidemark.broker.auth import AuthStore
+from tidemark.broker.cluster.permission import BrokerPermission
+from tidemark.broker.cluster.registration import NameServerRegistrar, Registration
+from tidemark.broker.cluster.replication import ReplicaSync, ReplicationSource
+from tidemark.broker.cluster.replication_checkpoint import ReplicationCheckpoint
+from tidemark.broker.cluster.roles import ROLE_FILE_NAME, Role, load_role, save_role
 from tidemark.broker.config import BrokerConfig, FlushDiskType, ReplicationMode, namesrv_addresses
-from tidemark.broker.config_file import ConfigFile
-from tidemark.broker.consumer_manager import ConsumerInfo, ConsumerManager
-from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.delivery.fetch import FetchSession
+from tidemark.broker.delivery.pull import PullService, QueueReadAccess
+from tidemark.broker.delivery.queries import MessageQueries
+from tidemark.broker.delivery.waiters import QueueWaiters
+from tidemark.broker.disk.metadata_file import MetadataFile
 from tidemark.broker.errors import (
     BrokerError,
     FailedPreconditionError,
@@ -25,34 +32,27 @@ from tidemark.broker.errors import (
     PermissionDeniedError,
     StoreError,
 )
-from tidemark.broker.fetch import FetchSession
-from tidemark.broker.gauges import take_snapshot
-from tidemark.broker.groups import SubscriptionGroupManager, check_group
-from tidemark.broker.health import (
+from tidemark.broker.ingest.delays import ScheduleMessageService
+from tidemark.broker.ingest.send import SendService
+from tidemark.broker.ingest.send_back import SendBackService
+from tidemark.broker.membership.epoch import EpochSequence
+from tidemark.broker.membership.groups import SubscriptionGroupManager, check_group
+from tidemark.broker.membership.locks import LockGrant, QueueLockManager
+from tidemark.broker.membership.members import ConsumerInfo, ConsumerManager
+from tidemark.broker.observe.gauges import take_snapshot
+from tidemark.broker.observe.health import (
     CONFIG_FILES,
     CONSUMER_OFFSETS,
     POP_STATE,
     STORE,
     PersistenceHealth,
 )
-from tidemark.broker.locks import LockGrant, QueueLockManager
-from tidemark.broker.long_polling import PullRequestHoldService
-from tidemark.broker.metrics import BrokerMetrics, StateSnapshot
+from tidemark.broker.observe.metrics import BrokerMetrics, StateSnapshot
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.commits import OffsetCommitService
 from tidemark.broker.operations import Operations
-from tidemark.broker.permission import BrokerPermission
 from tidemark.broker.pop.service import PopService
 from tidemark.broker.producers.service import IdempotenceService
-from tidemark.broker.pull import PullService, QueueReadAccess
-from tidemark.broker.queries import MessageQueries
-from tidemark.broker.registration import NameServerRegistrar, Registration
-from tidemark.broker.replication import ReplicaSync, ReplicationSource
-from tidemark.broker.replication_checkpoint import ReplicationCheckpoint
-from tidemark.broker.retry import SendBackService
-from tidemark.broker.roles import ROLE_FILE_NAME, Role, load_role, save_role
-from tidemark.broker.schedule import ScheduleMessageService
-from tidemark.broker.send import SendService
 from tidemark.broker.store import FlushMode, MessageStore, StoreConfig
 from tidemark.broker.store.writability import WriteState, describe
 from tidemark.broker.topics import TopicConfigManager
@@ -109,7 +109,7 @@ class BrokerController:
                         "flags say; remove %s to make it follow a master again", config.broker_name, role.epoch,
                         ROLE_FILE_NAME, event="role_loaded", epoch=role.epoch)
             config = dataclasses.replace(config, broker_id=role.broker_id, master="")
-        self.epoch = role.epoch if role is not None else 0  # a master's epoch (broker/roles.py)
+        self.epoch = role.epoch if role is not None else 0  # a master's epoch (broker/cluster/roles.py)
         self.config = config
         self.clock_ms = now_ms
         config_dir = config.config_dir
@@ -132,7 +132,7 @@ class BrokerController:
         self.offsets = ConsumerOffsetManager(config_dir, epochs=self.epochs, ownership=self.locks,
                                              allow_empty_on_corruption=config.force_empty_offsets)
         self.permission = BrokerPermission(config.broker_name, replica_of=config.master)
-        self.hold = PullRequestHoldService()
+        self.hold = QueueWaiters()
         self.schedule = ScheduleMessageService(store=self.store, config_dir=config_dir,
                                                levels_ms=config.delay_levels_ms, clock_ms=self.clock_ms,
                                                can_deliver=lambda: self.permission.writable)
@@ -158,7 +158,7 @@ class BrokerController:
                                             max_producers=config.max_idempotent_producers,
                                             expiry_ms=config.producer_id_expiry_ms,
                                             id_floor=self.clock_ms() << 16)
-        # A master serves its replicas' streams; a replica copies its master (broker/replication.py).
+        # A master serves its replicas' streams; a replica copies its master (broker/cluster/replication.py).
         self.replication = self._replication_source() if not config.broker_id else None
         self.producers.follower = bool(config.broker_id)
         self.store.follower = bool(config.broker_id)  # reads past a replica's end wait for it to catch up
@@ -225,7 +225,7 @@ class BrokerController:
 
     def _wire_reads(self) -> None:
         """Who wakes readers when a queue grows, and how far they read: on a replica every append, at once;
-        on a master what a replica acknowledged (broker/replication.py: readers never see what a failover
+        on a master what a replica acknowledged (broker/cluster/replication.py: readers never see what a failover
         may lose)."""
         source = self.replication
         self.store.remove_dispatch_listener(self.hold.notify)
@@ -468,7 +468,7 @@ class BrokerController:
         else:
             self.persistence.failing(STORE, reason)
 
-    def _config_files(self) -> tuple[ConfigFile, ...]:
+    def _config_files(self) -> tuple[MetadataFile, ...]:
         return (self.topics.file, self.groups.file, *self.auth.files)
 
     def _on_config_file_state(self, ok: bool, reason: str) -> None:
@@ -521,7 +521,7 @@ class BrokerController:
 
     async def promote(self) -> int:
         """Make this replica the master of its name with a new epoch (`tidemark broker promote`); returns
-        the epoch. The role is on disk before anything changes (broker/roles.py); the name servers learn it
+        the epoch. The role is on disk before anything changes (broker/cluster/roles.py); the name servers learn it
         at once, and refuse the old master from then on."""
         if self.replica is None or self._promoting:
             raise FailedPreconditionError(f"broker {self.config.broker_name} here is a master already "

@@ -24,9 +24,21 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tidemark.broker.cluster.replication import decode_offsets
+from tidemark.broker.delivery.fetch import (
+    MAX_RECORDS_PER_READ,
+    EndReason,
+    FetchSession,
+    Frame,
+    OpenQueue,
+    QueueEnded,
+)
+from tidemark.broker.delivery.pull import PullOutcome, PullRequest, PullStatus, check_queue
+from tidemark.broker.delivery.queries import QueueStats
 from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
-from tidemark.broker.fetch import FetchSession, Frame
-from tidemark.broker.locks import LockInfo
+from tidemark.broker.ingest.send import OutgoingMessage, Sent
+from tidemark.broker.ingest.send_back import FIRST_RETRY_DELAY_LEVEL, SendBackResult
+from tidemark.broker.membership.locks import LockInfo
 from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import (
     BatchResult,
@@ -40,11 +52,6 @@ from tidemark.broker.offsets.commits import (
 from tidemark.broker.pop.service import MAX_BATCH, Received, ReceiveRequest
 from tidemark.broker.producers.service import BatchSequence
 from tidemark.broker.producers.table import ProducerState, QueueSequence
-from tidemark.broker.pull import PullOutcome, PullRequest, PullStatus, check_queue
-from tidemark.broker.queries import QueueStats
-from tidemark.broker.replication import decode_offsets
-from tidemark.broker.retry import FIRST_RETRY_DELAY_LEVEL, SendBackResult
-from tidemark.broker.send import OutgoingMessage, Sent
 from tidemark.broker.store import RecordsPut, StoredMessage
 from tidemark.broker.topics import TopicConfig
 from tidemark.broker.transactions.service import Check, real_view
@@ -54,7 +61,7 @@ if TYPE_CHECKING:
     from tidemark.broker.controller import BrokerController
 
 __all__ = [
-    "MAX_BATCH", "Appended", "BatchResult", "BatchSequence", "Commit", "CommitTally", "Fence", "OffsetChange",
+    "MAX_BATCH", "MAX_RECORDS_PER_READ", "Appended", "EndReason", "OpenQueue", "QueueEnded", "BatchResult", "BatchSequence", "Commit", "CommitTally", "Fence", "OffsetChange",
     "OffsetPolicy", "Operations", "Outcome", "OutgoingMessage", "PendingCheck", "PullOutcome", "PullRequest",
     "PullStatus", "QueueProgress", "ReceiveRequest", "Received", "ResetKind", "ResetTarget", "Route",
     "SendBackResult", "Sent", "StoredMessage", "TopicConfig", "TransactionWatch",
@@ -218,7 +225,7 @@ class Operations:
         return outcome
 
     def open_fetch(self) -> FetchSession:
-        """A fetch stream's session (broker/fetch.py); end it with `close_fetch`."""
+        """A fetch stream's session (broker/delivery/fetch.py); end it with `close_fetch`."""
         self.broker.metrics.fetch_streams.inc()
         return self.broker.fetch_session()
 
@@ -261,7 +268,7 @@ class Operations:
 
     async def send_back(self, *, group: str, commit_log_offset: int, msg_id: str, delay_level: int,
                         max_reconsume_times: int, may_read: Callable[[str], None]) -> SendBackResult:
-        """A consumed message back to its group's retry topic, or to the DLQ (broker/retry.py)."""
+        """A consumed message back to its group's retry topic, or to the DLQ (broker/ingest/send_back.py)."""
         b = self.broker
         result = await b.send_back.send_back(group=group, commit_log_offset=commit_log_offset, msg_id=msg_id,
                                              delay_level=delay_level, max_reconsume_times=max_reconsume_times,

@@ -12,12 +12,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tidemark.broker import data_format, memory, tls
+from tidemark.broker import memory, tls
 from tidemark.broker.auth.guard import AccessGuard
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
-from tidemark.broker.datadir import DataDirLock
-from tidemark.broker.metrics import BrokerStateCollector, serve
+from tidemark.broker.disk import data_format
+from tidemark.broker.disk.datadir import DataDirLock
+from tidemark.broker.observe.metrics import BrokerStateCollector, serve
 from tidemark.broker.services.admin import AdminServicer
 from tidemark.broker.services.intake import RequestBudget, RequestIntake
 from tidemark.broker.services.membership import MembershipServicer
@@ -98,11 +99,11 @@ def check_port_free(host: str, port: int, what: str = "port") -> None:
 class BrokerServer:
     def __init__(self, config: BrokerConfig) -> None:
         self.controller = BrokerController(config)
-        self.config = self.controller.config  # with a promotion's role applied (broker/roles.py)
+        self.config = self.controller.config  # with a promotion's role applied (broker/cluster/roles.py)
         self.port: int | None = None
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
-        # SERVING only while started, not stopping, and every part can write to disk (broker/health.py).
+        # SERVING only while started, not stopping, and every part can write to disk (broker/observe/health.py).
         self._serving = False
         self._health_updates: set[asyncio.Task] = set()
         self.controller.persistence.add_listener(self._on_persistence_health)

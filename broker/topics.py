@@ -1,6 +1,6 @@
 """TopicConfigManager: the topics a broker serves, persisted in config/topics.json.
 
-Every change hands ConfigFile an undo: when topics.json cannot be written the
+Every change hands MetadataFile an undo: when topics.json cannot be written the
 caller gets UNAVAILABLE and the table goes back to what the file holds, so a
 topic the caller was told was not created does not take sends anyway.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tidemark.broker.config_file import ConfigFile, load_json
+from tidemark.broker.disk.metadata_file import MetadataFile, load_json
 from tidemark.broker.errors import (
     AlreadyExistsError,
     InvalidArgumentError,
@@ -79,7 +79,7 @@ class TopicConfigManager:
     def __init__(self, config_dir: Path) -> None:
         self._path = Path(config_dir) / "topics.json"
         self._topics: dict[str, TopicConfig] = {}
-        self.file = ConfigFile(self._path, self._document)
+        self.file = MetadataFile(self._path, self._document)
         self.version = 0  # counts changes (the name server registration is sent again when it moves)
         self._mirror_skipped: frozenset[str] = frozenset()  # the master's topics with bad names
 

@@ -57,18 +57,8 @@ class Admin(ClusterAdmin, MessageAdmin, TopicAdmin, GroupAdmin, AuthAdmin):
             return self
         self._loop.start()
         s = self.settings
-
-        async def connect() -> BrokerCluster:
-            cluster = BrokerCluster.for_settings(s)
-            try:
-                await cluster.discover()
-            except BaseException:
-                await cluster.close()
-                raise
-            return cluster
-
         try:
-            self._cluster = self._loop.run(connect(), timeout=s.request_timeout_s * 2)
+            self._cluster = self._loop.run(BrokerCluster.connect(s), timeout=s.request_timeout_s * 2)
         except BaseException:
             self._loop.stop()
             raise

@@ -218,7 +218,7 @@ class MessageModel(enum.Enum):
 
 
 class ConsumeFromWhere(enum.Enum):
-    """Where a group starts on a queue it has no committed offset for (seed 000)."""
+    """Where a group starts on a queue it has no committed offset for (RocketMQ's ConsumeFromWhere)."""
 
     CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
     CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"

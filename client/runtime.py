@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from tidemark.client.errors import ClientStateError, RequestTimeoutError
 from tidemark.common.logs import get_logger
@@ -200,3 +200,52 @@ class LoopThread:
         self._thread = None
         self._loop = None
         self._ready.clear()
+
+
+class BlockingClient:
+    """What the blocking clients (Producer, PushConsumer, PullConsumer, RecordReader) share: an asyncio
+    core on their own LoopThread, started and stopped through their one Lifecycle. A subclass sets
+    `_loop` and `_life`, and its start() and shutdown() call `_start_core` and `_stop_core`."""
+
+    _loop: LoopThread
+    _life: Lifecycle
+
+    def _start_core(self, start: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T:
+        """CREATED -> STARTING -> RUNNING, running `start()` on the loop thread; its result. A failure (or
+        RequestTimeoutError after `timeout`) stops the loop and leaves the client SHUTDOWN: it cannot be
+        started again."""
+        self._life.to(ClientState.STARTING)
+        self._loop.start()
+        try:
+            result = self._loop.run(start(), timeout=timeout)
+        except BaseException:
+            self._loop.stop()
+            self._life.to(ClientState.SHUTDOWN)
+            raise
+        self._life.to(ClientState.RUNNING)
+        return result
+
+    def _stop_core(self, stop: Callable[[], Coroutine[Any, Any, Any]], timeout: float) -> None:
+        """RUNNING -> STOPPING -> SHUTDOWN, running `stop()` on the loop thread, then stopping the loop
+        (also when `stop()` failed or timed out). Idempotent; a client never started just goes to
+        SHUTDOWN; one still starting (on another thread) cannot be shut down yet."""
+        state = self._life.state
+        if state in (ClientState.SHUTDOWN, ClientState.STOPPING):
+            return
+        if state is ClientState.CREATED:
+            self._life.to(ClientState.SHUTDOWN)
+            return
+        self._life.require(ClientState.RUNNING, action="shut down")
+        self._life.to(ClientState.STOPPING)
+        try:
+            self._loop.run(stop(), timeout=timeout)
+        finally:
+            self._loop.stop()
+            self._life.to(ClientState.SHUTDOWN)
+
+    def __enter__(self) -> Self:  # start() and shutdown() are each client's, with their own documentation
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+

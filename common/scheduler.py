@@ -63,6 +63,47 @@ async def cancel_and_wait(*tasks: asyncio.Task | None) -> None:
         raise asyncio.CancelledError
 
 
+class TaskSet:
+    """The background tasks one component starts as it goes (a reopen after a backoff, a retry of failed
+    messages), owned: a failure is logged once, where it happens, under the component's event name; the
+    component's shutdown either waits for them (`wait`) or cancels what still runs and waits for that
+    (`close`); once closed, new work is refused (its coroutine closed unstarted)."""
+
+    def __init__(self, event: str, what: str, logger=None, **fields: object) -> None:
+        self._event, self._what, self._fields = event, what, fields
+        self._log = logger or log
+        self._tasks: set[asyncio.Task] = set()
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, coro: Awaitable, name: str | None = None) -> asyncio.Task | None:
+        if self.closed:
+            coro.close()
+            return None
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._log.error(self._what, event=self._event, task=task.get_name(), exc_info=task.exception(),
+                            **self._fields)
+
+    async def wait(self) -> None:
+        """Until every task has finished on its own (their failures are logged already)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Refuse new work, cancel what runs, and wait until it has finished."""
+        self.closed = True
+        await cancel_and_wait(*self._tasks)
+
+
 class Scheduler:
     def __init__(self, owner: str) -> None:
         self._owner = owner

@@ -19,6 +19,26 @@ os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from brokerproc import BrokerProcess, NamesrvProcess  # noqa: E402
 
+# The source folders and where the editable install links them (pyproject.toml's package-dir).
+_LINKED = {"common": "common", "broker": "broker", "client": "client", "spark_connector": "spark_connector",
+           "proto/tidemark": ""}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The editable install is a tree of links (Makefile: setuptools' strict mode): a module added since
+    the last `make setup` is missing from it, and the tests would fail on imports that look right."""
+    import tidemark
+    tree = Path(tidemark.__file__).parent  # the link, not the file it points to
+    if "__editable__" not in str(tree):
+        return  # installed otherwise (a wheel, the import hook): nothing to check
+    repo = Path(__file__).resolve().parents[1]
+    missing = sorted(str(src.relative_to(repo)) for folder, package in _LINKED.items()
+                     for src in (repo / folder).rglob("*.py")
+                     if "__pycache__" not in src.parts and not (tree / package / src.relative_to(repo / folder)).exists())
+    if missing:
+        pytest.exit(f"not in the editable install yet: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
+                    "run `make setup` (it links new files)", returncode=4)
+
 
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator:

@@ -14,7 +14,7 @@ The files use the field names of RocketMQ's User and Acl models:
                   "entries": [{"resource": "Topic:orders-*", "actions": ["Pub", "Sub"],
                                "sourceIps": ["10.0.0.0/8"], "decision": "Allow"}]}]}}}
 
-Changes go through ConfigFile (config_file.py): written in a worker thread,
+Changes go through MetadataFile (disk/metadata_file.py): written in a worker thread,
 atomically with a `.bak`; the rpc layer answers once they are on disk; a
 write that fails (a full disk) undoes the change in memory and the caller is
 told so. A user deleted with its rules changes both files, users.json first
@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemark.broker.auth.acl import AclRule, Action, Decision, Resource, User, evaluate
-from tidemark.broker.config_file import ConfigFile
+from tidemark.broker.disk.metadata_file import MetadataFile
 from tidemark.broker.errors import (
     AlreadyExistsError,
     ConfigFileError,
@@ -180,13 +180,13 @@ def _read_doc(path: Path) -> dict[str, Any]:
 
 
 class _AuthFile:
-    """One of the two files: its ConfigFile, how to decode and apply it, and what reload last saw."""
+    """One of the two files: its MetadataFile, how to decode and apply it, and what reload last saw."""
 
     def __init__(self, path: Path, render: Callable[[], dict[str, Any]],
                  apply: Callable[[dict[str, Any]], str], empty: dict[str, Any]) -> None:
         self.path = path
         self.empty = empty  # what render() gives for no entries: a missing file says the same
-        self.file = ConfigFile(path, render, mode=FILE_MODE)
+        self.file = MetadataFile(path, render, mode=FILE_MODE)
         self.render = render
         self.apply = apply  # decode and install a document (ValueError when unusable); returns a summary
         self.seen: Signature = None
@@ -259,7 +259,7 @@ class AuthStore:
                                      self._apply_users, encode_users({}))
         self._acls_file = _AuthFile(config_dir / ACLS_FILE, lambda: encode_rules(self._rules),
                                     self._apply_rules, encode_rules({}))
-        self.files: tuple[ConfigFile, ...] = (self._users_file.file, self._acls_file.file)
+        self.files: tuple[MetadataFile, ...] = (self._users_file.file, self._acls_file.file)
 
     # -- loading -------------------------------------------------------------------
 

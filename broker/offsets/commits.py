@@ -28,7 +28,7 @@ from tidemark.broker.errors import (
     NotFoundError,
     StaleResetGenerationError,
 )
-from tidemark.broker.groups import SubscriptionGroupManager, check_group
+from tidemark.broker.membership.groups import SubscriptionGroupManager, check_group
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.persistence import TableKey, invalid_names, table_key
 from tidemark.broker.store import MessageStore

@@ -65,8 +65,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemark.broker import segments
-from tidemark.broker.segments import DecodedSegment, RecordDamage, SegmentedLog, frame
+from tidemark.broker.disk import segments
+from tidemark.broker.disk.segments import DecodedSegment, RecordDamage, SegmentedLog, frame
 
 JOURNAL_PREFIX = "consumerOffset.journal."
 _HEAD = struct.Struct("<BH")  # op, topic length
@@ -146,7 +146,7 @@ class ReplayReport:
 
 
 class OffsetJournal(SegmentedLog):
-    """Append-only segments of JournalRecords beside consumerOffset.json (broker/segments.py: a short
+    """Append-only segments of JournalRecords beside consumerOffset.json (broker/disk/segments.py: a short
     write is cut off again; see the module docstring for the other failures)."""
 
     def __init__(self, directory: Path) -> None:

@@ -59,8 +59,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tidemark.broker.epoch import EpochSequence
 from tidemark.broker.errors import InvalidArgumentError, StoreError
+from tidemark.broker.membership.epoch import EpochSequence
 from tidemark.broker.offsets.fencing import (
     NO_FENCE_STATE,
     Fence,
@@ -149,7 +149,7 @@ class ConsumerOffsetManager:
         self._journal = OffsetJournal(self._path.parent) if journal else None
         self._pending: list[JournalRecord] = []  # records of the batch under way, written when it ends
         # Called with each batch's records once they hold (journaled, or standing in memory): a master's
-        # replicas (broker/replication.py), which take them within milliseconds instead of at the next mirror.
+        # replicas (broker/cluster/replication.py), which take them within milliseconds instead of at the next mirror.
         self.listeners: list[Callable[[list[JournalRecord]], None]] = []
         self._outgoing: list[JournalRecord] = []
         self._batch_depth = 0
@@ -379,7 +379,7 @@ class ConsumerOffsetManager:
         return changed
 
     def mirror_records(self, records: list[JournalRecord]) -> int:
-        """A replica taking its master's journal records as they come (broker/replication.py), by `mirror`'s
+        """A replica taking its master's journal records as they come (broker/cluster/replication.py), by `mirror`'s
         rules, in order: commits forward only, resets by generation, removals left to its own cleanup."""
         changed = 0
         with self.batch(must_journal=False):

@@ -46,7 +46,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from tidemark.broker import segments
+from tidemark.broker.disk import segments
+from tidemark.broker.disk.segments import DecodedSegment, SegmentedLog, frame
 from tidemark.broker.errors import ConfigFileError
 from tidemark.broker.offsets.persistence import remove_leftover_temp_files
 from tidemark.broker.pop.handles import QueueKey
@@ -64,7 +65,6 @@ from tidemark.broker.pop.ledger import (
     Reset,
     Revived,
 )
-from tidemark.broker.segments import DecodedSegment, SegmentedLog, frame
 from tidemark.common.fsutil import atomic_write, backup_path
 from tidemark.common.logs import get_logger
 
@@ -149,7 +149,7 @@ def list_segments(directory: Path) -> list[tuple[int, Path]]:
 
 
 class PopJournal(SegmentedLog):
-    """Append-only segments of encoded events (broker/segments.py)."""
+    """Append-only segments of encoded events (broker/disk/segments.py)."""
 
     def __init__(self, directory: Path) -> None:
         super().__init__(directory, JOURNAL_PREFIX, "pop journal")

@@ -32,7 +32,9 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidemark.broker.cluster.permission import BrokerPermission
 from tidemark.broker.config import BrokerConfig
+from tidemark.broker.delivery.waiters import QueueWaiters
 from tidemark.broker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -40,10 +42,9 @@ from tidemark.broker.errors import (
     PermissionDeniedError,
     StoreError,
 )
-from tidemark.broker.groups import SubscriptionGroupManager, check_group
-from tidemark.broker.long_polling import PullRequestHoldService
+from tidemark.broker.ingest.send_back import redelivery_copy
+from tidemark.broker.membership.groups import SubscriptionGroupManager, check_group
 from tidemark.broker.offsets import ConsumerOffsetManager
-from tidemark.broker.permission import BrokerPermission
 from tidemark.broker.pop.handles import (
     HandleFields,
     InvalidReceiptHandleError,
@@ -55,7 +56,6 @@ from tidemark.broker.pop.handles import (
 from tidemark.broker.pop.journal import STATE_FILE_NAME as STATE_FILE
 from tidemark.broker.pop.journal import PopStore
 from tidemark.broker.pop.ledger import PopLedger
-from tidemark.broker.retry import redelivery_copy
 from tidemark.broker.store import GetStatus, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.common.fsutil import atomic_write
@@ -105,7 +105,7 @@ class Received:
 
 class PopService:
     def __init__(self, *, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
-                 groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, hold: PullRequestHoldService,
+                 groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, hold: QueueWaiters,
                  permission: BrokerPermission, clock_ms: Callable[[], int], pop_id_floor: int,
                  holds_locks: Callable[[str], bool] = lambda group: False,
                  on_state: Callable[[str | None], None] = lambda reason: None,

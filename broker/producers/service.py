@@ -11,7 +11,7 @@ the same timer.
 A master's replicas hold the same table, so that a promoted replica answers a
 retry of any batch it holds as a duplicate: `listeners` get every change
 (ids given out and forgotten once journaled, batches once stored), which
-broker/replication.py sends along with the records. A replica takes the
+broker/cluster/replication.py sends along with the records. A replica takes the
 table whole when its stream opens (`follow_state`) and each change after
 (`follow_events`), journaling them as its own; it forgets no producer by
 itself (the master's Forgotten events do), and on promotion drops the

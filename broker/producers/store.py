@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field
 from pathlib import Path
 
-from tidemark.broker import segments
+from tidemark.broker.disk import segments
+from tidemark.broker.disk.segments import DecodedSegment, SegmentedLog, frame
 from tidemark.broker.errors import ConfigFileError
 from tidemark.broker.offsets.persistence import remove_leftover_temp_files
 from tidemark.broker.producers.table import (
@@ -31,7 +32,6 @@ from tidemark.broker.producers.table import (
     ProducerStateError,
     ProducerTable,
 )
-from tidemark.broker.segments import DecodedSegment, SegmentedLog, frame
 from tidemark.common.fsutil import atomic_write, backup_path
 from tidemark.common.logs import get_logger
 

@@ -8,12 +8,12 @@ from tidemark.broker.auth import AclRule, Action, Decision, Resource, User
 from tidemark.broker.auth.guard import on_topic
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import InvalidArgumentError, NotFoundError
-from tidemark.broker.groups import GroupConfig, check_group
+from tidemark.broker.membership.groups import GroupConfig, check_group
+from tidemark.broker.observe.status import broker_status
 from tidemark.broker.operations import OffsetChange
 from tidemark.broker.services import access
 from tidemark.broker.services.convert import message_ext, queue, topic_config
 from tidemark.broker.services.errors import rpc
-from tidemark.broker.status import broker_status
 from tidemark.broker.version import VERSION
 from tidemark.common.protocol import format_duration_ms
 from tidemark.v1 import admin_pb2, admin_pb2_grpc, common_pb2, offsets_pb2

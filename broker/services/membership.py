@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import grpc
 
-from tidemark.broker.consumer_manager import ConsumerInfo
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import BrokerError, InvalidArgumentError
-from tidemark.broker.groups import check_group
+from tidemark.broker.membership.groups import check_group
+from tidemark.broker.membership.members import ConsumerInfo
 from tidemark.broker.services.convert import checked_client_id, checked_topic, fence_from_pb, queue
 from tidemark.broker.services.errors import rpc, status_for
 from tidemark.broker.services.streams import write

@@ -16,8 +16,16 @@ from tidemark.broker.auth.acl import Action
 from tidemark.broker.auth.guard import on_topic
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import BrokerError, InvalidArgumentError
-from tidemark.broker.fetch import MAX_RECORDS_PER_READ, EndReason, OpenQueue, QueueEnded
-from tidemark.broker.operations import BatchSequence, Outcome, OutgoingMessage, PullRequest
+from tidemark.broker.operations import (
+    MAX_RECORDS_PER_READ,
+    BatchSequence,
+    EndReason,
+    OpenQueue,
+    Outcome,
+    OutgoingMessage,
+    PullRequest,
+    QueueEnded,
+)
 from tidemark.broker.services import access
 from tidemark.broker.services.convert import checked_client_id, fence_from_pb, message_ext
 from tidemark.broker.services.errors import rpc, status_for

@@ -1,4 +1,4 @@
-"""ReplicationService: a master's side of replication (broker/replication.py), a thin adapter."""
+"""ReplicationService: a master's side of replication (broker/cluster/replication.py), a thin adapter."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tidemark.broker.services.streams import write
 from tidemark.common.logs import get_logger
 from tidemark.v1 import replication_pb2, replication_pb2_grpc
 
-log = get_logger("tidemark.broker.replication")
+log = get_logger("tidemark.broker.cluster.replication")
 
 
 class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):

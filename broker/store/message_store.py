@@ -118,7 +118,7 @@ class MessageStore:
         # A replica's store: reads past a queue's end wait for replication instead of going back (reads.py).
         self.follower = False
         # The commit-log offset readers may read up to (None: everything stored). A master with replicas
-        # sets it to what a replica acknowledged (broker/replication.py): a consumer never reads a record a
+        # sets it to what a replica acknowledged (broker/cluster/replication.py): a consumer never reads a record a
         # failover may lose (and then skip the message the promoted replica stores at the same offset).
         # Kafka's high watermark.
         self.read_limit: Callable[[], int | None] = lambda: None
@@ -391,7 +391,7 @@ class MessageStore:
                 log.exception("dispatch listener %r failed", listener)
         return positions
 
-    # -- replication (broker/replication.py) ------------------------------------------
+    # -- replication (broker/cluster/replication.py) ------------------------------------------
 
     def replication_chunk(self, offset: int, max_bytes: int) -> bytes:
         """Master: whole commit-log records from `offset` as stored (CommitLog.replication_chunk)."""

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tidemark.broker.cluster.permission import BrokerPermission
 from tidemark.broker.errors import (
     BrokerError,
     FailedPreconditionError,
@@ -45,8 +46,7 @@ from tidemark.broker.errors import (
     NotFoundError,
 )
 from tidemark.broker.faults import crash_point
-from tidemark.broker.groups import check_group
-from tidemark.broker.permission import BrokerPermission
+from tidemark.broker.membership.groups import check_group
 from tidemark.broker.store import MessageRecord, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager, check_topic
 from tidemark.broker.transactions.table import Half, Outcome, TransactionTable
@@ -61,7 +61,7 @@ from tidemark.common.protocol import (
 )
 
 if TYPE_CHECKING:
-    from tidemark.broker.send import SyncReplication
+    from tidemark.broker.ingest.send import SyncReplication
 
 log = get_logger("tidemark.broker.transactions")
 

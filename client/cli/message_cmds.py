@@ -35,10 +35,10 @@ from tidemark.client.message import (
     PullStatus,
 )
 from tidemark.client.producer.producer import Producer
+from tidemark.common.backoff import Backoff
 
 # `consume --group` started while no broker answers: try again, backing off up to this.
-START_RETRY_MIN_S = 0.5
-START_RETRY_MAX_S = 5.0
+START_RETRY = Backoff(first_s=0.5, max_s=5.0)
 # Readable consume lines show this much of a body unless --max-body-bytes says otherwise.
 READABLE_MAX_BODY_BYTES = 256
 
@@ -315,7 +315,7 @@ def _start_riding_out_outages(build: Callable[[], PushConsumer], stop: threading
 
     Once started, the consumer itself rides through broker restarts: fetch streams reopen with backoff,
     lost queues are locked again and resume from where this process got."""
-    delay = START_RETRY_MIN_S
+    attempt = 0
     while not stop.is_set():
         consumer = build()
         try:
@@ -323,9 +323,10 @@ def _start_riding_out_outages(build: Callable[[], PushConsumer], stop: threading
         except TidemarkError as e:
             if not e.retriable:
                 raise
+            delay = START_RETRY.delay(attempt)
             print(f"tidemark: no broker answered ({e}); retrying in {delay:.1f}s", file=sys.stderr, flush=True)
         stop.wait(delay)
-        delay = min(delay * 2, START_RETRY_MAX_S)
+        attempt += 1
     return None
 
 

@@ -40,6 +40,7 @@ from tidemark.client.message import ConsumeConcurrentlyStatus, MessageExt
 from tidemark.client.settings import PushConsumerSettings
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import PropertyKey, is_retry_topic
+from tidemark.common.scheduler import TaskSet
 
 log = get_logger("tidemark.client.consume")
 
@@ -98,7 +99,7 @@ class ConsumeMessageConcurrentlyService:
         self._finished: dict[QueueLease, list[MessageExt]] = {}
         # Batches not started (or failed) while suspended; resume() hands them to the listener again.
         self._held: list[tuple[QueueLease, list[MessageExt]]] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskSet("consume_retry_error", "retry of failed messages failed", log)
         self.consumed_ok = 0
         self.consumed_failed = 0
 
@@ -118,10 +119,7 @@ class ConsumeMessageConcurrentlyService:
 
     async def shutdown(self) -> None:
         self._held.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
 
     def apply_finished(self) -> None:
         """After a wake-up's completions: per lease, forget the finished messages, move the offset,
@@ -175,7 +173,7 @@ class ConsumeMessageConcurrentlyService:
             self._held.append((lease, failed))
         elif self._clustering:
             lease.batch_started()  # the send-back runs as part of the batch: a handover waits for it
-            self._spawn(self._retry(lease, failed, context.delay_level_when_next_consume))
+            self._tasks.spawn(self._retry(lease, failed, context.delay_level_when_next_consume))
         else:
             log.warning("broadcast consumption failed, messages dropped",
                         event="broadcast_drop", queue=lease.mq, count=len(failed))
@@ -197,16 +195,6 @@ class ConsumeMessageConcurrentlyService:
             await asyncio.sleep(self._local_retry_delay_s)
             if lease.active:
                 self.submit(lease, keep)
-
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("retry of failed messages failed", event="consume_retry_error", exc_info=task.exception())
 
     # -- consume threads ---------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""computePullFromWhere (seed 000): where a consumer starts on a queue it has just been given.
+"""computePullFromWhere (RocketMQ's rule): where a consumer starts on a queue it has just been given.
 
 The group's committed offset always wins when there is one (>= 0); only a
 queue without one (-1) uses consume_from_where. Retry topics are special:

@@ -20,7 +20,6 @@ stopped in order by `shutdown`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
@@ -42,7 +41,7 @@ from tidemark.client.remoting.streams import QueueEnd
 from tidemark.client.settings import ConsumerSettings
 from tidemark.client.types import CommitRejectReason, RejectedCommit
 from tidemark.common.logs import get_logger
-from tidemark.common.scheduler import Scheduler
+from tidemark.common.scheduler import Scheduler, TaskSet
 
 log = get_logger("tidemark.client.consumer")
 
@@ -65,7 +64,7 @@ class ConsumerCore:
         self.clustering = settings.message_model is MessageModel.CLUSTERING
         self.scheduler = Scheduler(f"consumer:{settings.group}")
         self.membership: GroupMembership | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskSet("consumer_task_failed", "consumer task failed", log, group=settings.group)
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -179,7 +178,7 @@ class ConsumerCore:
     async def shutdown(self) -> None:
         """Stop the timers, hand every queue back (drain, commit, unlock), leave the group, close."""
         await self.scheduler.stop()
-        await self._stop_tasks()
+        await self._tasks.wait()
         await self.ownership.stop()
         await self.ownership.release_all()
         if not self.clustering:
@@ -193,20 +192,7 @@ class ConsumerCore:
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> None:
         """Run background work owned by the consumer: failures are logged, shutdown waits for it."""
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("consumer task failed",
-                      event="consumer_task_failed", group=self.settings.group, task=task.get_name(),
-                      exc_info=task.exception())
-
-    async def _stop_tasks(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.spawn(coro, name)
 
     # -- OwnershipHooks ----------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """DedupListener: run a push consumer's listener at most once per message key, within a bounded window.
 
-Delivery is at least once (seed 003): a consumer that dies before its offset
+Delivery is at least once: a consumer that dies before its offset
 is committed, a broker that restarts before it persisted the offsets, a queue
 moving to another consumer, a producer sending again after a timeout: each can
 hand a listener a message it has already handled. Where the business

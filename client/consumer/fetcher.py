@@ -32,13 +32,14 @@ from tidemark.client.errors import TidemarkError
 from tidemark.client.message import MessageExt
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.streams import FetchStream, QueueEnd
+from tidemark.common.backoff import Backoff
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import TagExpression, parse_tag_expression
+from tidemark.common.scheduler import TaskSet
 
 log = get_logger("tidemark.client.fetch")
 
-RECONNECT_MIN_DELAY_S = 0.1
-RECONNECT_MAX_DELAY_S = 3.0
+RECONNECT = Backoff(first_s=0.1, max_s=3.0)
 
 
 class FetchSink(Protocol):
@@ -86,7 +87,7 @@ class Fetcher:
         self._by_handle: dict[int, _Reading] = {}
         self._streams: dict[str, FetchStream] = {}
         self._failures: dict[str, int] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = TaskSet("fetch_task_failed", "fetcher task failed", log)
         self._next_handle = 0
         self._closed = False
 
@@ -115,7 +116,7 @@ class Fetcher:
         """Open a lease again after a delay, from where its reading stopped (after a transient refusal)."""
         reading = self._readings.get(lease)
         if reading is not None:
-            self._spawn(self._reopen_later(reading, delay_s), f"fetch-retry:{lease.mq}")
+            self._tasks.spawn(self._reopen_later(reading, delay_s), f"fetch-retry:{lease.mq}")
 
     def grant(self, lease: QueueLease, messages: int, nbytes: int) -> None:
         """The consumer finished this much of a lease: room for the broker to send more."""
@@ -132,9 +133,7 @@ class Fetcher:
 
     async def close(self) -> None:
         self._closed = True
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.close()
         streams, self._streams = list(self._streams.values()), {}
         await asyncio.gather(*(s.close() for s in streams), return_exceptions=True)
         self._readings.clear()
@@ -173,7 +172,7 @@ class Fetcher:
             stream = await self._stream(broker)
         except TidemarkError as e:
             log.warning("cannot open fetch stream", event="fetch_stream_failed", broker=broker, error=e)
-            self._spawn(self._reopen_later(reading, self._backoff(broker)), f"fetch-reopen:{broker}")
+            self._tasks.spawn(self._reopen_later(reading, self._backoff(broker)), f"fetch-reopen:{broker}")
             return
         if self._closed or self._readings.get(reading.lease) is not reading:
             return  # stopped while the stream was being opened
@@ -203,26 +202,12 @@ class Fetcher:
     def _backoff(self, broker: str) -> float:
         failures = self._failures.get(broker, 0)
         self._failures[broker] = failures + 1
-        return min(RECONNECT_MAX_DELAY_S, RECONNECT_MIN_DELAY_S * 2 ** failures)
+        return RECONNECT.delay(failures)
 
     async def _reopen_later(self, reading: _Reading, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
         if reading.lease.counts and reading.handle not in self._by_handle:
             await self._open(reading)
-
-    def _spawn(self, coro, name: str) -> None:
-        if self._closed:
-            coro.close()
-            return
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("fetcher task failed",
-                      event="fetch_task_failed", task=task.get_name(), exc_info=task.exception())
 
     # -- stream callbacks --------------------------------------------------------------------
 
@@ -242,7 +227,7 @@ class Fetcher:
             log.error("fetched records do not decode, reading them again",
                       event="fetch_decode_failed", queue=mq, offset=reading.next_offset, error=repr(e))
             self._drop_handle(reading)
-            self._spawn(self._reopen_later(reading, self._backoff(mq.broker_name)), f"fetch-reopen:{mq}")
+            self._tasks.spawn(self._reopen_later(reading, self._backoff(mq.broker_name)), f"fetch-reopen:{mq}")
             return
         if self._failures:
             self._failures.pop(mq.broker_name, None)
@@ -294,4 +279,4 @@ class Fetcher:
         log.warning("fetch stream broken, reopening",
                     event="fetch_stream_broken", broker=broker, queues=len(readings), delay_s=delay, error=error)
         for reading in readings:
-            self._spawn(self._reopen_later(reading, delay), f"fetch-reopen:{reading.lease.mq}")
+            self._tasks.spawn(self._reopen_later(reading, delay), f"fetch-reopen:{reading.lease.mq}")

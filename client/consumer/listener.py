@@ -4,7 +4,7 @@ A concurrent listener is `(msgs, context) -> ConsumeConcurrentlyStatus`. It may
 set `context.ack_index`: messages up to and including it count as consumed and
 only the ones after it are retried, whether the listener returns
 CONSUME_SUCCESS or RECONSUME_LATER (RocketMQ ignores ack_index on
-RECONSUME_LATER and retries the whole batch; seed 002 calls that a flaw).
+RECONSUME_LATER and retries the whole batch, redelivering what already succeeded).
 An orderly listener is `(msgs, context) -> ConsumeOrderlyStatus`.
 """
 

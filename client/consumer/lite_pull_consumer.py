@@ -19,7 +19,7 @@ from tidemark.client.consumer.core import ConsumerCore
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
-from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
+from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
 from tidemark.client.settings import PullConsumerSettings, build, unique_instance
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import InvalidNameError, check_topic_name, parse_tag_expression
@@ -160,7 +160,7 @@ class AsyncLitePullConsumer(ConsumerCore):
             await self.offset_store.persist_all(self.ownership.assigned())
 
 
-class PullConsumer:
+class PullConsumer(BlockingClient):
     """Synchronous lite pull consumer.
 
         with PullConsumer(group="g", brokers="127.0.0.1:10911") as c:   # after subscribe()/assign()
@@ -224,17 +224,13 @@ class PullConsumer:
         self._life.require(ClientState.CREATED, action="start")
         if not self._subscriptions and self._assigned is None:
             raise ClientStateError("subscribe() or assign() before start()")
-        self._life.to(ClientState.STARTING)
-        self._loop.start()
         self._core = core = AsyncLitePullConsumer(self.settings, self._subscriptions)
         try:
-            self._loop.run(core.start(assigned=self._assigned), timeout=self.settings.request_timeout_s * 4 + 5)
+            self._start_core(lambda: core.start(assigned=self._assigned),
+                             timeout=self.settings.request_timeout_s * 4 + 5)
         except BaseException:
-            self._loop.stop()
             self._core = None
-            self._life.to(ClientState.SHUTDOWN)
             raise
-        self._life.to(ClientState.RUNNING)
         return self
 
     def shutdown(self) -> None:
@@ -243,26 +239,12 @@ class PullConsumer:
         Each queue's final commit is what the offset store holds: the offsets poll() reached under auto
         commit, else the last commit() (what was polled since is read again).
         Batches fetched but not polled are dropped. Never started, the consumer just goes to SHUTDOWN."""
-        state = self._life.state
-        if state in (ClientState.SHUTDOWN, ClientState.STOPPING):
-            return
-        if state is ClientState.CREATED:
-            self._life.to(ClientState.SHUTDOWN)
-            return
-        self._life.to(ClientState.STOPPING)
         core = self._core
         try:
-            self._loop.run(core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
+            self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
         finally:
-            self._loop.stop()
-            self._core = None
-            self._life.to(ClientState.SHUTDOWN)
-
-    def __enter__(self) -> PullConsumer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+            if self._life.state is ClientState.SHUTDOWN:
+                self._core = None
 
     def _require(self) -> AsyncLitePullConsumer:
         self._life.require(ClientState.RUNNING, action="use the consumer")

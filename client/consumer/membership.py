@@ -1,7 +1,7 @@
 """GroupMembership: heartbeats to every broker, a consumer-ids watch on each, the member lists they tell.
 
-A change pushed by any broker triggers a rebalance (seed 001's "consumer ids
-changed" trigger); the periodic rebalance covers a lost push. A broken watch
+A change pushed by any broker triggers a rebalance (RocketMQ's "consumer ids
+changed" notification); the periodic rebalance covers a lost push. A broken watch
 is re-opened after a short pause. The member list each broker last pushed is
 kept while its watch is open (a heartbeat's answer fills in only until the
 watch opens), so a rebalance right after a change needs no GetConsumerList

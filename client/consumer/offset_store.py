@@ -1,4 +1,4 @@
-"""OffsetStore: where a consumer keeps its progress (seed 003).
+"""OffsetStore: where a consumer keeps its progress (RocketMQ's OffsetStore).
 
 - RemoteBrokerOffsetStore (CLUSTERING): an in-memory table persisted to the
   brokers oneway over the CommitOffsets stream every 5 s, on shutdown and when a

@@ -6,7 +6,7 @@ Zero-duplicate handover (CLUSTERING with queue_locking, the default):
   previous owner committed before releasing, so that offset is fresh);
 - a queue that leaves stops fetching, lets running batches finish (bounded by
   drain_timeout_s), commits synchronously with its owner epoch, then unlocks.
-These remove both causes of duplicates in seed 001: two owners reading at once,
+These remove both causes of duplicates in RocketMQ's rebalance: two owners reading at once,
 and a new owner reading an offset the old one had not committed yet.
 
 A broker restart takes every lock away (the lock table is in memory): the

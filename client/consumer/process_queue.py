@@ -4,7 +4,7 @@ It is RocketMQ's ProcessQueue. The pull side puts every pulled batch in; the
 consume side takes messages out as they finish. Its central job is offset
 safety: messages of a queue finish out of order under concurrent consumption,
 so the offset that may be committed is the smallest offset still unfinished
-(seed 000) — never "the last one that finished", which would skip a slow
+(RocketMQ's ProcessQueue rule) — never "the last one that finished", which would skip a slow
 message if the client died.
 
 Concurrency: a ProcessQueue is confined to the consumer's asyncio event-loop
@@ -148,7 +148,7 @@ class ProcessQueue:
     def remove_messages(self, msgs: Sequence[MessageExt]) -> int:
         """Forget finished messages and return the offset now safe to commit.
 
-        RocketMQ's removeMessage (seed 000): -1 when nothing was cached before
+        RocketMQ's removeMessage: -1 when nothing was cached before
         the call; otherwise the smallest offset still cached, or
         ``next_offset`` (past everything put or skipped) when the cache is now
         empty. Feed the result to an increase-only offset store, skipping -1.

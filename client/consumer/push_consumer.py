@@ -23,7 +23,7 @@ from tidemark.client.consumer.listener import MessageListenerConcurrently, Messa
 from tidemark.client.consumer.send_back import SendBackService
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
-from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
+from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
 from tidemark.client.settings import PushConsumerSettings, build, unique_instance
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import (
@@ -113,7 +113,7 @@ class AsyncPushConsumer(ConsumerCore):
         await asyncio.to_thread(self.pool.shutdown)
 
 
-class PushConsumer:
+class PushConsumer(BlockingClient):
     """Synchronous push consumer.
 
         consumer = PushConsumer(group="orders", brokers="127.0.0.1:10911")
@@ -188,44 +188,25 @@ class PushConsumer:
             raise ClientStateError("register a message listener before start()")
         if not self._subscriptions:
             raise ClientStateError("subscribe to at least one topic before start()")
-        self._life.to(ClientState.STARTING)
-        self._loop.start()
         # The core is reachable before start() returns: the listener may run (and call suspend())
         # as soon as the first rebalance inside start() hands out a queue.
-        self._core = AsyncPushConsumer(self.settings, self._subscriptions, self._listener, orderly=self._orderly)
+        self._core = core = AsyncPushConsumer(self.settings, self._subscriptions, self._listener,
+                                              orderly=self._orderly)
         try:
-            self._loop.run(self._core.start(), timeout=self.settings.request_timeout_s * 4 + 5)
+            self._start_core(core.start, timeout=self.settings.request_timeout_s * 4 + 5)
         except BaseException:
-            self._loop.stop()
             self._core = None
-            self._life.to(ClientState.SHUTDOWN)
             raise
-        self._life.to(ClientState.RUNNING)
         return self
 
     def shutdown(self) -> None:
         """Graceful: queues are drained, committed and released; idempotent."""
-        state = self._life.state
-        if state in (ClientState.SHUTDOWN, ClientState.STOPPING):
-            return
-        if state is ClientState.CREATED:
-            self._life.to(ClientState.SHUTDOWN)
-            return
-        self._life.require(ClientState.RUNNING, action="shut down")
-        self._life.to(ClientState.STOPPING)
         core = self._core
         try:
-            self._loop.run(core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
+            self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
         finally:
-            self._loop.stop()
-            self._core = None
-            self._life.to(ClientState.SHUTDOWN)
-
-    def __enter__(self) -> PushConsumer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+            if self._life.state is ClientState.SHUTDOWN:
+                self._core = None
 
     def _running(self, action: str) -> AsyncPushConsumer:
         self._life.require(ClientState.STARTING, ClientState.RUNNING, action=action)

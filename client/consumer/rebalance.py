@@ -1,4 +1,4 @@
-"""RebalanceService: decentralised queue allocation, topic by topic (seed 001).
+"""RebalanceService: decentralised queue allocation, topic by topic, as RocketMQ's RebalanceImpl.
 
 Every client sorts the same queue list and the same client-id list and runs
 the same strategy, so each computes its own share and all agree. Runs at

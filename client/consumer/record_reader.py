@@ -24,13 +24,13 @@ from tidemark.client.errors import ClientStateError, TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.streams import FetchStream, QueueEnd
-from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
+from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
 from tidemark.client.settings import ClientSettings, build
+from tidemark.common.backoff import Backoff
 
 WINDOW_BYTES = 32 * 1024 * 1024
 # Before opening a queue again after its broker could not be reached or its stream broke.
-REOPEN_MIN_DELAY_S = 0.1
-REOPEN_MAX_DELAY_S = 3.0
+REOPEN = Backoff(first_s=0.1, max_s=3.0)
 MAX_RECORDS_PER_FRAME_PART = 1024
 
 
@@ -44,7 +44,7 @@ class RecordChunk:
     max_offset: int
 
 
-class RecordReader:
+class RecordReader(BlockingClient):
     """Synchronous; one range at a time. `with RecordReader(brokers=...) as r: for c in r.read(mq, a, b): ...`"""
 
     def __init__(self, settings: ClientSettings | None = None, /, **overrides: Any) -> None:
@@ -59,50 +59,16 @@ class RecordReader:
         self._broker = ""  # the broker of the current read
 
     def start(self) -> RecordReader:
-        self._life.to(ClientState.STARTING)
-        self._loop.start()
         s = self.settings
-
-        async def connect() -> BrokerCluster:
-            cluster = BrokerCluster.for_settings(s)
-            try:
-                await cluster.discover()
-            except BaseException:
-                await cluster.close()
-                raise
-            return cluster
-
-        try:
-            self._cluster = self._loop.run(connect(), timeout=s.request_timeout_s * 2)
-        except BaseException:
-            self._loop.stop()
-            self._life.to(ClientState.SHUTDOWN)
-            raise
-        self._life.to(ClientState.RUNNING)
+        self._cluster = self._start_core(lambda: BrokerCluster.connect(s), timeout=s.request_timeout_s * 2)
         return self
 
     def shutdown(self) -> None:
-        if self._life.state is not ClientState.RUNNING:
-            if self._life.state is ClientState.CREATED:
-                self._life.to(ClientState.SHUTDOWN)
-            return
-        self._life.to(ClientState.STOPPING)
-
         async def close() -> None:
             await asyncio.gather(*(s.close() for s in self._streams.values()), return_exceptions=True)
             await self._cluster.close()
 
-        try:
-            self._loop.run(close(), timeout=self.settings.request_timeout_s + 5)
-        finally:
-            self._loop.stop()
-            self._life.to(ClientState.SHUTDOWN)
-
-    def __enter__(self) -> RecordReader:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+        self._stop_core(close, timeout=self.settings.request_timeout_s + 5)
 
     def read(self, mq: MessageQueue, start: int, end: int, *, poll_timeout_s: float
              ) -> Iterator[RecordChunk | None]:
@@ -111,8 +77,8 @@ class RecordReader:
         OFFSET_ILLEGAL end (the range is gone) is raised as QueueEndedError.
 
         A broker that cannot be reached or whose stream breaks (a restart) is not an error: the read
-        opens the queue again from where it got, after a backoff (REOPEN_MIN_DELAY_S doubling up to
-        REOPEN_MAX_DELAY_S), for as long as the caller keeps iterating; it yields None meanwhile."""
+        opens the queue again from where it got, after a backoff (REOPEN: 0.1 s doubling up to
+        3 s), for as long as the caller keeps iterating; it yields None meanwhile."""
         self._life.require(ClientState.RUNNING, action="read")
         reached = start
         failures = 0
@@ -208,7 +174,7 @@ class RecordReader:
 
 def _pause(failures: int) -> Iterator[None]:
     """Back off before opening a queue again (the caller sees one None: nothing came meanwhile)."""
-    time.sleep(min(REOPEN_MAX_DELAY_S, REOPEN_MIN_DELAY_S * 2 ** (failures - 1)))
+    time.sleep(REOPEN.delay(failures - 1))
     yield None
 
 

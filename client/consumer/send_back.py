@@ -1,4 +1,5 @@
-"""Sending a failed message back for retry (seed 002, client side).
+"""Sending a failed message back for retry (client side: CONSUMER_SEND_MSG_BACK, falling back to
+a local retry when the broker cannot take it).
 
 First ConsumerSendMsgBack to the broker that stored it; if that fails, a direct
 send of a copy to %RETRY%<group> with delay level 3 + reconsume times (the

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import random
 from typing import NoReturn
 
 import grpc
@@ -31,6 +30,7 @@ from tidemark.client.errors import (
     TidemarkError,
     UnauthenticatedError,
 )
+from tidemark.common.backoff import Backoff
 
 # Errors that mean the broker looked at the request and stored none of it.
 _REFUSALS = (InvalidArgumentError, NotFoundError, AlreadyExistsError, FailedPreconditionError,
@@ -84,9 +84,13 @@ class Doubt:
                           f"have been stored", code=doubt.code) from error
 
 
+# Between a producer's send attempts.
+RETRY = Backoff(first_s=0.05, max_s=1.0, jitter=True)
+
+
 async def pause(attempt: int) -> None:
     """The wait before retry number `attempt`: 50 ms, 100 ms, ... up to 1 s, with jitter."""
-    await asyncio.sleep(min(0.05 * 2 ** attempt, 1.0) * random.uniform(0.5, 1.0))
+    await asyncio.sleep(RETRY.delay(attempt))
 
 
 async def back_off(error: TidemarkError, attempt: int) -> None:

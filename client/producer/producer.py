@@ -39,7 +39,7 @@ from tidemark.client.producer.attempts import Doubt, Outcome, Tries, back_off, o
 from tidemark.client.producer.selector import MessageQueueSelector
 from tidemark.client.producer.sequences import ProducerSequences
 from tidemark.client.remoting.cluster import BrokerCluster
-from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
+from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
 from tidemark.client.settings import ProducerSettings, build
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import (
@@ -123,12 +123,7 @@ class AsyncProducer:
 
     async def start(self) -> None:
         s = self.settings
-        self._cluster = BrokerCluster.for_settings(s)
-        try:
-            await self._cluster.discover()
-        except BaseException:
-            await self._cluster.close()
-            raise
+        self._cluster = await BrokerCluster.connect(s)
         loop = asyncio.get_running_loop()
         wakeup = self._wakeup = asyncio.Event()
         self.accumulator = RecordAccumulator(batch_size=s.batch_size, linger_s=s.linger_ms / 1000,
@@ -381,7 +376,7 @@ class AsyncProducer:
         batch.finish(results)
 
 
-class Producer:
+class Producer(BlockingClient):
     """Synchronous producer. `Producer(brokers="h:p")` or `Producer(ProducerSettings(...))`; a context manager."""
 
     def __init__(self, settings: ProducerSettings | None = None, /, **overrides: Any) -> None:
@@ -403,38 +398,13 @@ class Producer:
         ClientStateError, and a new Producer is needed."""
         if self._life.state is ClientState.RUNNING:
             return self
-        self._life.to(ClientState.STARTING)
-        self._loop.start()
-        try:
-            self._loop.run(self._core.start(), timeout=self.settings.request_timeout_s * 2)
-        except BaseException:
-            self._loop.stop()
-            self._life.to(ClientState.SHUTDOWN)
-            raise
-        self._life.to(ClientState.RUNNING)
+        self._start_core(self._core.start, timeout=self.settings.request_timeout_s * 2)
         return self
 
     def shutdown(self) -> None:
         """Sends what send_async/send_oneway still hold (bounded by send_msg_timeout_s), then closes."""
-        state = self._life.state
-        if state is ClientState.SHUTDOWN or state is ClientState.STOPPING:
-            return
-        if state is not ClientState.RUNNING:
-            self._life.to(ClientState.SHUTDOWN)
-            return
-        self._life.to(ClientState.STOPPING)
         wait = self.settings.send_msg_timeout_s
-        try:
-            self._loop.run(self._core.shutdown(wait), timeout=wait + self.settings.request_timeout_s + 5)
-        finally:
-            self._loop.stop()
-            self._life.to(ClientState.SHUTDOWN)
-
-    def __enter__(self) -> Producer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
+        self._stop_core(lambda: self._core.shutdown(wait), timeout=wait + self.settings.request_timeout_s + 5)
 
     def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's writable queues on every broker, sorted."""

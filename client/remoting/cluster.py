@@ -150,6 +150,18 @@ class BrokerCluster:
         return cls(s.brokers, namesrv=s.namesrv, timeout_s=s.request_timeout_s, route_ttl_s=s.route_refresh_interval_s,
                    credentials=s.credentials, tls=s.tls)
 
+    @classmethod
+    async def connect(cls, s: ClientSettings) -> BrokerCluster:
+        """The cluster for these settings with its brokers discovered; closed again when discovery fails
+        (UnavailableError when no broker answers)."""
+        cluster = cls.for_settings(s)
+        try:
+            await cluster.discover()
+        except BaseException:
+            await cluster.close()
+            raise
+        return cluster
+
     def _connect(self, address: str) -> BrokerConnection:
         """Every connection of the cluster dials the same way: the same credentials and TLS settings."""
         return BrokerConnection(address, timeout_s=self._timeout, credentials=self._credentials, tls=self._tls,

@@ -433,8 +433,8 @@ def test_deleted_and_cloned_offsets_survive_a_kill_9(broker_factory, monkeypatch
 
 
 def test_msg_id_times_and_csv_plans_parse_as_documented():
+    from tidemark.broker.delivery.queries import msg_id_time_ms
     from tidemark.broker.errors import InvalidArgumentError as BrokerInvalid
-    from tidemark.broker.queries import msg_id_time_ms
     from tidemark.client.errors import InvalidArgumentError
     from tidemark.client.offset_plan import read_plan
 

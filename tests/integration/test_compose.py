@@ -44,8 +44,8 @@ BROKERS = ("broker-a", "broker-b")  # the masters, with published ports
 REPLICAS = ("broker-a-replica", "broker-b-replica")
 NAMESRVS = ("namesrv-1", "namesrv-2")
 SECRETS_VAR = "TIDEMARK_SECRETS_DIR"
-# The containers' health probe: standard library only (broker/probe.py).
-PROBE = ("python", "-m", "tidemark.broker.probe")
+# The containers' health probe: standard library only (broker/observe/probe.py).
+PROBE = ("python", "-m", "tidemark.broker.observe.probe")
 
 
 def compose() -> dict:
@@ -159,7 +159,7 @@ def test_dockerfile_broker_image():
     broker_stage = text.split("FROM runtime AS broker", 1)[1]
     assert "ARG BASE_IMAGE=python:3.11-slim" in text and "--no-index --find-links /wheels" in text
     assert "USER tidemark" in broker_stage and 'VOLUME ["/data"]' in broker_stage
-    assert 'HEALTHCHECK' in broker_stage and '"tidemark.broker.probe", "http://127.0.0.1:9090/healthz"' in broker_stage
+    assert 'HEALTHCHECK' in broker_stage and '"tidemark.broker.observe.probe", "http://127.0.0.1:9090/healthz"' in broker_stage
     assert "ENV TIDEMARK_METRICS_PORT=9090" in broker_stage
     assert 'ENTRYPOINT ["tidemark", "broker"]' in broker_stage and "STOPSIGNAL SIGTERM" in broker_stage
     assert "AS spark" in text and "default-jre-headless" in text

@@ -15,7 +15,7 @@ import tidemark.broker.controller as controller_module
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import InvalidArgumentError
-from tidemark.broker.send import MAX_DELIVERY_DELAY_MS, DeliveryTimeError, OutgoingMessage
+from tidemark.broker.ingest.send import MAX_DELIVERY_DELAY_MS, DeliveryTimeError, OutgoingMessage
 from tidemark.broker.store import GetStatus, StoredMessage
 from tidemark.common.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
 

@@ -189,7 +189,7 @@ def test_a_replica_takes_each_commit_within_milliseconds_not_at_the_next_mirror(
 
 
 def checkpointed(master) -> int | None:
-    """The replicated end the master last wrote (broker/replication_checkpoint.py), None before any."""
+    """The replicated end the master last wrote (broker/cluster/replication_checkpoint.py), None before any."""
     import json
 
     path = master.data_dir / "config" / "replicationCheckpoint.json"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.broker import data_format
-from tidemark.broker.data_format import (
+from tidemark.broker.disk import data_format
+from tidemark.broker.disk.data_format import (
     FORMAT_FILE,
     DataFormatError,
     FormatStamp,

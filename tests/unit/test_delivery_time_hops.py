@@ -1,4 +1,4 @@
-"""The hop planner of delivery times (tidemark.broker.schedule.hop_level): pure tests, no broker.
+"""The hop planner of delivery times (tidemark.broker.ingest.delays.hop_level): pure tests, no broker.
 
 A message sent for a delivery time hops through the delay levels: each hop takes the
 largest level not past the delivery time (the shortest level when all are longer), so
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tidemark.broker.schedule import hop_level
-from tidemark.broker.send import MAX_DELIVERY_DELAY_MS
+from tidemark.broker.ingest.delays import hop_level
+from tidemark.broker.ingest.send import MAX_DELIVERY_DELAY_MS
 from tidemark.common.protocol import DEFAULT_DELAY_LEVELS, parse_delay_levels
 
 LEVELS = parse_delay_levels(DEFAULT_DELAY_LEVELS)

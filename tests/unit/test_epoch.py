@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.membership.epoch import EpochSequence
 
 
 def test_explicit_seed_gives_predictable_strictly_increasing_values():

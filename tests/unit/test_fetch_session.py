@@ -8,8 +8,8 @@ import pytest
 
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
+from tidemark.broker.delivery.fetch import MAX_SCAN, EndReason, OpenQueue
 from tidemark.broker.errors import FencedError, InvalidArgumentError, NotFoundError
-from tidemark.broker.fetch import MAX_SCAN, EndReason, OpenQueue
 from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import ResetKind, ResetTarget
 from tidemark.common.protocol import tag_hash

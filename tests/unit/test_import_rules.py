@@ -19,8 +19,7 @@ PACKAGES = {"broker": "tidemark.broker", "client": "tidemark.client", "spark_con
 #    only through its operations layer (broker/operations.py): they import no domain package, and they use
 #    none of the controller's domain managers (`broker.store`, `self._b.pop`, ...).
 DOMAIN = ("tidemark.broker.store", "tidemark.broker.offsets", "tidemark.broker.pop", "tidemark.broker.transactions",
-          "tidemark.broker.producers", "tidemark.broker.send", "tidemark.broker.pull", "tidemark.broker.retry",
-          "tidemark.broker.queries", "tidemark.broker.replication")
+          "tidemark.broker.producers", "tidemark.broker.ingest", "tidemark.broker.delivery", "tidemark.broker.cluster")
 DOMAIN_MANAGERS = frozenset({"store", "commits", "offsets", "pop", "transactions", "producers", "sender", "puller",
                              "send_back", "queries", "locks", "schedule", "fetch_session", "read_access"})
 # Names an adapter calls the controller (or a local alias of it) by.
@@ -34,6 +33,12 @@ CLIENT_STILL_IMPORTING_GRPC = {"client/errors.py", "client/producer/attempts.py"
 #    the CLI's entry point, whose `broker` and `namesrv` commands start the daemons (imported inside those
 #    commands, so the client alone installs and runs without the broker's dependencies).
 CLIENT_MODULES_STARTING_DAEMONS = {"client/cli/main.py"}
+# 6. The broker's domain (its packages but the adapters, the name server and observe/) never reaches up to
+#    what assembles and serves it.
+TOP_OF_BROKER = ("tidemark.broker.app", "tidemark.broker.server", "tidemark.broker.controller",
+                 "tidemark.broker.operations", "tidemark.broker.services", "tidemark.broker.namesrv")
+NOT_DOMAIN = ("broker/app.py", "broker/server.py", "broker/controller.py", "broker/operations.py", "broker/services/",
+              "broker/namesrv/", "broker/observe/")
 # 4. proto/ holds the protocol: .proto files, the generated code, the root package's __init__.py.
 # 5. common/ builds on nothing of the broker, the client or the connector.
 
@@ -109,6 +114,13 @@ def _names_controller(node: ast.expr) -> bool:
     if isinstance(node, ast.Name):
         return node.id in CONTROLLER_NAMES
     return isinstance(node, ast.Attribute) and node.attr in CONTROLLER_NAMES
+
+
+def test_the_broker_domain_never_imports_what_assembles_or_serves_it():
+    found = {f"{path.relative_to(ROOT).as_posix()} -> {module}"
+             for path in sources("broker") if not path.relative_to(ROOT).as_posix().startswith(NOT_DOMAIN)
+             for module in imports(path) if any(under(module, top) for top in TOP_OF_BROKER)}
+    assert found == set()
 
 
 def test_the_client_speaks_grpc_only_in_remoting():

@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from tidemark.broker.epoch import EpochSequence
 from tidemark.broker.errors import FencedError
-from tidemark.broker.locks import LockGrant, QueueLockManager
+from tidemark.broker.membership.epoch import EpochSequence
+from tidemark.broker.membership.locks import LockGrant, QueueLockManager
 
 
 class FakeClock:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 
-from tidemark.broker.groups import SubscriptionGroupManager
-from tidemark.broker.schedule import ScheduleMessageService
+from tidemark.broker.ingest.delays import ScheduleMessageService
+from tidemark.broker.membership.groups import SubscriptionGroupManager
 from tidemark.broker.topics import TopicConfigManager
 
 

@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from tidemark.broker.config_file import ConfigFile
-from tidemark.broker.groups import SubscriptionGroupManager
-from tidemark.broker.schedule import ScheduleMessageService
+from tidemark.broker.disk.metadata_file import MetadataFile
+from tidemark.broker.ingest.delays import ScheduleMessageService
+from tidemark.broker.membership.groups import SubscriptionGroupManager
 from tidemark.broker.store import MessageRecord, MessageStore, StoreConfig
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.client.consumer.offset_store import OFFSET_DIR_ENV, LocalFileOffsetStore
@@ -66,7 +66,7 @@ def test_config_files_are_written_off_the_loop(tmp_path, fsync_threads):
 def test_a_burst_of_changes_is_written_in_few_writes(tmp_path, fsync_threads):
     writes = []
     doc = {"n": 0}
-    file = ConfigFile(tmp_path / "c.json", lambda: (writes.append(dict(doc)), dict(doc))[1])
+    file = MetadataFile(tmp_path / "c.json", lambda: (writes.append(dict(doc)), dict(doc))[1])
 
     async def scenario():
         for i in range(1, 101):

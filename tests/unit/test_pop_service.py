@@ -11,10 +11,10 @@ import pytest
 import tidemark.broker.controller as controller_module
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
+from tidemark.broker.ingest.send import OutgoingMessage
 from tidemark.broker.offsets.commits import ResetKind, ResetTarget
 from tidemark.broker.pop.handles import ForgedReceiptHandleError, StaleReceiptHandleError
 from tidemark.broker.pop.service import InvisibleTimeError, ReceiveRequest, pop_retry_topic
-from tidemark.broker.send import OutgoingMessage
 from tidemark.common.protocol import dlq_topic, parse_tag_expression
 
 

@@ -1,4 +1,4 @@
-"""The read bound across restarts (broker/replication_checkpoint.py): restored only in the epoch that wrote
+"""The read bound across restarts (broker/cluster/replication_checkpoint.py): restored only in the epoch that wrote
 it, never past the recovered log's end, and written when it moved."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from tidemark.broker.errors import ConfigFileError
-from tidemark.broker.replication import ReplicationSource
-from tidemark.broker.replication_checkpoint import (
+from tidemark.broker.cluster.replication import ReplicationSource
+from tidemark.broker.cluster.replication_checkpoint import (
     CHECKPOINT_FILE_NAME,
     ReplicationCheckpoint,
     load_confirmed,
 )
+from tidemark.broker.errors import ConfigFileError
 
 
 def source(end: int) -> ReplicationSource:

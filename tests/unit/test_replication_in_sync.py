@@ -1,4 +1,4 @@
-"""Which replicas count as in sync for a sync-replication send (broker/replication.py), and what the
+"""Which replicas count as in sync for a sync-replication send (broker/cluster/replication.py), and what the
 refusal before the store and the unknown outcome after it look like to a client."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import grpc
 import pytest
 
-from tidemark.broker.errors import OutcomeUnknownError, StoreError
-from tidemark.broker.replica_progress import MAX_LEVELS, CatchUp, _Replica, nth_highest
-from tidemark.broker.replication import (
+from tidemark.broker.cluster.replica_progress import MAX_LEVELS, CatchUp, _Replica, nth_highest
+from tidemark.broker.cluster.replication import (
     NotEnoughReplicasError,
     ReplicationSource,
     ReplicationTimeoutError,
 )
+from tidemark.broker.errors import OutcomeUnknownError, StoreError
 from tidemark.broker.services.errors import status_for
 from tidemark.broker.services.rmq5.status import Code, code_for
 

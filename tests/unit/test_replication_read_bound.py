@@ -1,4 +1,4 @@
-"""What readers of a master may read (broker/replication.py: `confirmed`, Kafka's high watermark) and when
+"""What readers of a master may read (broker/cluster/replication.py: `confirmed`, Kafka's high watermark) and when
 they are woken: only appends a replica acknowledged, sync at once a replica connected, async while one is
 in sync."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from tidemark.broker.replica_progress import CatchUp, _Replica
-from tidemark.broker.replication import ReplicationSource
+from tidemark.broker.cluster.replica_progress import CatchUp, _Replica
+from tidemark.broker.cluster.replication import ReplicationSource
 
 
 class Clock:

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tidemark.broker.consumer_manager import ConsumerInfo
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import InvalidArgumentError
-from tidemark.broker.groups import check_group
+from tidemark.broker.membership.groups import check_group
+from tidemark.broker.membership.members import ConsumerInfo
 from tidemark.broker.services.convert import checked_client_id
 from tidemark.broker.services.rmq5.convert import duration, resource_name
 from tidemark.broker.services.rmq5.status import Code, ProtocolError

@@ -11,8 +11,8 @@ import stat
 
 import pytest
 
-from tidemark.broker import config_file
 from tidemark.broker.auth import AclRule, Action, AuthStore, Decision, Resource, User
+from tidemark.broker.disk import metadata_file
 from tidemark.broker.errors import (
     AlreadyExistsError,
     ConfigFileError,
@@ -273,12 +273,12 @@ def test_a_deleted_file_reloads_as_empty(store, tmp_path):
 
 
 class Disk:
-    """Stands in for config_file.save_json; full until freed."""
+    """Stands in for metadata_file.save_json; full until freed."""
 
     def __init__(self, monkeypatch) -> None:
         self.full = False
-        self._real = config_file.save_json
-        monkeypatch.setattr(config_file, "save_json", self)
+        self._real = metadata_file.save_json
+        monkeypatch.setattr(metadata_file, "save_json", self)
 
     def __call__(self, path, doc, **kw) -> None:
         if self.full:

@@ -1,4 +1,4 @@
-"""Allocation strategies: seed 001's AVG examples and coverage/agreement properties."""
+"""Allocation strategies: RocketMQ's AVG examples (its AllocateMessageQueueAveragely) and coverage/agreement properties."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def owners(strategy, mqs, cids) -> dict[MessageQueue, str]:
     return result
 
 
-# -- AVG: seed 001 ------------------------------------------------------------
+# -- AVG: RocketMQ's examples ------------------------------------------------------------
 
 
 def test_avg_reproduces_seed_001_example():

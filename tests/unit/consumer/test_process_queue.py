@@ -1,4 +1,4 @@
-"""ProcessQueue: seed 000's min-offset commit rule, flow-control counters, orderly take/commit."""
+"""ProcessQueue: the min-offset commit rule (the smallest unfinished offset), flow-control counters, orderly take/commit."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def msgs(*offsets: int) -> list[MessageExt]:
     return [msg(o) for o in offsets]
 
 
-# -- seed 000: concurrent consumption and the commit offset -------------------
+# -- concurrent consumption and the commit offset: the smallest still unfinished -------------------
 
 
 def test_seed_000_slow_first_message_holds_the_commit_offset_back():

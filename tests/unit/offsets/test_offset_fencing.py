@@ -2,9 +2,9 @@
 
 import pytest
 
-from tidemark.broker.epoch import EpochSequence
 from tidemark.broker.errors import FencedError, StaleResetGenerationError
-from tidemark.broker.locks import QueueLockManager
+from tidemark.broker.membership.epoch import EpochSequence
+from tidemark.broker.membership.locks import QueueLockManager
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 
 G, T = "g", "t"

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tidemark.broker.offsets.manager as manager_module
-from tidemark.broker.epoch import EpochSequence
 from tidemark.broker.errors import StaleResetGenerationError, StoreError
+from tidemark.broker.membership.epoch import EpochSequence
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.journal import (
     JOURNAL_PREFIX,
@@ -447,7 +447,7 @@ def test_the_broker_closes_the_journal_at_shutdown(tmp_path):
 def test_the_journal_state_reaches_broker_health(tmp_path, monkeypatch):
     from tidemark.broker.config import BrokerConfig
     from tidemark.broker.controller import BrokerController
-    from tidemark.broker.health import CONSUMER_OFFSETS
+    from tidemark.broker.observe.health import CONSUMER_OFFSETS
 
     async def scenario():
         b = BrokerController(BrokerConfig(data_dir=tmp_path, flush_interval_ms=3_600_000))

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 import tidemark.broker.offsets.manager as manager_module
-from tidemark.broker.epoch import EpochSequence
 from tidemark.broker.errors import ConfigFileError, InvalidArgumentError
+from tidemark.broker.membership.epoch import EpochSequence
 from tidemark.broker.offsets import ConsumerOffsetManager, LoadSource, decode_offset_table
 
 

@@ -17,7 +17,7 @@ from tidemark.broker.offsets.persistence import (
     write_offset_file,
 )
 
-# The example from seed 000 (RocketMQ's broker-side consumerOffset.json), byte for byte.
+# RocketMQ's broker-side consumerOffset.json layout, byte for byte: {"offsetTable": {"topic@group": {queueId: offset}}}.
 # Convention: no trailing newline, as RocketMQ writes it.
 SEED_EXAMPLE = (
     b"{\n"

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.broker import config_file
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
-from tidemark.broker.epoch import EpochSequence
+from tidemark.broker.disk import metadata_file
 from tidemark.broker.errors import InvalidArgumentError, StoreError
+from tidemark.broker.ingest.send import OutgoingMessage
+from tidemark.broker.membership.epoch import EpochSequence
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.commits import Commit, RejectReason
 from tidemark.broker.offsets.persistence import invalid_names
-from tidemark.broker.send import OutgoingMessage
 
 
 def loaded(directory: Path) -> ConsumerOffsetManager:
@@ -175,14 +175,14 @@ def test_a_bad_commit_of_a_batch_is_a_rejection_and_the_rest_apply(tmp_path):
 
 
 def test_a_new_group_whose_config_cannot_be_written_gets_no_offset(tmp_path, monkeypatch):
-    real = config_file.save_json
+    real = metadata_file.save_json
 
     def full(path, doc):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     async def scenario(b):
         await put(b, 5)
-        monkeypatch.setattr(config_file, "save_json", full)
+        monkeypatch.setattr(metadata_file, "save_json", full)
         with pytest.raises(StoreError, match="subscriptionGroup.json"):
             await b.commits.commit_acknowledged(Commit("new", "T", 0, 3))
         with pytest.raises(StoreError, match="subscriptionGroup.json"):
@@ -193,7 +193,7 @@ def test_a_new_group_whose_config_cannot_be_written_gets_no_offset(tmp_path, mon
         with pytest.raises(InvalidArgumentError):
             await b.commits.commit_acknowledged(Commit("newest", "T", 0, 99))
         assert b.groups.get("newest") is None
-        monkeypatch.setattr(config_file, "save_json", real)
+        monkeypatch.setattr(metadata_file, "save_json", real)
         await b.commits.commit_acknowledged(Commit("new", "T", 0, 3))
         assert b.offsets.query("new", "T", 0) == 3 and b.groups.get("new") is not None
     run(tmp_path, scenario)

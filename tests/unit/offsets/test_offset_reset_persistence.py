@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from tidemark.broker.epoch import EpochSequence
 from tidemark.broker.errors import StaleResetGenerationError
+from tidemark.broker.membership.epoch import EpochSequence
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.persistence import decode_offset_table, encode_offset_table
 

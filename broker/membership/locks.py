@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from tidemark.broker.epoch import EpochSequence
 from tidemark.broker.errors import FencedError
+from tidemark.broker.membership.epoch import EpochSequence
 
 DEFAULT_LOCK_EXPIRY_MS = 60_000
 

@@ -4,8 +4,8 @@ Clients register and refresh themselves with heartbeats. A member leaves when
 it unregisters, when it has been silent for the expiry (120 s by default), or
 when its watch stream broke and it did not come back within the grace. Every
 change of a group's member list is pushed to each watcher of the group, which
-is what triggers an immediate rebalance on the clients (seed 001's second
-trigger).
+is what triggers an immediate rebalance on the clients (RocketMQ's "consumer
+ids changed" notification, beside the periodic rebalance).
 """
 
 from __future__ import annotations

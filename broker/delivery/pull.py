@@ -16,19 +16,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tidemark.broker.cluster.permission import BrokerPermission
+from tidemark.broker.delivery.waiters import QueueWaiters
 from tidemark.broker.errors import InvalidArgumentError, PermissionDeniedError
-from tidemark.broker.groups import SubscriptionGroupManager, check_group
-from tidemark.broker.locks import QueueLockManager
-from tidemark.broker.long_polling import PullRequestHoldService
+from tidemark.broker.membership.groups import SubscriptionGroupManager, check_group
+from tidemark.broker.membership.locks import QueueLockManager
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.commits import OffsetCommitService
-from tidemark.broker.permission import BrokerPermission
 from tidemark.broker.store import GetStatus, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfig, TopicConfigManager
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import TagExpression, parse_tag_expression
 
-log = get_logger("tidemark.broker.pull")
+log = get_logger("tidemark.broker.delivery.pull")
 
 MAX_PULL_BATCH = 1024
 DEFAULT_PULL_BATCH = 32
@@ -157,7 +157,7 @@ def is_stale(fence: Fence | None, generation: int) -> bool:
 
 class PullService:
     def __init__(self, *, store: MessageStore, access: QueueReadAccess, commits: OffsetCommitService,
-                 hold: PullRequestHoldService, max_long_polling_ms: int) -> None:
+                 hold: QueueWaiters, max_long_polling_ms: int) -> None:
         self._store = store
         self._access = access
         self._commits = commits

@@ -1,6 +1,6 @@
 """Broker-wide source of owner epochs and offset reset generations.
 
-Neither owner epochs (broker/locks.py) nor reset generations (broker/offsets)
+Neither owner epochs (broker/membership/locks.py) nor reset generations (broker/offsets)
 are persisted: after a restart every queue must be locked again and every reset
 generation starts from "never reset". Fencing still needs them to stay
 monotonic across restarts, because a consumer that survived the restart may

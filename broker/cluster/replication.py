@@ -64,6 +64,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 
 from tidemark.broker import tls
+from tidemark.broker.cluster.replica_progress import (
+    MAX_FEED_EVENTS,
+    _Feed,
+    _Replica,
+    nth_highest,
+)
 from tidemark.broker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -71,7 +77,8 @@ from tidemark.broker.errors import (
     ReplicationTimeoutError,
     StoreError,
 )
-from tidemark.broker.groups import SubscriptionGroupManager
+from tidemark.broker.ingest.delays import ScheduleMessageService
+from tidemark.broker.membership.groups import SubscriptionGroupManager
 from tidemark.broker.offsets import ConsumerOffsetManager
 from tidemark.broker.offsets.journal import decode_records
 from tidemark.broker.offsets.persistence import (
@@ -85,13 +92,6 @@ from tidemark.broker.pop.service import PopService
 from tidemark.broker.producers.service import IdempotenceService
 from tidemark.broker.producers.store import decode_events
 from tidemark.broker.producers.table import ProducerStateError
-from tidemark.broker.replica_progress import (
-    MAX_FEED_EVENTS,
-    _Feed,
-    _Replica,
-    nth_highest,
-)
-from tidemark.broker.schedule import ScheduleMessageService
 from tidemark.broker.store import MessageStore
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.common.auth import Credentials, signed_metadata
@@ -99,7 +99,7 @@ from tidemark.common.logs import get_logger
 from tidemark.common.scheduler import cancel_and_wait
 from tidemark.v1 import replication_pb2, replication_pb2_grpc
 
-log = get_logger("tidemark.broker.replication")
+log = get_logger("tidemark.broker.cluster.replication")
 
 CHUNK_BYTES = 1 << 20
 WINDOW_BYTES = 8 << 20
@@ -216,7 +216,7 @@ class ReplicationSource:
         return None
 
     def restore(self, confirmed: int) -> None:
-        """At start: the replicated end the last run knew (broker/replication_checkpoint.py, never past the
+        """At start: the replicated end the last run knew (broker/cluster/replication_checkpoint.py, never past the
         log's end), so readers stay bounded until replicas acknowledge again; readers waiting past it are
         woken once a replica holds the whole log."""
         if self.confirmed is not None and confirmed <= self.confirmed:

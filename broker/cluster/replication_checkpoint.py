@@ -23,15 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tidemark.broker.config_file import load_json
+from tidemark.broker.disk.metadata_file import load_json
 from tidemark.broker.errors import ConfigFileError
 from tidemark.common.fsutil import atomic_write
 from tidemark.common.logs import get_logger
 
 if TYPE_CHECKING:
-    from tidemark.broker.replication import ReplicationSource
+    from tidemark.broker.cluster.replication import ReplicationSource
 
-log = get_logger("tidemark.broker.replication")
+log = get_logger("tidemark.broker.cluster.replication")
 
 CHECKPOINT_FILE_NAME = "replicationCheckpoint.json"
 

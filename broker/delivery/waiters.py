@@ -1,4 +1,5 @@
-"""PullRequestHoldService: who waits for a queue to change, and waking them when it does.
+"""QueueWaiters: who waits for a queue to change, and waking them when it does (RocketMQ's
+PullRequestHoldService, which is only the first kind).
 
 Two kinds of waiters: a unary pull that reached the end of its queue (held
 until a message arrives or its suspend timeout ends, RocketMQ's long polling)
@@ -17,7 +18,7 @@ from collections.abc import Callable
 QueueKey = tuple[str, int]
 
 
-class PullRequestHoldService:
+class QueueWaiters:
     def __init__(self) -> None:
         self._waiters: defaultdict[QueueKey, set[asyncio.Future[None]]] = defaultdict(set)
         self._watchers: dict[QueueKey, dict[int, Callable[[], None]]] = {}

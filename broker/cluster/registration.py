@@ -33,7 +33,7 @@ from tidemark.common.logs import get_logger
 from tidemark.common.protocol import ERROR_CLASS_KEY
 from tidemark.v1 import admin_pb2, namesrv_pb2, namesrv_pb2_grpc
 
-log = get_logger("tidemark.broker.registration")
+log = get_logger("tidemark.broker.cluster.registration")
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,19 +7,19 @@ import errno
 
 import pytest
 
-from tidemark.broker import config_file
+from tidemark.broker.disk import metadata_file
 from tidemark.broker.errors import StoreError
-from tidemark.broker.groups import SubscriptionGroupManager
+from tidemark.broker.membership.groups import SubscriptionGroupManager
 from tidemark.broker.topics import TopicConfigManager
 
 
 class Disk:
-    """Replaces config_file.save_json; full until freed."""
+    """Replaces metadata_file.save_json; full until freed."""
 
     def __init__(self, monkeypatch) -> None:
         self.full = False
-        self._real = config_file.save_json
-        monkeypatch.setattr(config_file, "save_json", self)
+        self._real = metadata_file.save_json
+        monkeypatch.setattr(metadata_file, "save_json", self)
 
     def __call__(self, path, doc) -> None:
         if self.full:

@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tidemark.broker.config_file import ConfigFile, load_json
+from tidemark.broker.disk.metadata_file import MetadataFile, load_json
 from tidemark.broker.errors import InvalidArgumentError, NotFoundError
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import InvalidNameError, check_group_name
 
-log = get_logger("tidemark.broker.groups")
+log = get_logger("tidemark.broker.membership.groups")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +47,7 @@ def _name_problem(group: str) -> str:
 class SubscriptionGroupManager:
     def __init__(self, config_dir: Path, *, retry_queue_nums: int = 1, retry_max_times: int = 16) -> None:
         self._path = Path(config_dir) / "subscriptionGroup.json"
-        self.file = ConfigFile(self._path, self._document)
+        self.file = MetadataFile(self._path, self._document)
         self._defaults = GroupConfig(group="", retry_queue_nums=retry_queue_nums, retry_max_times=retry_max_times)
         self._groups: dict[str, GroupConfig] = {}
         self._mirror_skipped: frozenset[str] = frozenset()  # the master's groups with bad names
@@ -99,7 +99,7 @@ class SubscriptionGroupManager:
         return True
 
     def _save(self, group: str, before: GroupConfig | None) -> None:
-        """Persist; when subscriptionGroup.json cannot be written the change is undone (see ConfigFile)."""
+        """Persist; when subscriptionGroup.json cannot be written the change is undone (see MetadataFile)."""
         after = self._groups.get(group)
 
         def undo() -> None:

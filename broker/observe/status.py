@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tidemark.broker.metrics import PREFIX
+from tidemark.broker.observe.metrics import PREFIX
 
 if TYPE_CHECKING:
     from tidemark.broker.controller import BrokerController

@@ -1,7 +1,7 @@
 """The containers' health probe: one cheap look at a broker or a name server, for orchestrators.
 
-    python -m tidemark.broker.probe http://127.0.0.1:9090/healthz   # a broker: 200 from /healthz
-    python -m tidemark.broker.probe tcp://127.0.0.1:9876            # a name server: its port accepts
+    python -m tidemark.broker.observe.probe http://127.0.0.1:9090/healthz   # a broker: 200 from /healthz
+    python -m tidemark.broker.observe.probe tcp://127.0.0.1:9876            # a name server: its port accepts
 
 `tidemark health` asks the gRPC health service and says why, which is what a person wants; it also
 imports grpc and the client, about 0.4 CPU-seconds, and an orchestrator runs its probe every few seconds
@@ -47,7 +47,7 @@ def probe(target: str, timeout: float = TIMEOUT_S) -> tuple[bool, str]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m tidemark.broker.probe http://HOST:PORT/healthz | tcp://HOST:PORT", file=sys.stderr)
+        print("usage: python -m tidemark.broker.observe.probe http://HOST:PORT/healthz | tcp://HOST:PORT", file=sys.stderr)
         return 2
     try:
         healthy, seen = probe(args[0])

@@ -20,12 +20,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemark.broker.config_file import load_json
+from tidemark.broker.disk.metadata_file import load_json
 from tidemark.broker.errors import ConfigFileError
 from tidemark.common.fsutil import atomic_write
 from tidemark.common.logs import get_logger
 
-log = get_logger("tidemark.broker.roles")
+log = get_logger("tidemark.broker.cluster.roles")
 
 ROLE_FILE_NAME = "role.json"
 

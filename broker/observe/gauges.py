@@ -10,7 +10,7 @@ from __future__ import annotations
 import shutil
 from typing import TYPE_CHECKING
 
-from tidemark.broker.metrics import StateSnapshot
+from tidemark.broker.observe.metrics import StateSnapshot
 from tidemark.common.protocol import DLQ_GROUP_TOPIC_PREFIX
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Loading and saving the broker's small JSON config files (topics.json, subscriptionGroup.json).
 
 Writes are atomic with the previous file kept as `.bak`, and run in a worker
-thread (ConfigFile); a load falls back to the `.bak` when the main file is
+thread (MetadataFile); a load falls back to the `.bak` when the main file is
 missing, empty or not valid JSON, and refuses (ConfigFileError) when a present
 file is unreadable and no good backup exists.
 """
@@ -64,7 +64,7 @@ def save_json(path: Path, doc: dict[str, Any], *, mode: int | None = None) -> No
     atomic_write(path, json.dumps(doc, indent=4, sort_keys=True).encode("utf-8"), keep_backup=True, mode=mode)
 
 
-class ConfigFile:
+class MetadataFile:
     """One config file whose writes happen in a worker thread, never on the event loop.
 
     The owner calls `changed(undo)` after each in-memory change; a writer task

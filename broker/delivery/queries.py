@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from tidemark.broker.delivery.pull import check_queue
 from tidemark.broker.errors import InvalidArgumentError, NotFoundError
-from tidemark.broker.pull import check_queue
 from tidemark.broker.store import MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.common.protocol import PropertyKey, is_broker_topic, split_keys

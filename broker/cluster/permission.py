@@ -5,7 +5,7 @@ from __future__ import annotations
 from tidemark.broker.errors import PermissionDeniedError
 from tidemark.common.logs import get_logger
 
-log = get_logger("tidemark.broker.permission")
+log = get_logger("tidemark.broker.cluster.permission")
 
 
 class BrokerPermission:

@@ -1,4 +1,5 @@
-"""SendBackService: RocketMQ's CONSUMER_SEND_MSG_BACK on the broker (seed 002).
+"""SendBackService: RocketMQ's CONSUMER_SEND_MSG_BACK on the broker: a failed message
+copied to its group's retry topic with the next delay level, or to the DLQ after max reconsume times.
 
 A consumed message that failed goes to %RETRY%<group> with delay level
 3 + reconsume_times (or the level the client gives), reconsume_times + 1, and
@@ -12,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tidemark.broker.cluster.permission import BrokerPermission
 from tidemark.broker.errors import InvalidArgumentError, NotFoundError
-from tidemark.broker.groups import SubscriptionGroupManager, check_group
-from tidemark.broker.permission import BrokerPermission
-from tidemark.broker.schedule import ScheduleMessageService
+from tidemark.broker.ingest.delays import ScheduleMessageService
+from tidemark.broker.membership.groups import SubscriptionGroupManager, check_group
 from tidemark.broker.store import MessageRecord, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import PropertyKey, dlq_topic, retry_topic, tag_hash
 
-log = get_logger("tidemark.broker.retry")
+log = get_logger("tidemark.broker.ingest.send_back")
 
 FIRST_RETRY_DELAY_LEVEL = 3
 

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from tidemark.broker.version import VERSION
 from tidemark.common.logs import get_logger
 
-log = get_logger("tidemark.broker.metrics")
+log = get_logger("tidemark.broker.observe.metrics")
 
 PREFIX = "tidemark"
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from tidemark.broker.cluster.permission import BrokerPermission
 from tidemark.broker.config import BrokerConfig, FlushDiskType
 from tidemark.broker.errors import (
     DeliveryTimeError,
@@ -20,10 +21,9 @@ from tidemark.broker.errors import (
     PermissionDeniedError,
     TopicNotFoundError,
 )
-from tidemark.broker.permission import BrokerPermission
+from tidemark.broker.ingest.delays import ScheduleMessageService
 from tidemark.broker.producers.service import BatchSequence, IdempotenceService
 from tidemark.broker.producers.table import Verdict
-from tidemark.broker.schedule import ScheduleMessageService
 from tidemark.broker.store import MessageRecord, MessageStore, PutResult, RecordsPut
 from tidemark.broker.topics import TopicConfig, TopicConfigManager
 from tidemark.broker.transactions.service import TransactionService
@@ -64,7 +64,7 @@ class OutgoingMessage:
 
 
 class SyncReplication(Protocol):
-    """What a send needs of sync replication (broker/replication.py's ReplicationSource)."""
+    """What a send needs of sync replication (broker/cluster/replication.py's ReplicationSource)."""
 
     def check_in_sync(self) -> None:
         """Refuse (NotEnoughReplicasError) before anything is stored while fewer than min_sync_replicas
@@ -92,7 +92,7 @@ class SendService:
         self._producers = producers
         self._transactions = transactions
         # Sync replication: a send is refused before it is stored while no replica is in sync, and answered
-        # once a replica has it (broker/replication.py); set again when a replica is promoted.
+        # once a replica has it (broker/cluster/replication.py); set again when a replica is promoted.
         self.sync_replication = sync_replication
         self._store = store
         self._topics = topics

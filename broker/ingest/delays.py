@@ -27,13 +27,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from tidemark.broker.config_file import load_json
+from tidemark.broker.disk.metadata_file import load_json
 from tidemark.broker.store import GetStatus, MessageRecord, MessageStore, StoredMessage
 from tidemark.common.fsutil import atomic_write
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import SCHEDULE_TOPIC, PropertyKey, tag_hash
 
-log = get_logger("tidemark.broker.schedule")
+log = get_logger("tidemark.broker.ingest.delays")
 
 _BATCH = 64
 _IDLE_WAIT_S = 1.0

@@ -1,4 +1,4 @@
-"""What a master knows of each replica's stream (broker/replication.py): how far it acknowledged, when
+"""What a master knows of each replica's stream (broker/cluster/replication.py): how far it acknowledged, when
 it last held everything the master had (in sync or not), and the state changes the stream owes it. Pure
 data and arithmetic; the streams themselves live in ReplicationSource.
 """

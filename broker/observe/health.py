@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tidemark.broker.metrics import BrokerMetrics
+from tidemark.broker.observe.metrics import BrokerMetrics
 from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker")

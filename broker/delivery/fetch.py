@@ -26,6 +26,8 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tidemark.broker.delivery.pull import QueueReadAccess, is_stale
+from tidemark.broker.delivery.waiters import QueueWaiters
 from tidemark.broker.errors import (
     BrokerError,
     FencedError,
@@ -33,14 +35,12 @@ from tidemark.broker.errors import (
     StaleResetGenerationError,
     StoreError,
 )
-from tidemark.broker.long_polling import PullRequestHoldService
 from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import OffsetCommitService
-from tidemark.broker.pull import QueueReadAccess, is_stale
 from tidemark.broker.store import GetStatus, MessageStore
 from tidemark.common.logs import get_logger
 
-log = get_logger("tidemark.broker.fetch")
+log = get_logger("tidemark.broker.delivery.fetch")
 
 # A frame stops growing past this many record bytes (it always holds at least one record).
 FRAME_BYTES = 256 * 1024
@@ -126,7 +126,7 @@ class _Served:
 
 class FetchSession:
     def __init__(self, *, store: MessageStore, access: QueueReadAccess, commits: OffsetCommitService,
-                 hold: PullRequestHoldService, frame_bytes: int = FRAME_BYTES,
+                 hold: QueueWaiters, frame_bytes: int = FRAME_BYTES,
                  on_commit: Callable[[], None] = lambda: None) -> None:
         self._store = store
         self._on_commit = on_commit  # a piggybacked commit was applied (for metrics)

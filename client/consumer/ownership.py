@@ -40,6 +40,7 @@ from tidemark.client.errors import FencedError, TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import TaskSet
 
 log = get_logger("tidemark.client.ownership")
 
@@ -90,7 +91,7 @@ class QueueOwnership:
         self._lock = asyncio.Lock()
         # Waits (on the brokers) for queues whose previous owner has not released them yet: one task per
         # batch of queues asked for together, and the queues those waits are asking for now.
-        self._lock_waiters: set[asyncio.Task] = set()
+        self._lock_waiters = TaskSet("lock_waiter_failed", "lock waiter failed", log, group=group)
         self._asking: set[MessageQueue] = set()
         # Progress of queues lost (not handed over), for their next lease: see kept_progress.py.
         self._kept: dict[MessageQueue, KeptProgress] = {}
@@ -164,15 +165,7 @@ class QueueOwnership:
         keeps its queues; queues that arrived since get a waiter of their own instead of waiting for
         that call to end (up to LOCK_WAIT_MS)."""
         if any(oq.state is QueueState.LOCKING and oq.mq not in self._asking for oq in self._queues.values()):
-            task = asyncio.get_running_loop().create_task(self._await_locks(), name="lock-waiter")
-            self._lock_waiters.add(task)
-            task.add_done_callback(self._lock_waiter_done)
-
-    def _lock_waiter_done(self, task: asyncio.Task) -> None:
-        self._lock_waiters.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("lock waiter failed",
-                      event="lock_waiter_failed", group=self._group, exc_info=task.exception())
+            self._lock_waiters.spawn(self._await_locks(), name="lock-waiter")
 
     async def _await_locks(self) -> None:
         """Ask each broker to answer as soon as our LOCKING queues are released (LockQueues with a wait),
@@ -202,10 +195,7 @@ class QueueOwnership:
 
     async def stop(self) -> None:
         """Stop waiting for locks (before release_all at shutdown)."""
-        tasks, self._lock_waiters = list(self._lock_waiters), set()
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._lock_waiters.close()
 
     async def renew_locks(self) -> None:
         """Renew every held lock; a queue whose lock was not renewed is lost."""

@@ -230,13 +230,16 @@ def _apt(args: list[str], timeout: float, log: list[str]) -> bool:
     return r.returncode == 0
 
 
-def ensure_peer_servers(allow_install: bool = True) -> tuple[dict[str, str], str]:
-    """({binary: path} of the peer servers available, reason for those missing ('' when none)).
+def ensure_peer_servers(allow_install: bool = True,
+                        packages: dict[str, str] = APT_PACKAGES) -> tuple[dict[str, str], str]:
+    """({binary: path} of the servers available, reason for those missing ('' when none)): by default the
+    benchmarks' peers; `packages` maps other binaries to their Debian packages (the tests' etcd).
 
     Installs missing ones with apt-get once (update, then install, three tries each) when root.
-    A file lock keeps concurrent harness runs from racing on dpkg.
+    A file lock keeps concurrent harness runs from racing on dpkg; a policy-rc.d keeps the packages'
+    system services from starting.
     """
-    found = {b: shutil.which(b) for b in APT_PACKAGES}
+    found = {b: shutil.which(b) for b in packages}
     missing = [b for b, p in found.items() if not p]
     if not missing:
         return {b: p for b, p in found.items() if p}, ""
@@ -249,7 +252,7 @@ def ensure_peer_servers(allow_install: bool = True) -> tuple[dict[str, str], str
         fcntl.flock(lock, fcntl.LOCK_EX)
         missing = [b for b in missing if not shutil.which(b)]
         if missing:
-            print(f"bench: installing {' '.join(APT_PACKAGES[b] for b in missing)} with apt-get (once)", flush=True)
+            print(f"installing {' '.join(packages[b] for b in missing)} with apt-get (once)", flush=True)
             # Docker images carry a policy-rc.d that keeps postinst from starting the system services;
             # on a machine without one, add it for the duration of the install.
             policy = Path("/usr/sbin/policy-rc.d")
@@ -264,13 +267,13 @@ def ensure_peer_servers(allow_install: bool = True) -> tuple[dict[str, str], str
                     if not updated:
                         updated = _apt(["update", "-q"], 300, log)
                     if updated and _apt(["install", "-y", "-q", "--no-install-recommends",
-                                         *(APT_PACKAGES[b] for b in missing)], 600, log):
+                                         *(packages[b] for b in missing)], 600, log):
                         break
                     time.sleep(2 * (attempt + 1))
             finally:
                 if added_policy:
                     policy.unlink(missing_ok=True)
-    found = {b: shutil.which(b) for b in APT_PACKAGES}
+    found = {b: shutil.which(b) for b in packages}
     still = [b for b, p in found.items() if not p]
     reason = f"apt-get could not install {', '.join(still)}: {' | '.join(log[-2:])}" if still else ""
     return {b: p for b, p in found.items() if p}, reason

@@ -1,0 +1,217 @@
+"""Who is the master of a broker name, decided by etcd (controller mode, `--controller etcd://...`).
+
+Tidemark writes no consensus of its own: etcd's leases, compare-and-swap transactions and watches decide,
+as RocketMQ 5's controller (DLedger) and Kafka's KRaft decide for theirs. Under
+`/tidemark/<cluster>/<broker name>/` etcd holds:
+
+- `master`: the master's broker id, address and epoch, bound to the master's lease. The master renews the
+  lease every third of its TTL; a master that stops (killed, paused, cut off from etcd) loses the key when
+  the lease expires, and only then can another broker win.
+- `epoch`: the last master epoch handed out, a plain key that survives every restart of every broker and
+  of etcd. Each election writes epoch + 1 in the same transaction that takes `master`, so two masters of
+  one name never share an epoch, and the name servers and replicas fence the lower one.
+- `in_sync`: the broker ids the master last saw in sync (RocketMQ 5's SyncStateSet, Kafka's ISR), written
+  only under the master's own `master` key. Only a broker in it may take over: one that missed
+  acknowledged records cannot become master. Before the first election (epoch 0) every broker may.
+
+A master fences itself before etcd can let another take over: etcd expires a lease TTL after the last
+renewal it received, which is after the renewal was sent, so a master that has not had a renewal
+answered stops taking writes `ttl_s - FENCE_MARGIN_S` after it sent the last one that was (`Lease`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import aetcd
+
+from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
+from tidemark.common.logs import get_logger
+
+log = get_logger("tidemark.broker.election")
+
+# A master stops taking writes this long before the soonest its lease can expire at etcd.
+FENCE_MARGIN_S = 1.0
+MIN_TTL_S = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Master:
+    broker_id: int
+    address: str
+    epoch: int
+
+    def encode(self) -> bytes:
+        return json.dumps({"broker_id": self.broker_id, "address": self.address, "epoch": self.epoch},
+                          sort_keys=True).encode()
+
+    @staticmethod
+    def decode(raw: bytes) -> Master:
+        doc = json.loads(raw)
+        return Master(int(doc["broker_id"]), str(doc["address"]), int(doc["epoch"]))
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """What etcd says about a broker name at one revision."""
+
+    master: Master | None
+    epoch: int  # the last epoch handed out (0: never an election)
+    in_sync: frozenset[int]
+    epoch_revision: int  # mod revision of the epoch key (0: absent), for the next compare-and-swap
+
+
+def parse_controller(url: str) -> list[tuple[str, int]]:
+    """`etcd://HOST:PORT[,HOST:PORT...]` as (host, port) pairs; InvalidArgumentError with the reason."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme != "etcd" or not rest:
+        raise InvalidArgumentError(f"controller {url!r} must be etcd://HOST:PORT[,HOST:PORT...]")
+    endpoints = []
+    for part in rest.rstrip("/").split(","):
+        host, colon, port = part.rpartition(":")
+        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidArgumentError(f"controller endpoint {part!r} must be HOST:PORT")
+        endpoints.append((host.strip("[]"), int(port)))
+    return endpoints
+
+
+class Election:
+    """One broker's side of its name's election. Not thread-safe: the broker's event loop only."""
+
+    def __init__(self, client: aetcd.Client, cluster: str, broker_name: str, broker_id: int, address: str, *,
+                 ttl_s: int = 3, clock: Callable[[], float] = time.monotonic) -> None:
+        if ttl_s < MIN_TTL_S:
+            raise InvalidArgumentError(f"the master lease must last at least {MIN_TTL_S} s, got {ttl_s}")
+        self._client = client
+        prefix = f"/tidemark/{cluster}/{broker_name}/"
+        self._master_key, self._epoch_key, self._in_sync_key = (
+            (prefix + name).encode() for name in ("master", "epoch", "in_sync"))
+        self.broker_id = broker_id
+        self.address = address
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self.lease: Lease | None = None  # while this broker is master
+        self.won: Master | None = None
+
+    async def view(self) -> View:
+        ok, (master, epoch, in_sync) = await self._client.transaction(compare=[], success=[
+            self._client.transactions.get(key) for key in (self._master_key, self._epoch_key, self._in_sync_key)],
+            failure=[])
+        epoch_value, epoch_revision = (int(epoch[0][0]), epoch[0][1].mod_revision) if epoch else (0, 0)
+        return View(master=Master.decode(master[0][0]) if master else None, epoch=epoch_value,
+                    in_sync=frozenset(json.loads(in_sync[0][0])) if in_sync else frozenset(),
+                    epoch_revision=epoch_revision)
+
+    def eligible(self, view: View) -> bool:
+        """Whether this broker may take over: in the last master's in-sync set, or no election yet."""
+        return view.epoch == 0 or self.broker_id in view.in_sync
+
+    async def campaign(self) -> Master | None:
+        """Become the master when there is none and this broker may; the new Master (with its epoch), or
+        None when another holds the key, this broker is not eligible, or another won the race."""
+        view = await self.view()
+        if view.master is not None or not self.eligible(view):
+            return None
+        lease = await self._client.lease(self.ttl_s)
+        sent = self._clock()
+        me = Master(self.broker_id, self.address, view.epoch + 1)
+        t = self._client.transactions
+        won, _ = await self._client.transaction(
+            compare=[t.create(self._master_key) == 0, t.mod(self._epoch_key) == view.epoch_revision],
+            success=[t.put(self._epoch_key, str(me.epoch).encode()),
+                     t.put(self._master_key, me.encode(), lease=lease.id)], failure=[])
+        if not won:
+            await self._revoke(lease.id)
+            return None
+        self.lease, self.won = Lease(lease.id, self.ttl_s, sent), me
+        log.info("elected master of %s with epoch %d", self._master_key.decode(), me.epoch, event="master_elected",
+                 broker_id=self.broker_id, epoch=me.epoch)
+        return me
+
+    async def publish_in_sync(self, broker_ids: frozenset[int]) -> None:
+        """Record the in-sync set; only the master holding the key may (FailedPreconditionError else)."""
+        if self.won is None:
+            raise FailedPreconditionError("only the master records the in-sync set")
+        t = self._client.transactions
+        ok, _ = await self._client.transaction(
+            compare=[t.value(self._master_key) == self.won.encode()],
+            success=[t.put(self._in_sync_key, json.dumps(sorted(broker_ids)).encode())], failure=[])
+        if not ok:
+            raise FailedPreconditionError(f"broker {self.broker_id} is no longer the master (epoch {self.won.epoch})")
+
+    async def renew(self) -> bool:
+        """Renew the master lease once; False when etcd says it is gone (then this broker is not master)."""
+        lease = self.lease
+        if lease is None:
+            return False
+        sent = self._clock()
+        reply = await self._client.refresh_lease(lease.id)
+        if reply is None or reply.TTL <= 0:
+            return False
+        lease.renewed(sent)
+        return True
+
+    async def keep(self, on_lost: Callable[[str], None]) -> None:
+        """Renew the lease every third of its TTL until cancelled; `on_lost(reason)` once, as soon as this
+        broker can no longer be sure it is the master (its fence deadline passed without a renewal
+        answered, or etcd answered that the lease is gone). Returns after on_lost."""
+        lease = self.lease
+        if lease is None:
+            raise FailedPreconditionError("not the master: no lease to keep")
+        while True:
+            remaining = lease.fence_at - self._clock()
+            if remaining <= 0:
+                on_lost(f"no lease renewal answered within {self.ttl_s - FENCE_MARGIN_S:.1f} s")
+                return
+            try:
+                alive = await asyncio.wait_for(self.renew(), timeout=remaining)
+            except TimeoutError:
+                continue  # the deadline decides, above
+            except (aetcd.exceptions.ClientError, OSError) as e:
+                log.warning("master lease renewal failed: %s", e, event="lease_renewal_failed")
+                await asyncio.sleep(min(0.2, max(0.0, lease.fence_at - self._clock())))
+                continue
+            if not alive:
+                on_lost("etcd says the master lease expired")
+                return
+            await asyncio.sleep(min(self.ttl_s / 3, max(0.0, lease.fence_at - self._clock())))
+
+    async def resign(self) -> None:
+        """Give up being master now (a clean stop): the key goes with the lease, a replica takes over at once."""
+        lease, self.lease, self.won = self.lease, None, None
+        if lease is not None:
+            await self._revoke(lease.id)
+
+    async def watch(self) -> AsyncIterator[Master | None]:
+        """The master at once, then at every change of the key (None while there is none)."""
+        watch = await self._client.watch(self._master_key)
+        try:
+            yield (await self.view()).master
+            async for event in watch:
+                kind = getattr(event, "kind", None)
+                yield None if kind == aetcd.rtypes.EventKind.DELETE else Master.decode(event.kv.value)
+        finally:
+            await watch.cancel()
+
+    async def _revoke(self, lease_id: int) -> None:
+        try:
+            await self._client.revoke_lease(lease_id)
+        except aetcd.exceptions.ClientError as e:  # it expires by itself then
+            log.warning("could not revoke lease %x: %s", lease_id, e, event="lease_revoke_failed")
+
+
+class Lease:
+    """The master's lease as this broker may count on it: etcd expires it `ttl_s` after the last renewal
+    it received, at the earliest `ttl_s` after that renewal was sent."""
+
+    def __init__(self, lease_id: int, ttl_s: int, sent: float) -> None:
+        self.id = lease_id
+        self.ttl_s = ttl_s
+        self.fence_at = sent + ttl_s - FENCE_MARGIN_S
+
+    def renewed(self, sent: float) -> None:
+        self.fence_at = max(self.fence_at, sent + self.ttl_s - FENCE_MARGIN_S)

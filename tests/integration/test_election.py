@@ -1,0 +1,150 @@
+"""The master election of controller mode (broker/cluster/election.py) against a real etcd: one master per
+broker name however many campaign, epochs that only grow (across etcd restarts too), only in-sync brokers
+taking over, the lease expiring with a master that stops, and a master that fences itself before etcd
+can let another win."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import aetcd
+import pytest
+from etcdproc import EtcdProcess
+
+from tidemark.broker.cluster.election import FENCE_MARGIN_S, Election, Master, parse_controller
+from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
+
+TTL_S = 2
+
+
+@pytest.fixture
+def etcd(tmp_path) -> EtcdProcess:
+    server = EtcdProcess(tmp_path / "etcd").start()
+    yield server
+    server.stop()
+
+
+@asynccontextmanager
+async def elections(etcd: EtcdProcess, ids: list[int], name: str = "broker-a") -> AsyncIterator[list[Election]]:
+    [(host, port)] = parse_controller(etcd.url)
+    clients = [aetcd.Client(host, port, timeout=5) for _ in ids]
+    for client in clients:
+        await client.connect()
+    try:
+        yield [Election(c, "DefaultCluster", name, i, f"127.0.0.1:{10000 + i}", ttl_s=TTL_S)
+               for c, i in zip(clients, ids, strict=True)]
+    finally:
+        for client in clients:
+            await client.close()
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+def test_controller_urls_are_parsed_or_refused_with_the_reason():
+    assert parse_controller("etcd://a:2379,10.0.0.2:2380") == [("a", 2379), ("10.0.0.2", 2380)]
+    for bad in ("http://a:1", "etcd://", "etcd://a", "etcd://a:x", "etcd://a:70000"):
+        with pytest.raises(InvalidArgumentError):
+            parse_controller(bad)
+
+
+def test_one_master_wins_however_many_campaign_and_the_others_see_it(etcd):
+    async def scenario():
+        async with elections(etcd, [1, 2, 3, 4, 5]) as brokers:
+            won = await asyncio.gather(*(b.campaign() for b in brokers))
+            winners = [m for m in won if m is not None]
+            assert len(winners) == 1 and winners[0].epoch == 1
+            view = await brokers[0].view()
+            assert view.master == winners[0] and view.epoch == 1
+            assert await asyncio.gather(*(b.campaign() for b in brokers)) == [None] * 5  # taken: nobody else
+            other = next(b for b in brokers if b.won is None)
+            with pytest.raises(FailedPreconditionError):
+                await other.publish_in_sync(frozenset({other.broker_id}))
+    asyncio.run(scenario())
+
+
+def test_only_an_in_sync_broker_takes_over_and_the_epoch_grows_across_an_etcd_restart(etcd):
+    async def scenario_before():
+        async with elections(etcd, [1, 2, 3]) as (first, synced, behind):
+            assert await first.campaign() == Master(1, "127.0.0.1:10001", 1)
+            await first.publish_in_sync(frozenset({1, 2}))
+            await first.resign()  # the key goes at once
+            assert (await behind.view()).master is None
+            assert await behind.campaign() is None, "a broker out of the in-sync set took over"
+            assert (await synced.campaign()).epoch == 2
+
+    async def scenario_after():
+        async with elections(etcd, [1, 2]) as (first, synced):
+            # etcd restores leases with a fresh TTL: nobody renews the master's, so it expires after it.
+            await until(lambda: _no_master(first), TTL_S + 3, "the unrenewed lease to expire after the restart")
+            view = await first.view()
+            assert view.epoch == 2 and view.in_sync == frozenset({1, 2})  # they survive every restart
+            assert (await first.campaign()).epoch == 3
+
+    asyncio.run(scenario_before())
+    etcd.stop()
+    etcd.start()  # the same data dir
+    asyncio.run(scenario_after())
+
+
+def test_a_master_that_stops_renewing_loses_the_key_and_a_watcher_sees_the_change(etcd):
+    async def scenario():
+        async with elections(etcd, [1, 2]) as (master, replica):
+            seen: list[Master | None] = []
+
+            async def watch():
+                async for m in replica.watch():
+                    seen.append(m)
+                    if len(seen) == 3:
+                        return
+
+            watching = asyncio.get_running_loop().create_task(watch())
+            await until(lambda: _true(len(seen) == 1), 5, "the watch's first answer")
+            won = await master.campaign()
+            await master.publish_in_sync(frozenset({1, 2}))
+            started = time.monotonic()
+            # No keep(): the master stopped (as if killed). etcd expires the lease after its TTL.
+            await until(lambda: _no_master(replica), TTL_S + 3, "the lease to expire")
+            assert time.monotonic() - started >= TTL_S - 0.5
+            await asyncio.wait_for(watching, 5)
+            assert seen == [None, won, None]
+            assert (await replica.campaign()).epoch == won.epoch + 1
+    asyncio.run(scenario())
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _no_master(election: Election) -> bool:
+    return (await election.view()).master is None
+
+
+def test_a_master_fences_itself_before_its_lease_can_expire_when_etcd_stops_answering(etcd):
+    async def scenario():
+        async with elections(etcd, [1]) as (master,):
+            await master.campaign()
+            lost: list[tuple[float, str]] = []
+            keeping = asyncio.get_running_loop().create_task(
+                master.keep(lambda why: lost.append((time.monotonic(), why))))
+            await asyncio.sleep(TTL_S * 1.5)  # renewals go on: still master
+            assert lost == [] and not keeping.done()
+            assert await master.renew()
+            renewed_at = time.monotonic()
+            etcd.pause()  # no answer from now on (a partition from etcd)
+            try:
+                await asyncio.wait_for(keeping, TTL_S + 2)
+            finally:
+                etcd.resume()
+            [(at, why)] = lost
+            assert "no lease renewal answered" in why
+            # Before etcd could have expired the lease (TTL after the last renewal it answered).
+            assert at - renewed_at <= TTL_S - FENCE_MARGIN_S + 0.3, at - renewed_at
+    asyncio.run(scenario())

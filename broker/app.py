@@ -13,6 +13,7 @@ from tidemark.broker import memory
 from tidemark.broker.disk import data_format
 from tidemark.broker.errors import BrokerError
 from tidemark.common.logs import get_logger, setup_logging
+from tidemark.common.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker")
 
@@ -32,18 +33,31 @@ class StopFailedError(BrokerError):
 async def _serve(config: broker_config.BrokerConfig) -> None:
     from tidemark.broker.server import BrokerServer
 
-    server = BrokerServer(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    mode = controlled = None
+    if config.controller:  # etcd decides the role (broker/cluster/controller_mode.py)
+        from tidemark.broker.cluster.controller_mode import ControllerMode
+        mode = ControllerMode(config)
+        config = await mode.decide()
+    server = BrokerServer(config)
     started = False
     try:
         await server.start()
         started = True
+        if mode is not None:
+            controlled = loop.create_task(mode.run(server.controller), name="controller-mode")
+            controlled.add_done_callback(lambda t: _controller_mode_ended(t, stop))
         await stop.wait()
         log.info("shutdown requested", event="broker_stopping")
     finally:
+        if mode is not None:
+            if controlled is not None and not controlled.done():
+                server.controller.permission.fence("stopping: the master resigns in etcd")
+            await cancel_and_wait(controlled)
+            await mode.close()
         try:
             await server.stop()
         except BrokerError as e:
@@ -52,11 +66,26 @@ async def _serve(config: broker_config.BrokerConfig) -> None:
             raise StopFailedError(f"stopped with an error: {e}") from e
 
 
+def _controller_mode_ended(task: asyncio.Task, stop: asyncio.Event) -> None:
+    """The controller-mode task ends only by cancellation, or when the broker was fenced (it stays up,
+    refusing writes, until restarted); a failure is logged and stops the broker: it cannot be sure of its
+    role any more."""
+    if task.cancelled():
+        return
+    if task.exception() is not None:
+        log.error("controller mode failed; stopping", event="controller_mode_failed", exc_info=task.exception())
+        stop.set()
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config = broker_config.load_config(file=args.config, overrides=broker_config.overrides_from_args(args))
     except ValueError as e:
         print(f"tidemark broker: {e}", file=sys.stderr)
+        return 2
+    conflict = broker_config.role_conflict(config)
+    if conflict:
+        print(f"tidemark broker: {conflict}", file=sys.stderr)
         return 2
     if args.print_config:
         sys.stdout.write(broker_config.render(config))

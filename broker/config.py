@@ -61,6 +61,10 @@ class BrokerConfig:
                                 "dials them over TLS (empty: plaintext)")
     broker_id: int = _setting(0, "0: the master of broker_name; above 0: a replica of it (needs master)")
     master: str = _setting("", "host:port of the master a replica copies (broker_id above 0)")
+    controller: str = _setting("", "etcd://HOST:PORT[,HOST:PORT...]: etcd elects the master of broker_name among "
+                               "its brokers, which start without broker_id and master (empty: roles by hand)")
+    controller_lease_s: int = _setting(3, "Controller mode: the master's lease in etcd; a master that cannot renew "
+                                       "it stops taking writes, and an in-sync replica takes over once it expires")
     replication: ReplicationMode = _setting(ReplicationMode.ASYNC, "async: answer sends at once; sync: answer only "
                                             "once min_sync_replicas replicas have them, refuse them while fewer "
                                             "are in sync (master)")
@@ -147,6 +151,25 @@ def namesrv_addresses(c: BrokerConfig) -> tuple[str, ...]:
     return tuple(a.strip() for a in c.namesrv.split(",") if a.strip())
 
 
+def role_conflict(c: BrokerConfig) -> str:
+    """A role given by hand to a broker whose role etcd decides (checked on the user's config only: the
+    controller's own decision fills broker_id and master)."""
+    if c.controller and (c.broker_id or c.master):
+        return "controller mode: etcd decides master and replicas; give neither broker_id nor master"
+    return ""
+
+
+def _controller_problems(c: BrokerConfig):
+    from tidemark.broker.cluster.election import MIN_TTL_S, parse_controller
+    from tidemark.broker.errors import InvalidArgumentError
+    try:
+        parse_controller(c.controller)
+    except InvalidArgumentError as e:
+        yield str(e)
+    if not MIN_TTL_S <= c.controller_lease_s <= 60:
+        yield f"controller_lease_s must be {MIN_TTL_S}..60, got {c.controller_lease_s}"
+
+
 def _problems(c: BrokerConfig):
     if not 0 <= c.port <= 65535:
         yield f"port must be 0..65535, got {c.port}"
@@ -156,7 +179,7 @@ def _problems(c: BrokerConfig):
         yield f"cluster_name must be 1-127 of A-Z a-z 0-9 _ . -, got {c.cluster_name!r}"
     for address in namesrv_addresses(c):
         host, _, port = address.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             yield f"namesrv address {address!r} is not host:port"
     if c.peer_tls_ca and not (os.path.isfile(c.peer_tls_ca) and os.access(c.peer_tls_ca, os.R_OK)):
         yield f"peer_tls_ca {c.peer_tls_ca} is not a readable file"
@@ -168,8 +191,10 @@ def _problems(c: BrokerConfig):
         yield "master is for replicas: give broker_id above 0 (0 is the master itself)"
     if c.master:
         host, _, port = c.master.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             yield f"master address {c.master!r} is not host:port"
+    if c.controller:
+        yield from _controller_problems(c)
     if not 1 <= c.min_sync_replicas <= 16:
         yield f"min_sync_replicas must be 1..16, got {c.min_sync_replicas}"
     elif c.min_sync_replicas != 1 and c.replication is not ReplicationMode.SYNC:

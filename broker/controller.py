@@ -519,21 +519,30 @@ class BrokerController:
         sync = self.replication is not None and self.config.replication is ReplicationMode.SYNC
         return self.replication if sync else None
 
-    async def promote(self) -> int:
-        """Make this replica the master of its name with a new epoch (`tidemark broker promote`); returns
-        the epoch. The role is on disk before anything changes (broker/cluster/roles.py); the name servers learn it
-        at once, and refuse the old master from then on."""
+    async def promote(self, epoch: int | None = None) -> int:
+        """Make this replica the master of its name with a new epoch (`tidemark broker promote`; in controller
+        mode the epoch etcd handed out); returns the epoch. The role is on disk before anything changes
+        (broker/cluster/roles.py); the name servers learn it at once, and refuse the old master from then on."""
         if self.replica is None or self._promoting:
             raise FailedPreconditionError(f"broker {self.config.broker_name} here is a master already "
                                           f"(epoch {self.epoch}), or being promoted")
         self._promoting = True
         try:
-            return await self._promote()
+            return await self._promote(epoch)
         finally:
             self._promoting = False
 
-    async def _promote(self) -> int:
-        epoch = max(self.epoch, self.registrar.master_epoch, self.replica.master_epoch) + 1
+    async def follow(self, master: str) -> None:
+        """Copy another master from now on (controller mode: another replica won the election)."""
+        if self.replica is None:
+            raise FailedPreconditionError(f"broker {self.config.broker_name} here is the master: it follows nobody")
+        self.config = dataclasses.replace(self.config, master=master)
+        await self.replica.follow(master)
+        await self.registrar.sync_if_changed()
+
+    async def _promote(self, epoch: int | None) -> int:
+        if epoch is None:
+            epoch = max(self.epoch, self.registrar.master_epoch, self.replica.master_epoch) + 1
         try:
             await asyncio.to_thread(save_role, self.config.config_dir, Role(0, epoch))
         except OSError as e:

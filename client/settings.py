@@ -62,7 +62,7 @@ def parse_addresses(value: str | Sequence[str], kind: str) -> tuple[str, ...]:
         raise InvalidArgumentError(f"at least one {kind} address (host:port) is needed")
     for address in out:
         host, sep, port = address.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise InvalidArgumentError(f"{kind} address {address!r} is not host:port")
     return out
 

@@ -73,7 +73,7 @@ def parse_controller(url: str) -> list[tuple[str, int]]:
     endpoints = []
     for part in rest.rstrip("/").split(","):
         host, colon, port = part.rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not colon or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
             raise InvalidArgumentError(f"controller endpoint {part!r} must be HOST:PORT")
         endpoints.append((host.strip("[]"), int(port)))
     return endpoints

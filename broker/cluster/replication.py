@@ -510,6 +510,22 @@ class ReplicaSync:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-sync")
         self.state = State.RUNNING
 
+    async def follow(self, master: str) -> None:
+        """Copy from another master from now on: the stream to the old one ends, one to `master` starts (the
+        hello's tail digest makes this log cut back to where the two agree)."""
+        if master == self.master or self.state is not State.RUNNING:
+            self.master = master
+            return
+        log.warning("following a new master: %s (was %s)", master, self.master, event="replica_follows",
+                    master=master)
+        self.master = master
+        await cancel_and_wait(self._task)
+        old, self._channel = self._channel, tls.peer_channel(master, self._tls_ca_file, _MASTER_CHANNEL_OPTIONS)
+        self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
+        self.connected = False
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-sync")
+        await old.close()
+
     async def stop(self) -> None:
         if self.state is not State.RUNNING:
             self.state = State.STOPPED
@@ -538,8 +554,16 @@ class ReplicaSync:
             backoff = min(backoff * 2, 2.0)
 
     async def _stream(self) -> None:
-        store = self._store
         call = self._stub.Replicate(metadata=self._signed())
+        try:
+            await self._copy(call)
+        finally:
+            # However the copy ended (a truncation, a failure, this task cancelled by stop() or follow()):
+            # the call ends with it, or grpc.aio's task feeding its requests outlives the channel.
+            call.cancel()
+
+    async def _copy(self, call) -> None:
+        store = self._store
         end, digest = store.commit_log_max_offset, store.tail_digest(store.commit_log_max_offset)
         hello = replication_pb2.ReplicaProgress(commit_log_end=end, **self._hello)
         if digest is not None:

@@ -245,7 +245,7 @@ def _decode_generations(raw: object, table: OffsetTable, skipped: list[str]) -> 
         if key not in table or not isinstance(raw_queues, dict):
             continue
         for raw_qid, gen in raw_queues.items():
-            if raw_qid.isdigit() and isinstance(gen, int) and not isinstance(gen, bool) and 0 < gen <= MAX_OFFSET:
+            if raw_qid.isascii() and raw_qid.isdigit() and isinstance(gen, int) and not isinstance(gen, bool) and 0 < gen <= MAX_OFFSET:
                 out.setdefault(key, {})[int(raw_qid)] = gen  # type: ignore[index]
     return out
 

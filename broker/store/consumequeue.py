@@ -324,7 +324,7 @@ class ConsumeQueueTable:
             if not topic_dir.is_dir():
                 continue
             for queue_dir in topic_dir.iterdir():
-                if queue_dir.is_dir() and queue_dir.name.isdigit():
+                if queue_dir.is_dir() and queue_dir.name.isascii() and queue_dir.name.isdigit():
                     queue, n = ConsumeQueue.load(
                         queue_dir, entries_per_file=self._entries_per_file, dirty=self._dirty,
                         open_files=self.open_files,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from brokerproc import BrokerProcess, NamesrvProcess, free_port
+from etcdproc import EtcdProcess
 
 from tidemark.client import Admin
 
@@ -159,6 +160,12 @@ class Run:
         self.nodes.append(node)
         proc.start()
         return node
+
+    def etcd(self) -> EtcdProcess:
+        """An etcd for controller mode (tests/etcdproc.py), stopped with the run."""
+        server = EtcdProcess(self.workdir / f"etcd-{len(self._closers)}").start()
+        self._closers.append(server.stop)
+        return server
 
     def proxy(self, target: str, name: str = "") -> FaultProxy:
         proxy = FaultProxy(target, name=name)

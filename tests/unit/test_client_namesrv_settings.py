@@ -6,7 +6,7 @@ import pytest
 
 from tidemark.client.cli.main import main
 from tidemark.client.errors import InvalidArgumentError
-from tidemark.client.settings import ClientSettings
+from tidemark.client.settings import ClientSettings, parse_addresses
 
 
 @pytest.fixture(autouse=True)
@@ -43,3 +43,10 @@ def test_a_bad_environment_value_is_reported_as_such(monkeypatch, capsys):
         main(["topic", "list"])
     assert e.value.code == 2
     assert "name server address 'broken' is not host:port" in capsys.readouterr().err
+
+
+def test_a_port_of_digits_python_cannot_read_as_a_number_is_refused_not_a_traceback():
+    # str.isdigit() is true for '¹' and '٣' (found by the CLI fuzz test); int() raises on the first.
+    for bad in ("127.0.0.1:¹", "h:٣٣", "h:１０９１１"):
+        with pytest.raises(InvalidArgumentError, match="is not host:port"):
+            parse_addresses(bad, "name server")

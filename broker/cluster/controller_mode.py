@@ -1,0 +1,173 @@
+"""Controller mode: one broker's life under etcd's decisions (`--controller etcd://...`; election.py decides).
+
+- Identity: a broker of the name gets a member id from etcd the first time it starts (a counter under the
+  name, compare-and-swap) and keeps it in its data dir (config/member.json); replicas report it in their
+  hello, so it is what the in-sync set holds.
+- Start (`decide`): no master in etcd and this broker may take over: it campaigns, and a win makes it the
+  master with etcd's epoch (its role file says so for the broker's restart logic). A master elsewhere: it
+  starts as that master's replica (an old master that restarts rejoins this way; the replication hello
+  cuts back what it holds beyond the new master's log). Its own master key from before a restart: it
+  waits for that lease to expire (it cannot renew a lease of its past life) and decides again.
+- Running (`run`, owned by the broker server): a master renews its lease and records its in-sync set
+  whenever it changes; when it can no longer be sure of its lease it fences itself (no more writes) and
+  stays fenced until restarted, when it rejoins as a replica. A replica watches the master key: gone,
+  it campaigns (when in sync) and is promoted with the epoch etcd gave it; moved, it follows the new
+  master.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from pathlib import Path
+
+import aetcd
+
+from tidemark.broker.cluster.election import Election, Master, parse_controller
+from tidemark.broker.cluster.roles import ROLE_FILE_NAME, Role, save_role
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.errors import FailedPreconditionError, StoreError
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
+
+log = get_logger("tidemark.broker.controller_mode")
+
+MEMBER_FILE_NAME = "member.json"
+CONNECT_TIMEOUT_S = 5
+
+
+class ControllerMode:
+    def __init__(self, config: BrokerConfig) -> None:
+        self._config = config
+        self._endpoints = parse_controller(config.controller)
+        self._client: aetcd.Client | None = None
+        self.election: Election | None = None
+        self.member_id = 0
+        self.epoch = 0  # etcd's epoch of this broker's mastership (0: a replica)
+
+    async def connect(self) -> aetcd.Client:
+        """A client of the first etcd endpoint that answers (ConnectionError naming them all else)."""
+        errors = []
+        for host, port in self._endpoints:
+            client = aetcd.Client(host, port, timeout=CONNECT_TIMEOUT_S)
+            try:
+                await client.connect()
+                await client.status()
+                return client
+            except (aetcd.exceptions.ClientError, OSError) as e:
+                errors.append(f"{host}:{port}: {e or type(e).__name__}")
+                await client.close()
+        raise ConnectionError(f"no etcd endpoint of {self._config.controller} answers ({'; '.join(errors)})")
+
+    async def decide(self) -> BrokerConfig:
+        """This broker's role for its start: the config to build the broker with (master: broker_id 0)."""
+        c = self._config
+        self._client = await self.connect()
+        self.member_id = await self._member_id()
+        self.election = Election(self._client, c.cluster_name, c.broker_name, self.member_id, c.address,
+                                 ttl_s=c.controller_lease_s)
+        while True:
+            view = await self.election.view()
+            if view.master is None:
+                won = await self.election.campaign()
+                if won is None and not self.election.eligible(view):
+                    log.warning("no master of %s, and this broker was not in sync with the last one: waiting for "
+                                "an in-sync broker to take over", c.broker_name, event="controller_waiting")
+                    await asyncio.sleep(c.controller_lease_s / 3)
+                if won is not None:
+                    self.epoch = won.epoch
+                    await asyncio.to_thread(save_role, c.config_dir, Role(0, won.epoch))
+                    return dataclasses.replace(c, broker_id=0, master="")
+                continue
+            if view.master.broker_id == self.member_id:
+                await asyncio.sleep(0.2)  # this broker's key from before its restart: its lease runs out
+                continue
+            await asyncio.to_thread(_forget_role, c.config_dir)  # a master no longer: it follows
+            log.info("master of %s is broker %d at %s (epoch %d): following it", c.broker_name,
+                     view.master.broker_id, view.master.address, view.master.epoch, event="controller_follow",
+                     master=view.master.address, epoch=view.master.epoch)
+            return dataclasses.replace(c, broker_id=self.member_id, master=view.master.address)
+
+    async def run(self, broker) -> None:
+        """The broker's life under etcd until cancelled (the broker server owns this task)."""
+        while True:
+            if broker.replica is None:
+                await self._serve_as_master(broker)
+                return  # fenced: a restart rejoins as a replica
+            master = await self._follow_until_vacant(broker)
+            await broker.promote(epoch=master.epoch)
+            self.epoch = master.epoch
+
+    async def _serve_as_master(self, broker) -> None:
+        election = self.election
+        lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        keeper = asyncio.get_running_loop().create_task(
+            election.keep(lambda why: lost.done() or lost.set_result(why)), name="controller-lease")
+        published: frozenset[int] | None = None
+        try:
+            while not lost.done():
+                in_sync = frozenset({self.member_id, *broker.replication.in_sync_replicas()})
+                if in_sync != published:
+                    try:
+                        await election.publish_in_sync(in_sync)
+                        published = in_sync
+                    except (aetcd.exceptions.ClientError, OSError) as e:
+                        log.warning("cannot record the in-sync set in etcd: %s", e, event="in_sync_unrecorded")
+                    except FailedPreconditionError as e:  # the key is no longer this broker's
+                        lost.done() or lost.set_result(str(e))
+                await asyncio.wait([lost], timeout=election.ttl_s / 3)
+            broker.permission.fence(f"controller mode: {lost.result()}")
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
+
+    async def _follow_until_vacant(self, broker) -> Master:
+        """Follow whoever is master; return once this broker won the vacant mastership."""
+        async for master in self.election.watch():
+            if master is None:
+                won = await self.election.campaign()
+                if won is not None:
+                    return won
+            elif master.broker_id != self.member_id and master.address != broker.config.master:
+                await broker.follow(master.address)
+        raise ConnectionError("the etcd watch of the master key ended")
+
+    async def close(self) -> None:
+        """A clean stop: a master resigns (a replica takes over at once, not after the lease), then closes."""
+        if self.election is not None and self.election.won is not None:
+            try:
+                await self.election.resign()
+            except (aetcd.exceptions.ClientError, OSError) as e:
+                log.warning("could not resign in etcd (the lease expires by itself): %s", e, event="resign_failed")
+        if self._client is not None:
+            await self._client.close()
+
+    async def _member_id(self) -> int:
+        path = Path(self._config.config_dir) / MEMBER_FILE_NAME
+        try:
+            return int(json.loads(path.read_text())["memberId"])
+        except FileNotFoundError:
+            pass
+        except (ValueError, KeyError, TypeError) as e:
+            raise StoreError(f"{path} holds no member id ({e}); remove it to get a new one") from None
+        member_id = await self._allocate_member_id()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(atomic_write, path, json.dumps({"memberId": member_id}).encode())
+        return member_id
+
+    async def _allocate_member_id(self) -> int:
+        c, client = self._config, self._client
+        key = f"/tidemark/{c.cluster_name}/{c.broker_name}/next_member".encode()
+        t = client.transactions
+        while True:
+            found = await client.get(key)
+            current, revision = (int(found.value), found.mod_revision) if found is not None else (1, 0)
+            ok, _ = await client.transaction(compare=[t.mod(key) == revision],
+                                             success=[t.put(key, str(current + 1).encode())], failure=[])
+            if ok:
+                return current
+
+
+def _forget_role(config_dir: Path) -> None:
+    (Path(config_dir) / ROLE_FILE_NAME).unlink(missing_ok=True)

@@ -1,0 +1,107 @@
+"""Controller mode end to end: real brokers with `--controller etcd://...` and a real etcd. etcd elects the
+master, a replica takes over by itself when the master is killed (no `tidemark broker promote`), nothing
+acknowledged is lost, and the old master comes back as a replica of the new one."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aetcd
+import pytest
+from etcdproc import EtcdProcess
+from workload import create_topic, wait_until
+
+from tidemark.broker.cluster.election import Election, parse_controller
+from tidemark.client import Admin, Message, MessageQueue, Producer
+
+LEASE_S = 2
+TOPIC = "Elected"
+
+
+@pytest.fixture
+def etcd(tmp_path) -> EtcdProcess:
+    server = EtcdProcess(tmp_path / "etcd").start()
+    yield server
+    server.stop()
+
+
+def in_sync(etcd: EtcdProcess) -> frozenset[int]:
+    """The in-sync set the master recorded in etcd."""
+    async def read() -> frozenset[int]:
+        [(host, port)] = parse_controller(etcd.url)
+        async with aetcd.Client(host, port, timeout=5) as client:
+            return (await Election(client, "DefaultCluster", "broker-a", 0, "").view()).in_sync
+    return asyncio.run(read())
+
+
+def status(address: str):
+    with Admin(brokers=address) as admin:
+        return admin.broker_status_at(address)
+
+
+def bodies_at(address: str, queues: int) -> set[bytes]:
+    """Every message body a broker holds in TOPIC, read back by queue offset."""
+    with Admin(brokers=address) as admin:
+        return {admin.view_message(mq, offset).body
+                for mq in (MessageQueue(TOPIC, "broker-a", q) for q in range(queues))
+                for offset in range(admin.max_offset(mq))}
+
+
+def test_a_replica_takes_over_by_itself_and_the_old_master_rejoins_as_its_replica(etcd, broker_factory, tmp_path):
+    args = ("--controller", etcd.url, "--controller-lease-s", str(LEASE_S))
+    first = broker_factory(args=args, data_dir=tmp_path / "first")
+    assert (status(first.address).role, status(first.address).broker_id) == ("MASTER", 0)
+    second = broker_factory(args=args, data_dir=tmp_path / "second")
+    s = status(second.address)
+    assert (s.role, s.master_addr) == ("REPLICA", first.address) and s.broker_id > 0
+    create_topic(first.address, TOPIC, 2)
+    with Producer(brokers=first.address) as producer:
+        acked = {b"before-%d" % i for i in range(300)}
+        for body in sorted(acked):
+            producer.send(Message(TOPIC, body))
+    wait_until(lambda: status(second.address).replica_lag_bytes == 0 and status(first.address).replicas == 1, 15,
+               "the replica to catch up")
+    wait_until(lambda: len(in_sync(etcd)) == 2, 10, "the master to record the replica as in sync in etcd")
+
+    first.kill()
+    killed = time.monotonic()
+    wait_until(lambda: status(second.address).role == "MASTER", LEASE_S + 10, "the replica to take over")
+    took_over_s = time.monotonic() - killed
+    print(f"took over {took_over_s:.2f} s after the kill (lease {LEASE_S} s)")
+    assert took_over_s < LEASE_S + 3, took_over_s
+    with Producer(brokers=second.address) as producer:
+        after = {b"after-%d" % i for i in range(100)}
+        for body in sorted(after):
+            producer.send(Message(TOPIC, body))
+    assert bodies_at(second.address, 2) >= acked | after, "an acknowledged message is missing after the failover"
+
+    first.start()  # the old master: etcd says another is master now
+    s = status(first.address)
+    assert (s.role, s.master_addr) == ("REPLICA", second.address)
+    wait_until(lambda: status(first.address).replica_lag_bytes == 0 and status(second.address).replicas == 1, 15,
+               "the old master to catch up as a replica")
+    assert bodies_at(first.address, 2) >= acked | after
+
+
+def test_a_master_cut_off_from_etcd_stops_taking_writes_before_a_replica_can_be_elected(etcd, broker_factory,
+                                                                                      tmp_path):
+    args = ("--controller", etcd.url, "--controller-lease-s", str(LEASE_S))
+    first = broker_factory(args=args, data_dir=tmp_path / "first")
+    second = broker_factory(args=args, data_dir=tmp_path / "second")
+    create_topic(first.address, TOPIC, 1)
+    wait_until(lambda: len(in_sync(etcd)) == 2, 10, "the master to record the replica as in sync in etcd")
+    etcd.pause()  # the master can no longer renew its lease; nobody can be elected either
+    paused = time.monotonic()
+    try:
+        wait_until(lambda: not status(first.address).writable, LEASE_S + 2, "the master to fence itself")
+        fenced_s = time.monotonic() - paused
+    finally:
+        etcd.resume()
+    assert fenced_s < LEASE_S, f"fenced {fenced_s:.2f} s after etcd stopped answering: the lease may have expired"
+    wait_until(lambda: status(second.address).role == "MASTER", LEASE_S + 10, "the replica to take over")
+    s = status(first.address)
+    assert (s.role, s.writable) == ("MASTER", False), "the old master must stay fenced until it restarts"
+    first.stop()
+    first.start()
+    assert (status(first.address).role, status(first.address).master_addr) == ("REPLICA", second.address)

@@ -26,6 +26,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
+class ControllerModeError(BrokerError):
+    """The broker could no longer follow etcd's decisions: it stopped (exit 1, a supervisor restarts it)."""
+
+
 class StopFailedError(BrokerError):
     """The broker served, but could not persist everything while stopping (e.g. a full disk)."""
 
@@ -52,9 +56,12 @@ async def _serve(config: broker_config.BrokerConfig) -> None:
             controlled.add_done_callback(lambda t: _controller_mode_ended(t, stop))
         await stop.wait()
         log.info("shutdown requested", event="broker_stopping")
+        if controlled is not None and controlled.done() and not controlled.cancelled() \
+                and controlled.exception() is not None:
+            raise ControllerModeError(f"controller mode failed: {controlled.exception()!r}")
     finally:
         if mode is not None:
-            if controlled is not None and not controlled.done():
+            if started:  # no write after this broker lets another become master
                 server.controller.permission.fence("stopping: the master resigns in etcd")
             await cancel_and_wait(controlled)
             await mode.close()

@@ -523,6 +523,9 @@ class BrokerController:
         """Make this replica the master of its name with a new epoch (`tidemark broker promote`; in controller
         mode the epoch etcd handed out); returns the epoch. The role is on disk before anything changes
         (broker/cluster/roles.py); the name servers learn it at once, and refuse the old master from then on."""
+        if epoch is None and self.config.controller:
+            raise FailedPreconditionError(f"broker {self.config.broker_name} runs in controller mode: etcd elects "
+                                          f"its master; it is not promoted by hand")
         if self.replica is None or self._promoting:
             raise FailedPreconditionError(f"broker {self.config.broker_name} here is a master already "
                                           f"(epoch {self.epoch}), or being promoted")
@@ -537,6 +540,7 @@ class BrokerController:
         if self.replica is None:
             raise FailedPreconditionError(f"broker {self.config.broker_name} here is the master: it follows nobody")
         self.config = dataclasses.replace(self.config, master=master)
+        self.permission.follow(master)
         await self.replica.follow(master)
         await self.registrar.sync_if_changed()
 

@@ -8,9 +8,10 @@
   starts as that master's replica (an old master that restarts rejoins this way; the replication hello
   cuts back what it holds beyond the new master's log). Its own master key from before a restart: it
   waits for that lease to expire (it cannot renew a lease of its past life) and decides again.
-- Running (`run`, owned by the broker server): a master renews its lease and records its in-sync set
-  whenever it changes; when it can no longer be sure of its lease it fences itself (no more writes) and
-  stays fenced until restarted, when it rejoins as a replica. A replica watches the master key: gone,
+- Running (`run`, owned by the broker server): a master renews its lease from the moment it wins (before
+  the broker is even built) and records its in-sync set whenever it changes; every write asks whether
+  the lease can still be valid, and a master that can no longer be sure fences itself (no more writes)
+  and stays fenced until restarted, when it rejoins as a replica. A replica watches the master key: gone,
   it campaigns (when in sync) and is promoted with the epoch etcd gave it; moved, it follows the new
   master.
 """
@@ -18,18 +19,22 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 import aetcd
 
 from tidemark.broker.cluster.election import Election, Master, parse_controller
-from tidemark.broker.cluster.roles import ROLE_FILE_NAME, Role, save_role
+from tidemark.broker.cluster.roles import ROLE_FILE_NAME, Role, load_role, save_role
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.errors import FailedPreconditionError, StoreError
+from tidemark.common.backoff import Backoff
 from tidemark.common.fsutil import atomic_write
 from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker.controller_mode")
 
@@ -45,6 +50,9 @@ class ControllerMode:
         self.election: Election | None = None
         self.member_id = 0
         self.epoch = 0  # etcd's epoch of this broker's mastership (0: a replica)
+        self._broker = None  # the BrokerController, once built
+        self._keeper: asyncio.Task | None = None
+        self._lost: asyncio.Future[str] | None = None
 
     async def connect(self) -> aetcd.Client:
         """A client of the first etcd endpoint that answers (ConnectionError naming them all else)."""
@@ -64,77 +72,114 @@ class ControllerMode:
         """This broker's role for its start: the config to build the broker with (master: broker_id 0)."""
         c = self._config
         self._client = await self.connect()
-        self.member_id = await self._member_id()
-        self.election = Election(self._client, c.cluster_name, c.broker_name, self.member_id, c.address,
-                                 ttl_s=c.controller_lease_s)
-        while True:
-            view = await self.election.view()
-            if view.master is None:
-                won = await self.election.campaign()
-                if won is None and not self.election.eligible(view):
-                    log.warning("no master of %s, and this broker was not in sync with the last one: waiting for "
-                                "an in-sync broker to take over", c.broker_name, event="controller_waiting")
-                    await asyncio.sleep(c.controller_lease_s / 3)
-                if won is not None:
-                    self.epoch = won.epoch
-                    await asyncio.to_thread(save_role, c.config_dir, Role(0, won.epoch))
-                    return dataclasses.replace(c, broker_id=0, master="")
-                continue
-            if view.master.broker_id == self.member_id:
-                await asyncio.sleep(0.2)  # this broker's key from before its restart: its lease runs out
-                continue
-            await asyncio.to_thread(_forget_role, c.config_dir)  # a master no longer: it follows
-            log.info("master of %s is broker %d at %s (epoch %d): following it", c.broker_name,
-                     view.master.broker_id, view.master.address, view.master.epoch, event="controller_follow",
-                     master=view.master.address, epoch=view.master.epoch)
-            return dataclasses.replace(c, broker_id=self.member_id, master=view.master.address)
+        try:
+            self.member_id = await self._member_id()
+            self.election = Election(self._client, c.cluster_name, c.broker_name, self.member_id, c.address,
+                                     ttl_s=c.controller_lease_s)
+            role = await asyncio.to_thread(load_role, c.config_dir)
+            while True:
+                view = await self.election.view()
+                if view.master is None:
+                    won = await self.election.campaign(epoch_floor=role.epoch if role is not None else 0)
+                    if won is not None:
+                        self._won(won)
+                        await asyncio.to_thread(save_role, c.config_dir, Role(0, won.epoch))
+                        return dataclasses.replace(c, broker_id=0, master="")
+                    if not self.election.eligible(view):
+                        log.warning("no master of %s, and this broker was not in sync with the last one: waiting "
+                                    "for an in-sync broker to take over", c.broker_name, event="controller_waiting")
+                        await asyncio.sleep(c.controller_lease_s / 3)
+                    continue
+                if view.master.broker_id == self.member_id:
+                    await asyncio.sleep(0.2)  # this broker's key from before its restart: its lease runs out
+                    continue
+                await asyncio.to_thread(_forget_role, c.config_dir)  # a master no longer: it follows
+                log.info("master of %s is broker %d at %s (epoch %d): following it", c.broker_name,
+                         view.master.broker_id, view.master.address, view.master.epoch, event="controller_follow",
+                         master=view.master.address, epoch=view.master.epoch)
+                return dataclasses.replace(c, broker_id=self.member_id, master=view.master.address)
+        except aetcd.exceptions.ClientError as e:
+            raise ConnectionError(f"etcd at {c.controller} failed while deciding this broker's role: {e}") from None
+
+    def _won(self, won: Master) -> None:
+        """This broker holds the master key: its lease is kept from now on, before anything else happens."""
+        self.epoch = won.epoch
+        loop = asyncio.get_running_loop()
+        self._lost = loop.create_future()
+        self._keeper = loop.create_task(self.election.keep(self._on_lost), name="controller-lease")
+        self._keeper.add_done_callback(self._keeper_ended)
+
+    def _keeper_ended(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:  # a bug: nobody keeps the lease now
+            self._on_lost(f"the lease keeper failed: {task.exception()!r}")
+
+    def _on_lost(self, why: str) -> None:
+        """The master lease may have expired: no more writes here, at once."""
+        if self._broker is not None:
+            self._broker.permission.fence(f"controller mode: {why}")
+        if self._lost is not None and not self._lost.done():
+            self._lost.set_result(why)
 
     async def run(self, broker) -> None:
         """The broker's life under etcd until cancelled (the broker server owns this task)."""
-        while True:
-            if broker.replica is None:
-                await self._serve_as_master(broker)
-                return  # fenced: a restart rejoins as a replica
-            master = await self._follow_until_vacant(broker)
-            await broker.promote(epoch=master.epoch)
-            self.epoch = master.epoch
+        self._broker = broker
+        try:
+            while True:
+                if broker.replica is None:
+                    broker.permission.lease_valid = self.election.lease_valid
+                    if self._lost is not None and self._lost.done():
+                        broker.permission.fence(f"controller mode: {self._lost.result()}")
+                    await self._serve_as_master(broker)
+                    return  # fenced: a restart rejoins as a replica
+                won = await self._follow_until_vacant(broker)
+                broker.permission.lease_valid = self.election.lease_valid
+                await broker.promote(epoch=won.epoch)
+        finally:
+            await cancel_and_wait(self._keeper)
 
     async def _serve_as_master(self, broker) -> None:
-        election = self.election
-        lost: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        keeper = asyncio.get_running_loop().create_task(
-            election.keep(lambda why: lost.done() or lost.set_result(why)), name="controller-lease")
+        election, lost = self.election, self._lost
         published: frozenset[int] | None = None
-        try:
-            while not lost.done():
-                in_sync = frozenset({self.member_id, *broker.replication.in_sync_replicas()})
-                if in_sync != published:
-                    try:
-                        await election.publish_in_sync(in_sync)
-                        published = in_sync
-                    except (aetcd.exceptions.ClientError, OSError) as e:
-                        log.warning("cannot record the in-sync set in etcd: %s", e, event="in_sync_unrecorded")
-                    except FailedPreconditionError as e:  # the key is no longer this broker's
-                        lost.done() or lost.set_result(str(e))
-                await asyncio.wait([lost], timeout=election.ttl_s / 3)
-            broker.permission.fence(f"controller mode: {lost.result()}")
-        finally:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+        while not lost.done():
+            in_sync = frozenset({self.member_id, *broker.replication.in_sync_replicas()})
+            if in_sync != published:
+                try:  # never past the lease: a partition from etcd must not hold the fence back
+                    remaining = max(0.0, election.lease.fence_at - time.monotonic()) if election.lease else 0.0
+                    await asyncio.wait_for(election.publish_in_sync(in_sync), timeout=remaining)
+                    published = in_sync
+                except FailedPreconditionError as e:  # the key is no longer this broker's
+                    self._on_lost(str(e))
+                except (TimeoutError, aetcd.exceptions.ClientError, OSError) as e:
+                    log.warning("cannot record the in-sync set in etcd: %r", e, event="in_sync_unrecorded")
+            await asyncio.wait([lost], timeout=election.ttl_s / 3)
 
     async def _follow_until_vacant(self, broker) -> Master:
-        """Follow whoever is master; return once this broker won the vacant mastership."""
-        async for master in self.election.watch():
-            if master is None:
-                won = await self.election.campaign()
-                if won is not None:
-                    return won
-            elif master.broker_id != self.member_id and master.address != broker.config.master:
-                await broker.follow(master.address)
-        raise ConnectionError("the etcd watch of the master key ended")
+        """Follow whoever is master; return once this broker won the vacant mastership (its lease kept)."""
+        backoff = Backoff(first_s=0.2, max_s=2.0)
+        failures = 0
+        while True:
+            try:
+                async with contextlib.aclosing(self.election.watch()) as masters:
+                    async for master in masters:
+                        failures = 0
+                        if master is None:
+                            floor = max(broker.epoch, broker.registrar.master_epoch,
+                                        broker.replica.master_epoch if broker.replica is not None else 0)
+                            won = await self.election.campaign(epoch_floor=floor)
+                            if won is not None:
+                                self._won(won)
+                                return won
+                        elif master.broker_id != self.member_id and master.address != broker.config.master:
+                            await broker.follow(master.address)
+            except (aetcd.exceptions.ClientError, OSError) as e:
+                log.warning("etcd watch of the master failed: %r; watching again", e, event="controller_watch_failed")
+            await asyncio.sleep(backoff.delay(failures))
+            failures += 1
 
     async def close(self) -> None:
-        """A clean stop: a master resigns (a replica takes over at once, not after the lease), then closes."""
+        """A clean stop: a master resigns (a replica takes over at once, not after the lease), then closes.
+        The caller has fenced the broker first."""
+        await cancel_and_wait(self._keeper)
         if self.election is not None and self.election.won is not None:
             try:
                 await self.election.resign()

@@ -110,20 +110,24 @@ class Election:
         """Whether this broker may take over: in the last master's in-sync set, or no election yet."""
         return view.epoch == 0 or self.broker_id in view.in_sync
 
-    async def campaign(self) -> Master | None:
-        """Become the master when there is none and this broker may; the new Master (with its epoch), or
-        None when another holds the key, this broker is not eligible, or another won the race."""
+    async def campaign(self, epoch_floor: int = 0) -> Master | None:
+        """Become the master when there is none and this broker may; the new Master (with its epoch, above
+        `epoch_floor` too: an epoch this broker or its name servers saw before etcd decided), or None when
+        another holds the key, this broker is not eligible, or another won the race."""
         view = await self.view()
         if view.master is not None or not self.eligible(view):
             return None
+        sent = self._clock()  # etcd counts the lease's TTL from the grant, which is after this
         lease = await self._client.lease(self.ttl_s)
-        sent = self._clock()
-        me = Master(self.broker_id, self.address, view.epoch + 1)
+        me = Master(self.broker_id, self.address, max(view.epoch, epoch_floor) + 1)
         t = self._client.transactions
+        # The winner alone is in sync until it records its replicas: the last master's set does not let
+        # anyone take over from this one.
         won, _ = await self._client.transaction(
             compare=[t.create(self._master_key) == 0, t.mod(self._epoch_key) == view.epoch_revision],
             success=[t.put(self._epoch_key, str(me.epoch).encode()),
-                     t.put(self._master_key, me.encode(), lease=lease.id)], failure=[])
+                     t.put(self._master_key, me.encode(), lease=lease.id),
+                     t.put(self._in_sync_key, json.dumps([self.broker_id]).encode())], failure=[])
         if not won:
             await self._revoke(lease.id)
             return None
@@ -171,8 +175,8 @@ class Election:
                 alive = await asyncio.wait_for(self.renew(), timeout=remaining)
             except TimeoutError:
                 continue  # the deadline decides, above
-            except (aetcd.exceptions.ClientError, OSError) as e:
-                log.warning("master lease renewal failed: %s", e, event="lease_renewal_failed")
+            except Exception as e:  # unreachable, refused, or a bug: the deadline above still decides
+                log.warning("master lease renewal failed: %r", e, event="lease_renewal_failed")
                 await asyncio.sleep(min(0.2, max(0.0, lease.fence_at - self._clock())))
                 continue
             if not alive:
@@ -185,6 +189,10 @@ class Election:
         lease, self.lease, self.won = self.lease, None, None
         if lease is not None:
             await self._revoke(lease.id)
+
+    def lease_valid(self) -> bool:
+        """Whether this broker is certainly still the master (its lease cannot have expired at etcd yet)."""
+        return self.lease is not None and self.lease.valid(self._clock())
 
     async def watch(self) -> AsyncIterator[Master | None]:
         """The master at once, then at every change of the key (None while there is none)."""
@@ -207,6 +215,9 @@ class Election:
 class Lease:
     """The master's lease as this broker may count on it: etcd expires it `ttl_s` after the last renewal
     it received, at the earliest `ttl_s` after that renewal was sent."""
+
+    def valid(self, now: float) -> bool:
+        return now < self.fence_at
 
     def __init__(self, lease_id: int, ttl_s: int, sent: float) -> None:
         self.id = lease_id

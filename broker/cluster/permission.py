@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from tidemark.broker.errors import PermissionDeniedError
 from tidemark.common.logs import get_logger
 
@@ -17,11 +19,19 @@ class BrokerPermission:
         self.replica_of = replica_of
         self.fenced = ""  # why a name server refused this master (replaced by a promotion): no writes
         self.writable = writable and not replica_of
+        # Controller mode: whether the master's lease in etcd is still certainly this broker's, asked on
+        # every write, so that a master resumed after a pause refuses writes before any timer of it runs.
+        self.lease_valid: Callable[[], bool] = lambda: True
 
     def update(self, *, readable: bool, writable: bool) -> None:
         self.readable, self.writable = readable, writable and not self.replica_of and not self.fenced
         log.warning("broker permission changed",
                     event="broker_permission", broker=self._broker_name, readable=readable, writable=writable)
+
+    def follow(self, master: str) -> None:
+        """A replica copying another master from now on: writes go there."""
+        if self.replica_of:
+            self.replica_of = master
 
     def promote(self) -> None:
         """The replica became the master of its name: writes are its own now."""
@@ -36,6 +46,8 @@ class BrokerPermission:
         self.fenced, self.writable = why, False
 
     def check_writable(self) -> None:
+        if not self.fenced and not self.replica_of and not self.lease_valid():
+            self.fence("its master lease in etcd may have expired")
         if self.fenced:
             raise PermissionDeniedError(f"broker {self._broker_name} here is fenced: {self.fenced}")
         if self.replica_of:

@@ -64,6 +64,7 @@ def test_one_master_wins_however_many_campaign_and_the_others_see_it(etcd):
             view = await brokers[0].view()
             assert view.master == winners[0] and view.epoch == 1
             assert await asyncio.gather(*(b.campaign() for b in brokers)) == [None] * 5  # taken: nobody else
+            assert (await brokers[0].view()).in_sync == frozenset({winners[0].broker_id})
             other = next(b for b in brokers if b.won is None)
             with pytest.raises(FailedPreconditionError):
                 await other.publish_in_sync(frozenset({other.broker_id}))
@@ -79,6 +80,8 @@ def test_only_an_in_sync_broker_takes_over_and_the_epoch_grows_across_an_etcd_re
             assert (await behind.view()).master is None
             assert await behind.campaign() is None, "a broker out of the in-sync set took over"
             assert (await synced.campaign()).epoch == 2
+            assert (await synced.view()).in_sync == frozenset({2}), "the last master's set outlived it"
+            await synced.publish_in_sync(frozenset({1, 2}))
 
     async def scenario_after():
         async with elections(etcd, [1, 2]) as (first, synced):
@@ -147,4 +150,11 @@ def test_a_master_fences_itself_before_its_lease_can_expire_when_etcd_stops_answ
             assert "no lease renewal answered" in why
             # Before etcd could have expired the lease (TTL after the last renewal it answered).
             assert at - renewed_at <= TTL_S - FENCE_MARGIN_S + 0.3, at - renewed_at
+    asyncio.run(scenario())
+
+
+def test_an_epoch_seen_before_etcd_decided_is_not_handed_out_again(etcd):
+    async def scenario():
+        async with elections(etcd, [1]) as (only,):
+            assert (await only.campaign(epoch_floor=5)).epoch == 6  # a role file or name server said 5
     asyncio.run(scenario())

@@ -10,8 +10,8 @@
   waits for that lease to expire (it cannot renew a lease of its past life) and decides again.
 - Running (`run`, owned by the broker server): a master renews its lease from the moment it wins (before
   the broker is even built) and records its in-sync set whenever it changes; every write asks whether
-  the lease can still be valid, and a master that can no longer be sure fences itself (no more writes)
-  and stays fenced until restarted, when it rejoins as a replica. A replica watches the master key: gone,
+  the lease can still be valid (writes wait while it is uncertain), and once etcd says the lease is gone
+  the broker is fenced for good: it rejoins as a replica when restarted. A replica watches the master key: gone,
   it campaigns (when in sync) and is promoted with the epoch etcd gave it; moved, it follows the new
   master.
 """
@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import time
 from pathlib import Path
 
 import aetcd
@@ -143,9 +142,8 @@ class ControllerMode:
         while not lost.done():
             in_sync = frozenset({self.member_id, *broker.replication.in_sync_replicas()})
             if in_sync != published:
-                try:  # never past the lease: a partition from etcd must not hold the fence back
-                    remaining = max(0.0, election.lease.fence_at - time.monotonic()) if election.lease else 0.0
-                    await asyncio.wait_for(election.publish_in_sync(in_sync), timeout=remaining)
+                try:  # (writes do not wait for this: each asks the lease itself)
+                    await asyncio.wait_for(election.publish_in_sync(in_sync), timeout=election.ttl_s)
                     published = in_sync
                 except FailedPreconditionError as e:  # the key is no longer this broker's
                     self._on_lost(str(e))

@@ -14,9 +14,11 @@ as RocketMQ 5's controller (DLedger) and Kafka's KRaft decide for theirs. Under
   only under the master's own `master` key. Only a broker in it may take over: one that missed
   acknowledged records cannot become master. Before the first election (epoch 0) every broker may.
 
-A master fences itself before etcd can let another take over: etcd expires a lease TTL after the last
+A master stops writing before etcd can let another take over: etcd expires a lease TTL after the last
 renewal it received, which is after the renewal was sent, so a master that has not had a renewal
-answered stops taking writes `ttl_s - FENCE_MARGIN_S` after it sent the last one that was (`Lease`).
+answered takes no writes from `ttl_s - FENCE_MARGIN_S` after it sent the last one that was (`Lease`).
+If etcd then answers a renewal with the lease alive, nobody can have taken the key meanwhile and writes
+go on; if it says the lease is gone, the broker is fenced for good (controller_mode.py).
 """
 
 from __future__ import annotations
@@ -160,29 +162,32 @@ class Election:
         return True
 
     async def keep(self, on_lost: Callable[[str], None]) -> None:
-        """Renew the lease every third of its TTL until cancelled; `on_lost(reason)` once, as soon as this
-        broker can no longer be sure it is the master (its fence deadline passed without a renewal
-        answered, or etcd answered that the lease is gone). Returns after on_lost."""
-        lease = self.lease
-        if lease is None:
+        """Renew the lease every third of its TTL until cancelled.
+
+        Between answered renewals `lease_valid()` turns False once the fence deadline passes: writes wait.
+        A later renewal that etcd answers with the lease alive makes it True again, since nobody can take
+        the master key while this broker's lease holds it. `on_lost(reason)` is called once etcd says the
+        lease is gone (it expired while etcd was out of reach, or was revoked), and keep() returns."""
+        if self.lease is None:
             raise FailedPreconditionError("not the master: no lease to keep")
+        failing = False
         while True:
-            remaining = lease.fence_at - self._clock()
-            if remaining <= 0:
-                on_lost(f"no lease renewal answered within {self.ttl_s - FENCE_MARGIN_S:.1f} s")
-                return
             try:
-                alive = await asyncio.wait_for(self.renew(), timeout=remaining)
-            except TimeoutError:
-                continue  # the deadline decides, above
-            except Exception as e:  # unreachable, refused, or a bug: the deadline above still decides
-                log.warning("master lease renewal failed: %r", e, event="lease_renewal_failed")
-                await asyncio.sleep(min(0.2, max(0.0, lease.fence_at - self._clock())))
+                alive = await asyncio.wait_for(self.renew(), timeout=self.ttl_s)  # a call etcd never answers
+            except Exception as e:  # unreachable, refused, a timeout: try again; the deadline guards writes
+                if not failing:
+                    log.warning("master lease renewal failed: %r; writes wait once the lease is uncertain", e,
+                                event="lease_renewal_failed")
+                failing = True
+                await asyncio.sleep(0.2)
                 continue
             if not alive:
                 on_lost("etcd says the master lease expired")
                 return
-            await asyncio.sleep(min(self.ttl_s / 3, max(0.0, lease.fence_at - self._clock())))
+            if failing:
+                log.info("master lease renewed again", event="lease_renewed")
+                failing = False
+            await asyncio.sleep(self.ttl_s / 3)
 
     async def resign(self) -> None:
         """Give up being master now (a clean stop): the key goes with the lease, a replica takes over at once."""

@@ -17,11 +17,20 @@ class BrokerPermission:
         self.readable = readable
         # A replica takes no writes: they go to its master (RocketMQ's slave is read-only too).
         self.replica_of = replica_of
-        self.fenced = ""  # why a name server refused this master (replaced by a promotion): no writes
-        self.writable = writable and not replica_of
-        # Controller mode: whether the master's lease in etcd is still certainly this broker's, asked on
-        # every write, so that a master resumed after a pause refuses writes before any timer of it runs.
+        self.fenced = ""  # why this master was replaced (a name server or etcd said so): no writes, for good
+        self._writable = writable and not replica_of
+        # Controller mode: whether the master's lease in etcd is certainly still this broker's, asked on
+        # every write (a master resumed after a pause refuses writes before any timer of it runs); writes
+        # wait while it is uncertain and go on once a renewal is answered.
         self.lease_valid: Callable[[], bool] = lambda: True
+
+    @property
+    def writable(self) -> bool:
+        return self._writable and self.lease_valid()
+
+    @writable.setter
+    def writable(self, value: bool) -> None:
+        self._writable = value
 
     def update(self, *, readable: bool, writable: bool) -> None:
         self.readable, self.writable = readable, writable and not self.replica_of and not self.fenced
@@ -46,14 +55,15 @@ class BrokerPermission:
         self.fenced, self.writable = why, False
 
     def check_writable(self) -> None:
-        if not self.fenced and not self.replica_of and not self.lease_valid():
-            self.fence("its master lease in etcd may have expired")
         if self.fenced:
             raise PermissionDeniedError(f"broker {self._broker_name} here is fenced: {self.fenced}")
         if self.replica_of:
             raise PermissionDeniedError(f"broker {self._broker_name} here is a replica; writes go to its master "
                                         f"{self.replica_of}")
-        if not self.writable:
+        if not self.lease_valid():
+            raise PermissionDeniedError(f"broker {self._broker_name} here cannot confirm its master lease in etcd "
+                                        f"right now; writes wait until it can")
+        if not self._writable:
             raise PermissionDeniedError(f"broker {self._broker_name} is not writable (write permission closed)")
 
     def check_readable(self) -> None:

@@ -33,11 +33,15 @@ async def write(context: grpc.aio.ServicerContext, response: Any) -> None:
     """Send one answer of a stream; a call whose peer went away ends the handler like a cancelled call."""
     try:
         await context.write(response)
-    except (grpc.aio.InternalError, grpc.aio.UsageError):
+    except grpc.aio.BaseError as e:
+        if not call_ended(e):
+            raise
         raise asyncio.CancelledError from None
 
 
 def call_ended(error: BaseException) -> bool:
-    """Whether an error from reading a stream's requests means only that the call ended under the read
-    (the peer went away, the status was sent): the stream ends like a finished one, nothing to report."""
-    return isinstance(error, grpc.aio.InternalError | grpc.aio.UsageError)
+    """Whether an error from reading or writing a stream means only that the call ended under it (the peer
+    went away, the status was sent, the server is stopping: grpc.aio's InternalError, UsageError and its
+    private "Server already stopped"): the stream ends like a finished one, nothing to report. An abort
+    (AbortError) is the handler's own answer, never this."""
+    return isinstance(error, grpc.aio.BaseError) and not isinstance(error, grpc.aio.AbortError)

@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from tidemark.broker.store.model import MIN_SEGMENT_SIZE
-from tidemark.common.protocol import DEFAULT_DELAY_LEVELS, DEFAULT_PORT, parse_delay_levels
+from tidemark.common.protocol import (
+    DEFAULT_DELAY_LEVELS,
+    DEFAULT_PORT,
+    parse_delay_levels,
+    split_host_port,
+)
 
 ENV_PREFIX = "TIDEMARK_"
 # NAME:SECRET of a user given on the command line (init_user, a name server's broker_user).
@@ -178,8 +183,7 @@ def _problems(c: BrokerConfig):
     if not re.fullmatch(r"[A-Za-z0-9_.-]{1,127}", c.cluster_name):
         yield f"cluster_name must be 1-127 of A-Z a-z 0-9 _ . -, got {c.cluster_name!r}"
     for address in namesrv_addresses(c):
-        host, _, port = address.rpartition(":")
-        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        if split_host_port(address) is None:
             yield f"namesrv address {address!r} is not host:port"
     if c.peer_tls_ca and not (os.path.isfile(c.peer_tls_ca) and os.access(c.peer_tls_ca, os.R_OK)):
         yield f"peer_tls_ca {c.peer_tls_ca} is not a readable file"
@@ -189,10 +193,8 @@ def _problems(c: BrokerConfig):
         yield f"broker_id {c.broker_id} makes this broker a replica: give its master (host:port)"
     elif not c.broker_id and c.master:
         yield "master is for replicas: give broker_id above 0 (0 is the master itself)"
-    if c.master:
-        host, _, port = c.master.rpartition(":")
-        if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
-            yield f"master address {c.master!r} is not host:port"
+    if c.master and split_host_port(c.master) is None:
+        yield f"master address {c.master!r} is not host:port"
     if c.controller:
         yield from _controller_problems(c)
     if not 1 <= c.min_sync_replicas <= 16:

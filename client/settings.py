@@ -33,6 +33,7 @@ from tidemark.common.protocol import (
     DEFAULT_MAX_MESSAGE_SIZE,
     InvalidNameError,
     check_group_name,
+    split_host_port,
 )
 
 BROKER_ENV = "TIDEMARK_BROKER"
@@ -61,8 +62,7 @@ def parse_addresses(value: str | Sequence[str], kind: str) -> tuple[str, ...]:
     if not out:
         raise InvalidArgumentError(f"at least one {kind} address (host:port) is needed")
     for address in out:
-        host, sep, port = address.rpartition(":")
-        if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        if split_host_port(address) is None:
             raise InvalidArgumentError(f"{kind} address {address!r} is not host:port")
     return out
 

@@ -104,6 +104,15 @@ def check_client_id(client_id: str) -> None:
 _BROKER_TOPICS = frozenset({SCHEDULE_TOPIC, TRANSACTION_HALF_TOPIC, TRANSACTION_OP_TOPIC})
 
 
+def split_host_port(address: str) -> tuple[str, int] | None:
+    """`host:port` as (host, port), or None when it is not one: a port of ASCII digits 1..65535 (str.isdigit
+    alone lets '¹' through, which int() refuses), after a non-empty host ("[::1]" keeps its brackets)."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        return None
+    return host, int(port)
+
+
 def is_broker_topic(topic: str) -> bool:
     return topic in _BROKER_TOPICS
 

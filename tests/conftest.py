@@ -18,10 +18,12 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from brokerproc import BrokerProcess, NamesrvProcess  # noqa: E402
+from layout import PACKAGE_FOLDERS  # noqa: E402
 
-# The source folders and where the editable install links them (pyproject.toml's package-dir).
-_LINKED = {"common": "common", "broker": "broker", "client": "client", "spark_connector": "spark_connector",
-           "proto/tidemark": ""}
+
+def _linked_path(package: str) -> str:
+    """Where a package sits in the link tree, below `tidemark/`: tidemark.broker -> broker."""
+    return package.removeprefix("tidemark").lstrip(".").replace(".", "/")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -32,9 +34,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if "__editable__" not in str(tree):
         return  # installed otherwise (a wheel, the import hook): nothing to check
     repo = Path(__file__).resolve().parents[1]
-    missing = sorted(str(src.relative_to(repo)) for folder, package in _LINKED.items()
+    missing = sorted(str(src.relative_to(repo)) for folder, package in PACKAGE_FOLDERS.items()
                      for src in (repo / folder).rglob("*.py")
-                     if "__pycache__" not in src.parts and not (tree / package / src.relative_to(repo / folder)).exists())
+                     if "__pycache__" not in src.parts
+                     and not (tree / _linked_path(package) / src.relative_to(repo / folder)).exists())
     if missing:
         pytest.exit(f"not in the editable install yet: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}; "
                     "run `make setup` (it links new files)", returncode=4)

@@ -48,7 +48,6 @@ class ControllerMode:
         self._client: aetcd.Client | None = None
         self.election: Election | None = None
         self.member_id = 0
-        self.epoch = 0  # etcd's epoch of this broker's mastership (0: a replica)
         self._broker = None  # the BrokerController, once built
         self._keeper: asyncio.Task | None = None
         self._lost: asyncio.Future[str] | None = None
@@ -81,7 +80,7 @@ class ControllerMode:
                 if view.master is None:
                     won = await self.election.campaign(epoch_floor=role.epoch if role is not None else 0)
                     if won is not None:
-                        self._won(won)
+                        self._keep_lease()
                         await asyncio.to_thread(save_role, c.config_dir, Role(0, won.epoch))
                         return dataclasses.replace(c, broker_id=0, master="")
                     if not self.election.eligible(view):
@@ -100,9 +99,8 @@ class ControllerMode:
         except aetcd.exceptions.ClientError as e:
             raise ConnectionError(f"etcd at {c.controller} failed while deciding this broker's role: {e}") from None
 
-    def _won(self, won: Master) -> None:
-        """This broker holds the master key: its lease is kept from now on, before anything else happens."""
-        self.epoch = won.epoch
+    def _keep_lease(self) -> None:
+        """This broker just won the master key: its lease is kept from now on, before anything else."""
         loop = asyncio.get_running_loop()
         self._lost = loop.create_future()
         self._keeper = loop.create_task(self.election.keep(self._on_lost), name="controller-lease")
@@ -165,7 +163,7 @@ class ControllerMode:
                                         broker.replica.master_epoch if broker.replica is not None else 0)
                             won = await self.election.campaign(epoch_floor=floor)
                             if won is not None:
-                                self._won(won)
+                                self._keep_lease()
                                 return won
                         elif master.broker_id != self.member_id and master.address != broker.config.master:
                             await broker.follow(master.address)

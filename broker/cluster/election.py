@@ -33,6 +33,7 @@ import aetcd
 
 from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
 from tidemark.common.logs import get_logger
+from tidemark.common.protocol import split_host_port
 
 log = get_logger("tidemark.broker.election")
 
@@ -74,10 +75,10 @@ def parse_controller(url: str) -> list[tuple[str, int]]:
         raise InvalidArgumentError(f"controller {url!r} must be etcd://HOST:PORT[,HOST:PORT...]")
     endpoints = []
     for part in rest.rstrip("/").split(","):
-        host, colon, port = part.rpartition(":")
-        if not colon or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        found = split_host_port(part)
+        if found is None:
             raise InvalidArgumentError(f"controller endpoint {part!r} must be HOST:PORT")
-        endpoints.append((host.strip("[]"), int(port)))
+        endpoints.append((found[0].strip("[]"), found[1]))
     return endpoints
 
 
@@ -221,13 +222,13 @@ class Lease:
     """The master's lease as this broker may count on it: etcd expires it `ttl_s` after the last renewal
     it received, at the earliest `ttl_s` after that renewal was sent."""
 
-    def valid(self, now: float) -> bool:
-        return now < self.fence_at
-
     def __init__(self, lease_id: int, ttl_s: int, sent: float) -> None:
         self.id = lease_id
         self.ttl_s = ttl_s
         self.fence_at = sent + ttl_s - FENCE_MARGIN_S
+
+    def valid(self, now: float) -> bool:
+        return now < self.fence_at
 
     def renewed(self, sent: float) -> None:
         self.fence_at = max(self.fence_at, sent + self.ttl_s - FENCE_MARGIN_S)

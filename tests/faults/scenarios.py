@@ -210,12 +210,8 @@ def controller(run: Run) -> Outcome:
     def master() -> Node | None:
         for node in nodes:
             if node.process.proc is not None and node not in down:
-                try:
-                    with Admin(brokers=node.process.address, request_timeout_s=1.0) as admin:
-                        s = admin.broker_status_at(node.process.address)
-                except TidemarkError:
-                    continue
-                if s.role == "MASTER" and s.writable:
+                s = _status(node)
+                if s is not None and s.role == "MASTER" and s.writable:
                     return node
         return None
 
@@ -257,13 +253,18 @@ def controller(run: Run) -> Outcome:
     return _execute(run, clients, durable=replication == "sync")
 
 
-def _fenced(node: Node) -> bool:
+def _status(node: Node):
+    """The broker's status, asked directly (not through its proxy); None when it does not answer."""
     try:
         with Admin(brokers=node.process.address, request_timeout_s=1.0) as admin:
-            s = admin.broker_status_at(node.process.address)
+            return admin.broker_status_at(node.process.address)
     except TidemarkError:
-        return False
-    return s.role == "MASTER" and not s.writable
+        return None
+
+
+def _fenced(node: Node) -> bool:
+    s = _status(node)
+    return s is not None and s.role == "MASTER" and not s.writable
 
 
 def namesrv(run: Run) -> Outcome:

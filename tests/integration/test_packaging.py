@@ -22,11 +22,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from layout import PACKAGE_FOLDERS
 
 ROOT = Path(__file__).resolve().parents[2]
 # Source folder -> the package it is installed as (pyproject.toml [tool.setuptools.package-dir]).
-FOLDERS = {"broker": "tidemark.broker", "client": "tidemark.client", "spark_connector": "tidemark.spark_connector",
-           "common": "tidemark.common", "proto/tidemark": "tidemark"}
+FOLDERS = PACKAGE_FOLDERS
 OLD_NAMES = {"broker", "client", "spark_connector", "common"}
 NOT_IN_BASE = ("pyspark", "pyarrow", "grpc_tools", "numpy", "uvloop", "prometheus_client")
 # What is not copied to build the wheel: caches, venvs, data, earlier builds, and the generated gRPC code

@@ -9,11 +9,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from layout import PACKAGE_FOLDERS
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # The source folders and the packages they are installed as (pyproject.toml's package-dir).
-PACKAGES = {"broker": "tidemark.broker", "client": "tidemark.client", "spark_connector": "tidemark.spark_connector",
-            "common": "tidemark.common", "proto/tidemark": "tidemark"}
+PACKAGES = PACKAGE_FOLDERS
 
 # 1. The protocol adapters (Tidemark v1 servicers, the RocketMQ 5 adapter) reach the broker's domain
 #    only through its operations layer (broker/operations.py): they import no domain package, and they use

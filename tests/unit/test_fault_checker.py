@@ -87,6 +87,25 @@ def test_an_acknowledged_message_missing_is_lost_not_misplaced(params, rnd):
     assert not any(v.startswith("lost") for v in report.violations(Expect(no_loss=False)))
 
 
+def test_a_send_stored_after_the_drain_is_recovered_not_undelivered():
+    """A request the network held back (TCP retransmits it after a partition heals) is stored after the
+    groups drained: it counts as a recovered unknown outcome, and only what the drain waited for must
+    have been delivered."""
+    events, stored, _, _ = run(7, 40)
+    h = History(events)
+    h.invoke_send("p0", "late", TOPIC)
+    h.send_failed("p0", "late", TOPIC, TimeoutError("no answer"), definite=False)
+    drained = {q: list(entries) for q, entries in stored.items()}
+    q = (TOPIC, BROKER, 1)
+    final = {**drained, q: [*drained[q], (len(drained[q]), "late")]}
+    report = check(h.events(), final, EXPECT, drained_stored=drained)
+    assert report.violations(EXPECT) == [] and "late" in " ".join(report.recovered.examples)
+    # Stored before the drain ended and never delivered: the group is stuck, whichever read-back judged.
+    report = check(h.events(), final, EXPECT, drained_stored=final)
+    assert report.undelivered.n == 1 and "never got late" in report.undelivered.examples[0]
+    assert [v.split(":")[0] for v in report.violations(EXPECT)] == ["undelivered"]
+
+
 @settings(max_examples=60, deadline=None)
 @given(runs, st.randoms(), st.integers(1, 3))
 def test_extra_copies_are_duplicates(params, rnd, extra):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from tidemark.client.cli.output import emit
-from tidemark.client.health import check
+from tidemark.client.remoting.health import check
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:

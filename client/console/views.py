@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tidemark.client import group_status, health, offset_plan
+from tidemark.client import group_status, offset_plan
 from tidemark.client.admin import Admin
 from tidemark.client.console.history import History
 from tidemark.client.errors import (
@@ -23,6 +23,7 @@ from tidemark.client.errors import (
     UnavailableError,
 )
 from tidemark.client.message import MessageExt, MessageQueue
+from tidemark.client.remoting import health
 from tidemark.client.types import OffsetChange, ResetTarget, group_state
 from tidemark.common.protocol import dlq_topic
 

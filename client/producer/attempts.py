@@ -19,14 +19,13 @@ import asyncio
 import enum
 from typing import NoReturn
 
-import grpc
-
 from tidemark.client.errors import (
     AlreadyExistsError,
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
     PermissionDeniedError,
+    Status,
     TidemarkError,
     UnauthenticatedError,
 )
@@ -96,5 +95,5 @@ async def pause(attempt: int) -> None:
 async def back_off(error: TidemarkError, attempt: int) -> None:
     """An overloaded broker (RESOURCE_EXHAUSTED: request bytes in flight at its limit) gets a pause
     before the retry on another queue; other failures are retried there at once."""
-    if error.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+    if error.code is Status.RESOURCE_EXHAUSTED:
         await pause(attempt)

@@ -16,13 +16,14 @@ import grpc
 from tidemark.client.errors import (
     BrokerUnreachableError,
     InvalidArgumentError,
+    Status,
     TidemarkError,
     UnavailableError,
-    from_rpc_error,
     from_status,
 )
 from tidemark.client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
 from tidemark.client.remoting import convert
+from tidemark.client.remoting.rpc_errors import from_rpc_error
 from tidemark.client.remoting.security import open_channel
 from tidemark.client.remoting.streams import (
     FetchStream,
@@ -325,7 +326,7 @@ class BrokerConnection:
             if fence is not None:
                 final.fence.CopyFrom(fence)
         pb = await self._call(self._membership.UnlockQueues, request)
-        return [from_status(grpc.StatusCode.FAILED_PRECONDITION.value[0], f"{r.queue.topic}:{r.queue.queue_id}: "
+        return [from_status(Status.FAILED_PRECONDITION, f"{r.queue.topic}:{r.queue.queue_id}: "
                             f"{r.message}", error_class=r.error_class, address=self.address) for r in pb.refused]
 
     # -- admin -----------------------------------------------------------------

@@ -14,12 +14,13 @@ from collections.abc import Sequence
 import grpc
 
 from tidemark.client.errors import (
+    Status,
     TidemarkError,
     TlsHandshakeError,
     UnavailableError,
-    from_rpc_error,
 )
 from tidemark.client.remoting import convert
+from tidemark.client.remoting.rpc_errors import from_rpc_error
 from tidemark.client.remoting.security import open_channel
 from tidemark.client.security import TlsSettings
 from tidemark.client.types import ClusterBroker, TopicRoute
@@ -88,4 +89,4 @@ class NameServerClient:
         # Every name server refused the handshake: a setting to fix, not an outage to wait out.
         kind = TlsHandshakeError if all(isinstance(f, TlsHandshakeError) for f in failures) else UnavailableError
         raise kind(f"no name server answers ({'; '.join(str(f) for f in failures)})",
-                   code=grpc.StatusCode.UNAVAILABLE)
+                   code=Status.UNAVAILABLE)

@@ -27,12 +27,13 @@ import grpc
 from tidemark.client.errors import (
     InternalError,
     RequestTimeoutError,
+    Status,
     TidemarkError,
     UnavailableError,
-    from_rpc_error,
     from_status,
 )
 from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.rpc_errors import from_rpc_error
 from tidemark.client.types import Fence
 from tidemark.common.logs import get_logger
 from tidemark.v1 import common_pb2, messaging_pb2
@@ -297,7 +298,7 @@ def _write_failure(e: grpc.RpcError | asyncio.InvalidStateError, address: str, k
         return UnavailableError(f"broker {address}: {kind} stream closed")
     if e.code() is grpc.StatusCode.INTERNAL and e.details() == _LOCAL_FAILURE:
         return UnavailableError(f"broker {address}: {kind} stream broken (the connection went away)",
-                                code=grpc.StatusCode.UNAVAILABLE)
+                                code=Status.UNAVAILABLE)
     return error(e)
 
 

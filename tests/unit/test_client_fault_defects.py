@@ -13,9 +13,9 @@ from tidemark.client.errors import (
     RequestTimeoutError,
     TlsHandshakeError,
     UnavailableError,
-    from_rpc_error,
 )
 from tidemark.client.remoting.cluster import BrokerCluster, RetryGate, merged_route
+from tidemark.client.remoting.rpc_errors import from_rpc_error
 from tidemark.client.types import QueueData, TopicRoute
 
 

@@ -17,9 +17,9 @@ from tidemark.client.errors import (
     InvalidArgumentError,
     TlsHandshakeError,
     UnavailableError,
-    from_rpc_error,
 )
 from tidemark.client.remoting import security
+from tidemark.client.remoting.rpc_errors import from_rpc_error
 from tidemark.client.settings import ClientSettings
 from tidemark.common import auth
 from tidemark.common.auth import Credentials

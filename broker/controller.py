@@ -28,6 +28,7 @@ from tidemark.broker.disk.metadata_file import MetadataFile
 from tidemark.broker.errors import (
     BrokerError,
     FailedPreconditionError,
+    NotCurrentError,
     NotFoundError,
     PermissionDeniedError,
     StoreError,
@@ -137,7 +138,8 @@ class BrokerController:
                                                levels_ms=config.delay_levels_ms, clock_ms=self.clock_ms,
                                                can_deliver=lambda: self.permission.writable)
         self.commits = OffsetCommitService(store=self.store, topics=self.topics, offsets=self.offsets,
-                                           groups=self.groups, on_reset=self.hold.notify)
+                                           groups=self.groups, on_reset=self.hold.notify,
+                                           guard=self._check_commits_here, read_guard=self._check_offsets_copied)
         self.read_access = QueueReadAccess(topics=self.topics, groups=self.groups, offsets=self.offsets,
                                            locks=self.locks, permission=self.permission,
                                            message_model=lambda group: self.consumers.message_model(group))
@@ -509,7 +511,7 @@ class BrokerController:
         source = ReplicationSource(self.store, broker_name=c.broker_name, segment_size=c.commitlog_segment_size,
                                    timeout_s=c.replication_timeout_ms / 1000,
                                    sync=c.replication is ReplicationMode.SYNC, min_replicas=c.min_sync_replicas,
-                                   epoch=lambda: self.epoch, fenced=lambda: bool(self.permission.fenced))
+                                   epoch=lambda: self.epoch, fenced=lambda: bool(self.permission.stale))
         source.follow(self.producers, self.offsets)
         return source
 
@@ -569,6 +571,23 @@ class BrokerController:
         log.warning("promoted to master", event="broker_promoted", broker=self.config.broker_name, epoch=epoch)
         await self.registrar.sync_if_changed()
         return epoch
+
+    def _check_commits_here(self) -> None:
+        """Offsets change at a master sure it still is one; in controller mode only there (etcd elects the
+        next master within seconds, and consumers keep their progress until then), so that no commit a
+        replica took goes missing from the next master and a group's offset never steps back. Without a
+        controller a replica takes its consumers' commits and hands them back to its master."""
+        if self.replica is not None and self.config.controller:
+            raise NotCurrentError(f"replica {self.config.broker_name}/{self.config.broker_id} takes no commits in "
+                                  f"controller mode; they go to the master etcd elects")
+        self.permission.check_current()
+
+    def _check_offsets_copied(self) -> None:
+        """A replica answers offset queries once its offsets are a copy of its master's: before, a group's
+        offset read here could be older than one already read from the master."""
+        if self.replica is not None and not self.replica.offsets_copied:
+            raise NotCurrentError(f"replica {self.config.broker_name}/{self.config.broker_id} has not copied the "
+                                  f"consumer offsets of its master {self.replica.master} yet; ask the master")
 
     def registration(self) -> Registration:
         """What the broker tells the name servers: who it is and every topic it serves."""

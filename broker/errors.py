@@ -66,6 +66,14 @@ class StoreError(BrokerError):
     """The message store cannot serve the request (I/O failure, shutting down)."""
 
 
+class NotCurrentError(StoreError):
+    """This broker cannot vouch that its consumer offsets are the master's: it was the master and may have
+    been replaced (a newer master fenced it, or its lease in etcd may have expired), or it is a replica that
+    has not copied its master's offsets since it started following it. It takes no commit (as a master) or
+    answers no offset query (as a replica) until it can; the client asks again, the master the name
+    server names. UNAVAILABLE: retriable."""
+
+
 class NotEnoughReplicasError(StoreError):
     """A sync-replication send refused before it was stored: fewer connected replicas are in sync than
     min_sync_replicas (RocketMQ 5's HA_NOT_AVAILABLE, Kafka's NOT_ENOUGH_REPLICAS)."""

@@ -27,7 +27,7 @@ from pathlib import Path
 import aetcd
 
 from tidemark.broker.cluster.election import Election, Master, parse_controller
-from tidemark.broker.cluster.roles import ROLE_FILE_NAME, Role, load_role, save_role
+from tidemark.broker.cluster.roles import Role, forget_role, load_role, save_role
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.errors import FailedPreconditionError, StoreError
 from tidemark.common.backoff import Backoff
@@ -91,7 +91,7 @@ class ControllerMode:
                 if view.master.broker_id == self.member_id:
                     await asyncio.sleep(0.2)  # this broker's key from before its restart: its lease runs out
                     continue
-                await asyncio.to_thread(_forget_role, c.config_dir)  # a master no longer: it follows
+                await asyncio.to_thread(forget_role, c.config_dir)  # a master no longer: it follows
                 log.info("master of %s is broker %d at %s (epoch %d): following it", c.broker_name,
                          view.master.broker_id, view.master.address, view.master.epoch, event="controller_follow",
                          master=view.master.address, epoch=view.master.epoch)
@@ -208,7 +208,3 @@ class ControllerMode:
                                              success=[t.put(key, str(current + 1).encode())], failure=[])
             if ok:
                 return current
-
-
-def _forget_role(config_dir: Path) -> None:
-    (Path(config_dir) / ROLE_FILE_NAME).unlink(missing_ok=True)

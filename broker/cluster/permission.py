@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tidemark.broker.errors import PermissionDeniedError
+from tidemark.broker.errors import NotCurrentError, PermissionDeniedError
 from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.cluster.permission")
@@ -65,6 +65,24 @@ class BrokerPermission:
                                         f"right now; writes wait until it can")
         if not self._writable:
             raise PermissionDeniedError(f"broker {self._broker_name} is not writable (write permission closed)")
+
+    @property
+    def stale(self) -> str:
+        """Why this master may have been replaced ("" while it certainly has not): fenced, or its lease in
+        etcd uncertain. A stale master keeps what only the master may change (offsets) as it is, and bounds
+        reads at what its replicas hold, so nobody sees state the next master will not have."""
+        if self.fenced:
+            return f"fenced: {self.fenced}"
+        if not self.lease_valid():
+            return "it cannot confirm its master lease in etcd right now"
+        return ""
+
+    def check_current(self) -> None:
+        """NotCurrentError while `stale`."""
+        why = self.stale
+        if why:
+            raise NotCurrentError(f"broker {self._broker_name} here may no longer be the master ({why}); "
+                                   f"commit to the master the name server names")
 
     def check_readable(self) -> None:
         if not self.readable:

@@ -51,9 +51,17 @@ class _Replica:
     progress: asyncio.Event
     catch_up: CatchUp = field(default_factory=CatchUp)
     broker_id: int = field(kw_only=True)  # the replica: a reconnect is a new stream of the same one
+    # Whether it acknowledged the stream's first chunk, which carries the master's producer and offset
+    # tables whole: until then it holds what it had (a file, a former master's own), and is not in sync.
+    has_state: bool = field(default=False, kw_only=True)
+
+    def in_sync(self, master_end: int, now: float, max_lag_s: float) -> bool:
+        """Holding the master's state and all its log has, or having held all of it within `max_lag_s`."""
+        return self.has_state and self.catch_up.in_sync(self.acked, master_end, now, max_lag_s)
 
 
-# A stream owing more changes than this sends the producer table whole again instead (a slow replica).
+# A stream owing more changes than this sends the producer or offset table whole again instead (a slow
+# replica).
 MAX_FEED_EVENTS = 100_000
 
 
@@ -63,15 +71,16 @@ class _Feed:
 
     producer_state: bytes = b""  # the whole table, JSON: the first chunk's (or after an overflow)
     producer_events: list[ProducerEvent] = field(default_factory=list)
+    offset_table: bytes = b""  # the whole offset table: the first chunk's (or after an overflow)
     offset_records: list[JournalRecord] = field(default_factory=list)
 
     def pending(self) -> bool:
-        return bool(self.producer_state or self.producer_events or self.offset_records)
+        return bool(self.producer_state or self.producer_events or self.offset_table or self.offset_records)
 
     def take(self) -> dict[str, bytes]:
         fields = {"producer_state": self.producer_state, "producer_events": encode_events(self.producer_events),
-                  "offset_records": encode_records(self.offset_records)}
-        self.producer_state, self.producer_events, self.offset_records = b"", [], []
+                  "offset_table": self.offset_table, "offset_records": encode_records(self.offset_records)}
+        self.producer_state, self.producer_events, self.offset_table, self.offset_records = b"", [], b"", []
         return fields
 
 

@@ -12,11 +12,13 @@ RocketMQ's master/slave HA, over one gRPC stream per replica
   consume queues, then acknowledges its new end. A broken stream is opened
   again with backoff, from the replica's end, so restarts resume. Every
   second it also mirrors the master's topics, groups and consumer offsets.
-- The stream also carries the master's state changes with the records: the
+- The stream also carries the master's state with the records: the
   idempotent-producer table (whole at the stream's start, then every change,
   a batch's with or before its records: a promoted replica deduplicates the
-  retry of any batch it holds) and the consumer-offset changes (taken like
-  the mirror takes them, milliseconds after the commit, not up to a second).
+  retry of any batch it holds) and the consumer-offset table (whole at the
+  start, then every commit, taken like the mirror takes them, milliseconds
+  after the commit). A replica is in sync only once it acknowledged the
+  first chunk: an elected one holds the master's offsets, not its own file's.
 - **ReplicationSource** (on a master) serves those streams, at most
   `window_bytes` ahead of what a replica acknowledged, and knows how far each
   replica is. With sync replication (RocketMQ's SYNC_MASTER) a send is
@@ -141,7 +143,7 @@ class ReplicationSource:
         self._store = store
         self._sync = sync
         self._min_replicas = min_replicas
-        self._fenced = fenced  # a replaced master: reads end at `confirmed`, whatever the mode
+        self._fenced = fenced  # a master that may have been replaced: reads end at `confirmed`
         self._epoch = epoch
         self._broker_name = broker_name
         self._segment_size = segment_size
@@ -158,6 +160,7 @@ class ReplicationSource:
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._feeds: set[_Feed] = set()  # one per open stream
         self._producers: IdempotenceService | None = None
+        self._offsets: ConsumerOffsetManager | None = None
         # What `min_replicas` replicas acknowledged, as _replicated_end says (None: no replica since start),
         # and the appends readers are not told of yet: (commit-log end after the append, queue).
         self.confirmed: int | None = None
@@ -179,6 +182,7 @@ class ReplicationSource:
     def follow(self, producers: IdempotenceService, offsets: ConsumerOffsetManager) -> None:
         """Send the producer table and the offset changes along with the records (the controller wires it)."""
         self._producers = producers
+        self._offsets = offsets
         producers.listeners.append(self._producer_events)
         offsets.listeners.append(self._offset_records)
 
@@ -194,9 +198,15 @@ class ReplicationSource:
 
     def _offset_records(self, records) -> None:
         for feed in self._feeds:
-            if len(feed.offset_records) + len(records) <= MAX_FEED_EVENTS:  # else the next mirror has them
+            if len(feed.offset_records) + len(records) > MAX_FEED_EVENTS:
+                # The table whole instead (it holds these records' changes), and nothing owed before it.
+                feed.offset_table, feed.offset_records = self._offset_table(), []
+            else:
                 feed.offset_records.extend(records)
         self._wake_streams()
+
+    def _offset_table(self) -> bytes:
+        return encode_offset_table(*self._offsets.table(well_named=True)) if self._offsets is not None else b""
 
     def _producer_state(self) -> bytes:
         return json.dumps(self._producers.snapshot(), separators=(",", ":")).encode() if self._producers else b""
@@ -208,7 +218,7 @@ class ReplicationSource:
     def read_limit(self) -> int | None:
         """The store's read limit: `confirmed`, or None (unbounded) before any replica connected (in this
         run or, restored, the last) and, with async replication, while no replica is in sync and the
-        broker is not fenced."""
+        broker is certainly still the master (not fenced, its etcd lease certain)."""
         if self.confirmed is None:
             return None
         if self._sync or self._fenced() or self._any_in_sync():
@@ -229,14 +239,14 @@ class ReplicationSource:
     def _any_in_sync(self) -> bool:
         # On every read of an async master: stops at the first replica in sync.
         end, now = self._store.commit_log_max_offset, self._clock()
-        return any(r.catch_up.in_sync(r.acked, end, now, self._max_lag_s) for r in self._replicas.values())
+        return any(r.in_sync(end, now, self._max_lag_s) for r in self._replicas.values())
 
     def in_sync_replicas(self) -> list[int]:
         """The broker ids of the connected replicas in sync (RocketMQ 5's SyncStateSet, Kafka's ISR less
         the leader)."""
         end, now = self._store.commit_log_max_offset, self._clock()
         return sorted(r.broker_id for r in self._replicas.values()
-                      if r.catch_up.in_sync(r.acked, end, now, self._max_lag_s))
+                      if r.in_sync(end, now, self._max_lag_s))
 
     def _held_end(self) -> int | None:
         """The commit-log end `min_replicas` replicas acknowledged; None while fewer are connected (one
@@ -301,6 +311,7 @@ class ReplicationSource:
             why = "none is connected"
         else:
             why = "; ".join(f"{r.key} holds {r.acked} of {end} bytes, " + (
+                "has not acknowledged the master's state yet" if not r.has_state else
                 "not level since it connected" if r.catch_up.at is None else
                 f"last level {now - r.catch_up.at:.1f} s ago") for r in lagging)
             why = (f"in sync: {', '.join(map(str, in_sync)) or 'none'}; "
@@ -380,7 +391,8 @@ class ReplicationSource:
         replica.catch_up.sent(start, store.commit_log_max_offset, self._clock())
         replica.catch_up.acknowledged(start)  # level already when it connects at the master's end
         appended = asyncio.Event()
-        feed = _Feed(producer_state=self._producer_state())  # taken in the same step as the feed starts
+        # Taken in the same step as the feed starts: every later change reaches the feed.
+        feed = _Feed(producer_state=self._producer_state(), offset_table=self._offset_table())
         reader: asyncio.Task | None = None
         try:
             # One stream per replica: an older one still open (its peer gone, not noticed yet) no longer
@@ -412,6 +424,7 @@ class ReplicationSource:
     async def _read_acks(self, requests: AsyncIterator[replication_pb2.ReplicaProgress], replica: _Replica) -> None:
         try:
             async for progress in requests:
+                replica.has_state = True  # each answers a chunk: the first carried the state whole
                 self._acknowledge(replica, progress.commit_log_end)
         finally:
             self._forget(replica)  # gone: sends are refused from now on, not stored and lost
@@ -492,6 +505,9 @@ class ReplicaSync:
         # Set on every (re)connection: the commits consumers made here while the master was away go back
         # to it before the next mirror (ReplicationService.HandBackOffsets).
         self._hand_back_due = False
+        # Whether the offsets here are a copy of this master's: not until the first mirror after start or
+        # a follow (before, they are what this broker had: a restart's file, a replaced master's own).
+        self.offsets_copied = False
 
     @property
     def lag_bytes(self) -> int:
@@ -518,7 +534,7 @@ class ReplicaSync:
             return
         log.warning("following a new master: %s (was %s)", master, self.master, event="replica_follows",
                     master=master)
-        self.master = master
+        self.master, self.offsets_copied = master, False
         await cancel_and_wait(self._task)
         old, self._channel = self._channel, tls.peer_channel(master, self._tls_ca_file, _MASTER_CHANNEL_OPTIONS)
         self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
@@ -598,6 +614,10 @@ class ReplicaSync:
                 self._producers.follow_events(decode_events(chunk.producer_events).items)
         except (ValueError, ProducerStateError) as e:
             log.warning("the master's producer state is unusable here: %s", e, event="producer_follow_failed")
+        if chunk.offset_table:
+            offsets = decode_offsets(chunk.offset_table)
+            self._offsets.mirror(offsets.table, offsets.reset_generations)
+            self.offsets_copied = True
         if chunk.offset_records:
             self._offsets.mirror_records(decode_records(chunk.offset_records).items)
 
@@ -633,4 +653,5 @@ class ReplicaSync:
                 log.warning("the master's pop state is unusable here: %s", e, event="pop_mirror_failed")
         offsets = decode_offsets(m.offsets_json)
         self._offsets.mirror(offsets.table, offsets.reset_generations)
+        self.offsets_copied = True
         await self._after_mirror()

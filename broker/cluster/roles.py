@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tidemark.broker.disk.metadata_file import load_json
 from tidemark.broker.errors import ConfigFileError
-from tidemark.common.fsutil import atomic_write
+from tidemark.common.fsutil import atomic_write, backup_path, fsync_dir
 from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.cluster.roles")
@@ -53,3 +53,11 @@ def save_role(config_dir: Path, role: Role) -> None:
     """Write the role durably (OSError when it cannot be)."""
     data = json.dumps({"brokerId": role.broker_id, "epoch": role.epoch}, indent=2).encode()
     atomic_write(Path(config_dir) / ROLE_FILE_NAME, data, keep_backup=True)
+
+
+def forget_role(config_dir: Path) -> None:
+    """A former master follows from now on (controller mode): the role and its backup go, the file first
+    (load_role falls back to the backup, which would bring back the master of an older epoch)."""
+    for path in (Path(config_dir) / ROLE_FILE_NAME, backup_path(Path(config_dir) / ROLE_FILE_NAME)):
+        path.unlink(missing_ok=True)
+    fsync_dir(Path(config_dir))

@@ -126,8 +126,15 @@ class QueueProgress:
 
 class OffsetCommitService:
     def __init__(self, *, store: MessageStore, topics: TopicConfigManager, offsets: ConsumerOffsetManager,
-                 groups: SubscriptionGroupManager, on_reset: Callable[[str, int], None] = lambda t, q: None) -> None:
+                 groups: SubscriptionGroupManager, on_reset: Callable[[str, int], None] = lambda t, q: None,
+                 guard: Callable[[], None] = lambda: None, read_guard: Callable[[], None] = lambda: None) -> None:
         self._store = store
+        # Raises (StoreError) while this broker may not change offsets: a master that may have been
+        # replaced. Asked before every change, so a commit it refuses is applied nowhere but the master.
+        self._guard = guard
+        # Raises (StoreError) while the offsets here may be older than some already read elsewhere (a
+        # replica that has not copied its master's yet): queries wait, so no reader sees one step back.
+        self._read_guard = read_guard
         # Called per reset queue, so streams serving it tell their consumer at once.
         self._on_reset = on_reset
         self._topics = topics
@@ -160,6 +167,7 @@ class OffsetCommitService:
 
         An acknowledged (unary) commit may move the offset back within the committer's epoch; oneway
         ones (stream, piggyback) only forward, so a late one cannot rewind a newer commit."""
+        self._guard()
         self.validate(group, topic, queue_id, offset)
         changed = self._offsets.commit(group, topic, queue_id, offset, fence, allow_rewind=acknowledged)
         self.commits_applied += 1
@@ -168,6 +176,7 @@ class OffsetCommitService:
     async def commit_acknowledged(self, c: Commit) -> bool:
         """UpdateConsumerOffset: `commit(acknowledged=True)`, checked in full first, and creating the
         group's config (written first) when it has none."""
+        self._guard()
         self._check(c)
         await self._register([c.group])
         return self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence, acknowledged=True)
@@ -193,6 +202,7 @@ class OffsetCommitService:
         apply. Each is checked first, the groups of those that passed get their configs, then they apply in
         one offset-journal write. StoreError, with nothing of the batch applied, when the config file or
         the journal cannot take it."""
+        self._guard()
         checked: list[tuple[Commit, BrokerError | None]] = []
         for c in commits:
             try:
@@ -228,10 +238,12 @@ class OffsetCommitService:
             key, why = next(iter(bad.items()))
             more = f" (and {len(bad) - 1} more bad keys)" if len(bad) > 1 else ""
             raise InvalidArgumentError(f"offsets_json key {table_key(*key)!r}: {why}{more}; nothing was applied")
+        self._guard()
         return self._offsets.take_back(table, generations)
 
     def query(self, group: str, topic: str, queue_id: int) -> tuple[int, int]:
         """(committed offset or -1, reset generation)."""
+        self._read_guard()
         self._queue_topic(group, topic, queue_id)
         return (self._offsets.query(group, topic, queue_id),
                 self._offsets.reset_generation(group, topic, queue_id))
@@ -247,6 +259,7 @@ class OffsetCommitService:
             queue_ids = [queue_id]
         changes = [self._reset_one(group, topic_name, q, target) for q in queue_ids]
         if not dry_run:
+            self._guard()
             await self._register([group])
             with self._offsets.batch():
                 for change in changes:
@@ -298,6 +311,7 @@ class OffsetCommitService:
                 f"({', '.join(sorted(subscribers)[:3])}); stop them first")
         changes = [OffsetChange(topic_name, q, offset, -1) for q, offset in offsets.items()]
         if not dry_run:
+            self._guard()
             self._offsets.remove_group_topic(group, topic_name)
             log.info("group offsets deleted", event="offset_delete", group=group, topic=topic_name,
                      queues=len(changes))
@@ -320,6 +334,7 @@ class OffsetCommitService:
         changes = [OffsetChange(topic.name, q, dest.get(q, -1), source.get(q, -1))
                    for q in sorted(set(source) | set(dest))]
         if not dry_run:
+            self._guard()
             await self._register([dest_group])
             with self._offsets.batch():
                 self._offsets.remove_group_topic(dest_group, topic.name)
@@ -334,6 +349,7 @@ class OffsetCommitService:
 
     def progress(self, group: str, topic_name: str | None) -> list[QueueProgress]:
         """Per-queue consume progress of a group (GetConsumeStats)."""
+        self._read_guard()
         check_group(group)
         if topic_name:
             topics = [self._topics.require(topic_name)]

@@ -17,6 +17,9 @@ drops mismatches before the consumer sees them.
 When a stream breaks (broker restart, network), every lease on it is opened
 again on a new stream, from where it was, after a backoff; a broker that lost
 its lock table answers that with a fence error, and the consumer re-locks.
+A stream stays on the address that serves its broker name now (the master,
+or its replica while the master is away): when the cluster says another one
+does, the stream's leases reopen there, where their locks and commits are.
 """
 
 from __future__ import annotations
@@ -187,10 +190,12 @@ class Fetcher:
                           credit_bytes=nbytes, batch_size=self._limits.batch_size)
 
     async def _stream(self, broker: str) -> FetchStream:
+        conn = await self._cluster.connection(broker)  # the master, or its replica while the master is away
         stream = self._streams.get(broker)
         if stream is not None and stream.usable:
-            return stream
-        conn = await self._cluster.connection(broker)
+            if stream.address == conn.address:
+                return stream
+            self._move(broker, stream)
         holder: list[FetchStream] = []
         stream = conn.open_fetch_stream(
             on_records=self._on_records, on_ended=self._on_ended,
@@ -198,6 +203,20 @@ class Fetcher:
         holder.append(stream)
         self._streams[broker] = stream
         return stream
+
+    def _move(self, broker: str, stream: FetchStream) -> None:
+        """Another address serves `broker` now (a failover to its replica, a master back or elected): the
+        queues still read from the old stream reopen at the new one, where their locks and commits are
+        taken, and the old stream closes."""
+        del self._streams[broker]
+        readings = [r for r in self._readings.values()
+                    if r.lease.mq.broker_name == broker and self._by_handle.get(r.handle) is r]
+        for reading in readings:
+            self._by_handle.pop(reading.handle, None)
+            self._tasks.spawn(self._reopen_later(reading, 0.0), f"fetch-reopen:{reading.lease.mq}")
+        self._tasks.spawn(stream.close(), f"fetch-close:{stream.address}")
+        log.info("fetch stream moved", event="fetch_stream_moved", broker=broker, address=stream.address,
+                 queues=len(readings))
 
     def _backoff(self, broker: str) -> float:
         failures = self._failures.get(broker, 0)

@@ -185,6 +185,10 @@ class FetchStream:
     def usable(self) -> bool:
         return not self._broken
 
+    @property
+    def address(self) -> str:
+        return self._address
+
     def open_queue(self, handle: int, group: str, mq: MessageQueue, offset: int, *, subscription: str,
                    fence: Fence | None, credit_messages: int, credit_bytes: int, batch_size: int) -> None:
         request = messaging_pb2.FetchRequest()

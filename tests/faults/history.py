@@ -87,6 +87,7 @@ class History:
         self._events: list[Event] = list(events)
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
+        self.started_at = time.time()  # the wall clock at time 0, to line events up with the processes' logs
 
     def now(self) -> float:
         return time.monotonic() - self._t0

@@ -22,6 +22,7 @@ logs) so a failure can be studied, and re-run from its seed.
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import random
@@ -260,6 +261,8 @@ class Run:
         self.history.dump(self.workdir / "history.jsonl")
         doc = outcome.to_json()
         doc["nemesis_log"] = [f"{a.time:.2f} {a.fault} {a.phase} {a.detail}".strip() for a in nemesis.log]
+        # Event times count from here; the processes' logs are stamped in UTC.
+        doc["time_zero_utc"] = datetime.datetime.fromtimestamp(self.history.started_at, datetime.UTC).isoformat()
         (self.workdir / "outcome.json").write_text(json.dumps(doc, indent=2))
 
     def close(self) -> None:

@@ -13,7 +13,14 @@ from etcdproc import EtcdProcess
 from workload import create_topic, wait_until
 
 from tidemark.broker.cluster.election import Election, parse_controller
-from tidemark.client import Admin, FailedPreconditionError, Message, MessageQueue, Producer
+from tidemark.client import (
+    Admin,
+    FailedPreconditionError,
+    Message,
+    MessageQueue,
+    Producer,
+    UnavailableError,
+)
 
 LEASE_S = 2
 TOPIC = "Elected"
@@ -38,6 +45,17 @@ def in_sync(etcd: EtcdProcess) -> frozenset[int]:
 def status(address: str):
     with Admin(brokers=address) as admin:
         return admin.broker_status_at(address)
+
+
+def commit(address: str, offset: int, *, sync: bool = True) -> None:
+    with Admin(brokers=address) as admin:
+        result = admin.commit("g", {MessageQueue(TOPIC, "broker-a", 0): offset}, sync=sync)
+    assert result.applied == 1, result
+
+
+def committed(address: str) -> int:
+    with Admin(brokers=address) as admin:
+        return admin.committed("g", MessageQueue(TOPIC, "broker-a", 0))
 
 
 def bodies_at(address: str, queues: int) -> set[bytes]:
@@ -92,12 +110,22 @@ def test_a_master_cut_off_from_etcd_stops_taking_writes_before_a_replica_can_be_
     first = broker_factory(args=args, data_dir=tmp_path / "first")
     second = broker_factory(args=args, data_dir=tmp_path / "second")
     create_topic(first.address, TOPIC, 1)
+    with Producer(brokers=first.address) as producer:
+        for i in range(3):
+            producer.send(Message(TOPIC, f"m{i}".encode()))
     wait_until(lambda: len(in_sync(etcd)) == 2, 10, "the master to record the replica as in sync in etcd")
+    commit(first.address, 1)
     etcd.pause()  # the master can no longer renew its lease; nobody can be elected either
     paused = time.monotonic()
     try:
         wait_until(lambda: not status(first.address).writable, LEASE_S + 2, "the master to stop taking writes")
         stopped_s = time.monotonic() - paused
+        # Offsets are the master's too: one that may have been replaced takes no commit (the next master
+        # would not have it, and a group's offset would step back), on every path.
+        for sync in (True, False):
+            with pytest.raises(UnavailableError, match="may no longer be the master"):
+                commit(first.address, 2, sync=sync)
+        assert committed(first.address) == 1
         time.sleep(max(0.0, paused + LEASE_S + 1.5 - time.monotonic()))  # the lease's own clock runs out
     finally:
         etcd.resume()
@@ -105,6 +133,10 @@ def test_a_master_cut_off_from_etcd_stops_taking_writes_before_a_replica_can_be_
     wait_until(lambda: status(second.address).role == "MASTER", LEASE_S + 10, "the replica to take over")
     s = status(first.address)
     assert (s.role, s.writable) == ("MASTER", False), "the old master must stay fenced until it restarts"
+    with pytest.raises(UnavailableError, match="fenced"):
+        commit(first.address, 3)
+    assert committed(first.address) == 1 and committed(second.address) == 1
+    commit(second.address, 3)
     first.stop()
     first.start()
     assert (status(first.address).role, status(first.address).master_addr) == ("REPLICA", second.address)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 from faults.proxy import FaultProxy
-from workload import wait_until
+from workload import create_topic, wait_until
 
-from tidemark.client import Admin, Message, MessageQueue, Producer, RequestTimeoutError
+from tidemark.client import Admin, Message, MessageQueue, Producer, RequestTimeoutError, UnavailableError
 
 TOPIC = "Watermark"
 QUEUE = MessageQueue(TOPIC, "broker-a", 0)
@@ -247,3 +247,40 @@ def test_a_fenced_async_master_serves_no_reads_past_what_its_replica_acknowledge
 def _log_end(master) -> int:
     with Admin(brokers=master.address) as admin:
         return admin.broker_status_at(master.address).commit_log_max_offset
+
+
+def test_a_replica_answers_offset_queries_only_once_it_copied_its_masters(broker_factory):
+    """A group's offset never reads older than one already read: a replica restarted while its master is
+    down holds what its file says, older than what the master answered since, so it refuses the query
+    (UNAVAILABLE, retriable) until it copied the master's offsets again."""
+    master = broker_factory("broker-a")
+    mq = MessageQueue("Offsets", "broker-a", 0)
+    create_topic(master.address, mq.topic, 1)
+    with Producer(brokers=master.address) as producer:
+        for i in range(10):
+            producer.send(Message(mq.topic, b"m%d" % i))
+    with Admin(brokers=master.address) as admin:
+        admin.commit("g", {mq: 7})
+    replica = broker_factory("broker-a", args=("--broker-id", "1", "--master", master.address))
+
+    def committed_at(address: str) -> int:
+        with Admin(brokers=address) as admin:
+            return admin.committed("g", mq)
+
+    def copied(address: str, offset: int) -> bool:
+        try:
+            return committed_at(address) == offset
+        except UnavailableError:
+            return False
+
+    wait_until(lambda: copied(replica.address, 7), 10, "the replica to copy the master's offsets")
+    replica.stop()
+    with Admin(brokers=master.address) as admin:
+        admin.commit("g", {mq: 9})
+    assert committed_at(master.address) == 9  # read: no later read may see less
+    master.stop()
+    replica.start()
+    with pytest.raises(UnavailableError, match="has not copied the consumer offsets"):
+        committed_at(replica.address)
+    master.start()
+    wait_until(lambda: copied(replica.address, 9), 15, "the replica to copy the master's offsets again")

@@ -99,11 +99,11 @@ class _Clock:
         return self.now
 
 
-def _attach(s: ReplicationSource, key: str, acked: int, clock: _Clock):
+def _attach(s: ReplicationSource, key: str, acked: int, clock: _Clock, *, has_state: bool = True):
     """A connected replica stream as serve() makes it (one per broker id), level with the master at `acked`
-    if that is its end."""
+    if that is its end, and (`has_state`) past the first chunk, which carried the master's tables."""
     broker_id = int(key.split("/")[1].split("@")[0])
-    replica = _Replica(key, acked, asyncio.Event(), CatchUp(), broker_id=broker_id)
+    replica = _Replica(key, acked, asyncio.Event(), CatchUp(), broker_id=broker_id, has_state=has_state)
     replica.catch_up.sent(acked, s._store.commit_log_max_offset, clock())
     replica.catch_up.acknowledged(acked)
     for old in [k for k, r in s._replicas.items() if r.broker_id == broker_id]:
@@ -185,3 +185,17 @@ def test_fewer_than_n_acknowledgements_in_time_is_an_unknown_outcome_naming_the_
 def test_min_replicas_below_one_is_refused():
     with pytest.raises(ValueError, match="at least 1"):
         _n_source(0)
+
+
+def test_a_replica_level_with_the_log_is_not_in_sync_before_it_acknowledged_the_masters_state():
+    """A replica that connects at the master's end (a restarted one, a replaced master) holds the log but
+    not yet the master's offsets: it is neither counted for a sync send nor electable until it answered
+    the first chunk, which carries them."""
+    s, _store, clock = _n_source(1)
+    replica = _attach(s, "broker-a/1@p1", 100, clock, has_state=False)
+    assert s.in_sync_replicas() == []
+    with pytest.raises(NotEnoughReplicasError, match="has not acknowledged the master's state yet"):
+        s.check_in_sync()
+    replica.has_state = True
+    assert s.in_sync_replicas() == [1]
+    s.check_in_sync()

@@ -34,7 +34,7 @@ def append(s, store, topic: str, queue_id: int, size: int = 10) -> None:
 
 
 def connect(s, store, clock, acked: int) -> _Replica:
-    replica = _Replica("broker-a/1@peer", acked, asyncio.Event(), CatchUp(), broker_id=1)
+    replica = _Replica("broker-a/1@peer", acked, asyncio.Event(), CatchUp(), broker_id=1, has_state=True)
     replica.catch_up.sent(acked, store.commit_log_max_offset, clock())
     replica.catch_up.acknowledged(acked)
     s._replicas[replica.key] = replica
@@ -84,3 +84,29 @@ def test_sync_keeps_the_bound_without_a_replica_async_lets_go_once_none_is_in_sy
         s.release_readers()
         assert (s.read_limit() == 100) is bounded
         assert woken == ([] if bounded else ["all"])
+
+
+def test_an_async_master_that_may_have_been_replaced_keeps_the_bound_until_it_knows_again():
+    """A master resumed after a pause longer than its lease has lost its replica (it took over) and cannot
+    confirm its lease: what only it holds may be gone from the next master, so readers stay at what the
+    replica acknowledged, and are let go once a renewal is answered (the lease was still its own)."""
+    stale = [False]
+    store = SimpleNamespace(commit_log_max_offset=100)
+    clock = Clock()
+    s = ReplicationSource(store, broker_name="broker-a", segment_size=1 << 20, timeout_s=1.0, sync=False,
+                          clock=clock, fenced=lambda: stale[0])
+    woken: list[object] = []
+    s.on_readable = lambda topic, queue_id: woken.append((topic, queue_id))
+    s.on_all_readable = lambda: woken.append("all")
+    replica = connect(s, store, clock, 100)
+    append(s, store, "T", 0)
+    clock.now += 10.0
+    s._forget(replica)
+    stale[0] = True
+    s.release_readers()
+    assert s.read_limit() == 100 and woken == []
+    append(s, store, "T", 1)
+    assert woken == []
+    stale[0] = False
+    s.release_readers()
+    assert s.read_limit() is None and woken == ["all"]

@@ -16,6 +16,7 @@ MQ = MessageQueue("T", "broker-a", 0)
 
 class ScriptedStream:
     usable = True
+    address = "127.0.0.1:1"
 
     def __init__(self, on_records, on_ended, on_broken) -> None:
         self.on_records = on_records
@@ -37,6 +38,8 @@ class ScriptedStream:
 
 
 class ScriptedCluster:
+    address = "127.0.0.1:1"
+
     def __init__(self) -> None:
         self.stream: ScriptedStream | None = None
 

@@ -25,6 +25,7 @@ from tidemark.client.errors import (
     InternalError,
     InvalidArgumentError,
     NotFoundError,
+    NotMasterError,
     OutOfOrderSequenceError,
     PermissionDeniedError,
     ProducerFencedError,
@@ -72,7 +73,7 @@ from tidemark.common.auth import Credentials
 __all__ = [
     "Admin", "AllocateMessageQueueStrategy", "strategy_by_name", "ConsumeConcurrentlyContext",
     "ConsumeOrderlyContext", "PullConsumer", "PushConsumer", "AlreadyExistsError", "ClientStateError",
-    "FailedPreconditionError", "FencedError", "InternalError", "InvalidArgumentError", "NotFoundError",
+    "FailedPreconditionError", "FencedError", "InternalError", "InvalidArgumentError", "NotFoundError", "NotMasterError",
     "PermissionDeniedError", "RequestTimeoutError", "StaleResetGenerationError", "TidemarkError",
     "UnavailableError", "ConsumeConcurrentlyStatus", "ConsumeFromWhere", "ConsumeOrderlyStatus", "Message",
     "MessageExt", "MessageModel", "MessageQueue", "PullResult", "PullStatus", "SendResult", "Producer",

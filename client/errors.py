@@ -120,6 +120,12 @@ class BrokerUnreachableError(UnavailableError):
     over to its replica): unlike a call cut off mid-way, nothing of the request can have reached it."""
 
 
+class NotMasterError(UnavailableError):
+    """The broker may no longer be the master of its name (fenced by a newer one, or unsure of its lease in
+    controller mode): nothing was stored or changed. Retriable: the client asks the name server where the
+    master is now (Kafka's NOT_LEADER_OR_FOLLOWER)."""
+
+
 class TlsHandshakeError(UnavailableError):
     """The TLS handshake with a broker failed for a reason retrying cannot fix (an untrusted, expired or
     misnamed certificate, TLS against a plaintext broker); the message says which and what to check."""
@@ -160,6 +166,7 @@ _BY_BROKER_CLASS: dict[str, type[TidemarkError]] = {
     "OutOfOrderSequenceError": OutOfOrderSequenceError,
     "ProducerFencedError": ProducerFencedError,
     "UnknownProducerError": UnknownProducerError,
+    "NotCurrentError": NotMasterError,
 }
 
 

@@ -161,7 +161,8 @@ class ControllerMode:
                         if master is None:
                             floor = max(broker.epoch, broker.registrar.master_epoch,
                                         broker.replica.master_epoch if broker.replica is not None else 0)
-                            won = await self.election.campaign(epoch_floor=floor)
+                            won = await self.election.campaign(epoch_floor=floor,
+                                                               log_end=broker.store.commit_log_max_offset)
                             if won is not None:
                                 self._keep_lease()
                                 return won

@@ -13,6 +13,10 @@ as RocketMQ 5's controller (DLedger) and Kafka's KRaft decide for theirs. Under
 - `in_sync`: the broker ids the master last saw in sync (RocketMQ 5's SyncStateSet, Kafka's ISR), written
   only under the master's own `master` key. Only a broker in it may take over: one that missed
   acknowledged records cannot become master. Before the first election (epoch 0) every broker may.
+- `candidates/<id>`: how far the log of each broker campaigning now goes, bound to a short lease. A send
+  is acknowledged once `min_sync_replicas` replicas hold it, so with more replicas than that an in-sync
+  one may lack the newest acknowledged records: of the live candidates, the one whose log goes furthest
+  takes over (ties: the lowest id), and the others wait for it (at most a lease: it may have died).
 
 A master stops writing before etcd can let another take over: etcd expires a lease TTL after the last
 renewal it received, which is after the renewal was sent, so a master that has not had a renewal
@@ -39,6 +43,8 @@ log = get_logger("tidemark.broker.election")
 
 # A master stops taking writes this long before the soonest its lease can expire at etcd.
 FENCE_MARGIN_S = 1.0
+# How long candidates wait for each other to stand before comparing logs, and between looks.
+CANDIDATE_WINDOW_S = 0.3
 MIN_TTL_S = 2
 
 
@@ -91,6 +97,7 @@ class Election:
             raise InvalidArgumentError(f"the master lease must last at least {MIN_TTL_S} s, got {ttl_s}")
         self._client = client
         prefix = f"/tidemark/{cluster}/{broker_name}/"
+        self._candidates = (prefix + "candidates/").encode()
         self._master_key, self._epoch_key, self._in_sync_key = (
             (prefix + name).encode() for name in ("master", "epoch", "in_sync"))
         self.broker_id = broker_id
@@ -113,13 +120,59 @@ class Election:
         """Whether this broker may take over: in the last master's in-sync set, or no election yet."""
         return view.epoch == 0 or self.broker_id in view.in_sync
 
-    async def campaign(self, epoch_floor: int = 0) -> Master | None:
+    async def campaign(self, epoch_floor: int = 0, log_end: int | None = None) -> Master | None:
         """Become the master when there is none and this broker may; the new Master (with its epoch, above
         `epoch_floor` too: an epoch this broker or its name servers saw before etcd decided), or None when
-        another holds the key, this broker is not eligible, or another won the race."""
+        another holds the key, this broker is not eligible, or another won the race. With `log_end` (where
+        this broker's commit log ends) it first stands as a candidate, and goes on only when no live
+        eligible candidate's log goes further (see the module docstring)."""
         view = await self.view()
         if view.master is not None or not self.eligible(view):
             return None
+        if log_end is not None:
+            view = await self._stand(log_end)
+            if view is None:
+                return None
+        return await self._take(view, epoch_floor)
+
+    async def _stand(self, log_end: int) -> View | None:
+        """As a candidate: the view to campaign on once this broker is the best live candidate (or the
+        better ones did not take over within a lease), None once someone took the key or this broker may
+        not (any more)."""
+        lease = await self._client.lease(self.ttl_s)
+        try:
+            await self._client.put(self._candidates + str(self.broker_id).encode(),
+                                   json.dumps({"log_end": log_end}).encode(), lease=lease.id)
+            deadline = self._clock() + self.ttl_s + CANDIDATE_WINDOW_S
+            while True:
+                await asyncio.sleep(CANDIDATE_WINDOW_S)  # the others stand meanwhile
+                view = await self.view()
+                if view.master is not None or not self.eligible(view):
+                    return None
+                ahead = [c for c in await self._rivals(view) if c > (log_end, -self.broker_id)]
+                if not ahead:
+                    return view
+                if self._clock() > deadline:
+                    log.warning("candidates with a longer log did not take over within a lease: campaigning",
+                                event="candidate_overdue", broker_id=self.broker_id)
+                    return view
+        finally:
+            await self._revoke(lease.id)
+
+    async def _rivals(self, view: View) -> list[tuple[int, int]]:
+        """(log end, -id) of every live candidate that may take over."""
+        out = []
+        for kv in await self._client.get_prefix(self._candidates):
+            try:
+                broker_id = int(kv.key[len(self._candidates):])
+                end = int(json.loads(kv.value)["log_end"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if view.epoch == 0 or broker_id in view.in_sync:
+                out.append((end, -broker_id))
+        return out
+
+    async def _take(self, view: View, epoch_floor: int) -> Master | None:
         sent = self._clock()  # etcd counts the lease's TTL from the grant, which is after this
         lease = await self._client.lease(self.ttl_s)
         me = Master(self.broker_id, self.address, max(view.epoch, epoch_floor) + 1)

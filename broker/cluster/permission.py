@@ -55,14 +55,18 @@ class BrokerPermission:
         self.fenced, self.writable = why, False
 
     def check_writable(self) -> None:
+        """PermissionDeniedError while writes are closed here for good (a replica, the write permission);
+        NotCurrentError (retriable: the client asks the name server again) while this master may have been
+        replaced, fenced or unsure of its lease: what Kafka's NOT_LEADER_OR_FOLLOWER is to its producers."""
         if self.fenced:
-            raise PermissionDeniedError(f"broker {self._broker_name} here is fenced: {self.fenced}")
+            raise NotCurrentError(f"broker {self._broker_name} here is fenced: {self.fenced}; writes go to the "
+                                  f"master the name server names")
         if self.replica_of:
             raise PermissionDeniedError(f"broker {self._broker_name} here is a replica; writes go to its master "
                                         f"{self.replica_of}")
         if not self.lease_valid():
-            raise PermissionDeniedError(f"broker {self._broker_name} here cannot confirm its master lease in etcd "
-                                        f"right now; writes wait until it can")
+            raise NotCurrentError(f"broker {self._broker_name} here cannot confirm its master lease in etcd "
+                                  f"right now; writes wait until it can, or go to the master etcd elects")
         if not self._writable:
             raise PermissionDeniedError(f"broker {self._broker_name} is not writable (write permission closed)")
 

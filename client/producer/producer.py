@@ -188,6 +188,8 @@ class AsyncProducer:
                         for i, msg_id in enumerate(msg_ids)]
             except TidemarkError as e:
                 doubt.saw(e)
+                if e.retriable:
+                    self.cluster.suspect(target.broker_name)
                 if not e.retriable or tries.spent:
                     doubt.raise_final(e)
                 avoid = target.broker_name
@@ -237,6 +239,8 @@ class AsyncProducer:
                         in_doubt = True
                         if isinstance(e, TidemarkError):
                             doubt.saw(e)
+                            if e.retriable:
+                                self.cluster.suspect(target.broker_name)
                         if not await self._same_sequence_again(e, target, tries, deadline, pinned):
                             raise
                         await pause(tries.made)

@@ -142,6 +142,9 @@ class BrokerCluster:
         self._routes: dict[str, tuple[float, TopicRoute]] = {}
         self._reported: set[str] = set()  # listed addresses already warned about as unreachable
         self._retry = RetryGate(ROUTE_RETRY_INTERVAL_S)  # out-of-schedule refreshes while writes cannot go
+        # Broker names whose master did not answer in time or said it may no longer be the master: the next
+        # master_connection asks the name servers first (at most every ROUTE_RETRY_INTERVAL_S).
+        self._suspect: set[str] = set()
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -319,6 +322,13 @@ class BrokerCluster:
         """Every broker name with the connection serving it now (its replica while its master is away)."""
         return {name: await self.connection(name) for name in await self.discover()}
 
+    def suspect(self, broker_name: str) -> None:
+        """A write to the master of `broker_name` timed out or was refused as not the master's: paused,
+        partitioned or replaced, and the name servers may know a new one already. The next
+        master_connection asks them (a controller elects a new master in seconds; nothing else would tell
+        a client whose connection still stands)."""
+        self._suspect.add(broker_name)
+
     def is_down(self, broker_name: str) -> bool:
         """Whether the master of `broker_name` is failed over to its replica (takes no writes now)."""
         return broker_name in self._down
@@ -328,7 +338,9 @@ class BrokerCluster:
         takes no writes; the sender picks another broker's queue). While it is away the name servers are
         asked again (at most every ROUTE_RETRY_INTERVAL_S): a promoted replica is the master at once."""
         conn = await self.connection(broker_name)
-        if broker_name in self._down and self.namesrv is not None and self._retry.try_now(("master", broker_name)):
+        if ((broker_name in self._down or broker_name in self._suspect) and self.namesrv is not None
+                and self._retry.try_now(("master", broker_name))):
+            self._suspect.discard(broker_name)
             await self.discover(refresh=True)  # a new address for the name ends the failover
             conn = await self.connection(broker_name)
         if broker_name in self._down:

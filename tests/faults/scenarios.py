@@ -26,9 +26,9 @@ Scenarios and their faults:
   broker's registrations with them blackholed;
 - replica_link: the replication link of a sync master reset and blackholed;
 - disk_full: the broker's data dir on a 48 MiB tmpfs that fills up and frees;
-- controller: two brokers in controller mode on an etcd (replication sync or async): the master killed
-  with -9 or paused (SIGSTOP), etcd paused; a replica takes over by itself, the old master restarts and
-  rejoins as a replica.
+- controller, takeover (controller.py): two brokers in controller mode on an etcd; the master killed with
+  -9, paused (SIGSTOP), or cut from etcd, etcd paused; a replica takes over by itself, the old master
+  restarts and rejoins as a replica.
 
 `mode` holds the choices that change what a run promises (flush,
 replication, idempotence); `modes_for(scenario, rng)` draws them from the
@@ -45,11 +45,13 @@ from typing import Any
 
 from tidemark.client import Admin, TidemarkError
 
+from . import controller
 from .checker import Expect
+from .controller import Kit
 from .nemesis import Fault
 from .netns import available as netns_available
 from .proxy import Direction
-from .run import Node, Outcome, Run
+from .run import Outcome, Run
 from .workloads import (
     Clients,
     PopGroup,
@@ -65,8 +67,6 @@ TOPICS = {"T": 4, "F": 2, "X": 2}
 GROUPS = {"push": ["T", "X"], "pull": ["T", "X"], "orderly": ["F"], "pop": ["T"]}
 # Client settings of every workload: what users run, with retries that outlast a short fault.
 CLIENT = {"request_timeout_s": 3.0}
-# Controller mode's master lease: a master cut off from etcd stops writing within it, a replica takes over after.
-CONTROLLER_LEASE_S = 2
 
 
 def _workload(run: Run, clients: Clients, *, transactions: bool = False, prod_threads: int = 4,
@@ -195,78 +195,6 @@ def failover(run: Run) -> Outcome:
     return _execute(run, clients, durable=replication == "sync")
 
 
-def controller(run: Run) -> Outcome:
-    """Controller mode: etcd elects the master of two brokers; every fault hits whoever is master when it
-    begins, and nobody promotes anything."""
-    ns, etcd = run.namesrv(), run.etcd()
-    replication = run.mode["replication"]
-    args = _broker_args(run, "--namesrv", ns.address, "--replication", replication, "--controller", etcd.url,
-                        "--controller-lease-s", str(CONTROLLER_LEASE_S))
-    nodes = [run.broker(args=args), run.broker(args=args)]
-    clients = run.clients(namesrv=[ns], **CLIENT)
-    _wait_replica_registered(clients)
-    down: list[Node] = []
-
-    def master() -> Node | None:
-        for node in nodes:
-            if node.process.proc is not None and node not in down:
-                s = _status(node)
-                if s is not None and s.role == "MASTER" and s.writable:
-                    return node
-        return None
-
-    def hit(action: Callable[[Node], object], what: str) -> Callable[[], str]:
-        def begin() -> str:
-            node = master()
-            if node is None:
-                return f"{what}: no writable master right now"
-            down.append(node)
-            action(node)
-            return f"{what} {node.process.address}"
-        return begin
-
-    def rejoin() -> str:
-        """The stopped or fenced brokers back as replicas: restarted (a fenced master stays fenced until then)."""
-        back = []
-        while down:
-            node = down.pop()
-            if node.process.proc is not None:  # paused or fenced, not killed: stopped first
-                node.process.resume()
-                node.process.stop()
-            node.process.start()
-            back.append(node.process.address)
-        return f"restarted {', '.join(back)}"
-
-    def etcd_back() -> str:
-        etcd.resume()
-        fenced = [n for n in nodes if _fenced(n)]
-        down.extend(fenced)
-        return rejoin() if fenced else "etcd answers again"
-
-    run.faults += [
-        Fault("kill-master", hit(lambda n: n.process.kill(), "killed"), rejoin, hold=(0.5, 3.0)),
-        Fault("pause-master", hit(lambda n: n.process.pause(), "paused"), rejoin, hold=(0.5, 5.0)),
-        Fault("pause-etcd", etcd.pause, etcd_back, hold=(0.5, 4.0)),
-        Fault("reset", lambda: [n.proxy.reset() for n in nodes]),
-    ]
-    _workload(run, clients)
-    return _execute(run, clients, durable=replication == "sync")
-
-
-def _status(node: Node):
-    """The broker's status, asked directly (not through its proxy); None when it does not answer."""
-    try:
-        with Admin(brokers=node.process.address, request_timeout_s=1.0) as admin:
-            return admin.broker_status_at(node.process.address)
-    except TidemarkError:
-        return None
-
-
-def _fenced(node: Node) -> bool:
-    s = _status(node)
-    return s is not None and s.role == "MASTER" and not s.writable
-
-
 def namesrv(run: Run) -> Outcome:
     a, b = run.namesrv(), run.namesrv()
     # The broker registers through proxies of its own (its links to the name servers can be cut alone).
@@ -340,9 +268,13 @@ def _wait_replica_registered(clients: Clients, timeout: float = 30.0) -> None:
     raise TimeoutError("the replica did not register with the name server")
 
 
+KIT = Kit(broker_args=_broker_args, client_settings=CLIENT, wait_registered=_wait_replica_registered,
+          workload=_workload, execute=_execute)
+
 SCENARIOS: dict[str, Callable[[Run], Outcome]] = {
     "resets": resets, "partition": partition, "kill": kill, "failover": failover, "namesrv": namesrv,
-    "replica_link": replica_link, "disk_full": disk_full, "controller": controller,
+    "replica_link": replica_link, "disk_full": disk_full,
+    "controller": lambda run: controller.controller(run, KIT), "takeover": lambda run: controller.takeover(run, KIT),
 }
 
 # Mode choices per scenario (the first of each is the default of a short run).
@@ -355,6 +287,7 @@ MODES: dict[str, dict[str, tuple[Any, ...]]] = {
     "replica_link": {"idempotence": (True, False)},
     "disk_full": {"idempotence": (True, False)},
     "controller": {"replication": ("sync", "async"), "idempotence": (True, False)},
+    "takeover": {"fault": controller.TAKEOVER_FAULTS, "idempotence": (True,)},
 }
 
 # The short set in `make test`: one run of each scenario in its first mode, seconds of faults each (the

@@ -165,3 +165,31 @@ def test_an_epoch_seen_before_etcd_decided_is_not_handed_out_again(etcd):
         async with elections(etcd, [1]) as (only,):
             assert (await only.campaign(epoch_floor=5)).epoch == 6  # a role file or name server said 5
     asyncio.run(scenario())
+
+
+def test_of_the_in_sync_candidates_the_one_with_the_longest_log_takes_over(etcd):
+    """A send is acknowledged once min_sync_replicas replicas hold it: with two replicas and one needed,
+    only one may hold the newest acknowledged records. Both stand at once; the one whose log goes further
+    wins whatever the order they stand in, and the other one follows. One that stands alone against a
+    better candidate that died takes over once that one's candidacy expired."""
+    async def scenario():
+        async with elections(etcd, [1, 2, 3]) as (master, short, longer):
+            await master.campaign()
+            await master.publish_in_sync(frozenset({1, 2, 3}))
+            await master.resign()
+            won = await asyncio.gather(short.campaign(log_end=900), longer.campaign(log_end=1000))
+            assert [w is not None for w in won] == [False, True], won
+            assert (await short.view()).master.broker_id == 3
+            await longer.publish_in_sync(frozenset({2, 3}))
+            await longer.resign()
+            # A better candidate stands and dies before it campaigns: its candidacy is bound to a lease.
+            [(host, port)] = parse_controller(etcd.url)
+            async with aetcd.Client(host, port, timeout=5) as ghost:
+                lease = await ghost.lease(TTL_S)
+                await ghost.put(b"/tidemark/DefaultCluster/broker-a/candidates/3", b'{"log_end": 5000}',
+                                lease=lease.id)
+            started = time.monotonic()
+            assert (await short.campaign(log_end=1200)).broker_id == 2
+            assert time.monotonic() - started >= TTL_S - 0.5, "it did not wait for the better candidate"
+
+    asyncio.run(scenario())

@@ -142,7 +142,8 @@ def test_a_promoted_replica_takes_writes_and_the_old_master_is_fenced(cluster):
         with pytest.raises(grpc.RpcError) as e:
             stubs.messaging.SendMessage(messaging_pb2.SendMessageRequest(
                 topic="Failover", queue_id=0, messages=[common_pb2.Message(body=b"stale")]), timeout=5)
-        assert e.value.code() is grpc.StatusCode.PERMISSION_DENIED and "is fenced" in e.value.details()
+        # Retriable, as Kafka's NOT_LEADER_OR_FOLLOWER: the client asks the name server for the master again.
+        assert e.value.code() is grpc.StatusCode.UNAVAILABLE and "is fenced" in e.value.details()
     assert "event=broker_fenced" in master.log_text()
     with Admin(namesrv=namesrv) as admin:
         assert [(b.broker_id, b.address) for b in admin.cluster_list() if b.broker_name == "broker-a"] == [

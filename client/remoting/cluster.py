@@ -67,6 +67,8 @@ PROBE_INTERVAL_S = 1.0
 # How often a route without a writable queue, or the cluster view while a master is away, is asked for
 # again out of schedule (per topic, per broker name).
 ROUTE_RETRY_INTERVAL_S = 0.25
+# How long a suspect master gets to answer before the name servers are asked where writes go now.
+SUSPECT_PROBE_S = 0.5
 
 T = TypeVar("T")
 
@@ -145,6 +147,7 @@ class BrokerCluster:
         # Broker names whose master did not answer in time or said it may no longer be the master: the next
         # master_connection asks the name servers first (at most every ROUTE_RETRY_INTERVAL_S).
         self._suspect: set[str] = set()
+        self._resolving: dict[str, asyncio.Future[BrokerConnection]] = {}
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -186,6 +189,8 @@ class BrokerCluster:
         return list(self._by_address.values())
 
     async def close(self) -> None:
+        for resolving in list(self._resolving.values()):
+            resolving.cancel()
         for conn in self._by_address.values():
             await conn.close()
         self._by_address.clear()
@@ -325,9 +330,36 @@ class BrokerCluster:
     def suspect(self, broker_name: str) -> None:
         """A write to the master of `broker_name` timed out or was refused as not the master's: paused,
         partitioned or replaced, and the name servers may know a new one already. The next
-        master_connection asks them (a controller elects a new master in seconds; nothing else would tell
-        a client whose connection still stands)."""
+        master_connection finds out where writes go now (`_resolve`): a controller elects a new master in
+        seconds, and nothing else would tell a client whose connection still stands."""
         self._suspect.add(broker_name)
+
+    async def _resolve(self, name: str, conn: BrokerConnection) -> BrokerConnection:
+        """Where the writes of a suspect master go: back to it once it answers as a writable master, to the
+        address the name servers name once it changes (a takeover), else, after a request timeout, to it
+        again (the caller's attempt then says what is wrong)."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                info = await conn.broker_info(timeout=min(self._timeout, SUSPECT_PROBE_S))
+                if info.writable and not info.fenced and not info.broker_id:
+                    self._suspect.discard(name)
+                    return conn
+            except TidemarkError:
+                pass  # paused, cut off or gone: the name servers may know better
+            try:
+                await self.discover(refresh=True)
+            except TidemarkError:
+                pass
+            now = self._by_name.get(name, conn)
+            if now is not conn:
+                self._suspect.discard(name)
+                log.info("master of %s moved from %s to %s", name, conn.address, now.address,
+                         event="master_moved", broker=name)
+                return now
+            if time.monotonic() > deadline:
+                return conn
+            await asyncio.sleep(ROUTE_RETRY_INTERVAL_S)
 
     def is_down(self, broker_name: str) -> bool:
         """Whether the master of `broker_name` is failed over to its replica (takes no writes now)."""
@@ -338,9 +370,13 @@ class BrokerCluster:
         takes no writes; the sender picks another broker's queue). While it is away the name servers are
         asked again (at most every ROUTE_RETRY_INTERVAL_S): a promoted replica is the master at once."""
         conn = await self.connection(broker_name)
-        if ((broker_name in self._down or broker_name in self._suspect) and self.namesrv is not None
-                and self._retry.try_now(("master", broker_name))):
-            self._suspect.discard(broker_name)
+        if broker_name in self._suspect and self.namesrv is not None:
+            resolving = self._resolving.get(broker_name)
+            if resolving is None:  # one look at a time, however many senders wait for it
+                resolving = self._resolving[broker_name] = asyncio.ensure_future(self._resolve(broker_name, conn))
+                resolving.add_done_callback(lambda _f, n=broker_name: self._resolving.pop(n, None))
+            conn = await asyncio.shield(resolving)
+        if broker_name in self._down and self.namesrv is not None and self._retry.try_now(("master", broker_name)):
             await self.discover(refresh=True)  # a new address for the name ends the failover
             conn = await self.connection(broker_name)
         if broker_name in self._down:

@@ -13,7 +13,14 @@ import pytest
 from faults.proxy import FaultProxy
 from workload import create_topic, wait_until
 
-from tidemark.client import Admin, Message, MessageQueue, Producer, RequestTimeoutError, UnavailableError
+from tidemark.client import (
+    Admin,
+    Message,
+    MessageQueue,
+    Producer,
+    RequestTimeoutError,
+    UnavailableError,
+)
 
 TOPIC = "Watermark"
 QUEUE = MessageQueue(TOPIC, "broker-a", 0)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 
 from tidemark.broker.auth import AuthStore
+from tidemark.broker.cluster.offset_authority import OffsetAuthority
 from tidemark.broker.cluster.permission import BrokerPermission
 from tidemark.broker.cluster.registration import NameServerRegistrar, Registration
 from tidemark.broker.cluster.replication import ReplicaSync, ReplicationSource
@@ -28,7 +29,6 @@ from tidemark.broker.disk.metadata_file import MetadataFile
 from tidemark.broker.errors import (
     BrokerError,
     FailedPreconditionError,
-    NotCurrentError,
     NotFoundError,
     PermissionDeniedError,
     StoreError,
@@ -137,9 +137,12 @@ class BrokerController:
         self.schedule = ScheduleMessageService(store=self.store, config_dir=config_dir,
                                                levels_ms=config.delay_levels_ms, clock_ms=self.clock_ms,
                                                can_deliver=lambda: self.permission.writable)
+        authority = OffsetAuthority(permission=self.permission, replica=lambda: self.replica,
+                                    controller_mode=bool(config.controller),
+                                    name=lambda: f"{self.config.broker_name}/{self.config.broker_id}")
         self.commits = OffsetCommitService(store=self.store, topics=self.topics, offsets=self.offsets,
                                            groups=self.groups, on_reset=self.hold.notify,
-                                           guard=self._check_commits_here, read_guard=self._check_offsets_copied)
+                                           guard=authority.check_change, read_guard=authority.check_query)
         self.read_access = QueueReadAccess(topics=self.topics, groups=self.groups, offsets=self.offsets,
                                            locks=self.locks, permission=self.permission,
                                            message_model=lambda group: self.consumers.message_model(group))
@@ -571,23 +574,6 @@ class BrokerController:
         log.warning("promoted to master", event="broker_promoted", broker=self.config.broker_name, epoch=epoch)
         await self.registrar.sync_if_changed()
         return epoch
-
-    def _check_commits_here(self) -> None:
-        """Offsets change at a master sure it still is one; in controller mode only there (etcd elects the
-        next master within seconds, and consumers keep their progress until then), so that no commit a
-        replica took goes missing from the next master and a group's offset never steps back. Without a
-        controller a replica takes its consumers' commits and hands them back to its master."""
-        if self.replica is not None and self.config.controller:
-            raise NotCurrentError(f"replica {self.config.broker_name}/{self.config.broker_id} takes no commits in "
-                                  f"controller mode; they go to the master etcd elects")
-        self.permission.check_current()
-
-    def _check_offsets_copied(self) -> None:
-        """A replica answers offset queries once its offsets are a copy of its master's: before, a group's
-        offset read here could be older than one already read from the master."""
-        if self.replica is not None and not self.replica.offsets_copied:
-            raise NotCurrentError(f"replica {self.config.broker_name}/{self.config.broker_id} has not copied the "
-                                  f"consumer offsets of its master {self.replica.master} yet; ask the master")
 
     def registration(self) -> Registration:
         """What the broker tells the name servers: who it is and every topic it serves."""

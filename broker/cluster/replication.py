@@ -239,7 +239,9 @@ class ReplicationSource:
     def _any_in_sync(self) -> bool:
         # On every read of an async master: stops at the first replica in sync.
         end, now = self._store.commit_log_max_offset, self._clock()
-        return any(r.in_sync(end, now, self._max_lag_s) for r in self._replicas.values())
+        # Level with the log is enough here, the master's state not yet acknowledged included: bounding
+        # reads for a replica that may become master errs on the side of nobody reading what it lacks.
+        return any(r.catch_up.in_sync(r.acked, end, now, self._max_lag_s) for r in self._replicas.values())
 
     def in_sync_replicas(self) -> list[int]:
         """The broker ids of the connected replicas in sync (RocketMQ 5's SyncStateSet, Kafka's ISR less

@@ -92,6 +92,7 @@ class ScheduleMessageService:
         self._can_deliver = can_deliver
         self._offsets: dict[int, int] = {}
         self._dirty = False
+        self._persisting = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         # One delivery pass at a time (the task, or a caller of deliver_due()): a message is put once.
@@ -188,17 +189,23 @@ class ScheduleMessageService:
         await self.persist()
 
     async def persist(self) -> None:
-        """Write delayOffset.json when progress moved: snapshot on the loop, write and fsync in a thread."""
-        if not self._dirty:
-            return
-        doc = {"offsetTable": {str(level): offset for level, offset in sorted(self._offsets.items())}}
-        self._dirty = False
-        try:
-            await asyncio.to_thread(atomic_write, self._path, json.dumps(doc, indent=4).encode("utf-8"),
-                                    keep_backup=True)
-        except BaseException:
-            self._dirty = True
-            raise
+        """Write delayOffset.json when progress moved: snapshot on the loop, write and fsync in a thread.
+        One write at a time, and a caller cancelled mid-write (the delivery task at shutdown) still waits
+        for its thread: two writes share the file's temporary name."""
+        async with self._persisting:
+            if not self._dirty:
+                return
+            doc = {"offsetTable": {str(level): offset for level, offset in sorted(self._offsets.items())}}
+            self._dirty = False
+            write = asyncio.ensure_future(asyncio.to_thread(
+                atomic_write, self._path, json.dumps(doc, indent=4).encode("utf-8"), keep_backup=True))
+            try:
+                await asyncio.shield(write)
+            except BaseException:
+                self._dirty = True
+                if not write.done():
+                    await asyncio.gather(write, return_exceptions=True)
+                raise
 
     async def deliver_due(self) -> int | None:
         """One delivery pass over every level (what the task does each time it wakes): put what is due

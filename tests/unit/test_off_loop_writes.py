@@ -110,3 +110,39 @@ def test_broadcasting_offsets_are_written_off_the_loop(tmp_path, monkeypatch, fs
     seen = fsync_threads(scenario)
     assert seen and "LOOP" not in seen
     assert '"offset": 42' in offsets.path.read_text()
+
+
+def test_a_progress_write_cancelled_midway_finishes_before_the_next_begins(tmp_path, monkeypatch):
+    """The delivery task is cancelled at shutdown while its write of delayOffset.json runs in a thread; the
+    shutdown's own write then waits for that thread (both use the file's temporary name: a rename of a
+    temporary file the other one already renamed failed with FileNotFoundError)."""
+    import json
+    import time
+
+    from tidemark.broker.ingest import delays
+
+    store = MessageStore(StoreConfig(data_dir=tmp_path / "data"))
+    store.load()
+    schedule = ScheduleMessageService(store=store, config_dir=tmp_path, levels_ms=(1000,), clock_ms=lambda: 0)
+    real, running = delays.atomic_write, []
+
+    def slow_write(path, data, **kw):
+        running.append(1)
+        assert len(running) == 1, "two writes of delayOffset.json at once"
+        time.sleep(0.2)
+        real(path, data, **kw)
+        running.pop()
+
+    monkeypatch.setattr(delays, "atomic_write", slow_write)
+
+    async def scenario():
+        schedule._offsets[1], schedule._dirty = 5, True
+        first = asyncio.ensure_future(schedule.persist())
+        await asyncio.sleep(0.05)  # its thread is writing
+        first.cancel()
+        schedule._offsets[1] = 6
+        await schedule.persist()  # the shutdown's write
+        await asyncio.gather(first, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert json.loads((tmp_path / "delayOffset.json").read_text())["offsetTable"] == {"1": 6}

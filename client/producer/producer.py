@@ -170,12 +170,18 @@ class AsyncProducer:
         tries = Tries(attempts)
         deadline = time.monotonic() + timeout  # waiting for a writable queue takes at most one timeout
         doubt = Doubt()
+        in_doubt_at: tuple[str, TidemarkError] | None = None  # a sequenced attempt there may have stored it
         while True:
             try:
                 target = queue or (prefer if tries.made == 0 and prefer is not None else
                                    await self._select(topic, first, selector, arg, avoid=avoid, deadline=deadline))
             except TidemarkError as e:
                 doubt.raise_final(e)
+            if in_doubt_at is not None and target.broker_name == in_doubt_at[0]:
+                # Its queue started a new epoch when the batch left it: any queue of that broker name (its
+                # promoted replica holds the batch if the master did) would store it a second time. The
+                # application gets the doubt ("may have been stored") instead.
+                doubt.raise_final(doubt.first or in_doubt_at[1])
             try:
                 if self.sequences is None:
                     tries.made += 1
@@ -193,6 +199,8 @@ class AsyncProducer:
                 if not e.retriable or tries.spent:
                     doubt.raise_final(e)
                 avoid = target.broker_name
+                if self.sequences is not None and outcome_of(e) is Outcome.UNKNOWN:
+                    in_doubt_at = (target.broker_name, e)
                 self.cluster.forget_route(topic)
                 await back_off(e, tries.made - 1)
                 log.warning("send failed, retrying",

@@ -17,7 +17,8 @@ from tidemark.broker.auth import AuthStore
 from tidemark.broker.cluster.offset_authority import OffsetAuthority
 from tidemark.broker.cluster.permission import BrokerPermission
 from tidemark.broker.cluster.registration import NameServerRegistrar, Registration
-from tidemark.broker.cluster.replication import ReplicaSync, ReplicationSource
+from tidemark.broker.cluster.replica_sync import ReplicaSync
+from tidemark.broker.cluster.replication import ReplicationSource
 from tidemark.broker.cluster.replication_checkpoint import ReplicationCheckpoint
 from tidemark.broker.cluster.roles import ROLE_FILE_NAME, Role, load_role, save_role
 from tidemark.broker.config import BrokerConfig, FlushDiskType, ReplicationMode, namesrv_addresses
@@ -172,7 +173,8 @@ class BrokerController:
                                    producers=self.producers, broker_name=config.broker_name,
                                    broker_id=config.broker_id, segment_size=config.commitlog_segment_size,
                                    after_mirror=self.flush_configs, on_topic_gone=self._remove_topic_data,
-                                   tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials()) \
+                                   tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials(),
+                                   hand_back=not config.controller) \
             if config.broker_id else None
         self.transactions = TransactionService(
             store=self.store, topics=self.topics, permission=self.permission, clock_ms=self.clock_ms,

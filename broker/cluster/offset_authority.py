@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tidemark.broker.cluster.permission import BrokerPermission
-from tidemark.broker.cluster.replication import ReplicaSync
+from tidemark.broker.cluster.replica_sync import ReplicaSync
 from tidemark.broker.errors import NotCurrentError
 
 

@@ -133,6 +133,10 @@ def warm_up(master) -> int:
     end = len(readable(master.address, 0))
     with Admin(brokers=master.address) as admin:
         assert admin.max_offset(QUEUE) == end
+
+        # Async reads are unbounded until a replica connected (readable above proves nothing then): what
+        # each test blackholes must be a connected replica.
+        wait_until(lambda: admin.broker_status_at(master.address).replicas >= 1, 15, "the replica connected")
     return end
 
 

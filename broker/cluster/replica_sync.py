@@ -1,0 +1,249 @@
+"""A replica's side of replication: the stream from its master, and the metadata mirror.
+
+ReplicaSync opens `ReplicationService.Replicate` to its master saying where
+its commit log ends (and a digest of its tail), truncates when told to, then
+stores the master's records at the same offsets and acknowledges its new end;
+with them it takes the master's producer table and consumer offsets (whole in
+the first chunk, then every change). Every second it also mirrors topics,
+groups, delay and pop progress (`mirror_metadata`), and on each connection it
+hands the commits its consumers made here while the master was away back to
+it (not in controller mode, where a replica takes none). The master's side,
+and the rules both follow, are in replication.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from tidemark.broker import tls
+from tidemark.broker.cluster.replication import MAX_RECEIVE_BYTES, decode_offsets, now_ms
+from tidemark.broker.errors import StoreError
+from tidemark.broker.ingest.delays import ScheduleMessageService
+from tidemark.broker.membership.groups import SubscriptionGroupManager
+from tidemark.broker.offsets import ConsumerOffsetManager
+from tidemark.broker.offsets.journal import decode_records
+from tidemark.broker.offsets.persistence import encode_offset_table
+from tidemark.broker.pop.ledger import PopStateError
+from tidemark.broker.pop.service import PopService
+from tidemark.broker.producers.service import IdempotenceService
+from tidemark.broker.producers.store import decode_events
+from tidemark.broker.producers.table import ProducerStateError
+from tidemark.broker.store import MessageStore
+from tidemark.broker.topics import TopicConfigManager
+from tidemark.common.auth import Credentials, signed_metadata
+from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import cancel_and_wait
+from tidemark.v1 import replication_pb2, replication_pb2_grpc
+
+log = get_logger("tidemark.broker.cluster.replication")
+
+_MASTER_CHANNEL_OPTIONS = (
+    # A chunk holds at least one whole record, up to max_message_size and more; the offset table too.
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    # A master that comes up (or back) is found within a couple of seconds. gRPC's own backoff grows to two
+    # minutes, and a sync master refuses every send until a replica connects: a replica started 20 s before
+    # its master took 9 s more to connect, and the wait grows with the time it failed.
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
+    # gRPC core takes this as the least time one connection attempt may take (client/remoting/connection.py).
+    ("grpc.min_reconnect_backoff_ms", 20_000),
+)
+
+
+class State(enum.Enum):
+    NEW = "new"
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class ReplicaSync:
+    """A replica's side: the stream from its master, and the metadata mirror (see the module docstring)."""
+
+    def __init__(self, *, master: str, store: MessageStore, topics: TopicConfigManager,
+                 groups: SubscriptionGroupManager, offsets: ConsumerOffsetManager, schedule: ScheduleMessageService,
+                 pop: PopService, producers: IdempotenceService, broker_name: str, broker_id: int, segment_size: int, after_mirror: Callable[[], Awaitable[None]],
+                 on_topic_gone: Callable[[str], Awaitable[None]], tls_ca_file: str = "",
+                 credentials: Credentials | None = None, clock_ms: Callable[[], int] = now_ms,
+                 hand_back: bool = True) -> None:
+        self.master = master
+        self._store = store
+        self._topics, self._groups, self._offsets, self._schedule = topics, groups, offsets, schedule
+        self._pop = pop
+        self._producers = producers
+        # A topic the master deleted: its data goes here too (the store's queues, offsets, locks).
+        self._on_topic_gone = on_topic_gone
+        self._hello = dict(broker_name=broker_name, broker_id=broker_id, segment_size=segment_size)
+        self._after_mirror = after_mirror
+        self._tls_ca_file = tls_ca_file
+        # A master with --auth takes replication from a user allowed Update on the cluster: each call is signed.
+        self._credentials = credentials
+        self._clock_ms = clock_ms
+        self.state = State.NEW
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: replication_pb2_grpc.ReplicationServiceStub | None = None
+        self._task: asyncio.Task | None = None
+        self.master_end = 0
+        self.master_epoch = 0  # the master's epoch, as its chunks say (a promotion goes past it)
+        self.connected = False
+        self._caught_up_ms = clock_ms()
+        self._error: str | None = None
+        # Set on every (re)connection: the commits consumers made here while the master was away go back
+        # to it before the next mirror (ReplicationService.HandBackOffsets). Not in controller mode, where a
+        # replica takes no commits: its table is a copy, or a replaced master's own, which may point past
+        # what the new master holds.
+        self._hand_back = hand_back
+        self._hand_back_due = False
+        # Whether the offsets here are a copy of this master's: not until the first mirror after start or
+        # a follow (before, they are what this broker had: a restart's file, a replaced master's own).
+        self.offsets_copied = False
+
+    @property
+    def lag_bytes(self) -> int:
+        return max(0, self.master_end - self._store.commit_log_max_offset)
+
+    @property
+    def lag_ms(self) -> int:
+        """Since when the replica has been behind (0 when caught up)."""
+        return 0 if self.lag_bytes == 0 else self._clock_ms() - self._caught_up_ms
+
+    def start(self) -> None:
+        if self.state is not State.NEW:
+            return
+        self._channel = tls.peer_channel(self.master, self._tls_ca_file, _MASTER_CHANNEL_OPTIONS)
+        self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-sync")
+        self.state = State.RUNNING
+
+    async def follow(self, master: str) -> None:
+        """Copy from another master from now on: the stream to the old one ends, one to `master` starts (the
+        hello's tail digest makes this log cut back to where the two agree)."""
+        if master == self.master or self.state is not State.RUNNING:
+            self.master = master
+            return
+        log.warning("following a new master: %s (was %s)", master, self.master, event="replica_follows",
+                    master=master)
+        self.master, self.offsets_copied = master, False
+        await cancel_and_wait(self._task)
+        old, self._channel = self._channel, tls.peer_channel(master, self._tls_ca_file, _MASTER_CHANNEL_OPTIONS)
+        self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
+        self.connected = False
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="replica-sync")
+        await old.close()
+
+    async def stop(self) -> None:
+        if self.state is not State.RUNNING:
+            self.state = State.STOPPED
+            return
+        self.state = State.STOPPED
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self._channel.close()
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while self.state is State.RUNNING:
+            try:
+                await self._stream()
+                backoff = 0.1
+            except (grpc.RpcError, StoreError) as e:
+                why = f"{e.code().name}: {e.details()}" if isinstance(e, grpc.RpcError) else str(e)
+                if why != self._error:
+                    log.warning("replication from %s interrupted: %s", self.master, why,
+                                event="replication_interrupted", master=self.master)
+                    self._error = why
+            except Exception:
+                log.exception("replication failed", event="replication_failed", master=self.master)
+            self.connected = False
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def _stream(self) -> None:
+        call = self._stub.Replicate(metadata=self._signed())
+        try:
+            await self._copy(call)
+        finally:
+            # However the copy ended (a truncation, a failure, this task cancelled by stop() or follow()):
+            # the call ends with it, or grpc.aio's task feeding its requests outlives the channel.
+            call.cancel()
+
+    async def _copy(self, call) -> None:
+        store = self._store
+        end, digest = store.commit_log_max_offset, store.tail_digest(store.commit_log_max_offset)
+        hello = replication_pb2.ReplicaProgress(commit_log_end=end, **self._hello)
+        if digest is not None:
+            hello.tail_crc = digest
+        await call.write(hello)
+        async for chunk in call:
+            if not self.connected:
+                self.connected, self._error, self._hand_back_due = True, None, self._hand_back
+                log.info("replicating from master", event="replication_connected", master=self.master,
+                         offset=store.commit_log_max_offset)
+            if chunk.HasField("truncate_to"):
+                await store.truncate_to(chunk.truncate_to)
+                return  # and ask again from there
+            self._follow_state(chunk)
+            if chunk.data:
+                written = store.append_replicated(chunk.offset, chunk.data)
+                if any(self._topics.get(topic) is None for topic, _ in written):
+                    await self.mirror_metadata()  # a new topic: readable here as soon as its messages are
+            self.master_end = chunk.master_end
+            self.master_epoch = max(self.master_epoch, chunk.master_epoch)
+            if store.commit_log_max_offset >= self.master_end:
+                self._caught_up_ms = self._clock_ms()
+            await call.write(replication_pb2.ReplicaProgress(commit_log_end=store.commit_log_max_offset,
+                                                             **self._hello))
+
+    def _follow_state(self, chunk: replication_pb2.ReplicationChunk) -> None:
+        """The master's producer table and offset changes that came with the chunk (before its records)."""
+        try:
+            if chunk.producer_state:
+                self._producers.follow_state(json.loads(chunk.producer_state))
+            if chunk.producer_events:
+                self._producers.follow_events(decode_events(chunk.producer_events).items)
+        except (ValueError, ProducerStateError) as e:
+            log.warning("the master's producer state is unusable here: %s", e, event="producer_follow_failed")
+        if chunk.offset_table:  # (offsets_copied waits for the first mirror: it brings the topics too)
+            offsets = decode_offsets(chunk.offset_table)
+            self._offsets.mirror(offsets.table, offsets.reset_generations)
+        if chunk.offset_records:
+            self._offsets.mirror_records(decode_records(chunk.offset_records).items)
+
+    def _signed(self):
+        return signed_metadata(self._credentials) if self._credentials is not None else None
+
+    async def mirror_metadata(self) -> None:
+        """Copy the master's topics, groups and consumer offsets (the 1 s timer's job)."""
+        if self.state is not State.RUNNING:
+            return
+        try:
+            if self._hand_back_due:
+                table = self._offsets.table(well_named=True)
+                answer = await self._stub.HandBackOffsets(replication_pb2.ReplicaMetadata(
+                    offsets_json=encode_offset_table(*table)), timeout=5, metadata=self._signed())
+                self._hand_back_due = False
+                if answer.advanced:
+                    log.info("offsets handed back to the master", event="offsets_handed_back",
+                             entries=answer.advanced, master=self.master)
+            m = await self._stub.GetMetadata(replication_pb2.GetMetadataRequest(), timeout=5, metadata=self._signed())
+        except grpc.RpcError:
+            return  # the stream's log says the master is away
+        before = {t.name for t in self._topics.list(include_system=True)}
+        self._topics.mirror(json.loads(m.topics_json))
+        for name in sorted(before - {t.name for t in self._topics.list(include_system=True)}):
+            await self._on_topic_gone(name)
+        self._groups.mirror(json.loads(m.groups_json))
+        self._schedule.mirror(dict(m.schedule_progress))
+        if m.pop_state_json:
+            try:
+                self._pop.mirror(json.loads(m.pop_state_json), m.pop_secret)
+            except (ValueError, PopStateError) as e:
+                log.warning("the master's pop state is unusable here: %s", e, event="pop_mirror_failed")
+        offsets = decode_offsets(m.offsets_json)
+        self._offsets.mirror(offsets.table, offsets.reset_generations)
+        self.offsets_copied = True
+        await self._after_mirror()

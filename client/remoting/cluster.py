@@ -145,7 +145,7 @@ class BrokerCluster:
         self._reported: set[str] = set()  # listed addresses already warned about as unreachable
         self._retry = RetryGate(ROUTE_RETRY_INTERVAL_S)  # out-of-schedule refreshes while writes cannot go
         # Broker names whose master did not answer in time or said it may no longer be the master: the next
-        # master_connection asks the name servers first (at most every ROUTE_RETRY_INTERVAL_S).
+        # master_connection finds out where writes go first (`_resolve`, one at a time per name).
         self._suspect: set[str] = set()
         self._resolving: dict[str, asyncio.Future[BrokerConnection]] = {}
         self._lock = asyncio.Lock()

@@ -64,7 +64,7 @@ def send(address: str, body: bytes, **kw) -> int:
 @pytest.mark.parametrize("replication", ["sync", "async"])
 def test_a_record_no_replica_holds_is_not_read_and_a_failover_skips_nothing(pair, replication):
     master, replica, link = pair(replication)
-    base = warm_up(master)
+    base = warm_up(master, replica)
     with Admin(brokers=master.address) as admin:
         log_end = admin.broker_status_at(master.address).commit_log_max_offset
 
@@ -94,8 +94,8 @@ def test_a_record_no_replica_holds_is_not_read_and_a_failover_skips_nothing(pair
 
 @pytest.mark.parametrize("replication", ["sync", "async"])
 def test_what_the_replica_acknowledges_becomes_readable(pair, replication):
-    master, _, link = pair(replication)
-    base = warm_up(master)
+    master, replica, link = pair(replication)
+    base = warm_up(master, replica)
     link.blackhole(True)
     try:
         try:
@@ -123,7 +123,7 @@ def test_async_reads_are_not_held_by_a_replica_that_fell_behind(pair):
         link.heal()
 
 
-def warm_up(master) -> int:
+def warm_up(master, replica=None) -> int:
     """Until the replica is in sync (a send acknowledged, and readable: a replica holds it); the queue offset
     of the next send."""
     acked: list[int] = []
@@ -134,9 +134,14 @@ def warm_up(master) -> int:
     with Admin(brokers=master.address) as admin:
         assert admin.max_offset(QUEUE) == end
 
-        # Async reads are unbounded until a replica connected (readable above proves nothing then): what
-        # each test blackholes must be a connected replica.
+        # Async reads are bounded only while a replica is in sync (readable above proves nothing before):
+        # what each test blackholes must be a replica that holds everything and said so.
         wait_until(lambda: admin.broker_status_at(master.address).replicas >= 1, 15, "the replica connected")
+        if replica is not None:
+            log_end = admin.broker_status_at(master.address).commit_log_max_offset
+            with Admin(brokers=replica.address) as at_replica:
+                wait_until(lambda: at_replica.broker_status_at(replica.address).commit_log_max_offset >= log_end,
+                           15, "the replica level with the master")
     return end
 
 

@@ -227,11 +227,20 @@ def test_kill_during_the_write_of_a_large_table_never_leaves_a_torn_file(broker_
             wait_until(lambda v=value: entries(path) == topics * groups * queues
                        and read_table(path)["big0@g0"]["0"] == v, 20, "a persist of the whole table")
         assert entries(bak) == topics * groups * queues
-    for round_ in range(3):
+    for _round in range(3):
         with Api(broker.address) as api:
-            api.commit("g0", "big0", 0, 1 - round_ % 2)  # keep the table changing
-        wait_until(tmp.exists, 20, "a persist in progress", interval=0.001)
-        broker.kill()
+            value = [0]
+
+            def persisting(api=api, value=value) -> bool:
+                # Keep the table changing, so a persist is always due: one commit, then one look, could
+                # miss the only write it caused on a loaded machine and then wait for nothing.
+                if tmp.exists():
+                    return True
+                value[0] ^= 1
+                api.commit("g0", "big0", 0, value[0])
+                return tmp.exists()
+            wait_until(persisting, 20, "a persist in progress", interval=0.001)
+            broker.kill()
         # Whatever the moment, the file in place is a whole table, and so is the .bak.
         assert entries(path) == entries(bak) == topics * groups * queues
         broker.start()

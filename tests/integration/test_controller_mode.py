@@ -4,15 +4,13 @@ acknowledged is lost, and the old master comes back as a replica of the new one.
 
 from __future__ import annotations
 
-import asyncio
 import time
 
-import aetcd
 import pytest
 from etcdproc import EtcdProcess
+from faults.controller import in_sync
 from workload import create_topic, wait_until
 
-from tidemark.broker.cluster.election import Election, parse_controller
 from tidemark.client import (
     Admin,
     FailedPreconditionError,
@@ -31,15 +29,6 @@ def etcd(tmp_path) -> EtcdProcess:
     server = EtcdProcess(tmp_path / "etcd").start()
     yield server
     server.stop()
-
-
-def in_sync(etcd: EtcdProcess) -> frozenset[int]:
-    """The in-sync set the master recorded in etcd."""
-    async def read() -> frozenset[int]:
-        [(host, port)] = parse_controller(etcd.url)
-        async with aetcd.Client(host, port, timeout=5) as client:
-            return (await Election(client, "DefaultCluster", "broker-a", 0, "").view()).in_sync
-    return asyncio.run(read())
 
 
 def status(address: str):

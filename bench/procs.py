@@ -39,7 +39,50 @@ def orphan_safe(command: list[str]) -> list[str]:
     return [sys.executable, "-c", _LAUNCHER, str(os.getpid()), exe, *command[1:]]
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_PORTS_LOW = 20000
+_PORTS_HIGH = max(_PORTS_LOW + 2000, min(_ephemeral_low(), 65536))
+_SLICE = 1500
+_next_port: int | None = None
+_port_lock = threading.Lock()
+
+
+def _first_port() -> int:
+    """Where this process starts looking: its own slice of the range for a pytest-xdist worker (gw0,
+    gw1, ...), so that two workers never pick the same port; elsewhere a place chosen by the pid."""
+    span = _PORTS_HIGH - _PORTS_LOW
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        return _PORTS_LOW + (int(worker[2:]) * _SLICE) % span
+    return _PORTS_LOW + (os.getpid() * 7919) % span
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on, for a server a test or benchmark starts next.
+
+    Picked below the kernel's ephemeral range (ip_local_port_range, 32768 and up here): a port the
+    kernel handed out by bind(0) may be given to some outgoing connection before the server binds it
+    (a full suite saw "port ... is already in use" that way); ports below the range are never
+    handed out on their own. Each process walks its own sequence, so a port is not picked twice."""
+    global _next_port
+    with _port_lock:
+        if _next_port is None:
+            _next_port = _first_port()
+        for _ in range(_PORTS_HIGH - _PORTS_LOW):
+            port = _next_port
+            _next_port = _PORTS_LOW + (_next_port + 1 - _PORTS_LOW) % (_PORTS_HIGH - _PORTS_LOW)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

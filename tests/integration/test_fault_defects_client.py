@@ -354,3 +354,38 @@ def test_a_retry_refused_after_an_attempt_in_doubt_does_not_say_nothing_was_stor
     monkeypatch.undo()
     with Admin(brokers=broker.address) as admin:
         assert [m.body for m in admin.pull(queue, 0).messages] == [b"maybe"], "the first attempt was stored"
+
+
+def test_an_idempotent_batch_in_doubt_never_moves_to_another_queue_of_its_broker(broker_factory, monkeypatch):
+    """Regression (issue 27, long run, failover seed 7026: one message stored twice, in two queues of one
+    broker name). An idempotent batch whose attempt may have been stored, and which leaves its queue (the
+    producer judged its broker down while another broker took writes), starts a new epoch on that queue.
+    Sent to any queue of the same broker name (the promoted replica holds what the master stored), it is
+    stored a second time. The application must get the doubt instead."""
+    from tidemark.client.producer.producer import AsyncProducer
+    from tidemark.client.remoting import streams
+
+    broker = broker_factory()
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("Doubt", 4)
+    original = streams.ProduceStream.send
+    calls: list[int] = []
+
+    async def send(self, topic, queue_id, count, data, timeout, sequence=None):
+        calls.append(queue_id)
+        await original(self, topic, queue_id, count, data, timeout, sequence=sequence)
+        raise UnavailableError("Socket closed (the answer was lost)")
+
+    async def leave_the_queue(self, error, target, tries, deadline, pinned):
+        return False  # what the producer decides when the broker looks down and another one takes writes
+
+    monkeypatch.setattr(streams.ProduceStream, "send", send)
+    monkeypatch.setattr(AsyncProducer, "_same_sequence_again", leave_the_queue)
+    with Producer(brokers=broker.address, retry_times_when_send_failed=3) as producer:
+        with pytest.raises(UnavailableError, match="answer was lost"):  # the doubt itself, retriable
+            producer.send(Message("Doubt", b"once"))
+    assert len(calls) == 1, f"the batch was sent again, to queues {calls[1:]} of the same broker name"
+    monkeypatch.undo()
+    with Admin(brokers=broker.address) as admin:
+        stored = [m.body for q in admin.fetch_message_queues("Doubt") for m in admin.pull(q, 0).messages]
+    assert stored == [b"once"]

@@ -68,6 +68,9 @@ class BrokerConfig:
     master: str = _setting("", "host:port of the master a replica copies (broker_id above 0)")
     controller: str = _setting("", "etcd://HOST:PORT[,HOST:PORT...]: etcd elects the master of broker_name among "
                                "its brokers, which start without broker_id and master (empty: roles by hand)")
+    controller_user: str = _setting("", "Controller mode against an etcd with auth enabled: NAME:PASSWORD of the "
+                                    "etcd user the broker signs in as (a role with read-write on /tidemark/)",
+                                    secret=True)
     controller_lease_s: int = _setting(3, "Controller mode: the master's lease in etcd; a master that cannot renew "
                                        "it stops taking writes, and an in-sync replica takes over once it expires")
     replication: ReplicationMode = _setting(ReplicationMode.ASYNC, "async: answer sends at once; sync: answer only "
@@ -171,6 +174,8 @@ def _controller_problems(c: BrokerConfig):
         parse_controller(c.controller)
     except InvalidArgumentError as e:
         yield str(e)
+    if c.controller_user and not re.fullmatch(r"[^:\s]{1,128}:\S{1,256}", c.controller_user):
+        yield "controller_user must be NAME:PASSWORD"
     if not MIN_TTL_S <= c.controller_lease_s <= 60:
         yield f"controller_lease_s must be {MIN_TTL_S}..60, got {c.controller_lease_s}"
 

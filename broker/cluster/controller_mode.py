@@ -27,6 +27,7 @@ from pathlib import Path
 import aetcd
 
 from tidemark.broker.cluster.election import Election, Master, parse_controller
+from tidemark.broker.cluster.etcd_members import MEMBER_FAILURES, EtcdMembers
 from tidemark.broker.cluster.roles import Role, forget_role, load_role, save_role
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.errors import FailedPreconditionError, StoreError
@@ -38,66 +39,77 @@ from tidemark.common.scheduler import cancel_and_wait
 log = get_logger("tidemark.broker.controller_mode")
 
 MEMBER_FILE_NAME = "member.json"
-CONNECT_TIMEOUT_S = 5
 
 
 class ControllerMode:
     def __init__(self, config: BrokerConfig) -> None:
         self._config = config
         self._endpoints = parse_controller(config.controller)
-        self._client: aetcd.Client | None = None
+        self._client: EtcdMembers | None = None
         self.election: Election | None = None
         self.member_id = 0
         self._broker = None  # the BrokerController, once built
         self._keeper: asyncio.Task | None = None
         self._lost: asyncio.Future[str] | None = None
 
-    async def connect(self) -> aetcd.Client:
-        """A client of the first etcd endpoint that answers (ConnectionError naming them all else)."""
-        errors = []
-        for host, port in self._endpoints:
-            client = aetcd.Client(host, port, timeout=CONNECT_TIMEOUT_S)
-            try:
-                await client.connect()
-                await client.status()
-                return client
-            except (aetcd.exceptions.ClientError, OSError) as e:
-                errors.append(f"{host}:{port}: {e or type(e).__name__}")
-                await client.close()
-        raise ConnectionError(f"no etcd endpoint of {self._config.controller} answers ({'; '.join(errors)})")
+    async def connect(self) -> EtcdMembers:
+        """A client of the etcd members, connected to the first that answers (ConnectionError naming
+        each failure when none does)."""
+        c = self._config
+        user, _, password = c.controller_user.partition(":")
+        members = EtcdMembers(self._endpoints, user=user, password=password,
+                              call_timeout_s=max(0.5, c.controller_lease_s / 3))
+        try:
+            await members.connect()
+        except ConnectionError as e:
+            raise ConnectionError(f"etcd at {c.controller}: {e}") from None
+        return members
 
     async def decide(self) -> BrokerConfig:
-        """This broker's role for its start: the config to build the broker with (master: broker_id 0)."""
+        """This broker's role for its start: the config to build the broker with (master: broker_id 0).
+        A member that fails meanwhile is left for the next (a few rounds of them at most)."""
         c = self._config
         self._client = await self.connect()
-        try:
-            self.member_id = await self._member_id()
-            self.election = Election(self._client, c.cluster_name, c.broker_name, self.member_id, c.address,
-                                     ttl_s=c.controller_lease_s)
-            role = await asyncio.to_thread(load_role, c.config_dir)
-            while True:
-                view = await self.election.view()
-                if view.master is None:
-                    won = await self.election.campaign(epoch_floor=role.epoch if role is not None else 0)
-                    if won is not None:
-                        self._keep_lease()
-                        await asyncio.to_thread(save_role, c.config_dir, Role(0, won.epoch))
-                        return dataclasses.replace(c, broker_id=0, master="")
-                    if not self.election.eligible(view):
-                        log.warning("no master of %s, and this broker was not in sync with the last one: waiting "
-                                    "for an in-sync broker to take over", c.broker_name, event="controller_waiting")
-                        await asyncio.sleep(c.controller_lease_s / 3)
-                    continue
-                if view.master.broker_id == self.member_id:
-                    await asyncio.sleep(0.2)  # this broker's key from before its restart: its lease runs out
-                    continue
-                await asyncio.to_thread(forget_role, c.config_dir)  # a master no longer: it follows
-                log.info("master of %s is broker %d at %s (epoch %d): following it", c.broker_name,
-                         view.master.broker_id, view.master.address, view.master.epoch, event="controller_follow",
-                         master=view.master.address, epoch=view.master.epoch)
-                return dataclasses.replace(c, broker_id=self.member_id, master=view.master.address)
-        except aetcd.exceptions.ClientError as e:
-            raise ConnectionError(f"etcd at {c.controller} failed while deciding this broker's role: {e}") from None
+        failures = 0
+        while True:
+            try:
+                if self.election is None:
+                    self.member_id = await self._member_id()
+                    self.election = Election(self._client, c.cluster_name, c.broker_name, self.member_id,
+                                             c.address, ttl_s=c.controller_lease_s)
+                return await self._decide(await asyncio.to_thread(load_role, c.config_dir))
+            except (aetcd.exceptions.ClientError, TimeoutError) as e:  # (no member answers: ConnectionError)
+                failures += 1
+                if failures > 3 * len(self._endpoints):
+                    raise ConnectionError(f"etcd at {c.controller} failed while deciding this broker's role: "
+                                          f"{e}") from None
+                log.warning("etcd failed while deciding this broker's role: %r; asking again", e,
+                            event="controller_decide_retry")
+                await asyncio.sleep(0.2)
+
+    async def _decide(self, role: Role | None) -> BrokerConfig:
+        c = self._config
+        while True:
+            view = await self.election.view()
+            if view.master is None:
+                won = await self.election.campaign(epoch_floor=role.epoch if role is not None else 0)
+                if won is not None:
+                    self._keep_lease()
+                    await asyncio.to_thread(save_role, c.config_dir, Role(0, won.epoch))
+                    return dataclasses.replace(c, broker_id=0, master="")
+                if not self.election.eligible(view):
+                    log.warning("no master of %s, and this broker was not in sync with the last one: waiting "
+                                "for an in-sync broker to take over", c.broker_name, event="controller_waiting")
+                    await asyncio.sleep(c.controller_lease_s / 3)
+                continue
+            if view.master.broker_id == self.member_id:
+                await asyncio.sleep(0.2)  # this broker's key from before its restart: its lease runs out
+                continue
+            await asyncio.to_thread(forget_role, c.config_dir)  # a master no longer: it follows
+            log.info("master of %s is broker %d at %s (epoch %d): following it", c.broker_name,
+                     view.master.broker_id, view.master.address, view.master.epoch, event="controller_follow",
+                     master=view.master.address, epoch=view.master.epoch)
+            return dataclasses.replace(c, broker_id=self.member_id, master=view.master.address)
 
     def _keep_lease(self) -> None:
         """This broker just won the master key: its lease is kept from now on, before anything else."""
@@ -145,12 +157,27 @@ class ControllerMode:
                     published = in_sync
                 except FailedPreconditionError as e:  # the key is no longer this broker's
                     self._on_lost(str(e))
-                except (TimeoutError, aetcd.exceptions.ClientError, OSError) as e:
+                except MEMBER_FAILURES as e:
                     log.warning("cannot record the in-sync set in etcd: %r", e, event="in_sync_unrecorded")
             await asyncio.wait([lost], timeout=election.ttl_s / 3)
 
     async def _follow_until_vacant(self, broker) -> Master:
         """Follow whoever is master; return once this broker won the vacant mastership (its lease kept)."""
+        prober = asyncio.get_running_loop().create_task(self._probe_members(), name="controller-probe")
+        try:
+            return await self._watch_until_won(broker)
+        finally:
+            await cancel_and_wait(prober)
+
+    async def _probe_members(self) -> None:
+        """While this broker only watches: a member that froze or lost its quorum sends no event and no
+        error, so a read every lease tells; a failed one is left behind, which ends the watch through it."""
+        while True:
+            await asyncio.sleep(self._config.controller_lease_s)
+            with contextlib.suppress(*MEMBER_FAILURES):
+                await self._client.probe()
+
+    async def _watch_until_won(self, broker) -> Master:
         backoff = Backoff(first_s=0.2, max_s=2.0)
         failures = 0
         while True:
@@ -168,7 +195,7 @@ class ControllerMode:
                                 return won
                         elif master.broker_id != self.member_id and master.address != broker.config.master:
                             await broker.follow(master.address)
-            except (aetcd.exceptions.ClientError, OSError) as e:
+            except MEMBER_FAILURES as e:
                 log.warning("etcd watch of the master failed: %r; watching again", e, event="controller_watch_failed")
             await asyncio.sleep(backoff.delay(failures))
             failures += 1
@@ -180,7 +207,7 @@ class ControllerMode:
         if self.election is not None and self.election.won is not None:
             try:
                 await self.election.resign()
-            except (aetcd.exceptions.ClientError, OSError) as e:
+            except MEMBER_FAILURES as e:
                 log.warning("could not resign in etcd (the lease expires by itself): %s", e, event="resign_failed")
         if self._client is not None:
             await self._client.close()

@@ -32,6 +32,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import aetcd
 
@@ -89,9 +90,10 @@ def parse_controller(url: str) -> list[tuple[str, int]]:
 
 
 class Election:
-    """One broker's side of its name's election. Not thread-safe: the broker's event loop only."""
+    """One broker's side of its name's election, through `client` (an aetcd.Client, or EtcdMembers over
+    several members). Not thread-safe: the broker's event loop only."""
 
-    def __init__(self, client: aetcd.Client, cluster: str, broker_name: str, broker_id: int, address: str, *,
+    def __init__(self, client: Any, cluster: str, broker_name: str, broker_id: int, address: str, *,
                  ttl_s: int = 3, clock: Callable[[], float] = time.monotonic) -> None:
         if ttl_s < MIN_TTL_S:
             raise InvalidArgumentError(f"the master lease must last at least {MIN_TTL_S} s, got {ttl_s}")

@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aetcd
-from etcdproc import EtcdProcess
+from etcdproc import EtcdCluster, EtcdProcess
 
 from tidemark.broker.cluster.election import Election, parse_controller
+from tidemark.broker.cluster.etcd_members import EtcdMembers
 from tidemark.client import Admin, TidemarkError
 
 from .history import Event, Kind, Phase
@@ -129,12 +130,14 @@ def _fenced(node: Node) -> bool:
     return s is not None and s.role == "MASTER" and not s.writable
 
 
-def in_sync(etcd: EtcdProcess) -> frozenset[int]:
-    """The in-sync set the master recorded in etcd (empty when etcd does not answer)."""
+def in_sync(etcd: EtcdProcess | EtcdCluster) -> frozenset[int]:
+    """The in-sync set the master recorded in etcd (empty when no member answers)."""
     async def read() -> frozenset[int]:
-        [(host, port)] = parse_controller(etcd.url)
-        async with aetcd.Client(host, port, timeout=1) as client:
-            return (await Election(client, "DefaultCluster", "broker-a", 0, "").view()).in_sync
+        members = EtcdMembers(parse_controller(etcd.url), call_timeout_s=1)
+        try:
+            return (await Election(members, "DefaultCluster", "broker-a", 0, "").view()).in_sync
+        finally:
+            await members.close()
     try:
         return asyncio.run(read())
     except (aetcd.exceptions.ClientError, OSError, TimeoutError):

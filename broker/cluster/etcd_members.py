@@ -1,0 +1,150 @@
+"""One broker's connection to an etcd cluster of one or more members (`--controller etcd://A,B,C`).
+
+aetcd talks to one member. This keeps a client of one member at a time and moves to the next member
+once a call through it fails: the member died (the call fails at once), froze or lost its quorum (the
+call outlives `call_timeout_s`), or forgot this broker's auth token (etcd restarted). Closing the old
+client ends every watch it carries, so a watcher starts again on the next member. Nothing here retries:
+the callers (lease keeper, watch loop, start-up) already retry on their own schedule, and each retry
+now reaches a member that may answer. With one member, "the next" is the same one, reconnected.
+
+etcd's own authentication (`controller_user`, NAME:PASSWORD; etcd with `auth enable`) is done per
+client: each new connection authenticates before its first call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aetcd
+
+from tidemark.common.logs import get_logger
+
+log = get_logger("tidemark.broker.etcd")
+
+# aetcd's errors and timeouts, and the OS's: any of them moves the next call to the next member.
+MEMBER_FAILURES = (aetcd.exceptions.ClientError, OSError, TimeoutError)
+CONNECT_TIMEOUT_S = 5.0
+PROBE_KEY = b"/tidemark/"  # inside the prefix a broker's etcd role may read
+
+
+class EtcdMembers:
+    """An aetcd-shaped client (the calls the controller makes) over every member. Event loop only."""
+
+    def __init__(self, endpoints: list[tuple[str, int]], *, user: str = "", password: str = "",
+                 call_timeout_s: float = 1.0) -> None:
+        if not endpoints:
+            raise ValueError("no etcd endpoint")
+        self._endpoints = list(endpoints)
+        self._user, self._password = user or None, password or None
+        self._timeout = call_timeout_s
+        self._next = 0  # the member the next new client dials
+        self._client: aetcd.Client | None = None
+        self._dialing: asyncio.Lock | None = None
+        self.transactions = aetcd.client.Transactions()  # builds compare/request objects; no connection
+        self.switches = 0  # members left behind after a failure (tests and logs)
+
+    @property
+    def endpoint(self) -> str:
+        """host:port of the member calls go to now ("" between members)."""
+        return _endpoint_of(self._client) if self._client is not None else ""
+
+    async def connect(self) -> None:
+        """A member that answers, from the next one on; ConnectionError naming each failure when none does."""
+        await self._current()
+
+    async def _current(self) -> aetcd.Client:
+        if self._client is not None:
+            return self._client
+        if self._dialing is None:
+            self._dialing = asyncio.Lock()
+        async with self._dialing:
+            if self._client is not None:
+                return self._client
+            errors = []
+            for _ in self._endpoints:
+                host, port = self._endpoints[self._next % len(self._endpoints)]
+                self._next += 1
+                client = aetcd.Client(host, port, username=self._user, password=self._password)
+                try:  # a member that just started may take a while to answer its first call
+                    await asyncio.wait_for(self._greet(client), max(self._timeout, CONNECT_TIMEOUT_S))
+                except MEMBER_FAILURES as e:
+                    errors.append(f"{host}:{port}: {e or type(e).__name__}")
+                    await _close_quietly(client)
+                    continue
+                self._client = client
+                return client
+            raise ConnectionError("no etcd member answers (" + "; ".join(errors) + ")")
+
+    @staticmethod
+    async def _greet(client: aetcd.Client) -> None:
+        await client.connect()  # authenticates, when a user is set
+        await client.status()
+
+    async def _failed(self, client: aetcd.Client, error: BaseException) -> None:
+        """A call through `client` failed: the next call goes to the next member (once per failed client)."""
+        if self._client is not client:
+            return  # another call already moved on
+        self._client = None
+        self.switches += 1
+        log.warning("etcd member %s failed (%r): moving to the next member", _endpoint_of(client), error,
+                    event="etcd_member_failed")
+        await _close_quietly(client)  # ends its watches: their loops watch again through the next member
+
+    async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
+        client = await self._current()
+        try:
+            return await asyncio.wait_for(getattr(client, name)(*args, **kw), self._timeout)
+        except MEMBER_FAILURES as e:
+            if not isinstance(e, aetcd.exceptions.PreconditionFailedError):  # an answer, not a failure
+                await self._failed(client, e)
+            raise
+
+    async def status(self) -> Any:
+        return await self._call("status")
+
+    async def get(self, key: bytes) -> Any:
+        return await self._call("get", key)
+
+    async def get_prefix(self, prefix: bytes) -> Any:
+        return await self._call("get_prefix", prefix)
+
+    async def put(self, key: bytes, value: bytes, **kw: Any) -> Any:
+        return await self._call("put", key, value, **kw)
+
+    async def transaction(self, *, compare: list, success: list, failure: list) -> Any:
+        return await self._call("transaction", compare=compare, success=success, failure=failure)
+
+    async def lease(self, ttl: int) -> Any:
+        return await self._call("lease", ttl)
+
+    async def refresh_lease(self, lease_id: int) -> Any:
+        return await self._call("refresh_lease", lease_id)
+
+    async def revoke_lease(self, lease_id: int) -> Any:
+        return await self._call("revoke_lease", lease_id)
+
+    async def watch(self, key: bytes) -> Any:
+        """A watch of `key` on the current member; it ends (or raises) when that member is left behind."""
+        return await self._call("watch", key)
+
+    async def probe(self) -> None:
+        """One linearizable read through the current member: one that froze or lost its quorum is left
+        behind (and its watches end) within a call timeout, though a watcher asks nothing else of it."""
+        await self._call("get", PROBE_KEY)
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
+
+
+def _endpoint_of(client: aetcd.Client) -> str:
+    return f"{client._host}:{client._port}"
+
+
+async def _close_quietly(client: aetcd.Client) -> None:
+    try:
+        await client.close()
+    except Exception as e:  # a channel already broken: nothing left to release
+        log.debug("closing an etcd client failed: %r", e)

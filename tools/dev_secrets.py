@@ -36,7 +36,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_DIR = ROOT / "deploy" / "secrets"
-BROKER_NAMES = ("broker-a", "broker-b", "broker-a-replica", "broker-b-replica", "namesrv-1", "namesrv-2", "localhost")
+BROKER_NAMES = ("broker-a-1", "broker-a-2", "broker-b-1", "broker-b-2", "namesrv-1", "namesrv-2", "localhost")
 BROKER_IPS = ("127.0.0.1", "::1")
 # The images' user (Dockerfile: useradd --uid 10001): it must be able to read broker.key.
 CONTAINER_UID = 10001

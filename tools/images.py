@@ -1,6 +1,7 @@
-"""Build the broker and Spark images (`make images`).
+"""Build the broker, Spark and etcd images (`make images`).
 
-    .venv/bin/python tools/images.py [--base IMAGE] [--broker-tag T] [--spark-tag T] [--json FILE]
+    .venv/bin/python tools/images.py [--base IMAGE] [--broker-tag T] [--spark-tag T] [--etcd-tag T]
+                                     [--json FILE]
 
 1. A wheelhouse in build/wheels, made here with pip, so a build needs no package index (and no
    certificates) inside the container, and is reproducible:
@@ -16,6 +17,8 @@
 3. `docker build --target broker` and `--target spark` of the Dockerfile, tagged as
    docker-compose.yml names them. The dependencies and Tidemark are separate layers: a code change
    rebuilds only Tidemark's (about 1 MB), and unchanged inputs rebuild nothing.
+4. deploy/etcd/Dockerfile: Debian's etcd-server on the same base (controller mode's etcd members),
+   from the base's package index, with no build context.
 
 Prints what it does; with --json, writes the images' sizes, packages and build times there.
 """
@@ -42,6 +45,8 @@ PUBLIC_BASE = "python:3.11-slim"
 LOCAL_BASE = "tidemark-base:bookworm"
 BROKER_TAG = "tidemark/broker:0.1.0"
 SPARK_TAG = "tidemark/spark:0.1.0"
+ETCD_TAG = "tidemark/etcd:0.1.0"
+ETCD_DOCKERFILE = ROOT / "deploy" / "etcd" / "Dockerfile"
 # What each image installs. pyproject.toml has no [broker] extra yet: pip then warns and installs the
 # base dependencies, which are the broker's today.
 IMAGE_EXTRAS = {"broker": "broker", "spark": "spark"}
@@ -210,6 +215,17 @@ def build_image(target: str, tag: str, base: str) -> float:
     return time.monotonic() - started
 
 
+def build_etcd_image(tag: str, base: str) -> float:
+    """docker build of deploy/etcd/Dockerfile: Debian's etcd on the same base, no context."""
+    started = time.monotonic()
+    argv = ["docker", "build", "--quiet", "--tag", tag, "--build-arg", f"BASE_IMAGE={base}", "-"]
+    print("+ " + " ".join(argv) + f" < {ETCD_DOCKERFILE.relative_to(ROOT)}", flush=True)
+    with open(ETCD_DOCKERFILE, "rb") as dockerfile:
+        if subprocess.run(argv, stdin=dockerfile, stdout=subprocess.DEVNULL).returncode != 0:
+            raise ImageError("docker build of deploy/etcd/Dockerfile failed")
+    return time.monotonic() - started
+
+
 def _no_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if "__pycache__" in info.name else info
 
@@ -219,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--base", default=os.environ.get("BASE_IMAGE") or None, help="base image (default: see above)")
     p.add_argument("--broker-tag", default=BROKER_TAG)
     p.add_argument("--spark-tag", default=SPARK_TAG)
+    p.add_argument("--etcd-tag", default=ETCD_TAG)
     p.add_argument("--json", type=Path, help="write sizes, packages and build times here")
     args = p.parse_args(argv)
     if shutil.which("docker") is None:
@@ -233,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         wheels_s = time.monotonic() - t
         broker_s = build_image("broker", args.broker_tag, base)
         spark_s = build_image("spark", args.spark_tag, base)
+        etcd_s = build_etcd_image(args.etcd_tag, base)
     except ImageError as e:
         print(f"images: {e}", file=sys.stderr)
         return 1
@@ -240,9 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"images: {' '.join(map(str, e.cmd))} exited with {e.returncode}", file=sys.stderr)
         return 1
     summary = {"base": base, "base_s": round(base_s, 1), "wheels_s": round(wheels_s, 1)}
-    for name, tag, build_s in (("broker", args.broker_tag, broker_s), ("spark", args.spark_tag, spark_s)):
+    for name, tag, build_s in (("broker", args.broker_tag, broker_s), ("spark", args.spark_tag, spark_s),
+                               ("etcd", args.etcd_tag, etcd_s)):
         summary[name] = {"tag": tag, "bytes": image_size(tag), "build_s": round(build_s, 1),
-                         "packages": packages[name]}
+                         "packages": packages.get(name, ["etcd-server", "etcd-client"])}
         print(f"{tag}: {summary[name]['bytes'] / 1e6:.0f} MB, built in {build_s:.0f} s (on {base})")
     if args.json:
         args.json.write_text(json.dumps(summary))

@@ -1,7 +1,8 @@
 """The shipped stack in a real container engine: images built as `make images` builds them,
-docker-compose.yml brought up as it is, the example pipeline's job run to its exit, then a graceful
-stop and a second start on the same volumes: two name servers, two broker groups of master + replica,
-Spark and the job. The brokers serve TLS with auth on, from secrets that
+docker-compose.yml brought up as it is, the example pipeline's job run to its exit while the master of
+broker-a is killed under it (etcd elects its replica; nobody promotes anything), then a graceful stop and
+a second start on the same volumes: two name servers, a three-member etcd, two broker groups of two
+brokers in controller mode, Spark and the job. The brokers serve TLS with auth on, from secrets that
 tools/dev_secrets.py writes into a temp dir here (TIDEMARK_SECRETS_DIR, mounted read-only); the host
 side reaches them through the published ports with the same CA and credentials.
 
@@ -22,16 +23,18 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.client import Admin, TlsSettings, UnauthenticatedError
+from tidemark.client import Admin, TidemarkError, TlsSettings, UnauthenticatedError
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = f"tidemark-test-{os.getpid()}"
-BROKERS = ("broker-a", "broker-b")  # the masters: their ports are published
-REPLICAS = ("broker-a-replica", "broker-b-replica")
+GROUPS = {"broker-a": ("broker-a-1", "broker-a-2"), "broker-b": ("broker-b-1", "broker-b-2")}
+BROKERS = tuple(name for pair in GROUPS.values() for name in pair)  # every one publishes its ports
 NAMESRVS = ("namesrv-1", "namesrv-2")
+ETCDS = ("etcd-1", "etcd-2", "etcd-3")
 # Empty: Docker picks the host port (the file publishes on 127.0.0.1 only).
-PUBLISH = {name: "" for name in ("BROKER_A_PORT", "BROKER_B_PORT", "BROKER_A_METRICS_PORT",
-                                 "BROKER_B_METRICS_PORT", "SPARK_UI_PORT")}
+PUBLISH = {name: "" for name in ("BROKER_A1_PORT", "BROKER_A2_PORT", "BROKER_B1_PORT", "BROKER_B2_PORT",
+                                 "BROKER_A1_METRICS_PORT", "BROKER_A2_METRICS_PORT", "BROKER_B1_METRICS_PORT",
+                                 "BROKER_B2_METRICS_PORT", "SPARK_UI_PORT")}
 GROUP, TOPIC = "demo-pipeline", "demo-events"
 # Set by the `secrets` fixture: where compose finds the certificates and tidemark.env.
 SECRETS_VAR = "TIDEMARK_SECRETS_DIR"
@@ -78,8 +81,28 @@ def published(service: str, port: int) -> str:
     return docker("port", container(service), f"{port}/tcp").splitlines()[0]
 
 
+def role(service: str) -> str:
+    """MASTER or REPLICA, as the broker says through its published port ("" when it does not answer)."""
+    address = published(service, 10911)
+    try:
+        with Admin(brokers=address, **security()) as admin:
+            return admin.broker_status_at(address).role
+    except TidemarkError:
+        return ""
+
+
+def masters() -> dict[str, str]:
+    """broker name -> the service that is its master now (etcd's choice)."""
+    found = {}
+    for group, services in GROUPS.items():
+        current = [s for s in services if role(s) == "MASTER"]
+        assert len(current) == 1, f"{group}: masters {current}"
+        found[group] = current[0]
+    return found
+
+
 def brokers_address() -> str:
-    return ",".join(published(name, 10911) for name in BROKERS)
+    return ",".join(published(name, 10911) for name in masters().values())
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -129,13 +152,19 @@ def secrets(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def stack(images, secrets):
-    """The whole stack up; the job's exit code and how long it took from `up`. The Spark worker must stay
-    up meanwhile: a worker that cannot start (its work dir, say) would leave the job waiting for
-    executors until the timeout."""
+    """The whole stack up; broker-a's master killed (SIGKILL) once the job has produced its events and
+    Spark reads them; the job's exit code and how long it took from `up`; then the killed broker started
+    again. The Spark worker must stay up meanwhile: a worker that cannot start (its work dir, say) would
+    leave the job waiting for executors until the timeout."""
     started = time.monotonic()
     try:
         compose("up", "--detach", "--no-build")
         job, worker = container("job"), container("spark-worker")
+        wait_for(lambda: "produced 2000 events" in logs(job) or not state("job")["Running"], 600,
+                 "the job to produce its events")
+        killed = masters()["broker-a"]
+        docker("kill", "--signal", "KILL", container(killed))
+        killed_at = time.monotonic()
         deadline = started + 900
         while (job_state := json.loads(docker("inspect", "--format", "{{json .State}}", job)))["Running"]:
             worker_state = json.loads(docker("inspect", "--format", "{{json .State}}", worker))
@@ -143,8 +172,10 @@ def stack(images, secrets):
             assert time.monotonic() < deadline, f"the job did not finish in 900 s:\n{logs(job)[-4000:]}"
             time.sleep(1)
         elapsed = time.monotonic() - started
-        print(f"\nstack: job exited {job_state['ExitCode']} {elapsed:.0f} s after `up`")
-        yield {"job_exit": job_state["ExitCode"], "job_s": elapsed, "job_log": logs(job)}
+        print(f"\nstack: job exited {job_state['ExitCode']} {elapsed:.0f} s after `up`, "
+              f"{time.monotonic() - killed_at:.0f} s after {killed} (broker-a's master) was killed")
+        docker("start", container(killed))  # it comes back as the new master's replica
+        yield {"job_exit": job_state["ExitCode"], "job_s": elapsed, "job_log": logs(job), "killed": killed}
     finally:
         subprocess.run(["docker-compose", "--project-name", PROJECT, "--file", str(ROOT / "docker-compose.yml"),
                         "down", "--volumes", "--remove-orphans", "--timeout", "30"], cwd=ROOT,
@@ -159,12 +190,12 @@ def test_the_job_runs_the_pipeline_and_exits_0(stack):
 def test_the_group_has_lag_0_across_both_brokers_through_the_published_ports(stack):
     with Admin(brokers=brokers_address(), **security()) as admin:
         stats = admin.consume_stats(GROUP, TOPIC)
-    assert {s.queue.broker_name for s in stats} == set(BROKERS), "the topic should span both brokers"
+    assert {s.queue.broker_name for s in stats} == set(GROUPS), "the topic should span both groups"
     assert sum(s.max_offset for s in stats) == 2000 and sum(s.lag for s in stats) == 0
 
 
 def test_a_client_without_credentials_is_refused_and_metrics_answer_on_the_published_ports(stack):
-    for name in BROKERS:
+    for name in masters().values():
         address = published(name, 10911)
         with pytest.raises(UnauthenticatedError), \
                 Admin(brokers=address, tls=security()["tls"], credentials=None) as anonymous:
@@ -190,29 +221,44 @@ def test_the_job_ran_on_the_worker_as_non_root_on_a_read_only_root(stack):
         os.environ[STACK_RAN_IN_AN_ENGINE] = "1"
 
 
-def test_every_broker_and_name_server_reports_healthy(stack):
-    for name in (*NAMESRVS, *BROKERS, *REPLICAS):
-        wait_for(lambda n=name: healthy(n), 60, f"{name} healthy")
+def test_every_broker_etcd_member_and_name_server_reports_healthy(stack):
+    for name in (*NAMESRVS, *ETCDS, *BROKERS):
+        wait_for(lambda n=name: healthy(n), 90, f"{name} healthy")
+
+
+def test_etcd_elected_the_replica_and_the_killed_master_rejoined_as_its_replica(stack):
+    """Nobody promoted anything: the killed master's partner was elected by etcd, and the killed broker,
+    started again, follows it."""
+    killed = stack["killed"]
+    partner = next(s for s in GROUPS["broker-a"] if s != killed)
+    wait_for(lambda: role(killed) == "REPLICA", 90, f"{killed} back as a replica")
+    assert role(partner) == "MASTER"
+    assert "event=master_elected" in logs(container(partner))
+    assert "event=controller_follow" in logs(container(killed))
 
 
 def test_each_replica_follows_its_master(stack):
     """Through the name servers inside the stack: replicas registered, caught up, holding the group's offsets."""
-    for name in REPLICAS:
-        log = logs(container(name))
-        assert "event=replication_connected" in log, log[-2000:]
-    assert "event=replica_connected" in logs(container("broker-a"))
+    for group, master in masters().items():
+        replica = next(s for s in GROUPS[group] if s != master)
+        wait_for(lambda r=replica: "event=replication_connected" in logs(container(r)), 90,
+                 f"{replica} copying {master}")
+        assert "event=replica_connected" in logs(container(master))
 
 
 def test_stop_is_graceful_and_a_new_start_keeps_topics_messages_and_offsets(stack):
+    with Admin(brokers=brokers_address(), **security()) as admin:  # the rejoined broker holds everything
+        wait_for(lambda: all(b.replica_lag_bytes == 0 for b in admin.cluster_list()), 90, "replicas caught up")
     before = snapshot(brokers_address())
     compose("stop", timeout=300)
-    tidemark = (*NAMESRVS, *BROKERS, *REPLICAS)
-    for service in (*tidemark, "spark-master", "spark-worker"):
+    tidemark = (*NAMESRVS, *BROKERS)
+    for service in (*tidemark, *ETCDS, "spark-master", "spark-worker"):
         s = state(service)
         assert not s["Running"] and not s["OOMKilled"], (service, s)
-        # 0: a broker's own graceful exit; 143: the JVM's exit on SIGTERM. 137 would be SIGKILL after the grace.
-        assert s["ExitCode"] == (0 if service in tidemark else 143), (service, s)
-    for name in (*BROKERS, *REPLICAS):
+        # 0: a broker's or etcd's own graceful exit; 143: the JVM's exit on SIGTERM. 137 would be SIGKILL
+        # after the grace.
+        assert s["ExitCode"] == (143 if service.startswith("spark") else 0), (service, s)
+    for name in BROKERS:
         log = logs(container(name))
         assert "event=offsets_flushed" in log and "event=broker_stop" in log, log[-2000:]
     compose("up", "--detach", "--no-build", *BROKERS)

@@ -2,8 +2,8 @@
 
 The compose file is validated against the pinned Compose Specification schema, and every service's
 command runs as a plain process with the same arguments and environment, container names and
-ports mapped to 127.0.0.1 and free ports: two name servers, two broker groups of master + replica,
-a Spark master and worker, and the job. The Spark services run as the file says, as a non-root user
+ports mapped to 127.0.0.1 and free ports: two name servers, a three-member etcd, two broker groups of
+two brokers in controller mode (etcd elects each master), a Spark master and worker, and the job. The Spark services run as the file says, as a non-root user
 on a read-only root: when the tests run as root they drop to that uid, the install (.venv) stays
 root's, and Spark's dirs (the image's SPARK_* variables) are writable only where the file mounts
 something; the job's tasks must run on that worker.
@@ -21,6 +21,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import pytest
 import yaml
 from brokerproc import free_port, orphan_safe
 from cryptography.hazmat.primitives import serialization
+from etcdproc import etcd_binary
 from workload import wait_until
 
 from tidemark.client import Admin, TlsSettings, UnauthenticatedError
@@ -40,9 +42,11 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
 SCHEMA = ROOT / "tests" / "compose" / "compose-spec.json"
 SCHEMA_SHA256 = "0dc04bd346dcfee1b1419628fff79937bbf076925f298f272a2b490e2b112bac"
-BROKERS = ("broker-a", "broker-b")  # the masters, with published ports
-REPLICAS = ("broker-a-replica", "broker-b-replica")
+GROUPS = {"broker-a": ("broker-a-1", "broker-a-2"), "broker-b": ("broker-b-1", "broker-b-2")}
+BROKERS = tuple(name for pair in GROUPS.values() for name in pair)  # each publishes its ports
 NAMESRVS = ("namesrv-1", "namesrv-2")
+ETCDS = ("etcd-1", "etcd-2", "etcd-3")
+CONTROLLER = "etcd://etcd-1:2379,etcd-2:2379,etcd-3:2379"
 SECRETS_VAR = "TIDEMARK_SECRETS_DIR"
 # The containers' health probe: standard library only (broker/observe/probe.py).
 PROBE = ("python", "-m", "tidemark.broker.observe.probe")
@@ -64,43 +68,50 @@ def test_compose_file_is_valid_against_the_compose_specification():
     errors = [e.message for e in validator().iter_errors(compose())]
     assert errors == []
     broken = copy.deepcopy(compose())
-    broken["services"]["broker-a"]["healthcheck"]["interval"] = 5
-    broken["services"]["job"]["depends_on"]["broker-a"]["condition"] = "service_ready"
-    broken["services"]["broker-b"]["comand"] = ["typo"]
+    broken["services"]["broker-a-1"]["healthcheck"]["interval"] = 5
+    broken["services"]["job"]["depends_on"]["broker-a-1"]["condition"] = "service_ready"
+    broken["services"]["broker-b-1"]["comand"] = ["typo"]
     assert len(list(validator().iter_errors(broken))) >= 3, "the validator accepts broken files"
 
 
 def test_the_stack_has_what_the_pipeline_needs():
     services = compose()["services"]
-    assert set(services) == {*NAMESRVS, *BROKERS, *REPLICAS, "spark-master", "spark-worker", "job"}
+    assert set(services) == {*NAMESRVS, *ETCDS, *BROKERS, "spark-master", "spark-worker", "job"}
     volumes, host_ports = set(), set()
-    for name in (*BROKERS, *REPLICAS):
+    for group, pair in GROUPS.items():
+        for name in pair:
+            s = services[name]
+            assert s["build"]["target"] == "broker"
+            volumes.add(s["volumes"][0].split(":")[0])
+            for p in s["ports"]:
+                ip, host_port, _ = p.split(":")
+                assert ip == "127.0.0.1", "published on the loopback only"
+                host_ports.add(host_port)
+            assert s["healthcheck"]["test"] == ["CMD", *PROBE, "http://127.0.0.1:9090/healthz"]
+            flags = _flags(s["command"])
+            assert f"--advertise-addr={name}:10911" in flags and f"--broker-name={group}" in flags
+            assert not any(f.startswith(("--broker-id=", "--master=")) for f in flags), "etcd decides roles"
+            assert ("--replication=sync" in flags) == (group == "broker-a"), "broker-a replicates synchronously"
+            env = s["environment"]
+            assert str(env["TIDEMARK_AUTH"]).lower() in ("1", "true"), "auth on"
+            assert env["TIDEMARK_NAMESRV"] == "namesrv-1:9876,namesrv-2:9876"
+            assert env["TIDEMARK_CONTROLLER"] == CONTROLLER
+            secrets = _secret_mounts(s).values()
+            for key in ("TIDEMARK_TLS_CERT", "TIDEMARK_TLS_KEY", "TIDEMARK_TLS_CA_FILE", "TIDEMARK_PEER_TLS_CA"):
+                assert any(env[key].startswith(t) for t in secrets), f"{name} {key} is not a mounted secret"
+            assert s["env_file"] == f"${{{SECRETS_VAR}-./deploy/secrets}}/tidemark.env", "TIDEMARK_INIT_USER"
+            assert env["TIDEMARK_METRICS_HOST"] == "0.0.0.0", "the published metrics port needs it"
+            assert {k: v["condition"] for k, v in s["depends_on"].items()} == {
+                n: "service_healthy" for n in (*NAMESRVS, *ETCDS)}
+    assert len(volumes) == 4 and len(host_ports) == 8, "each broker has its own volume and published ports"
+    for name in ETCDS:
         s = services[name]
-        assert s["build"]["target"] == "broker"
-        volumes.add(s["volumes"][0].split(":")[0])
-        for p in s.get("ports", []):
-            ip, host_port, _ = p.split(":")
-            assert ip == "127.0.0.1", "published on the loopback only"
-            host_ports.add(host_port)
-        assert s["healthcheck"]["test"] == ["CMD", *PROBE, "http://127.0.0.1:9090/healthz"]
+        assert s["image"] == "tidemark/etcd:0.1.0" and s["build"]["context"] == "deploy/etcd"
         flags = _flags(s["command"])
-        assert f"--advertise-addr={name}:10911" in flags
-        group = name.removesuffix("-replica")
-        assert f"--broker-name={group}" in flags
-        if name in REPLICAS:
-            assert {"--broker-id=1", f"--master={group}:10911"} <= flags and "ports" not in s
-        env = s["environment"]
-        assert str(env["TIDEMARK_AUTH"]).lower() in ("1", "true"), "auth on"
-        assert env["TIDEMARK_NAMESRV"] == "namesrv-1:9876,namesrv-2:9876"
-        secrets = _secret_mounts(s).values()
-        for key in ("TIDEMARK_TLS_CERT", "TIDEMARK_TLS_KEY", "TIDEMARK_TLS_CA_FILE", "TIDEMARK_PEER_TLS_CA"):
-            assert any(env[key].startswith(target) for target in secrets), f"{name} {key} is not a mounted secret"
-        assert s["env_file"] == f"${{{SECRETS_VAR}-./deploy/secrets}}/tidemark.env", "TIDEMARK_INIT_USER"
-        assert env["TIDEMARK_METRICS_HOST"] == "0.0.0.0", "the published metrics port needs it"
-        assert {k: v["condition"] for k, v in s["depends_on"].items()} == {n: "service_healthy" for n in NAMESRVS}
-    assert "--replication=sync" in _flags(services["broker-a"]["command"]), "one group replicates synchronously"
-    assert "--replication=sync" not in _flags(services["broker-b"]["command"])
-    assert len(volumes) == 4 and len(host_ports) == 4, "each broker needs its own volume; masters publish ports"
+        assert f"--name={name}" in flags and f"--advertise-client-urls=http://{name}:2379" in flags
+        assert s["environment"]["ETCD_INITIAL_CLUSTER"] == ",".join(f"{n}=http://{n}:2380" for n in ETCDS)
+        assert s["volumes"] == [f"{name}-data:/var/lib/etcd-data"]
+        assert s["healthcheck"]["test"][:2] == ["CMD", "etcdctl"] and "ports" not in s, "etcd stays on the network"
     for name in NAMESRVS:
         s = services[name]
         assert s["entrypoint"] == ["tidemark", "namesrv"] and "--tls-cert=/run/secrets/tidemark/broker.pem" in \
@@ -111,8 +122,15 @@ def test_the_stack_has_what_the_pipeline_needs():
         assert "/run/secrets/tidemark/ca.pem" in _secret_mounts(services[name]).values(), name
     job = services["job"]
     assert {k: v["condition"] for k, v in job["depends_on"].items() if k != "spark-worker"} == {
-        n: "service_healthy" for n in (*BROKERS, *REPLICAS)}
+        n: "service_healthy" for n in BROKERS}
     assert "--namesrv=namesrv-1:9876,namesrv-2:9876" in _flags(job["command"])
+
+
+def test_the_etcd_image_is_debians_etcd_as_a_non_root_user():
+    text = (ROOT / "deploy" / "etcd" / "Dockerfile").read_text()
+    assert "ARG BASE_IMAGE=python:3.11-slim" in text and "apt-get install" in text and "etcd-server" in text
+    assert "USER 10002:10002" in text and 'VOLUME ["/var/lib/etcd-data"]' in text
+    assert 'ENTRYPOINT ["etcd"]' in text and "secret" not in text.lower()
 
 
 def test_every_service_runs_with_least_privilege_and_leaves_no_anonymous_volume():
@@ -230,9 +248,10 @@ class Stack:
     def __init__(self, tmp: Path, secrets: Path) -> None:
         self.tmp = tmp  # readable by the services' non-root users: their mounts are made in it
         self.variables = {SECRETS_VAR: str(secrets)}
-        self.ports = {(name, 10911): free_port() for name in (*BROKERS, *REPLICAS)}
+        self.ports = {(name, 10911): free_port() for name in BROKERS}
         self.ports.update({(name, 9876): free_port() for name in NAMESRVS})
-        self.ports.update({(name, 9090): free_port() for name in (*BROKERS, *REPLICAS)})  # metrics, /healthz
+        self.ports.update({(name, 9090): free_port() for name in BROKERS})  # metrics, /healthz
+        self.ports.update({(name, port): free_port() for name in ETCDS for port in (2379, 2380)})
         self.ports[("spark-master", 7077)] = free_port()
         self.procs: dict[str, subprocess.Popen] = {}
 
@@ -267,9 +286,10 @@ class Stack:
             out.append(a)
         return out
 
-    def env(self, service: dict) -> dict[str, str]:
+    def env(self, service: dict, name: str = "") -> dict[str, str]:
         """os.environ, the service's env_file, then its environment; paths in the container's secret
-        mounts become the secrets directory's paths, 0.0.0.0 becomes 127.0.0.1."""
+        mounts become the secrets directory's paths, 0.0.0.0 becomes 127.0.0.1 (0.0.0.0:PORT, the
+        service `name`'s port mapped)."""
         env = dict(os.environ)
         if "env_file" in service:
             for line in Path(_interpolate(service["env_file"], self.variables)).read_text().splitlines():
@@ -282,8 +302,10 @@ class Stack:
             for target, source in mounts.items():
                 if value.startswith(target):
                     value = source + value[len(target):]
-            for (name, port), local in self.ports.items():  # TIDEMARK_NAMESRV names containers
-                value = value.replace(f"{name}:{port}", f"127.0.0.1:{local}")
+            for (host, port), local in self.ports.items():  # TIDEMARK_NAMESRV names containers
+                value = value.replace(f"{host}:{port}", f"127.0.0.1:{local}")
+                if host == name:
+                    value = value.replace(f"0.0.0.0:{port}", f"127.0.0.1:{local}")
             env[key] = value
         env["PYSPARK_PYTHON"] = sys.executable  # the image sets its own venv's python
         env["SPARK_LOCAL_IP"] = "127.0.0.1"
@@ -398,6 +420,14 @@ def _healthchecks(stack: Stack, names: tuple[str, ...]) -> dict[str, str]:
     return {name: out for name, out in outputs.items() if checks[name].returncode != 0}
 
 
+def _answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def make_secrets(directory: Path) -> Path:
     """tools/dev_secrets.py, as a user runs it before `docker-compose up`."""
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "dev_secrets.py"), "--dir", str(directory)],
@@ -413,7 +443,7 @@ def test_dev_secrets_make_a_certificate_for_every_broker_name_and_a_random_root_
     cert = x509.load_pem_x509_certificate((first / "broker.pem").read_bytes())
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     names = set(san.get_values_for_type(x509.DNSName)) | {str(i) for i in san.get_values_for_type(x509.IPAddress)}
-    assert {*BROKERS, *REPLICAS, *NAMESRVS, "localhost", "127.0.0.1"} <= names
+    assert {*BROKERS, *NAMESRVS, "localhost", "127.0.0.1"} <= names
     ca = x509.load_pem_x509_certificate((first / "ca.pem").read_bytes())
     cert.verify_directly_issued_by(ca)
     envs = [dict(line.split("=", 1) for line in (d / "tidemark.env").read_text().splitlines()
@@ -464,12 +494,18 @@ def test_compose_services_run_as_processes(stack_dir):
             stack.wait_for_log(name, "event=namesrv_ready", 60)
             stack.wait_for_log(name, "registrations=signed", 5)  # only the brokers' user may register
         assert _healthchecks(stack, NAMESRVS) == {}, "ready, so healthy by their compose healthchecks"
-        for name in (*BROKERS, *REPLICAS):
+        for name in ETCDS:  # Debian's etcd, as the image runs it (its data dir from the image's ENV)
+            argv = [etcd_binary(), *stack.translate(name, services[name]["command"])]
+            env = {**stack.env(services[name], name), "ETCD_DATA_DIR": str(stack_dir / name / "data")}
+            stack.start(name, argv, env)
+        for name in ETCDS:
+            wait_until(lambda n=name: _answers(stack.ports[(n, 2379)]), 60, f"{name} listening")
+        for name in BROKERS:
             argv = [sys.executable, "-m", "tidemark.client.cli.main", "broker", *stack.translate(name, services[name]["command"])]
             stack.start(name, argv, stack.env(services[name]))
-        for name in (*BROKERS, *REPLICAS):
+        for name in BROKERS:
             stack.wait_for_log(name, "event=broker_ready", 60)
-        assert _healthchecks(stack, (*BROKERS, *REPLICAS)) == {}, "ready, so healthy by their compose healthchecks"
+        assert _healthchecks(stack, BROKERS) == {}, "ready, so healthy by their compose healthchecks"
         stack.wait_for_log("spark-worker", "Successfully registered with master", 120)
         job_cmd = stack.translate("job", services["job"]["command"])
         assert job_cmd[0] == "python"
@@ -488,29 +524,35 @@ def test_compose_services_run_as_processes(stack_dir):
         assert "Running task" in said and "Finished task" in said, said[-3000:]
         if os.geteuid() == 0:
             assert {p.stat().st_uid for p in executors} == {_uid_gid(services["spark-worker"])[0]}
-        brokers = ",".join(f"127.0.0.1:{stack.ports[(n, 10911)]}" for n in BROKERS)
         job_env = stack.env(services["job"])
         tls = TlsSettings(ca_file=job_env["TIDEMARK_TLS_CA_FILE"])
-        for name in BROKERS:  # one at a time: refused by every broker, a client reports "none reachable"
-            with pytest.raises(UnauthenticatedError), \
-                    Admin(brokers=f"127.0.0.1:{stack.ports[(name, 10911)]}", tls=tls, credentials=None) as anonymous:
-                anonymous.list_topics()
         credentials = (job_env["TIDEMARK_ACCESS_KEY"], job_env["TIDEMARK_SECRET_KEY"])
-        with Admin(brokers=brokers, tls=tls, credentials=credentials) as admin:
+        address = {name: f"127.0.0.1:{stack.ports[(name, 10911)]}" for name in BROKERS}
+        roles = {}
+        for name in BROKERS:
+            with Admin(brokers=address[name], tls=tls, credentials=credentials) as one:
+                roles[name] = one.broker_status_at(address[name]).role
+        masters = {g: next(n for n in pair if roles[n] == "MASTER") for g, pair in GROUPS.items()}
+        assert sorted(roles.values()) == ["MASTER", "MASTER", "REPLICA", "REPLICA"], roles
+        for name in masters.values():  # one at a time: refused by every broker, a client reports "none reachable"
+            with pytest.raises(UnauthenticatedError), \
+                    Admin(brokers=address[name], tls=tls, credentials=None) as anonymous:
+                anonymous.list_topics()
+        with Admin(brokers=",".join(address[n] for n in masters.values()), tls=tls, credentials=credentials) as admin:
             groups = admin.list_groups()
             assert groups, "the job committed no group progress"
             stats = admin.consume_stats(groups[0].group)
-        assert {s.queue.broker_name for s in stats} == set(BROKERS), "the topic should span both brokers"
+        assert {s.queue.broker_name for s in stats} == set(GROUPS), "the topic should span both groups"
         assert sum(s.lag for s in stats) == 0 and sum(s.max_offset for s in stats) > 0
         namesrv = tuple(f"127.0.0.1:{stack.ports[(n, 9876)]}" for n in NAMESRVS)
         with Admin(namesrv=namesrv, tls=tls, credentials=credentials) as admin:
             wait_until(lambda: all(b.replica_lag_bytes == 0 for b in admin.cluster_list()), 30, "replicas caught up")
             members = {(b.broker_name, b.role) for b in admin.cluster_list()}
-        assert members == {(g, role) for g in BROKERS for role in ("master", "replica")}
-        for name in REPLICAS:  # each replica holds its master's messages and the group's offsets
-            with Admin(brokers=f"127.0.0.1:{stack.ports[(name, 10911)]}", tls=tls, credentials=credentials) as replica:
-                copied = replica.consume_stats(groups[0].group)
-            group = name.removesuffix("-replica")
+        assert members == {(g, role) for g in GROUPS for role in ("master", "replica")}
+        for group, master in masters.items():  # each replica holds its master's messages and the group's offsets
+            replica = next(n for n in GROUPS[group] if n != master)
+            with Admin(brokers=address[replica], tls=tls, credentials=credentials) as admin:
+                copied = admin.consume_stats(groups[0].group)
             assert [(s.queue, s.max_offset, s.consumer_offset) for s in copied] == [
                 (s.queue, s.max_offset, s.consumer_offset) for s in stats if s.queue.broker_name == group]
     finally:

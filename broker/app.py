@@ -35,30 +35,50 @@ class StopFailedError(BrokerError):
 
 
 async def _serve(config: broker_config.BrokerConfig) -> None:
-    from tidemark.broker.server import BrokerServer
-
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    while await _serve_once(config, stop):
+        # Controller mode, and etcd said this master's lease expired (it was paused, or cut off from etcd,
+        # past its lease): another broker may be master now. The broker stops as on SIGTERM and starts
+        # again in this process, so that it rejoins as the new master's replica as a restart would (the
+        # replication hello cuts what its log holds that the new master's does not).
+        log.warning("replaced as master: restarting to rejoin as a replica", event="controller_rejoin")
+
+
+async def _serve_once(config: broker_config.BrokerConfig, stop: asyncio.Event) -> bool:
+    """One life of the broker until `stop`; True when controller mode ended it instead (fenced for good:
+    it must rejoin)."""
+    from tidemark.broker.server import BrokerServer
+
     mode = controlled = None
     if config.controller:  # etcd decides the role (broker/cluster/controller_mode.py)
         from tidemark.broker.cluster.controller_mode import ControllerMode
         mode = ControllerMode(config)
         config = await mode.decide()
     server = BrokerServer(config)
-    started = False
+    started = rejoin = False
     try:
         await server.start()
         started = True
+        stopping = asyncio.ensure_future(stop.wait())
+        waits = {stopping}
         if mode is not None:
-            controlled = loop.create_task(mode.run(server.controller), name="controller-mode")
-            controlled.add_done_callback(lambda t: _controller_mode_ended(t, stop))
-        await stop.wait()
-        log.info("shutdown requested", event="broker_stopping")
-        if controlled is not None and controlled.done() and not controlled.cancelled() \
-                and controlled.exception() is not None:
-            raise ControllerModeError(f"controller mode failed: {controlled.exception()!r}")
+            controlled = asyncio.get_running_loop().create_task(mode.run(server.controller), name="controller-mode")
+            waits.add(controlled)
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if controlled is not None and controlled.done() and not stop.is_set():
+            failure = asyncio.CancelledError() if controlled.cancelled() else controlled.exception()
+            if failure is not None:  # a bug: it cannot be sure of its role any more
+                log.error("controller mode failed; stopping", event="controller_mode_failed", exc_info=failure)
+                raise ControllerModeError(f"controller mode failed: {failure!r}")
+            rejoin = True  # fenced: etcd said its lease expired
+        else:
+            log.info("shutdown requested", event="broker_stopping")
     finally:
         if mode is not None:
             if started:  # no write after this broker lets another become master
@@ -71,17 +91,7 @@ async def _serve(config: broker_config.BrokerConfig) -> None:
             if not started:
                 raise
             raise StopFailedError(f"stopped with an error: {e}") from e
-
-
-def _controller_mode_ended(task: asyncio.Task, stop: asyncio.Event) -> None:
-    """The controller-mode task ends only by cancellation, or when the broker was fenced (it stays up,
-    refusing writes, until restarted); a failure is logged and stops the broker: it cannot be sure of its
-    role any more."""
-    if task.cancelled():
-        return
-    if task.exception() is not None:
-        log.error("controller mode failed; stopping", event="controller_mode_failed", exc_info=task.exception())
-        stop.set()
+    return rejoin
 
 
 def run(args: argparse.Namespace) -> int:

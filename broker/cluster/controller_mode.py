@@ -11,9 +11,9 @@
 - Running (`run`, owned by the broker server): a master renews its lease from the moment it wins (before
   the broker is even built) and records its in-sync set whenever it changes; every write asks whether
   the lease can still be valid (writes wait while it is uncertain), and once etcd says the lease is gone
-  the broker is fenced for good: it rejoins as a replica when restarted. A replica watches the master key: gone,
-  it campaigns (when in sync) and is promoted with the epoch etcd gave it; moved, it follows the new
-  master.
+  the broker is fenced for good and `run` returns: the broker stops and starts again in its own process
+  (app.py), and so rejoins as a replica. A replica watches the master key: gone, it campaigns (when in
+  sync) and is promoted with the epoch etcd gave it; moved, it follows the new master.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class ControllerMode:
                     if self._lost is not None and self._lost.done():
                         broker.permission.fence(f"controller mode: {self._lost.result()}")
                     await self._serve_as_master(broker)
-                    return  # fenced: a restart rejoins as a replica
+                    return  # fenced for good: the broker restarts in-process and rejoins as a replica (app.py)
                 won = await self._follow_until_vacant(broker)
                 broker.permission.lease_valid = self.election.lease_valid
                 await broker.promote(epoch=won.epoch)

@@ -264,7 +264,10 @@ class Election:
                 kind = getattr(event, "kind", None)
                 yield None if kind == aetcd.rtypes.EventKind.DELETE else Master.decode(event.kv.value)
         finally:
-            await watch.cancel()
+            try:
+                await watch.cancel()
+            except Exception as e:  # its member was left behind meanwhile: the closed client took the watch
+                log.debug("cancelling a watch of a closed etcd client: %r", e)  # (aetcd: AttributeError)
 
     async def _revoke(self, lease_id: int) -> None:
         try:

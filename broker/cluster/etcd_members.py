@@ -99,6 +99,14 @@ class EtcdMembers:
             if not isinstance(e, aetcd.exceptions.PreconditionFailedError):  # an answer, not a failure
                 await self._failed(client, e)
             raise
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if (task is not None and task.cancelling()) or self._client is client:
+                raise  # this caller is being cancelled
+            # Another call left this member behind and closed its channel, which cancels the calls still
+            # on it: to this caller that is a failed call, not its own cancellation.
+            raise aetcd.exceptions.ConnectionFailedError(f"etcd member {_endpoint_of(client)} was left "
+                                                         f"behind during the call") from None
 
     async def status(self) -> Any:
         return await self._call("status")

@@ -68,6 +68,30 @@ def test_calls_move_to_the_next_member_when_the_one_in_use_fails(etcd3, kind):
     assert now != used
 
 
+def test_a_call_cut_off_by_another_leaving_the_member_fails_as_a_member_failure(etcd3):
+    """Regression: a call still in flight on a member that another call just left behind (and closed)
+    was cancelled, and that CancelledError ended the master's controller loop as if it were cancelled."""
+    async def scenario() -> list[str]:
+        members = EtcdMembers(parse_controller(etcd3.url), call_timeout_s=1)
+        try:
+            await members.put(b"/tidemark/k", b"v")
+            etcd3.member(members.endpoint).pause()
+            first = asyncio.ensure_future(members.get(b"/tidemark/k"))
+            await asyncio.sleep(0.4)
+            second = asyncio.ensure_future(members.get(b"/tidemark/k"))  # on the same member, timing out later
+            outcomes = await asyncio.gather(first, second, return_exceptions=True)
+            return [type(o).__name__ for o in outcomes]
+        finally:
+            await members.close()
+
+    try:
+        outcomes = asyncio.run(scenario())
+    finally:
+        for m in etcd3.members:
+            m.resume()
+    assert outcomes == ["TimeoutError", "ConnectionFailedError"], outcomes
+
+
 async def _drain(watch) -> None:
     try:
         async for _ in watch:

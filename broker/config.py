@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tidemark.broker.store.model import MIN_SEGMENT_SIZE
+from tidemark.common.env_secrets import secret_from_env
 from tidemark.common.protocol import (
     DEFAULT_DELAY_LEVELS,
     DEFAULT_PORT,
@@ -309,8 +310,9 @@ def load_config(*, file: Path | None = None, env: Mapping[str, str] | None = Non
             values[name] = _convert(by_name[name], raw, f"config file {file}")
     for name, f in by_name.items():
         env_key = ENV_PREFIX + name.upper()
-        if env_key in env and env[env_key] != "":
-            values[name] = _convert(f, env[env_key], f"environment {env_key}")
+        raw = secret_from_env(env, env_key) if f.metadata.get("secret") else env.get(env_key, "")
+        if raw != "":
+            values[name] = _convert(f, raw, f"environment {env_key}")
     for name, raw in (overrides or {}).items():
         if raw is not None:
             values[name] = _convert(by_name[name], raw, f"--{name.replace('_', '-')}")

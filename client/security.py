@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.common.auth import Credentials
+from tidemark.common.env_secrets import secret_from_env
 
 ACCESS_KEY_ENV = "TIDEMARK_ACCESS_KEY"
 SECRET_KEY_ENV = "TIDEMARK_SECRET_KEY"
@@ -69,9 +70,14 @@ class TlsSettings:
 
 
 def credentials_from_env(env: Mapping[str, str] | None = None) -> Credentials | None:
-    """Credentials from TIDEMARK_ACCESS_KEY/TIDEMARK_SECRET_KEY when both are set."""
+    """Credentials from TIDEMARK_ACCESS_KEY/TIDEMARK_SECRET_KEY when both are set (the secret may be in the
+    file TIDEMARK_SECRET_KEY_FILE names instead: common/env_secrets.py); InvalidArgumentError when that
+    file cannot be read."""
     env = os.environ if env is None else env
-    access, secret = env.get(ACCESS_KEY_ENV, ""), env.get(SECRET_KEY_ENV, "")
+    try:
+        access, secret = env.get(ACCESS_KEY_ENV, ""), secret_from_env(env, SECRET_KEY_ENV)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
     return Credentials(access, secret) if access and secret else None
 
 

@@ -9,10 +9,12 @@ examples):
     ca.pem                  the CA that signed broker.pem; clients trust it (TIDEMARK_TLS_CA_FILE)
     broker.pem, broker.key  one certificate for every broker and name server of docker-compose.yml, localhost,
                             127.0.0.1, ::1
-    tidemark.env            TIDEMARK_INIT_USER=root:SECRET for the brokers' first start, the same as
-                            TIDEMARK_BROKER_USER for the name servers (they take only registrations it
-                            signs), and TIDEMARK_ACCESS_KEY/TIDEMARK_SECRET_KEY for the clients (compose
-                            env_file)
+    init_user               root:SECRET, the super user the brokers create on first start and the user
+                            whose signature the name servers require on registrations
+    secret_key              SECRET alone, for the clients (the job) that sign as root
+    tidemark.env            what compose's env_file gives the services: where those files are mounted
+                            (TIDEMARK_INIT_USER_FILE, TIDEMARK_BROKER_USER_FILE, TIDEMARK_SECRET_KEY_FILE) and
+                            TIDEMARK_ACCESS_KEY; no secret, so `docker inspect` shows none
 
 The CA's key is not kept: run again with --force for new certificates (and a new secret; a broker
 volume that already has users keeps its old root user, so `docker-compose down --volumes` first).
@@ -41,7 +43,8 @@ BROKER_IPS = ("127.0.0.1", "::1")
 # The images' user (Dockerfile: useradd --uid 10001): it must be able to read broker.key.
 CONTAINER_UID = 10001
 VALIDITY = datetime.timedelta(days=365)
-FILES = ("ca.pem", "broker.pem", "broker.key", "tidemark.env")
+FILES = ("ca.pem", "broker.pem", "broker.key", "init_user", "secret_key", "tidemark.env")
+MOUNTED_AT = "/run/secrets/tidemark"  # where docker-compose.yml mounts the directory
 
 
 def _name(common_name: str) -> x509.Name:
@@ -80,14 +83,14 @@ def make_certificates() -> tuple[bytes, bytes, bytes]:
     return _pem(ca), _pem(broker), key_pem
 
 
-def env_file(user: str, secret: str) -> str:
-    return (f"# Written by tools/dev_secrets.py. The brokers create this super user on first start;\n"
-            f"# the job and host-side clients sign their requests with it.\n"
-            f"TIDEMARK_INIT_USER={user}:{secret}\n"
-            f"# The name servers take registrations signed by that user only.\n"
-            f"TIDEMARK_BROKER_USER={user}:{secret}\n"
+def env_file(user: str) -> str:
+    return (f"# Written by tools/dev_secrets.py. No secret here: each *_FILE names a file of this directory as\n"
+            f"# the containers see it ({MOUNTED_AT}). The brokers create the super user on first start;\n"
+            f"# the name servers take registrations signed by it only; the job signs its requests as it.\n"
+            f"TIDEMARK_INIT_USER_FILE={MOUNTED_AT}/init_user\n"
+            f"TIDEMARK_BROKER_USER_FILE={MOUNTED_AT}/init_user\n"
             f"TIDEMARK_ACCESS_KEY={user}\n"
-            f"TIDEMARK_SECRET_KEY={secret}\n")
+            f"TIDEMARK_SECRET_KEY_FILE={MOUNTED_AT}/secret_key\n")
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -100,26 +103,31 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 
 
 def write_secrets(directory: Path, *, owner: int | None, user: str = "root") -> str:
-    """Write every file into `directory`; returns a note on who can read broker.key.
+    """Write every file into `directory`; returns a note on who can read the private files.
 
-    owner: the uid given broker.key (mode 0400), None to keep the caller's. The containers' user
-    must read it: without an owner change the key is made readable by every local user (0644).
+    owner: the uid given broker.key, init_user and secret_key (mode 0400), None to keep the caller's.
+    The containers' user must read them: without an owner change they are made readable by every local
+    user (0644).
     """
     directory.mkdir(parents=True, exist_ok=True)
     ca_pem, broker_pem, key_pem = make_certificates()
     _write(directory / "ca.pem", ca_pem, 0o644)
     _write(directory / "broker.pem", broker_pem, 0o644)
-    # Read by docker-compose on this host only, never mounted as a file the containers need.
-    _write(directory / "tidemark.env", env_file(user, secrets.token_urlsafe(24)).encode(), 0o600)
-    key = directory / "broker.key"
+    _write(directory / "tidemark.env", env_file(user).encode(), 0o644)
+    secret = secrets.token_urlsafe(24)
+    private = {"broker.key": key_pem, "init_user": f"{user}:{secret}\n".encode(), "secret_key": f"{secret}\n".encode()}
+    for name, data in private.items():
+        if owner is None:
+            _write(directory / name, data, 0o644)
+        else:
+            _write(directory / name, data, 0o400)
+            os.chown(directory / name, owner, -1)
+    names = ", ".join(private)
     if owner is None:
-        _write(key, key_pem, 0o644)
-        note = (f"{key} is readable by every local user (the containers' uid {CONTAINER_UID} must read it); "
-                f"run as root to give it to uid {CONTAINER_UID} with mode 0400 instead")
+        note = (f"{names} are readable by every local user (the containers' uid {CONTAINER_UID} must read them); "
+                f"run as root to give them to uid {CONTAINER_UID} with mode 0400 instead")
     else:
-        _write(key, key_pem, 0o400)
-        os.chown(key, owner, -1)
-        note = f"{key} belongs to uid {owner}, mode 0400"
+        note = f"{names} belong to uid {owner}, mode 0400"
     os.chmod(directory, 0o755)  # the containers' user lists it through the read-only mount
     return note
 
@@ -130,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where to write (default: $TIDEMARK_SECRETS_DIR, else deploy/secrets)")
     parser.add_argument("--force", action="store_true", help="replace existing files (new CA, certificate, secret)")
     parser.add_argument("--owner", type=int, default=None,
-                        help=f"uid to own broker.key (default: {CONTAINER_UID} when run as root, else unchanged)")
+                        help=f"uid to own the private files (default: {CONTAINER_UID} when run as root, else "
+                             f"unchanged)")
     args = parser.parse_args(argv)
     present = [name for name in FILES if (args.dir / name).exists()]
     if present and not args.force:

@@ -27,6 +27,7 @@ from tidemark.broker.namesrv.routes import DEFAULT_EXPIRY_MS, RouteTable
 from tidemark.broker.namesrv.service import NameServerServicer
 from tidemark.broker.services.intake import RequestBudget, RequestIntake
 from tidemark.common.auth import Credentials
+from tidemark.common.env_secrets import secret_from_env
 from tidemark.common.logs import get_logger, setup_logging
 from tidemark.common.scheduler import Scheduler
 from tidemark.v1 import namesrv_pb2, namesrv_pb2_grpc
@@ -158,10 +159,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--tls-key", default="", metavar="FILE", help="PEM private key of --tls-cert")
     parser.add_argument("--tls-client-ca", default="", metavar="FILE",
                         help="PEM CA bundle client certificates must chain to (mutual TLS)")
-    parser.add_argument("--broker-user", default=os.environ.get(BROKER_USER_ENV, ""), metavar="NAME:SECRET",
+    parser.add_argument("--broker-user", default=None, metavar="NAME:SECRET",
                         help="take registrations only when signed by this user, the brokers' --init-user (needed "
                              f"when brokers run --auth: an unsigned registration could fence a master); also "
-                             f"${BROKER_USER_ENV}, which keeps the secret out of the process list")
+                             f"${BROKER_USER_ENV}, or a file named by ${BROKER_USER_ENV}_FILE, which keep the "
+                             f"secret out of the process list")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="log level")
     parser.add_argument("--log-format", default="kv", choices=("kv", "json"), help="log format")
@@ -183,9 +185,10 @@ async def _serve(config: NameServerConfig) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        broker_user = args.broker_user if args.broker_user is not None else secret_from_env(os.environ,
+                                                                                             BROKER_USER_ENV)
         config = NameServerConfig(host=args.host, port=args.port, expiry_ms=args.expiry_ms, tls_cert=args.tls_cert,
-                                  tls_key=args.tls_key, tls_client_ca=args.tls_client_ca,
-                                  broker_user=args.broker_user)
+                                  tls_key=args.tls_key, tls_client_ca=args.tls_client_ca, broker_user=broker_user)
     except ValueError as e:
         print(f"tidemark namesrv: {e}", file=sys.stderr)
         return 2

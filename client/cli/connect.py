@@ -24,6 +24,7 @@ from tidemark.client.security import (
     TlsSettings,
 )
 from tidemark.common.auth import Credentials
+from tidemark.common.env_secrets import secret_from_env
 
 
 def add_arguments(common: argparse.ArgumentParser) -> None:
@@ -56,9 +57,13 @@ def resolve(args: argparse.Namespace) -> None:
     logging.getLogger(UNREACHABLE_LOGGER).setLevel(logging.WARNING)
     env = os.environ
     access = args.access_key or env.get(ACCESS_KEY_ENV, "")
-    secret = args.secret_key or env.get(SECRET_KEY_ENV, "")
+    try:  # $TIDEMARK_SECRET_KEY, or the file $TIDEMARK_SECRET_KEY_FILE names
+        secret = args.secret_key or secret_from_env(env, SECRET_KEY_ENV)
+    except ValueError as e:
+        raise InvalidArgumentError(str(e)) from None
     if bool(access) != bool(secret):
-        missing = "--secret-key (or $TIDEMARK_SECRET_KEY)" if access else "--access-key (or $TIDEMARK_ACCESS_KEY)"
+        missing = ("--secret-key (or $TIDEMARK_SECRET_KEY, $TIDEMARK_SECRET_KEY_FILE)" if access
+                   else "--access-key (or $TIDEMARK_ACCESS_KEY)")
         raise InvalidArgumentError(f"credentials need both an access key and a secret key: {missing} is missing")
     args.credentials = Credentials(access, secret) if access else None
     ca = args.tls_ca_file or env.get(TLS_CA_FILE_ENV, "")

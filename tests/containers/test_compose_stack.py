@@ -122,7 +122,7 @@ def security() -> dict:
     env = dict(line.split("=", 1) for line in (directory / "tidemark.env").read_text().splitlines()
                if line and not line.startswith("#"))
     return {"tls": TlsSettings(ca_file=directory / "ca.pem"),
-            "credentials": (env["TIDEMARK_ACCESS_KEY"], env["TIDEMARK_SECRET_KEY"])}
+            "credentials": (env["TIDEMARK_ACCESS_KEY"], (directory / "secret_key").read_text().strip())}
 
 
 def snapshot(address: str) -> dict:
@@ -205,6 +205,16 @@ def test_a_client_without_credentials_is_refused_and_metrics_answer_on_the_publi
         assert "tidemark_messages_in_total" in text, f"{name}: no metrics through the published port"
 
 
+def test_no_secret_is_in_any_containers_environment(stack):
+    """`docker inspect` shows a container's environment to whoever may run docker: the secrets are files."""
+    secret = security()["credentials"][1]
+    for service in (*NAMESRVS, *ETCDS, *BROKERS, "spark-master", "spark-worker", "job"):
+        env = json.loads(docker("inspect", "--format", "{{json .Config.Env}}", container(service)))
+        assert not [e for e in env if secret in e], f"{service}: a secret in its environment"
+    assert any(e.startswith("TIDEMARK_SECRET_KEY_FILE=") for e in json.loads(
+        docker("inspect", "--format", "{{json .Config.Env}}", container("job"))))
+
+
 def test_the_job_ran_on_the_worker_as_non_root_on_a_read_only_root(stack):
     """The executors ran on the worker, as the image's user, with the root file system read-only: Spark
     wrote only into its mounted dirs, which the image made and gave to that user."""
@@ -221,8 +231,8 @@ def test_the_job_ran_on_the_worker_as_non_root_on_a_read_only_root(stack):
         os.environ[STACK_RAN_IN_AN_ENGINE] = "1"
 
 
-def test_every_broker_etcd_member_and_name_server_reports_healthy(stack):
-    for name in (*NAMESRVS, *ETCDS, *BROKERS):
+def test_every_service_but_the_job_reports_healthy(stack):
+    for name in (*NAMESRVS, *ETCDS, *BROKERS, "spark-master", "spark-worker"):
         wait_for(lambda n=name: healthy(n), 90, f"{name} healthy")
 
 

@@ -37,6 +37,7 @@ from etcdproc import etcd_binary
 from workload import wait_until
 
 from tidemark.client import Admin, TlsSettings, UnauthenticatedError
+from tidemark.client.security import credentials_from_env
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -120,9 +121,11 @@ def test_the_stack_has_what_the_pipeline_needs():
         assert s["env_file"] == f"${{{SECRETS_VAR}-./deploy/secrets}}/tidemark.env", "TIDEMARK_BROKER_USER"
     for name in ("spark-worker", "job"):  # the job's driver and the worker's executors connect
         assert "/run/secrets/tidemark/ca.pem" in _secret_mounts(services[name]).values(), name
+    for name, port in (("spark-master", 8080), ("spark-worker", 8081)):  # their web UIs answer
+        assert services[name]["healthcheck"]["test"] == ["CMD", *PROBE, f"http://127.0.0.1:{port}/json/"]
     job = services["job"]
-    assert {k: v["condition"] for k, v in job["depends_on"].items() if k != "spark-worker"} == {
-        n: "service_healthy" for n in BROKERS}
+    assert {k: v["condition"] for k, v in job["depends_on"].items()} == {
+        n: "service_healthy" for n in (*BROKERS, "spark-worker")}
     assert "--namesrv=namesrv-1:9876,namesrv-2:9876" in _flags(job["command"])
 
 
@@ -291,14 +294,16 @@ class Stack:
         mounts become the secrets directory's paths, 0.0.0.0 becomes 127.0.0.1 (0.0.0.0:PORT, the
         service `name`'s port mapped)."""
         env = dict(os.environ)
+        given = {}
         if "env_file" in service:
             for line in Path(_interpolate(service["env_file"], self.variables)).read_text().splitlines():
                 if line.strip() and not line.startswith("#"):
                     key, _, value = line.partition("=")
-                    env[key] = value
+                    given[key] = value
+        given.update({key: str(value) for key, value in (service.get("environment") or {}).items()})
         mounts = {target: _interpolate(source, self.variables) for source, target in _secret_mounts(service).items()}
-        for key, value in (service.get("environment") or {}).items():
-            value = "127.0.0.1" if value == "0.0.0.0" else str(value)
+        for key, value in given.items():
+            value = "127.0.0.1" if value == "0.0.0.0" else value
             for target, source in mounts.items():
                 if value.startswith(target):
                     value = source + value[len(target):]
@@ -448,9 +453,19 @@ def test_dev_secrets_make_a_certificate_for_every_broker_name_and_a_random_root_
     cert.verify_directly_issued_by(ca)
     envs = [dict(line.split("=", 1) for line in (d / "tidemark.env").read_text().splitlines()
                  if line and not line.startswith("#")) for d in (first, second)]
-    assert envs[0]["TIDEMARK_INIT_USER"] == f"{envs[0]['TIDEMARK_ACCESS_KEY']}:{envs[0]['TIDEMARK_SECRET_KEY']}"
-    assert len(envs[0]["TIDEMARK_SECRET_KEY"]) >= 24 and envs[0]["TIDEMARK_SECRET_KEY"] != envs[1]["TIDEMARK_SECRET_KEY"]
-    assert (first / "tidemark.env").stat().st_mode & 0o077 == 0, "the env file is for this host's user only"
+    secret = [(d / "secret_key").read_text().strip() for d in (first, second)]
+    assert (first / "init_user").read_text().strip() == f"{envs[0]['TIDEMARK_ACCESS_KEY']}:{secret[0]}"
+    assert len(secret[0]) >= 24 and secret[0] != secret[1]
+    # No secret in what compose puts into the containers' environment: only where the files are mounted.
+    assert secret[0] not in (first / "tidemark.env").read_text()
+    assert {k: v for k, v in envs[0].items() if k.endswith("_FILE")} == {
+        "TIDEMARK_INIT_USER_FILE": "/run/secrets/tidemark/init_user",
+        "TIDEMARK_BROKER_USER_FILE": "/run/secrets/tidemark/init_user",
+        "TIDEMARK_SECRET_KEY_FILE": "/run/secrets/tidemark/secret_key"}
+    if os.geteuid() == 0:  # given to the containers' user alone
+        for name in ("broker.key", "init_user", "secret_key"):
+            st = (first / name).stat()
+            assert (st.st_uid, st.st_mode & 0o777) == (10001, 0o400), name
     again = subprocess.run([sys.executable, str(ROOT / "tools" / "dev_secrets.py"), "--dir", str(first)],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and "already" in again.stdout
@@ -526,7 +541,8 @@ def test_compose_services_run_as_processes(stack_dir):
             assert {p.stat().st_uid for p in executors} == {_uid_gid(services["spark-worker"])[0]}
         job_env = stack.env(services["job"])
         tls = TlsSettings(ca_file=job_env["TIDEMARK_TLS_CA_FILE"])
-        credentials = (job_env["TIDEMARK_ACCESS_KEY"], job_env["TIDEMARK_SECRET_KEY"])
+        credentials = credentials_from_env(job_env)  # the secret from the file TIDEMARK_SECRET_KEY_FILE names
+        assert credentials is not None and "TIDEMARK_SECRET_KEY" not in job_env
         address = {name: f"127.0.0.1:{stack.ports[(name, 10911)]}" for name in BROKERS}
         roles = {}
         for name in BROKERS:

@@ -152,18 +152,28 @@ class SendService:
             records.append(record)
             ids.append(msg_id)
         delay_level, deliver_at = messages[0].delay_level, messages[0].deliver_at_ms
-        half = self._transactions.is_half(records[0].properties)
-        if half:
-            if len(records) > 1 or delay_level or deliver_at or is_retry_topic(topic.name):
-                raise InvalidArgumentError("a transactional message goes alone, without a delay, to a user topic")
-            records = [self._transactions.half_record(records[0])]
-            again = self._transactions.stored_half(records[0])
-            if again is not None:  # a retry of a half send whose answer was lost: the half it holds
-                if self.sync_replication is not None:
-                    await self.sync_replication.wait_replicated(again.commit_log_offset + again.store_size)
-                real_queue = int(again.properties.get(PropertyKey.REAL_QID, queue_id))  # where the first went
-                return [Sent(ids[0], real_queue, PutResult(again.queue_offset, again.commit_log_offset,
-                                                           again.store_timestamp, again.store_size))]
+        if not self._transactions.is_half(records[0].properties):
+            return await self._store_records(topic, new, queue_id, records, ids, delay_level, deliver_at, now)
+        if len(records) > 1 or delay_level or deliver_at or is_retry_topic(topic.name):
+            raise InvalidArgumentError("a transactional message goes alone, without a delay, to a user topic")
+        records = [self._transactions.half_record(records[0])]
+        again = self._transactions.stored_half(records[0])
+        if again is None:
+            return await self._store_records(topic, new, queue_id, records, ids, 0, 0, now, half=True)
+        # A retry of a half send whose answer was lost: answered with the half it holds, once that is as
+        # durable as its own answer would have been (its first send may still wait for an fsync).
+        end = again.commit_log_offset + again.store_size
+        await self._store.wait_durable(end)
+        if self.sync_replication is not None:
+            await self.sync_replication.wait_replicated(end)
+        real_queue = int(again.properties.get(PropertyKey.REAL_QID, queue_id))  # where the first went
+        return [Sent(ids[0], real_queue, PutResult(again.queue_offset, again.commit_log_offset,
+                                                   again.store_timestamp, again.store_size))]
+
+    async def _store_records(self, topic: TopicConfig, new: bool, queue_id: int, records: list[MessageRecord],
+                             ids: list[str], delay_level: int, deliver_at: int, now: int, *,
+                             half: bool = False) -> list[Sent]:
+        """The checked records of one send, stored (retry and DLQ routing, delays, a half's registration)."""
         dlq = None
         if is_retry_topic(topic.name):
             records, dlq = self._retry_or_dlq(topic.name, records)
@@ -178,9 +188,13 @@ class SendService:
             self._create(topic)
         if dlq is not None:
             self._topics.ensure_system_topic(dlq, 1)
-        results = await self._store.put_messages(records)
+        results = self._store.put_messages_now(records)
         if half:
+            # Open from the moment it is in the log, before any wait: a retry that comes while this send
+            # waits for its fsync (or after its caller went away, a reset) finds it and is not stored again,
+            # which a check would later commit as a second copy (fault run: kill, seed 8017).
             self._transactions.added(results[0].queue_offset, records[0], results[0].store_timestamp)
+        await self._store.wait_durable(results[-1].commit_log_offset + results[-1].store_size)
         if self.sync_replication is not None:
             await self.sync_replication.wait_replicated(results[-1].commit_log_offset + results[-1].store_size)
         return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]

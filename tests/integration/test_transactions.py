@@ -173,3 +173,25 @@ def test_a_retried_half_message_is_stored_once_and_commits_once(fast_broker, mon
         wait_until(lambda: not open_halves(fast_broker.address), 15, "no half message left open")
     assert visible(fast_broker.address, "Orders") == [b"once"]
     assert checks.asked == [], "nothing was left for a check to decide"
+
+
+def test_a_half_sent_again_while_its_first_send_waits_for_fsync_is_stored_once(broker_factory):
+    """Regression (issue 27, long run, kill seed 8017: a transaction committed twice). Under flush sync a
+    half message was registered as open only after its fsync; a retry arriving meanwhile (its first
+    answer lost to a reset) found nothing and was stored again, and the check of the second copy
+    committed it too. A half is open from the moment it is in the log."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tidemark.client import Producer
+    from tidemark.common.protocol import PropertyKey
+
+    b = broker_factory(args=(*FAST_CHECKS, "--flush", "sync"))
+    with Admin(brokers=b.address) as admin:
+        admin.create_topic("Orders", 4)
+    half = Message("Orders", b"once", keys="o-1", properties={
+        PropertyKey.TRANSACTION_PREPARED: "true", PropertyKey.PRODUCER_GROUP: "orders",
+        PropertyKey.UNIQ_KEY: "7A84E33DDD08000001A21DFBE9C30056"})
+    with Producer(brokers=b.address) as p, ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda _: p.send(half), range(6)))  # the same half, six times at once
+    assert len({(r.message_queue.queue_id, r.queue_offset) for r in results}) == 1, results
+    assert [h.msg_id for h in open_halves(b.address)] == ["7A84E33DDD08000001A21DFBE9C30056"]

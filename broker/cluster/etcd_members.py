@@ -40,6 +40,7 @@ class EtcdMembers:
         self._timeout = call_timeout_s
         self._next = 0  # the member the next new client dials
         self._client: aetcd.Client | None = None
+        self._endpoints_of: dict[int, str] = {}  # id(client) -> its member's host:port
         self._dialing: asyncio.Lock | None = None
         self.transactions = aetcd.client.Transactions()  # builds compare/request objects; no connection
         self.switches = 0  # members left behind after a failure (tests and logs)
@@ -47,7 +48,7 @@ class EtcdMembers:
     @property
     def endpoint(self) -> str:
         """host:port of the member calls go to now ("" between members)."""
-        return _endpoint_of(self._client) if self._client is not None else ""
+        return self._endpoint_of(self._client) if self._client is not None else ""
 
     async def connect(self) -> None:
         """A member that answers, from the next one on; ConnectionError naming each failure when none does."""
@@ -73,6 +74,7 @@ class EtcdMembers:
                     await _close_quietly(client)
                     continue
                 self._client = client
+                self._endpoints_of = {**dict(list(self._endpoints_of.items())[-3:]), id(client): f"{host}:{port}"}
                 return client
             raise ConnectionError("no etcd member answers (" + "; ".join(errors) + ")")
 
@@ -87,7 +89,7 @@ class EtcdMembers:
             return  # another call already moved on
         self._client = None
         self.switches += 1
-        log.warning("etcd member %s failed (%r): moving to the next member", _endpoint_of(client), error,
+        log.warning("etcd member %s failed (%r): moving to the next member", self._endpoint_of(client), error,
                     event="etcd_member_failed")
         await _close_quietly(client)  # ends its watches: their loops watch again through the next member
 
@@ -105,8 +107,11 @@ class EtcdMembers:
                 raise  # this caller is being cancelled
             # Another call left this member behind and closed its channel, which cancels the calls still
             # on it: to this caller that is a failed call, not its own cancellation.
-            raise aetcd.exceptions.ConnectionFailedError(f"etcd member {_endpoint_of(client)} was left "
+            raise aetcd.exceptions.ConnectionFailedError(f"etcd member {self._endpoint_of(client)} was left "
                                                          f"behind during the call") from None
+
+    def _endpoint_of(self, client: aetcd.Client) -> str:
+        return self._endpoints_of.get(id(client), "a member left behind")
 
     async def status(self) -> Any:
         return await self._call("status")
@@ -127,7 +132,15 @@ class EtcdMembers:
         return await self._call("lease", ttl)
 
     async def refresh_lease(self, lease_id: int) -> Any:
-        return await self._call("refresh_lease", lease_id)
+        """etcd's answer to one keepalive (TTL 0: the lease is gone). A keepalive stream that ended without
+        an answer is a failed call, never taken for an expired lease (which would fence a live master)."""
+        client = await self._current()
+        reply = await self._call("refresh_lease", lease_id)
+        if reply is None:
+            error = aetcd.exceptions.ConnectionFailedError("the keepalive stream ended without an answer")
+            await self._failed(client, error)
+            raise error
+        return reply
 
     async def revoke_lease(self, lease_id: int) -> Any:
         return await self._call("revoke_lease", lease_id)
@@ -145,10 +158,6 @@ class EtcdMembers:
         client, self._client = self._client, None
         if client is not None:
             await client.close()
-
-
-def _endpoint_of(client: aetcd.Client) -> str:
-    return f"{client._host}:{client._port}"
 
 
 async def _close_quietly(client: aetcd.Client) -> None:

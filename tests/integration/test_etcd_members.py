@@ -92,6 +92,33 @@ def test_a_call_cut_off_by_another_leaving_the_member_fails_as_a_member_failure(
     assert outcomes == ["TimeoutError", "ConnectionFailedError"], outcomes
 
 
+def test_a_keepalive_without_an_answer_is_a_failed_call_not_an_expired_lease(etcd3, monkeypatch):
+    """aetcd answers None when the keepalive stream ends without a reply; the election reads None as "the
+    lease is gone", which would fence a live master. The members client makes it a member failure."""
+    import aetcd
+
+    async def scenario() -> tuple[str, str]:
+        members = EtcdMembers(parse_controller(etcd3.url), call_timeout_s=1)
+        try:
+            lease = await members.lease(5)
+            used = members.endpoint
+
+            async def no_answer(self, lease_id):
+                return None
+
+            monkeypatch.setattr(aetcd.Client, "refresh_lease", no_answer)
+            with pytest.raises(aetcd.exceptions.ConnectionFailedError, match="without an answer"):
+                await members.refresh_lease(lease.id)
+            monkeypatch.undo()
+            assert (await members.refresh_lease(lease.id)).TTL > 0  # through the next member
+            return used, members.endpoint
+        finally:
+            await members.close()
+
+    used, now = asyncio.run(scenario())
+    assert now != used
+
+
 async def _drain(watch) -> None:
     try:
         async for _ in watch:

@@ -134,6 +134,7 @@ class ConsumerCore:
                                         offset_store=self.offset_store, locking=locking, hooks=self,
                                         on_acquired=lambda: self.scheduler.trigger("heartbeat"))
         self.assemble()
+        self._stop_moves = self.cluster.moves.listen(self._master_moved)
         sched = self.scheduler
         if assigned is None:
             self.rebalance = RebalanceService(
@@ -159,6 +160,16 @@ class ConsumerCore:
             await self.assign(assigned)
         await sched.start()
 
+    def _master_moved(self, broker: str, address: str) -> None:
+        """Another address serves a broker name (an elected master): the fetcher moves its streams by
+        itself; the group's membership moves too, and the new master hears of this client at once (its
+        member list, its locks and its commits start empty), instead of at the next heartbeat and
+        rebalance (heartbeat_interval_s, rebalance_interval_s)."""
+        if self.membership is not None:
+            self.membership.moved(broker)
+            self.scheduler.trigger("heartbeat")
+            self.scheduler.trigger("rebalance")
+
     def _members_changed(self) -> None:
         self.rebalance.members_changed()
         self.scheduler.trigger("rebalance")
@@ -177,6 +188,7 @@ class ConsumerCore:
 
     async def shutdown(self) -> None:
         """Stop the timers, hand every queue back (drain, commit, unlock), leave the group, close."""
+        self._stop_moves()
         await self.scheduler.stop()
         await self._tasks.wait()
         await self.ownership.stop()
@@ -250,6 +262,8 @@ class ConsumerCore:
         else:
             log.warning("broker refused to serve a queue, retrying",
                         event="fetch_refused", queue=mq, error=end.error)
+            if end.error is not None and end.error.retriable:
+                self.cluster.suspect(mq.broker_name)  # e.g. not the master any more: the retry may go elsewhere
             self.fetcher.retry(lease, REFUSED_RETRY_DELAY_S)
 
     # -- helpers -----------------------------------------------------------------------------

@@ -20,6 +20,11 @@ its lock table answers that with a fence error, and the consumer re-locks.
 A stream stays on the address that serves its broker name now (the master,
 or its replica while the master is away): when the cluster says another one
 does, the stream's leases reopen there, where their locks and commits are.
+The cluster says so the moment it learns it (its `moves`), not at the
+next reopen: a stream that broke or failed to open makes its broker name
+suspect, the cluster asks the name servers at once, and an elected master
+gets the stream's leases as soon as they name it, even from a stream that
+stands silent on a paused master or while its leases wait out a backoff.
 """
 
 from __future__ import annotations
@@ -90,6 +95,9 @@ class Fetcher:
         self._by_handle: dict[int, _Reading] = {}
         self._streams: dict[str, FetchStream] = {}
         self._failures: dict[str, int] = {}
+        # Per broker name, set when another address starts serving it: ends the backoffs waiting to reopen.
+        self._wakes: dict[str, asyncio.Event] = {}
+        self._stop_moves = cluster.moves.listen(self._master_moved)
         self._tasks = TaskSet("fetch_task_failed", "fetcher task failed", log)
         self._next_handle = 0
         self._closed = False
@@ -136,6 +144,7 @@ class Fetcher:
 
     async def close(self) -> None:
         self._closed = True
+        self._stop_moves()
         await self._tasks.close()
         streams, self._streams = list(self._streams.values()), {}
         await asyncio.gather(*(s.close() for s in streams), return_exceptions=True)
@@ -175,6 +184,8 @@ class Fetcher:
             stream = await self._stream(broker)
         except TidemarkError as e:
             log.warning("cannot open fetch stream", event="fetch_stream_failed", broker=broker, error=e)
+            if e.retriable:
+                self._cluster.suspect(broker)  # its master may have been replaced: ask where it is now
             self._tasks.spawn(self._reopen_later(reading, self._backoff(broker)), f"fetch-reopen:{broker}")
             return
         if self._closed or self._readings.get(reading.lease) is not reading:
@@ -218,13 +229,34 @@ class Fetcher:
         log.info("fetch stream moved", event="fetch_stream_moved", broker=broker, address=stream.address,
                  queues=len(readings))
 
+    def _master_moved(self, broker: str, address: str) -> None:
+        """The cluster learnt that `address` serves `broker` now (a master elected or promoted, a replica
+        standing in): a stream elsewhere moves there at once (it may stand silent on a paused or fenced
+        master, which no error would ever end), and leases waiting out a backoff reopen now."""
+        if self._closed:
+            return
+        self._failures.pop(broker, None)
+        stream = self._streams.get(broker)
+        if stream is not None and stream.usable and stream.address != address:
+            self._move(broker, stream)
+        wake = self._wakes.pop(broker, None)
+        if wake is not None:
+            wake.set()
+
     def _backoff(self, broker: str) -> float:
         failures = self._failures.get(broker, 0)
         self._failures[broker] = failures + 1
         return RECONNECT.delay(failures)
 
     async def _reopen_later(self, reading: _Reading, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
+        """Reopen a lease after delay_s, or as soon as another address serves its broker name."""
+        if delay_s > 0:
+            wake = self._wakes.setdefault(reading.lease.mq.broker_name, asyncio.Event())
+            try:
+                async with asyncio.timeout(delay_s):
+                    await wake.wait()
+            except TimeoutError:
+                pass
         if reading.lease.counts and reading.handle not in self._by_handle:
             await self._open(reading)
 
@@ -292,6 +324,8 @@ class Fetcher:
         readings = [r for r in self._readings.values() if r.lease.mq.broker_name == broker]
         for reading in readings:
             self._by_handle.pop(reading.handle, None)
+        if error.retriable:
+            self._cluster.suspect(broker)  # its master may have been replaced: ask where it is now
         if not readings:
             return
         delay = self._backoff(broker)

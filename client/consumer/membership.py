@@ -2,10 +2,13 @@
 
 A change pushed by any broker triggers a rebalance (RocketMQ's "consumer ids
 changed" notification); the periodic rebalance covers a lost push. A broken watch
-is re-opened after a short pause. The member list each broker last pushed is
-kept while its watch is open (a heartbeat's answer fills in only until the
-watch opens), so a rebalance right after a change needs no GetConsumerList
-round trip.
+is re-opened after a short pause; a watch whose broker name another address
+serves now (an elected master) is closed at once (`moved`) and opened there by
+the next heartbeat: a watch standing on a paused or fenced master would never
+break, and would hide the new master's member list. The member list each
+broker last pushed is kept while its watch is open (a heartbeat's answer fills
+in only until the watch opens), so a rebalance right after a change needs no
+GetConsumerList round trip.
 """
 
 from __future__ import annotations
@@ -101,6 +104,14 @@ class GroupMembership:
                          event="watch_broken", group=self._group, broker=conn.address if conn else name, error=e)
             self._members.pop(name, None)  # no longer kept current: rebalances ask the broker
             await asyncio.sleep(WATCH_RETRY_DELAY_S)
+
+    def moved(self, broker_name: str) -> None:
+        """Another address serves `broker_name` now: its watch (on the old address) ends, and what it told
+        is forgotten; the caller heartbeats, which opens the watch again where the name is served."""
+        task = self._watches.pop(broker_name, None)
+        if task is not None:
+            task.cancel()
+        self._members.pop(broker_name, None)
 
     async def leave(self) -> None:
         """Close the watches, then unregister from every broker (graceful shutdown)."""

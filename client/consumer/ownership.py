@@ -206,8 +206,9 @@ class QueueOwnership:
             for broker, oqs in _by_broker(held).items():
                 try:
                     conn = await self._cluster.connection(broker)
-                    grants = {g.queue: g for g in await conn.lock_queues(self._group, self._client_id,
-                                                                          [oq.mq for oq in oqs])}
+                    # Given up when the master moves meanwhile: it holds every other change of queues.
+                    grants = {g.queue: g for g in await self._cluster.moves.until(
+                        broker, conn.lock_queues(self._group, self._client_id, [oq.mq for oq in oqs]))}
                 except TidemarkError as e:
                     log.warning("lock renewal failed",
                                 event="lock_renew_failed", group=self._group, broker=broker, error=e)
@@ -260,7 +261,9 @@ class QueueOwnership:
         broker granted anything at all."""
         try:
             conn = await self._cluster.connection(broker)
-            grants = await conn.lock_queues(self._group, self._client_id, [oq.mq for oq in oqs], wait_ms=wait_ms)
+            # Given up when the master moves meanwhile: the queues are locked where it is now instead.
+            grants = await self._cluster.moves.until(broker, conn.lock_queues(
+                self._group, self._client_id, [oq.mq for oq in oqs], wait_ms=wait_ms))
         except TidemarkError as e:
             log.warning("queue lock failed", event="lock_failed", group=self._group, broker=broker, error=e)
             return [], False

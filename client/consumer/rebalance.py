@@ -96,7 +96,8 @@ class RebalanceService:
         cid_all = members.get(broker)
         if cid_all is None:
             conn = await self._cluster.connection(broker)
-            cid_all = members[broker] = await conn.consumer_ids(self._group)
+            # Given up when the master moves meanwhile: the pass goes on at once, and so does the next.
+            cid_all = members[broker] = await self._cluster.moves.until(broker, conn.consumer_ids(self._group))
         if not mq_all or not cid_all:
             return mq_all, cid_all, set()
         return mq_all, cid_all, set(self._strategy.allocate(self._group, self._client_id, mq_all, cid_all))

@@ -31,6 +31,15 @@ a send pinned to a broker name the cluster view, are asked for again at once,
 at most once per ROUTE_RETRY_INTERVAL_S each, so a dead cluster is not
 hammered. That is an outage (UnavailableError, retriable), not an input error.
 
+**A master replaced** (a controller's election, a promotion): every call that fails retriably on a
+broker name's connection (a timeout, a refusal as not the master's, a broken stream: whoever made
+it, a producer, a consumer's fetch, commit or lock, an admin call) makes the name suspect (`suspect`),
+and the name servers are asked where its master is now, every ROUTE_RETRY_INTERVAL_S for up to a
+request timeout, at once and in the background (`_resolve`, one look at a time per name). Whenever a
+name's serving address changes, by that look or by any route or cluster refresh, `moves` tells those
+listening (moves.py: a consumer's fetch streams and membership move there at once): nobody waits for
+a periodic refresh, a rebalance or a reconnect back-off to find the new master.
+
 **Unreachable is not missing**: NotFoundError only when a broker (or a name
 server) that answered says the topic does not exist; when the brokers that
 might hold it cannot be asked, the answer is a retriable UnavailableError.
@@ -52,6 +61,7 @@ from tidemark.client.errors import (
 )
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.connection import BrokerConnection
+from tidemark.client.remoting.moves import MasterMoves
 from tidemark.client.remoting.namesrv import NameServerClient
 from tidemark.client.security import TlsSettings
 from tidemark.client.types import ClusterBroker, QueueData, TopicRoute
@@ -148,6 +158,8 @@ class BrokerCluster:
         # master_connection finds out where writes go first (`_resolve`, one at a time per name).
         self._suspect: set[str] = set()
         self._resolving: dict[str, asyncio.Future[BrokerConnection]] = {}
+        self.moves = MasterMoves()  # told whenever another address serves a broker name
+        self._closed = False
         self._lock = asyncio.Lock()
 
     @classmethod
@@ -171,7 +183,13 @@ class BrokerCluster:
     def _connect(self, address: str) -> BrokerConnection:
         """Every connection of the cluster dials the same way: the same credentials and TLS settings."""
         return BrokerConnection(address, timeout_s=self._timeout, credentials=self._credentials, tls=self._tls,
-                                on_unavailable=self._unavailable)
+                                on_unavailable=self._unavailable, on_retriable=self._failed)
+
+    def _failed(self, conn: BrokerConnection, error: TidemarkError) -> None:
+        """A call or stream on `conn` failed retriably: the master of its name may have been replaced (the
+        name servers are asked at once, `suspect`), whichever part of the client made the call."""
+        if conn.broker_name and not self._closed:
+            self.suspect(conn.broker_name)
 
     def _unavailable(self, conn: BrokerConnection) -> None:
         """A call found `conn` unreachable: when it is a master with a replica, fail over to the replica."""
@@ -189,6 +207,8 @@ class BrokerCluster:
         return list(self._by_address.values())
 
     async def close(self) -> None:
+        self._closed = True
+        self.moves.clear()
         for resolving in list(self._resolving.values()):
             resolving.cancel()
         for conn in self._by_address.values():
@@ -198,14 +218,32 @@ class BrokerCluster:
         if self.namesrv is not None:
             await self.namesrv.close()
 
-    def _adopt(self, broker_name: str, address: str) -> BrokerConnection:
-        """The connection serving broker_name from now on (a name may move to a new address)."""
+    def _adopt(self, broker_name: str, address: str, before: BrokerConnection | None = None) -> BrokerConnection:
+        """The connection serving broker_name from now on (a name may move to a new address); `before` is
+        the one that served it until now (default: the current one)."""
         conn = self.connection_at(address)
         conn.broker_name = broker_name
-        if self._by_name.get(broker_name) is not conn:
-            self._down.pop(broker_name, None)  # a new serving address: nothing to fail over from
+        before = self._by_name.get(broker_name) if before is None else before
         self._by_name[broker_name] = conn
+        if before is not conn:
+            self._down.pop(broker_name, None)  # a new serving address: nothing to fail over from
+        if before is not None and before is not conn:
+            self._moved(broker_name, before, conn)
         return conn
+
+    def _moved(self, name: str, before: BrokerConnection, now: BrokerConnection) -> None:
+        """Another address serves `name` now. The replicas known for it are out of date (the new master
+        was one of them, the old one may come back as one): the new master leaves the list and the next
+        discover() reads the cluster view again, so that a failover of the new master never goes to
+        itself. Then the listeners hear of it."""
+        replicas = self._replicas.get(name)
+        if replicas and now.address in replicas:
+            replicas.remove(now.address)
+        self._cluster_at = None
+        self._suspect.discard(name)
+        log.info("master of %s moved from %s to %s", name, before.address, now.address, event="master_moved",
+                 broker=name)
+        self.moves.tell(name, now.address)
 
     async def discover(self, *, refresh: bool = False) -> dict[str, BrokerConnection]:
         """Learn the name of every reachable broker; UnavailableError if none answers."""
@@ -288,7 +326,7 @@ class BrokerCluster:
                 if kept is not None and kept.address == address:
                     self._by_name[name] = kept  # unchanged: a failover under way stays as it is
                 else:
-                    self._adopt(name, address)
+                    self._adopt(name, address, kept)
             self._cluster_at = time.monotonic()
             return dict(self._by_name)
 
@@ -305,7 +343,18 @@ class BrokerCluster:
         return sorted(out, key=lambda b: b.broker_name)
 
     async def connection(self, broker_name: str) -> BrokerConnection:
-        """The connection serving broker_name: its master, or its replica while the master is away."""
+        """The connection serving broker_name: its master, or its replica while the master is away.
+
+        While a call to the name just failed and the name servers are being asked where its master is
+        (`suspect`), the answer waits for theirs (at most a request timeout, and not while a replica stands
+        in): the next call (a rebalance's next topic, a commit, an admin call) goes to the master they name,
+        not once more to one that is paused or replaced, to time out there again."""
+        resolving = self._resolving.get(broker_name)
+        if resolving is not None and broker_name not in self._down:
+            await asyncio.wait((resolving,))  # its outcome is in _by_name; a failure of the look is not ours
+        return await self._serving(broker_name)
+
+    async def _serving(self, broker_name: str) -> BrokerConnection:
         conn = self._by_name.get(broker_name)
         if conn is None:
             await self.discover(refresh=True)
@@ -328,11 +377,27 @@ class BrokerCluster:
         return {name: await self.connection(name) for name in await self.discover()}
 
     def suspect(self, broker_name: str) -> None:
-        """A write to the master of `broker_name` timed out or was refused as not the master's: paused,
-        partitioned or replaced, and the name servers may know a new one already. The next
-        master_connection finds out where writes go now (`_resolve`): a controller elects a new master in
-        seconds, and nothing else would tell a client whose connection still stands."""
+        """A call to the master of `broker_name` timed out, broke off or was refused as not the master's:
+        paused, partitioned or replaced, and the name servers may know a new one already. Where it is now is
+        found out at once, in the background (`_resolve`), and the next master_connection waits for that
+        answer: a controller elects a new master in seconds, and nothing else would tell a client whose
+        connection still stands. Its fetch streams and commits follow by `moves`."""
         self._suspect.add(broker_name)
+        if self.namesrv is not None and not self._closed:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:
+                return  # off the loop: the next master_connection looks
+            self._resolving_of(broker_name)
+
+    def _resolving_of(self, name: str) -> asyncio.Future[BrokerConnection] | None:
+        """The look at where a suspect name's master is now: the one under way, or a new one."""
+        resolving = self._resolving.get(name)
+        conn = self._by_name.get(name)  # the master's, not a replica standing in for it
+        if resolving is None and conn is not None:  # one look at a time, however many wait for it
+            resolving = self._resolving[name] = asyncio.ensure_future(self._resolve(name, conn))
+            resolving.add_done_callback(lambda _f, n=name: self._resolving.pop(n, None))
+        return resolving
 
     async def _resolve(self, name: str, conn: BrokerConnection) -> BrokerConnection:
         """Where the writes of a suspect master go: back to it once it answers as a writable master, to the
@@ -352,10 +417,8 @@ class BrokerCluster:
             except TidemarkError:
                 pass
             now = self._by_name.get(name, conn)
-            if now is not conn:
+            if now is not conn:  # _adopt told the listeners
                 self._suspect.discard(name)
-                log.info("master of %s moved from %s to %s", name, conn.address, now.address,
-                         event="master_moved", broker=name)
                 return now
             if time.monotonic() > deadline:
                 return conn
@@ -369,12 +432,11 @@ class BrokerCluster:
         """The master's connection, for writes: a retriable UnavailableError while it is away (a replica
         takes no writes; the sender picks another broker's queue). While it is away the name servers are
         asked again (at most every ROUTE_RETRY_INTERVAL_S): a promoted replica is the master at once."""
-        conn = await self.connection(broker_name)
-        if broker_name in self._suspect and self.namesrv is not None:
-            resolving = self._resolving.get(broker_name)
-            if resolving is None:  # one look at a time, however many senders wait for it
-                resolving = self._resolving[broker_name] = asyncio.ensure_future(self._resolve(broker_name, conn))
-                resolving.add_done_callback(lambda _f, n=broker_name: self._resolving.pop(n, None))
+        conn = await self._serving(broker_name)
+        # Failed over to a replica, the name servers are asked below instead (and no write waits for them).
+        suspect = broker_name in self._suspect and self.namesrv is not None and broker_name not in self._down
+        resolving = self._resolving_of(broker_name) if suspect else None
+        if resolving is not None:
             conn = await asyncio.shield(resolving)
         if broker_name in self._down and self.namesrv is not None and self._retry.try_now(("master", broker_name)):
             await self.discover(refresh=True)  # a new address for the name ends the failover

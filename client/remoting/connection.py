@@ -127,9 +127,12 @@ def _unreachable(e: grpc.RpcError) -> bool:
 class BrokerConnection:
     def __init__(self, address: str, *, timeout_s: float = 3.0, credentials: Credentials | None = None,
                  tls: TlsSettings | None = None,
-                 on_unavailable: Callable[[BrokerConnection], None] = lambda conn: None) -> None:
+                 on_unavailable: Callable[[BrokerConnection], None] = lambda conn: None,
+                 on_retriable: Callable[[BrokerConnection, TidemarkError], None] = lambda conn, error: None) -> None:
         self.address = address
         self._on_unavailable = on_unavailable  # a call found the broker unreachable (BrokerCluster fails over)
+        # Any call or stream failed retriably: its master may have been replaced (BrokerCluster.suspect).
+        self._on_retriable = on_retriable
         self.broker_name: str | None = None
         self.info: BrokerInfo | None = None  # from the last broker_info()
         self._timeout = timeout_s
@@ -161,11 +164,13 @@ class BrokerConnection:
 
     def error(self, e: grpc.RpcError) -> TidemarkError:
         """The client exception for a failed call or stream on this connection (a refused TLS handshake says
-        why); an unreachable broker is reported to on_unavailable."""
+        why); an unreachable broker is reported to on_unavailable, any retriable failure to on_retriable."""
         error = from_rpc_error(e, address=self.address, tls=self._tls is not None,
                                client_cert=bool(self._tls and self._tls.cert_file))
         if type(error) in (UnavailableError, BrokerUnreachableError) and _unreachable(e):
             self._on_unavailable(self)
+        if error.retriable:
+            self._on_retriable(self, error)
         return error
 
     async def _call(self, method: Any, request: Any, timeout: float | None = None) -> Any:

@@ -22,7 +22,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import aetcd
@@ -182,33 +182,66 @@ def takeover(run: Run, kit: Kit) -> Outcome:
 class Takeovers:
     """What a takeover run measured: per fault, from its begin to the first acknowledged send after the
     longest stretch without one that follows it (the new master's first, or the old one's for a fault
-    that hit while nothing was acknowledged); and what consumers saw twice."""
+    that hit while nothing was acknowledged); the same for deliveries, per consumer group (`delivery`:
+    group -> seconds per fault; `delivery_worst`: per fault, the last group to deliver again); and what
+    consumers saw twice."""
 
     fault: str
     seconds: list[float]
     faults_missed: int  # begun without a master to hit (the group never became healthy)
     redelivered: dict[str, int]  # group -> deliveries of a value it had been delivered before
+    delivery: dict[str, list[float]] = field(default_factory=dict)
+    delivery_worst: list[float] = field(default_factory=list)
 
     def row(self) -> dict[str, Any]:
         s = sorted(self.seconds)
         return {"fault": self.fault, "takeovers": len(s), "missed": self.faults_missed,
-                "p50_s": round(statistics.median(s), 2) if s else None,
-                "max_s": round(s[-1], 2) if s else None, "redelivered": self.redelivered}
+                "p50_s": _p50(s), "max_s": round(s[-1], 2) if s else None,
+                "delivery_p50_s": _p50(self.delivery_worst),
+                "delivery_max_s": round(max(self.delivery_worst), 2) if self.delivery_worst else None,
+                "delivery_by_group": {g: {"p50_s": _p50(v), "max_s": round(max(v), 2)}
+                                      for g, v in sorted(self.delivery.items()) if v},
+                "redelivered": self.redelivered}
+
+
+def _p50(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
+
+
+def _resumed(t: float, following: float, times: list[float], window_s: float) -> float | None:
+    """Seconds from a fault at `t` to the first event after the longest stretch without one that ends after
+    it (within the window and before the next fault); None when nothing happened after it."""
+    inside = [a for a in times if t - 0.5 <= a <= min(t + window_s, following)]
+    gaps = [(b - a, b) for a, b in zip(inside, inside[1:], strict=False) if b > t]
+    return max(gaps)[1] - t if gaps else None
 
 
 def takeovers(fault: str, events: list[Event], nemesis_log: list[str], *, window_s: float = 20.0) -> Takeovers:
     """Read a takeover run: its history and the nemesis log lines ("12.34 kill begin kill 127.0.0.1:5")."""
     acks = sorted(e.time for e in events if e.kind is Kind.SEND and e.phase is Phase.OK)
+    deliveries: dict[str, list[float]] = {}
+    for e in events:
+        if e.kind is Kind.DELIVER and e.group:
+            deliveries.setdefault(e.group, []).append(e.time)
+    for times in deliveries.values():
+        times.sort()
     lines = [line.split(" ", 3) for line in nemesis_log]
     begins = [p for p in lines if len(p) >= 3 and p[2] == "begin"]
     missed = sum(1 for p in begins if len(p) == 4 and "no writable master" in p[3])
     times = [float(p[0]) for p in begins if not (len(p) == 4 and "no writable master" in p[3])]
-    seconds = []
+    seconds: list[float] = []
+    delivery: dict[str, list[float]] = {g: [] for g in deliveries}
+    worst: list[float] = []
     for t, following in zip(times, [*times[1:], float("inf")], strict=True):
-        inside = [a for a in acks if t - 0.5 <= a <= min(t + window_s, following)]
-        gaps = [(b - a, b) for a, b in zip(inside, inside[1:], strict=False) if b > t]
-        if gaps:
-            seconds.append(max(gaps)[1] - t)
+        sent = _resumed(t, following, acks, window_s)
+        if sent is not None:
+            seconds.append(sent)
+        per_group = [(g, _resumed(t, following, d, window_s)) for g, d in deliveries.items()]
+        for g, resumed in per_group:
+            if resumed is not None:
+                delivery[g].append(resumed)
+        if any(r is not None for _, r in per_group):
+            worst.append(max(r for _, r in per_group if r is not None))
     seen: dict[str, set[str]] = {}
     redelivered: dict[str, int] = {}
     for e in events:
@@ -217,4 +250,4 @@ def takeovers(fault: str, events: list[Event], nemesis_log: list[str], *, window
             if e.value in got:
                 redelivered[e.group] = redelivered.get(e.group, 0) + 1
             got.add(e.value)
-    return Takeovers(fault, seconds, missed, redelivered)
+    return Takeovers(fault, seconds, missed, redelivered, delivery, worst)

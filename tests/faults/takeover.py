@@ -7,9 +7,11 @@ For each kind of fault one run of the `takeover` scenario (tests/faults/controll
 two brokers in controller mode with the default lease and sync replication, the
 fault workload of every scenario, and the fault on whoever is master, `--times`
 times, each once the pair is healthy again. Printed per fault: the seconds from
-the fault to the first acknowledged send after it (p50 and max), and the
-history checker's verdict (acknowledged messages lost, positions acknowledged
-for two different messages, duplicates stored, redeliveries per group).
+the fault to the first acknowledged send after it (p50 and max), the same for
+deliveries (per fault the last consumer group to deliver again; each group's
+in the JSON), and the history checker's verdict (acknowledged messages lost,
+positions acknowledged for two different messages, duplicates stored,
+redeliveries per group).
 """
 
 from __future__ import annotations
@@ -56,13 +58,16 @@ def main(argv: list[str] | None = None) -> int:
                "ok": outcome.ok}
         rows.append(row)
         failed |= not outcome.ok
-    print("| fault | takeovers | p50 s | max s | acknowledged | lost | misplaced | duplicated | offsets back | "
-          "redelivered | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| fault | takeovers | p50 s | max s | delivery p50 s | delivery max s | acknowledged | lost | misplaced | "
+          "duplicated | offsets back | redelivered | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['fault']} | {r['takeovers']} (missed {r['missed']}) | {r['p50_s']} | {r['max_s']} | "
+              f"{r['delivery_p50_s']} | {r['delivery_max_s']} | "
               f"{r['acknowledged']} | {r['lost']} | {r['misplaced']} | {r['duplicated']} | {r['offsets_backwards']} | "
               f"{r['redelivered']} | {r['ok']} |")
+    for r in rows:
+        print(f"{r['fault']}: delivery per group {r['delivery_by_group']}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
     return 1 if failed else 0

@@ -8,6 +8,7 @@ import asyncio
 from tidemark.client.consumer.fetcher import Fetcher, FetchLimits
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.moves import MasterMoves
 from tidemark.common.protocol import tag_hash
 from tidemark.common.records import RecordBatchBuilder, encode_properties
 
@@ -42,9 +43,13 @@ class ScriptedCluster:
 
     def __init__(self) -> None:
         self.stream: ScriptedStream | None = None
+        self.moves = MasterMoves()  # BrokerCluster's: broker-a never moves here
 
     async def connection(self, broker_name):
         return self
+
+    def suspect(self, broker_name) -> None:
+        """BrokerCluster.suspect: nothing to look up here."""
 
     def open_fetch_stream(self, *, on_records, on_ended, on_broken) -> ScriptedStream:
         self.stream = ScriptedStream(on_records, on_ended, on_broken)

@@ -1,7 +1,9 @@
 """The Fetcher reads each broker name where the cluster says it is served now: when that changes (a
 failover to the replica, the master back or a new one elected), queues that reopen go to the new address
 and the ones still on the old stream move with them; a stream is never kept on an address that no
-longer serves the name (a replica knows none of the master's locks: every fetch there would be fenced)."""
+longer serves the name (a replica knows none of the master's locks: every fetch there would be fenced).
+When the cluster learns of a new address (`moves`), a stream standing silent on the old one moves at once,
+and queues waiting out a reconnect backoff reopen at once (issue 29: clients follow at once)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ import asyncio
 
 from tidemark.client.consumer.fetcher import Fetcher, FetchLimits
 from tidemark.client.consumer.lease import QueueLease
-from tidemark.client.errors import FencedError
+from tidemark.client.errors import FencedError, UnavailableError
 from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.moves import MasterMoves
 from tidemark.client.remoting.streams import QueueEnd
 
 
@@ -47,9 +50,19 @@ class FakeCluster:
     def __init__(self) -> None:
         self.streams: list[FakeStream] = []
         self.serving = "master:1"
+        self.moves = MasterMoves()
+        self.suspected: list[str] = []
 
     async def connection(self, broker: str) -> FakeConnection:
         return FakeConnection(self.serving, self.streams)
+
+    def suspect(self, broker: str) -> None:
+        self.suspected.append(broker)
+
+    def move(self, address: str) -> None:
+        """What BrokerCluster does when the name servers name another master of broker-a."""
+        self.serving = address
+        self.moves.tell("broker-a", address)
 
 
 class Sink:
@@ -93,6 +106,52 @@ def test_queues_follow_the_address_that_serves_the_broker_now():
         third = cluster.streams[-1]
         assert third.address == "master:1" and second.closed
         assert sorted(q for _, q, _ in third.opened) == [0, 1, 2]
+        await fetcher.close()
+
+    asyncio.run(go())
+
+
+def fetcher_on(cluster: FakeCluster) -> Fetcher:
+    return Fetcher(cluster=cluster, group="g", subscription=lambda t: "*",
+                   limits=FetchLimits(100, 1 << 20, None, 32), sink=Sink(), offset_store=None)
+
+
+async def settle() -> None:
+    for _ in range(6):
+        await asyncio.sleep(0)
+
+
+def test_a_silent_stream_moves_as_soon_as_the_cluster_names_a_new_master():
+    """A paused master never breaks the stream: without the cluster's word it would stay there for good."""
+    async def go() -> None:
+        cluster = FakeCluster()
+        fetcher = fetcher_on(cluster)
+        await fetcher.start(lease(0), 10)
+        [first] = cluster.streams
+        cluster.move("elected:3")
+        await settle()
+        second = cluster.streams[-1]
+        assert second.address == "elected:3" and first.closed and [(q, o) for _, q, o in second.opened] == [(0, 10)]
+        await fetcher.close()
+
+    asyncio.run(go())
+
+
+def test_a_broken_stream_makes_its_broker_suspect_and_a_move_ends_the_backoff():
+    async def go() -> None:
+        cluster = FakeCluster()
+        fetcher = fetcher_on(cluster)
+        fetcher._failures["broker-a"] = 8  # a backoff grown to its 3 s cap by earlier failures
+        await fetcher.start(lease(0), 10)
+        [first] = cluster.streams
+        fetcher._on_broken("broker-a", first, UnavailableError("broker master:1: Socket closed"))
+        assert cluster.suspected == ["broker-a"], "the cluster asks the name servers where the master is now"
+        await settle()
+        assert len(cluster.streams) == 1, "waiting out the backoff"
+        cluster.move("elected:3")
+        await settle()
+        second = cluster.streams[-1]
+        assert second.address == "elected:3" and [(q, o) for _, q, o in second.opened] == [(0, 10)]
         await fetcher.close()
 
     asyncio.run(go())

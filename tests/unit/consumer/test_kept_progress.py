@@ -13,6 +13,7 @@ from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
 from tidemark.client.consumer.ownership import QueueOwnership
 from tidemark.client.consumer.queue_state import QueueState
 from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.moves import MasterMoves
 from tidemark.client.types import QueueLockGrant
 
 MQ = MessageQueue("T", "broker-a", 0)
@@ -51,6 +52,7 @@ class RestartingBroker:
     def __init__(self) -> None:
         self.epoch, self.committed, self.generation = 10, 100, 0
         self.commits = []
+        self.moves = MasterMoves()  # BrokerCluster's: the broker restarts in place, it never moves
 
     async def connection(self, broker_name):
         return self

@@ -10,6 +10,7 @@ from tidemark.client.consumer.ownership import QueueOwnership
 from tidemark.client.consumer.queue_state import QueueState
 from tidemark.client.errors import RequestTimeoutError
 from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.moves import MasterMoves
 from tidemark.client.types import QueueLockGrant
 
 MQ = MessageQueue("T", "broker-a", 0)
@@ -25,6 +26,7 @@ class ScriptedBroker:
         self.wait_grants: set[MessageQueue] | None = None  # what a waiting call grants (None: all asked)
         self.lock_calls: list[int] = []  # wait_ms of each call
         self.unlocked: list[MessageQueue] = []
+        self.moves = MasterMoves()  # BrokerCluster's: the broker never moves here
 
     async def connection(self, broker_name):
         return self

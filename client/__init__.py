@@ -61,6 +61,7 @@ from tidemark.client.producer.transaction import (
     TransactionSendResult,
 )
 from tidemark.client.security import TlsSettings
+from tidemark.client.selector import MessageSelector
 from tidemark.client.settings import (
     ClientSettings,
     ProducerSettings,
@@ -76,7 +77,8 @@ __all__ = [
     "FailedPreconditionError", "FencedError", "InternalError", "InvalidArgumentError", "NotFoundError", "NotMasterError",
     "PermissionDeniedError", "RequestTimeoutError", "StaleResetGenerationError", "TidemarkError",
     "UnavailableError", "ConsumeConcurrentlyStatus", "ConsumeFromWhere", "ConsumeOrderlyStatus", "Message",
-    "MessageExt", "MessageModel", "MessageQueue", "PullResult", "PullStatus", "SendResult", "Producer",
+    "MessageExt", "MessageModel", "MessageQueue", "MessageSelector", "PullResult", "PullStatus", "SendResult",
+    "Producer",
     "MessageQueueSelector", "SelectMessageQueueByHash", "SelectMessageQueueByRandom", "ClientSettings",
     "ProducerSettings", "PullConsumerSettings", "PushConsumerSettings", "ResetTarget", "Credentials", "TlsSettings",
     "TlsHandshakeError",

@@ -18,6 +18,7 @@ from tidemark.client.admin_topics import TopicAdmin
 from tidemark.client.dead_letters import Requeued, advanced, requeue_copy, requeue_start
 from tidemark.client.errors import InvalidArgumentError, NotFoundError, TidemarkError
 from tidemark.client.message import MessageExt, MessageQueue, PullResult
+from tidemark.client.selector import MessageSelector
 from tidemark.client.types import HalfMessage, ProducerInfo
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import dlq_topic
@@ -31,11 +32,15 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
     """Messages: group-less reads, lookups, dead letters, send-back, half messages and producers."""
 
     def pull(self, mq: MessageQueue, offset: int, *, max_nums: int = 32, suspend_ms: int = 0,
-             subscription: str = "*") -> PullResult:
-        """Read a queue without a group (nothing is committed)."""
+             subscription: str | MessageSelector = "*") -> PullResult:
+        """Read a queue without a group (nothing is committed); `subscription` a tag expression or a
+        MessageSelector (`MessageSelector.by_sql(...)`: only the messages whose properties satisfy it)."""
+        selector = MessageSelector.of(subscription)
+
         async def go() -> PullResult:
             return await self._read(mq, lambda c: c.pull("", mq, offset, max_nums=max_nums, suspend_ms=suspend_ms,
-                                                         subscription=subscription))
+                                                         subscription=selector.expression,
+                                                         expression_type=selector.expression_type))
         return self._run(go(), timeout=self.settings.request_timeout_s + suspend_ms / 1000 + 5)
 
     def view_message(self, mq: MessageQueue, offset: int) -> MessageExt:

@@ -14,7 +14,11 @@ import re
 import secrets
 import time
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar, TypeAlias
+
+from tidemark.common.sql92 import Sql92Filter, compile_sql92
 
 RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
@@ -144,6 +148,15 @@ def tag_hash(tag: str) -> int:
     return zlib.crc32(tag.encode("utf-8"))
 
 
+class ExpressionType:
+    """How a subscription's expression is read (RocketMQ's ExpressionType): tags, or an SQL92 condition on the
+    message's properties (common/sql92.py)."""
+
+    TAG = "TAG"
+    SQL92 = "SQL92"
+    ALL = (TAG, SQL92)
+
+
 @dataclass(frozen=True, slots=True)
 class TagExpression:
     """A parsed subscription expression: "*" (everything) or "tagA || tagB"."""
@@ -152,9 +165,20 @@ class TagExpression:
     tags: frozenset[str]
     codes: frozenset[int]
 
+    expression_type: ClassVar[str] = ExpressionType.TAG
+
     @property
     def matches_all(self) -> bool:
         return not self.tags
+
+    @property
+    def code_filter(self) -> frozenset[int] | None:
+        """The consume-queue tags codes to pre-filter by; None when every entry may match."""
+        return None if not self.tags else self.codes
+
+    def matches_properties(self, properties: Mapping[str, str]) -> bool:
+        """Exact check on a stored message's properties (its TAGS)."""
+        return not self.tags or properties.get(PropertyKey.TAGS, "") in self.tags
 
     def matches_code(self, code: int) -> bool:
         """First, cheap check on the consume queue's tags code."""
@@ -179,6 +203,21 @@ def parse_tag_expression(expression: str | None) -> TagExpression:
     if any("*" in t for t in tags):
         raise ValueError(f"tag expression {expression!r}: '*' must stand alone")
     return TagExpression(text, frozenset(tags), frozenset(tag_hash(t) for t in tags))
+
+
+# What a read of a queue filters by: either kind offers expression, expression_type, matches_all, code_filter,
+# matches_code (the consume queue's tags code) and matches_properties (the stored message's properties).
+MessageFilter: TypeAlias = TagExpression | Sql92Filter
+
+
+def parse_filter(expression: str | None, expression_type: str = ExpressionType.TAG) -> MessageFilter:
+    """A subscription's filter: a tag expression (parse_tag_expression) or an SQL92 condition (compile_sql92;
+    Sql92Error names the column); ValueError for a bad one. Both are memoised."""
+    if expression_type == ExpressionType.TAG:
+        return parse_tag_expression(expression)
+    if expression_type == ExpressionType.SQL92:
+        return compile_sql92(expression or "")
+    raise ValueError(f"expression type {expression_type!r} is not one of {', '.join(ExpressionType.ALL)}")
 
 
 _DURATION_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

@@ -108,6 +108,39 @@ def decode_properties(data: bytes | memoryview) -> dict[str, str]:
     return result
 
 
+class RawProperties:
+    """A record's encoded properties, read on demand: `get(key)` finds one property without decoding the
+    others (an SQL92 filter names a few properties of every record it examines). As decode_properties, a key
+    given twice has its last value."""
+
+    __slots__ = ("_data",)
+    _patterns: dict[str, tuple[bytes, bytes]] = {}
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        patterns = RawProperties._patterns.get(key)
+        if patterns is None:
+            if len(RawProperties._patterns) > 4096:
+                RawProperties._patterns.clear()
+            k = key.encode("utf-8")
+            patterns = RawProperties._patterns[key] = (b"\x02" + k + b"\x01", k + b"\x01")
+        data = self._data
+        at = data.rfind(patterns[0])
+        if at >= 0:
+            start = at + len(patterns[0])
+        elif data.startswith(patterns[1]):
+            start = len(patterns[1])
+        else:
+            return default
+        end = data.find(b"\x02", start)
+        return str(data[start:end if end >= 0 else len(data)], "utf-8", "replace")
+
+    def __contains__(self, key: str) -> bool:
+        return self.get(key) is not None
+
+
 def property_value(data: bytes | memoryview, prefix: bytes) -> bytes | None:
     """The raw value of one property (prefix is b"KEY\\x01"), without decoding the rest."""
     data = bytes(data)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tidemark.broker.delivery.pull import QueueReadAccess, is_stale
@@ -39,6 +39,7 @@ from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import OffsetCommitService
 from tidemark.broker.store import GetStatus, MessageStore
 from tidemark.common.logs import get_logger
+from tidemark.common.protocol import ExpressionType
 
 log = get_logger("tidemark.broker.delivery.fetch")
 
@@ -48,6 +49,8 @@ FRAME_BYTES = 256 * 1024
 # examined when filtering.
 MAX_RECORDS_PER_READ = 1024
 MAX_SCAN = 4000
+# Entries examined per read with an SQL92 filter (each one's properties decoded and evaluated).
+MAX_SCAN_PROPERTIES = 1000
 MAX_CREDIT = 2**62
 
 
@@ -69,6 +72,7 @@ class OpenQueue:
     credit_messages: int = 0
     credit_bytes: int = 0
     batch_size: int = MAX_RECORDS_PER_READ
+    expression_type: str = ExpressionType.TAG
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,8 @@ class _Served:
     queue_id: int
     offset: int
     codes: frozenset[int] | None
+    # SQL92: the broker's exact check of each record's properties (tags are checked exactly by the client).
+    properties: Callable[[Mapping[str, str]], bool] | None
     fence: Fence | None
     credit_messages: int
     credit_bytes: int
@@ -154,13 +160,14 @@ class FetchSession:
                 raise InvalidArgumentError(f"batch_size must be between 1 and {MAX_RECORDS_PER_READ}, "
                                            f"got {req.batch_size}")
             grant = self._access.check(req.group, req.topic, req.queue_id, req.offset, req.subscription,
-                                       req.fence)
+                                       req.fence, req.expression_type)
         except BrokerError as e:
             self._end(QueueEnded(req.handle, EndReason.ERROR, error=e))
             return
         expression = grant.expression
-        served = _Served(req.handle, req.group, req.topic, req.queue_id, req.offset,
-                         None if expression.matches_all else expression.codes, req.fence,
+        exact = expression.matches_properties if expression.expression_type == ExpressionType.SQL92 else None
+        served = _Served(req.handle, req.group, req.topic, req.queue_id, req.offset, expression.code_filter, exact,
+                         req.fence,
                          min(req.credit_messages, MAX_CREDIT), min(req.credit_bytes, MAX_CREDIT), req.batch_size,
                          req.offset)
         self._served[req.handle] = served
@@ -273,7 +280,8 @@ class FetchSession:
         read = self._store.read_records(q.topic, q.queue_id, q.offset,
                                         max_count=min(q.credit_messages, q.batch_size),
                                         max_bytes=min(q.credit_bytes, budget), tags_codes=q.codes,
-                                        max_scan=MAX_SCAN)
+                                        properties_filter=q.properties,
+                                        max_scan=MAX_SCAN if q.properties is None else MAX_SCAN_PROPERTIES)
         status = read.status
         if status is GetStatus.FOUND or status is GetStatus.NO_MATCHED_MESSAGE:
             q.offset = read.next_offset

@@ -4,13 +4,15 @@ Order of checks (QueueReadAccess, shared with the fetch stream): names and
 ranges, read permission, the group's consume_enable, owner fence (a client
 that lost the queue's lock may not pull it), reset generation (a consumer that
 has not seen an admin reset is told OFFSET_RESET); then the piggybacked
-commit, then the read itself with tag filtering and long polling at the end of
-the queue. Consumers read through the fetch stream (fetch.py); this unary path
-serves tools, with a byte cap per answer.
+commit, then the read itself with filtering (tags, or SQL92 on the stored
+properties) and long polling at the end of the queue. Consumers read through
+the fetch stream (fetch.py); this unary path serves tools, with a byte cap per
+answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import time
 from collections.abc import Callable
@@ -26,14 +28,15 @@ from tidemark.broker.offsets.commits import OffsetCommitService
 from tidemark.broker.store import GetStatus, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfig, TopicConfigManager
 from tidemark.common.logs import get_logger
-from tidemark.common.protocol import TagExpression, parse_tag_expression
+from tidemark.common.protocol import ExpressionType, MessageFilter, parse_filter
 
 log = get_logger("tidemark.broker.delivery.pull")
 
 MAX_PULL_BATCH = 1024
 DEFAULT_PULL_BATCH = 32
-# Consume-queue entries examined per read when filtering by tag.
+# Consume-queue entries examined per read when filtering by tag, and by properties (SQL92: each one decoded).
 _MAX_SCAN = 4000
+_MAX_SCAN_PROPERTIES = 1000
 # A pull answer stops growing past this many body bytes (always at least one message).
 MAX_PULL_BYTES = 8 * 1024 * 1024
 
@@ -57,6 +60,7 @@ class PullRequest:
     subscription: str = "*"
     commit_offset: int | None = None
     fence: Fence | None = None
+    expression_type: str = ExpressionType.TAG  # how `subscription` is read: tags, or SQL92 on the properties
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +84,7 @@ class ReadGrant:
     """What a read of one queue may go ahead with: the topic, the parsed filter, the reset generation."""
 
     topic: TopicConfig
-    expression: TagExpression
+    expression: MessageFilter
     generation: int
 
 
@@ -104,14 +108,15 @@ class QueueReadAccess:
         self._permission = permission
 
     def check(self, group: str, topic_name: str, queue_id: int, offset: int, subscription: str,
-              fence: Fence | None) -> ReadGrant:
-        """Everything a read checks before it starts (BrokerError when refused)."""
+              fence: Fence | None, expression_type: str = ExpressionType.TAG) -> ReadGrant:
+        """Everything a read checks before it starts (BrokerError when refused: a bad SQL92 expression is
+        INVALID_ARGUMENT naming the column)."""
         topic = self._topics.require(topic_name)
         check_queue(topic, queue_id)
         if offset < 0:
             raise InvalidArgumentError(f"queue offset must be >= 0, got {offset}")
         try:
-            expression = parse_tag_expression(subscription)
+            expression = parse_filter(subscription, expression_type)
         except ValueError as e:
             raise InvalidArgumentError(str(e)) from None
         if group:
@@ -173,7 +178,7 @@ class PullService:
         if req.commit_offset is not None and not req.group:
             raise InvalidArgumentError("a piggybacked commit_offset needs a group")
         grant = self._access.check(req.group, req.topic, req.queue_id, req.queue_offset, req.subscription,
-                                   req.fence)
+                                   req.fence, req.expression_type)
         generation = grant.generation
         if is_stale(req.fence, generation):
             return self._offset_reset(req, generation)
@@ -199,17 +204,23 @@ class PullService:
             reset_generation=generation,
         )
 
-    async def _read(self, req: PullRequest, expression: TagExpression, max_nums: int) -> PullOutcome:
+    async def _read(self, req: PullRequest, expression: MessageFilter, max_nums: int) -> PullOutcome:
         store = self._store
-        matcher = None if expression.matches_all else expression.matches_code
-        exact = None if expression.matches_all else (lambda m: expression.matches_tag(m.tags))
+        codes = expression.code_filter  # tags: the consume queue's codes first, then the exact tag
+        matcher = None if codes is None else expression.matches_code
+        exact = None if codes is None else (lambda m: expression.matches_tag(m.tags))
+        # SQL92: every record's properties are evaluated (smaller windows; the loop goes on between them).
+        sql = expression.expression_type == ExpressionType.SQL92
+        properties = expression.matches_properties if sql else None
+        max_scan = _MAX_SCAN_PROPERTIES if sql else _MAX_SCAN
         suspend_ms = min(req.suspend_timeout_ms, self._max_long_polling_ms)
         deadline = time.monotonic() + suspend_ms / 1000
         offset = req.queue_offset
         skipped = False
         while True:
             result = store.get_messages(req.topic, req.queue_id, offset, max_nums,
-                                        matcher=matcher, exact_matcher=exact, max_scan=_MAX_SCAN)
+                                        matcher=matcher, exact_matcher=exact, properties_filter=properties,
+                                        max_scan=max_scan)
             status = result.status
             if status is GetStatus.FOUND:
                 messages, next_offset = _cap_bytes(result.messages, result.next_begin_offset)
@@ -218,6 +229,7 @@ class PullService:
                 skipped = True
                 offset = result.next_begin_offset
                 if offset < result.max_offset:
+                    await asyncio.sleep(0)  # a long filtered run: other work goes on between windows
                     continue
             elif status is GetStatus.OFFSET_TOO_SMALL:
                 return PullOutcome(PullStatus.OFFSET_ILLEGAL, [], result.min_offset,

@@ -24,7 +24,7 @@ log = get_logger("tidemark.broker.consumers")
 class ConsumerInfo:
     client_id: str
     group: str
-    subscriptions: tuple[tuple[str, str], ...] = ()
+    subscriptions: tuple[tuple[str, str], ...] = ()  # (topic, expression)
     message_model: str = "CLUSTERING"
     consume_type: str = "CONSUME_PASSIVELY"
     orderly: bool = False
@@ -32,6 +32,8 @@ class ConsumerInfo:
     allocate_strategy: str = ""
     host: str = ""
     last_heartbeat_ms: int = 0
+    # The subscribed topics whose expression is SQL92 (the others' are tag expressions).
+    sql92_topics: frozenset[str] = frozenset()
 
 
 @dataclass(eq=False)

@@ -4,9 +4,9 @@ The ledger (ledger.py) says what is in flight; this service joins it to the
 store and the offset table:
 
 - **receive** visits the group's pop retry topic, then the topic's readable
-  queues round robin, reads from each queue's cursor through the tag filter,
-  records what it hands out (journalled before the answer) and parks on the
-  long-polling service while nothing is there;
+  queues round robin, reads from each queue's cursor through the filter (tags,
+  or SQL92 on the stored properties), records what it hands out (journalled
+  before the answer) and parks on the long-polling service while nothing is there;
 - **ack** and **change of invisible time** check the receipt handle (forged:
   bad MAC; stale: no longer the entry's current delivery) and update the ledger;
 - the **watermark** (the smallest unfinished offset of a queue) is committed
@@ -60,15 +60,23 @@ from tidemark.broker.store import GetStatus, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.common.fsutil import atomic_write
 from tidemark.common.logs import get_logger
-from tidemark.common.protocol import RETRY_GROUP_TOPIC_PREFIX, PropertyKey, TagExpression, dlq_topic
+from tidemark.common.protocol import (
+    RETRY_GROUP_TOPIC_PREFIX,
+    ExpressionType,
+    MessageFilter,
+    PropertyKey,
+    dlq_topic,
+)
 
 log = get_logger("tidemark.broker.pop")
 
 MIN_INVISIBLE_MS = 10_000
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 MAX_BATCH = 32
-# Entries a receive examines per queue while looking for matching tags.
+# Entries a receive examines per queue while looking for matching tags, and for matching properties (SQL92:
+# each one decoded and evaluated).
 MAX_SCAN = 2000
+MAX_SCAN_PROPERTIES = 1000
 # Revived deliveries per scan: a backlog is worked off over several scans, the loop stays responsive.
 REVIVE_BATCH = 1000
 # Answers kept for a repeated receive (the client retries with the same attempt id after a lost answer).
@@ -84,7 +92,7 @@ def pop_retry_topic(group: str, topic: str) -> str:
 class ReceiveRequest:
     group: str
     topic: str
-    filter: TagExpression
+    filter: MessageFilter  # tags, or SQL92 on the stored properties
     batch: int
     invisible_ms: int
     client_id: str
@@ -134,6 +142,7 @@ class PopService:
         self._attempts: collections.OrderedDict[tuple[str, str], list[Received]] = collections.OrderedDict()
         self.revived = 0
         self.dead_lettered = 0
+        self._more_to_scan = False  # the last _take stopped at a scan limit with entries left (see receive)
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -230,10 +239,16 @@ class PopService:
                 return again
         deadline = self._clock_ms() + r.poll_ms
         while True:
+            self._more_to_scan = False
             received = self._take(r, topic.read_queue_nums, group.consume_orderly)
             remaining = deadline - self._clock_ms()
             if received or remaining <= 0:
                 break
+            if self._more_to_scan:
+                # A scan window of filtered entries only, and more stored after it: go on scanning (after
+                # letting the loop breathe) rather than wait for a new message.
+                await asyncio.sleep(0)
+                continue
             # The retry topic too, even before it exists: its first message (a revived delivery) wakes us.
             retry = self._topics.get(pop_retry_topic(r.group, r.topic))
             retry_queues = retry.read_queue_nums if retry is not None else group.retry_queue_nums
@@ -278,15 +293,20 @@ class PopService:
         if want <= 0:
             return []
         f = r.filter
+        sql = f.expression_type == ExpressionType.SQL92  # its properties decide, read before decoding
         got = self._store.get_messages(key.topic, key.queue_id, ledger.cursor(key), want,
-                                       matcher=None if f.matches_all else f.matches_code,
-                                       exact_matcher=None if f.matches_all else (lambda m: m.tags in f.tags),
-                                       max_scan=MAX_SCAN)
+                                       matcher=None if f.code_filter is None else f.matches_code,
+                                       exact_matcher=None if f.code_filter is None else (
+                                           lambda m: f.matches_properties(m.properties)),
+                                       properties_filter=f.matches_properties if sql else None,
+                                       max_scan=MAX_SCAN_PROPERTIES if sql else MAX_SCAN)
         if got.status is GetStatus.OFFSET_OVERFLOW_BADLY:
             ledger.reset(key, got.max_offset)  # the queue is shorter than the cursor (recreated topic)
             return []
         if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE):
             return []
+        if not got.messages and got.next_begin_offset < got.max_offset:
+            self._more_to_scan = True
         by_offset = {m.queue_offset: m for m in got.messages}
         taken = [(m.queue_offset, m.reconsume_times + 1) for m in got.messages]
         result = ledger.pop(key, taken, got.next_begin_offset, now_ms=now, invisible_ms=r.invisible_ms,

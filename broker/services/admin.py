@@ -12,10 +12,10 @@ from tidemark.broker.membership.groups import GroupConfig, check_group
 from tidemark.broker.observe.status import broker_status
 from tidemark.broker.operations import OffsetChange
 from tidemark.broker.services import access
-from tidemark.broker.services.convert import message_ext, queue, topic_config
+from tidemark.broker.services.convert import expression_type_pb, message_ext, queue, topic_config
 from tidemark.broker.services.errors import rpc
 from tidemark.broker.version import VERSION
-from tidemark.common.protocol import format_duration_ms
+from tidemark.common.protocol import ExpressionType, format_duration_ms
 from tidemark.v1 import admin_pb2, admin_pb2_grpc, common_pb2, offsets_pb2
 
 
@@ -134,7 +134,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
             raise NotFoundError(f"group {request.group!r} is unknown on this broker")
         members = [admin_pb2.GroupMember(
             client_id=m.client_id, host=m.host,
-            subscriptions=[common_pb2.Subscription(topic=t, expression=e) for t, e in m.subscriptions],
+            subscriptions=[common_pb2.Subscription(topic=t, expression=e, expression_type=expression_type_pb(
+                ExpressionType.SQL92 if t in m.sql92_topics else ExpressionType.TAG)) for t, e in m.subscriptions],
             owned_queues=[common_pb2.MessageQueue(topic=t, broker_name=bn, queue_id=q) for t, bn, q in m.owned_queues],
             message_model=common_pb2.MessageModel.Value(m.message_model),
             consume_type=common_pb2.ConsumeType.Value(m.consume_type),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tidemark.broker.errors import InvalidArgumentError
 from tidemark.broker.operations import Fence, StoredMessage, TopicConfig
 from tidemark.common.protocol import (
+    ExpressionType,
     InvalidNameError,
     PropertyKey,
     check_client_id,
@@ -33,6 +34,21 @@ def checked_topic(topic: str) -> str:
     except InvalidNameError as e:
         raise InvalidArgumentError(str(e)) from None
     return topic
+
+
+# ExpressionType on the wire (EXPRESSION_TYPE_UNSPECIFIED, sent by clients that predate the field: TAG).
+_EXPRESSION_TYPES = {common_pb2.EXPRESSION_TYPE_UNSPECIFIED: ExpressionType.TAG, common_pb2.TAG: ExpressionType.TAG,
+                     common_pb2.SQL92: ExpressionType.SQL92}
+
+
+def expression_type(value: int) -> str:
+    """The ExpressionType of a request: TAG or SQL92, else the number as text, which the read's checks
+    refuse (INVALID_ARGUMENT for that read only: a fetch stream's other queues go on)."""
+    return _EXPRESSION_TYPES.get(value) or str(value)
+
+
+def expression_type_pb(value: str) -> int:
+    return common_pb2.SQL92 if value == ExpressionType.SQL92 else common_pb2.TAG
 
 
 def fence_from_pb(fence: common_pb2.CommitFence, present: bool) -> Fence | None:

@@ -8,10 +8,21 @@ from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import BrokerError, InvalidArgumentError
 from tidemark.broker.membership.groups import check_group
 from tidemark.broker.membership.members import ConsumerInfo
-from tidemark.broker.services.convert import checked_client_id, checked_topic, fence_from_pb, queue
+from tidemark.broker.services.convert import (
+    checked_client_id,
+    checked_topic,
+    expression_type,
+    fence_from_pb,
+    queue,
+)
 from tidemark.broker.services.errors import rpc, status_for
 from tidemark.broker.services.streams import write
-from tidemark.common.protocol import InvalidNameError, check_topic_name, parse_tag_expression
+from tidemark.common.protocol import (
+    ExpressionType,
+    InvalidNameError,
+    check_topic_name,
+    parse_filter,
+)
 from tidemark.v1 import common_pb2, membership_pb2, membership_pb2_grpc
 
 
@@ -31,15 +42,18 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
     async def Heartbeat(self, request, context: grpc.aio.ServicerContext):
         check_group(request.group)
         checked_client_id(request.client_id)
-        subscriptions = []
+        subscriptions, sql92 = [], set()
         for s in request.subscriptions:
             # Names only: a topic deleted while its consumers run must not make their heartbeats fail.
+            kind = expression_type(s.expression_type)
             try:
                 check_topic_name(s.topic)
-                parse_tag_expression(s.expression)
+                parse_filter(s.expression, kind)  # a bad SQL92 expression: INVALID_ARGUMENT with its column
             except (InvalidNameError, ValueError) as e:
                 raise InvalidArgumentError(f"subscription to {s.topic!r}: {e}") from None
-            subscriptions.append((s.topic, s.expression or "*"))
+            subscriptions.append((s.topic, (s.expression or "*") if kind == ExpressionType.TAG else s.expression))
+            if kind == ExpressionType.SQL92:
+                sql92.add(s.topic)
         for q in request.owned_queues:
             checked_topic(q.topic)
         ids = self._b.heartbeat(ConsumerInfo(
@@ -54,6 +68,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
             owned_queues=tuple((q.topic, q.broker_name, q.queue_id) for q in request.owned_queues),
             allocate_strategy=request.allocate_strategy,
             host=context.peer() or "",
+            sql92_topics=frozenset(sql92),
         ))
         return membership_pb2.HeartbeatResponse(client_ids=ids)
 

@@ -27,7 +27,12 @@ from tidemark.broker.operations import (
     QueueEnded,
 )
 from tidemark.broker.services import access
-from tidemark.broker.services.convert import checked_client_id, fence_from_pb, message_ext
+from tidemark.broker.services.convert import (
+    checked_client_id,
+    expression_type,
+    fence_from_pb,
+    message_ext,
+)
 from tidemark.broker.services.errors import rpc, status_for
 from tidemark.broker.services.streams import call_ended, write
 from tidemark.common.logs import get_logger
@@ -190,6 +195,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
             subscription=request.subscription,
             commit_offset=request.commit_offset if request.HasField("commit_offset") else None,
             fence=fence_from_pb(request.fence, request.HasField("fence")),
+            expression_type=expression_type(request.expression_type),
         ))
         name = self._b.config.broker_name
         return messaging_pb2.PullMessageResponse(
@@ -261,7 +267,8 @@ def _open_queue(pb) -> OpenQueue:
     return OpenQueue(handle=pb.handle, group=pb.group, topic=pb.topic, queue_id=pb.queue_id, offset=pb.offset,
                      subscription=pb.subscription, fence=fence_from_pb(pb.fence, pb.HasField("fence")),
                      credit_messages=pb.credit_messages, credit_bytes=pb.credit_bytes,
-                     batch_size=pb.batch_size or MAX_RECORDS_PER_READ)
+                     batch_size=pb.batch_size or MAX_RECORDS_PER_READ,
+                     expression_type=expression_type(pb.expression_type))
 
 
 def _ended_pb(end: QueueEnded) -> messaging_pb2.FetchEnded:

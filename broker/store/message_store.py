@@ -22,7 +22,7 @@ import asyncio
 import enum
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from tidemark.broker.errors import InvalidArgumentError, StoreError
@@ -482,17 +482,19 @@ class MessageStore:
         *,
         matcher: Callable[[int], bool] | None = None,
         exact_matcher: Callable[[StoredMessage], bool] | None = None,
+        properties_filter: Callable[[Mapping[str, str]], bool] | None = None,
         max_scan: int = 2000,
     ) -> GetResult:
-        """Up to max_count matching messages from `offset`, examining at most max_scan entries (reads.py)."""
+        """Up to max_count matching messages from `offset`, examining at most max_scan entries (reads.py);
+        a properties_filter (an SQL92 subscription) sees each record's properties before it is decoded."""
         self._readable()
         if offset < 0 or max_count < 1 or max_scan < 1:
             raise InvalidArgumentError(
                 f"offset {offset} must be >= 0, max_count {max_count} and max_scan {max_scan} >= 1"
             )
         return reads.get_messages(self._queues.get(topic, queue_id), self._commitlog, offset, max_count,
-                                  matcher=matcher, exact_matcher=exact_matcher, max_scan=max_scan,
-                                  follower=self.follower, limit=self.read_limit())
+                                  matcher=matcher, exact_matcher=exact_matcher, properties_filter=properties_filter,
+                                  max_scan=max_scan, follower=self.follower, limit=self.read_limit())
 
     def read_records(
         self,
@@ -503,9 +505,11 @@ class MessageStore:
         max_count: int,
         max_bytes: int,
         tags_codes: frozenset[int] | None = None,
+        properties_filter: Callable[[Mapping[str, str]], bool] | None = None,
         max_scan: int = 2000,
     ) -> RawRead:
-        """Up to max_count records (and max_bytes, at least one record) from `offset`, as stored (reads.py)."""
+        """Up to max_count records (and max_bytes, at least one record) from `offset`, as stored (reads.py);
+        with a properties_filter (an SQL92 subscription) only the records whose properties it accepts."""
         self._readable()
         if offset < 0 or max_count < 1 or max_bytes < 1 or max_scan < 1:
             raise InvalidArgumentError(
@@ -513,8 +517,8 @@ class MessageStore:
                 f"max_scan {max_scan} >= 1"
             )
         return reads.read_records(self._queues.get(topic, queue_id), self._commitlog, offset, max_count=max_count,
-                                  max_bytes=max_bytes, tags_codes=tags_codes, max_scan=max_scan,
-                                  follower=self.follower, limit=self.read_limit())
+                                  max_bytes=max_bytes, tags_codes=tags_codes, properties_filter=properties_filter,
+                                  max_scan=max_scan, follower=self.follower, limit=self.read_limit())
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         queue = self._queues.get(topic, queue_id)

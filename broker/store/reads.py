@@ -11,16 +11,28 @@ read, on the event-loop thread.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from tidemark.broker.store import codec
 from tidemark.broker.store.commitlog import CommitLog
 from tidemark.broker.store.consumequeue import ConsumeQueue
 from tidemark.broker.store.model import GetResult, GetStatus, RawRead, StoredMessage
+from tidemark.common.records import (
+    HEADER_SIZE,
+    I64,
+    QUEUE_OFFSET_OFFSET,
+    U16,
+    U32,
+    RawProperties,
+    record_spans,
+)
 
 # Consume-queue entries read per pread while scanning for matches.
 ENTRY_READ_BATCH = 256
+# A filter on a record's properties (an SQL92 subscription); it only calls their get(name).
+PropertiesFilter = Callable[[Mapping[str, str]], bool]
 
 
 def position_status(offset: int, low: int, high: int, *, follower: bool = False,
@@ -68,17 +80,22 @@ def readable_high(queue: ConsumeQueue | None, limit: int | None) -> int:
 
 def get_messages(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, max_count: int, *,
                  matcher: Callable[[int], bool] | None, exact_matcher: Callable[[StoredMessage], bool] | None,
-                 max_scan: int, follower: bool = False, limit: int | None = None) -> GetResult:
+                 max_scan: int, follower: bool = False, limit: int | None = None,
+                 properties_filter: PropertiesFilter | None = None) -> GetResult:
     """Up to max_count matching messages from `offset`, examining at most max_scan entries.
 
-    `matcher` sees the consume queue's tags code (cheap); `exact_matcher` the decoded message.
-    next_begin_offset follows the last entry examined. With a `limit` (readable_high) the queue ends
-    there for the reader, who waits at a position between there and the stored end."""
+    `matcher` sees the consume queue's tags code (cheap); `exact_matcher` the decoded message;
+    `properties_filter` (an SQL92 subscription, instead of both) the record's properties before it is
+    decoded. next_begin_offset follows the last entry examined. With a `limit` (readable_high) the queue
+    ends there for the reader, who waits at a position between there and the stored end."""
     low, high = (queue.min_offset, readable_high(queue, limit)) if queue is not None else (0, 0)
     status = position_status(offset, low, high, follower=follower,
                              stored_high=queue.max_offset if queue is not None and limit is not None else None)
     if status is not None:
         return GetResult(status, [], _next_offset(status, offset, low, high), low, high)
+    if properties_filter is not None:
+        return _get_by_properties(queue, commitlog, offset, min(high, offset + max_scan), low, high,
+                                  max_count=max_count, accept=properties_filter)
     messages: list[StoredMessage] = []
     commit_log_min = commitlog.min_offset
     limit = min(high, offset + max_scan)
@@ -105,16 +122,21 @@ def get_messages(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, 
 
 def read_records(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, *, max_count: int, max_bytes: int,
                  tags_codes: frozenset[int] | None, max_scan: int, follower: bool = False,
-                 limit: int | None = None) -> RawRead:
+                 limit: int | None = None, properties_filter: PropertiesFilter | None = None) -> RawRead:
     """Up to max_count records (and max_bytes, at least one record) from `offset`, as stored.
 
     Consume-queue entries are filtered by tags code, the whole scan window in one vectorised pass;
-    the consumer checks tags exactly (hash codes may collide). `limit` as in get_messages."""
+    the consumer checks tags exactly (hash codes may collide). With a properties_filter (SQL92) every
+    record of the window is read and only those whose properties it accepts are kept. `limit` as in
+    get_messages."""
     low, high = (queue.min_offset, readable_high(queue, limit)) if queue is not None else (0, 0)
     status = position_status(offset, low, high, follower=follower,
                              stored_high=queue.max_offset if queue is not None and limit is not None else None)
     if status is not None:
         return RawRead(status, b"", 0, _next_offset(status, offset, low, high), low, high)
+    if properties_filter is not None:
+        return _read_by_properties(queue, commitlog, offset, min(high, offset + max_scan), low, high,
+                                   max_count=max_count, max_bytes=max_bytes, accept=properties_filter)
     commit_log_min = commitlog.min_offset
     pieces: list[bytes] = []
     planned = nbytes = count = 0
@@ -157,3 +179,83 @@ def read_records(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, 
         count += ok
     data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
     return RawRead(GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE, data, count, pos, low, high)
+
+
+
+def _read_by_properties(queue: ConsumeQueue, commitlog: CommitLog, offset: int, limit: int, low: int, high: int, *,
+                        max_count: int, max_bytes: int, accept: PropertiesFilter) -> RawRead:
+    """read_records' scan when every record's properties decide (see _by_properties). The reading continues
+    after the last record examined, or at the first match that did not fit."""
+    kept: list[bytes] = []
+    nbytes = 0
+    progress = [offset]
+    for data, start, size in _by_properties(queue, commitlog, offset, limit, accept, progress):
+        if kept and (len(kept) >= max_count or nbytes + size > max_bytes):
+            (queue_offset,) = I64.unpack_from(data, start + QUEUE_OFFSET_OFFSET)
+            return _kept(kept, queue_offset, low, high)
+        kept.append(data[start:start + size])
+        nbytes += size
+    return _kept(kept, progress[0], low, high)
+
+
+def _get_by_properties(queue: ConsumeQueue, commitlog: CommitLog, offset: int, limit: int, low: int, high: int, *,
+                       max_count: int, accept: PropertiesFilter) -> GetResult:
+    """get_messages' scan when every record's properties decide: only the matching records are decoded."""
+    messages: list[StoredMessage] = []
+    progress = [offset]
+    for data, start, _ in _by_properties(queue, commitlog, offset, limit, accept, progress):
+        try:
+            message = codec.decode_record(data, start)
+        except codec.CorruptRecordError:
+            continue
+        messages.append(message)
+        if len(messages) >= max_count:
+            return GetResult(GetStatus.FOUND, messages, message.queue_offset + 1, low, high)
+    return GetResult(GetStatus.FOUND if messages else GetStatus.NO_MATCHED_MESSAGE, messages, progress[0], low, high)
+
+
+def _by_properties(queue: ConsumeQueue, commitlog: CommitLog, offset: int, limit: int, accept: PropertiesFilter,
+                   progress: list[int]) -> Iterator[tuple[bytes, int, int]]:
+    """(bytes, start, size) of each record of [offset, limit) whose properties `accept` takes, in order.
+
+    The records are read in runs that lie back to back in the commit log (one pread each) and their
+    properties looked up in place (RawProperties: only those the filter names are decoded). progress[0]
+    is where the scan stands once a batch of entries is examined."""
+    commit_log_min = commitlog.min_offset
+    u16, u32 = U16.unpack_from, U32.unpack_from
+    pos = offset
+    while pos < limit:
+        entries = queue.read_entries(pos, min(limit - pos, ENTRY_READ_BATCH))
+        if not entries:
+            break
+        for phys, sizes in _runs(entries, commit_log_min):
+            data, _ = commitlog.read_run(phys, sizes)
+            for start, size in record_spans(data):
+                p = start + HEADER_SIZE  # born host, topic, then the properties (common/records.py)
+                p += 2 + u16(data, p)[0]
+                p += 2 + u16(data, p)[0]
+                n = u32(data, p)[0]
+                if accept(RawProperties(data[p + 4:p + 4 + n])):
+                    yield data, start, size
+        pos += len(entries)
+        progress[0] = pos
+
+
+def _runs(entries: list[tuple[int, int, int]], commit_log_min: int) -> list[tuple[int, list[int]]]:
+    """The entries whose records are still stored, as (first commit-log offset, sizes) of back-to-back runs."""
+    runs: list[tuple[int, list[int]]] = []
+    end = -1
+    for phys, size, _ in entries:
+        if phys < commit_log_min:
+            continue
+        if phys == end:
+            runs[-1][1].append(size)
+        else:
+            runs.append((phys, [size]))
+        end = phys + size
+    return runs
+
+
+def _kept(kept: list[bytes], next_offset: int, low: int, high: int) -> RawRead:
+    data = kept[0] if len(kept) == 1 else b"".join(kept)
+    return RawRead(GetStatus.FOUND if kept else GetStatus.NO_MATCHED_MESSAGE, data, len(kept), next_offset, low, high)

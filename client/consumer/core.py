@@ -38,6 +38,7 @@ from tidemark.client.errors import FencedError
 from tidemark.client.message import MessageExt, MessageModel, MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.streams import QueueEnd
+from tidemark.client.selector import MessageSelector
 from tidemark.client.settings import ConsumerSettings
 from tidemark.client.types import CommitRejectReason, RejectedCommit
 from tidemark.common.logs import get_logger
@@ -56,10 +57,10 @@ class ConsumerCore:
     commit_start_offset = True
     orderly = False
 
-    def __init__(self, settings: ConsumerSettings, subscriptions: dict[str, str]) -> None:
+    def __init__(self, settings: ConsumerSettings, subscriptions: dict[str, MessageSelector]) -> None:
         self.settings = settings
         self.client_id = settings.client_id
-        self.subscriptions = dict(subscriptions)
+        self.subscriptions = {topic: MessageSelector.of(selector) for topic, selector in subscriptions.items()}
         self.strategy = settings.allocate_strategy
         self.clustering = settings.message_model is MessageModel.CLUSTERING
         self.scheduler = Scheduler(f"consumer:{settings.group}")
@@ -208,8 +209,8 @@ class ConsumerCore:
 
     # -- OwnershipHooks ----------------------------------------------------------------------
 
-    def subscription(self, topic: str) -> str:
-        return self.subscriptions.get(topic, "*")
+    def subscription(self, topic: str) -> MessageSelector:
+        return self.subscriptions.get(topic) or MessageSelector.by_tag("*")
 
     async def start_offset(self, mq: MessageQueue, committed: int | None) -> int:
         s = self.settings
@@ -270,7 +271,8 @@ class ConsumerCore:
 
     def _heartbeat_data(self) -> HeartbeatData:
         return HeartbeatData(
-            subscriptions=tuple(sorted(self.subscriptions.items())),
+            subscriptions=tuple(sorted((topic, selector.expression, selector.expression_type)
+                                       for topic, selector in self.subscriptions.items())),
             message_model=self.settings.message_model.value,
             consume_type=self.consume_type,
             orderly=self.orderly,

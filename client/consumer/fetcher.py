@@ -40,9 +40,9 @@ from tidemark.client.errors import TidemarkError
 from tidemark.client.message import MessageExt
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.streams import FetchStream, QueueEnd
+from tidemark.client.selector import MessageSelector
 from tidemark.common.backoff import Backoff
 from tidemark.common.logs import get_logger
-from tidemark.common.protocol import TagExpression, parse_tag_expression
 from tidemark.common.scheduler import TaskSet
 
 log = get_logger("tidemark.client.fetch")
@@ -72,15 +72,14 @@ class FetchLimits:
 class _Reading:
     lease: QueueLease
     handle: int
-    subscription: str
-    tags: TagExpression
+    selector: MessageSelector
     next_offset: int
     owed_messages: int = 0
     owed_bytes: int = 0
 
 
 class Fetcher:
-    def __init__(self, *, cluster: BrokerCluster, group: str, subscription: Callable[[str], str],
+    def __init__(self, *, cluster: BrokerCluster, group: str, subscription: Callable[[str], MessageSelector | str],
                  limits: FetchLimits, sink: FetchSink, offset_store: OffsetStore | None,
                  held: Callable[[], bool] = lambda: False) -> None:
         self._cluster = cluster
@@ -106,8 +105,7 @@ class Fetcher:
 
     async def start(self, lease: QueueLease, offset: int) -> None:
         """Start reading a lease's queue at `offset`."""
-        subscription = self._subscription(lease.mq.topic)
-        reading = _Reading(lease, 0, subscription, parse_tag_expression(subscription), offset)
+        reading = _Reading(lease, 0, MessageSelector.of(self._subscription(lease.mq.topic)), offset)
         self._readings[lease] = reading
         await self._open(reading)
 
@@ -197,8 +195,9 @@ class Fetcher:
         messages, nbytes = self._room(reading.lease)
         lease = reading.lease
         stream.open_queue(reading.handle, self._group, lease.mq, reading.next_offset,
-                          subscription=reading.subscription, fence=lease.fence, credit_messages=messages,
-                          credit_bytes=nbytes, batch_size=self._limits.batch_size)
+                          subscription=reading.selector.expression, fence=lease.fence, credit_messages=messages,
+                          credit_bytes=nbytes, batch_size=self._limits.batch_size,
+                          expression_type=reading.selector.expression_type)
 
     async def _stream(self, broker: str) -> FetchStream:
         conn = await self._cluster.connection(broker)  # the master, or its replica while the master is away
@@ -299,7 +298,9 @@ class Fetcher:
             msg = from_record(data, pos, topic=topic, broker_name=broker)
             msgs.append(msg)
             pos += msg.store_size
-        tags = reading.tags
+        if reading.selector.is_sql:
+            return msgs  # the broker evaluated the condition on each message: exact
+        tags = reading.selector.filter  # the broker compared hash codes: exact here
         if not tags.matches_all:
             kept = [m for m in msgs if m.tags in tags.tags]
             if len(kept) != len(msgs):

@@ -20,9 +20,10 @@ from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
+from tidemark.client.selector import MessageSelector
 from tidemark.client.settings import PullConsumerSettings, build, unique_instance
 from tidemark.common.logs import get_logger
-from tidemark.common.protocol import InvalidNameError, check_topic_name, parse_tag_expression
+from tidemark.common.protocol import InvalidNameError, check_topic_name
 from tidemark.common.scheduler import Scheduler
 
 log = get_logger("tidemark.client.pull_consumer")
@@ -34,7 +35,7 @@ class AsyncLitePullConsumer(ConsumerCore):
     consume_type = "CONSUME_ACTIVELY"
     commit_start_offset = False
 
-    def __init__(self, settings: PullConsumerSettings, subscriptions: dict[str, str]) -> None:
+    def __init__(self, settings: PullConsumerSettings, subscriptions: dict[str, MessageSelector]) -> None:
         super().__init__(settings, subscriptions)
         self.settings: PullConsumerSettings = settings
         self.auto_commit = settings.auto_commit
@@ -171,7 +172,7 @@ class PullConsumer(BlockingClient):
     def __init__(self, settings: PullConsumerSettings | None = None, /, **overrides: Any) -> None:
         self.settings: PullConsumerSettings = unique_instance(
             build(PullConsumerSettings, settings, overrides))  # type: ignore[assignment]
-        self._subscriptions: dict[str, str] = {}
+        self._subscriptions: dict[str, MessageSelector] = {}
         self._assigned: set[MessageQueue] | None = None
         self._loop = LoopThread(f"pull-consumer-{self.settings.group}")
         self._life = Lifecycle("consumer")
@@ -183,10 +184,11 @@ class PullConsumer(BlockingClient):
         readable from any thread."""
         return self._life.state
 
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Read `topic`'s messages whose tag matches `expression` ("*" or "" for all, "a || b" for those
-        tags) from the queues the group's rebalance gives this consumer (RocketMQ's subscribe()).
-        Subscribing again replaces the expression.
+    def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
+        """Read `topic`'s messages that `expression` selects (a tag expression: "*" or "" for all, "a || b"
+        for those tags; or a MessageSelector, e.g. `MessageSelector.by_sql("amount > 100")`, which the
+        broker evaluates on the properties) from the queues the group's rebalance gives this consumer
+        (RocketMQ's subscribe()). Subscribing again replaces the expression.
 
         Before start() only, and not mixed with assign(): ClientStateError; InvalidArgumentError for a
         bad topic name or expression. Whether the topic exists is checked by start() (NotFoundError)."""
@@ -194,11 +196,11 @@ class PullConsumer(BlockingClient):
             raise ClientStateError("subscribe() and assign() cannot be mixed")
         try:
             check_topic_name(topic)
-            parse_tag_expression(expression)
-        except (InvalidNameError, ValueError) as e:
+        except InvalidNameError as e:
             raise InvalidArgumentError(str(e)) from None
+        selector = MessageSelector.of(expression)
         self._life.require(ClientState.CREATED, action="subscribe")
-        self._subscriptions[topic] = expression or "*"
+        self._subscriptions[topic] = selector
 
     def assign(self, queues: Iterable[MessageQueue]) -> None:
         """Read exactly these queues (no rebalance); may be called again while running."""

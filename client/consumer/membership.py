@@ -30,7 +30,7 @@ WATCH_RETRY_DELAY_S = 1.0
 
 @dataclass(frozen=True)
 class HeartbeatData:
-    subscriptions: tuple[tuple[str, str], ...]
+    subscriptions: tuple[tuple[str, str, str], ...]  # (topic, expression, expression type: TAG or SQL92)
     message_model: str
     consume_type: str
     orderly: bool

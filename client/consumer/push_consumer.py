@@ -24,12 +24,12 @@ from tidemark.client.consumer.send_back import SendBackService
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
+from tidemark.client.selector import MessageSelector
 from tidemark.client.settings import PushConsumerSettings, build, unique_instance
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import (
     InvalidNameError,
     check_topic_name,
-    parse_tag_expression,
     retry_topic,
 )
 
@@ -40,7 +40,7 @@ class AsyncPushConsumer(ConsumerCore):
     consume_type = "CONSUME_PASSIVELY"
     commit_start_offset = True
 
-    def __init__(self, settings: PushConsumerSettings, subscriptions: dict[str, str],
+    def __init__(self, settings: PushConsumerSettings, subscriptions: dict[str, MessageSelector],
                  listener: MessageListenerConcurrently | MessageListenerOrderly, *, orderly: bool) -> None:
         super().__init__(settings, subscriptions)
         self.settings: PushConsumerSettings = settings
@@ -69,7 +69,7 @@ class AsyncPushConsumer(ConsumerCore):
         s = self.settings
         if self.clustering:
             # Created by the first send-back: routes of user topics are checked before this.
-            self.subscriptions.setdefault(retry_topic(s.group), "*")
+            self.subscriptions.setdefault(retry_topic(s.group), MessageSelector.by_tag("*"))
         # -1 (default): the broker's group config decides (retry_max_times, 16 unless changed).
         self.send_back = SendBackService(cluster=self.cluster, group=s.group, client_id=self.client_id,
                                          max_reconsume_times=max(s.max_reconsume_times, 0))
@@ -125,7 +125,7 @@ class PushConsumer(BlockingClient):
     def __init__(self, settings: PushConsumerSettings | None = None, /, **overrides: Any) -> None:
         self.settings: PushConsumerSettings = unique_instance(
             build(PushConsumerSettings, settings, overrides))  # type: ignore[assignment]
-        self._subscriptions: dict[str, str] = {}
+        self._subscriptions: dict[str, MessageSelector] = {}
         self._listener: Any = None
         self._orderly = False
         self._loop = LoopThread(f"push-consumer-{self.settings.group}")
@@ -145,19 +145,21 @@ class PushConsumer(BlockingClient):
         readable from any thread, a listener's too."""
         return self._life.state
 
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Consume `topic`'s messages whose tag matches `expression`: "*" (or "") for all, "a || b" for
-        those tags (RocketMQ's subscribe(topic, subExpression)). Subscribing again replaces the expression.
+    def subscribe(self, topic: str, expression: str | MessageSelector = "*") -> None:
+        """Consume `topic`'s messages that `expression` selects: a tag expression ("*" or "" for all,
+        "a || b" for those tags; RocketMQ's subscribe(topic, subExpression)) or a MessageSelector
+        (`MessageSelector.by_sql("region = 'eu'")`: an SQL92 condition on the message's properties, which
+        the broker evaluates). Subscribing again replaces the expression.
 
         Before start() only (ClientStateError after); InvalidArgumentError for a bad topic name or
-        expression. Whether the topic exists is checked by start() (NotFoundError)."""
+        expression (an SQL92 one names the column). Whether the topic exists is checked by start()
+        (NotFoundError)."""
         self._life.require(ClientState.CREATED, action="subscribe")
         try:
             check_topic_name(topic)
-            parse_tag_expression(expression)
-        except (InvalidNameError, ValueError) as e:
+        except InvalidNameError as e:
             raise InvalidArgumentError(str(e)) from None
-        self._subscriptions[topic] = expression or "*"
+        self._subscriptions[topic] = MessageSelector.of(expression)
 
     def register_message_listener(self, listener: MessageListenerConcurrently) -> None:
         """A concurrent listener: (msgs, context) -> ConsumeConcurrentlyStatus."""

@@ -57,7 +57,7 @@ from tidemark.client.types import (
     UserInfo,
 )
 from tidemark.common.auth import Credentials
-from tidemark.common.protocol import ERROR_CLASS_KEY
+from tidemark.common.protocol import ERROR_CLASS_KEY, ExpressionType
 from tidemark.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -194,11 +194,14 @@ class BrokerConnection:
 
     async def pull(self, group: str, mq: MessageQueue, offset: int, *, max_nums: int = 32,
                    suspend_ms: int = 0, subscription: str = "*", commit: OffsetCommit | None = None,
-                   fence: OffsetCommit | None = None, timeout: float | None = None) -> PullResult:
+                   fence: OffsetCommit | None = None, timeout: float | None = None,
+                   expression_type: str = ExpressionType.TAG) -> PullResult:
         """Pull from a queue; `fence` carries client id / owner epoch / reset generation (offset ignored)."""
         request = messaging_pb2.PullMessageRequest(
             group=group, topic=mq.topic, queue_id=mq.queue_id, queue_offset=offset, max_msg_nums=max_nums,
             suspend_timeout_ms=suspend_ms, subscription=subscription)
+        if expression_type == ExpressionType.SQL92:
+            request.expression_type = common_pb2.SQL92
         if commit is not None:
             request.commit_offset = commit.offset
         fence_pb = convert.fence_pb(fence) if fence is not None else None
@@ -279,13 +282,14 @@ class BrokerConnection:
 
     # -- membership ------------------------------------------------------------
 
-    async def heartbeat(self, *, client_id: str, group: str, subscriptions: Sequence[tuple[str, str]],
+    async def heartbeat(self, *, client_id: str, group: str, subscriptions: Sequence[tuple[str, ...]],
                         message_model: str, consume_type: str, orderly: bool = False,
                         owned_queues: Sequence[MessageQueue] = (), allocate_strategy: str = "") -> list[str]:
-        """Register or refresh the client's membership; returns the group's members on this broker."""
+        """Register or refresh the client's membership; returns the group's members on this broker.
+        `subscriptions`: (topic, expression) or (topic, expression, expression type: TAG or SQL92)."""
         pb = await self._call(self._membership.Heartbeat, membership_pb2.HeartbeatRequest(
             client_id=client_id, group=group,
-            subscriptions=[common_pb2.Subscription(topic=t, expression=e) for t, e in subscriptions],
+            subscriptions=[_subscription_pb(*s) for s in subscriptions],
             message_model=_MESSAGE_MODEL[message_model],
             consume_type=common_pb2.ConsumeType.Value(consume_type), orderly=orderly,
             owned_queues=[convert.queue_pb(q) for q in owned_queues], allocate_strategy=allocate_strategy))
@@ -518,3 +522,10 @@ class BrokerConnection:
         if user is not None:
             request.user = user
         return [convert.acl_rule(r) for r in (await self._call(self._admin.ListAcls, request)).rules]
+
+
+def _subscription_pb(topic: str, expression: str, expression_type: str = ExpressionType.TAG) -> common_pb2.Subscription:
+    pb = common_pb2.Subscription(topic=topic, expression=expression)
+    if expression_type == ExpressionType.SQL92:
+        pb.expression_type = common_pb2.SQL92
+    return pb

@@ -36,6 +36,7 @@ from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.rpc_errors import from_rpc_error
 from tidemark.client.types import Fence
 from tidemark.common.logs import get_logger
+from tidemark.common.protocol import ExpressionType
 from tidemark.v1 import common_pb2, messaging_pb2
 
 log = get_logger("tidemark.client.streams")
@@ -190,12 +191,17 @@ class FetchStream:
         return self._address
 
     def open_queue(self, handle: int, group: str, mq: MessageQueue, offset: int, *, subscription: str,
-                   fence: Fence | None, credit_messages: int, credit_bytes: int, batch_size: int) -> None:
+                   fence: Fence | None, credit_messages: int, credit_bytes: int, batch_size: int,
+                   expression_type: str = ExpressionType.TAG) -> None:
+        """Start reading a queue; `subscription` is read as `expression_type` says (TAG, or SQL92: the broker
+        then sends only the records whose properties satisfy it, and no client-side check is needed)."""
         request = messaging_pb2.FetchRequest()
         o = request.open
         o.handle, o.group, o.topic, o.queue_id, o.offset = handle, group, mq.topic, mq.queue_id, offset
         o.subscription, o.credit_messages, o.credit_bytes = subscription, credit_messages, credit_bytes
         o.batch_size = batch_size
+        if expression_type == ExpressionType.SQL92:
+            o.expression_type = common_pb2.SQL92
         if fence is not None:
             o.fence.CopyFrom(_fence_pb(fence))
         self._open.add(handle)

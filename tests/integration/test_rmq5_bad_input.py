@@ -123,12 +123,13 @@ def test_consumer_settings_carry_the_groups_retry_policy(module_broker, stub):
         assert any(m.client_id == stub.client_id for m in admin.describe_group("v2-bad-group").members)
 
 
-def test_sql_filters_and_unknown_client_types_end_the_stream(stub):
+def test_bad_sql_filters_and_unknown_client_types_end_the_stream(stub):
     sql = pb.Settings(client_type=pb.SIMPLE_CONSUMER, subscription=pb.Subscription(
         group=resource("v2-bad-sql"),
         subscriptions=[pb.SubscriptionEntry(topic=resource("V2Bad"),
-                                            expression=pb.FilterExpression(type=pb.SQL, expression="a > 1"))]))
-    for settings, words in ((sql, "SQL"), (pb.Settings(client_type=pb.PULL_CONSUMER), "PULL_CONSUMER")):
+                                            expression=pb.FilterExpression(type=pb.SQL, expression="a >"))]))
+    for settings, words in ((sql, 'SQL92 expression "a >" at column 4: expected a value'),
+                            (pb.Settings(client_type=pb.PULL_CONSUMER), "PULL_CONSUMER")):
         with pytest.raises(grpc.RpcError) as e:
             list(stub.Telemetry(iter([pb.TelemetryCommand(settings=settings)])))
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and words in e.value.details()

@@ -8,7 +8,7 @@ import pytest
 
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
-from tidemark.broker.delivery.fetch import MAX_SCAN, EndReason, OpenQueue
+from tidemark.broker.delivery.fetch import MAX_SCAN, MAX_SCAN_PROPERTIES, EndReason, OpenQueue
 from tidemark.broker.errors import FencedError, InvalidArgumentError, NotFoundError
 from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import ResetKind, ResetTarget
@@ -32,10 +32,10 @@ def run(scenario):
     return go
 
 
-def send(b: BrokerController, queue_id: int, n: int, tags: str = "", start: int = 0) -> None:
+def send(b: BrokerController, queue_id: int, n: int, tags: str = "", start: int = 0, **extra: str) -> None:
     builder = RecordBatchBuilder("T")
     for i in range(n):
-        props = {"UNIQ_KEY": f"M{queue_id}-{start + i}", **({"TAGS": tags} if tags else {})}
+        props = {"UNIQ_KEY": f"M{queue_id}-{start + i}", **({"TAGS": tags} if tags else {}), **extra}
         builder.append(b"x" * 10, encode_properties(props), tags_code=tag_hash(tags))
     b.sender.append_records("T", queue_id, bytes(builder.buffer), n)
 
@@ -106,6 +106,45 @@ def test_a_filtered_run_longer_than_one_scan_is_crossed_without_new_arrivals(tmp
                          batch_size=32))
         f = await frame(s)  # producers idle: the session keeps scanning by itself
         assert [(p.count, p.next_offset) for p in f.records] == [(1, MAX_SCAN * 2 + 11)]
+    run(scenario)(tmp_path)
+
+
+def test_an_sql92_filter_sends_exactly_the_matching_records(tmp_path):
+    async def scenario(b):
+        send(b, 0, 3, region="us")
+        send(b, 0, 2, start=3, region="eu", amount="150")
+        send(b, 0, 2, start=5, region="eu", amount="50")
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "g", "T", 0, 0, subscription="region = 'eu' AND amount > 100", credit_messages=100,
+                         credit_bytes=10**6, batch_size=32, expression_type="SQL92"))
+        f = await frame(s)
+        assert [(p.count, p.next_offset) for p in f.records] == [(2, 7)] and offsets_of(f.records[0]) == [3, 4]
+        send(b, 0, 2, start=7, region="us")
+        f = await frame(s)  # only skipped entries: an empty part that moves the position
+        assert [(p.count, p.next_offset) for p in f.records] == [(0, 9)]
+        # A long run that matches nothing is crossed window by window.
+        send(b, 0, MAX_SCAN_PROPERTIES * 3, start=9, region="us")
+        send(b, 0, 1, start=9 + MAX_SCAN_PROPERTIES * 3, region="eu", amount="101")
+        f = await frame(s)
+        while not sum(p.count for p in f.records):
+            f = await frame(s)
+        assert f.records[-1].next_offset == 10 + MAX_SCAN_PROPERTIES * 3
+    run(scenario)(tmp_path)
+
+
+def test_a_bad_sql92_filter_ends_its_handle_with_the_column(tmp_path):
+    async def scenario(b):
+        send(b, 0, 3)
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "g", "T", 0, 0, subscription="a >", credit_messages=1, credit_bytes=1,
+                         expression_type="SQL92"))
+        s.open(OpenQueue(2, "g", "T", 0, 0, subscription="*", credit_messages=1, credit_bytes=1,
+                         expression_type="7"))
+        f = await frame(s)
+        ends = {e.handle: e for e in f.ended}
+        assert isinstance(ends[1].error, InvalidArgumentError)
+        assert str(ends[1].error) == 'SQL92 expression "a >" at column 4: expected a value'
+        assert isinstance(ends[2].error, InvalidArgumentError) and "not one of TAG, SQL92" in str(ends[2].error)
     run(scenario)(tmp_path)
 
 

@@ -16,6 +16,8 @@ from tidemark.broker.operations import (
     OffsetPolicy,
     Operations,
     OutgoingMessage,
+    PullRequest,
+    PullStatus,
     ReceiveRequest,
 )
 from tidemark.common.protocol import parse_tag_expression, tag_hash
@@ -116,4 +118,21 @@ def test_redelivery_waits_the_retry_schedule_from_ten_seconds_on(tmp_path):
         delays = ops.redelivery_delays_ms()
         assert delays[0] == 10_000 and delays == sorted(delays)
         assert delays == list(b.config.delay_levels_ms[2:])
+    run(scenario, tmp_path)
+
+
+def test_a_pull_with_an_sql92_filter_gets_the_matching_messages_and_moves_past_the_others(tmp_path):
+    async def scenario(ops: Operations, b: BrokerController):
+        await ops.send("T", 0, [OutgoingMessage(body=b"%d" % i, properties={"n": str(i)}) for i in range(10)])
+        sql = PullRequest(group="g", topic="T", queue_id=0, queue_offset=0, subscription="n BETWEEN 3 AND 4",
+                          expression_type="SQL92")
+        got = await ops.pull(sql)
+        assert got.status is PullStatus.FOUND and [m.body for m in got.messages] == [b"3", b"4"]
+        assert got.next_begin_offset == 10  # past the skipped messages too
+        rest = await ops.pull(PullRequest(group="g", topic="T", queue_id=0, queue_offset=5,
+                                          subscription="n BETWEEN 3 AND 4", expression_type="SQL92"))
+        assert (rest.status, rest.next_begin_offset) == (PullStatus.NO_MATCHED_MSG, 10)
+        with pytest.raises(InvalidArgumentError, match='^SQL92 expression "n BETWEEN 3" at column 12: expected AND'):
+            await ops.pull(PullRequest(group="g", topic="T", queue_id=0, queue_offset=0, subscription="n BETWEEN 3",
+                                       expression_type="SQL92"))
     run(scenario, tmp_path)

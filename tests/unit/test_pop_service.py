@@ -14,8 +14,13 @@ from tidemark.broker.controller import BrokerController
 from tidemark.broker.ingest.send import OutgoingMessage
 from tidemark.broker.offsets.commits import ResetKind, ResetTarget
 from tidemark.broker.pop.handles import ForgedReceiptHandleError, StaleReceiptHandleError
-from tidemark.broker.pop.service import InvisibleTimeError, ReceiveRequest, pop_retry_topic
-from tidemark.common.protocol import dlq_topic, parse_tag_expression
+from tidemark.broker.pop.service import (
+    MAX_SCAN_PROPERTIES,
+    InvisibleTimeError,
+    ReceiveRequest,
+    pop_retry_topic,
+)
+from tidemark.common.protocol import ExpressionType, dlq_topic, parse_filter, parse_tag_expression
 
 
 class Clock:
@@ -196,4 +201,34 @@ def test_revived_and_dead_lettered_deliveries_are_counted_by_group(tmp_path, clo
         sample = b.metrics.registry.get_sample_value
         assert sample("tidemark_retries_total", {"group": "g"}) == 1
         assert sample("tidemark_dlq_messages_total", {"group": "g"}) == 1
+    run(tmp_path, scenario)
+
+
+def test_an_sql92_filter_delivers_the_matching_messages_and_the_skipped_ones_are_done(tmp_path, clock):
+    async def scenario(b):
+        for body, region in ((b"1", "us"), (b"2", "eu"), (b"3", "us"), (b"4", "eu"), (b"5", "us")):
+            await b.sender.send("T", 0, [OutgoingMessage(body=body, properties={"region": region})])
+        sql = ReceiveRequest(group="g", topic="T", filter=parse_filter("region = 'eu'", ExpressionType.SQL92),
+                             batch=8, invisible_ms=10_000, client_id="c1")
+        got = await b.pop.receive(sql)
+        assert [r.message.body for r in got] == [b"2", b"4"]
+        for r in got:
+            b.pop.ack("g", "T", r.handle)
+        assert committed(b) == 5, "the filtered-out messages count as done: the group has no lag"
+    run(tmp_path, scenario)
+
+
+def test_a_receive_scans_on_through_a_filtered_backlog_longer_than_one_window(tmp_path, clock):
+    async def scenario(b):
+        skipped = [OutgoingMessage(body=b"s", properties={"region": "us"})] * 50
+        for _ in range(MAX_SCAN_PROPERTIES * 3 // 50):
+            await b.sender.send("T", 0, skipped)
+        await b.sender.send("T", 0, [OutgoingMessage(body=b"wanted", properties={"region": "eu"})])
+        sql = ReceiveRequest(group="g", topic="T", filter=parse_filter("region = 'eu'", ExpressionType.SQL92),
+                             batch=8, invisible_ms=10_000, client_id="c1", poll_ms=60_000)
+        # The controlled clock does not move: a receive that parked would wait for a message that never comes.
+        [got] = await asyncio.wait_for(b.pop.receive(sql), 10)
+        assert got.message.body == b"wanted"
+        b.pop.ack("g", "T", got.handle)
+        assert committed(b) == MAX_SCAN_PROPERTIES * 3 + 1
     run(tmp_path, scenario)

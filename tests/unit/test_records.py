@@ -111,3 +111,17 @@ def test_messages_decode_lazily_from_records():
     second = MessageExt.from_record(data, first.store_size, topic="T", broker_name="broker-a")
     assert second.tags == "paid" and second.born_host == "10.0.0.1"
     assert second.replace(topic="U").topic == "U" and second.replace() == second
+
+
+_KEYS = st.sampled_from(["a", "aa", "ba", "a\u00e9", "TAGS", "x y", "KEYS"])
+
+
+@given(props=st.dictionaries(_KEYS, st.text(alphabet="ab\u00e9 =", max_size=4), max_size=5), key=_KEYS)
+def test_raw_properties_find_what_decoding_finds(props, key):
+    """RawProperties.get (an SQL92 filter's lookup in a record) agrees with decode_properties, keys that
+    are prefixes or suffixes of others included; a key given twice has its last value."""
+    data = encode_properties(props)
+    assert records.RawProperties(data).get(key) == records.decode_properties(data).get(key)
+    doubled = data + encode_properties({key: "last"})
+    assert records.RawProperties(doubled).get(key) == records.decode_properties(doubled)[key] == "last"
+    assert (key in records.RawProperties(data)) is (key in props)

@@ -51,7 +51,7 @@ from tidemark.broker.services.rmq5.telemetry import (
 )
 from tidemark.broker.services.streams import write
 from tidemark.common.logs import get_logger
-from tidemark.common.protocol import PropertyKey, parse_tag_expression
+from tidemark.common.protocol import PropertyKey
 from tidemark.common.scheduler import cancel_and_wait
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
@@ -313,8 +313,7 @@ class Rmq5Servicer:
         batch = request.batch_size or RECEIVE_BATCH_SIZE
         if batch < 1:
             raise ProtocolError(Code.BAD_REQUEST, f"batch_size {batch} must be positive")
-        return ReceiveRequest(group=group, topic=topic, filter=parse_tag_expression(filter_expression(
-                                  request.filter_expression)),
+        return ReceiveRequest(group=group, topic=topic, filter=filter_expression(request.filter_expression),
                               batch=batch, invisible_ms=invisible_ms, client_id=client_id,
                               auto_renew=request.auto_renew, poll_ms=min(poll_ms, MAX_POLL_MS),
                               attempt_id=request.attempt_id if request.HasField("attempt_id") else "")
@@ -361,12 +360,12 @@ class Rmq5Servicer:
         b = self._b
         try:
             group, topic = self._group_and_queue_topic(request)
+            f = filter_expression(request.filter_expression)
             outcome = await self._ops.pull(PullRequest(
                 group=group, topic=topic, queue_id=request.message_queue.id, queue_offset=request.offset,
                 max_msg_nums=min(request.batch_size or RECEIVE_BATCH_SIZE, MAX_BATCH),
                 suspend_timeout_ms=convert.duration_ms(request.long_polling_timeout),
-                subscription=parse_tag_expression(filter_expression(request.filter_expression)).expression,
-                commit_offset=None, fence=None))
+                subscription=f.expression, expression_type=f.expression_type, commit_offset=None, fence=None))
         except BrokerError as e:
             yield pb.PullMessageResponse(status=status_of(e))
             return

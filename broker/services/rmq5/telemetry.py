@@ -23,7 +23,7 @@ from tidemark.broker.membership.members import ConsumerInfo
 from tidemark.broker.services.convert import checked_client_id
 from tidemark.broker.services.rmq5.convert import duration, resource_name
 from tidemark.broker.services.rmq5.status import Code, ProtocolError
-from tidemark.common.protocol import parse_tag_expression
+from tidemark.common.protocol import ExpressionType, MessageFilter, parse_filter
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 CONSUME_POP = "CONSUME_POP"
@@ -45,6 +45,7 @@ class ClientSettings:
     group: str = ""
     subscriptions: tuple[tuple[str, str], ...] = ()
     topics: tuple[str, ...] = ()
+    sql92_topics: frozenset[str] = frozenset()  # the subscriptions whose expression is SQL92
 
 
 def client_id_of(metadata) -> str:
@@ -72,18 +73,23 @@ def parse_settings(client_id: str, s: pb.Settings) -> ClientSettings:
         raise ProtocolError(Code.BAD_REQUEST, "a consumer's settings need `subscription` with its group")
     group = resource_name(s.subscription.group, "group")
     check_group(group)
-    subscriptions = []
+    subscriptions, sql92 = [], set()
     for entry in s.subscription.subscriptions:
-        subscriptions.append((resource_name(entry.topic, "topic"), filter_expression(entry.expression)))
-    return ClientSettings(client_id, kind, group=group, subscriptions=tuple(subscriptions))
+        topic, f = resource_name(entry.topic, "topic"), filter_expression(entry.expression)
+        subscriptions.append((topic, f.expression))
+        if f.expression_type == ExpressionType.SQL92:
+            sql92.add(topic)
+    return ClientSettings(client_id, kind, group=group, subscriptions=tuple(subscriptions),
+                          sql92_topics=frozenset(sql92))
 
 
-def filter_expression(f: pb.FilterExpression) -> str:
-    """A tag expression ("*", "a||b"); SQL92 filters are not supported."""
-    if f.type == pb.SQL:
-        raise ProtocolError(Code.ILLEGAL_FILTER_EXPRESSION, "SQL filters are not supported; filter by tag")
+def filter_expression(f: pb.FilterExpression) -> MessageFilter:
+    """The filter of a subscription or a receive: a tag expression ("*", "a||b"; TAG or unspecified) or an
+    SQL92 condition on the message's properties (SQL); ILLEGAL_FILTER_EXPRESSION, with the column of the
+    error, for a bad one."""
+    kind = ExpressionType.SQL92 if f.type == pb.SQL else ExpressionType.TAG
     try:
-        return parse_tag_expression(f.expression).expression
+        return parse_filter(f.expression, kind)
     except ValueError as e:
         raise ProtocolError(Code.ILLEGAL_FILTER_EXPRESSION, str(e)) from None
 
@@ -139,7 +145,7 @@ class ClientRegistry:
     def _join(self, client: ClientSettings, host: str) -> None:
         self._b.heartbeat(ConsumerInfo(
             client_id=client.client_id, group=client.group, subscriptions=client.subscriptions,
-            consume_type=CONSUME_POP, host=host))
+            consume_type=CONSUME_POP, host=host, sql92_topics=client.sql92_topics))
 
     def _effective(self, s: pb.Settings, client: ClientSettings) -> pb.Settings:
         out = pb.Settings()

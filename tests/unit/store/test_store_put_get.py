@@ -14,7 +14,7 @@ from store_testlib import body_for
 
 from tidemark.broker.errors import InvalidArgumentError, StoreError
 from tidemark.broker.store import GetStatus, MessageRecord
-from tidemark.common.protocol import parse_tag_expression, tag_hash
+from tidemark.common.protocol import ExpressionType, parse_filter, parse_tag_expression, tag_hash
 
 
 def _files(path) -> list[str]:
@@ -318,3 +318,67 @@ def test_filtered_raw_reads_take_exactly_what_a_scan_entry_by_entry_would(
     got, taken, pos = asyncio.run(scenario())
     assert got.count == len(taken) and got.data == b"".join(taken)
     assert got.next_offset == pos
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.sampled_from(["1", "2", "3", "x", None]), min_size=1, max_size=60),
+       expression=st.sampled_from(["a = '1'", "a IN ('2', 'x') OR a IS NULL", "a > 1", "a <> 'x'", "TRUE"]),
+       start=st.integers(0, 59), max_count=st.integers(1, 12), max_bytes=st.integers(1, 400),
+       max_scan=st.integers(1, 70))
+def test_raw_reads_by_properties_take_exactly_what_a_scan_entry_by_entry_would(
+        open_store, tmp_path, values, expression, start, max_count, max_bytes, max_scan):
+    """read_records with a properties filter (an SQL92 subscription) reads every record of the window and
+    keeps those whose properties match: the same records, count and next offset as an entry-by-entry scan
+    over the decoded messages, also when a match that does not fit stops it."""
+    records = [MessageRecord("T", 0, f"m{i}".encode() * (i % 4 + 1),
+                             {"z": "a", **({} if v is None else {"a": v}), "aa": "3"}) for i, v in enumerate(values)]
+    accept = parse_filter(expression, ExpressionType.SQL92).matches_properties
+
+    async def scenario():
+        store, _ = open_store(data_dir=Path(tempfile.mkdtemp(dir=tmp_path)))
+        await store.start()
+        await store.put_messages(records)
+        try:
+            first = min(start, len(values))
+            got = store.read_records("T", 0, first, max_count=max_count, max_bytes=max_bytes,
+                                     properties_filter=accept, max_scan=max_scan)
+            # get_messages (pull, pop) looks at the properties before decoding: as the exact matcher would.
+            early = store.get_messages("T", 0, first, max_count, properties_filter=accept, max_scan=max_scan)
+            late = store.get_messages("T", 0, first, max_count, exact_matcher=lambda m: accept(m.properties),
+                                      max_scan=max_scan)
+            assert (early.status, early.messages, early.next_begin_offset) == (
+                late.status, late.messages, late.next_begin_offset)
+            pos, taken, nbytes = first, [], 0
+            while pos < min(len(values), first + max_scan):
+                if accept(store.message_at("T", 0, pos).properties):
+                    data = store.read_records("T", 0, pos, max_count=1, max_bytes=1).data
+                    if taken and (len(taken) >= max_count or nbytes + len(data) > max_bytes):
+                        break
+                    taken.append(data)
+                    nbytes += len(data)
+                pos += 1
+            return got, taken, pos
+        finally:
+            await store.shutdown()
+
+    got, taken, pos = asyncio.run(scenario())
+    assert got.count == len(taken) and got.data == b"".join(taken)
+    assert got.next_offset == pos
+    if start < len(values):
+        assert got.status is (GetStatus.FOUND if taken else GetStatus.NO_MATCHED_MESSAGE)
+
+
+def test_messages_filtered_by_sql92_properties(open_store):
+    records = [MessageRecord("T", 0, b"m", {"region": r, "amount": a, "TAGS": t})
+               for r, a, t in [("eu", "150", "x"), ("us", "150", "x"), ("eu", "50", "y"), ("eu", "abc", "y")]]
+
+    async def scenario():
+        store, _ = open_store()
+        await store.start()
+        await store.put_messages(records)
+        return store
+
+    store = asyncio.run(scenario())
+    f = parse_filter("region = 'eu' AND (amount > 100 OR TAGS = 'y')", ExpressionType.SQL92)
+    got = store.get_messages("T", 0, 0, 10, exact_matcher=lambda m: f.matches_properties(m.properties))
+    assert [m.queue_offset for m in got.messages] == [0, 2]  # 3: 'abc' > 100 fails, so the whole OR does

@@ -257,6 +257,7 @@ class BrokerServer:
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
+            self._metrics_server.server_close()  # its port too: a broker may start again in this process
             self._metrics_server = None
         self.controller.hold.close()
         if self._server is not None:

@@ -5,8 +5,10 @@ acknowledged is lost, and the old master comes back as a replica of the new one.
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import pytest
+from brokerproc import free_port
 from etcdproc import EtcdProcess
 from faults.controller import in_sync
 from workload import create_topic, wait_until
@@ -96,7 +98,9 @@ def test_a_replica_takes_over_by_itself_and_the_old_master_rejoins_as_its_replic
 def test_a_master_cut_off_from_etcd_stops_taking_writes_before_a_replica_can_be_elected(etcd, broker_factory,
                                                                                       tmp_path):
     args = ("--controller", etcd.url, "--controller-lease-s", str(LEASE_S))
-    first = broker_factory(args=args, data_dir=tmp_path / "first")
+    # (a metrics port: the in-process restart below must release it and bind it again)
+    metrics_port = free_port()
+    first = broker_factory(args=(*args, "--metrics-port", str(metrics_port)), data_dir=tmp_path / "first")
     second = broker_factory(args=args, data_dir=tmp_path / "second")
     create_topic(first.address, TOPIC, 1)
     with Producer(brokers=first.address) as producer:
@@ -127,6 +131,8 @@ def test_a_master_cut_off_from_etcd_stops_taking_writes_before_a_replica_can_be_
     wait_until(lambda: _role_of(first.address) == ("REPLICA", second.address), 30,
                "the old master to rejoin as the new master's replica by itself")
     assert "event=controller_rejoin" in first.log_text() and first.proc.poll() is None
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as answer:
+        assert answer.status == 200, "the restarted broker serves its metrics port again"
     wait_until(lambda: _committed_or_none(first.address) == 3, 15, "the rejoined broker to copy the group's offsets")
 
 

@@ -391,8 +391,12 @@ def parse_sql92(text: str) -> Node:
     """The tree of an SQL92 filter expression; Sql92Error (a ValueError) says where and what is wrong."""
     if not isinstance(text, str):
         raise TypeError(f"an SQL92 expression is a str, got {type(text).__name__}")
-    tree = _Parser(text).parse()
-    if _depth(tree) > MAX_DEPTH:
+    try:
+        tree = _Parser(text).parse()
+        deep = _depth(tree) > MAX_DEPTH
+    except RecursionError:  # a chain like a = a = ... = a nests deeper than Python's stack (or its messages do)
+        deep = True
+    if deep:
         raise Sql92Error(text, 0, f"the expression's tree is more than {MAX_DEPTH} levels deep")
     return tree
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 __all__ = ["BOOLEAN_NODES", "And", "Between", "Compare", "In", "IsNull", "Like", "Literal", "Long", "Negate", "Node",
-           "Not", "Or", "Property", "StringTest", "compile_node", "like_regex"]
+           "Not", "Or", "Property", "StringTest", "compile_node", "like_matcher"]
 
 
 class Long(int):
@@ -254,19 +254,46 @@ _TESTS: dict[str, Callable[[int], bool]] = {
     "=": lambda c: c == 0, ">": lambda c: c > 0, ">=": lambda c: c >= 0, "<": lambda c: c < 0, "<=": lambda c: c <= 0}
 
 
-def like_regex(pattern: str, escape: str | None) -> re.Pattern[str]:
-    """ActiveMQ's LIKE as a regular expression: % any run, _ one character, the escape character making the
-    next %, _ or itself literal (elsewhere it is an ordinary character)."""
-    out, i = [], 0
+def like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
+    """ActiveMQ's LIKE: % any run, _ one character, the escape character making the next %, _ or itself
+    literal (elsewhere it is an ordinary character). Whole-string match.
+
+    Not one regular expression: ".*" per % backtracks, so a pattern like '%a%a%a%a%a%b' takes time that grows
+    as a power of the value's length, on the broker's event loop, for every message a scan reads. Here the
+    pattern is cut at each %, and the pieces (fixed length: literals and _) are placed leftmost one after the
+    other, which decides a wildcard match exactly: linear searches, in C."""
+    pieces: list[list[str | None]] = [[]]  # None: _ (any one character)
+    i = 0
     while i < len(pattern):
         c = pattern[i]
         if c == escape and i + 1 < len(pattern) and pattern[i + 1] in ("%", "_", escape):
-            out.append(re.escape(pattern[i + 1]))
+            pieces[-1].append(pattern[i + 1])
             i += 2
             continue
-        out.append(".*" if c == "%" else "." if c == "_" else re.escape(c))
+        if c == "%":
+            pieces.append([])
+        else:
+            pieces[-1].append(None if c == "_" else c)
         i += 1
-    return re.compile("".join(out), re.DOTALL)
+    regexes = [re.compile("".join("." if t is None else re.escape(t) for t in piece), re.DOTALL) for piece in pieces]
+    if len(regexes) == 1:
+        return lambda v: regexes[0].fullmatch(v) is not None
+    first, *middle, last = regexes
+    last_len = len(pieces[-1])
+
+    def match(v: str) -> bool:
+        head = first.match(v)
+        tail_at = len(v) - last_len
+        if head is None or tail_at < head.end():
+            return False
+        pos = head.end()
+        for rx in middle:  # each piece at its leftmost place, ending before the last piece
+            found = rx.search(v, pos, tail_at)
+            if found is None:
+                return False
+            pos = found.end()
+        return last.fullmatch(v, tail_at) is not None
+    return match
 
 
 # ---- compiling -----------------------------------------------------------------------------------------
@@ -454,7 +481,7 @@ def _string_test(node: StringTest) -> Cond:
 
 
 def _like(node: Like) -> Cond:
-    value, regex, negated = _value(node.operand), like_regex(node.pattern, node.escape), node.negated
+    value, matches, negated = _value(node.operand), like_matcher(node.pattern, node.escape), node.negated
 
     def like(p: Props) -> bool | None:
         v = value(p)
@@ -462,5 +489,5 @@ def _like(node: Like) -> Cond:
             return None
         if type(v) is not str:
             return negated  # LIKE is false on a non-string, so NOT LIKE is true
-        return (regex.fullmatch(v) is not None) != negated
+        return matches(v) != negated
     return like

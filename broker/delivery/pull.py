@@ -36,6 +36,9 @@ MAX_PULL_BATCH = 1024
 DEFAULT_PULL_BATCH = 32
 # Consume-queue entries examined per read when filtering by tag, and by properties (SQL92: each one decoded).
 _MAX_SCAN = 4000
+# How long one pull may scan filtered-out entries beyond its suspend time before it answers with the offset
+# it reached (the client pulls again from there): a long filtered backlog never outlasts the request.
+_FILTERED_SCAN_S = 1.0
 _MAX_SCAN_PROPERTIES = 1000
 # A pull answer stops growing past this many body bytes (always at least one message).
 MAX_PULL_BYTES = 8 * 1024 * 1024
@@ -227,10 +230,12 @@ class PullService:
                 return PullOutcome(PullStatus.FOUND, messages, next_offset, result.min_offset, result.max_offset)
             if status is GetStatus.NO_MATCHED_MESSAGE:
                 skipped = True
-                offset = result.next_begin_offset
-                if offset < result.max_offset:
+                moved, offset = result.next_begin_offset > offset, result.next_begin_offset
+                if moved and offset < result.max_offset and time.monotonic() < deadline + _FILTERED_SCAN_S:
                     await asyncio.sleep(0)  # a long filtered run: other work goes on between windows
                     continue
+                if moved and offset < result.max_offset:  # scanned long enough: the reader comes back from here
+                    return PullOutcome(PullStatus.NO_MATCHED_MSG, [], offset, result.min_offset, result.max_offset)
             elif status is GetStatus.OFFSET_TOO_SMALL:
                 return PullOutcome(PullStatus.OFFSET_ILLEGAL, [], result.min_offset,
                                    result.min_offset, result.max_offset)

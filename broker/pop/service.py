@@ -294,7 +294,8 @@ class PopService:
             return []
         f = r.filter
         sql = f.expression_type == ExpressionType.SQL92  # its properties decide, read before decoding
-        got = self._store.get_messages(key.topic, key.queue_id, ledger.cursor(key), want,
+        cursor = ledger.cursor(key)
+        got = self._store.get_messages(key.topic, key.queue_id, cursor, want,
                                        matcher=None if f.code_filter is None else f.matches_code,
                                        exact_matcher=None if f.code_filter is None else (
                                            lambda m: f.matches_properties(m.properties)),
@@ -305,7 +306,7 @@ class PopService:
             return []
         if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE):
             return []
-        if not got.messages and got.next_begin_offset < got.max_offset:
+        if not got.messages and cursor < got.next_begin_offset < got.max_offset:  # (moved: no spinning in place)
             self._more_to_scan = True
         by_offset = {m.queue_offset: m for m in got.messages}
         taken = [(m.queue_offset, m.reconsume_times + 1) for m in got.messages]

@@ -11,6 +11,7 @@ read, on the event-loop thread.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -31,6 +32,8 @@ from tidemark.common.records import (
 
 # Consume-queue entries read per pread while scanning for matches.
 ENTRY_READ_BATCH = 256
+# A properties filter reads whole records in runs of at most this many bytes (one pread each).
+RUN_READ_BYTES = 1 << 20
 # A filter on a record's properties (an SQL92 subscription); it only calls their get(name).
 PropertiesFilter = Callable[[Mapping[str, str]], bool]
 
@@ -231,27 +234,37 @@ def _by_properties(queue: ConsumeQueue, commitlog: CommitLog, offset: int, limit
         for phys, sizes in _runs(entries, commit_log_min):
             data, _ = commitlog.read_run(phys, sizes)
             for start, size in record_spans(data):
-                p = start + HEADER_SIZE  # born host, topic, then the properties (common/records.py)
-                p += 2 + u16(data, p)[0]
-                p += 2 + u16(data, p)[0]
-                n = u32(data, p)[0]
+                try:
+                    p = start + HEADER_SIZE  # born host, topic, then the properties (common/records.py)
+                    p += 2 + u16(data, p)[0]
+                    p += 2 + u16(data, p)[0]
+                    n = u32(data, p)[0]
+                except struct.error:
+                    continue  # lengths past the data: a damaged record matches nothing (decode would skip it)
+                if p + 4 + n > start + size:
+                    continue  # its fields run past its own end: damaged, as above
                 if accept(RawProperties(data[p + 4:p + 4 + n])):
                     yield data, start, size
         pos += len(entries)
         progress[0] = pos
 
 
-def _runs(entries: list[tuple[int, int, int]], commit_log_min: int) -> list[tuple[int, list[int]]]:
-    """The entries whose records are still stored, as (first commit-log offset, sizes) of back-to-back runs."""
+def _runs(entries: list[tuple[int, int, int]], commit_log_min: int,
+          max_bytes: int = RUN_READ_BYTES) -> list[tuple[int, list[int]]]:
+    """The entries whose records are still stored, as (first commit-log offset, sizes) of back-to-back runs
+    of at most `max_bytes` each (a larger record alone): each run is one read, bodies included, most of
+    which a properties filter never keeps."""
     runs: list[tuple[int, list[int]]] = []
-    end = -1
+    end, run_bytes = -1, 0
     for phys, size, _ in entries:
         if phys < commit_log_min:
             continue
-        if phys == end:
+        if phys == end and run_bytes + size <= max_bytes:
             runs[-1][1].append(size)
+            run_bytes += size
         else:
             runs.append((phys, [size]))
+            run_bytes = size
         end = phys + size
     return runs
 

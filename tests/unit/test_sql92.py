@@ -315,3 +315,19 @@ def test_any_text_parses_or_is_refused_with_a_column(text):
         compile_sql92(text).matches({"a": "1"})
     except Sql92Error as e:
         assert 1 <= e.column <= len(text) + 1
+
+
+def test_like_does_not_backtrack_on_a_pathological_pattern():
+    """Regression (review): % was '.*' in one backtracking regex, so '%a%a...%b' against a long run of 'a'
+    took time growing as a power of the length, on the broker's event loop. This finishes at once now;
+    before, it did not finish within the test's timeout."""
+    expression = "p LIKE '" + "%a" * 12 + "%b'"
+    assert matches(expression, p="a" * 300) is False
+    assert matches(expression, p="a" * 300 + "b") is True
+
+
+@pytest.mark.parametrize("text", ["(" + " = ".join(["a"] * 3000) + ") > 1", "(" * 5000 + "a = 1" + ")" * 5000])
+def test_an_expression_nested_past_the_stack_is_a_refusal_not_a_recursion_error(text):
+    """Regression (review): a deep chain raised RecursionError (INTERNAL on the broker, a traceback)."""
+    with pytest.raises(Sql92Error, match="deep"):
+        parse_sql92(text)

@@ -74,8 +74,11 @@ def credentials_from_env(env: Mapping[str, str] | None = None) -> Credentials | 
     file TIDEMARK_SECRET_KEY_FILE names instead: common/env_secrets.py); InvalidArgumentError when that
     file cannot be read."""
     env = os.environ if env is None else env
+    access = env.get(ACCESS_KEY_ENV, "")
+    if not access:
+        return None  # (a secret file nobody uses is not read)
     try:
-        access, secret = env.get(ACCESS_KEY_ENV, ""), secret_from_env(env, SECRET_KEY_ENV)
+        secret = secret_from_env(env, SECRET_KEY_ENV)
     except ValueError as e:
         raise InvalidArgumentError(str(e)) from None
     return Credentials(access, secret) if access and secret else None

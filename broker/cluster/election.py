@@ -36,6 +36,7 @@ from typing import Any
 
 import aetcd
 
+from tidemark.broker.cluster.etcd_members import MEMBER_FAILURES
 from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import split_host_port
@@ -272,7 +273,7 @@ class Election:
     async def _revoke(self, lease_id: int) -> None:
         try:
             await self._client.revoke_lease(lease_id)
-        except aetcd.exceptions.ClientError as e:  # it expires by itself then
+        except MEMBER_FAILURES as e:  # it expires by itself then
             log.warning("could not revoke lease %x: %s", lease_id, e, event="lease_revoke_failed")
 
 

@@ -22,8 +22,13 @@ from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.etcd")
 
-# aetcd's errors and timeouts, and the OS's: any of them moves the next call to the next member.
+# What a failed etcd call raises (callers catch these): aetcd's errors, timeouts, the OS's.
 MEMBER_FAILURES = (aetcd.exceptions.ClientError, OSError, TimeoutError)
+# Those that say the member itself failed, and move the next call to the next member. etcd's answers (a
+# lease not found, a permission refused, a failed precondition) are not among them: another member would
+# answer the same, and leaving this one would end every watch for nothing.
+_MEMBER_DOWN = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError,
+                aetcd.exceptions.UnauthenticatedError, aetcd.exceptions.InternalError, OSError, TimeoutError)
 CONNECT_TIMEOUT_S = 5.0
 PROBE_KEY = b"/tidemark/"  # inside the prefix a broker's etcd role may read
 
@@ -73,6 +78,9 @@ class EtcdMembers:
                     errors.append(f"{host}:{port}: {e or type(e).__name__}")
                     await _close_quietly(client)
                     continue
+                except BaseException:  # cancelled (a stop): the half-made client goes too
+                    await _close_quietly(client)
+                    raise
                 self._client = client
                 self._endpoints_of = {**dict(list(self._endpoints_of.items())[-3:]), id(client): f"{host}:{port}"}
                 return client
@@ -98,7 +106,7 @@ class EtcdMembers:
         try:
             return await asyncio.wait_for(getattr(client, name)(*args, **kw), self._timeout)
         except MEMBER_FAILURES as e:
-            if not isinstance(e, aetcd.exceptions.PreconditionFailedError):  # an answer, not a failure
+            if isinstance(e, _MEMBER_DOWN) or "leader" in str(e):  # (no leader, leader changed: its quorum)
                 await self._failed(client, e)
             raise
         except asyncio.CancelledError:

@@ -188,6 +188,8 @@ class Fetcher:
             return
         if self._closed or self._readings.get(reading.lease) is not reading:
             return  # stopped while the stream was being opened
+        if self._by_handle.get(reading.handle) is reading:
+            return  # another reopen of this reading (a refusal's, a broken stream's) opened it meanwhile
         self._next_handle += 1
         reading.handle = self._next_handle
         reading.owed_messages = reading.owed_bytes = 0

@@ -155,3 +155,31 @@ def test_a_broken_stream_makes_its_broker_suspect_and_a_move_ends_the_backoff():
         await fetcher.close()
 
     asyncio.run(go())
+
+
+def test_two_reopens_of_one_queue_open_it_once():
+    """Regression (review): a refusal's retry and a broken stream's reopen of the same queue, both released
+    by one move, each opened it after waiting for the connection: two broker handles, every record twice."""
+    class Looking(FakeCluster):
+        async def connection(self, broker: str) -> FakeConnection:
+            await asyncio.sleep(0.01)  # BrokerCluster.connection waits for a name-server lookup under way
+            return await super().connection(broker)
+
+    async def go() -> None:
+        cluster = Looking()
+        fetcher = fetcher_on(cluster)
+        a = lease(0)
+        await fetcher.start(a, 10)
+        [first] = cluster.streams
+        handle = first.opened[0][0]
+        fetcher._on_ended(handle, QueueEnd("ERROR", error=UnavailableError("not the master any more")))
+        fetcher.retry(a, 3.0)  # the refusal's reopen, waiting ...
+        fetcher._on_broken("broker-a", first, UnavailableError("broker master:1: Socket closed"))  # ... and this one
+        await settle()
+        cluster.move("elected:3")  # wakes both
+        await asyncio.sleep(0.1)
+        opened = [q for s in cluster.streams[1:] for _, q, _ in s.opened]
+        assert opened == [0], f"queue 0 opened {len(opened)} times on the new master"
+        await fetcher.close()
+
+    asyncio.run(go())

@@ -47,7 +47,7 @@ def _ephemeral_low() -> int:
 
 
 _PORTS_LOW = 20000
-_PORTS_HIGH = max(_PORTS_LOW + 2000, min(_ephemeral_low(), 65536))
+_PORTS_HIGH = min(_ephemeral_low(), 65536)  # (a machine whose ephemeral range starts lower: bind(0) below)
 _SLICE = 1500
 _next_port: int | None = None
 _port_lock = threading.Lock()
@@ -58,7 +58,7 @@ def _first_port() -> int:
     gw1, ...), so that two workers never pick the same port; elsewhere a place chosen by the pid."""
     span = _PORTS_HIGH - _PORTS_LOW
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw") and worker[2:].isdigit():
+    if worker.startswith("gw") and worker[2:].isdigit():  # (slices wrap past span / 1500 workers)
         return _PORTS_LOW + (int(worker[2:]) * _SLICE) % span
     return _PORTS_LOW + (os.getpid() * 7919) % span
 
@@ -71,6 +71,8 @@ def free_port() -> int:
     (a full suite saw "port ... is already in use" that way); ports below the range are never
     handed out on their own. Each process walks its own sequence, so a port is not picked twice."""
     global _next_port
+    if _PORTS_HIGH - _PORTS_LOW < 2000:
+        return _kernel_port()
     with _port_lock:
         if _next_port is None:
             _next_port = _first_port()
@@ -83,6 +85,10 @@ def free_port() -> int:
                 except OSError:
                     continue
                 return port
+    return _kernel_port()
+
+
+def _kernel_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

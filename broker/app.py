@@ -39,7 +39,7 @@ async def _serve(config: broker_config.BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    while await _serve_once(config, stop):
+    while not stop.is_set() and await _serve_once(config, stop):
         # Controller mode, and etcd said this master's lease expired (it was paused, or cut off from etcd,
         # past its lease): another broker may be master now. The broker stops as on SIGTERM and starts
         # again in this process, so that it rejoins as the new master's replica as a restart would (the
@@ -56,7 +56,19 @@ async def _serve_once(config: broker_config.BrokerConfig, stop: asyncio.Event) -
     if config.controller:  # etcd decides the role (broker/cluster/controller_mode.py)
         from tidemark.broker.cluster.controller_mode import ControllerMode
         mode = ControllerMode(config)
-        config = await mode.decide()
+        deciding = asyncio.ensure_future(mode.decide())
+        stopping = asyncio.ensure_future(stop.wait())
+        try:  # deciding may wait long (for an in-sync broker, for its own old key): a SIGTERM ends it
+            await asyncio.wait({deciding, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not deciding.done() or deciding.exception() is not None:
+            await cancel_and_wait(deciding)
+            await mode.close()  # its lease keeper and etcd client, if it got that far
+            if stop.is_set() and (deciding.cancelled() or deciding.exception() is None):
+                return False
+            raise deciding.exception()
+        config = deciding.result()
     server = BrokerServer(config)
     started = rejoin = False
     try:

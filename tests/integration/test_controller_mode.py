@@ -149,3 +149,36 @@ def _committed_or_none(address: str) -> int | None:
         return committed(address)
     except UnavailableError:  # a replica answers once it copied its master's offsets
         return None
+
+
+def test_a_broker_waiting_for_etcd_to_decide_its_role_stops_on_sigterm(etcd, tmp_path):
+    """Regression (review): while its role was being decided (here: no master, and this broker not in the
+    last in-sync set, so it waits for one that is) SIGTERM was ignored until a SIGKILL."""
+    import asyncio
+    import signal
+    import subprocess
+    import sys
+
+    import aetcd
+
+    from tidemark.broker.cluster.election import parse_controller
+
+    async def last_master_left_without_us() -> None:
+        [(host, port)] = parse_controller(etcd.url)
+        async with aetcd.Client(host, port, timeout=5) as client:
+            await client.put(b"/tidemark/DefaultCluster/broker-a/epoch", b"3")
+            await client.put(b"/tidemark/DefaultCluster/broker-a/in_sync", b"[99]")
+
+    asyncio.run(last_master_left_without_us())
+    log = tmp_path / "waiting.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(tmp_path / "d"),
+                                 "--port", str(free_port()), "--controller", etcd.url],
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "event=controller_waiting" in log.read_text(), 30, "the broker to wait for its role")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -16,8 +16,8 @@ FILE_SUFFIX = "_FILE"
 
 
 def secret_from_env(env: Mapping[str, str], key: str) -> str:
-    """env[key] if set and not empty, else the content of the file env[key + "_FILE"] names (one trailing
-    newline dropped), else "". ValueError, in one line naming the variable, when that file cannot be read."""
+    """env[key] if set and not empty, else the content of the file env[key + "_FILE"] names (read_secret_file),
+    else "". ValueError, in one line naming the variable, when that file cannot be read."""
     value = env.get(key, "")
     if value:
         return value
@@ -25,8 +25,17 @@ def secret_from_env(env: Mapping[str, str], key: str) -> str:
     if not path:
         return ""
     try:
+        return read_secret_file(path)
+    except ValueError as e:
+        raise ValueError(f"{key}{FILE_SUFFIX}={path}: {e}") from None
+
+
+def read_secret_file(path: str | Path) -> str:
+    """A secret kept in a file: its text without the line end an editor adds. ValueError saying why (one line)
+    when it cannot be read."""
+    try:
         text = Path(path).read_text("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise ValueError(f"{key}{FILE_SUFFIX}={path}: cannot read it ({reason})") from None
-    return text[:-1] if text.endswith("\n") else text
+        raise ValueError(f"cannot read it ({reason})") from None
+    return text.rstrip("\r\n")

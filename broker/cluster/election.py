@@ -213,7 +213,9 @@ class Election:
             return False
         sent = self._clock()
         reply = await self._client.refresh_lease(lease.id)
-        if reply is None or reply.TTL <= 0:
+        if reply is None:  # the keepalive stream ended unanswered: a failed call, not an expired lease
+            raise ConnectionError("etcd did not answer the lease keepalive")
+        if reply.TTL <= 0:
             return False
         lease.renewed(sent)
         return True

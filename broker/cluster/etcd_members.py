@@ -45,15 +45,14 @@ class EtcdMembers:
         self._timeout = call_timeout_s
         self._next = 0  # the member the next new client dials
         self._client: aetcd.Client | None = None
-        self._endpoints_of: dict[int, str] = {}  # id(client) -> its member's host:port
+        self._endpoint = ""  # host:port of the member _client talks to
         self._dialing: asyncio.Lock | None = None
         self.transactions = aetcd.client.Transactions()  # builds compare/request objects; no connection
-        self.switches = 0  # members left behind after a failure (tests and logs)
 
     @property
     def endpoint(self) -> str:
         """host:port of the member calls go to now ("" between members)."""
-        return self._endpoint_of(self._client) if self._client is not None else ""
+        return self._endpoint if self._client is not None else ""
 
     async def connect(self) -> None:
         """A member that answers, from the next one on; ConnectionError naming each failure when none does."""
@@ -82,7 +81,7 @@ class EtcdMembers:
                     await _close_quietly(client)
                     raise
                 self._client = client
-                self._endpoints_of = {**dict(list(self._endpoints_of.items())[-3:]), id(client): f"{host}:{port}"}
+                self._endpoint = f"{host}:{port}"
                 return client
             raise ConnectionError("no etcd member answers (" + "; ".join(errors) + ")")
 
@@ -91,23 +90,23 @@ class EtcdMembers:
         await client.connect()  # authenticates, when a user is set
         await client.get(PROBE_KEY)  # linearizable: a member cut off from its quorum does not pass (status would)
 
-    async def _failed(self, client: aetcd.Client, error: BaseException) -> None:
+    async def _failed(self, client: aetcd.Client, endpoint: str, error: BaseException) -> None:
         """A call through `client` failed: the next call goes to the next member (once per failed client)."""
         if self._client is not client:
             return  # another call already moved on
         self._client = None
-        self.switches += 1
-        log.warning("etcd member %s failed (%r): moving to the next member", self._endpoint_of(client), error,
+        log.warning("etcd member %s failed (%r): moving to the next member", endpoint, error,
                     event="etcd_member_failed")
         await _close_quietly(client)  # ends its watches: their loops watch again through the next member
 
     async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
         client = await self._current()
+        endpoint = self._endpoint
         try:
             return await asyncio.wait_for(getattr(client, name)(*args, **kw), self._timeout)
         except MEMBER_FAILURES as e:
             if isinstance(e, _MEMBER_DOWN) or "leader" in str(e):  # (no leader, leader changed: its quorum)
-                await self._failed(client, e)
+                await self._failed(client, endpoint, e)
             raise
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -115,11 +114,8 @@ class EtcdMembers:
                 raise  # this caller is being cancelled
             # Another call left this member behind and closed its channel, which cancels the calls still
             # on it: to this caller that is a failed call, not its own cancellation.
-            raise aetcd.exceptions.ConnectionFailedError(f"etcd member {self._endpoint_of(client)} was left "
+            raise aetcd.exceptions.ConnectionFailedError(f"etcd member {endpoint} was left "
                                                          f"behind during the call") from None
-
-    def _endpoint_of(self, client: aetcd.Client) -> str:
-        return self._endpoints_of.get(id(client), "a member left behind")
 
     async def status(self) -> Any:
         return await self._call("status")
@@ -143,10 +139,11 @@ class EtcdMembers:
         """etcd's answer to one keepalive (TTL 0: the lease is gone). A keepalive stream that ended without
         an answer is a failed call, never taken for an expired lease (which would fence a live master)."""
         client = await self._current()
+        endpoint = self._endpoint
         reply = await self._call("refresh_lease", lease_id)
         if reply is None:
             error = aetcd.exceptions.ConnectionFailedError("the keepalive stream ended without an answer")
-            await self._failed(client, error)
+            await self._failed(client, endpoint, error)
             raise error
         return reply
 

@@ -27,6 +27,7 @@ from tidemark.client.cli.output import DRY_RUN, emit
 from tidemark.client.cli.topic_cmds import admin
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.types import AclRuleInfo, UserInfo
+from tidemark.common.env_secrets import read_secret_file
 
 USER_SECRET_ENV = "TIDEMARK_USER_SECRET_KEY"
 _USER_COLUMNS = ["user", "super_user", "brokers"]
@@ -113,11 +114,9 @@ def read_secret(args: argparse.Namespace, *, env_default: str | None = None) -> 
         return args.user_secret_key
     if args.secret_key_file is not None:
         try:
-            with open(args.secret_key_file, encoding="utf-8") as f:
-                return f.read().rstrip("\r\n")
-        except (OSError, UnicodeDecodeError) as e:
-            raise InvalidArgumentError(f"cannot read --secret-key-file {args.secret_key_file}: "
-                                       f"{getattr(e, 'strerror', None) or e}") from None
+            return read_secret_file(args.secret_key_file)
+        except ValueError as e:
+            raise InvalidArgumentError(f"--secret-key-file {args.secret_key_file}: {e}") from None
     variable = args.secret_key_env or env_default
     if variable is None:
         return None

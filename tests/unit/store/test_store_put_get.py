@@ -299,18 +299,9 @@ def test_filtered_raw_reads_take_exactly_what_a_scan_entry_by_entry_would(
         try:
             got = store.read_records("T", 0, min(start, len(tags)), max_count=max_count, max_bytes=max_bytes,
                                      tags_codes=codes, max_scan=max_scan)
-            # Reference: entry by entry, the first record always fits, then by count and bytes.
-            pos, taken, nbytes = min(start, len(tags)), [], 0
-            limit = min(len(tags), pos + max_scan)
-            while pos < limit:
-                t = tags[pos]
-                if t in wanted:
-                    size = store.read_records("T", 0, pos, max_count=1, max_bytes=1).data
-                    if taken and (len(taken) >= max_count or nbytes + len(size) > max_bytes):
-                        break
-                    taken.append(size)
-                    nbytes += len(size)
-                pos += 1
+            first = min(start, len(tags))
+            taken, pos = scan_entry_by_entry(store, first, min(len(tags), first + max_scan),
+                                             lambda p: tags[p] in wanted, max_count, max_bytes)
             return got, taken, pos
         finally:
             await store.shutdown()
@@ -348,15 +339,9 @@ def test_raw_reads_by_properties_take_exactly_what_a_scan_entry_by_entry_would(
                                       max_scan=max_scan)
             assert (early.status, early.messages, early.next_begin_offset) == (
                 late.status, late.messages, late.next_begin_offset)
-            pos, taken, nbytes = first, [], 0
-            while pos < min(len(values), first + max_scan):
-                if accept(store.message_at("T", 0, pos).properties):
-                    data = store.read_records("T", 0, pos, max_count=1, max_bytes=1).data
-                    if taken and (len(taken) >= max_count or nbytes + len(data) > max_bytes):
-                        break
-                    taken.append(data)
-                    nbytes += len(data)
-                pos += 1
+            taken, pos = scan_entry_by_entry(store, first, min(len(values), first + max_scan),
+                                             lambda p: accept(store.message_at("T", 0, p).properties),
+                                             max_count, max_bytes)
             return got, taken, pos
         finally:
             await store.shutdown()
@@ -382,3 +367,18 @@ def test_messages_filtered_by_sql92_properties(open_store):
     f = parse_filter("region = 'eu' AND (amount > 100 OR TAGS = 'y')", ExpressionType.SQL92)
     got = store.get_messages("T", 0, 0, 10, exact_matcher=lambda m: f.matches_properties(m.properties))
     assert [m.queue_offset for m in got.messages] == [0, 2]  # 3: 'abc' > 100 fails, so the whole OR does
+
+
+def scan_entry_by_entry(store, first: int, limit: int, wanted, max_count: int, max_bytes: int) -> tuple[list, int]:
+    """The reference for read_records: entry by entry from `first` to `limit`, the records `wanted(offset)`
+    takes, the first always, then while count and bytes allow; (records, where the scan stopped)."""
+    pos, taken, nbytes = first, [], 0
+    while pos < limit:
+        if wanted(pos):
+            data = store.read_records("T", 0, pos, max_count=1, max_bytes=1).data
+            if taken and (len(taken) >= max_count or nbytes + len(data) > max_bytes):
+                break
+            taken.append(data)
+            nbytes += len(data)
+        pos += 1
+    return taken, pos

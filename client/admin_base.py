@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from tidemark.client.errors import ClientStateError
 from tidemark.client.message import MessageQueue
+from tidemark.client.namespacing import Names
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.connection import BrokerConnection
 from tidemark.client.runtime import LoopThread
@@ -42,6 +43,13 @@ class AdminBase:
 
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return self._loop.run(coro, timeout=timeout or self.settings.request_timeout_s * 4 + 30)
+
+    @property
+    def _names(self) -> Names:
+        """The names a call is given, in the client's namespace (namespace=): each public call wraps the
+        topics, groups and queues it is given; answers carry stored names (NAMESPACE%name), as every
+        admin tool and ACL rule shows them, and a stored name given back is taken as it is."""
+        return Names(self.settings.namespace)
 
     async def _brokers(self) -> dict[str, BrokerConnection]:
         return await self.cluster.discover()

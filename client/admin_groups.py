@@ -38,12 +38,16 @@ class GroupAdmin(AdminBase):
 
     def committed(self, group: str, mq: MessageQueue) -> int:
         """The group's committed offset for a queue, -1 when none."""
+        group, mq = self._names.group(group), self._names.queue(mq)
+
         async def go() -> int:
             return (await self._read(mq, lambda c: c.query_consumer_offset(group, mq)))[0]
         return self._run(go())
 
     def commit(self, group: str, offsets: Mapping[MessageQueue, int], *, sync: bool = True) -> CommitOffsetsResult:
         """Commit offsets for a group (acknowledged per queue when sync, else over the oneway stream)."""
+        group, offsets = self._names.group(group), {self._names.queue(mq): o for mq, o in offsets.items()}
+
         async def go() -> CommitOffsetsResult:
             applied = rejected = 0
             rejections = []
@@ -77,6 +81,8 @@ class GroupAdmin(AdminBase):
         NotFoundError when no broker has the topic; InvalidArgumentError for an offset outside a queue's
         range or a negative timestamp. Brokers are reset one after another: one that refuses leaves
         those before it reset."""
+        group, topic, queue = self._names.group(group), self._names.topic(topic), self._names.queue(queue)
+
         async def go() -> list[OffsetChange]:
             if queue is not None:
                 return await (await self._conn(queue)).reset_offset(
@@ -89,6 +95,8 @@ class GroupAdmin(AdminBase):
 
     def consume_stats(self, group: str, topic: str = "") -> list[QueueStats]:
         """Per-queue progress of a group on every broker (NotFoundError when no broker knows it)."""
+        group, topic = self._names.group(group), self._names.topic(topic)
+
         async def go() -> list[QueueStats]:
             rows: list[QueueStats] = []
             conns = await self._for_topic(topic) if topic else list((await self._brokers()).values())
@@ -125,6 +133,8 @@ class GroupAdmin(AdminBase):
     def delete_group_offsets(self, group: str, topic: str, *, dry_run: bool = False) -> list[OffsetChange]:
         """Remove a group's committed offsets of one topic (Kafka's --delete-offsets); refused
         (FailedPreconditionError) while live members of the group subscribe to the topic."""
+        group, topic = self._names.group(group), self._names.topic(topic)
+
         async def go() -> list[OffsetChange]:
             changes = await self._on_topic_brokers(
                 topic, lambda c, dry: c.delete_group_offsets(group, topic, dry_run=dry), dry_run=dry_run,
@@ -135,6 +145,9 @@ class GroupAdmin(AdminBase):
     def clone_group_offsets(self, src_group: str, dest_group: str, topic: str, *,
                             dry_run: bool = False) -> list[OffsetChange]:
         """dest_group's offsets of `topic` become src_group's (RocketMQ's cloneGroupOffset), as admin resets."""
+        names = self._names
+        src_group, dest_group, topic = names.group(src_group), names.group(dest_group), names.topic(topic)
+
         async def go() -> list[OffsetChange]:
             changes = await self._on_topic_brokers(
                 topic, lambda c, dry: c.clone_group_offsets(src_group, dest_group, topic, dry_run=dry),
@@ -149,6 +162,8 @@ class GroupAdmin(AdminBase):
         topics, its member count and message model, merged over the brokers.
 
         NotFoundError when `topic` is given and no broker has it."""
+        topic = self._names.topic(topic)
+
         async def go() -> list[GroupSummary]:
             merged: dict[str, GroupSummary] = {}
             conns = await self._for_topic(topic) if topic else list((await self._brokers()).values())
@@ -169,6 +184,8 @@ class GroupAdmin(AdminBase):
         brokers, and the queue locks they hold (RocketMQ's consumerConnection).
 
         NotFoundError when no broker knows the group."""
+        group = self._names.group(group)
+
         async def go() -> GroupDescription:
             members: dict[str, Any] = {}
             locks = []
@@ -189,6 +206,8 @@ class GroupAdmin(AdminBase):
 
     def consumer_ids(self, group: str) -> list[str]:
         """Client ids of the group's live members on any broker, sorted ([] when it has none)."""
+        group = self._names.group(group)
+
         async def go() -> list[str]:
             ids: set[str] = set()
             for c in (await self._brokers()).values():
@@ -201,6 +220,8 @@ class GroupAdmin(AdminBase):
 
         FailedPreconditionError while the group has live members; NotFoundError when no broker knows
         it."""
+        group = self._names.group(group)
+
         async def go() -> None:
             deleted = False
             for c in (await self._brokers()).values():
@@ -216,6 +237,8 @@ class GroupAdmin(AdminBase):
     def group_config(self, group: str) -> GroupConfig:
         """A group's settings (consume enabled, broadcast, retry queues, max retries, orderly) as one broker
         holds them. NotFoundError when that broker has no config for the group."""
+        group = self._names.group(group)
+
         async def go() -> GroupConfig:
             return await (await self.cluster.any_connection()).group_config(group)
         return self._run(go())
@@ -223,6 +246,8 @@ class GroupAdmin(AdminBase):
     def update_group_config(self, group: str, *, dry_run: bool = False, **changes: Any) -> list[GroupConfig]:
         """Change a group's settings on every broker (creating its config, as RocketMQ's updateSubGroup);
         every broker checks the change before any applies it. dry_run: the configs it would give."""
+        group = self._names.group(group)
+
         async def go() -> list[GroupConfig]:
             conns = list((await self._brokers()).values())
             planned = [await c.update_group_config(group, dry_run=True, **changes) for c in conns]

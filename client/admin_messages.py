@@ -35,7 +35,7 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
              subscription: str | MessageSelector = "*") -> PullResult:
         """Read a queue without a group (nothing is committed); `subscription` a tag expression or a
         MessageSelector (`MessageSelector.by_sql(...)`: only the messages whose properties satisfy it)."""
-        selector = MessageSelector.of(subscription)
+        selector, mq = MessageSelector.of(subscription), self._names.queue(mq)
 
         async def go() -> PullResult:
             return await self._read(mq, lambda c: c.pull("", mq, offset, max_nums=max_nums, suspend_ms=suspend_ms,
@@ -49,6 +49,8 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
         NotFoundError when the queue holds no message there (the error says which offsets it holds)
         or its broker has no such topic; InvalidArgumentError for a negative offset or a queue id the
         topic does not have."""
+        mq = self._names.queue(mq)
+
         async def go() -> MessageExt:
             return await self._read(mq, lambda c: c.view_message(mq.topic, mq.queue_id, offset))
         return self._run(go())
@@ -57,6 +59,8 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
         """Messages stored with this msg id (RocketMQ's queryMsgById): the original and any retry or
         dead-letter copy, oldest first, from the brokers holding `topic` (every broker without one).
         NotFoundError when none has it; InvalidArgumentError for a malformed id."""
+        topic = self._names.topic(topic)
+
         async def go() -> list[MessageExt]:
             conns = await self._for_topic(topic) if topic else list((await self._brokers()).values())
             found = [m for c in conns for m in await c.query_message_by_id(msg_id, topic)]
@@ -74,6 +78,8 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
 
         [] when none matches; NotFoundError when no broker has the topic; InvalidArgumentError for an
         empty key or an empty or negative range."""
+        topic = self._names.topic(topic)
+
         async def go() -> list[MessageExt]:
             found: list[MessageExt] = []
             for c in await self._for_topic(topic):
@@ -91,7 +97,7 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
         return out[:limit]
 
     def _dlq_queues(self, group: str) -> list[MessageQueue]:
-        topic = dlq_topic(group)
+        topic = dlq_topic(self._names.group(group))
         try:
             return self.fetch_message_queues(topic)
         except NotFoundError:
@@ -113,6 +119,7 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
         group's offset on its DLQ is the mark (tidemark.client.dead_letters): it moves over what was sent
         from it, so requeueing all twice sends nothing the second time. A message sent alone by msg_id past
         the mark is sent again by a later requeue of all; two requeues of all at once may send the same ones."""
+        group = self._names.group(group)
         ranges = self.offsets(self._dlq_queues(group))
         marks = {mq: requeue_start(low, self.committed(group, mq)) for mq, (low, _high) in ranges.items()}
         if msg_id is None:
@@ -166,6 +173,8 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
         Returns a SendBackResult: the topic, queue, offset, delay level and reconsume times of the copy.
         NotFoundError when the message's broker no longer holds it; InvalidArgumentError for a negative
         max_reconsume_times."""
+        group = self._names.group(group)
+
         async def go() -> Any:
             conn = await self.cluster.connection(message.broker_name)
             return await conn.send_back(group, message, delay_level=delay_level,
@@ -176,6 +185,8 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
 
     def list_transactions(self, group: str = "") -> list[HalfMessage]:
         """Half messages waiting for their transaction's end (of one producer group, if given), every broker."""
+        group = self._names.group(group)
+
         async def go() -> list[HalfMessage]:
             found = [h for c in (await self._brokers()).values() for h in await c.list_transactions(group)]
             return sorted(found, key=lambda h: (h.broker_name, h.half_offset))
@@ -183,6 +194,8 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
 
     def list_producers(self, topic: str = "") -> list[ProducerInfo]:
         """Idempotent producers the brokers remember (of those that wrote to `topic`), broker by broker."""
+        topic = self._names.topic(topic)
+
         async def go() -> list[ProducerInfo]:
             conns = await self._for_topic(topic) if topic else list((await self._brokers()).values())
             found = [p for c in conns for p in await c.list_producers(topic)]

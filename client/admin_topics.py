@@ -29,6 +29,8 @@ class TopicAdmin(AdminBase):
         Returns each broker's new config. AlreadyExistsError when a broker has the topic already (the
         brokers before it in the list keep theirs), InvalidArgumentError for a bad name or queue count,
         NotFoundError for an unknown broker name."""
+        name = self._names.topic(name)
+
         async def go() -> list[TopicConfig]:
             conns = await self._brokers()
             targets = [await self.cluster.connection(b) for b in brokers] if brokers else list(conns.values())
@@ -43,6 +45,8 @@ class TopicAdmin(AdminBase):
 
         Returns each broker's new config. NotFoundError when no broker has the topic,
         InvalidArgumentError for a bad queue count, TypeError for another keyword."""
+        name = self._names.topic(name)
+
         async def go() -> list[TopicConfig]:
             return [await c.update_topic(name, **changes) for c in await self._for_topic(name)]
         return self._run(go())
@@ -51,6 +55,8 @@ class TopicAdmin(AdminBase):
         """Delete a topic on every broker holding it, with its messages, the groups' offsets on it and its
         queue locks. NotFoundError when no broker has the topic, InvalidArgumentError for one of the
         brokers' own topics (schedule, transactions)."""
+        name = self._names.topic(name)
+
         async def go() -> None:
             for c in await self._for_topic(name):
                 await c.delete_topic(name)
@@ -73,7 +79,7 @@ class TopicAdmin(AdminBase):
 
         NotFoundError when no broker has the topic; UnavailableError when none that might have it
         answers."""
-        return self._run(self.cluster.route(topic, refresh=True))
+        return self._run(self.cluster.route(self._names.topic(topic), refresh=True))
 
     def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
         """Readable queues of a topic on every broker, sorted."""
@@ -82,6 +88,8 @@ class TopicAdmin(AdminBase):
     def topic_stats(self, topic: str) -> list[TopicQueueStats]:
         """Min offset, max offset and last store time of every queue of the topic, on every broker holding
         it, sorted by queue (RocketMQ's topicStatus). NotFoundError when no broker has the topic."""
+        topic = self._names.topic(topic)
+
         async def go() -> list[TopicQueueStats]:
             rows: list[TopicQueueStats] = []
             for c in await self._for_topic(topic):
@@ -113,11 +121,14 @@ class TopicAdmin(AdminBase):
         return self._run(self._call_mq(mq, "search_offset", timestamp_ms))
 
     async def _call_mq(self, mq: MessageQueue, method: str, *args: Any) -> Any:
+        mq = self._names.queue(mq)
         return await self._read(mq, lambda c: getattr(c, method)(mq, *args))
 
     def offsets(self, mqs: Sequence[MessageQueue]) -> dict[MessageQueue, tuple[int, int]]:
         """(min offset, max offset) of many queues in one round of calls."""
         async def one(mq: MessageQueue) -> tuple[int, int]:
+            mq = self._names.queue(mq)
+
             async def bounds(c: BrokerConnection) -> tuple[int, int]:
                 return await c.min_offset(mq), await c.max_offset(mq)
             return await self._read(mq, bounds)

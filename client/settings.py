@@ -20,6 +20,7 @@ from typing import Any
 from tidemark.client.consumer.allocate import AllocateMessageQueueStrategy, strategy_by_name
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.message import ConsumeFromWhere, MessageModel
+from tidemark.client.namespacing import wrap_name
 from tidemark.client.security import (
     TlsSettings,
     coerce_credentials,
@@ -28,6 +29,7 @@ from tidemark.client.security import (
     tls_from_env,
 )
 from tidemark.common.auth import Credentials
+from tidemark.common.namespaces import check_namespace
 from tidemark.common.protocol import (
     DEFAULT_BROKER_ADDR,
     DEFAULT_MAX_MESSAGE_SIZE,
@@ -121,6 +123,8 @@ class ClientSettings:
     tls: bool | TlsSettings | None = _setting(
         None, "False: plaintext; True: TLS with default trust roots; or TlsSettings(ca_file=, cert_file=, "
               "key_file=, server_name=) (default: TLS when $TIDEMARK_TLS_CA_FILE is set)", factory=tls_from_env)
+    namespace: str = _setting("", "Namespace of the topics and groups this client names (RocketMQ's namespace): "
+                                  "stored as NAMESPACE%name, handed back bare; '' for none")
 
     def __post_init__(self) -> None:
         # Given brokers and no name servers: those brokers, whatever $TIDEMARK_NAMESRV says.
@@ -138,6 +142,10 @@ class ClientSettings:
         object.__setattr__(self, "tls", coerce_tls(self.tls))
         if self.request_timeout_s <= 0:
             raise InvalidArgumentError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        try:
+            check_namespace(self.namespace)
+        except InvalidNameError as e:
+            raise InvalidArgumentError(str(e)) from None
 
     @property
     def client_id(self) -> str:
@@ -226,6 +234,8 @@ class ProducerSettings(ClientSettings):
             raise InvalidArgumentError(f"producer_epoch must be between 0 and 2**62, got {self.producer_epoch}")
         if not 0 <= self.linger_ms <= 60_000:
             raise InvalidArgumentError(f"linger_ms must be between 0 and 60000, got {self.linger_ms}")
+        if self.producer_group:  # stored in the namespace: its transactions are checked by its own producers
+            object.__setattr__(self, "producer_group", wrap_name(self.namespace, self.producer_group, "group"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -254,6 +264,8 @@ class ConsumerSettings(ClientSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        # The stored name from here on (offsets, membership, the retry topic); wrapping it again is a no-op.
+        object.__setattr__(self, "group", wrap_name(self.namespace, self.group, "group"))
         _check_group(self.group)
         _coerce_enum(self, "message_model", MessageModel)
         _coerce_enum(self, "consume_from_where", ConsumeFromWhere, prefix="CONSUME_FROM_", suffix="_OFFSET")

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from tidemark.broker.auth.acl import Action, User
 from tidemark.broker.auth.guard import AccessGuard, Requirement, on_cluster, on_group, on_topic
 from tidemark.broker.errors import PermissionDeniedError
+from tidemark.broker.services.rmq5.convert import stored_name
 
 PUB, SUB, CREATE, UPDATE, DELETE, GET, LIST = (Action.PUB, Action.SUB, Action.CREATE, Action.UPDATE, Action.DELETE,
                                                Action.GET, Action.LIST)
@@ -128,35 +129,45 @@ def _telemetry(r) -> list[Requirement]:
         return []  # answers to the broker's own commands
     s = r.settings
     if s.WhichOneof("pub_sub") == "publishing":
-        return [on_topic(t.name, PUB) for t in s.publishing.topics]
+        return [on_topic(_topic(t), PUB) for t in s.publishing.topics]
     if s.WhichOneof("pub_sub") == "subscription":
-        return _consuming(s.subscription.group.name, [e.topic.name for e in s.subscription.subscriptions])
+        return _consuming(_group(s.subscription.group), [_topic(e.topic) for e in s.subscription.subscriptions])
     return []
 
 
+# A RocketMQ 5 resource's stored name (`NAMESPACE%name` in a namespace), which the rules are about: a rule on
+# `Topic:NS%*` grants namespace NS's topics. A bad namespace is refused here, with the adapter's BAD_REQUEST.
+def _topic(resource) -> str:
+    return stored_name(resource, "topic")
+
+
+def _group(resource) -> str:
+    return stored_name(resource, "group")
+
+
 def _v2_group(r) -> list[Requirement]:
-    return [on_group(r.group.name, SUB)] if r.HasField("group") and r.group.name else []
+    return [on_group(_group(r.group), SUB)] if r.HasField("group") and r.group.name else []
 
 
 def _v2_consuming(r) -> list[Requirement]:
-    return _consuming(r.group.name, [r.topic.name])
+    return _consuming(_group(r.group), [_topic(r.topic)])
 
 
 def _v2_queue(r) -> list[Requirement]:
-    return _consuming(r.group.name, [r.message_queue.topic.name])
+    return _consuming(_group(r.group), [_topic(r.message_queue.topic)])
 
 
 # RocketMQ 5's apache.rocketmq.v2.MessagingService (broker/services/rmq5), as RocketMQ's gRPC
 # authorization context builder reads its requests. Its method names overlap tidemark.v1's.
 V2_SERVICE = "apache.rocketmq.v2.MessagingService"
 NEEDS_V2: dict[str, Needs | object] = {
-    "QueryRoute": lambda r: [on_topic(r.topic.name, PUB, SUB, GET)],
+    "QueryRoute": lambda r: [on_topic(_topic(r.topic), PUB, SUB, GET)],
     "Telemetry": _telemetry,
     "Heartbeat": _v2_group,
     "NotifyClientTermination": _v2_group,
-    "SendMessage": lambda r: [on_topic(t, PUB) for t in dict.fromkeys(m.topic.name for m in r.messages)],
-    "EndTransaction": lambda r: [on_topic(r.topic.name, PUB)],
-    "RecallMessage": lambda r: [on_topic(r.topic.name, PUB)],
+    "SendMessage": lambda r: [on_topic(t, PUB) for t in dict.fromkeys(_topic(m.topic) for m in r.messages)],
+    "EndTransaction": lambda r: [on_topic(_topic(r.topic), PUB)],
+    "RecallMessage": lambda r: [on_topic(_topic(r.topic), PUB)],
     "QueryAssignment": _v2_consuming,
     "ReceiveMessage": _v2_queue,
     "AckMessage": _v2_consuming,
@@ -165,7 +176,7 @@ NEEDS_V2: dict[str, Needs | object] = {
     "PullMessage": _v2_queue,
     "UpdateOffset": _v2_queue,
     "GetOffset": _v2_queue,
-    "QueryOffset": lambda r: [on_topic(r.message_queue.topic.name, SUB, GET)],
+    "QueryOffset": lambda r: [on_topic(_topic(r.message_queue.topic), SUB, GET)],
 }
 
 # Served to anyone: orchestrators probe health, and reflection only describes the API. The name server

@@ -46,6 +46,13 @@ def add_arguments(common: argparse.ArgumentParser) -> None:
                         help="name the brokers' certificates hold, when it is not the host in --broker")
 
 
+def add_namespace(named: argparse.ArgumentParser) -> None:
+    """--namespace, for the commands that name topics or groups."""
+    named.add_argument("--namespace", default="", metavar="NS",
+                       help="the namespace of the topics and groups named (RocketMQ's namespace; stored as "
+                            "NS%%NAME): a list shows only the namespace's topics or groups")
+
+
 # The logger naming a listed broker that does not answer (tidemark.client.remoting.cluster): the CLI shows its
 # warnings, one line each, while the command goes on with the brokers that answer.
 UNREACHABLE_LOGGER = "tidemark.client.cluster"
@@ -77,4 +84,4 @@ def resolve(args: argparse.Namespace) -> None:
 def client_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Keyword settings of a Producer, consumer or Admin built by a command."""
     return {"brokers": args.brokers, "namesrv": args.namesrv, "request_timeout_s": args.timeout, "credentials": args.credentials,
-            "tls": args.tls}
+            "tls": args.tls, "namespace": getattr(args, "namespace", "")}

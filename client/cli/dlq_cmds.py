@@ -10,6 +10,7 @@ from tidemark.client.admin import Admin
 from tidemark.client.cli.args import int_in
 from tidemark.client.cli.connect import client_kwargs
 from tidemark.client.cli.output import DRY_RUN, emit, iso_ms
+from tidemark.client.namespacing import Names
 from tidemark.common.protocol import dlq_topic
 
 
@@ -48,7 +49,7 @@ def list_dlq(args: argparse.Namespace) -> int:
              "broker": m.broker_name, "queue": m.queue_id, "offset": m.queue_offset,
              "stored": iso_ms(m.store_timestamp), "body": _preview(m.body)} for m in msgs]
     emit(rows, ["msg_id", "original_topic", "reconsume_times", "broker", "queue", "offset", "stored", "body"],
-         as_json=args.json, footer=f"{len(rows)} message(s) in {dlq_topic(args.group)}")
+         as_json=args.json, footer=f"{len(rows)} message(s) in {dlq_topic(Names(args.namespace).group(args.group))}")
     return 0
 
 

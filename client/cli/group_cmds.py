@@ -20,6 +20,7 @@ from tidemark.client.cli.message_cmds import parse_time_ms
 from tidemark.client.cli.output import DRY_RUN, emit, iso_ms
 from tidemark.client.errors import InvalidArgumentError, NotFoundError
 from tidemark.client.types import GroupState, OffsetChange, QueueStats, ResetTarget, group_state
+from tidemark.common.namespaces import in_namespace
 
 
 def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -137,7 +138,8 @@ def _admin(args: argparse.Namespace) -> Admin:
 
 def list_groups(args: argparse.Namespace) -> int:
     with _admin(args) as a:
-        groups = [(g, group_status.state_of(a, g.group)) for g in a.list_groups(args.topic)]
+        groups = [(g, group_status.state_of(a, g.group)) for g in a.list_groups(args.topic)
+                  if in_namespace(args.namespace, g.group)]
     rows = [{"group": g.group, "state": state.value, "topics": list(g.topics), "members": g.member_count,
              "model": g.message_model.replace("MESSAGE_MODEL_UNSPECIFIED", "-")}
             for g, state in groups if args.state is None or state in args.state]

@@ -66,15 +66,17 @@ def build_parser() -> argparse.ArgumentParser:
         namesrv_parser(namesrv)
         namesrv.set_defaults(run=_run_namesrv)
     common = client_options()
-    topic_cmds.register(sub, common)
-    message_cmds.register(sub, common)
-    group_cmds.register(sub, common)
-    dlq_cmds.register(sub, common)
+    named = argparse.ArgumentParser(add_help=False, parents=[common])  # commands that name topics or groups
+    connect.add_namespace(named)
+    topic_cmds.register(sub, named)
+    message_cmds.register(sub, named)
+    group_cmds.register(sub, named)
+    dlq_cmds.register(sub, named)
     health_cmds.register(sub, common)
     auth_cmds.register(sub, common)
     cluster_cmds.register(sub, common)
-    producer_cmds.register(sub, common)
-    transaction_cmds.register(sub, common)
+    producer_cmds.register(sub, named)
+    transaction_cmds.register(sub, named)
     console_cmds.register(sub, common)
     return parser
 

@@ -34,6 +34,7 @@ from tidemark.client.message import (
     MessageQueue,
     PullStatus,
 )
+from tidemark.client.namespacing import Names
 from tidemark.client.producer.producer import Producer
 from tidemark.common.backoff import Backoff
 
@@ -211,6 +212,7 @@ def _stop_event() -> threading.Event:
 def consume_plain(args: argparse.Namespace) -> int:
     """Read every queue of the topic without a group, from --from-offset."""
     stop = _stop_event()
+    names = Names(args.namespace)
     with Admin(**client_kwargs(args)) as admin:
         mqs = admin.fetch_message_queues(args.topic)
         positions: dict[MessageQueue, int] = {}
@@ -225,7 +227,7 @@ def consume_plain(args: argparse.Namespace) -> int:
                 if result.status is PullStatus.FOUND:
                     idle = False
                 for m in result.messages:
-                    args.show(m)
+                    args.show(names.bare_message(m))  # as a consumer of the namespace sees it (--group)
                     printed += 1
                     if args.count is not None and printed >= args.count:
                         return 0

@@ -15,6 +15,7 @@ from tidemark.client.cli.args import QUEUE_COUNT
 from tidemark.client.cli.connect import client_kwargs
 from tidemark.client.cli.output import DRY_RUN, emit, iso_ms
 from tidemark.client.errors import InvalidArgumentError
+from tidemark.common.namespaces import in_namespace
 
 
 def admin(args: argparse.Namespace) -> Admin:
@@ -136,7 +137,8 @@ def delete(args: argparse.Namespace) -> int:
 def list_topics(args: argparse.Namespace) -> int:
     with admin(args) as a:
         topics = a.list_topics(include_system=args.system)
-    rows = [_config_row(b, t) for entries in topics.values() for b, t in entries]
+    rows = [_config_row(b, t) for name, entries in topics.items() if in_namespace(args.namespace, name)
+            for b, t in entries]
     emit(rows, ["topic", "broker", "read_queues", "write_queues", "perm"], as_json=args.json)
     return 0
 

@@ -19,6 +19,7 @@ from tidemark.client.consumer.core import ConsumerCore
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
+from tidemark.client.namespacing import Names
 from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
 from tidemark.client.selector import MessageSelector
 from tidemark.client.settings import PullConsumerSettings, build, unique_instance
@@ -174,6 +175,8 @@ class PullConsumer(BlockingClient):
             build(PullConsumerSettings, settings, overrides))  # type: ignore[assignment]
         self._subscriptions: dict[str, MessageSelector] = {}
         self._assigned: set[MessageQueue] | None = None
+        # namespace=: the topics and queues the application names are wrapped, what it gets back is bare.
+        self._names = Names(self.settings.namespace)
         self._loop = LoopThread(f"pull-consumer-{self.settings.group}")
         self._life = Lifecycle("consumer")
         self._core: AsyncLitePullConsumer | None = None
@@ -194,6 +197,7 @@ class PullConsumer(BlockingClient):
         bad topic name or expression. Whether the topic exists is checked by start() (NotFoundError)."""
         if self._assigned is not None:
             raise ClientStateError("subscribe() and assign() cannot be mixed")
+        topic = self._names.topic(topic)
         try:
             check_topic_name(topic)
         except InvalidNameError as e:
@@ -209,6 +213,7 @@ class PullConsumer(BlockingClient):
         queues = set(queues)
         if not all(isinstance(q, MessageQueue) for q in queues):
             raise InvalidArgumentError("assign() takes MessageQueue objects")
+        queues = {self._names.queue(q) for q in queues}
         self._assigned = queues
         if self._life.state is ClientState.RUNNING:
             self._run(self._require().assign(queues))
@@ -259,27 +264,27 @@ class PullConsumer(BlockingClient):
         """The next fetched batch (one queue, in offset order), or [] after timeout seconds."""
         core = self._require()
         wait = self.settings.poll_timeout_s if timeout is None else timeout
-        return self._run(core.poll(wait), timeout=wait + 5)
+        return self._names.bare_messages(self._run(core.poll(wait), timeout=wait + 5))
 
     def seek(self, mq: MessageQueue, offset: int) -> None:
         """Continue reading mq at offset (within [min, max] of the queue)."""
-        self._run(self._require().seek(mq, offset))
+        self._run(self._require().seek(self._names.queue(mq), offset))
 
     def seek_to_begin(self, mq: MessageQueue) -> None:
         """Continue reading mq from the oldest message the broker still stores (its min offset;
         RocketMQ's seekToBegin). As with seek(): InvalidArgumentError unless mq is in assignment(),
         and batches of mq fetched but not yet polled are dropped."""
-        self._run(self._require().seek_edge(mq, end=False))
+        self._run(self._require().seek_edge(self._names.queue(mq), end=False))
 
     def seek_to_end(self, mq: MessageQueue) -> None:
         """Continue reading mq at its end (its max offset; RocketMQ's seekToEnd): only messages stored
         from now on. As with seek(): InvalidArgumentError unless mq is in assignment(), and batches of
         mq fetched but not yet polled are dropped."""
-        self._run(self._require().seek_edge(mq, end=True))
+        self._run(self._require().seek_edge(self._names.queue(mq), end=True))
 
     def committed(self, mq: MessageQueue) -> int:
         """The group's committed offset on the broker (-1 when none)."""
-        return self._run(self._require().committed(mq))
+        return self._run(self._require().committed(self._names.queue(mq)))
 
     def commit(self, offsets: Mapping[MessageQueue, int] | None = None, *, sync: bool = True) -> None:
         """Commit consumed offsets (or the given ones); turns auto commit off from then on."""
@@ -287,27 +292,30 @@ class PullConsumer(BlockingClient):
         if core.auto_commit:
             log.info("manual commit, auto commit off", event="auto_commit_off", group=self.settings.group)
             core.auto_commit = False
+        if offsets is not None:
+            offsets = {self._names.queue(mq): offset for mq, offset in offsets.items()}
         self._run(core.commit(offsets, sync))
 
     def assignment(self) -> set[MessageQueue]:
         """The queues this consumer reads now (RocketMQ's assignment()): those assign() named or the
         rebalance gave it, once started; queues still waiting for their lock or being handed back are
         not in it. A new set each call."""
-        return set(self._loop.call(self._require().ownership.pulling, timeout=5))
+        return set(self._names.bare_queues(self._loop.call(self._require().ownership.pulling, timeout=5)))
 
     def fetch_message_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's readable queues on every broker, sorted, asked for now rather than from the
         cached route (RocketMQ's fetchMessageQueues): what assign() takes. NotFoundError when no broker
         has the topic, a retriable UnavailableError when none has it but some could not be asked."""
-        return self._run(self._require().cluster.read_queues(topic, refresh=True))
+        return self._names.bare_queues(self._run(self._require().cluster.read_queues(self._names.topic(topic),
+                                                                                     refresh=True)))
 
     def pause(self, queues: Iterable[MessageQueue]) -> None:
         """Stop returning batches of these queues from poll() (fetching continues up to the flow limit)."""
-        core, queues = self._require(), list(queues)
+        core, queues = self._require(), [self._names.queue(q) for q in queues]
         self._loop.call(lambda: core.pause(queues), timeout=5)
 
     def resume(self, queues: Iterable[MessageQueue]) -> None:
         """Undo pause() for these queues (RocketMQ's resume()): their batches held meanwhile go back to
         poll(), after those already waiting; queues not paused are left as they are."""
-        core, queues = self._require(), list(queues)
+        core, queues = self._require(), [self._names.queue(q) for q in queues]
         self._loop.call(lambda: core.resume(queues), timeout=5)

@@ -23,6 +23,7 @@ from tidemark.client.consumer.listener import MessageListenerConcurrently, Messa
 from tidemark.client.consumer.send_back import SendBackService
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
+from tidemark.client.namespacing import Names
 from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
 from tidemark.client.selector import MessageSelector
 from tidemark.client.settings import PushConsumerSettings, build, unique_instance
@@ -128,6 +129,8 @@ class PushConsumer(BlockingClient):
         self._subscriptions: dict[str, MessageSelector] = {}
         self._listener: Any = None
         self._orderly = False
+        # namespace=: the topics the application names are wrapped, what its listener gets is bare.
+        self._names = Names(self.settings.namespace)
         self._loop = LoopThread(f"push-consumer-{self.settings.group}")
         self._life = Lifecycle("consumer")
         self._core: AsyncPushConsumer | None = None
@@ -155,6 +158,7 @@ class PushConsumer(BlockingClient):
         expression (an SQL92 one names the column). Whether the topic exists is checked by start()
         (NotFoundError)."""
         self._life.require(ClientState.CREATED, action="subscribe")
+        topic = self._names.topic(topic)
         try:
             check_topic_name(topic)
         except InvalidNameError as e:
@@ -173,7 +177,7 @@ class PushConsumer(BlockingClient):
         self._life.require(ClientState.CREATED, action="register a listener")
         if not callable(listener):
             raise InvalidArgumentError(f"listener must be callable, got {type(listener).__name__}")
-        self._listener, self._orderly = listener, orderly
+        self._listener, self._orderly = self._names.listener(listener), orderly
 
     def start(self) -> PushConsumer:
         """Join the group and start consuming; returns self (RocketMQ's DefaultMQPushConsumer.start()).
@@ -238,7 +242,7 @@ class PushConsumer(BlockingClient):
         (when locking) and their start offset fixed. Queues still waiting for their lock, or draining
         before they go to another consumer, are not listed. ClientStateError unless started."""
         core = self._running("list owned queues")
-        return self._loop.call(core.ownership.pulling, timeout=5)
+        return self._names.bare_queues(self._loop.call(core.ownership.pulling, timeout=5))
 
     def persist_offsets(self) -> None:
         """Commit every owned queue's progress now (normally every persist_consumer_offset_interval_s)."""

@@ -34,6 +34,7 @@ from tidemark.client.errors import (
     UnknownProducerError,
 )
 from tidemark.client.message import Message, MessageQueue, SendResult
+from tidemark.client.namespacing import Names
 from tidemark.client.producer.accumulator import ProducerBatch, RecordAccumulator, SendCallback
 from tidemark.client.producer.attempts import Doubt, Outcome, Tries, back_off, outcome_of, pause
 from tidemark.client.producer.selector import MessageQueueSelector
@@ -397,6 +398,7 @@ class Producer(BlockingClient):
         self._loop = LoopThread("producer")
         self._life = Lifecycle("producer")
         self._ids = MessageIdGenerator()
+        self._names = Names(self.settings.namespace)  # application names in, bare names out
         self._checked_topics: set[str] = set()
         self._routes: dict[str, tuple[float, list[MessageQueue]]] = {}
 
@@ -421,16 +423,17 @@ class Producer(BlockingClient):
     def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's writable queues on every broker, sorted."""
         self._life.require(ClientState.RUNNING, action="fetch queues")
-        return self._loop.run(self._core.cluster.write_queues(topic, refresh=True),
-                              timeout=self.settings.request_timeout_s * 2)
+        return self._names.bare_queues(self._loop.run(self._core.cluster.write_queues(self._names.topic(topic),
+                                                                                      refresh=True),
+                                                      timeout=self.settings.request_timeout_s * 2))
 
     def fetch_publish_message_queue(self, topic: str, queue_id: int) -> MessageQueue:
         """The writable queue `queue_id` of the topic (of the first broker holding one): InvalidArgumentError
         when the topic has no such queue, a retriable UnavailableError when it has but takes no writes now
         (its master is down or being replaced)."""
         self._life.require(ClientState.RUNNING, action="fetch queues")
-        return self._loop.run(self._core.cluster.write_queue(topic, queue_id),
-                              timeout=self.settings.request_timeout_s * 2)
+        return self._names.bare_queue(self._loop.run(self._core.cluster.write_queue(self._names.topic(topic), queue_id),
+                                                     timeout=self.settings.request_timeout_s * 2))
 
     # -- sending -----------------------------------------------------------------------------
 
@@ -447,6 +450,8 @@ class Producer(BlockingClient):
         self._life.require(ClientState.RUNNING, action="send")
         if not messages:
             raise InvalidArgumentError("a batch needs at least one message")
+        names = self._names
+        messages, queue = [names.message(m) for m in messages], names.queue(queue)
         topic = messages[0].topic
         for m in messages:
             self._check(m)
@@ -459,8 +464,8 @@ class Producer(BlockingClient):
             if len(messages) > 1 and any(m.delay_level for m in messages):
                 raise InvalidArgumentError("delayed messages cannot be sent in a batch")
             _check_batch_size(sum(len(m.body) for m in messages), len(messages), s.max_message_size)
-            return self._loop.run(self._core.send_messages(messages, queue=queue, selector=selector, arg=arg,
-                                                           timeout=timeout), timeout=wait)
+            return [names.bare_result(r) for r in self._loop.run(self._core.send_messages(
+                messages, queue=queue, selector=selector, arg=arg, timeout=timeout), timeout=wait)]
         builder = RecordBatchBuilder(topic, s.client_ip)
         msg_ids = []
         now = time.time_ns() // 1_000_000
@@ -469,9 +474,9 @@ class Producer(BlockingClient):
             builder.append(m.body, props, tags_code=tags_code, flag=m.flag, born_timestamp=now)
             msg_ids.append(msg_id)
         _check_batch_size(len(builder.buffer), len(messages), s.max_message_size)
-        return self._loop.run(self._core.send_records(topic, bytes(builder.buffer), msg_ids, queue=queue,
-                                                      selector=selector, arg=arg, first=messages[0],
-                                                      timeout=timeout), timeout=wait)
+        return [names.bare_result(r) for r in self._loop.run(self._core.send_records(
+            topic, bytes(builder.buffer), msg_ids, queue=queue, selector=selector, arg=arg, first=messages[0],
+            timeout=timeout), timeout=wait)]
 
     def send_async(self, message: Message, callback: SendCallback | None = None, *,
                    queue: MessageQueue | None = None, selector: MessageQueueSelector | None = None,
@@ -482,13 +487,15 @@ class Producer(BlockingClient):
         when max_async_in_flight messages are unanswered, and never when called from a send callback:
         there a message that would have to wait (for a slot or a route) goes on its own instead."""
         self._life.require(ClientState.RUNNING, action="send")
+        names = self._names
         try:
+            message, queue = names.message(message), names.queue(queue)
             self._check(message)
             from_callback = self._loop.on_own_thread
             queues = self._cached_queues(message.topic) if from_callback else None
             if _needs_unary(message) or (from_callback and (queues is None or not self._core.slots.acquire(False))):
-                future = self._chain(self._loop.submit(self._core.send_messages(
-                    [message], queue=queue, selector=selector, arg=arg, timeout=None)))
+                future = names.bare_future(self._chain(self._loop.submit(self._core.send_messages(
+                    [message], queue=queue, selector=selector, arg=arg, timeout=None))))
             else:
                 msg_id, props, tags_code = encode_message(message, self._ids)
                 if queues is None:
@@ -497,8 +504,9 @@ class Producer(BlockingClient):
                 try:
                     if queue is None and selector is not None:
                         queue = selector.select(queues, message, arg)
-                    return self._core.accumulator.append(queues, queue, message.body, props, msg_id=msg_id,
-                                                         tags_code=tags_code, flag=message.flag, callback=callback)
+                    return names.bare_future(self._core.accumulator.append(
+                        queues, queue, message.body, props, msg_id=msg_id, tags_code=tags_code, flag=message.flag,
+                        callback=names.bare_callback(callback)))
                 except RuntimeError:
                     self._core.slots.release()
                     raise ClientStateError("cannot send: the producer was shut down") from None

@@ -94,7 +94,7 @@ class TransactionProducer(Producer):
         if check_threads < 1:
             raise InvalidArgumentError(f"check_threads must be >= 1, got {check_threads}")
         self._check_local = check_local_transaction
-        self._topics: set[str] = set(topics)
+        self._topics: set[str] = {self._names.topic(t) for t in topics}  # stored names (namespace=)
         self._checks = concurrent.futures.ThreadPoolExecutor(check_threads, thread_name_prefix="transaction-check")
         self._watches: dict[str, asyncio.Task] = {}  # broker address -> its watch task
 
@@ -126,12 +126,12 @@ class TransactionProducer(Producer):
         """Send the half message, run the local transaction, end the transaction with its answer."""
         if message.delay_level:
             raise InvalidArgumentError("a transactional message cannot be delayed")
-        group = self.settings.producer_group
-        half = Message(topic=message.topic, body=message.body, tags=message.tags, keys=message.keys, flag=message.flag,
+        group, topic = self.settings.producer_group, self._names.topic(message.topic)
+        half = Message(topic=topic, body=message.body, tags=message.tags, keys=message.keys, flag=message.flag,
                        properties={**message.properties, PropertyKey.TRANSACTION_PREPARED: "true",
                                    PropertyKey.PRODUCER_GROUP: group})
-        if message.topic not in self._topics:
-            self._topics.add(message.topic)
+        if topic not in self._topics:
+            self._topics.add(topic)
             self._loop.run(self._watch_all(restart=True), timeout=self.settings.request_timeout_s * 2)
         sent = self.send(half)
         try:
@@ -142,7 +142,7 @@ class TransactionProducer(Producer):
             state = LocalTransactionState.UNKNOW
         if state is not LocalTransactionState.UNKNOW:
             try:
-                self._loop.run(self._end(sent.message_queue.broker_name, message.topic, sent.msg_id, sent.queue_offset,
+                self._loop.run(self._end(sent.message_queue.broker_name, topic, sent.msg_id, sent.queue_offset,
                                          state), timeout=self.settings.request_timeout_s * 2)
             except TidemarkError as e:
                 # RocketMQ ends a transaction one way (oneway): a lost end is what checks are for.
@@ -188,7 +188,7 @@ class TransactionProducer(Producer):
     def _answer(self, broker_name: str, half_offset: int, message: MessageExt) -> None:
         """On a check thread: ask the application, then end the transaction with its answer."""
         try:
-            state = _checked_state(self._check_local(message), "check_local_transaction")
+            state = _checked_state(self._check_local(self._names.bare_message(message)), "check_local_transaction")
         except Exception:
             log.exception("check_local_transaction raised: asked again later", event="transaction_check_failed",
                           msg_id=message.msg_id)

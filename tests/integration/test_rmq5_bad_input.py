@@ -23,6 +23,12 @@ def stub(module_broker):
     channel.close()
 
 
+def in_namespace(namespace: str, topic: str) -> pb.Message:
+    m = message(topic, b"x")
+    m.topic.resource_namespace = namespace
+    return m
+
+
 def _stored(address: str) -> int:
     with Admin(brokers=address) as admin:
         return sum(s.max_offset for s in admin.topic_stats("V2Bad"))
@@ -42,8 +48,10 @@ def _stored(address: str) -> int:
     (message("V2Bad", b"x", message_type=pb.DELAY, delivery_timestamp=Timestamp(seconds=int(time.time()) + 2 * 86400)),
      pb.ILLEGAL_DELIVERY_TIME, "ahead"),
     (message("V2Bad", b"x", message_type=pb.DELAY), pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "delivery timestamp"),
-    (pb.Message(topic=pb.Resource(name="V2Bad", resource_namespace="ns"), body=b"x",
-                system_properties=pb.SystemProperties(message_id="m1")), pb.BAD_REQUEST, "namespaces"),
+    (in_namespace("bad%ns", "V2Bad"), pb.BAD_REQUEST, "topic 'V2Bad': namespace 'bad%ns' may only contain letters"),
+    (in_namespace("n" * 65, "V2Bad"), pb.BAD_REQUEST, "is 65 characters; at most 64 allowed"),
+    (in_namespace("ns", "a%V2Bad"), pb.ILLEGAL_TOPIC, "topic name 'a%V2Bad' in namespace 'ns' must not contain '%'"),
+    (in_namespace("ns", "V2Bad"), pb.TOPIC_NOT_FOUND, "ns%V2Bad"),  # another topic than V2Bad
 ])
 def test_a_bad_send_is_refused_with_the_proxys_code(module_broker, stub, bad, code, words):
     before = _stored(module_broker.address)
@@ -168,3 +176,37 @@ def test_receive_refuses_a_bad_invisible_time_and_an_unknown_topic(stub):
     assert receive("NoSuchTopic", invisible_duration=Duration(seconds=30))[0].status.code == pb.TOPIC_NOT_FOUND
     nothing = receive("V2Bad", invisible_duration=Duration(seconds=30))
     assert nothing[0].status.code == pb.MESSAGE_NOT_FOUND
+
+
+def test_a_bad_namespace_is_refused_by_every_method_and_creates_nothing(module_broker, stub):
+    from google.protobuf.duration_pb2 import Duration
+
+    with Admin(brokers=module_broker.address) as admin:
+        topics, groups = admin.list_topics(include_system=True), admin.list_groups()
+    bad = pb.Resource(name="V2Bad", resource_namespace="bad%ns")
+    why = "namespace 'bad%ns' may only contain letters, digits, '_' and '-'"
+    for answer in (stub.QueryRoute(pb.QueryRouteRequest(topic=bad)),
+                   stub.Heartbeat(pb.HeartbeatRequest(client_type=pb.SIMPLE_CONSUMER, group=bad)),
+                   stub.QueryAssignment(pb.QueryAssignmentRequest(topic=resource("V2Bad"), group=bad)),
+                   stub.EndTransaction(pb.EndTransactionRequest(topic=bad, message_id="m", transaction_id="1",
+                                                                resolution=pb.COMMIT))):
+        assert answer.status.code == pb.BAD_REQUEST and why in answer.status.message, answer
+    [status, _] = list(stub.ReceiveMessage(pb.ReceiveMessageRequest(
+        group=bad, message_queue=pb.MessageQueue(topic=resource("V2Bad")), batch_size=1,
+        invisible_duration=Duration(seconds=30), long_polling_timeout=Duration(nanos=100_000_000))))
+    assert status.status.code == pb.BAD_REQUEST and f"group 'V2Bad': {why}" in status.status.message
+    settings = pb.Settings(client_type=pb.SIMPLE_CONSUMER, subscription=pb.Subscription(
+        group=bad, subscriptions=[pb.SubscriptionEntry(topic=resource("V2Bad"))]))
+    with pytest.raises(grpc.RpcError) as e:
+        list(stub.Telemetry(iter([pb.TelemetryCommand(settings=settings)])))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and why in e.value.details()
+    with Admin(brokers=module_broker.address) as admin:
+        assert admin.list_topics(include_system=True) == topics and admin.list_groups() == groups
+
+
+def test_a_route_in_a_namespace_is_answered_with_the_namespace_and_the_bare_name(module_broker, stub):
+    with Admin(brokers=module_broker.address, namespace="ns-route") as admin:
+        admin.create_topic("V2Bad", 1)  # stored as ns-route%V2Bad
+    answer = stub.QueryRoute(pb.QueryRouteRequest(topic=pb.Resource(name="V2Bad", resource_namespace="ns-route")))
+    assert answer.status.code == pb.OK
+    assert [(q.topic.name, q.topic.resource_namespace) for q in answer.message_queues] == [("V2Bad", "ns-route")]

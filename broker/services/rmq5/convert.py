@@ -10,6 +10,12 @@ A stored message becomes a `Message` with the system properties the clients
 read: the original topic of a retried message, an MD5 body digest (uppercase
 hex: the Node.js client misreads a CRC32 one and needs a digest present), the
 message type inferred from what the message carries, and the delivery attempt.
+
+Topics and groups may come in a namespace (`Resource.resource_namespace`): the
+broker stores them as `NAMESPACE%name` (common/namespaces.py, RocketMQ's
+form), and answers a client with its namespace and the bare name, as the
+RocketMQ proxy does; the official clients look up a received message's
+topic among their subscriptions by the bare name.
 """
 
 from __future__ import annotations
@@ -22,7 +28,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from tidemark.broker.operations import OutgoingMessage, StoredMessage
 from tidemark.broker.services.rmq5.status import Code, ProtocolError
-from tidemark.common.protocol import PropertyKey
+from tidemark.common.namespaces import NamespaceError, in_namespace, unwrap, wrap
+from tidemark.common.protocol import InvalidNameError, PropertyKey
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
 # RocketMQ's property names for what RocketMQ 5 calls a message group and a delivery time.
@@ -57,14 +64,37 @@ def timestamp_ms(t: Timestamp) -> int:
 
 
 def resource_name(resource: pb.Resource, kind: str) -> str:
-    """The name of a topic or group; namespaces are not supported (refused, not guessed)."""
-    if resource.resource_namespace:
-        raise ProtocolError(Code.BAD_REQUEST, f"{kind} {resource.name!r} is in namespace "
-                            f"{resource.resource_namespace!r}; namespaces are not supported by this broker")
+    """The stored name of a topic or group ("topic" or "group"): `NAMESPACE%name` in a namespace, the name
+    as it is without one. ILLEGAL_TOPIC / ILLEGAL_CONSUMER_GROUP for an empty name; as `stored_name`."""
     if not resource.name:
-        raise ProtocolError(Code.ILLEGAL_TOPIC if kind == "topic" else Code.ILLEGAL_CONSUMER_GROUP,
-                            f"{kind} name must not be empty")
-    return resource.name
+        raise ProtocolError(_illegal(kind), f"{kind} name must not be empty")
+    return stored_name(resource, kind)
+
+
+def stored_name(resource: pb.Resource, kind: str) -> str:
+    """`resource_name` that lets an empty name through (for the access checks, which run before the
+    handler refuses it). BAD_REQUEST naming a bad namespace; ILLEGAL_TOPIC / ILLEGAL_CONSUMER_GROUP for a
+    name the namespace cannot hold (one with '%')."""
+    if not resource.resource_namespace:
+        return resource.name
+    try:
+        return wrap(resource.resource_namespace, resource.name, kind=kind)
+    except NamespaceError as e:
+        raise ProtocolError(Code.BAD_REQUEST, f"{kind} {resource.name!r}: {e}") from None
+    except InvalidNameError as e:
+        raise ProtocolError(_illegal(kind), str(e)) from None
+
+
+def _illegal(kind: str) -> int:
+    return Code.ILLEGAL_TOPIC if kind == "topic" else Code.ILLEGAL_CONSUMER_GROUP
+
+
+def answer_topic(stored: str, namespace: str) -> pb.Resource:
+    """A stored topic as a client in `namespace` knows it: the bare name and the namespace (a topic outside
+    the namespace, as stored and without one)."""
+    if namespace and in_namespace(namespace, stored):
+        return pb.Resource(name=unwrap(namespace, stored), resource_namespace=namespace)
+    return pb.Resource(name=stored)
 
 
 def outgoing(m: pb.Message, max_body_size: int) -> tuple[OutgoingMessage, str]:
@@ -139,8 +169,9 @@ def body_digest(body: bytes) -> pb.Digest:
     return pb.Digest(type=pb.MD5, checksum=hashlib.md5(body).hexdigest().upper())
 
 
-def received(m: StoredMessage, *, store_host: str, delivery_attempt: int = 1) -> pb.Message:
-    """A stored message as a consumer receives it (receipt handle and invisible time are the caller's)."""
+def received(m: StoredMessage, *, store_host: str, delivery_attempt: int = 1, namespace: str = "") -> pb.Message:
+    """A stored message as a consumer in `namespace` receives it (receipt handle and invisible time are the
+    caller's)."""
     props = m.properties
     sp = pb.SystemProperties(
         keys=[k for k in props.get(PropertyKey.KEYS, "").split(" ") if k],
@@ -166,7 +197,7 @@ def received(m: StoredMessage, *, store_host: str, delivery_attempt: int = 1) ->
         except ValueError:
             pass  # written by another client as a free-form property: not a delivery time
     return pb.Message(
-        topic=pb.Resource(name=props.get(PropertyKey.RETRY_TOPIC, m.topic)),
+        topic=answer_topic(props.get(PropertyKey.RETRY_TOPIC, m.topic), namespace),
         user_properties=user_properties(props.items()),
         system_properties=sp,
         body=m.body,

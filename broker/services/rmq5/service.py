@@ -140,7 +140,7 @@ class Rmq5Servicer:
         for queue_id in range(route.queue_count):
             r, w = route.queue_readable(queue_id), route.queue_writable(queue_id)
             queues.append(pb.MessageQueue(
-                topic=pb.Resource(name=name), id=queue_id, broker=broker, accept_message_types=ACCEPTED_TYPES,
+                topic=request.topic, id=queue_id, broker=broker, accept_message_types=ACCEPTED_TYPES,
                 permission=pb.READ_WRITE if r and w else pb.READ if r else pb.WRITE if w else pb.NONE))
         return pb.QueryRouteResponse(status=ok(), message_queues=queues)
 
@@ -197,7 +197,8 @@ class Rmq5Servicer:
                 while (check := await checks.next(commands)) is not None:
                     await write(context, pb.TelemetryCommand(
                         recover_orphaned_transaction_command=pb.RecoverOrphanedTransactionCommand(
-                            message=convert.received(check.message, store_host=self._b.config.address),
+                            message=convert.received(check.message, store_host=self._b.config.address,
+                                                     namespace=said.namespace if said else ""),
                             transaction_id=str(check.half_offset))))
                 command = checks.command
         except BrokerError as e:
@@ -256,7 +257,7 @@ class Rmq5Servicer:
         convert.resource_name(request.group, "group")
         if not self._ops.route(name).queue_readable(0):
             raise ProtocolError(Code.FORBIDDEN, f"topic {name!r} has no readable queue on this broker")
-        queue = pb.MessageQueue(topic=pb.Resource(name=name), id=-1, permission=pb.READ_WRITE,
+        queue = pb.MessageQueue(topic=request.topic, id=-1, permission=pb.READ_WRITE,
                                 broker=pb.Broker(name=self._b.config.broker_name, id=0,
                                                  endpoints=self._endpoints(request.endpoints)),
                                 accept_message_types=ACCEPTED_TYPES)
@@ -282,9 +283,10 @@ class Rmq5Servicer:
             yield pb.ReceiveMessageResponse(status=pb.Status(code=Code.MESSAGE_NOT_FOUND, message="no new message"))
         else:
             yield pb.ReceiveMessageResponse(status=ok())
-            store_host = b.config.address
+            store_host, namespace = b.config.address, request.message_queue.topic.resource_namespace
             for item in received:
-                m = convert.received(item.message, store_host=store_host, delivery_attempt=item.attempt)
+                m = convert.received(item.message, store_host=store_host, delivery_attempt=item.attempt,
+                                     namespace=namespace)
                 m.system_properties.receipt_handle = item.handle
                 m.system_properties.invisible_duration.CopyFrom(convert.duration(item.invisible_ms))
                 yield pb.ReceiveMessageResponse(message=m)
@@ -376,8 +378,9 @@ class Rmq5Servicer:
         elif outcome.messages:
             yield pb.PullMessageResponse(status=ok())
             for m in outcome.messages:
-                yield pb.PullMessageResponse(message=convert.received(m, store_host=b.config.address,
-                                                                      delivery_attempt=m.reconsume_times + 1))
+                yield pb.PullMessageResponse(message=convert.received(
+                    m, store_host=b.config.address, delivery_attempt=m.reconsume_times + 1,
+                    namespace=request.message_queue.topic.resource_namespace))
         else:
             yield pb.PullMessageResponse(status=pb.Status(code=Code.MESSAGE_NOT_FOUND, message="no new message"))
         yield pb.PullMessageResponse(next_offset=outcome.next_begin_offset)

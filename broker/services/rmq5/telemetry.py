@@ -46,6 +46,7 @@ class ClientSettings:
     subscriptions: tuple[tuple[str, str], ...] = ()
     topics: tuple[str, ...] = ()
     sql92_topics: frozenset[str] = frozenset()  # the subscriptions whose expression is SQL92
+    namespace: str = ""  # the client's namespace: how it is answered (topics and group are stored names)
 
 
 def client_id_of(metadata) -> str:
@@ -65,7 +66,8 @@ def parse_settings(client_id: str, s: pb.Settings) -> ClientSettings:
     if kind == pb.PRODUCER:
         if s.WhichOneof("pub_sub") != "publishing":
             raise ProtocolError(Code.BAD_REQUEST, "a producer's settings need `publishing`")
-        return ClientSettings(client_id, kind, topics=tuple(resource_name(t, "topic") for t in s.publishing.topics))
+        return ClientSettings(client_id, kind, topics=tuple(resource_name(t, "topic") for t in s.publishing.topics),
+                              namespace=next((t.resource_namespace for t in s.publishing.topics), ""))
     if kind not in CONSUMER_TYPES:
         name = pb.ClientType.Name(kind) if kind in pb.ClientType.values() else str(kind)
         raise ProtocolError(Code.UNRECOGNIZED_CLIENT_TYPE, f"client type {name} is not supported by this broker")
@@ -80,7 +82,7 @@ def parse_settings(client_id: str, s: pb.Settings) -> ClientSettings:
         if f.expression_type == ExpressionType.SQL92:
             sql92.add(topic)
     return ClientSettings(client_id, kind, group=group, subscriptions=tuple(subscriptions),
-                          sql92_topics=frozenset(sql92))
+                          sql92_topics=frozenset(sql92), namespace=s.subscription.group.resource_namespace)
 
 
 def filter_expression(f: pb.FilterExpression) -> MessageFilter:

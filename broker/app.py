@@ -26,6 +26,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return parser
 
 
+# How long a replaced master, stopping to rejoin as a replica, lets calls in flight finish: they are refused
+# or moved anyway, and with two brokers the new master refuses sync sends until this one is its replica.
+REJOIN_GRACE_S = 0.5
+
+
 class ControllerModeError(BrokerError):
     """The broker could no longer follow etcd's decisions: it stopped (exit 1, a supervisor restarts it)."""
 
@@ -98,7 +103,7 @@ async def _serve_once(config: broker_config.BrokerConfig, stop: asyncio.Event) -
             await cancel_and_wait(controlled)
             await mode.close()
         try:
-            await server.stop()
+            await (server.stop(REJOIN_GRACE_S) if rejoin else server.stop())
         except BrokerError as e:
             if not started:
                 raise

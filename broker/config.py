@@ -74,6 +74,9 @@ class BrokerConfig:
                                     secret=True)
     controller_lease_s: int = _setting(3, "Controller mode: the master's lease in etcd; a master that cannot renew "
                                        "it stops taking writes, and an in-sync replica takes over once it expires")
+    switchover_timeout_ms: int = _setting(10_000, "Controller mode: how long a master handing its mastership to the "
+                                          "replica `tidemark broker promote` names waits, writes paused, for it "
+                                          "to hold everything; then it takes writes again and refuses")
     replication: ReplicationMode = _setting(ReplicationMode.ASYNC, "async: answer sends at once; sync: answer only "
                                             "once min_sync_replicas replicas have them, refuse them while fewer "
                                             "are in sync (master)")
@@ -179,6 +182,8 @@ def _controller_problems(c: BrokerConfig):
         yield "controller_user must be NAME:PASSWORD"
     if not MIN_TTL_S <= c.controller_lease_s <= 60:
         yield f"controller_lease_s must be {MIN_TTL_S}..60, got {c.controller_lease_s}"
+    if not 100 <= c.switchover_timeout_ms <= 20_000:  # (the promote call waits 30 s, a lease more than this)
+        yield f"switchover_timeout_ms must be 100..20000, got {c.switchover_timeout_ms}"
 
 
 def _problems(c: BrokerConfig):

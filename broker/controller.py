@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tidemark.broker.auth import AuthStore
@@ -207,6 +208,7 @@ class BrokerController:
         self.operations = Operations(self)  # what the protocol adapters call
         self.started_ms = self.clock_ms()
         self._promoting = False
+        self.switchover: Callable[[], Awaitable[int]] | None = None  # controller mode: set by ControllerMode.run
         self._checkpoint: ReplicationCheckpoint | None = None  # a master's replicated end across restarts
         self.ready = False
         self._started = False
@@ -243,10 +245,6 @@ class BrokerController:
             source.on_readable, source.on_all_readable = self.hold.notify, self.hold.notify_all
             self.store.read_limit = source.read_limit
 
-    def _release_readers(self) -> None:
-        if self.replication is not None:
-            self.replication.release_readers()
-
     async def _checkpoint_replication(self) -> None:
         if self._checkpoint is not None:
             await self._checkpoint.save_if_moved()
@@ -275,7 +273,7 @@ class BrokerController:
         if self.replica is not None:
             self.replica.start()
             s.every("mirror-master-metadata", 1.0, self.replica.mirror_metadata)
-        s.every("release-readers", 1.0, self._release_readers)
+        s.every("release-readers", 1.0, lambda: self.replication and self.replication.release_readers())
         s.every("checkpoint-replication", 1.0, self._checkpoint_replication)
         if self.registrar.addresses:
             self.registrar.start()
@@ -530,9 +528,10 @@ class BrokerController:
         """Make this replica the master of its name with a new epoch (`tidemark broker promote`; in controller
         mode the epoch etcd handed out); returns the epoch. The role is on disk before anything changes
         (broker/cluster/roles.py); the name servers learn it at once, and refuse the old master from then on."""
-        if epoch is None and self.config.controller:
-            raise FailedPreconditionError(f"broker {self.config.broker_name} runs in controller mode: etcd elects "
-                                          f"its master; it is not promoted by hand")
+        if epoch is None and self.config.controller:  # a planned switchover through etcd (cluster/switchover.py)
+            if self.switchover is None:
+                raise FailedPreconditionError(f"broker {self.config.broker_name} is still starting: try again")
+            return await self.switchover()
         if self.replica is None or self._promoting:
             raise FailedPreconditionError(f"broker {self.config.broker_name} here is a master already "
                                           f"(epoch {self.epoch}), or being promoted")
@@ -541,6 +540,7 @@ class BrokerController:
             return await self._promote(epoch)
         finally:
             self._promoting = False
+        self.switchover: Callable[[], Awaitable[int]] | None = None  # controller mode: set by ControllerMode.run
 
     async def follow(self, master: str) -> None:
         """Copy another master from now on (controller mode: another replica won the election)."""

@@ -33,6 +33,12 @@ class FailedPreconditionError(BrokerError):
     """The request is valid but the state forbids it now."""
 
 
+class SwitchoverError(FailedPreconditionError):
+    """A planned switchover (`tidemark broker promote` in controller mode) refused or given up: the successor
+    is not a connected, in-sync replica, did not catch up in time, or another switchover runs. Nothing
+    changed: the master takes writes as before."""
+
+
 class FencedError(FailedPreconditionError):
     """A commit or pull from a client whose owner epoch is older than the queue's."""
 

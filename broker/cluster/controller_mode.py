@@ -14,6 +14,8 @@
   the broker is fenced for good and `run` returns: the broker stops and starts again in its own process
   (app.py), and so rejoins as a replica. A replica watches the master key: gone, it campaigns (when in
   sync) and is promoted with the epoch etcd gave it; moved, it follows the new master.
+- Planned switchover (`tidemark broker promote`, switchover.py): the replica named asks through etcd, its
+  master hands over once that replica holds everything, and is fenced as if its lease had expired.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import aetcd
 from tidemark.broker.cluster.election import Election, Master, parse_controller
 from tidemark.broker.cluster.etcd_members import MEMBER_FAILURES, EtcdMembers
 from tidemark.broker.cluster.roles import Role, forget_role, load_role, save_role
+from tidemark.broker.cluster.switchover import Switchover
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.errors import FailedPreconditionError, StoreError
 from tidemark.common.backoff import Backoff
@@ -47,6 +50,7 @@ class ControllerMode:
         self._endpoints = parse_controller(config.controller)
         self._client: EtcdMembers | None = None
         self.election: Election | None = None
+        self.switchover: Switchover | None = None
         self.member_id = 0
         self._broker = None  # the BrokerController, once built
         self._keeper: asyncio.Task | None = None
@@ -77,6 +81,8 @@ class ControllerMode:
                     self.member_id = await self._member_id()
                     self.election = Election(self._client, c.cluster_name, c.broker_name, self.member_id,
                                              c.address, ttl_s=c.controller_lease_s)
+                    self.switchover = Switchover(self._client, self.election,
+                                                 timeout_s=c.switchover_timeout_ms / 1000)
                 return await self._decide(await asyncio.to_thread(load_role, c.config_dir))
             except (aetcd.exceptions.ClientError, TimeoutError) as e:  # (no member answers: ConnectionError)
                 failures += 1
@@ -132,6 +138,7 @@ class ControllerMode:
     async def run(self, broker) -> None:
         """The broker's life under etcd until cancelled (the broker server owns this task)."""
         self._broker = broker
+        broker.switchover = lambda: self.switchover.request(broker)  # `tidemark broker promote`
         try:
             while True:
                 if broker.replica is None:
@@ -143,23 +150,32 @@ class ControllerMode:
                 won = await self._follow_until_vacant(broker)
                 broker.permission.lease_valid = self.election.lease_valid
                 await broker.promote(epoch=won.epoch)
+                self.switchover.took_over()
         finally:
             await cancel_and_wait(self._keeper)
 
     async def _serve_as_master(self, broker) -> None:
         election, lost = self.election, self._lost
         published: frozenset[int] | None = None
-        while not lost.done():
-            in_sync = frozenset({self.member_id, *broker.replication.in_sync_replicas()})
-            if in_sync != published:
-                try:  # (writes do not wait for this: each asks the lease itself)
-                    await asyncio.wait_for(election.publish_in_sync(in_sync), timeout=election.ttl_s)
-                    published = in_sync
-                except FailedPreconditionError as e:  # the key is no longer this broker's
-                    self._on_lost(str(e))
-                except MEMBER_FAILURES as e:
-                    log.warning("cannot record the in-sync set in etcd: %r", e, event="in_sync_unrecorded")
-            await asyncio.wait([lost], timeout=election.ttl_s / 3)
+        # A switchover that hands the mastership over ends this life as a lost lease does.
+        switchovers = asyncio.get_running_loop().create_task(self.switchover.serve(broker, self._on_lost),
+                                                              name="controller-switchover")
+        try:
+            while not lost.done():
+                in_sync = frozenset({self.member_id, *broker.replication.in_sync_replicas()})
+                if in_sync != published and not broker.permission.handing_over:
+                    try:  # (writes do not wait for this: each asks the lease itself)
+                        await asyncio.wait_for(election.publish_in_sync(in_sync), timeout=election.ttl_s)
+                        published = in_sync
+                    except FailedPreconditionError as e:  # the key is no longer this broker's
+                        self._on_lost(str(e))
+                    except MEMBER_FAILURES as e:
+                        log.warning("cannot record the in-sync set in etcd: %r", e, event="in_sync_unrecorded")
+                await asyncio.wait([lost, switchovers], timeout=election.ttl_s / 3)
+                if switchovers.done() and not lost.done():  # a bug: nobody answers switchovers now
+                    self._on_lost(f"the switchover task failed: {switchovers.exception()!r}")
+        finally:
+            await cancel_and_wait(switchovers)
 
     async def _follow_until_vacant(self, broker) -> Master:
         """Follow whoever is master; return once this broker won the vacant mastership (its lease kept)."""

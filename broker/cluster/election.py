@@ -13,6 +13,10 @@ as RocketMQ 5's controller (DLedger) and Kafka's KRaft decide for theirs. Under
 - `in_sync`: the broker ids the master last saw in sync (RocketMQ 5's SyncStateSet, Kafka's ISR), written
   only under the master's own `master` key. Only a broker in it may take over: one that missed
   acknowledged records cannot become master. Before the first election (epoch 0) every broker may.
+- `handover`: written by a master handing its mastership to one named replica (a planned switchover,
+  switchover.py) in the transaction that deletes its `master` key, bound to a lease of one TTL. While it
+  lives only the named successor may take `master` (deleting it in the same transaction), whatever the
+  others' logs; the others stand back until the successor took over or the key expired with it.
 - `candidates/<id>`: how far the log of each broker campaigning now goes, bound to a short lease. A send
   is acknowledged once `min_sync_replicas` replicas hold it, so with more replicas than that an in-sync
   one may lack the newest acknowledged records: of the live candidates, the one whose log goes furthest
@@ -47,6 +51,8 @@ log = get_logger("tidemark.broker.election")
 FENCE_MARGIN_S = 1.0
 # How long candidates wait for each other to stand before comparing logs, and between looks.
 CANDIDATE_WINDOW_S = 0.3
+# How often a broker standing back for a handover looks whether the successor took over (or the key expired).
+HANDOVER_POLL_S = 0.05
 MIN_TTL_S = 2
 
 
@@ -67,6 +73,25 @@ class Master:
 
 
 @dataclass(frozen=True, slots=True)
+class Handover:
+    """A master's handing over to `successor` (switchover.py), as stored (`raw`, for the successor's
+    compare-and-swap)."""
+
+    successor: int
+    address: str
+    raw: bytes
+
+    @staticmethod
+    def encode(successor: int, address: str, epoch: int) -> bytes:
+        return json.dumps({"successor": successor, "address": address, "from_epoch": epoch}, sort_keys=True).encode()
+
+    @staticmethod
+    def decode(raw: bytes) -> Handover:
+        doc = json.loads(raw)
+        return Handover(int(doc["successor"]), str(doc["address"]), raw)
+
+
+@dataclass(frozen=True, slots=True)
 class View:
     """What etcd says about a broker name at one revision."""
 
@@ -74,6 +99,7 @@ class View:
     epoch: int  # the last epoch handed out (0: never an election)
     in_sync: frozenset[int]
     epoch_revision: int  # mod revision of the epoch key (0: absent), for the next compare-and-swap
+    handover: Handover | None = None  # a planned switchover's successor, until it takes over
 
 
 def parse_controller(url: str) -> list[tuple[str, int]]:
@@ -100,9 +126,10 @@ class Election:
             raise InvalidArgumentError(f"the master lease must last at least {MIN_TTL_S} s, got {ttl_s}")
         self._client = client
         prefix = f"/tidemark/{cluster}/{broker_name}/"
+        self.prefix = prefix.encode()  # the broker name's keys (switchover.py keeps its request here too)
         self._candidates = (prefix + "candidates/").encode()
-        self._master_key, self._epoch_key, self._in_sync_key = (
-            (prefix + name).encode() for name in ("master", "epoch", "in_sync"))
+        self._master_key, self._epoch_key, self._in_sync_key, self._handover_key = (
+            (prefix + name).encode() for name in ("master", "epoch", "in_sync", "handover"))
         self.broker_id = broker_id
         self.address = address
         self.ttl_s = ttl_s
@@ -111,13 +138,13 @@ class Election:
         self.won: Master | None = None
 
     async def view(self) -> View:
-        ok, (master, epoch, in_sync) = await self._client.transaction(compare=[], success=[
-            self._client.transactions.get(key) for key in (self._master_key, self._epoch_key, self._in_sync_key)],
-            failure=[])
+        keys = (self._master_key, self._epoch_key, self._in_sync_key, self._handover_key)
+        ok, (master, epoch, in_sync, handover) = await self._client.transaction(
+            compare=[], success=[self._client.transactions.get(key) for key in keys], failure=[])
         epoch_value, epoch_revision = (int(epoch[0][0]), epoch[0][1].mod_revision) if epoch else (0, 0)
         return View(master=Master.decode(master[0][0]) if master else None, epoch=epoch_value,
                     in_sync=frozenset(json.loads(in_sync[0][0])) if in_sync else frozenset(),
-                    epoch_revision=epoch_revision)
+                    epoch_revision=epoch_revision, handover=Handover.decode(handover[0][0]) if handover else None)
 
     def eligible(self, view: View) -> bool:
         """Whether this broker may take over: in the last master's in-sync set, or no election yet."""
@@ -128,8 +155,14 @@ class Election:
         `epoch_floor` too: an epoch this broker or its name servers saw before etcd decided), or None when
         another holds the key, this broker is not eligible, or another won the race. With `log_end` (where
         this broker's commit log ends) it first stands as a candidate, and goes on only when no live
-        eligible candidate's log goes further (see the module docstring)."""
+        eligible candidate's log goes further (see the module docstring). While a handover names another
+        broker it waits for that one to take over (or for the key to expire: the successor died)."""
         view = await self.view()
+        while view.master is None and view.handover is not None and view.handover.successor != self.broker_id:
+            await asyncio.sleep(HANDOVER_POLL_S)
+            view = await self.view()
+        if view.master is None and view.handover is not None:  # named by the master that handed over
+            return await self._take(view, epoch_floor)
         if view.master is not None or not self.eligible(view):
             return None
         if log_end is not None:
@@ -181,12 +214,15 @@ class Election:
         me = Master(self.broker_id, self.address, max(view.epoch, epoch_floor) + 1)
         t = self._client.transactions
         # The winner alone is in sync until it records its replicas: the last master's set does not let
-        # anyone take over from this one.
+        # anyone take over from this one. A handover names who may win: only that broker, taking it away.
+        named = view.handover is not None and view.handover.successor == self.broker_id
+        handover = ([t.value(self._handover_key) == view.handover.raw], [t.delete(self._handover_key)]) if named \
+            else ([t.version(self._handover_key) == 0], [])
         won, _ = await self._client.transaction(
-            compare=[t.create(self._master_key) == 0, t.mod(self._epoch_key) == view.epoch_revision],
+            compare=[t.create(self._master_key) == 0, t.mod(self._epoch_key) == view.epoch_revision, *handover[0]],
             success=[t.put(self._epoch_key, str(me.epoch).encode()),
                      t.put(self._master_key, me.encode(), lease=lease.id),
-                     t.put(self._in_sync_key, json.dumps([self.broker_id]).encode())], failure=[])
+                     t.put(self._in_sync_key, json.dumps([self.broker_id]).encode()), *handover[1]], failure=[])
         if not won:
             await self._revoke(lease.id)
             return None
@@ -205,6 +241,27 @@ class Election:
             success=[t.put(self._in_sync_key, json.dumps(sorted(broker_ids)).encode())], failure=[])
         if not ok:
             raise FailedPreconditionError(f"broker {self.broker_id} is no longer the master (epoch {self.won.epoch})")
+
+    async def hand_over(self, successor: int, address: str, *, compare: list, in_sync: frozenset[int]) -> bool:
+        """Give the mastership to `successor` (a planned switchover, switchover.py): in one transaction, while
+        this broker holds the master key and `compare` holds, the key goes and `handover` names the successor
+        (bound to a fresh lease of one TTL), with `in_sync` as the in-sync set. True once done: this broker is
+        not the master any more. False when a comparison failed (nothing changed)."""
+        if self.won is None:
+            raise FailedPreconditionError("only the master hands its mastership over")
+        lease = await self._client.lease(self.ttl_s)
+        t = self._client.transactions
+        done, _ = await self._client.transaction(
+            compare=[t.value(self._master_key) == self.won.encode(), *compare],
+            success=[t.delete(self._master_key),
+                     t.put(self._handover_key, Handover.encode(successor, address, self.won.epoch), lease=lease.id),
+                     t.put(self._in_sync_key, json.dumps(sorted(in_sync)).encode())], failure=[])
+        if not done:
+            await self._revoke(lease.id)
+            return False
+        log.info("handed the mastership of %s to broker %d", self._master_key.decode(), successor,
+                 event="master_handed_over", broker_id=self.broker_id, successor=successor, epoch=self.won.epoch)
+        return True
 
     async def renew(self) -> bool:
         """Renew the master lease once; False when etcd says it is gone (then this broker is not master)."""

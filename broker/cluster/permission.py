@@ -18,6 +18,9 @@ class BrokerPermission:
         # A replica takes no writes: they go to its master (RocketMQ's slave is read-only too).
         self.replica_of = replica_of
         self.fenced = ""  # why this master was replaced (a name server or etcd said so): no writes, for good
+        # Controller mode: the replica this master is handing its mastership to (broker/cluster/switchover.py):
+        # no writes while it catches up, then either fenced (handed over) or writable again (given up).
+        self.handing_over = ""
         self._writable = writable and not replica_of
         # Controller mode: whether the master's lease in etcd is certainly still this broker's, asked on
         # every write (a master resumed after a pause refuses writes before any timer of it runs); writes
@@ -26,7 +29,7 @@ class BrokerPermission:
 
     @property
     def writable(self) -> bool:
-        return self._writable and self.lease_valid()
+        return self._writable and not self.handing_over and self.lease_valid()
 
     @writable.setter
     def writable(self, value: bool) -> None:
@@ -64,6 +67,9 @@ class BrokerPermission:
         if self.replica_of:
             raise PermissionDeniedError(f"broker {self._broker_name} here is a replica; writes go to its master "
                                         f"{self.replica_of}")
+        if self.handing_over:
+            raise NotCurrentError(f"broker {self._broker_name} here is handing its mastership to {self.handing_over} "
+                                  f"(a planned switchover); writes go to the master the name server names next")
         if not self.lease_valid():
             raise NotCurrentError(f"broker {self._broker_name} here cannot confirm its master lease in etcd "
                                   f"right now; writes wait until it can, or go to the master etcd elects")
@@ -77,6 +83,8 @@ class BrokerPermission:
         reads at what its replicas hold, so nobody sees state the next master will not have."""
         if self.fenced:
             return f"fenced: {self.fenced}"
+        if self.handing_over:
+            return f"it is handing its mastership to {self.handing_over}"
         if not self.lease_valid():
             return "it cannot confirm its master lease in etcd right now"
         return ""

@@ -54,6 +54,16 @@ class _Replica:
     # Whether it acknowledged the stream's first chunk, which carries the master's producer and offset
     # tables whole: until then it holds what it had (a file, a former master's own), and is not in sync.
     has_state: bool = field(default=False, kw_only=True)
+    # Chunks sent on the stream and answered by the replica, and the state changes the stream owes it:
+    # whether it holds everything the master sent (a switchover waits for that, switchover.py).
+    sent: int = field(default=0, kw_only=True)
+    answered: int = field(default=0, kw_only=True)
+    feed: _Feed | None = field(default=None, kw_only=True)
+
+    def holds_all(self, master_end: int) -> bool:
+        """Whether it acknowledged the log to `master_end` and every chunk sent, and is owed no state."""
+        return (self.has_state and self.acked >= master_end and self.answered >= self.sent
+                and not (self.feed is not None and self.feed.pending()))
 
     def in_sync(self, master_end: int, now: float, max_lag_s: float) -> bool:
         """Holding the master's state and all its log has, or having held all of it within `max_lag_s`."""

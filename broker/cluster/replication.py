@@ -138,6 +138,7 @@ class ReplicationSource:
         self._appended: set[asyncio.Event] = set()  # one per open stream, set on every append
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._feeds: set[_Feed] = set()  # one per open stream
+        self._acked: set[asyncio.Event] = set()  # set on every acknowledgement (wait_holds_all)
         self._producers: IdempotenceService | None = None
         self._offsets: ConsumerOffsetManager | None = None
         # What `min_replicas` replicas acknowledged, as _replicated_end says (None: no replica since start),
@@ -279,6 +280,31 @@ class ReplicationSource:
         """Connected replicas (their current stream's key) and the commit-log end each acknowledged."""
         return {r.key: r.acked for r in self._replicas.values()}
 
+    def replica_ends(self) -> dict[int, int]:
+        """The connected replicas by broker id, with the commit-log end each acknowledged."""
+        return {r.broker_id: r.acked for r in self._replicas.values()}
+
+    def holds_all(self, broker_id: int) -> bool:
+        """Whether replica `broker_id` holds everything this master has: its whole log, acknowledged, and every
+        producer and offset change (a master handing over with writes paused waits for this)."""
+        end = self._store.commit_log_max_offset
+        return any(r.broker_id == broker_id and r.holds_all(end) for r in self._replicas.values())
+
+    async def wait_holds_all(self, broker_id: int, timeout_s: float) -> bool:
+        """Until `holds_all(broker_id)`; False once `timeout_s` passed first."""
+        acked = asyncio.Event()
+        self._acked.add(acked)
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not self.holds_all(broker_id):
+                    acked.clear()
+                    await acked.wait()
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._acked.discard(acked)
+
     def check_in_sync(self) -> None:
         """Before a sync-replication send is stored: NotEnoughReplicasError (nothing stored, retriable)
         unless `min_replicas` connected replicas are in sync, so that a send is either stored or refused,
@@ -325,6 +351,8 @@ class ReplicationSource:
         replica.acked = max(replica.acked, end)
         replica.catch_up.acknowledged(replica.acked)
         replica.progress.set()
+        for event in self._acked:
+            event.set()
         self._on_replicas_changed()
 
     def _on_replicas_changed(self) -> None:
@@ -367,13 +395,13 @@ class ReplicationSource:
                     f"the replica ends at {start}, before the master's oldest record {store.commit_log_min_offset}; "
                     f"clear the replica's data dir to copy the master again")
             start = store.commit_log_min_offset
+        # Taken in the same step as the feed starts: every later change reaches the feed.
+        feed = _Feed(producer_state=self._producer_state(), offset_table=self._offset_table())
         replica = _Replica(f"{hello.broker_name}/{hello.broker_id}@{peer}", start, asyncio.Event(),
-                           broker_id=hello.broker_id)
+                           broker_id=hello.broker_id, feed=feed)
         replica.catch_up.sent(start, store.commit_log_max_offset, self._clock())
         replica.catch_up.acknowledged(start)  # level already when it connects at the master's end
         appended = asyncio.Event()
-        # Taken in the same step as the feed starts: every later change reaches the feed.
-        feed = _Feed(producer_state=self._producer_state(), offset_table=self._offset_table())
         reader: asyncio.Task | None = None
         try:
             # One stream per replica: an older one still open (its peer gone, not noticed yet) no longer
@@ -406,6 +434,7 @@ class ReplicationSource:
         try:
             async for progress in requests:
                 replica.has_state = True  # each answers a chunk: the first carried the state whole
+                replica.answered += 1
                 self._acknowledge(replica, progress.commit_log_end)
         finally:
             self._forget(replica)  # gone: sends are refused from now on, not stored and lost
@@ -425,6 +454,7 @@ class ReplicationSource:
             if data or state or not await _wait(appended, HEARTBEAT_S):
                 master_end = store.commit_log_max_offset
                 replica.catch_up.sent(offset + len(data), master_end, self._clock())
+                replica.sent += 1
                 yield replication_pb2.ReplicationChunk(offset=offset, data=data, master_end=master_end,
                                                        master_epoch=self._epoch(), **state)
                 offset += len(data)

@@ -27,7 +27,10 @@ def build_parser(common: argparse.ArgumentParser, command: str = "promote") -> a
         prog="tidemark broker promote", parents=[common],
         description="Make the replica at --broker the master of its broker name with a new epoch. Producers "
                     "write to it from then on; the old master, when it comes back, is refused by the name "
-                    "servers and takes no writes. The role survives restarts (config/role.json).")
+                    "servers and takes no writes. The role survives restarts (config/role.json). In controller "
+                    "mode (--controller) a planned switchover: the master stops taking writes, waits until the "
+                    "replica holds everything, and hands it the mastership through etcd; the old master "
+                    "follows it (docs/operations.md).")
     parser.set_defaults(run=promote)
     return parser
 

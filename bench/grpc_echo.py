@@ -6,7 +6,8 @@ bench.worker process, Python grpc.aio like Tidemark's client):
 - `stream`: frames of `per_frame` messages (`frame_bytes`, default per_frame
   x 1 KiB) written and read back concurrently on one stream; msgs/s counts
   the messages;
-- `rtt`: one 1 KiB frame at a time, round trip p50/p99.
+- `rtt`: one 1 KiB frame at a time, round trip p50/p99;
+- `unary`: a blocking client's unary calls of 1 KiB (the floor of a synchronous send).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from bench.procs import Server, free_port
 from bench.workloads import MESSAGE_SIZE, percentile
 
 METHOD = "/bench.Echo/Echo"
+UNARY = "/bench.Echo/Unary"
 NAME = "gRPC echo (ceiling)"
 
 
@@ -31,8 +33,12 @@ def _handler():
         async for frame in requests:
             yield frame
 
+    async def unary(frame, context):
+        return frame
+
     return grpc.method_handlers_generic_handler("bench.Echo", {
-        "Echo": grpc.stream_stream_rpc_method_handler(echo)})
+        "Echo": grpc.stream_stream_rpc_method_handler(echo),
+        "Unary": grpc.unary_unary_rpc_method_handler(unary)})
 
 
 async def _serve(port: int) -> None:
@@ -74,7 +80,8 @@ class EchoServer:
         return {"flush": "none (no storage)",
                 "transport": "grpc.aio server on uvloop, raw bytes stream-stream method, Python grpc.aio client",
                 "stream": "frames written and read concurrently on one stream",
-                "rtt": "one 1 KiB frame in flight, round trip time"}
+                "rtt": "one 1 KiB frame in flight, round trip time",
+                "unary": "a unary method called from a blocking (synchronous) client, one 1 KiB call at a time"}
 
 
 def _channel(address: str):
@@ -132,6 +139,19 @@ def rtt(spec: dict, ctl) -> dict:
             await call.done_writing()
         return {"count": len(samples), "p50_us": percentile(samples, 50), "p99_us": percentile(samples, 99)}
     return asyncio.run(run())
+
+
+def unary(spec: dict, ctl) -> dict:
+    """A synchronous (blocking) client's unary calls of 1 KiB, one at a time: the floor of a synchronous send."""
+    import grpc
+    from bench.workloads import round_trips
+    frame = bytes(MESSAGE_SIZE)
+    with grpc.insecure_channel(spec["address"]) as channel:
+        call = channel.unary_unary(UNARY)
+        call(frame)
+        ctl.ready()
+        ctl.wait_go()
+        return {"count": spec["count"], **round_trips(lambda: call(frame), spec["count"])}
 
 
 def main() -> int:

@@ -251,6 +251,21 @@ def run_membership(ctx: Context, system: str, rnd: int) -> dict:
             "joiner_count": j["count"]}
 
 
+def run_send(ctx: Context, system: str, rnd: int) -> dict:
+    """Workload 6: synchronous sends from one thread, one at a time and in batches; the echo's figure is a
+    blocking client's unary gRPC call of 1 KiB, the floor of a synchronous send."""
+    s = ctx.sizes
+    if system == "nats":
+        return {}
+    if system == "echo":
+        r = _run_one(ctx.worker("echo", "unary", count=s.sends), s.workload_timeout_s)
+        return {"p50_us": r["p50_us"], "p99_us": r["p99_us"]}
+    topic = f"bench_send_r{rnd}"
+    ctx.servers[system].create_topic(topic, s.queues)
+    r = _run_one(ctx.worker(system, "sync_send", topic=topic, count=s.sends, batch=s.batch), s.workload_timeout_s)
+    return {"p50_us": r["p50_us"], "p99_us": r["p99_us"], "batch_rate": r["batch_rate"], "count": r["count"]}
+
+
 def _commit_frame_bytes(queues: int) -> int:
     from tidemark.v1 import offsets_pb2
     commit = offsets_pb2.CommitOffsetsRequest()
@@ -267,7 +282,7 @@ def _echo_stream(ctx: Context, per_frame: int, count: int, frame_bytes: int = 0)
 
 
 RUNNERS = {"produce": run_produce, "produce_sync": run_produce_sync, "consume": run_consume,
-           "commit": run_commit, "latency": run_latency, "membership": run_membership}
+           "commit": run_commit, "latency": run_latency, "membership": run_membership, "send": run_send}
 
 
 # -- the suite ------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ MESSAGE_SIZE = 1024
 _HEADER = struct.Struct("<qQ")
 _PADDING = (os.urandom(64) * (MESSAGE_SIZE // 64))[: MESSAGE_SIZE - _HEADER.size]
 
-WORKLOADS = ("produce", "produce_sync", "consume", "commit", "latency", "membership")
+WORKLOADS = ("produce", "produce_sync", "consume", "commit", "latency", "membership", "send")
 WORKLOAD_TITLES = {
     "produce": "1. produce (1 process)",
     "produce_sync": "1b. produce, sync flush",
@@ -27,6 +27,7 @@ WORKLOAD_TITLES = {
     "commit": "3. offset/ack commits (64 queues)",
     "latency": "4. e2e latency at fixed rate",
     "membership": "5. group membership change",
+    "send": "6. synchronous send (1 thread)",
 }
 
 
@@ -46,6 +47,7 @@ class Sizes:
     busy_consumers: int = 2
     join_after_s: float = 3.0
     after_join_s: float = 5.0
+    sends: int = 5_000               # workload 6: one-at-a-time sends (and as many in batches of `batch`)
     rounds: int = 3
     workload_timeout_s: float = 120.0
 
@@ -56,7 +58,7 @@ class Sizes:
     @classmethod
     def smoke(cls) -> Sizes:
         return cls(messages=2_000, commits_per_queue=10, latency_rate=500, latency_seconds=1.0, busy_rate=300,
-                   join_after_s=1.0, after_join_s=1.5, rounds=1, workload_timeout_s=45.0)
+                   join_after_s=1.0, after_join_s=1.5, sends=300, rounds=1, workload_timeout_s=45.0)
 
     def scaled(self, factor: float) -> Sizes:
         """Counts multiplied by factor (rates and durations kept), for a slow machine."""
@@ -74,6 +76,18 @@ def payload(seq: int, sent_ns: int | None = None) -> bytes:
 def header(body: bytes) -> tuple[int, int]:
     """(send time ns, sequence number) of a benchmark message."""
     return _HEADER.unpack_from(body)
+
+
+def round_trips(call, count: int) -> dict:
+    """Time `count` calls one after the other (after 200 untimed ones): p50/p99 in microseconds."""
+    for _ in range(200):
+        call()
+    samples = []
+    for _ in range(count):
+        t0 = time.perf_counter_ns()
+        call()
+        samples.append((time.perf_counter_ns() - t0) / 1000)
+    return {"p50_us": percentile(samples, 50), "p99_us": percentile(samples, 99)}
 
 
 def percentile(values: list[float], q: float) -> float:

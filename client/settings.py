@@ -209,7 +209,8 @@ class ProducerSettings(ClientSettings):
     max_async_in_flight: int = _setting(10_000, "send_async/send_oneway messages unanswered before new ones wait "
                                                 "(RocketMQ's backPressureForAsyncSendNum)")
     linger_ms: float = _setting(0.0, "send_async/send_oneway: how long a batch may wait for more messages "
-                                     "(Kafka's linger.ms; 0: send at once, batches still grow under load)")
+                                     "(Kafka's linger.ms; 0: at once while nothing is in flight to the "
+                                     "broker, else with the messages that came meanwhile: natural batching)")
     batch_size: int = _setting(256 * 1024, "send_async/send_oneway: bytes of encoded messages per batch "
                                            "(Kafka's batch.size)")
     max_in_flight_requests: int = _setting(5, "Batches on their way to the brokers at once "

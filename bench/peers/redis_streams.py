@@ -105,6 +105,26 @@ def produce(spec: dict, ctl) -> dict:
     return {"count": sent, "elapsed_s": elapsed}
 
 
+def sync_send(spec: dict, ctl) -> dict:
+    """One XADD per round trip (p50/p99), then pipelines of `batch` XADD (msgs/s)."""
+    from bench.workloads import round_trips
+    r = _connect(spec)
+    topic, count, batch = spec["topic"], spec["count"], spec["batch"]
+    r.ping()
+    ctl.ready()
+    ctl.wait_go()
+    out = round_trips(lambda: r.xadd(topic, {FIELD: payload(0)}), count)
+    start = time.monotonic()
+    for n in range(0, count, batch):
+        pipe = r.pipeline(transaction=False)
+        for i in range(batch):
+            pipe.xadd(topic, {FIELD: payload(n + i)})
+        pipe.execute()
+    out["batch_rate"] = (count // batch * batch) / (time.monotonic() - start)
+    r.close()
+    return {"count": count, **out}
+
+
 def paced_produce(spec: dict, ctl) -> dict:
     """XADD one per message at a fixed rate; the messages due at one instant share a pipeline."""
     r = _connect(spec)

@@ -6,8 +6,14 @@ Produce request. Nothing crosses threads per message: the loop is woken only
 when a batch is full or when the first message arrives while the sender sleeps.
 
 A batch is ready when it holds batch_size bytes, or once it is linger_ms old
-(0: at once; under load batches still grow while earlier requests are in
-flight). Messages without a queue or selector stick to one queue of their
+(0: at once) and no earlier request to its broker is unanswered: Nagle's
+rule, natural batching. At low load every message leaves at once, one round
+trip; under load the messages that arrive while a request is on its way
+leave together when its answer comes, so batches grow with the load and the
+cost per message (a request and an answer on each side, a delivery) falls
+instead of the machine running out of CPU on one-message requests. Full
+batches do not wait: up to max_in_flight_requests travel together.
+Messages without a queue or selector stick to one queue of their
 topic until its batch is drained, then move to the next queue (Kafka's sticky
 partitioner): big batches without giving up the spread over queues.
 """
@@ -17,7 +23,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 
 from tidemark.client.message import MessageQueue, SendResult
@@ -115,6 +121,9 @@ class RecordAccumulator:
     def __init__(self, *, batch_size: int, linger_s: float, born_host: str, wake: Callable[[], None],
                  max_batch_bytes: int = 4 * 1024 * 1024, clock: Callable[[], float] = time.monotonic) -> None:
         self._batch_size = batch_size
+        # An open batch this big leaves even while its broker has a request in flight: under a heavy load
+        # requests keep pipelining (max_in_flight_requests) instead of waiting for answers one at a time.
+        self._busy_size = max(1, batch_size // 16)
         # A batch never grows past this (the broker's max_message_size: RocketMQ's limit on a batch).
         self._max_batch_bytes = max_batch_bytes
         self._linger_s = linger_s
@@ -149,6 +158,7 @@ class RecordAccumulator:
             if batch is None:
                 batch = self._open[mq] = ProducerBatch(mq, RecordBatchBuilder(mq.topic, self._born_host), now,
                                                        sticky)
+            before = batch.size
             batch.builder.append(body, properties, tags_code=tags_code, flag=flag,
                                  born_timestamp=time.time_ns() // 1_000_000)
             future = SendFuture(batch.condition)
@@ -160,8 +170,10 @@ class RecordAccumulator:
             if batch.size >= self._batch_size:
                 self._seal(mq, batch)
                 wake = True
-            elif batch.count == 1:
-                wake = True  # a new batch: the sender sends it now (linger 0) or arms its linger timer
+            elif batch.count == 1 or before < self._busy_size <= batch.size:
+                # A new batch: the sender sends it now (linger 0) or arms its linger timer; or one that
+                # grew big enough to leave while its broker has a request in flight.
+                wake = True
             if wake and not self._wake_pending:
                 self._wake_pending = True
             else:
@@ -181,8 +193,9 @@ class RecordAccumulator:
             topic = batch.mq.topic
             self._sticky[topic] = self._sticky.get(topic, 0) + 1
 
-    def drain(self, limit: int) -> list[ProducerBatch]:
-        """Up to `limit` ready batches, oldest full ones first (loop thread)."""
+    def drain(self, limit: int, busy: Container[str] = ()) -> list[ProducerBatch]:
+        """Up to `limit` ready batches, oldest full ones first (loop thread). `busy`: the broker names with
+        a request in flight, whose open batches go on gathering messages."""
         now = self._clock()
         with self._lock:
             self._wake_pending = False
@@ -192,21 +205,24 @@ class RecordAccumulator:
                 for mq, batch in list(self._open.items()):
                     if len(out) >= limit:
                         break
-                    if now - batch.created >= self._linger_s:
+                    if now - batch.created >= self._linger_s and (mq.broker_name not in busy
+                                                                  or batch.size >= self._busy_size):
                         del self._open[mq]
                         self._advance(batch)
                         out.append(batch)
             return out
 
-    def next_ready_in(self) -> float | None:
-        """Seconds until the oldest open batch is ready (0: ready now); None when nothing is pending."""
+    def next_ready_in(self, busy: Container[str] = ()) -> float | None:
+        """Seconds until the oldest open batch of an idle broker is ready (0: ready now); None when none is
+        pending (a batch waiting for its broker's answer is woken by it)."""
         with self._lock:
             if self._full:
                 return 0.0
-            if not self._open:
+            created = [b.created for mq, b in self._open.items()
+                       if mq.broker_name not in busy or b.size >= self._busy_size]
+            if not created:
                 return None
-            oldest = min(batch.created for batch in self._open.values())
-            return max(0.0, oldest + self._linger_s - self._clock())
+            return max(0.0, min(created) + self._linger_s - self._clock())
 
     def close(self) -> list[ProducerBatch]:
         """Refuse new messages and hand back every pending batch."""

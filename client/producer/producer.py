@@ -18,6 +18,7 @@ SendMessage path: the broker rewrites those.
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import threading
 import time
@@ -115,6 +116,7 @@ class AsyncProducer:
         self._next = 0
         self.sequences = ProducerSequences(settings.producer_key, settings.producer_epoch) if settings.enable_idempotence else None
         self._inflight: set[asyncio.Task] = set()
+        self._busy: collections.Counter[str] = collections.Counter()  # accumulated batches in flight, by broker
         self._wakeup: asyncio.Event | None = None
         self._sender: asyncio.Task | None = None
         self.accumulator: RecordAccumulator | None = None
@@ -342,14 +344,14 @@ class AsyncProducer:
 
     async def _send_accumulated(self) -> None:
         accumulator, wakeup = self.accumulator, self._wakeup
-        limit = self.settings.max_in_flight_requests
+        limit, busy = self.settings.max_in_flight_requests, self._busy
         while True:
             wakeup.clear()
             free = limit - len(self._inflight)
             if free > 0:
-                for batch in accumulator.drain(free):
+                for batch in accumulator.drain(free, busy):
                     self._spawn(batch)
-            delay = accumulator.next_ready_in() if len(self._inflight) < limit else None
+            delay = accumulator.next_ready_in(busy) if len(self._inflight) < limit else None
             if delay == 0:
                 continue
             if delay is None:
@@ -364,10 +366,15 @@ class AsyncProducer:
     def _spawn(self, batch: ProducerBatch) -> None:
         task = asyncio.get_running_loop().create_task(self._send_batch(batch))
         self._inflight.add(task)
-        task.add_done_callback(self._sent)
+        broker = batch.mq.broker_name
+        self._busy[broker] += 1
+        task.add_done_callback(lambda t: self._sent(t, broker))
 
-    def _sent(self, task: asyncio.Task) -> None:
+    def _sent(self, task: asyncio.Task, broker: str) -> None:
         self._inflight.discard(task)
+        self._busy[broker] -= 1
+        if not self._busy[broker]:
+            del self._busy[broker]
         if self._wakeup is not None:
             self._wakeup.set()
 

@@ -201,6 +201,8 @@ class Run:
         with capture:
             for w in [*self.workloads, *([observer] if observer else [])]:
                 w.start()
+            for w in self.workloads:  # faults begin once every client has started (see Workload)
+                w.ready.wait(120)
             nemesis.play(self.duration)
             for node in self.nodes:
                 if node.proxy is not None:

@@ -70,6 +70,10 @@ class Workload(threading.Thread):
     """A worker thread with a stop flag; an exception that escapes it is kept for the run's report."""
 
     consumes = False  # consumers run on after the producers stop, until they drained their topics
+    # Workloads whose clients take a while to start (a consumer's start() joins its group) say when they
+    # have (`started()`); the faults begin only then. A start made during a fault fails by design (start()
+    # checks the topics and runs the first rebalance), which would be the harness's doing, not a finding.
+    starts_slowly = False
 
     def __init__(self, clients: Clients, name: str) -> None:
         super().__init__(name=f"{clients.run_id}-{name}", daemon=True)
@@ -78,12 +82,20 @@ class Workload(threading.Thread):
         self.worker = name
         self.stopping = threading.Event()
         self.crash: BaseException | None = None
+        self.ready = threading.Event()  # its clients are started (or it crashed trying)
 
     def run(self) -> None:
+        if not self.starts_slowly:
+            self.ready.set()
         try:
             self.work()
         except BaseException as e:  # reported by the scenario as a finding, never swallowed
             self.crash = e
+        finally:
+            self.ready.set()
+
+    def started(self) -> None:
+        self.ready.set()
 
     def work(self) -> None:
         raise NotImplementedError
@@ -230,6 +242,7 @@ class PushGroup(Workload):
     """`consumers` PushConsumers of one group (concurrent or orderly listeners) recording deliveries."""
 
     consumes = True
+    starts_slowly = True
 
     def __init__(self, clients: Clients, group: str, topics: Iterable[str], *, consumers: int = 2,
                  orderly: bool = False, **settings: Any) -> None:
@@ -247,6 +260,7 @@ class PushGroup(Workload):
         try:
             for i in range(self.count):
                 consumers.append(self._start(i))
+            self.started()
             self.stopping.wait()
         finally:
             for c in consumers:
@@ -284,6 +298,7 @@ class PullGroup(Workload):
     """One lite PullConsumer of a group, polling and auto-committing."""
 
     consumes = True
+    starts_slowly = True
 
     def __init__(self, clients: Clients, group: str, topics: Iterable[str], **settings: Any) -> None:
         super().__init__(clients, group)
@@ -298,6 +313,7 @@ class PullGroup(Workload):
         for topic in self.topics:
             consumer.subscribe(topic)
         consumer.start()
+        self.started()
         process = f"{self.group}/pull"
         try:
             while not self.stopping.is_set():
@@ -318,6 +334,7 @@ class PopGroup(Workload):
     unacked message comes back after its invisible time, so every stored message must reach the group."""
 
     consumes = True
+    starts_slowly = True
 
     def __init__(self, clients: Clients, group: str, topics: Iterable[str], *, address: str, home: str,
                  invisible_s: int = 15) -> None:
@@ -335,6 +352,7 @@ class PopGroup(Workload):
         consumer = rmq.SimpleConsumer(config, self.group, {t: rmq.FilterExpression() for t in self.topics},
                                       await_duration=1)
         consumer.startup()
+        self.started()
         process = f"{self.group}/pop"
         try:
             while not self.stopping.is_set():

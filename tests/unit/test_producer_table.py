@@ -7,9 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidemark.broker.errors import ConfigFileError, InvalidArgumentError
-from tidemark.broker.producers.store import STATE_FILE_NAME, ProducerStateStore
+from tidemark.broker.producers.store import STATE_FILE_NAME, ProducerStateStore, decode_events, encode_events
 from tidemark.broker.producers.table import (
     WINDOW,
+    Allocated,
+    Appended,
+    Forgotten,
     OutOfOrderSequenceError,
     ProducerFencedError,
     ProducerTable,
@@ -188,3 +191,18 @@ def test_a_duplicate_must_carry_the_stored_batch_s_messages():
     keyed = table.allocate("spark:q:0", 0)
     table.will_append(keyed, 0, "T", 0, 0, 2, 12, "id-x", 1)
     assert table.check(keyed, 0, "T", 0, 0, 2, "id-y").verdict is Verdict.DUPLICATE
+
+
+_ints = st.integers(min_value=0, max_value=2**63 - 1)
+_texts = st.text(max_size=40)
+_events = st.lists(st.one_of(
+    st.builds(Appended, _ints, _ints, _texts, _ints, _ints, _ints, _ints, _texts, _ints),
+    st.builds(Allocated, _ints, _texts, _ints),
+    st.builds(Forgotten, _ints)), max_size=8)
+
+
+@given(_events)
+@settings(max_examples=200, deadline=None)
+def test_journal_events_decode_to_what_was_encoded(events):
+    decoded = decode_events(encode_events(events))
+    assert decoded.items == events and decoded.damage is None

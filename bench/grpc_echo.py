@@ -144,6 +144,7 @@ def rtt(spec: dict, ctl) -> dict:
 def unary(spec: dict, ctl) -> dict:
     """A synchronous (blocking) client's unary calls of 1 KiB, one at a time: the floor of a synchronous send."""
     import grpc
+
     from bench.workloads import round_trips
     frame = bytes(MESSAGE_SIZE)
     with grpc.insecure_channel(spec["address"]) as channel:

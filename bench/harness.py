@@ -25,7 +25,7 @@ from pathlib import Path
 from bench import report
 from bench.grpc_echo import EchoServer
 from bench.procs import REPO, Worker, ensure_peer_servers
-from bench.workloads import WORKLOADS, Sizes
+from bench.workloads import PERCENTILES, WORKLOADS, Sizes, percentile
 
 SYSTEMS = ("tidemark", "redis", "nats")
 BUDGET_S = 14 * 60
@@ -266,6 +266,46 @@ def run_send(ctx: Context, system: str, rnd: int) -> dict:
     return {"p50_us": r["p50_us"], "p99_us": r["p99_us"], "batch_rate": r["batch_rate"], "count": r["count"]}
 
 
+def run_latency_curve(ctx: Context, system: str, rnd: int) -> dict:
+    """Workload 7, in OpenMessaging Benchmark's terms: at each fixed rate (Sizes.curve_rates), 1 KiB messages on
+    one topic of 16 queues, one producer process and a group of two consumer processes; publish latency
+    (due -> acknowledged) and end-to-end latency (due -> handed to the listener), p50/p99/p99.9 over both
+    consumers, the first half second left out."""
+    if system == "echo":
+        return {}
+    s = ctx.sizes
+    server = ctx.servers[system]
+    out: dict = {}
+    for full_rate in s.curve_rates:
+        rate = max(1, int(full_rate * s.curve_scale))
+        topic, group = f"bench_curve_{full_rate}_r{rnd}", f"bench_curve_g{full_rate}_r{rnd}"
+        server.create_topic(topic, 16)
+        server.prepare_group(topic, group)
+        paths = [ctx.workdir / f"curve-{system}-{full_rate}-{rnd}-{i}.txt" for i in range(2)]
+        consumers = [ctx.worker(system, "consume", topic=topic, group=group, instance=f"curve{i}", latency=True,
+                                warmup=rate // 2, lat_path=str(path)) for i, path in enumerate(paths)]
+        producer = _paced(ctx, system, topic, rate, int(rate * s.curve_seconds))
+        try:
+            _start_all([*consumers, producer])
+            _go_in_turn(consumers)
+            time.sleep(0.5)  # the group owns its queues before the first send
+            producer.go()
+            p = _collect([producer], s.curve_seconds + 60)[0]
+            _wait_consumed(consumers, p["sent"], 5.0, 60)
+            received = sum(r["count"] for r in _collect(consumers, 60))
+        finally:
+            _kill([*consumers, producer])
+        if hasattr(server, "cleanup"):
+            server.cleanup(topic)
+        samples = [float(x) for path in paths if path.exists() for x in path.read_text().split()]
+        for name, q in PERCENTILES:
+            out[f"e2e_{name}_ms@{full_rate}"] = percentile(samples, q) / 1000 if samples else float("nan")
+            out[f"pub_{name}_ms@{full_rate}"] = p.get(f"publish_{name}_us", float("nan")) / 1000
+        out[f"achieved@{full_rate}"] = p["achieved_rate"]
+        out[f"missing@{full_rate}"] = max(0, p["sent"] - received)
+    return out
+
+
 def _commit_frame_bytes(queues: int) -> int:
     from tidemark.v1 import offsets_pb2
     commit = offsets_pb2.CommitOffsetsRequest()
@@ -282,7 +322,8 @@ def _echo_stream(ctx: Context, per_frame: int, count: int, frame_bytes: int = 0)
 
 
 RUNNERS = {"produce": run_produce, "produce_sync": run_produce_sync, "consume": run_consume,
-           "commit": run_commit, "latency": run_latency, "membership": run_membership, "send": run_send}
+           "commit": run_commit, "latency": run_latency, "membership": run_membership, "send": run_send,
+           "latency_curve": run_latency_curve}
 
 
 # -- the suite ------------------------------------------------------------------------------------
@@ -462,6 +503,7 @@ def main(argv: list[str] | None = None) -> int:
         print(report.console_table(run), flush=True)
         report.write_markdown(out, run, chart)
         written = report.write_chart(chart, run)
+        report.write_curve_chart(report.curve_path(chart), run)
         if args.json:
             args.json.write_text(json.dumps(run, indent=1, default=str))
         print(f"bench: report written to {out}" + (f" and {chart}" if written else " (no chart: matplotlib "

@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from bench.procs import REPO
-from bench.workloads import MESSAGE_SIZE, WORKLOAD_TITLES
+from bench.workloads import CURVE_RATES, MESSAGE_SIZE, PERCENTILES, WORKLOAD_TITLES
 
 PEERS_BEGIN, PEERS_END = "<!-- bench:peers:begin -->", "<!-- bench:peers:end -->"
 PEERS = ("redis", "nats")
@@ -26,6 +26,9 @@ METRICS = {
     "membership": [("join_first_ms", "join -> 1st msg ms", False), ("duplicates", "duplicates", False)],
     "send": [("p50_us", "send p50 us", False), ("p99_us", "send p99 us", False),
              ("batch_rate", "send_batch(32) msgs/s", True)],
+    "latency_curve": [(f"{kind}_{name}_ms@{rate}", f"{label} {name} ms at {rate:,}/s", False)
+                      for rate in CURVE_RATES for kind, label in (("e2e", "e2e"), ("pub", "publish"))
+                      for name, _ in PERCENTILES],
 }
 # Which echo figure is the ceiling of which workload.
 ECHO_NOTE = {"produce": "32 x 1 KiB per frame", "consume": "32 x 1 KiB per frame",
@@ -154,7 +157,10 @@ def markdown_section(run: dict, chart: Path, out: Path) -> str:
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("| durable storage | flush policy | " + " | ".join(run["settings"][c].get("flush", "-") for c in cols)
                  + " |" + " |" * (len(head) - 2 - len(cols)))
-    lines += ["", f"![throughput per system and workload]({os.path.relpath(chart, out.parent)})", "",
+    lines += ["", f"![throughput per system and workload]({os.path.relpath(chart, out.parent)})", ""]
+    if run["medians"].get("latency_curve"):
+        lines += [f"![latency at fixed rates]({os.path.relpath(curve_path(chart), out.parent)})", ""]
+    lines += [
               "### Workloads", "",
               f"Every message is {MESSAGE_SIZE} bytes (send time, sequence number, padding); the same counts "
               "for every system.",
@@ -184,6 +190,11 @@ def markdown_section(run: dict, chart: Path, out: Path) -> str:
               f"Producer.send_batch (Tidemark, defaults: idempotent), one XADD and a pipeline of {s['batch']} "
               "XADD (Redis); the echo figure is a blocking gRPC client's unary call of 1 KiB, the floor of a "
               "synchronous send over gRPC.",
+              f"7. Latency at fixed rates ({', '.join(f'{r:,}' for r in CURVE_RATES)} msg/s, "
+              f"{s['curve_seconds']:g} s each), as the OpenMessaging Benchmark reports it: one topic of 16 queues "
+              "(Redis, JetStream: one stream), one producer process sending each message as it falls due, a "
+              "group of two consumer processes; publish latency is due -> acknowledged, end to end is due -> "
+              "handed to the listener; p50/p99/p99.9 over both consumers, the first half second left out.",
               "", "### Settings", ""]
     for key in cols:
         lines.append(f"- **{names[key]}** ({run['versions'][key]}): " + "; ".join(
@@ -215,6 +226,54 @@ def replace_section(path: Path, begin: str, end: str, section: str) -> None:
 
 def write_markdown(out: Path, run: dict, chart: Path) -> None:
     replace_section(out, PEERS_BEGIN, PEERS_END, markdown_section(run, chart, out))
+
+
+def curve_path(chart: Path) -> Path:
+    """Where the latency curve's chart goes, beside the main one."""
+    return chart.with_name(chart.stem + "-latency" + chart.suffix)
+
+
+def write_curve_chart(path: Path, run: dict) -> bool:
+    """Workload 7's chart: end-to-end and publish latency (p50 solid, p99 dashed) against the rate, per system;
+    False when matplotlib is missing or the workload did not run."""
+    curve = run["medians"].get("latency_curve")
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    if not curve:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"tidemark": "#1f77b4", "redis": "#d62728", "nats": "#2ca02c"}
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for ax, kind, title in ((axes[0], "e2e", "End to end (due -> listener)"),
+                            (axes[1], "pub", "Publish (due -> acknowledged)")):
+        drawn = False
+        for key, values in curve.items():
+            for name, style in (("p50", "-"), ("p99", "--")):
+                points = [(r, values.get(f"{kind}_{name}_ms@{r}")) for r in CURVE_RATES]
+                points = [(r, v) for r, v in points if v is not None and not math.isnan(v) and v > 0]
+                if points:
+                    ax.plot(*zip(*points, strict=True), style, marker="o", color=colors.get(key),
+                            label=f"{run['names'][key]} {name}")
+                    drawn = True
+        ax.set_xscale("log")
+        if drawn:
+            ax.set_yscale("log")
+        ax.set_xlabel("rate, msg/s (1 KiB, 16 queues, 1 producer, group of 2)")
+        ax.set_ylabel("ms, log scale")
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"Latency at fixed rates, medians of {run['rounds']} round(s)"
+                 + (" (smoke run)" if run.get("smoke") else ""), fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
 
 
 def write_chart(path: Path, run: dict) -> bool:

@@ -1,7 +1,7 @@
 """Spark connector throughput: tidemark source vs. Parquet and JSON lines, batch and streaming.
 
-    python bench/spark_read.py                       # starts a throwaway broker; 1,000,000 x 200 B
-    python bench/spark_read.py --brokers h:p --messages 200000
+    python -m bench.spark_read                       # starts a throwaway broker; 1,000,000 x 200 B
+    python -m bench.spark_read --brokers h:p --messages 200000
 
 Produces --messages messages of --size bytes over --queues queues, then in one
 local[2] SparkSession measures rows/s of the same aggregation (touching every

@@ -212,9 +212,16 @@ def paced_produce(spec: dict, ctl) -> dict:
         ctl.ready()
         ctl.wait_go()
         pacer = Pacer(spec["rate"], spec["count"])
+
+        def acked(result, error, seq: int) -> None:
+            acks(result, error)
+            if error is None:
+                pacer.acked(seq)
         while not ctl.stopped.is_set() and (n := pacer.due()):
             for _ in range(n):
-                producer.send_async(Message(topic, pacer.next_payload()), acks)
+                seq = pacer.sent
+                producer.send_async(Message(topic, pacer.next_payload()),
+                                    lambda result, error, seq=seq: acked(result, error, seq))
         acks.expect(pacer.sent)
         acks.done.wait(30)
         result = pacer.result()
@@ -242,7 +249,7 @@ def consume(spec: dict, ctl) -> dict:
     started = time.monotonic()
     ctl.emit({"started": started})
     consume_until(rec, ctl, spec)
-    result = {**rec.result(spec.get("seqs_path")), "go": go, "started": started}
+    result = {**rec.result(spec.get("seqs_path"), spec.get("lat_path")), "go": go, "started": started}
     consumer.shutdown()
     return result
 

@@ -19,7 +19,9 @@ MESSAGE_SIZE = 1024
 _HEADER = struct.Struct("<qQ")
 _PADDING = (os.urandom(64) * (MESSAGE_SIZE // 64))[: MESSAGE_SIZE - _HEADER.size]
 
-WORKLOADS = ("produce", "produce_sync", "consume", "commit", "latency", "membership", "send")
+WORKLOADS = ("produce", "produce_sync", "consume", "commit", "latency", "membership", "send", "latency_curve")
+# The latency curve's fixed rates, msg/s (OpenMessaging Benchmark's way: latency percentiles at set rates).
+CURVE_RATES = (1_000, 5_000, 20_000, 50_000)
 WORKLOAD_TITLES = {
     "produce": "1. produce (1 process)",
     "produce_sync": "1b. produce, sync flush",
@@ -28,6 +30,7 @@ WORKLOAD_TITLES = {
     "latency": "4. e2e latency at fixed rate",
     "membership": "5. group membership change",
     "send": "6. synchronous send (1 thread)",
+    "latency_curve": "7. latency at fixed rates",
 }
 
 
@@ -48,6 +51,9 @@ class Sizes:
     join_after_s: float = 3.0
     after_join_s: float = 5.0
     sends: int = 5_000               # workload 6: one-at-a-time sends (and as many in batches of `batch`)
+    curve_rates: tuple[int, ...] = CURVE_RATES  # workload 7: the rates (times curve_scale), each for
+    curve_seconds: float = 4.0                  # this long
+    curve_scale: float = 1.0
     rounds: int = 3
     workload_timeout_s: float = 120.0
 
@@ -58,7 +64,8 @@ class Sizes:
     @classmethod
     def smoke(cls) -> Sizes:
         return cls(messages=2_000, commits_per_queue=10, latency_rate=500, latency_seconds=1.0, busy_rate=300,
-                   join_after_s=1.0, after_join_s=1.5, sends=300, rounds=1, workload_timeout_s=45.0)
+                   join_after_s=1.0, after_join_s=1.5, sends=300, curve_rates=CURVE_RATES[:2], curve_seconds=1.0,
+                   curve_scale=0.02, rounds=1, workload_timeout_s=45.0)
 
     def scaled(self, factor: float) -> Sizes:
         """Counts multiplied by factor (rates and durations kept), for a slow machine."""
@@ -90,6 +97,9 @@ def round_trips(call, count: int) -> dict:
     return {"p50_us": percentile(samples, 50), "p99_us": percentile(samples, 99)}
 
 
+PERCENTILES = (("p50", 50), ("p99", 99), ("p999", 99.9))
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -110,6 +120,7 @@ class Pacer:
         self.total = total
         self.max_burst = max_burst
         self.sent = 0
+        self.publish_us: list[float] = []  # due -> acknowledged, past the first half second
         self.started_ns = time.monotonic_ns()
         self.started = self.started_ns / 1e9
 
@@ -142,9 +153,17 @@ class Pacer:
             await asyncio.sleep(max(0.0, (self.sent + 1) / self.rate - (time.monotonic() - self.started)))
         return 0
 
+    def acked(self, seq: int) -> None:
+        """Message `seq` was acknowledged now (any thread): its publish latency, counted from its due time."""
+        if seq >= self.rate / 2:
+            self.publish_us.append((time.monotonic_ns() - self.stamp(seq)) / 1000)
+
     def result(self) -> dict:
         elapsed = time.monotonic() - self.started
-        return {"sent": self.sent, "elapsed_s": elapsed, "achieved_rate": self.sent / elapsed if elapsed else 0.0}
+        out = {"sent": self.sent, "elapsed_s": elapsed, "achieved_rate": self.sent / elapsed if elapsed else 0.0}
+        if self.publish_us:
+            out.update({f"publish_{k}_us": percentile(self.publish_us, q) for k, q in PERCENTILES})
+        return out
 
 
 class Recorder:
@@ -177,11 +196,14 @@ class Recorder:
     def idle_for(self) -> float:
         return time.monotonic() - self.last if self.count else 0.0
 
-    def result(self, seqs_path: str | None = None) -> dict:
+    def result(self, seqs_path: str | None = None, lat_path: str | None = None) -> dict:
         out = {"count": self.count, "first": self.first, "last": self.last}
         if self.latency:
             out["p50_us"] = percentile(self.latencies_us, 50)
             out["p99_us"] = percentile(self.latencies_us, 99)
+            if lat_path:  # every sample, for percentiles over several consumers
+                with open(lat_path, "w") as f:
+                    f.write("\n".join(f"{v:.1f}" for v in self.latencies_us))
         if self.seqs is not None and seqs_path:
             with open(seqs_path, "w") as f:
                 f.write("\n".join(map(str, self.seqs)))

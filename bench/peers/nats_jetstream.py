@@ -140,7 +140,11 @@ def paced_produce(spec: dict, ctl) -> dict:
         futures = []
         while n := await pacer.adue():
             for _ in range(n):
-                futures.append(await js.publish_async(subject, pacer.next_payload()))
+                seq = pacer.sent
+                future = await js.publish_async(subject, pacer.next_payload())
+                future.add_done_callback(lambda f, seq=seq: not f.cancelled() and f.exception() is None
+                                           and pacer.acked(seq))
+                futures.append(future)
         result = pacer.result()
         await js.publish_async_completed()
         await nc.close()
@@ -175,7 +179,7 @@ def consume(spec: dict, ctl) -> dict:
             rec.record([m.data for m in msgs])
             for m in msgs:
                 await m.ack()
-        result = {**rec.result(spec.get("seqs_path")), "go": go, "started": started}
+        result = {**rec.result(spec.get("seqs_path"), spec.get("lat_path")), "go": go, "started": started}
         await nc.flush()
         await nc.close()
         return result

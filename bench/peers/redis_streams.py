@@ -135,9 +135,12 @@ def paced_produce(spec: dict, ctl) -> dict:
     pacer = Pacer(spec["rate"], spec["count"])
     while n := pacer.due():
         pipe = r.pipeline(transaction=False)
+        first = pacer.sent
         for _ in range(n):
             pipe.xadd(topic, {FIELD: pacer.next_payload()})
         pipe.execute()
+        for seq in range(first, first + n):
+            pacer.acked(seq)
     r.close()
     return {**pacer.result(), "errors": 0}
 
@@ -166,7 +169,7 @@ def consume(spec: dict, ctl) -> dict:
     thread.start()
     ctl.emit({"started": started})
     consume_until(rec, ctl, spec)
-    result = {**rec.result(spec.get("seqs_path")), "go": go, "started": started}
+    result = {**rec.result(spec.get("seqs_path"), spec.get("lat_path")), "go": go, "started": started}
     done.set()
     thread.join(5)
     r.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-WORKLOADS = ("produce", "consume", "commit", "latency", "membership")
+WORKLOADS = ("produce", "consume", "commit", "latency", "membership", "send", "latency_curve")
 PEERS = ("redis", "nats")
 
 pytestmark = pytest.mark.slow
@@ -39,11 +39,17 @@ def test_tidemark_and_transport_ceiling_have_a_result_for_every_workload(peer_sm
     assert result["errors"] == []
     for workload in WORKLOADS:
         assert result["results"][workload]["tidemark"], f"no Tidemark result for {workload}"
-        if workload != "membership":
+        if workload not in ("membership", "latency_curve"):
             assert result["results"][workload]["echo"], f"no gRPC echo result for {workload}"
     assert markdown.count("<!-- bench:peers:begin -->") == 1 and markdown.count("<!-- bench:peers:end -->") == 1
     assert "| Workload | Metric | Tidemark |" in markdown
     assert "python -m bench --smoke" in markdown
+    curve = result["medians"]["latency_curve"]["tidemark"]
+    for rate in result["sizes"]["curve_rates"]:  # every rate of the curve measured, end to end and publish
+        assert curve[f"e2e_p50_ms@{rate}"] > 0 and curve[f"pub_p99_ms@{rate}"] > 0, rate
+        assert curve[f"missing@{rate}"] == 0, rate
+    assert result["medians"]["send"]["tidemark"]["p50_us"] > 0
+    assert result["medians"]["send"]["echo"]["p50_us"] > 0
 
 
 @pytest.mark.parametrize("peer", PEERS)
@@ -60,6 +66,7 @@ def test_chart_is_a_png(peer_smoke):
     _, _, d = peer_smoke
     pytest.importorskip("matplotlib")
     assert (d / "benchmarks-peers.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (d / "benchmarks-peers-latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_client_e2e_and_rebalance_smoke_fill_their_section(tmp_path):

@@ -7,7 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidemark.broker.errors import ConfigFileError, InvalidArgumentError
-from tidemark.broker.producers.store import STATE_FILE_NAME, ProducerStateStore, decode_events, encode_events
+from tidemark.broker.producers.store import (
+    STATE_FILE_NAME,
+    ProducerStateStore,
+    decode_events,
+    encode_events,
+)
 from tidemark.broker.producers.table import (
     WINDOW,
     Allocated,

@@ -177,25 +177,35 @@ class OffsetCommitService:
         """UpdateConsumerOffset: `commit(acknowledged=True)`, checked in full first, and creating the
         group's config (written first) when it has none."""
         self._guard()
-        self._check(c)
+        self._check(c, set())
         await self._register([c.group])
         return self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence, acknowledged=True)
 
-    def _check(self, c: Commit) -> None:
-        """Everything that would refuse the commit now, changing nothing."""
+    def _check(self, c: Commit, names: set[tuple[str, str]]) -> None:
+        """Everything that would refuse the commit now, changing nothing. `names`: the (group, topic) pairs
+        of the batch already checked (a CommitOffsets message holds one per queue of a few topics)."""
         if c.invalid:
             raise InvalidArgumentError(c.invalid)
-        self.validate(c.group, c.topic, c.queue_id, c.offset)
+        if (c.group, c.topic) in names:
+            topic = self._topics.require(c.topic)
+            if not 0 <= c.queue_id < topic.queue_nums:
+                self._queue_topic(c.group, c.topic, c.queue_id)  # raises, with the message
+        else:
+            self._queue_topic(c.group, c.topic, c.queue_id)
+            names.add((c.group, c.topic))
+        if c.offset < 0 or c.offset > self._store.max_offset(c.topic, c.queue_id):
+            self.validate(c.group, c.topic, c.queue_id, c.offset)  # raises, with the message
         self._offsets.check_fence(c.group, c.topic, c.queue_id, c.fence)
 
-    async def _register(self, groups: Iterable[str]) -> None:
+    async def _register(self, groups: Iterable[str]) -> bool:
         """Create the configs the groups lack and wait until subscriptionGroup.json holds them; StoreError
-        (and none created) when it cannot."""
+        (and none created) when it cannot. True when that wait let other requests run."""
         new = [g for g in dict.fromkeys(groups) if self._groups.get(g) is None]
         for group in new:
             self._groups.ensure(group)
         if new:
             await self._groups.file.flush()
+        return bool(new)
 
     async def commit_batch(self, commits: Iterable[Commit]) -> BatchResult:
         """Apply one CommitOffsets message's commits in order; a rejected one is reported, the rest still
@@ -204,21 +214,27 @@ class OffsetCommitService:
         the journal cannot take it."""
         self._guard()
         checked: list[tuple[Commit, BrokerError | None]] = []
+        names: set[tuple[str, str]] = set()
         for c in commits:
             try:
-                self._check(c)
+                self._check(c, names)
                 checked.append((c, None))
             except BrokerError as e:
                 checked.append((c, e))
-        await self._register(c.group for c, error in checked if error is None)
+        yielded = await self._register(c.group for c, error in checked if error is None)
         applied = rejected = 0
         rejections: list[Rejection] = []
         with self._offsets.batch():  # the batch's changes reach the offset journal in one write
             for c, error in checked:
                 if error is None:
-                    try:  # checked again: the configs' write let other requests run, and an earlier
-                        # commit of the batch may have fenced this one
-                        self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+                    try:  # an earlier commit of the batch may have fenced this one (the manager checks);
+                        # the rest is checked again only when the configs' write let other requests run
+                        if yielded:
+                            self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+                        else:
+                            self._guard()
+                            self._offsets.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
+                            self.commits_applied += 1
                         applied += 1
                         continue
                     except BrokerError as e:

@@ -174,6 +174,21 @@ def test_a_bad_commit_of_a_batch_is_a_rejection_and_the_rest_apply(tmp_path):
     run(tmp_path, scenario)
 
 
+def test_every_commit_of_a_batch_is_checked_though_its_group_and_topic_were_already(tmp_path):
+    """The batch checks a (group, topic) pair's names once; each commit's queue and offset still are."""
+    async def scenario(b):
+        await put(b, 5)
+        await b.commits.commit_batch([Commit("g", "T", 0, 1)])  # the group exists: no config write between
+        result = await b.commits.commit_batch([
+            Commit("g", "T", 0, 2), Commit("g", "T", 7, 1), Commit("g", "T", 0, 6), Commit("g", "T", 1, 0),
+            Commit("g", "T", 0, 4)])
+        assert (result.applied, result.rejected) == (3, 2)
+        assert [(r.commit.queue_id, r.commit.offset) for r in result.rejections] == [(7, 1), (0, 6)]
+        assert "out of range" in result.rejections[0].message and "above the max" in result.rejections[1].message
+        assert b.offsets.query("g", "T", 0) == 4
+    run(tmp_path, scenario)
+
+
 def test_a_new_group_whose_config_cannot_be_written_gets_no_offset(tmp_path, monkeypatch):
     real = metadata_file.save_json
 

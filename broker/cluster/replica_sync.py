@@ -1,7 +1,8 @@
 """A replica's side of replication: the stream from its master, and the metadata mirror.
 
 ReplicaSync opens `ReplicationService.Replicate` to its master saying where
-its commit log ends (and a digest of its tail), truncates when told to, then
+its commit log ends (and a digest of its tail), answers the master's probes
+for where the two logs part, truncates when told to, then
 stores the master's records at the same offsets and acknowledges its new end;
 with them it takes the master's producer table and consumer offsets (whole in
 the first chunk, then every change). Every second it also mirrors topics,
@@ -21,6 +22,7 @@ from collections.abc import Awaitable, Callable
 import grpc
 
 from tidemark.broker import tls
+from tidemark.broker.cluster.divergence import record_digests
 from tidemark.broker.cluster.replication import MAX_RECEIVE_BYTES, decode_offsets, now_ms
 from tidemark.broker.errors import StoreError
 from tidemark.broker.ingest.delays import ScheduleMessageService
@@ -173,12 +175,16 @@ class ReplicaSync:
 
     async def _copy(self, call) -> None:
         store = self._store
-        end, digest = store.commit_log_max_offset, store.tail_digest(store.commit_log_max_offset)
+        end, digest = store.commit_log_max_offset, store.commit_log.tail_digest(store.commit_log_max_offset)
         hello = replication_pb2.ReplicaProgress(commit_log_end=end, **self._hello)
         if digest is not None:
             hello.tail_crc = digest
         await call.write(hello)
         async for chunk in call:
+            if chunk.probe:  # the master looks for where the logs part (divergence.py)
+                await call.write(replication_pb2.ReplicaProgress(
+                    commit_log_end=end, probe_crc=record_digests(store.commit_log, chunk.probe), **self._hello))
+                continue
             if not self.connected:
                 self.connected, self._error, self._hand_back_due = True, None, self._hand_back
                 log.info("replicating from master", event="replication_connected", master=self.master,

@@ -5,7 +5,9 @@ RocketMQ's master/slave HA, over one gRPC stream per replica
 
 - **ReplicaSync** (on a replica, replica_sync.py) opens the stream saying where its commit log
   ends; the master first tells it to truncate a tail the master does not have
-  (bytes a former master wrote that nobody acknowledged from here), then
+  (bytes a former master wrote that nobody acknowledged from here), at the
+  first record where the two logs part (divergence.py: a few rounds of probes
+  on the stream find it), then
   sends whole records from that point as they lie in the master's files. The
   replica stores them at the same offsets (MessageStore.append_replicated,
   which checks every record's CRC and offset) and indexes them in its own
@@ -62,6 +64,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 
+from tidemark.broker.cluster.divergence import Search, agrees
 from tidemark.broker.cluster.replica_progress import (
     MAX_FEED_EVENTS,
     _Feed,
@@ -381,11 +384,24 @@ class ReplicationSource:
             raise FailedPreconditionError(f"the replica's commitlog_segment_size {hello.segment_size} differs from "
                                           f"the master's {self._segment_size}; records must sit at the same offsets")
         store, start = self._store, hello.commit_log_end
-        cut = store.divergence_point(start, hello.tail_crc if hello.HasField("tail_crc") else None) \
-            if start > store.commit_log_min_offset else None
-        if cut is not None:
-            log.warning("replica %s/%d disagrees with this log before %d; it truncates to %d", hello.broker_name,
-                        hello.broker_id, start, cut, event="replica_diverged", offset=start, truncate_to=cut)
+        if start > store.commit_log_min_offset and not agrees(
+                store.commit_log, start, hello.tail_crc if hello.HasField("tail_crc") else None):
+            search = Search(store.commit_log, start)
+            while search.found is None:  # rounds of probes: where the logs part, to the record
+                probes = search.probes()
+                yield replication_pb2.ReplicationChunk(offset=probes[0], master_end=store.commit_log_max_offset,
+                                                       probe=probes)
+                answer = await anext(requests, None)
+                if answer is None:
+                    return
+                if answer.probe_crc:  # (ValueError for a count that does not match: the stream fails)
+                    search.answer(answer.probe_crc)
+                else:  # a replica from before probes: it is cut as it was, from its segment's start
+                    search.fall_back()
+            cut = search.found
+            log.warning("replica %s/%d disagrees with this log before %d; it truncates to %d, the first record "
+                        "where the logs part (%d rounds of probes)", hello.broker_name, hello.broker_id, start, cut,
+                        search.rounds, event="replica_diverged", offset=start, truncate_to=cut, rounds=search.rounds)
             yield replication_pb2.ReplicationChunk(offset=cut, master_end=store.commit_log_max_offset,
                                                    truncate_to=cut)
             return

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import zlib
 from bisect import bisect_right
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +78,10 @@ class CommitLog:
     @property
     def max_record_size(self) -> int:
         return self._segment_size - codec.BLANK_SIZE
+
+    @property
+    def segment_size(self) -> int:
+        return self._segment_size
 
     @property
     def min_offset(self) -> int:
@@ -275,6 +279,42 @@ class CommitLog:
             return offset + total == segment.start + segment.capacity
         return magic == codec.MESSAGE_MAGIC and _PHYS(segment.pread(8, offset - segment.start
                                                                    + codec.PHYS_OFFSET_FIELD), 0)[0] == offset
+
+    def record_digest(self, offset: int) -> int | None:
+        """crc32 of the record starting at `offset` (of an end-of-segment marker: its header), with the offset:
+        how two logs tell whether they hold the same record there (broker/cluster/divergence.py). None when
+        no record starts there."""
+        if offset >= self._write_end or not self.is_boundary(offset):
+            return None
+        segment = self._segment_for(offset)
+        pos = offset - segment.start
+        total, magic = codec.PREFIX.unpack_from(segment.pread(codec.BLANK_SIZE, pos))
+        record = segment.pread(codec.BLANK_SIZE if magic == codec.BLANK_MAGIC else total, pos)
+        return zlib.crc32(record, zlib.crc32(offset.to_bytes(8, "big")))
+
+    def record_starts(self, start: int, end: int) -> Iterator[int]:
+        """The offsets where records (and end-of-segment markers) start in [start, end), from `start` (a record
+        start) on, reading their headers a chunk at a time; stops early at anything that is not a record."""
+        pos, end = start, min(end, self._write_end)
+        while pos < end:
+            segment = self._segment_for(pos)
+            if segment is None:
+                return
+            chunk = segment.pread(min(_SCAN_CHUNK, segment.end - pos), pos - segment.start)
+            off = 0
+            while off + codec.BLANK_SIZE <= len(chunk) and pos + off < end:
+                total, magic = codec.PREFIX.unpack_from(chunk, off)
+                if magic == codec.BLANK_MAGIC:
+                    yield pos + off
+                    off = segment.end - pos  # the next segment's start
+                    break
+                if magic != codec.MESSAGE_MAGIC or total < codec.MIN_RECORD_SIZE:
+                    return
+                yield pos + off
+                off += total
+            if off == 0:
+                return
+            pos += off
 
     def segment_start(self, offset: int) -> int:
         """The start of the segment holding `offset` (a record boundary)."""

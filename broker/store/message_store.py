@@ -419,23 +419,10 @@ class MessageStore:
                     log.exception("dispatch listener %r failed", listener)
         return list(touched)
 
-    def tail_digest(self, end: int) -> int | None:
-        """crc32 of the commit-log bytes just before `end` (CommitLog.tail_digest)."""
-        return self._commitlog.tail_digest(end)
-
-    def divergence_point(self, end: int, digest: int | None) -> int | None:
-        """Master: where a replica ending at `end` with this tail digest must truncate to, or None when it
-        agrees with this log. Past this log's end: to the end; not a record boundary here, or a different
-        tail: to the start of the segment holding it (the replica then asks again from there, so a long
-        divergence is cut segment by segment)."""
-        mine = self._commitlog.max_offset
-        if end > mine:
-            return mine
-        if end == 0:
-            return None
-        if self._commitlog.is_boundary(end) and self._commitlog.tail_digest(end) == digest:
-            return None
-        return self._commitlog.segment_start(end - 1)
+    @property
+    def commit_log(self) -> CommitLog:
+        """The commit log, for what replication compares between two logs (broker/cluster/divergence.py)."""
+        return self._commitlog
 
     async def truncate_to(self, end: int) -> int:
         """Replica: drop every record at or past `end` (a tail its master does not have); the bytes

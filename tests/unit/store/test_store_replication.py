@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 from store_testlib import body_for
 
+from tidemark.broker.cluster.divergence import Search, agrees, record_digests
 from tidemark.broker.errors import StoreError
 from tidemark.broker.store import MessageStore, commitlog
 
@@ -120,30 +121,92 @@ def test_a_tail_the_master_does_not_have_is_truncated_from_log_and_queues(config
     asyncio.run(scenario())
 
 
-def test_a_divergent_tail_is_found_by_its_digest_and_cut_segment_by_segment(config, clock, make_records, tmp_path):
-    """A replica that was written on its own (a former master) after an agreed prefix: the master names
-    where to cut until the digests agree, then the copy continues."""
+def _divergence(master: MessageStore, replica: MessageStore) -> tuple[int | None, int]:
+    """Where the replica must truncate to (None: it agrees), and in how many rounds of probes, as
+    ReplicationSource.serve asks it."""
+    end = replica.commit_log_max_offset
+    if agrees(master.commit_log, end, replica.commit_log.tail_digest(end)):
+        return None, 0
+    search = Search(master.commit_log, end)
+    while search.found is None:
+        search.answer(record_digests(replica.commit_log, search.probes()))
+    return search.found, search.rounds
+
+
+# (records both logs hold, records only the master goes on with, records the replica wrote on its own)
+@pytest.mark.parametrize("agreed,master_tail,replica_tail", [
+    (30, 40, 20),  # both go on, the master further, across several 4 KiB segments
+    (30, 2, 20),  # the replica holds records past the master's end, from the middle of a segment
+    (30, 0, 3),  # the master wrote nothing since: its end is the point
+    (0, 5, 5),  # nothing in common: from the first record
+    (100, 40, 60),  # the point many segments in
+])
+def test_a_divergent_tail_is_cut_at_the_first_record_where_the_logs_part(config, clock, make_records, tmp_path,
+                                                                        agreed, master_tail, replica_tail):
+    """A replica that was written on its own (a former master) after an agreed prefix: the master finds the
+    first record where the logs part in a few rounds of probes, the replica drops exactly what follows,
+    keeps its queue entries before it, and copies the rest."""
     async def scenario():
         master = MessageStore(config, clock=clock)
         master.load()
         await master.start()
-        await master.put_messages(make_records(30))
         replica = MessageStore(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock=clock)
         replica.load()
         await replica.start()
-        _replicate(master, replica, 1 << 20)
-        agreed = replica.commit_log_max_offset
-        assert master.divergence_point(agreed, replica.tail_digest(agreed)) is None
-        await master.put_messages(make_records(40, start=30))  # both go on, differently
-        await replica.put_messages(make_records(20, start=500))
-        rounds = 0
-        while (cut := master.divergence_point(replica.commit_log_max_offset,
-                                              replica.tail_digest(replica.commit_log_max_offset))) is not None:
-            await replica.truncate_to(cut)
-            rounds += 1
-        assert 1 <= rounds and replica.commit_log_max_offset <= agreed
+        if agreed:
+            await master.put_messages(make_records(agreed))
+            _replicate(master, replica, 1 << 20)
+        point = replica.commit_log_max_offset
+        assert _divergence(master, replica) == (None, 0)
+        if master_tail:
+            await master.put_messages(make_records(master_tail, start=agreed))
+        await replica.put_messages([dataclasses.replace(r, body=b"own" + r.body)
+                                    for r in make_records(replica_tail, start=500)])
+        before = _contents(replica, "T", 0)[:agreed]
+        cut, rounds = _divergence(master, replica)
+        assert cut == point and rounds <= 4, (cut, point, rounds)
+        assert await replica.truncate_to(cut) == replica.commit_log_max_offset - cut or cut == point
+        assert replica.commit_log_max_offset == point and replica.max_offset("T", 0) == agreed
+        assert _contents(replica, "T", 0) == before, "a record before the point changed"
+        assert _divergence(master, replica) == (None, 0)
+        copied = master.commit_log_max_offset - point
+        assert sum(len(master.replication_chunk(o, 1 << 20)) for o in _chunk_starts(master, point)) == copied
         _replicate(master, replica, 1 << 20)
         assert _contents(replica, "T", 0) == _contents(master, "T", 0)
+
+    asyncio.run(scenario())
+
+
+def _chunk_starts(store: MessageStore, offset: int) -> list[int]:
+    starts = []
+    while data := store.replication_chunk(offset, 1 << 20):
+        starts.append(offset)
+        offset += len(data)
+    return starts
+
+
+def test_the_search_narrows_a_long_segment_by_rounds_and_a_replica_without_probes_is_cut_as_before(
+        config, clock, make_records, tmp_path):
+    big = dataclasses.replace(config, commitlog_segment_size=1 << 20)
+
+    async def scenario():
+        master = MessageStore(big, clock=clock)
+        master.load()
+        await master.start()
+        replica = MessageStore(dataclasses.replace(big, data_dir=tmp_path / "replica"), clock=clock)
+        replica.load()
+        await replica.start()
+        for n in range(0, 3000, 100):  # ~3000 records in one segment: more than one round of probes
+            await master.put_messages(make_records(100, start=n))
+        _replicate(master, replica, 1 << 20)
+        point = replica.commit_log_max_offset
+        await master.put_messages(make_records(10, start=5000))
+        await replica.put_messages(make_records(10, start=6000))
+        cut, rounds = _divergence(master, replica)
+        assert cut == point and 2 <= rounds <= 3, (cut, rounds)
+        search = Search(master.commit_log, replica.commit_log_max_offset)
+        search.fall_back()
+        assert search.found == 0  # the segment's start: what was cut before probes
 
     asyncio.run(scenario())
 
@@ -170,9 +233,9 @@ def test_logs_that_differ_before_identical_segment_padding_are_told_apart(config
             await store.put_messages(big)
         end = config.commitlog_segment_size
         assert one.commit_log_max_offset > end and two.commit_log_max_offset > end
-        assert one.divergence_point(end, two.tail_digest(end)) == 0
-        assert one.divergence_point(end, one.tail_digest(end)) is None
-        assert one.divergence_point(end - 3, None) == 0  # not a record start: cut to the segment's start
+        assert not agrees(one.commit_log, end, two.commit_log.tail_digest(end))
+        assert agrees(one.commit_log, end, one.commit_log.tail_digest(end))
+        assert not agrees(one.commit_log, end - 3, None)  # not a record start
 
     asyncio.run(scenario())
 

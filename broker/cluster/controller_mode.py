@@ -3,8 +3,10 @@
 - Identity: a broker of the name gets a member id from etcd the first time it starts (a counter under the
   name, compare-and-swap) and keeps it in its data dir (config/member.json); replicas report it in their
   hello, so it is what the in-sync set holds.
-- Start (`decide`): no master in etcd and this broker may take over: it campaigns, and a win makes it the
-  master with etcd's epoch (its role file says so for the broker's restart logic). A master elsewhere: it
+- Start (`decide`): no master in etcd and this broker may take over: it campaigns, standing as a
+  candidate with where its commit log ends (of brokers that start together, the longest log wins, at the
+  first election too: a group moved to controller mode with its data), and a win makes it the master
+  with etcd's epoch (its role file says so for the broker's restart logic). A master elsewhere: it
   starts as that master's replica (an old master that restarts rejoins this way; the replication hello
   cuts back what it holds beyond the new master's log). Its own master key from before a restart: it
   waits for that lease to expire (it cannot renew a lease of its past life) and decides again.
@@ -34,6 +36,7 @@ from tidemark.broker.cluster.roles import Role, forget_role, load_role, save_rol
 from tidemark.broker.cluster.switchover import Switchover
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.errors import FailedPreconditionError, StoreError
+from tidemark.broker.store.commitlog import end_on_disk
 from tidemark.common.backoff import Backoff
 from tidemark.common.fsutil import atomic_write
 from tidemark.common.logs import get_logger
@@ -97,8 +100,10 @@ class ControllerMode:
         c = self._config
         while True:
             view = await self.election.view()
-            if view.master is None:
-                won = await self.election.campaign(epoch_floor=role.epoch if role is not None else 0)
+            if view.master is None:  # (its log as the files say: brokers that start together are ranked by it)
+                log_end = await asyncio.to_thread(end_on_disk, Path(c.data_dir) / "commitlog")
+                won = await self.election.campaign(epoch_floor=role.epoch if role is not None else 0,
+                                                   log_end=log_end)
                 if won is not None:
                     self._keep_lease()
                     await asyncio.to_thread(save_role, c.config_dir, Role(0, won.epoch))

@@ -51,6 +51,9 @@ log = get_logger("tidemark.broker.election")
 FENCE_MARGIN_S = 1.0
 # How long candidates wait for each other to stand before comparing logs, and between looks.
 CANDIDATE_WINDOW_S = 0.3
+# Before the first election (epoch 0) the first look comes later: brokers of a group moved to controller
+# mode with their data start at about the same time, and the one with the longest log must be among them.
+FIRST_ELECTION_WINDOW_S = 1.0
 # How often a broker standing back for a handover looks whether the successor took over (or the key expired).
 HANDOVER_POLL_S = 0.05
 MIN_TTL_S = 2
@@ -166,22 +169,23 @@ class Election:
         if view.master is not None or not self.eligible(view):
             return None
         if log_end is not None:
-            view = await self._stand(log_end)
+            view = await self._stand(log_end, FIRST_ELECTION_WINDOW_S if view.epoch == 0 else CANDIDATE_WINDOW_S)
             if view is None:
                 return None
         return await self._take(view, epoch_floor)
 
-    async def _stand(self, log_end: int) -> View | None:
+    async def _stand(self, log_end: int, window_s: float) -> View | None:
         """As a candidate: the view to campaign on once this broker is the best live candidate (or the
         better ones did not take over within a lease), None once someone took the key or this broker may
-        not (any more)."""
+        not (any more). The others have `window_s` to stand before the first look."""
         lease = await self._client.lease(self.ttl_s)
         try:
             await self._client.put(self._candidates + str(self.broker_id).encode(),
                                    json.dumps({"log_end": log_end}).encode(), lease=lease.id)
-            deadline = self._clock() + self.ttl_s + CANDIDATE_WINDOW_S
+            deadline = self._clock() + self.ttl_s + window_s
             while True:
-                await asyncio.sleep(CANDIDATE_WINDOW_S)  # the others stand meanwhile
+                await asyncio.sleep(window_s)  # the others stand meanwhile
+                window_s = CANDIDATE_WINDOW_S
                 view = await self.view()
                 if view.master is not None or not self.eligible(view):
                     return None

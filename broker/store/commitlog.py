@@ -40,6 +40,16 @@ _READ_GUESS = 4096
 _PHYS = codec.PHYS_FIELD.unpack_from
 
 
+def end_on_disk(directory: Path) -> int:
+    """Where the commit log in `directory` ends as its files say (its last segment's start plus that file's
+    size), without opening it: recovery may still cut a torn tail off. 0 without a segment."""
+    try:
+        names = sorted(p.name for p in directory.iterdir() if SEGMENT_NAME.fullmatch(p.name))
+    except FileNotFoundError:
+        return 0
+    return int(names[-1]) + (directory / names[-1]).stat().st_size if names else 0
+
+
 def _run_intact(data: bytes, offset: int, sizes: list[int]) -> bool:
     """Whether `data` holds records of exactly these sizes, each stating its own offset."""
     if len(data) != sum(sizes):

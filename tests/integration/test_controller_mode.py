@@ -182,3 +182,41 @@ def test_a_broker_waiting_for_etcd_to_decide_its_role_stops_on_sigterm(etcd, tmp
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_brokers_that_start_together_before_the_first_election_elect_the_longest_log(etcd, broker_factory,
+                                                                                      tmp_path):
+    """A group moved to controller mode with its data (epoch 0 in etcd): of the brokers that start
+    together, the one whose log goes furthest becomes the master, even when a shorter one asks first (it
+    would then cut the others' logs back to its own)."""
+    import asyncio
+
+    from tidemark.broker import config as broker_config
+    from tidemark.broker.cluster.controller_mode import ControllerMode
+
+    dirs = {"short": tmp_path / "short", "long": tmp_path / "long"}
+    for name, count in (("short", 5), ("long", 50)):  # logs written by brokers without a controller
+        broker = broker_factory(data_dir=dirs[name])
+        create_topic(broker.address, TOPIC, 1)
+        with Producer(brokers=broker.address) as producer:
+            for i in range(count):
+                producer.send(Message(TOPIC, b"%s-%d" % (name.encode(), i)))
+        broker.stop()
+
+    def config(name: str):
+        return broker_config.load_config(env={}, overrides={
+            "data_dir": dirs[name], "port": free_port(), "controller": etcd.url, "controller_lease_s": LEASE_S})
+
+    async def decide_together():
+        modes = {name: ControllerMode(config(name)) for name in dirs}
+        try:
+            short = asyncio.ensure_future(modes["short"].decide())
+            await asyncio.sleep(0.2)  # the shorter log asks first
+            return dict(zip(dirs, await asyncio.gather(short, modes["long"].decide()), strict=True))
+        finally:
+            for mode in modes.values():
+                await mode.close()
+
+    decided = asyncio.run(decide_together())
+    assert decided["long"].broker_id == 0 and not decided["long"].master
+    assert decided["short"].broker_id > 0 and decided["short"].master == decided["long"].address

@@ -36,7 +36,7 @@ class FailedPreconditionError(BrokerError):
 class SwitchoverError(FailedPreconditionError):
     """A planned switchover (`tidemark broker promote` in controller mode) refused or given up: the successor
     is not a connected, in-sync replica, did not catch up in time, or another switchover runs. Nothing
-    changed: the master takes writes as before."""
+    changed: the master takes writes as before (unless etcd failed midway, which the message says)."""
 
 
 class FencedError(FailedPreconditionError):

@@ -110,6 +110,14 @@ class Switchover:
                                   f"{broker.epoch}): name one of its replicas")
         if self._took_over is not None:
             raise SwitchoverError(f"a switchover of broker {c.broker_name} to {c.address} is already running")
+        try:
+            return await self._request(broker)
+        except MEMBER_FAILURES as e:  # (the master may still hand over: it answers a request it got)
+            raise SwitchoverError(f"etcd failed during the switchover of broker {c.broker_name} to {c.address} "
+                                  f"({e!r}): see `tidemark cluster list` for who is master") from None
+
+    async def _request(self, broker) -> int:
+        c = broker.config
         master = (await self._election.view()).master
         if master is None or master.address != c.master or not broker.replica.connected:
             raise SwitchoverError(f"broker {c.broker_name} at {c.address} is not replicating from a master right "

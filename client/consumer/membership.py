@@ -55,7 +55,12 @@ class GroupMembership:
 
     async def heartbeat(self) -> None:
         data = self._data()
-        brokers = await self._cluster.serving()  # a replica, while its master is away
+        try:
+            brokers = await self._cluster.serving()  # a replica, while its master is away
+        except TidemarkError as e:  # no name server answers, or they know no broker yet (all restarted)
+            log.warning("heartbeat failed: no broker known now", event="heartbeat_failed", group=self._group,
+                        error=e)
+            return
 
         async def one(conn: BrokerConnection) -> list[str]:
             owned = [q for q in data.owned_queues if q.broker_name == conn.broker_name]

@@ -4,8 +4,10 @@ list; a heartbeat's answer that a push overtook never puts an older list back.""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from tidemark.client.consumer.membership import GroupMembership, HeartbeatData
+from tidemark.client.errors import UnavailableError
 
 
 class ScriptedBroker:
@@ -51,3 +53,21 @@ def test_a_heartbeat_answer_overtaken_by_a_push_does_not_put_an_older_list_back(
         for task in m._watches.values():
             task.cancel()
     asyncio.run(scenario())
+
+
+def test_a_heartbeat_with_no_broker_known_is_a_warning_not_a_failed_job(caplog):
+    """The name servers restarted and no broker registered with them yet (a fault run found the heartbeat
+    job failing with a traceback): the heartbeat logs a warning and the next one tries again."""
+    class NoBroker(ScriptedBroker):
+        async def serving(self):
+            raise UnavailableError("the name servers (127.0.0.1:1) know no broker yet")
+
+    async def scenario():
+        data = HeartbeatData((("T", "*"),), "CLUSTERING", "CONSUME_PASSIVELY", False, (), "AVG")
+        m = GroupMembership(cluster=NoBroker(), group="g", client_id="c1", data=lambda: data,
+                            on_change=lambda: None)
+        with caplog.at_level(logging.WARNING, logger="tidemark.client"):
+            await m.heartbeat()
+        assert m.members("broker-a") is None
+    asyncio.run(scenario())
+    assert "event=heartbeat_failed" in caplog.text

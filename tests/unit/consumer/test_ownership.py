@@ -1,10 +1,14 @@
 """QueueOwnership against a scripted broker (no gRPC): a late lock grant for a queue that came back to
-us leaves the new owner's lock alone, and a start offset that cannot be read does not spin."""
+us leaves the new owner's lock alone, a start offset that cannot be read does not spin, and an unlock
+that failed is asked again (with its final commit) unless the queue came back to us meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
 
+import pytest
+
+from tidemark.client.consumer import ownership as ownership_module
 from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
 from tidemark.client.consumer.ownership import QueueOwnership
 from tidemark.client.consumer.queue_state import QueueState
@@ -26,6 +30,8 @@ class ScriptedBroker:
         self.wait_grants: set[MessageQueue] | None = None  # what a waiting call grants (None: all asked)
         self.lock_calls: list[int] = []  # wait_ms of each call
         self.unlocked: list[MessageQueue] = []
+        self.final_offsets: list[tuple[MessageQueue, int]] = []  # final commits of successful unlocks
+        self.unlock_failures = 0  # how many unlock calls fail (as when the broker cannot be reached)
         self.moves = MasterMoves()  # BrokerCluster's: the broker never moves here
 
     async def connection(self, broker_name):
@@ -41,7 +47,11 @@ class ScriptedBroker:
         return [QueueLockGrant(mq, 9, 0, 0, 0) for mq in mqs]
 
     async def unlock_queues(self, group, client_id, mqs, final_offsets=()):
+        if self.unlock_failures:
+            self.unlock_failures -= 1
+            raise RequestTimeoutError("unlock: no answer")
         self.unlocked.extend(mqs)
+        self.final_offsets.extend((c.queue, c.offset) for c in final_offsets)
         return []
 
 
@@ -148,5 +158,62 @@ def test_a_queue_that_arrives_during_a_wait_is_asked_for_at_once_not_after_it():
         broker.release_waiters.set()
         while own.get(MQ1).state is not QueueState.PULLING or own.get(MQ).state is not QueueState.PULLING:
             await asyncio.sleep(0)
+        await own.stop()
+    asyncio.run(scenario())
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 0.01)
+
+
+async def _held_then_released_with_a_failed_unlock(broker: ScriptedBroker, own: QueueOwnership) -> None:
+    broker.grant_now = True
+    await own.update("T", {MQ})
+    own._store.update_offset(MQ, 5, increase_only=True)  # consumed up to 5
+    broker.unlock_failures = 1
+    await own.update("T", set())  # handed over: the final commit and unlock fail
+    assert own.get(MQ) is None and broker.unlocked == []
+
+
+def test_an_unlock_that_failed_is_asked_again_with_its_final_commit(quick_retries):
+    """Issue 27 (partition seed 9021): without this, the broker kept the lock of a queue we had let go of
+    until it expired (60 s), and its next owner waited all that time."""
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        await _held_then_released_with_a_failed_unlock(broker, own)
+        broker.unlock_failures = 2  # still cut off for the first two retries
+        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        assert broker.unlocked == [MQ]
+        assert broker.final_offsets == [(MQ, 5)]  # the handover keeps its final commit
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_a_queue_that_came_back_before_the_unlock_was_asked_again_keeps_its_new_lock(quick_retries):
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        await _held_then_released_with_a_failed_unlock(broker, own)
+        await own.update("T", {MQ})  # ours again (the same client: the broker renews the same lock)
+        assert own.get(MQ).state is QueueState.PULLING
+        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        assert broker.unlocked == [] and broker.final_offsets == []  # neither released nor moved back to 5
+        assert own.get(MQ).state is QueueState.PULLING
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_unlocks_are_not_asked_again_once_the_lock_expired_on_the_broker(quick_retries, monkeypatch):
+    monkeypatch.setattr(ownership_module, "LOCK_LIFETIME_S", 0.0)
+
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        await _held_then_released_with_a_failed_unlock(broker, own)
+        broker.unlock_failures = 1000  # the broker is never reached again
+        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        assert broker.unlock_failures == 1000  # given up without asking: the broker freed the lock itself
         await own.stop()
     asyncio.run(scenario())

@@ -195,9 +195,10 @@ def sync_send(spec: dict, ctl) -> dict:
         ctl.wait_go()
         out = round_trips(lambda: producer.send(Message(topic, payload(0))), count)
         start = time.monotonic()
-        for n in range(0, count, batch):
-            producer.send_batch([Message(topic, payload(n + i)) for i in range(batch)])
-        out["batch_rate"] = (count // batch * batch) / (time.monotonic() - start)
+        batches = max(1, count // batch)
+        for n in range(batches):
+            producer.send_batch([Message(topic, payload(n * batch + i)) for i in range(batch)])
+        out["batch_rate"] = batches * batch / (time.monotonic() - start)
     return {"count": count, **out}
 
 

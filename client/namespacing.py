@@ -95,12 +95,20 @@ class Names:
         out: concurrent.futures.Future[SendResult] = concurrent.futures.Future()
 
         def copy(f: concurrent.futures.Future[SendResult]) -> None:
-            error = f.exception()
-            if error is not None:
+            if f.cancelled():
+                out.cancel()
+            elif not out.set_running_or_notify_cancel():
+                return  # cancelled by the application meanwhile
+            elif (error := f.exception()) is not None:
                 out.set_exception(error)
             else:
                 out.set_result(self.bare_result(f.result()))
+
+        def forward(o: concurrent.futures.Future[SendResult]) -> None:
+            if o.cancelled():
+                future.cancel()  # as without a namespace (the future is cancelled, not the bytes already batched)
         future.add_done_callback(copy)
+        out.add_done_callback(forward)
         return out
 
     def bare_callback(self, callback: Callable[[SendResult | None, BaseException | None], Any] | None

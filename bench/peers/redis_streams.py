@@ -115,12 +115,13 @@ def sync_send(spec: dict, ctl) -> dict:
     ctl.wait_go()
     out = round_trips(lambda: r.xadd(topic, {FIELD: payload(0)}), count)
     start = time.monotonic()
-    for n in range(0, count, batch):
+    batches = max(1, count // batch)
+    for n in range(batches):
         pipe = r.pipeline(transaction=False)
         for i in range(batch):
-            pipe.xadd(topic, {FIELD: payload(n + i)})
+            pipe.xadd(topic, {FIELD: payload(n * batch + i)})
         pipe.execute()
-    out["batch_rate"] = (count // batch * batch) / (time.monotonic() - start)
+    out["batch_rate"] = batches * batch / (time.monotonic() - start)
     r.close()
     return {"count": count, **out}
 

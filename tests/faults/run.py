@@ -202,7 +202,8 @@ class Run:
             for w in [*self.workloads, *([observer] if observer else [])]:
                 w.start()
             for w in self.workloads:  # faults begin once every client has started (see Workload)
-                w.ready.wait(120)
+                if not w.ready.wait(120):
+                    crashes.append(f"{w.name} did not start its clients within 120 s")
             nemesis.play(self.duration)
             for node in self.nodes:
                 if node.proxy is not None:

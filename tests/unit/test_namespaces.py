@@ -125,3 +125,28 @@ def test_a_bad_name_in_a_namespace_is_refused_naming_it(bad, why):
 def test_the_longest_namespace_is_allowed():
     ns = "n" * NAMESPACE_MAX_LENGTH
     assert wrap(ns, "t") == f"{ns}%t"
+
+
+def test_a_bare_future_passes_results_and_cancellation_both_ways():
+    import concurrent.futures
+
+    from tidemark.client.message import MessageQueue, SendResult
+    from tidemark.client.namespacing import Names
+
+    names = Names("ns")
+    inner: concurrent.futures.Future = concurrent.futures.Future()
+    out = names.bare_future(inner)
+    inner.set_result(SendResult("id", MessageQueue("ns%T", "broker-a", 0), 7))
+    assert out.result(1).message_queue.topic == "T"
+
+    inner = concurrent.futures.Future()
+    out = names.bare_future(inner)
+    assert out.cancel()
+    assert inner.cancelled()  # the application's cancel reaches the send
+
+    inner = concurrent.futures.Future()
+    out = names.bare_future(inner)
+    assert inner.set_running_or_notify_cancel()  # the send is under way: it can no longer be cancelled
+    out.cancel()
+    inner.set_result(SendResult("id", MessageQueue("ns%T", "broker-a", 0), 8))  # no InvalidStateError
+    assert out.cancelled()

@@ -80,6 +80,11 @@ class NotCurrentError(StoreError):
     server names. UNAVAILABLE: retriable."""
 
 
+class TruncateBelowOldestError(StoreError):
+    """A replica asked to cut its commit log back to below its oldest record (it deleted older segments than
+    its master holds): refused with nothing changed, as the log would otherwise end before it starts."""
+
+
 class NotEnoughReplicasError(StoreError):
     """A sync-replication send refused before it was stored: fewer connected replicas are in sync than
     min_sync_replicas (RocketMQ 5's HA_NOT_AVAILABLE, Kafka's NOT_ENOUGH_REPLICAS)."""

@@ -43,13 +43,18 @@ def record_digests(log: CommitLog, offsets: Sequence[int]) -> list[int]:
 
 
 class Search:
-    """The master's side: where a replica ending at `replica_end` must truncate to (`found`), by rounds of
-    `probes()` answered with `answer()`. Invariant: the records starting before `lo` are the same in both
-    logs, and the point lies in [lo, hi]."""
+    """The master's side: where a replica holding [replica_oldest, replica_end) must truncate to (`found`), by
+    rounds of `probes()` answered with `answer()`. Invariant: the records starting before `lo` are the same
+    in both logs (or one of them no longer holds them), and the point lies in [lo, hi].
 
-    def __init__(self, log: CommitLog, replica_end: int) -> None:
+    The search starts at the later of the two logs' oldest records: below the replica's, it answers that no
+    record starts there, which says nothing about where the logs part, and a cut there would be below the
+    replica's oldest record. (A replica whose oldest record is past the master's end gets a `found` below
+    it: nothing of its log can be checked, it must copy the master again.)"""
+
+    def __init__(self, log: CommitLog, replica_end: int, replica_oldest: int = 0) -> None:
         self._log = log
-        self.lo = log.min_offset
+        self.lo = max(log.min_offset, replica_oldest)
         self._replica_end = replica_end
         self.hi = min(replica_end, log.max_offset)
         self.rounds = 0

@@ -176,7 +176,8 @@ class ReplicaSync:
     async def _copy(self, call) -> None:
         store = self._store
         end, digest = store.commit_log_max_offset, store.commit_log.tail_digest(store.commit_log_max_offset)
-        hello = replication_pb2.ReplicaProgress(commit_log_end=end, **self._hello)
+        hello = replication_pb2.ReplicaProgress(commit_log_end=end, commit_log_min=store.commit_log_min_offset,
+                                                **self._hello)
         if digest is not None:
             hello.tail_crc = digest
         await call.write(hello)

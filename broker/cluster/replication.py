@@ -386,7 +386,7 @@ class ReplicationSource:
         store, start = self._store, hello.commit_log_end
         if start > store.commit_log_min_offset and not agrees(
                 store.commit_log, start, hello.tail_crc if hello.HasField("tail_crc") else None):
-            search = Search(store.commit_log, start)
+            search = Search(store.commit_log, start, hello.commit_log_min)
             while search.found is None:  # rounds of probes: where the logs part, to the record
                 probes = search.probes()
                 yield replication_pb2.ReplicationChunk(offset=probes[0], master_end=store.commit_log_max_offset,
@@ -399,6 +399,11 @@ class ReplicationSource:
                 else:  # a replica from before probes: it is cut as it was, from its segment's start
                     search.fall_back()
             cut = search.found
+            if cut < hello.commit_log_min:
+                raise FailedPreconditionError(
+                    f"the replica holds [{hello.commit_log_min}, {start}) and disagrees with this master, which ends "
+                    f"at {store.commit_log_max_offset}: no record it holds can be kept; clear the replica's data dir "
+                    f"to copy the master again")
             log.warning("replica %s/%d disagrees with this log before %d; it truncates to %d, the first record "
                         "where the logs part (%d rounds of probes)", hello.broker_name, hello.broker_id, start, cut,
                         search.rounds, event="replica_diverged", offset=start, truncate_to=cut, rounds=search.rounds)

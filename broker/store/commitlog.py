@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidemark.broker.errors import StoreError
+from tidemark.broker.errors import StoreError, TruncateBelowOldestError
 from tidemark.broker.store import codec
 from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
 from tidemark.broker.store.model import StoredMessage
@@ -176,9 +176,8 @@ class CommitLog:
         write position forward. Raises OSError when the truncation fails; the
         caller retries later (writes stay refused meanwhile).
         """
-        if end > self._write_end:
-            raise StoreError(f"cannot cut the commit log back to {end}: it ends at {self._write_end}")
-        index = bisect_right(self._starts, end) - 1  # -1: no segment yet, nothing to cut
+        self.check_cut_back(end)
+        index = bisect_right(self._starts, end) - 1
         if index >= 0:
             segment = self._segments[index]
             segment.truncate(max(0, end - segment.start))
@@ -191,6 +190,15 @@ class CommitLog:
                 del self._starts[index + 1 :]
                 self._dirty.add_dir(self._dir)
         self._write_end = end
+
+    def check_cut_back(self, end: int) -> None:
+        """StoreError unless cut_back(end) may run: `end` within [min_offset, max_offset] (below the oldest
+        record no segment holds it, and the log would end before it starts: TruncateBelowOldestError)."""
+        if end > self._write_end:
+            raise StoreError(f"cannot cut the commit log back to {end}: it ends at {self._write_end}")
+        if end < self.min_offset:
+            raise TruncateBelowOldestError(f"cannot cut the commit log back to {end}, below its oldest record "
+                                           f"{self.min_offset}")
 
     def _writable_segment(self) -> FileHandle:
         if not self._segments:

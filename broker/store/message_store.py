@@ -427,8 +427,10 @@ class MessageStore:
     async def truncate_to(self, end: int) -> int:
         """Replica: drop every record at or past `end` (a tail its master does not have); the bytes
         dropped. The checkpoint moves back with it (under the flush lock, so a flush taken before the cut
-        cannot put it forward again): recovery after a crash then scans from a record boundary."""
+        cannot put it forward again): recovery after a crash then scans from a record boundary.
+        TruncateBelowOldestError, nothing changed, for an `end` below the oldest record."""
         async with self._flush_lock:
+            self._commitlog.check_cut_back(min(end, self._commitlog.max_offset))  # before anything changes
             dropped = max(0, self._commitlog.max_offset - end)
             if dropped:
                 for queue in self._queues:

@@ -11,7 +11,7 @@ import pytest
 from store_testlib import body_for
 
 from tidemark.broker.cluster.divergence import Search, agrees, record_digests
-from tidemark.broker.errors import StoreError
+from tidemark.broker.errors import StoreError, TruncateBelowOldestError
 from tidemark.broker.store import MessageStore, commitlog
 
 
@@ -127,7 +127,7 @@ def _divergence(master: MessageStore, replica: MessageStore) -> tuple[int | None
     end = replica.commit_log_max_offset
     if agrees(master.commit_log, end, replica.commit_log.tail_digest(end)):
         return None, 0
-    search = Search(master.commit_log, end)
+    search = Search(master.commit_log, end, replica.commit_log_min_offset)
     while search.found is None:
         search.answer(record_digests(replica.commit_log, search.probes()))
     return search.found, search.rounds
@@ -173,6 +173,42 @@ def test_a_divergent_tail_is_cut_at_the_first_record_where_the_logs_part(config,
         assert sum(len(master.replication_chunk(o, 1 << 20)) for o in _chunk_starts(master, point)) == copied
         _replicate(master, replica, 1 << 20)
         assert _contents(replica, "T", 0) == _contents(master, "T", 0)
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_that_deleted_older_segments_than_its_master_is_cut_at_the_point_not_below_its_oldest(
+        config, clock, make_records, tmp_path):
+    """The search starts at the replica's oldest record when it deleted segments its master still holds: a
+    probe below it finds no record there, which is not where the logs part. And a cut below the oldest
+    record is refused with nothing changed (it used to leave a log whose oldest record was past its end)."""
+    async def scenario():
+        master = MessageStore(config, clock=clock)
+        master.load()
+        await master.start()
+        replica = MessageStore(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock=clock)
+        replica.load()
+        await replica.start()
+        await master.put_messages(make_records(60))  # several 4 KiB segments
+        _replicate(master, replica, 1 << 20)
+        point = replica.commit_log_max_offset
+        assert replica.delete_expired_segments(force=True) > 0
+        oldest = replica.commit_log_min_offset
+        assert master.commit_log_min_offset < oldest < point
+        await master.put_messages(make_records(5, start=60))
+        await replica.put_messages([dataclasses.replace(r, body=b"own" + r.body)
+                                    for r in make_records(5, start=500)])
+        before, end_before = _contents(replica, "T", 0), replica.commit_log_max_offset
+        with pytest.raises(TruncateBelowOldestError, match=f"below its oldest record {oldest}"):
+            await replica.truncate_to(master.commit_log_min_offset)
+        assert (replica.commit_log_min_offset, replica.commit_log_max_offset) == (oldest, end_before)
+        assert _contents(replica, "T", 0) == before
+        cut, _ = _divergence(master, replica)
+        assert cut == point
+        assert await replica.truncate_to(cut) == end_before - cut
+        _replicate(master, replica, 1 << 20)
+        assert _contents(replica, "T", 0) == _contents(master, "T", 0)[-len(_contents(replica, "T", 0)):]
+        assert replica.commit_log_max_offset == master.commit_log_max_offset
 
     asyncio.run(scenario())
 

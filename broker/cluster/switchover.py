@@ -110,13 +110,18 @@ class Switchover:
                                   f"{broker.epoch}): name one of its replicas")
         if self._took_over is not None:
             raise SwitchoverError(f"a switchover of broker {c.broker_name} to {c.address} is already running")
+        # Claimed before the first await: a second call arriving meanwhile is refused here, and never
+        # replaces or clears the event this one waits on.
+        took_over = self._took_over = asyncio.Event()
         try:
-            return await self._request(broker)
+            return await self._request(broker, took_over)
         except MEMBER_FAILURES as e:  # (the master may still hand over: it answers a request it got)
             raise SwitchoverError(f"etcd failed during the switchover of broker {c.broker_name} to {c.address} "
                                   f"({e!r}): see `tidemark cluster list` for who is master") from None
+        finally:
+            self._took_over = None
 
-    async def _request(self, broker) -> int:
+    async def _request(self, broker, took_over: asyncio.Event) -> int:
         c = broker.config
         master = (await self._election.view()).master
         if master is None or master.address != c.master or not broker.replica.connected:
@@ -126,7 +131,6 @@ class Switchover:
         mine = Request(self._election.broker_id, c.address, master.epoch, secrets.token_hex(8))
         lease = await self._client.lease(math.ceil(self.timeout_s + 2 * self._election.ttl_s))
         t = self._client.transactions
-        self._took_over = asyncio.Event()
         try:
             put, found = await self._client.transaction(
                 compare=[t.version(self._key) == 0, t.value(self._master_key) == master.encode()],
@@ -139,30 +143,29 @@ class Switchover:
                 raise SwitchoverError(f"the master of broker {c.broker_name} changed meanwhile: try again")
             log.warning("asked master %s to hand its mastership to this broker", master.address,
                         event="switchover_requested", master=master.address, epoch=master.epoch)
-            return await self._answer(broker, mine)
+            return await self._answer(broker, mine, took_over)
         finally:
-            self._took_over = None
             try:  # the request goes with it
                 await self._client.revoke_lease(lease.id)
             except MEMBER_FAILURES as e:  # it expires by itself
                 log.warning("could not withdraw the switchover request: %r", e, event="switchover_not_withdrawn")
 
-    async def _answer(self, broker, mine: Request) -> int:
+    async def _answer(self, broker, mine: Request, took_over: asyncio.Event) -> int:
         # The master gives up after its timeout; etcd's and the successor's steps come after a handover.
         deadline = self._clock() + self.timeout_s + self._election.ttl_s
         while self._clock() < deadline:
-            if self._took_over.is_set():
+            if took_over.is_set():
                 return broker.epoch
             found = await self._client.get(self._key)
             now = Request.decode(found.value) if found is not None else None
             if now is None or now.token != mine.token:
-                if (await self._election.view()).handover is None and not self._took_over.is_set():
+                if (await self._election.view()).handover is None and not took_over.is_set():
                     raise SwitchoverError("the switchover request left etcd before the master answered it "
                                           "(its lease expired): nothing changed")
             elif now.refused:
                 raise SwitchoverError(now.refused)
             try:
-                await asyncio.wait_for(self._took_over.wait(), ANSWER_POLL_S)
+                await asyncio.wait_for(took_over.wait(), ANSWER_POLL_S)
             except TimeoutError:
                 pass
         raise SwitchoverError(f"no answer from the master within {self.timeout_s + self._election.ttl_s:g} s: "

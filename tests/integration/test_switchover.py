@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import aetcd
 import pytest
@@ -22,7 +23,8 @@ from faults.controller import in_sync
 from workload import wait_until
 
 from tidemark.broker.cluster.election import Election, Master, parse_controller
-from tidemark.broker.cluster.switchover import Request
+from tidemark.broker.cluster.switchover import Request, Switchover
+from tidemark.broker.errors import SwitchoverError
 from tidemark.client import (
     Admin,
     FailedPreconditionError,
@@ -287,3 +289,39 @@ def test_a_caller_without_update_on_the_cluster_is_refused_when_auth_is_on(etcd,
     with Admin(brokers=replica.address, credentials=op) as admin:
         assert admin.promote(replica.address).epoch == before.epoch + 1
     wait_until(lambda: role(master.address, op) == ("REPLICA", replica.address), 30, "the old master to follow")
+
+
+def test_a_second_promote_while_one_runs_is_refused_and_the_first_completes(etcd):
+    """Two `tidemark broker promote` calls of one replica at once: the second is refused at once, without
+    touching the first's request or the event it waits on; the first gets its answer. (Each used to pass
+    the "already running" check before either had claimed it, the one etcd refused cleared the other's
+    event, and the other failed with an AttributeError, withdrawing its request while the master may have
+    been paused.) The real Switchover and Election against a real etcd; the broker is only what a
+    request reads of it."""
+    async def scenario():
+        [(host, port)] = parse_controller(etcd.url)
+        async with aetcd.Client(host, port, timeout=5) as client:
+            master = await Election(client, "DefaultCluster", "broker-a", 1, "127.0.0.1:1", ttl_s=LEASE_S).campaign()
+            election = Election(client, "DefaultCluster", "broker-a", 2, "127.0.0.1:2", ttl_s=LEASE_S)
+            switchover = Switchover(client, election, timeout_s=5)
+            broker = SimpleNamespace(config=SimpleNamespace(broker_name="broker-a", address="127.0.0.1:2",
+                                                            master=master.address),
+                                     replica=SimpleNamespace(connected=True), epoch=master.epoch + 1)
+            key = (KEYS + "switchover").encode()
+            watch = await client.watch(key)
+            try:
+                first = asyncio.ensure_future(switchover.request(broker))
+                second = asyncio.ensure_future(switchover.request(broker))
+                done, _ = await asyncio.wait([first, second], timeout=10, return_when=asyncio.FIRST_COMPLETED)
+                assert done == {second}, "the first call ended first: " + repr(next(iter(done)).exception())
+                with pytest.raises(SwitchoverError, match="already running"):
+                    second.result()
+                async with asyncio.timeout(10):  # the first call's request reaches etcd
+                    event = await anext(aiter(watch))
+                assert Request.decode(event.kv.value).successor == 2 and not first.done()
+            finally:
+                await watch.cancel()
+            switchover.took_over()  # what ControllerMode says once this broker won the mastership
+            assert await asyncio.wait_for(first, 10) == master.epoch + 1
+            assert await client.get(key) is None, "the first call withdrew its request once answered"
+    asyncio.run(scenario())

@@ -36,7 +36,7 @@ from tidemark.broker.cluster.roles import Role, forget_role, load_role, save_rol
 from tidemark.broker.cluster.switchover import Switchover
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.errors import FailedPreconditionError, StoreError
-from tidemark.broker.store.commitlog import end_on_disk
+from tidemark.broker.store.logscan import end_on_disk
 from tidemark.common.backoff import Backoff
 from tidemark.common.fsutil import atomic_write
 from tidemark.common.logs import get_logger

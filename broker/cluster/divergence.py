@@ -21,9 +21,11 @@ agreed: correct too, but it dropped and copied again every record of those segme
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
 from tidemark.broker.store.commitlog import CommitLog
+from tidemark.broker.store.logscan import sample_record_starts
 
 PROBES = 64
 NO_RECORD = -1  # a digest on the wire for "no record starts there"
@@ -62,20 +64,27 @@ class Search:
         self._asked: list[int] = []
         self._complete = False  # whether _asked holds every record start in [lo, hi)
 
-    def probes(self) -> list[int]:
-        """The record starts of this log to ask the replica about next, `lo` first."""
+    async def probes(self) -> list[int]:
+        """The record starts of this log to ask the replica about next, `lo` first. Within one segment they
+        are sampled from every record header of what is left, in another thread: seconds for a 2 GiB
+        segment, longer than a master's lease leaves it to renew (the bytes below this log's end never
+        change, and the thread reads a duplicate fd, which outlives the segment's deletion)."""
         log, lo, hi = self._log, self.lo, self.hi
         later_segments = range(log.segment_start(lo) + log.segment_size, hi, log.segment_size)
         if later_segments:  # across segments: their starts first, no scan
             step = -(-len(later_segments) // (PROBES - 1))
             self._asked, self._complete = [lo, *later_segments[::step]], False
             return self._asked
-        step, asked, seen = max(1, (hi - lo) // PROBES), [], 0
-        for start in log.record_starts(lo, hi):
-            seen += 1
-            if start >= lo + len(asked) * step:
-                asked.append(start)
-        self._asked, self._complete = asked or [lo], seen == len(asked)
+        reader = log.segment_reader(lo)
+        if reader is None:
+            asked, complete = [], True
+        else:
+            read, start, end, close = reader
+            try:
+                asked, complete = await asyncio.to_thread(sample_record_starts, read, start, end, lo, hi, PROBES)
+            finally:
+                close()
+        self._asked, self._complete = asked or [lo], complete
         return self._asked
 
     def answer(self, digests: Sequence[int]) -> None:

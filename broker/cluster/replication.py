@@ -388,7 +388,7 @@ class ReplicationSource:
                 store.commit_log, start, hello.tail_crc if hello.HasField("tail_crc") else None):
             search = Search(store.commit_log, start, hello.commit_log_min)
             while search.found is None:  # rounds of probes: where the logs part, to the record
-                probes = search.probes()
+                probes = await search.probes()
                 yield replication_pb2.ReplicationChunk(offset=probes[0], master_end=store.commit_log_max_offset,
                                                        probe=probes)
                 answer = await anext(requests, None)

@@ -14,7 +14,7 @@ segment's fd. All methods run on the event-loop thread; flush jobs handed out by
 
 from __future__ import annotations
 
-import re
+import os
 import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
@@ -22,32 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.broker.errors import StoreError, TruncateBelowOldestError
-from tidemark.broker.store import codec
+from tidemark.broker.store import codec, logscan
 from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
+from tidemark.broker.store.logscan import SCAN_CHUNK, SEGMENT_NAME
 from tidemark.broker.store.model import StoredMessage
 from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.store")
 
-SEGMENT_NAME = re.compile(r"\d{20}")  # fullmatch: `$` would accept a trailing newline
-# Recovery reads segments in chunks this big (a bigger record gets its own read).
-_SCAN_CHUNK = 4 * 1024 * 1024
 # Bytes before a replica's end that it and its master compare (CommitLog.tail_digest).
 TAIL_DIGEST_BYTES = 4096
 # A first read that catches most records whole, so one pread usually suffices.
 _READ_GUESS = 4096
 
 _PHYS = codec.PHYS_FIELD.unpack_from
-
-
-def end_on_disk(directory: Path) -> int:
-    """Where the commit log in `directory` ends as its files say (its last segment's start plus that file's
-    size), without opening it: recovery may still cut a torn tail off. 0 without a segment."""
-    try:
-        names = sorted(p.name for p in directory.iterdir() if SEGMENT_NAME.fullmatch(p.name))
-    except FileNotFoundError:
-        return 0
-    return int(names[-1]) + (directory / names[-1]).stat().st_size if names else 0
 
 
 def _run_intact(data: bytes, offset: int, sizes: list[int]) -> bool:
@@ -299,40 +287,35 @@ class CommitLog:
                                                                    + codec.PHYS_OFFSET_FIELD), 0)[0] == offset
 
     def record_digest(self, offset: int) -> int | None:
-        """crc32 of the record starting at `offset` (of an end-of-segment marker: its header), with the offset:
-        how two logs tell whether they hold the same record there (broker/cluster/divergence.py). None when
-        no record starts there."""
+        """logscan.record_digest of the record starting at `offset`; None when no record starts there."""
         if offset >= self._write_end or not self.is_boundary(offset):
             return None
         segment = self._segment_for(offset)
-        pos = offset - segment.start
-        total, magic = codec.PREFIX.unpack_from(segment.pread(codec.BLANK_SIZE, pos))
-        record = segment.pread(codec.BLANK_SIZE if magic == codec.BLANK_MAGIC else total, pos)
-        return zlib.crc32(record, zlib.crc32(offset.to_bytes(8, "big")))
+        return logscan.record_digest(segment.pread, segment.start, offset)
 
     def record_starts(self, start: int, end: int) -> Iterator[int]:
         """The offsets where records (and end-of-segment markers) start in [start, end), from `start` (a record
-        start) on, reading their headers a chunk at a time; stops early at anything that is not a record."""
+        start) on, across segments (logscan.segment_record_starts)."""
         pos, end = start, min(end, self._write_end)
-        while pos < end:
-            segment = self._segment_for(pos)
-            if segment is None:
-                return
-            chunk = segment.pread(min(_SCAN_CHUNK, segment.end - pos), pos - segment.start)
-            off = 0
-            while off + codec.BLANK_SIZE <= len(chunk) and pos + off < end:
-                total, magic = codec.PREFIX.unpack_from(chunk, off)
-                if magic == codec.BLANK_MAGIC:
-                    yield pos + off
-                    off = segment.end - pos  # the next segment's start
-                    break
-                if magic != codec.MESSAGE_MAGIC or total < codec.MIN_RECORD_SIZE:
-                    return
-                yield pos + off
-                off += total
-            if off == 0:
-                return
-            pos += off
+        while pos < end and (segment := self._segment_for(pos)) is not None:
+            last = None
+            for last in logscan.segment_record_starts(segment.pread, segment.start, segment.end, pos, end):
+                yield last
+            if last is None or segment.end < segment.start + segment.capacity or \
+                    codec.PREFIX.unpack_from(segment.pread(codec.BLANK_SIZE, last - segment.start))[1] \
+                    != codec.BLANK_MAGIC:
+                return  # the end, or something that is not a record
+            pos = segment.end  # after its end-of-segment marker: the next segment
+
+    def segment_reader(self, offset: int) -> tuple[logscan.Read, int, int, Callable[[], None]] | None:
+        """For reading the segment holding `offset` in another thread: a read through a duplicate of its fd
+        (readable even if the segment is deleted meanwhile), the segment's start and end now, and what
+        closes the duplicate. None when no segment holds it."""
+        segment = self._segment_for(offset)
+        if segment is None:
+            return None
+        fd = os.dup(segment.fd())
+        return (lambda n, pos: os.pread(fd, n, pos)), segment.start, segment.end, lambda: os.close(fd)
 
     def segment_start(self, offset: int) -> int:
         """The start of the segment holding `offset` (a record boundary)."""
@@ -520,13 +503,13 @@ class CommitLog:
     ) -> tuple[int, bool]:
         """Scan one segment from `pos`; return (position reached, whether everything was valid)."""
         data_end = segment.end
-        want = _SCAN_CHUNK
+        want = SCAN_CHUNK
         while pos < data_end:
             chunk = memoryview(segment.pread(min(want, data_end - pos), pos - segment.start))
             n = len(chunk)
             if n == 0:
                 return pos, False
-            want = _SCAN_CHUNK
+            want = SCAN_CHUNK
             off = 0
             while off + codec.BLANK_SIZE <= n:
                 total, magic = codec.PREFIX.unpack_from(chunk, off)
@@ -543,7 +526,7 @@ class CommitLog:
                 ):
                     return here, False
                 if off + total > n:
-                    want = max(_SCAN_CHUNK, total)  # read again from this record
+                    want = max(SCAN_CHUNK, total)  # read again from this record
                     break
                 if not codec.crc_ok(chunk, off, total):
                     log.warning("commit log record at %d fails its CRC", here)

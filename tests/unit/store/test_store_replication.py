@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import threading
 
 import pytest
 from store_testlib import body_for
@@ -121,7 +123,7 @@ def test_a_tail_the_master_does_not_have_is_truncated_from_log_and_queues(config
     asyncio.run(scenario())
 
 
-def _divergence(master: MessageStore, replica: MessageStore) -> tuple[int | None, int]:
+async def _divergence(master: MessageStore, replica: MessageStore) -> tuple[int | None, int]:
     """Where the replica must truncate to (None: it agrees), and in how many rounds of probes, as
     ReplicationSource.serve asks it."""
     end = replica.commit_log_max_offset
@@ -129,7 +131,7 @@ def _divergence(master: MessageStore, replica: MessageStore) -> tuple[int | None
         return None, 0
     search = Search(master.commit_log, end, replica.commit_log_min_offset)
     while search.found is None:
-        search.answer(record_digests(replica.commit_log, search.probes()))
+        search.answer(record_digests(replica.commit_log, await search.probes()))
     return search.found, search.rounds
 
 
@@ -157,18 +159,18 @@ def test_a_divergent_tail_is_cut_at_the_first_record_where_the_logs_part(config,
             await master.put_messages(make_records(agreed))
             _replicate(master, replica, 1 << 20)
         point = replica.commit_log_max_offset
-        assert _divergence(master, replica) == (None, 0)
+        assert await _divergence(master, replica) == (None, 0)
         if master_tail:
             await master.put_messages(make_records(master_tail, start=agreed))
         await replica.put_messages([dataclasses.replace(r, body=b"own" + r.body)
                                     for r in make_records(replica_tail, start=500)])
         before = _contents(replica, "T", 0)[:agreed]
-        cut, rounds = _divergence(master, replica)
+        cut, rounds = await _divergence(master, replica)
         assert cut == point and rounds <= 4, (cut, point, rounds)
         assert await replica.truncate_to(cut) == replica.commit_log_max_offset - cut or cut == point
         assert replica.commit_log_max_offset == point and replica.max_offset("T", 0) == agreed
         assert _contents(replica, "T", 0) == before, "a record before the point changed"
-        assert _divergence(master, replica) == (None, 0)
+        assert await _divergence(master, replica) == (None, 0)
         copied = master.commit_log_max_offset - point
         assert sum(len(master.replication_chunk(o, 1 << 20)) for o in _chunk_starts(master, point)) == copied
         _replicate(master, replica, 1 << 20)
@@ -203,7 +205,7 @@ def test_a_replica_that_deleted_older_segments_than_its_master_is_cut_at_the_poi
             await replica.truncate_to(master.commit_log_min_offset)
         assert (replica.commit_log_min_offset, replica.commit_log_max_offset) == (oldest, end_before)
         assert _contents(replica, "T", 0) == before
-        cut, _ = _divergence(master, replica)
+        cut, _ = await _divergence(master, replica)
         assert cut == point
         assert await replica.truncate_to(cut) == end_before - cut
         _replicate(master, replica, 1 << 20)
@@ -238,11 +240,50 @@ def test_the_search_narrows_a_long_segment_by_rounds_and_a_replica_without_probe
         point = replica.commit_log_max_offset
         await master.put_messages(make_records(10, start=5000))
         await replica.put_messages(make_records(10, start=6000))
-        cut, rounds = _divergence(master, replica)
+        cut, rounds = await _divergence(master, replica)
         assert cut == point and 2 <= rounds <= 3, (cut, rounds)
         search = Search(master.commit_log, replica.commit_log_max_offset)
         search.fall_back()
         assert search.found == 0  # the segment's start: what was cut before probes
+
+    asyncio.run(scenario())
+
+
+def test_a_round_of_probes_within_a_segment_reads_its_records_off_the_event_loop(config, clock, make_records,
+                                                                                   tmp_path, monkeypatch):
+    """Sampling record starts reads every record header of what is left of the segment: seconds for a 2 GiB
+    one, which the master's event loop (renewing its lease) must not wait for."""
+    big = dataclasses.replace(config, commitlog_segment_size=1 << 20)
+
+    async def scenario():
+        master = MessageStore(big, clock=clock)
+        master.load()
+        await master.start()
+        replica = MessageStore(dataclasses.replace(big, data_dir=tmp_path / "replica"), clock=clock)
+        replica.load()
+        await replica.start()
+        await master.put_messages(make_records(300))
+        _replicate(master, replica, 1 << 20)
+        point = replica.commit_log_max_offset
+        await master.put_messages(make_records(10, start=5000))
+        await replica.put_messages(make_records(10, start=6000))
+        loop_thread, pread = threading.get_ident(), os.pread
+        readers = []
+
+        def watched(fd, n, pos):
+            readers.append(threading.get_ident())
+            return pread(fd, n, pos)
+
+        search = Search(master.commit_log, replica.commit_log_max_offset, replica.commit_log_min_offset)
+        monkeypatch.setattr(os, "pread", watched)
+        probes = await search.probes()
+        monkeypatch.setattr(os, "pread", pread)
+        assert len(probes) > 1 and readers, "a round within one segment samples its record starts"
+        assert loop_thread not in readers, "the sampling read records on the event loop"
+        search.answer(record_digests(replica.commit_log, probes))
+        while search.found is None:
+            search.answer(record_digests(replica.commit_log, await search.probes()))
+        assert search.found == point
 
     asyncio.run(scenario())
 

@@ -456,3 +456,61 @@ def test_a_queue_whose_unlock_failed_reaches_its_next_owner_once_the_network_hea
             if new is not None:
                 new.shutdown()
             old.shutdown()
+
+
+def test_a_retried_unlock_to_a_broker_cut_off_does_not_hold_up_handovers_on_another(broker_factory):
+    """Review of issue 27's fix: the retry held the ownership lock across its call, so while broker-a was
+    cut off every rebalance of the consumer waited a request timeout (here 20 s) behind it."""
+    broker_a, broker_b = broker_factory("broker-a"), broker_factory("broker-b")
+    with Admin(brokers=broker_a.address) as admin:
+        admin.create_topic("Away", 1)
+    with Admin(brokers=broker_b.address) as admin:
+        admin.create_topic("Here", 2)
+    away, here = MessageQueue("Away", "broker-a", 0), MessageQueue("Here", "broker-b", 1)
+    with Producer(brokers=broker_a.address) as producer:
+        producer.send(Message("Away", b"first"), queue=away)
+    gate, consuming = threading.Event(), threading.Event()
+
+    def hold_first(msgs, ctx):
+        if any(m.topic == "Away" for m in msgs):
+            consuming.set()
+            gate.wait(30)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+    def consumer(addresses: list[str], instance: str, timeout_s: float = 3.0) -> PushConsumer:
+        c = PushConsumer(group="cutoff", brokers=addresses, instance_name=instance, request_timeout_s=timeout_s,
+                         consume_from_where="CONSUME_FROM_FIRST_OFFSET")
+        c.subscribe("Away")
+        c.subscribe("Here")
+        c.register_message_listener(hold_first)
+        return c.start()
+
+    started: list[PushConsumer] = []
+    with FaultProxy(broker_a.address) as proxy:
+        try:
+            # Client ids sort: "z-old" holds Here/1 beside "a-new", and gives it to "b-third" when it joins.
+            old = consumer([proxy.address, broker_b.address], "z-old", timeout_s=20.0)
+            started.append(old)
+            assert consuming.wait(15), "the old owner never got the first message"
+            started.append(consumer([broker_a.address, broker_b.address], "a-new"))
+            wait_until(lambda: away not in old.owned_queues() and here in old.owned_queues(), 15,
+                       "the old owner to start handing Away/0 over and to keep Here/1")
+            proxy.refuse(True)
+            proxy.reset()
+            gate.set()  # the final commit and unlock of Away/0 fail at once: asked again every second
+            wait_until(lambda: old.stats()["handovers"] >= 1, 15, "the old owner to let go of Away/0")
+            proxy.refuse(False)
+            proxy.blackhole(True)  # from now on each retry waits its whole request timeout (20 s)
+            wait_until(lambda: proxy.open_connections() > 0, 15, "a retry to reach the cut-off broker")
+            third = consumer([broker_a.address, broker_b.address], "b-third")
+            started.append(third)
+            wait_until(lambda: here in third.owned_queues(), 10,
+                       "Here/1 (broker-b) to reach its next owner while the retry to broker-a waits")
+            with Admin(brokers=broker_a.address) as admin:  # the unlock of Away/0 is still under way
+                assert any(lk.queue == away and "z-old" in lk.client_id
+                           for lk in admin.describe_group("cutoff").locks)
+        finally:
+            gate.set()
+            proxy.heal()
+            for c in reversed(started):
+                c.shutdown()

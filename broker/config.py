@@ -20,6 +20,7 @@ from typing import Any
 
 from tidemark.broker.store.model import MIN_SEGMENT_SIZE
 from tidemark.common.env_secrets import secret_from_env
+from tidemark.common.protocol import PROMOTE_DEADLINE_S, PROMOTE_ETCD_MARGIN_S
 from tidemark.common.protocol import (
     DEFAULT_DELAY_LEVELS,
     DEFAULT_PORT,
@@ -76,7 +77,8 @@ class BrokerConfig:
                                        "it stops taking writes, and an in-sync replica takes over once it expires")
     switchover_timeout_ms: int = _setting(10_000, "Controller mode: how long a master handing its mastership to the "
                                           "replica `tidemark broker promote` names waits, writes paused, for it "
-                                          "to hold everything; then it takes writes again and refuses")
+                                          "to hold everything; then it takes writes again and refuses (100..20000, and "
+                                          "with controller_lease_s at most 28 s)")
     replication: ReplicationMode = _setting(ReplicationMode.ASYNC, "async: answer sends at once; sync: answer only "
                                             "once min_sync_replicas replicas have them, refuse them while fewer "
                                             "are in sync (master)")
@@ -182,8 +184,15 @@ def _controller_problems(c: BrokerConfig):
         yield "controller_user must be NAME:PASSWORD"
     if not MIN_TTL_S <= c.controller_lease_s <= 60:
         yield f"controller_lease_s must be {MIN_TTL_S}..60, got {c.controller_lease_s}"
-    if not 100 <= c.switchover_timeout_ms <= 20_000:  # (the promote call waits 30 s, a lease more than this)
+    if not 100 <= c.switchover_timeout_ms <= 20_000:
         yield f"switchover_timeout_ms must be 100..20000, got {c.switchover_timeout_ms}"
+    # A promote waits for the master's answer up to the switchover timeout plus a lease (switchover.py's
+    # _answer), and its client gives up after PROMOTE_DEADLINE_S: it would report a timeout while the
+    # switchover may still go through.
+    elif c.switchover_timeout_ms / 1000 + c.controller_lease_s > PROMOTE_DEADLINE_S - PROMOTE_ETCD_MARGIN_S:
+        yield (f"switchover_timeout_ms ({c.switchover_timeout_ms / 1000:g} s) plus controller_lease_s "
+               f"({c.controller_lease_s} s) must be at most {PROMOTE_DEADLINE_S - PROMOTE_ETCD_MARGIN_S:g} s: "
+               f"`tidemark broker promote` waits {PROMOTE_DEADLINE_S:g} s for the switchover's outcome")
 
 
 def _problems(c: BrokerConfig):

@@ -28,6 +28,11 @@ SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANSACTION_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANSACTION_OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 SYSTEM_TOPIC_PREFIXES = (RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)
+# How long a client waits for PromoteBroker's answer (`tidemark broker promote`). A broker in controller
+# mode may take its switchover timeout plus a lease, and a few etcd calls (PROMOTE_ETCD_MARGIN_S), to
+# answer: its config is refused unless that fits (broker/config.py).
+PROMOTE_DEADLINE_S = 30.0
+PROMOTE_ETCD_MARGIN_S = 2.0
 
 TOPIC_MAX_LENGTH = 127
 GROUP_MAX_LENGTH = 255

@@ -57,7 +57,7 @@ from tidemark.client.types import (
     UserInfo,
 )
 from tidemark.common.auth import Credentials
-from tidemark.common.protocol import ERROR_CLASS_KEY, ExpressionType
+from tidemark.common.protocol import ERROR_CLASS_KEY, PROMOTE_DEADLINE_S, ExpressionType
 from tidemark.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -384,7 +384,7 @@ class BrokerConnection:
     async def promote(self) -> BrokerInfo:
         """Make this replica the master of its broker name (a new epoch)."""
         return convert.broker_info(await self._call(self._admin.PromoteBroker, admin_pb2.PromoteBrokerRequest(),
-                                                    30.0))
+                                                    PROMOTE_DEADLINE_S))
 
     async def update_broker_permission(self, *, readable: bool, writable: bool) -> BrokerInfo:
         pb = await self._call(self._admin.UpdateBrokerPermission,

@@ -41,12 +41,21 @@ def test_file_then_environment_then_flags(tmp_path):
     ("", {"TIDEMARK_AUTO_CREATE_TOPIC": "maybe"}, "expected true/false"),
     ("", {"TIDEMARK_DELAY_LEVELS": "1s 5x"}, "delay level '5x'"),
     ("", {"TIDEMARK_FLUSH": "sometimes"}, "invalid value for flush"),
+    # a promote waits the switchover timeout plus a lease for its outcome; its client waits 30 s
+    ('[broker]\ncontroller = "etcd://127.0.0.1:2379"\ncontroller_lease_s = 15\nswitchover_timeout_ms = 20000\n', {},
+     "plus controller_lease_s .15 s. must be at most 28 s: `tidemark broker promote` waits 30 s"),
 ])
 def test_bad_values_are_refused_with_a_clear_message(tmp_path, file_text, env, message):
     file = tmp_path / "b.toml"
     file.write_text(file_text)
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         load_config(file=file, env=env)
+
+
+def test_a_switchover_that_fits_in_the_promote_deadline_is_accepted(tmp_path):
+    c = load_config(file=None, env={}, overrides={"controller": "etcd://127.0.0.1:2379", "controller_lease_s": "8",
+                                                  "switchover_timeout_ms": "20000"})
+    assert (c.controller_lease_s, c.switchover_timeout_ms) == (8, 20000)
 
 
 def test_render_is_valid_toml_that_loads_back(tmp_path):

@@ -20,10 +20,11 @@ from typing import Any
 
 from tidemark.broker.store.model import MIN_SEGMENT_SIZE
 from tidemark.common.env_secrets import secret_from_env
-from tidemark.common.protocol import PROMOTE_DEADLINE_S, PROMOTE_ETCD_MARGIN_S
 from tidemark.common.protocol import (
     DEFAULT_DELAY_LEVELS,
     DEFAULT_PORT,
+    PROMOTE_DEADLINE_S,
+    PROMOTE_ETCD_MARGIN_S,
     parse_delay_levels,
     split_host_port,
 )

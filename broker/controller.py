@@ -540,7 +540,6 @@ class BrokerController:
             return await self._promote(epoch)
         finally:
             self._promoting = False
-        self.switchover: Callable[[], Awaitable[int]] | None = None  # controller mode: set by ControllerMode.run
 
     async def follow(self, master: str) -> None:
         """Copy another master from now on (controller mode: another replica won the election)."""

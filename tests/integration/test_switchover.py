@@ -246,7 +246,7 @@ def test_a_successor_out_of_sync_is_refused_and_one_that_does_not_catch_up_in_ti
         # the master stops writing, waits its 2 s switchover timeout, and takes writes again.
         before = etcd_view(etcd)
         put_request(etcd, Request(lagging, second.address, before.epoch, "late"))
-        wait_until(lambda: request_answer(etcd).refused, 10, "the master to give up")
+        wait_until(lambda: request_answer(etcd).refused, 20, "the master to give up")
         answer = request_answer(etcd).refused
         assert "did not catch up with broker broker-a's master within 2 s" in answer, answer
         assert etcd_view(etcd).master == before.master and status(master.address).writable

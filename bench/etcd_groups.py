@@ -118,9 +118,15 @@ async def run(args: argparse.Namespace, etcd: EtcdProcess) -> dict:
         tasks = [task for g in groups for task in g.tasks]
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)  # their watches end before their clients
+        # Their watches end before their clients; bounded, so that a watch stuck in etcd's client cannot
+        # hold the run (and a test around it) past its results.
+        await asyncio.wait([asyncio.ensure_future(asyncio.gather(*tasks, return_exceptions=True))], timeout=10)
         for client in clients:
-            await client.close()
+            try:
+                async with asyncio.timeout(5):
+                    await client.close()
+            except TimeoutError:
+                pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     etcd = EtcdProcess(Path(tempfile.mkdtemp(prefix="bench-etcd-")) / "etcd").start()
     try:
-        result = asyncio.run(run(args, etcd))
+        # Bounded as a whole: elections, the steady phase, the takeovers (60 s at most) and the cleanup.
+        budget = 60 + 4 * TTL_S + args.seconds + 60 + 20
+        result = asyncio.run(asyncio.wait_for(run(args, etcd), budget))
     finally:
         etcd.stop()
     print(json.dumps(result, indent=2))

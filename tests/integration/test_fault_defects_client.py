@@ -504,7 +504,7 @@ def test_a_retried_unlock_to_a_broker_cut_off_does_not_hold_up_handovers_on_anot
             wait_until(lambda: proxy.open_connections() > 0, 15, "a retry to reach the cut-off broker")
             third = consumer([broker_a.address, broker_b.address], "b-third")
             started.append(third)
-            wait_until(lambda: here in third.owned_queues(), 10,
+            wait_until(lambda: here in third.owned_queues(), 16,
                        "Here/1 (broker-b) to reach its next owner while the retry to broker-a waits")
             with Admin(brokers=broker_a.address) as admin:  # the unlock of Away/0 is still under way
                 assert any(lk.queue == away and "z-old" in lk.client_id

@@ -1,31 +1,52 @@
-"""Spark connector throughput: tidemark source vs. Parquet and JSON lines, batch and streaming.
+"""Spark connector read throughput: tidemark batch and streaming reads vs. JSON lines and Parquet of the same rows.
 
     python -m bench.spark_read                       # starts a throwaway broker; 1,000,000 x 200 B
     python -m bench.spark_read --brokers h:p --messages 200000
+    python -m bench.spark_read --brokers h:p --topic t   # read what topic t holds, produce nothing
+    python -m bench.spark_baseline REV /tmp/base   # then, A/B against the connector at REV:
+    PYTHONPATH=/tmp/base python -m bench.spark_read --baseline tidemark_base=tidemark_base_source:Source
 
-Produces --messages messages of --size bytes over --queues queues, then in one
-local[2] SparkSession measures rows/s of the same aggregation (touching every
-column) over
-  1. spark.read.format("tidemark") (batch),
-  2. the same rows written to Parquet, and 3. to JSON lines (read with the schema),
+Produces --messages messages of --size bytes over --queues queues, copies them
+to Parquet and to JSON lines, and then, in one local[2] SparkSession, runs
+--rounds rounds; in each round every reader runs once, in turn:
+  1. spark.read.format("tidemark") (batch) and the same aggregation (every column) over
+  2. JSON lines (read with the schema) and 3. Parquet;
   4. spark.readStream.format("tidemark") with maxOffsetsPerTrigger=100000 and
-     Trigger.AvailableNow into the noop sink.
-Each batch read runs --repeat times after one warm-up run; the best time counts.
-Prints numbers; asserts nothing.
+     Trigger.AvailableNow into the noop sink, the whole topic.
+Every reader runs once first as a warm-up. Interleaving makes the ratios (medians
+of each round's ratios) steady on a busy machine, where the rows/s move with the load.
+
+The stream is reported twice: "whole query" is rows / (start() to termination), the
+query's own start-up included (Spark starts a Python process for the source's
+planning per query); "micro-batches" is rows / the sum of the batches'
+triggerExecution times, which is what a long-running stream sees.
+
+--baseline NAME=module:Class registers another data source class (e.g. a copy of
+an older connector under another package name, importable by the Python workers:
+bench/spark_baseline.py makes one) and reads it the same way, batch and streaming,
+in every round.
+Prints numbers; asserts nothing (a wrong row count stops the run).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import itertools
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.procs import Server, free_port
 from tidemark.client import Admin, Message, MessageQueue, Producer
+
+PER_TRIGGER = 100_000
 
 
 def produce(brokers: str, topic: str, queues: int, messages: int, size: int) -> float:
@@ -54,39 +75,72 @@ def aggregate(df):
                   F.max("topic"), F.max("broker")).collect()[0]
 
 
-def best_rate(label: str, make_df, rows: int, repeat: int) -> float:
-    aggregate(make_df())  # warm-up: Python workers, JIT, file listing
-    times = []
-    for _ in range(repeat):
+@dataclass
+class Reader:
+    """One way of reading the rows; `run` returns the seconds it counts (and checks the row count)."""
+
+    label: str
+    run: Callable[[], float]
+    seconds: list[float] = field(default_factory=list)
+    query_seconds: list[float] = field(default_factory=list)  # streams: start() to termination
+
+
+def batch_reader(label: str, make_df, rows: int) -> Reader:
+    def run() -> float:
         start = time.perf_counter()
-        result = aggregate(make_df())
-        times.append(time.perf_counter() - start)
-        if result[0] != rows:
-            raise SystemExit(f"{label}: read {result[0]} rows, expected {rows}")
-    rate = rows / min(times)
-    print(f"{label:<34} {rate:>12,.0f} rows/s   best {min(times):6.2f}s of {', '.join(f'{t:.2f}' for t in times)}")
-    return rate
+        got = aggregate(make_df())[0]
+        elapsed = time.perf_counter() - start
+        if got != rows:
+            raise SystemExit(f"{label}: read {got} rows, expected {rows}")
+        return elapsed
+
+    return Reader(label, run)
 
 
-def stream_rate(spark, brokers: str, topic: str, rows: int, checkpoint: Path) -> float:
-    start = time.perf_counter()
-    q = (spark.readStream.format("tidemark").option("brokers", brokers).option("topic", topic)
-         .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100000").load()
-         .writeStream.format("noop").option("checkpointLocation", str(checkpoint))
-         .trigger(availableNow=True).start())
-    q.awaitTermination()
-    elapsed = time.perf_counter() - start
-    if q.exception() is not None:
-        raise SystemExit(f"stream failed: {q.exception()}")
-    read = sum(p["numInputRows"] for p in q.recentProgress)
-    if read != rows:
-        raise SystemExit(f"stream read {read} rows, expected {rows}")
-    per_batch = [p["numInputRows"] / max(p["durationMs"]["triggerExecution"] / 1000, 1e-9)
-                 for p in q.recentProgress if p["numInputRows"]]
-    rate = rows / elapsed
-    print(f"{'tidemark streaming (100k/trigger)':<34} {rate:>12,.0f} rows/s   {elapsed:6.2f}s, "
-          f"{len(per_batch)} batches, per batch {min(per_batch):,.0f}..{max(per_batch):,.0f} rows/s")
-    return rate
+def stream_reader(label: str, spark, fmt: str, brokers: str, topic: str, rows: int, scratch: Path) -> Reader:
+    query_seconds: list[float] = []
+    runs = itertools.count()
+
+    def run() -> float:
+        checkpoint = scratch / f"checkpoint-{fmt}-{next(runs)}"
+        start = time.perf_counter()
+        q = (spark.readStream.format(fmt).option("brokers", brokers).option("topic", topic)
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", str(PER_TRIGGER)).load()
+             .writeStream.format("noop").option("checkpointLocation", str(checkpoint))
+             .trigger(availableNow=True).start())
+        q.awaitTermination()
+        elapsed = time.perf_counter() - start
+        if q.exception() is not None:
+            raise SystemExit(f"{label}: the stream failed: {q.exception()}")
+        progress = q.recentProgress
+        got = sum(p["numInputRows"] for p in progress)
+        if got != rows:
+            raise SystemExit(f"{label}: the stream read {got} rows, expected {rows}")
+        query_seconds.append(elapsed)
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        return sum(p["durationMs"]["triggerExecution"] for p in progress if p["numInputRows"]) / 1000
+
+    return Reader(label, run, query_seconds=query_seconds)
+
+
+def register_baseline(spark, spec: str) -> str:
+    """NAME=module:Class -> the class registered; returns NAME (its format name must be NAME)."""
+    name, _, target = spec.partition("=")
+    module, _, cls = target.partition(":")
+    source = getattr(importlib.import_module(module), cls)
+    if source.name() != name:
+        raise SystemExit(f"--baseline {spec}: {cls}.name() is {source.name()!r}, not {name!r}")
+    spark.dataSource.register(source)
+    return name
+
+
+def rate(rows: int, seconds: list[float]) -> str:
+    return f"{rows / statistics.median(seconds):>12,.0f}"
+
+
+def ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a's rows/s over b's, from their seconds per round (the same rows)."""
+    return statistics.median(tb / ta for ta, tb in zip(a, b, strict=True))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--queues", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--topic", default=None, help="read this topic as it is (with --brokers; no produce)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", default=None, metavar="NAME=module:Class",
+                        help="also read through this data source class, registered as format NAME")
     args = parser.parse_args(argv)
 
     scratch = Path(tempfile.mkdtemp(prefix="tidemark-spark-bench-"))
@@ -108,9 +165,15 @@ def main(argv: list[str] | None = None) -> int:
                                        "--port", str(port)], scratch / "broker.log").start()
             broker.wait_log(r"event=broker_ready")
             brokers = f"127.0.0.1:{port}"
-        topic = f"spark-bench-{os.getpid()}"
-        rate = produce(brokers, topic, args.queues, args.messages, args.size)
-        print(f"produced {args.messages:,} x {args.size} B over {args.queues} queues ({rate:,.0f} msg/s)")
+        if args.topic:
+            topic = args.topic
+            with Admin(brokers=brokers) as admin:
+                n = sum(high - low for low, high in admin.offsets(admin.fetch_message_queues(topic)).values())
+            print(f"topic {topic}: {n:,} messages")
+        else:
+            topic, n = f"spark-bench-{os.getpid()}", args.messages
+            produced = produce(brokers, topic, args.queues, n, args.size)
+            print(f"produced {n:,} x {args.size} B over {args.queues} queues ({produced:,.0f} msg/s)")
 
         from pyspark.sql import SparkSession
 
@@ -124,21 +187,51 @@ def main(argv: list[str] | None = None) -> int:
                  .config("spark.driver.memory", "2g").getOrCreate())
         spark.sparkContext.setLogLevel("ERROR")
         spark_connector.register(spark)
+        formats = ["tidemark"]
+        if args.baseline:
+            formats.append(register_baseline(spark, args.baseline))
 
-        def tidemark():
-            return spark.read.format("tidemark").option("brokers", brokers).option("topic", topic).load()
-
-        n = args.messages
-        print(f"Spark {spark.version}, local[2]; aggregation over every column of {n:,} rows")
-        t = best_rate("tidemark batch (4 queues)", tidemark, n, args.repeat)
-        parquet, jsonl = str(scratch / "rows.parquet"), str(scratch / "rows.json")
-        tidemark().write.parquet(parquet)
-        tidemark().write.json(jsonl)
         schema = spark_connector.SCHEMA
-        p = best_rate("parquet", lambda: spark.read.schema(schema).parquet(parquet), n, args.repeat)
-        j = best_rate("json lines (with schema)", lambda: spark.read.schema(schema).json(jsonl), n, args.repeat)
-        print(f"ratios: tidemark/parquet = {t / p:.2f}, tidemark/json = {t / j:.2f}")
-        stream_rate(spark, brokers, topic, n, scratch / "checkpoint")
+        parquet, jsonl = str(scratch / "rows.parquet"), str(scratch / "rows.json")
+
+        def source(fmt: str):
+            return lambda: spark.read.format(fmt).option("brokers", brokers).option("topic", topic).load()
+
+        source("tidemark")().write.parquet(parquet)
+        source("tidemark")().write.json(jsonl)
+        batch = {fmt: batch_reader(f"{fmt} batch", source(fmt), n) for fmt in formats}
+        stream = {fmt: stream_reader(f"{fmt} streaming", spark, fmt, brokers, topic, n, scratch) for fmt in formats}
+        json_lines = batch_reader("json lines (with schema)", lambda: spark.read.schema(schema).json(jsonl), n)
+        parquet_files = batch_reader("parquet", lambda: spark.read.schema(schema).parquet(parquet), n)
+        readers = [*batch.values(), json_lines, parquet_files, *stream.values()]
+        for reader in readers:
+            reader.run()  # warm-up: Python workers, JIT, file listing
+            reader.query_seconds.clear()
+        print(f"Spark {spark.version}, local[2]; {n:,} rows, aggregation over every column (batch), noop sink "
+              f"(streaming, {PER_TRIGGER:,} per trigger, AvailableNow); {args.rounds} rounds, readers in turn")
+        for r in range(args.rounds):
+            for reader in readers:
+                reader.seconds.append(reader.run())
+            print(f"  round {r + 1}: " + ", ".join(f"{x.label} {x.seconds[-1]:.2f}s" for x in readers), flush=True)
+
+        print(f"\n{'reader':<34} {'rows/s':>12}   (median of {args.rounds})")
+        for reader in readers:
+            print(f"{reader.label:<34} {rate(n, reader.seconds)}"
+                  + (" micro-batches" if reader.query_seconds else ""))
+            if reader.query_seconds:
+                print(f"{reader.label + ', whole query':<34} {rate(n, reader.query_seconds)}")
+        print("\nratios (median of the rounds' ratios):")
+        for fmt in formats:
+            b, s = batch[fmt], stream[fmt]
+            print(f"  {fmt}: batch/json {ratio(b.seconds, json_lines.seconds):.2f}, "
+                  f"batch/parquet {ratio(b.seconds, parquet_files.seconds):.2f}, "
+                  f"streaming/batch {ratio(s.seconds, b.seconds):.2f} (micro-batches), "
+                  f"{ratio(s.query_seconds, b.seconds):.2f} (whole query)")
+        if args.baseline:
+            new, old = formats
+            print(f"  tidemark/{old}: batch {ratio(batch[new].seconds, batch[old].seconds):.2f}, streaming "
+                  f"{ratio(stream[new].seconds, stream[old].seconds):.2f} (micro-batches), "
+                  f"{ratio(stream[new].query_seconds, stream[old].query_seconds):.2f} (whole query)")
         spark.stop()
         return 0
     finally:

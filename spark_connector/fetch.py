@@ -3,7 +3,9 @@
 A RecordReader is created here, inside a Spark task, and shut down before the
 task ends; nothing of it is pickled. It streams stored records from the
 broker without a group; frames are gathered into batches of about BATCH_ROWS
-rows and converted to Arrow in bulk (arrow.records_to_batch). Offsets are
+rows (at most about BATCH_BYTES) and converted to Arrow in bulk
+(arrow.records_to_batch) while the reader's loop thread receives the next
+frames (the broker keeps a window of frames ahead of the task). Offsets are
 checked per batch: a gap (retention deleted messages while the task ran) or a
 queue that no longer reaches `end` (re-created) is data loss, handled per
 failOnDataLoss. Tags are filtered here, not by the broker: a broker-side
@@ -37,6 +39,8 @@ from tidemark.spark_connector.options import Security, describe_servers
 log = get_logger("tidemark.spark")
 
 BATCH_ROWS = 8192
+# A batch's records must stay under 2 GiB (arrow._slices); far less keeps a task's memory small.
+BATCH_BYTES = 64 * 1024 * 1024
 POLL_STEP_S = 1.0
 BROKER_WAIT_MAX_S = 10.0
 
@@ -87,7 +91,7 @@ def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.Record
 def _read(reader: RecordReader, settings: FetchSettings, rng: OffsetRange, start: int) -> Iterator[pa.RecordBatch]:
     expected = start
     pending: list[RecordChunk] = []
-    rows = 0
+    rows = size = 0
     deadline = time.monotonic() + settings.poll_timeout_s
     for chunk in reader.read(rng.mq, start, rng.end, poll_timeout_s=POLL_STEP_S):
         if chunk is None:
@@ -100,9 +104,10 @@ def _read(reader: RecordReader, settings: FetchSettings, rng: OffsetRange, start
         if chunk.count:
             pending.append(chunk)
             rows += chunk.count
-        if rows >= BATCH_ROWS or (chunk.next_offset >= rng.end and pending):
+            size += len(chunk.data)
+        if rows >= BATCH_ROWS or size >= BATCH_BYTES or (chunk.next_offset >= rng.end and pending):
             batch, expected = _convert(settings, rng, pending, rows, expected)
-            pending, rows = [], 0
+            pending, rows, size = [], 0, 0
             if batch.num_rows:
                 yield batch
         if expected >= rng.end:

@@ -7,8 +7,11 @@ into columns. Reading stops at the range's end; records past it in the last
 frame are left to the caller to trim (a frame may carry more when offsets
 below the range's start were deleted and the broker skipped them).
 
-Flow control: the broker may send up to `window_bytes` that the caller has not
-taken yet; each chunk taken gives its bytes back.
+Flow control: the broker may send up to WINDOW_BYTES that the caller has not
+taken yet; the bytes of the chunks taken are given back in steps of
+CREDIT_STEP_BYTES (a quarter of the window, so the broker can still send three
+quarters of a window ahead of the caller): one credit message per step instead
+of one per chunk, which cost a Spark task's reader about a tenth of its time.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from tidemark.client.settings import ClientSettings, build
 from tidemark.common.backoff import Backoff
 
 WINDOW_BYTES = 32 * 1024 * 1024
+CREDIT_STEP_BYTES = WINDOW_BYTES // 4
 # Before opening a queue again after its broker could not be reached or its stream broke.
 REOPEN = Backoff(first_s=0.1, max_s=3.0)
 MAX_RECORDS_PER_FRAME_PART = 1024
@@ -93,6 +97,7 @@ class RecordReader(BlockingClient):
                 failures += 1
                 yield from _pause(failures)
                 continue
+            owed = 0  # bytes taken and not yet given back to this handle
             try:
                 while reached < end:
                     try:
@@ -113,7 +118,10 @@ class RecordReader(BlockingClient):
                     reached = item.next_offset
                     failures = 0
                     yield item
-                    self._loop.loop.call_soon_threadsafe(self._give_back, mq.broker_name, handle, len(item.data))
+                    owed += len(item.data)
+                    if owed >= CREDIT_STEP_BYTES:
+                        self._loop.loop.call_soon_threadsafe(self._give_back, mq.broker_name, handle, owed)
+                        owed = 0
             finally:
                 self._close_soon(mq.broker_name, handle)
             if reached < end:

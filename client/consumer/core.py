@@ -133,8 +133,7 @@ class ConsumerCore:
                                offset_store=self.offset_store if self.piggyback else None, held=self.held)
         self.ownership = QueueOwnership(cluster=self.cluster, group=s.group, client_id=self.client_id,
                                         offset_store=self.offset_store, locking=locking, hooks=self,
-                                        on_acquired=lambda: self.scheduler.trigger("heartbeat"),
-                                        request_timeout_s=s.request_timeout_s)
+                                        on_acquired=lambda: self.scheduler.trigger("heartbeat"))
         self.assemble()
         self._stop_moves = self.cluster.moves.listen(self._master_moved)
         sched = self.scheduler
@@ -195,7 +194,6 @@ class ConsumerCore:
         await self._tasks.wait()
         await self.ownership.stop()
         await self.ownership.release_all()
-        await self.ownership.close()
         if not self.clustering:
             await self.offset_store.persist_all(self.offset_store.clone_offset_table())
         if self.membership is not None:

@@ -7,8 +7,7 @@ Zero-duplicate handover (CLUSTERING with queue_locking, the default):
 - a queue that leaves stops fetching, lets running batches finish (bounded by
   drain_timeout_s), commits synchronously with its owner epoch, then unlocks;
   an unlock that failed (the broker unreachable) is asked again until the
-  broker answers, or its next owner would wait for the lock to expire
-  (unlocks.py).
+  broker answers, or its next owner would wait for the lock to expire.
 These remove both causes of duplicates in RocketMQ's rebalance: two owners reading at once,
 and a new owner reading an offset the old one had not committed yet.
 
@@ -33,16 +32,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 from tidemark.client.consumer.kept_progress import KeptProgress, resume_offset
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.offset_store import OffsetStore
 from tidemark.client.consumer.queue_state import OwnedQueue, QueueState
-from tidemark.client.consumer.unlocks import LOCK_RETRY_DELAY_S, PendingUnlocks
 from tidemark.client.errors import FencedError, TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.types import OffsetCommit
 from tidemark.common.logs import get_logger
 from tidemark.common.scheduler import TaskSet
 
@@ -50,6 +50,20 @@ log = get_logger("tidemark.client.ownership")
 
 # How long one LockQueues call waits on the broker for a previous owner to let go.
 LOCK_WAIT_MS = 5_000
+# Pause before asking again after a broker could not be asked at all.
+LOCK_RETRY_DELAY_S = 1.0
+# How long an unlock that failed is asked again: by then the broker has let the lock expire by itself
+# (RocketMQ's REBALANCE_LOCK_MAX_LIVE_TIME, the broker's default lock_expiry_ms).
+LOCK_LIFETIME_S = 60.0
+
+
+@dataclass(frozen=True)
+class _PendingUnlock:
+    """A queue handed back whose unlock failed: the broker may still hold its lock for us."""
+
+    commit: OffsetCommit | None  # its final commit, sent with the unlock
+    until: float  # loop time after which the lock has expired on the broker anyway
+
 
 class OwnershipHooks(Protocol):
     """What a consumer kind decides (RocketMQ's RebalanceImpl hooks)."""
@@ -78,8 +92,7 @@ class OwnershipHooks(Protocol):
 
 class QueueOwnership:
     def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, offset_store: OffsetStore,
-                 locking: bool, hooks: OwnershipHooks, on_acquired: Callable[[], None] = lambda: None,
-                 request_timeout_s: float = 3.0) -> None:
+                 locking: bool, hooks: OwnershipHooks, on_acquired: Callable[[], None] = lambda: None) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
@@ -98,9 +111,10 @@ class QueueOwnership:
         # Progress of queues lost (not handed over), for their next lease: see kept_progress.py.
         self._kept: dict[MessageQueue, KeptProgress] = {}
         # Queues handed back whose unlock failed (a partition, a timeout): until the broker hears of it,
-        # the next owner waits for the lock to expire though we let go. Asked again, per broker.
-        self._unlocks = PendingUnlocks(cluster=cluster, group=group, client_id=client_id,
-                                       request_timeout_s=request_timeout_s, held=lambda mq: mq in self._queues)
+        # the next owner waits for the lock to expire (60 s) though we let go. Asked again, per broker.
+        self._unlocks: dict[MessageQueue, _PendingUnlock] = {}
+        self._unlock_retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
+        self._unlocking: set[str] = set()  # brokers with a retry task
         self.handovers = 0
 
     # -- views -----------------------------------------------------------------
@@ -143,8 +157,7 @@ class QueueOwnership:
             if removed:
                 await asyncio.gather(*(self._release(self._queues[mq]) for mq in sorted(removed)))
             for mq in sorted(added):
-                # Ours again: an old unlock must not release the new lock nor move the offset back.
-                await self._unlocks.settle(mq)
+                self._unlocks.pop(mq, None)  # ours again: an old unlock must not release the new lock
                 self._queues[mq] = OwnedQueue(mq)
             if added:
                 await self._acquire([self._queues[mq] for mq in sorted(added)])
@@ -202,14 +215,10 @@ class QueueOwnership:
                 await asyncio.sleep(LOCK_RETRY_DELAY_S)
 
     async def stop(self) -> None:
-        """Stop waiting for locks (before release_all at shutdown)."""
+        """Stop waiting for locks and asking again for failed unlocks (before release_all at shutdown;
+        leaving the group then releases every lock this client holds)."""
         await self._lock_waiters.close()
-
-    async def close(self) -> None:
-        """After release_all at shutdown: ask once more, within a request timeout, for the unlocks that
-        failed, with their final commits, and stop asking (leaving the group then releases every lock
-        this client holds, but without the final commits)."""
-        await self._unlocks.close()
+        await self._unlock_retries.close()
 
     async def renew_locks(self) -> None:
         """Renew every held lock; a queue whose lock was not renewed is lost."""
@@ -227,11 +236,6 @@ class QueueOwnership:
                     log.warning("lock renewal failed",
                                 event="lock_renew_failed", group=self._group, broker=broker, error=e)
                     continue
-                finally:  # (a renewal that got no answer may have reached the broker all the same)
-                    renewed_at = asyncio.get_running_loop().time()
-                    for oq in oqs:
-                        oq.renewed_at = renewed_at
-                self._unlocks.learn(broker, grants.values())
                 for oq in oqs:
                     grant = grants.get(oq.mq)
                     if grant is None or grant.owner_epoch != oq.owner_epoch:
@@ -286,8 +290,6 @@ class QueueOwnership:
         except TidemarkError as e:
             log.warning("queue lock failed", event="lock_failed", group=self._group, broker=broker, error=e)
             return [], False
-        self._unlocks.learn(broker, grants)
-        granted_at = asyncio.get_running_loop().time()
         by_mq = {g.queue: g for g in grants}
         granted, stale = [], []
         for oq in oqs:
@@ -303,7 +305,6 @@ class QueueOwnership:
                 continue
             oq.owner_epoch = grant.owner_epoch
             oq.granted_at = (grant.consumer_offset, grant.reset_generation)
-            oq.renewed_at = granted_at
             log.info("queue lock granted",
                      event="lock_grant", group=self._group, queue=oq.mq, owner_epoch=grant.owner_epoch)
             granted.append(oq)
@@ -313,7 +314,7 @@ class QueueOwnership:
             except TidemarkError as e:
                 log.warning("unlock failed", event="unlock_failed", group=self._group, broker=broker, error=e)
                 for mq in stale:
-                    self._unlocks.add(mq, None, renewed_at=granted_at)
+                    self._unlock_later(mq, None)
         return granted, bool(grants)
 
     async def _start(self, oq: OwnedQueue) -> bool:
@@ -389,7 +390,7 @@ class QueueOwnership:
             await conn.unlock_queues(self._group, self._client_id, [oq.mq])
         except TidemarkError as e:
             log.warning("unlock failed", event="unlock_failed", group=self._group, queue=oq.mq, error=e)
-            self._unlocks.add(oq.mq, None, renewed_at=oq.renewed_at)
+            self._unlock_later(oq.mq, None)
 
     async def _finish_release(self, oq: OwnedQueue) -> None:
         """DRAINING -> RELEASED: stop fetching, drain, commit, unlock."""
@@ -414,7 +415,7 @@ class QueueOwnership:
         except TidemarkError as e:
             log.warning("final commit and unlock failed, asking again",
                         event="final_commit_failed", group=self._group, queue=oq.mq, error=e)
-            self._unlocks.add(oq.mq, commit, renewed_at=oq.renewed_at)
+            self._unlock_later(oq.mq, commit)
             refused = []
         for error in refused:
             if isinstance(error, FencedError):
@@ -434,6 +435,54 @@ class QueueOwnership:
         except TidemarkError as e:
             log.warning("offset persist on drop failed",
                         event="drop_persist_failed", group=self._group, queue=oq.mq, error=e)
+
+    def _unlock_later(self, mq: MessageQueue, commit: OffsetCommit | None) -> None:
+        """Ask again, every LOCK_RETRY_DELAY_S, for a queue we let go of but whose unlock failed: the call
+        may never have reached the broker, which then keeps the lock for us until it expires, while the
+        queue's next owner waits and nobody consumes it (a partition of a few seconds stalled a queue for
+        a minute). Until the broker answers, the lock would have expired, or the queue is ours again."""
+        self._unlocks[mq] = _PendingUnlock(commit, asyncio.get_running_loop().time() + LOCK_LIFETIME_S)
+        broker = mq.broker_name
+        if broker not in self._unlocking:
+            if self._unlock_retries.spawn(self._retry_unlocks(broker), name=f"unlock-retry:{broker}") is not None:
+                self._unlocking.add(broker)
+
+    async def _retry_unlocks(self, broker: str) -> None:
+        try:
+            while True:
+                await asyncio.sleep(LOCK_RETRY_DELAY_S)
+                async with self._lock:  # queue set changes wait: none may come back to us meanwhile
+                    if not await self._unlock_pending(broker):
+                        return
+        finally:
+            self._unlocking.discard(broker)
+
+    async def _unlock_pending(self, broker: str) -> bool:
+        """One UnlockQueues of the broker's pending queues, with their final commits; whether any is left."""
+        now = asyncio.get_running_loop().time()
+        for mq in [mq for mq, p in self._unlocks.items() if mq.broker_name == broker]:
+            if mq in self._queues or now > self._unlocks[mq].until:
+                del self._unlocks[mq]  # ours again, or the lock expired on the broker meanwhile
+        pending = {mq: p for mq, p in self._unlocks.items() if mq.broker_name == broker}
+        if not pending:
+            return False
+        try:
+            conn = await self._cluster.connection(broker)
+            refused = await conn.unlock_queues(self._group, self._client_id, sorted(pending),
+                                               [p.commit for p in pending.values() if p.commit is not None])
+        except TidemarkError as e:
+            log.info("unlock failed again", event="unlock_retry_failed", group=self._group, broker=broker,
+                     queues=len(pending), error=e)
+            return True
+        for mq, p in pending.items():
+            if self._unlocks.get(mq) is p:  # (not one that failed again meanwhile, with a newer commit)
+                del self._unlocks[mq]
+        log.info("queues unlocked on a retry", event="unlock_retried", group=self._group, broker=broker,
+                 queues=", ".join(str(mq) for mq in sorted(pending)))
+        for error in refused:  # fenced: the queue passed on meanwhile, and its new owner's offset stands
+            log.info("final commit refused on a retry", event="final_commit_refused", group=self._group,
+                     broker=broker, error=error)
+        return any(mq.broker_name == broker for mq in self._unlocks)
 
     def _lose(self, oq: OwnedQueue, reason: str) -> None:
         if oq.state in (QueueState.RELEASED, QueueState.LOST):

@@ -56,8 +56,6 @@ class OwnedQueue:
     owner_epoch: int | None = None
     # The lock grant's view of the group's progress: (committed offset, reset generation).
     granted_at: tuple[int, int] | None = None
-    # Loop time when the broker last granted the lock or may have renewed it: its expiry counts from there.
-    renewed_at: float | None = None
     lease: QueueLease | None = None
     # DRAINING -> RELEASED runs as its own task, so cancelling whoever started it cannot skip the
     # final commit and unlock.

@@ -1,18 +1,14 @@
 """QueueOwnership against a scripted broker (no gRPC): a late lock grant for a queue that came back to
 us leaves the new owner's lock alone, a start offset that cannot be read does not spin, and an unlock
-that failed is asked again (with its final commit) unless the queue came back to us meanwhile, without
-holding up other queues' changes, for as long as the broker's grants say the lock lives, and once more at
-shutdown."""
+that failed is asked again (with its final commit) unless the queue came back to us meanwhile."""
 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
 from tidemark.client.consumer import ownership as ownership_module
-from tidemark.client.consumer import unlocks as unlocks_module
 from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
 from tidemark.client.consumer.ownership import QueueOwnership
 from tidemark.client.consumer.queue_state import QueueState
@@ -23,7 +19,6 @@ from tidemark.client.types import QueueLockGrant
 
 MQ = MessageQueue("T", "broker-a", 0)
 MQ1 = MessageQueue("T", "broker-a", 1)
-MQB = MessageQueue("U", "broker-b", 0)
 
 
 class ScriptedBroker:
@@ -37,12 +32,6 @@ class ScriptedBroker:
         self.unlocked: list[MessageQueue] = []
         self.final_offsets: list[tuple[MessageQueue, int]] = []  # final commits of successful unlocks
         self.unlock_failures = 0  # how many unlock calls fail (as when the broker cannot be reached)
-        self.expire_timestamp = 0  # what grants say of the lock's expiry (0: nothing)
-        # While set, unlock calls to broker-a get no answer until `answer_unlocks` is set (cut off).
-        self.hold_unlocks = False
-        self.answer_unlocks = asyncio.Event()
-        self.unlock_held = asyncio.Event()  # an unlock call is waiting for its answer
-        self.calls: list[str] = []  # "lock"/"unlock", in the order the broker saw them
         self.moves = MasterMoves()  # BrokerCluster's: the broker never moves here
 
     async def connection(self, broker_name):
@@ -50,19 +39,14 @@ class ScriptedBroker:
 
     async def lock_queues(self, group, client_id, mqs, *, wait_ms=0):
         self.lock_calls.append(wait_ms)
-        self.calls.append("lock")
         if wait_ms:
             await self.release_waiters.wait()
             mqs = [mq for mq in mqs if self.wait_grants is None or mq in self.wait_grants]
         elif not self.grant_now:
             return []
-        return [QueueLockGrant(mq, 9, self.expire_timestamp, 0, 0) for mq in mqs]
+        return [QueueLockGrant(mq, 9, 0, 0, 0) for mq in mqs]
 
     async def unlock_queues(self, group, client_id, mqs, final_offsets=()):
-        if self.hold_unlocks and any(mq.broker_name == "broker-a" for mq in mqs):
-            self.unlock_held.set()
-            await self.answer_unlocks.wait()
-        self.calls.append("unlock")
         if self.unlock_failures:
             self.unlock_failures -= 1
             raise RequestTimeoutError("unlock: no answer")
@@ -98,10 +82,9 @@ class Hooks:
         pass
 
 
-def ownership(broker: ScriptedBroker, hooks: Hooks, request_timeout_s: float = 3.0) -> QueueOwnership:
+def ownership(broker: ScriptedBroker, hooks: Hooks) -> QueueOwnership:
     store = RemoteBrokerOffsetStore(cluster=broker, group="g", client_id="c1", require_fence=True)
-    return QueueOwnership(cluster=broker, group="g", client_id="c1", offset_store=store, locking=True, hooks=hooks,
-                          request_timeout_s=request_timeout_s)
+    return QueueOwnership(cluster=broker, group="g", client_id="c1", offset_store=store, locking=True, hooks=hooks)
 
 
 def test_a_late_grant_for_a_queue_that_came_back_leaves_the_new_owner_s_lock_alone():
@@ -182,7 +165,6 @@ def test_a_queue_that_arrives_during_a_wait_is_asked_for_at_once_not_after_it():
 @pytest.fixture
 def quick_retries(monkeypatch):
     monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 0.01)
-    monkeypatch.setattr(unlocks_module, "LOCK_RETRY_DELAY_S", 0.01)
 
 
 async def _held_then_released_with_a_failed_unlock(broker: ScriptedBroker, own: QueueOwnership) -> None:
@@ -202,7 +184,7 @@ def test_an_unlock_that_failed_is_asked_again_with_its_final_commit(quick_retrie
         own = ownership(broker, Hooks())
         await _held_then_released_with_a_failed_unlock(broker, own)
         broker.unlock_failures = 2  # still cut off for the first two retries
-        await asyncio.wait_for(own._unlocks.wait(), 5)
+        await asyncio.wait_for(own._unlock_retries.wait(), 5)
         assert broker.unlocked == [MQ]
         assert broker.final_offsets == [(MQ, 5)]  # the handover keeps its final commit
         await own.stop()
@@ -216,87 +198,22 @@ def test_a_queue_that_came_back_before_the_unlock_was_asked_again_keeps_its_new_
         await _held_then_released_with_a_failed_unlock(broker, own)
         await own.update("T", {MQ})  # ours again (the same client: the broker renews the same lock)
         assert own.get(MQ).state is QueueState.PULLING
-        await asyncio.wait_for(own._unlocks.wait(), 5)
+        await asyncio.wait_for(own._unlock_retries.wait(), 5)
         assert broker.unlocked == [] and broker.final_offsets == []  # neither released nor moved back to 5
         assert own.get(MQ).state is QueueState.PULLING
         await own.stop()
     asyncio.run(scenario())
 
 
-def test_unlocks_are_asked_again_only_as_long_as_the_broker_s_grants_say_the_lock_lives(quick_retries):
-    """The broker's lock_expiry_ms is a setting: its grants tell when the lock expires (here in 0.3 s, not
-    the default 60 s), and asking again after that is pointless."""
-    async def scenario():
-        broker = ScriptedBroker()
-        broker.expire_timestamp = int(time.time() * 1000) + 300
-        own = ownership(broker, Hooks())
-        await _held_then_released_with_a_failed_unlock(broker, own)
-        broker.unlock_failures = 1_000_000  # the broker is never reached again
-        await asyncio.wait_for(own._unlocks.wait(), 5)  # given up once the lock expired on the broker
-        assert broker.unlocked == [] and MQ not in own._unlocks
-        assert broker.unlock_failures < 1_000_000  # (it did ask again until then)
-        await own.close()
-    asyncio.run(scenario())
+def test_unlocks_are_not_asked_again_once_the_lock_expired_on_the_broker(quick_retries, monkeypatch):
+    monkeypatch.setattr(ownership_module, "LOCK_LIFETIME_S", 0.0)
 
-
-def test_a_retry_to_a_broker_cut_off_does_not_hold_up_other_brokers_queues(quick_retries):
-    async def scenario():
-        broker, hooks = ScriptedBroker(), Hooks()
-        own = ownership(broker, hooks)
-        await _held_then_released_with_a_failed_unlock(broker, own)
-        broker.hold_unlocks = True
-        await asyncio.wait_for(broker.unlock_held.wait(), 5)  # a retry to broker-a awaits its answer
-        update = asyncio.ensure_future(own.update("U", {MQB}))
-        await asyncio.wait_for(asyncio.shield(update), 5)  # before the retry gets its answer
-        assert own.get(MQB).state is QueueState.PULLING and not broker.answer_unlocks.is_set()
-        broker.answer_unlocks.set()
-        await asyncio.wait_for(own._unlocks.wait(), 5)
-        assert broker.unlocked == [MQ] and broker.final_offsets == [(MQ, 5)]
-        await own.close()
-    asyncio.run(scenario())
-
-
-def test_a_queue_that_comes_back_while_its_unlock_is_asked_is_locked_only_after_the_answer(quick_retries):
-    """Else the late unlock could release the new lock and its final commit move the offset back."""
-    async def scenario():
-        broker, hooks = ScriptedBroker(), Hooks()
-        own = ownership(broker, hooks)
-        await _held_then_released_with_a_failed_unlock(broker, own)
-        broker.hold_unlocks = True
-        await asyncio.wait_for(broker.unlock_held.wait(), 5)
-        back = asyncio.ensure_future(own.update("T", {MQ}))
-        for _ in range(100):
-            await asyncio.sleep(0)
-        assert not back.done() and broker.calls[-1] == "unlock"  # the failed one: no lock asked yet
-        broker.answer_unlocks.set()
-        await asyncio.wait_for(back, 5)
-        assert broker.calls[-2:] == ["unlock", "lock"]  # the old owner's unlock first, then the new lock
-        assert own.get(MQ).state is QueueState.PULLING and MQ not in own._unlocks
-        await own.close()
-        assert broker.unlocked == [MQ]  # the retry, once; not the queue's new lock at shutdown
-    asyncio.run(scenario())
-
-
-def test_pending_unlocks_are_sent_once_more_with_their_final_commits_at_shutdown():
-    """The retry comes after LOCK_RETRY_DELAY_S (1 s): shutting down before must not drop it, or the next
-    owner starts from the older offset the broker has (duplicates)."""
     async def scenario():
         broker = ScriptedBroker()
         own = ownership(broker, Hooks())
         await _held_then_released_with_a_failed_unlock(broker, own)
+        broker.unlock_failures = 1000  # the broker is never reached again
+        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        assert broker.unlock_failures == 1000  # given up without asking: the broker freed the lock itself
         await own.stop()
-        await own.release_all()
-        await own.close()
-        assert broker.unlocked == [MQ] and broker.final_offsets == [(MQ, 5)]
-    asyncio.run(scenario())
-
-
-def test_the_last_unlocks_at_shutdown_wait_one_request_timeout_at_most():
-    async def scenario():
-        broker = ScriptedBroker()
-        own = ownership(broker, Hooks(), request_timeout_s=0.2)
-        await _held_then_released_with_a_failed_unlock(broker, own)
-        broker.hold_unlocks = True  # the broker never answers
-        await asyncio.wait_for(own.close(), 5)
-        assert broker.unlock_held.is_set() and broker.unlocked == [] and MQ not in own._unlocks
     asyncio.run(scenario())

@@ -242,11 +242,12 @@ def test_a_member_that_waited_for_its_locks_reports_its_queues_at_once(secure, p
             for c in (a, b):
                 if c is not None and c.proc is not None:
                     c.stop()
-    # The case under test happened: b's queues were granted after its rebalance had ended (by the wait).
+    # The case under test happened: some of b's queues were granted after its rebalance had ended (by the
+    # wait). A queue a let go of at once may be granted within the rebalance itself; that is not the case.
     log = b.log_tail(1_000_000).splitlines()
     changed = next(i for i, line in enumerate(log) if "event=rebalance_changed" in line and f"topic={topic}" in line)
     granted = [i for i, line in enumerate(log) if "event=lock_grant" in line and f"topic={topic}," in line]
-    assert granted and min(granted) > changed, "\n".join(log)
+    assert granted and max(granted) > changed, "\n".join(log)
 
 
 def test_a_broker_slow_to_finish_the_handshake_is_still_reached(secure, pki):

@@ -18,6 +18,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 from brokerproc import BrokerProcess, NamesrvProcess  # noqa: E402
+from etcdproc import EtcdProcess  # noqa: E402
 from layout import PACKAGE_FOLDERS  # noqa: E402
 
 
@@ -72,6 +73,14 @@ def namesrv_factory(tmp_path: Path) -> Iterator:
     yield start
     for n in started:
         n.kill()
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    """A one-member etcd (Debian's etcd-server) on free ports, for controller mode."""
+    server = EtcdProcess(tmp_path / "etcd").start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

@@ -231,8 +231,7 @@ class OffsetCommitService:
                         # the rest is checked again only when the configs' write let other requests run
                         if yielded:
                             self.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
-                        else:
-                            self._guard()
+                        else:  # (the guard at the top still holds: nothing ran in between)
                             self._offsets.commit(c.group, c.topic, c.queue_id, c.offset, c.fence)
                             self.commits_applied += 1
                         applied += 1

@@ -14,8 +14,6 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-from etcdproc import EtcdProcess
 from faults.controller import in_sync
 from workload import wait_until
 
@@ -45,13 +43,6 @@ FOLLOW_BOUND_S = 12.0
 # master (measured: inf).
 ADMIN_BOUND_S = 9.0
 GIVE_UP_S = 25.0  # how long a client that does not follow is waited for (its figure is then inf)
-
-
-@pytest.fixture
-def etcd(tmp_path) -> EtcdProcess:
-    server = EtcdProcess(tmp_path / "etcd").start()
-    yield server
-    server.stop()
 
 
 def status(address: str):

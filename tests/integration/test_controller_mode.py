@@ -9,7 +9,6 @@ import urllib.request
 
 import pytest
 from brokerproc import free_port
-from etcdproc import EtcdProcess
 from faults.controller import in_sync
 from workload import create_topic, wait_until
 
@@ -24,13 +23,6 @@ from tidemark.client import (
 
 LEASE_S = 2
 TOPIC = "Elected"
-
-
-@pytest.fixture
-def etcd(tmp_path) -> EtcdProcess:
-    server = EtcdProcess(tmp_path / "etcd").start()
-    yield server
-    server.stop()
 
 
 def status(address: str):

@@ -20,13 +20,6 @@ from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
 TTL_S = 2
 
 
-@pytest.fixture
-def etcd(tmp_path) -> EtcdProcess:
-    server = EtcdProcess(tmp_path / "etcd").start()
-    yield server
-    server.stop()
-
-
 @asynccontextmanager
 async def elections(etcd: EtcdProcess, ids: list[int], name: str = "broker-a") -> AsyncIterator[list[Election]]:
     [(host, port)] = parse_controller(etcd.url)

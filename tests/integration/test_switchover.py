@@ -42,13 +42,6 @@ QUEUES = 4
 KEYS = "/tidemark/DefaultCluster/broker-a/"
 
 
-@pytest.fixture
-def etcd(tmp_path) -> EtcdProcess:
-    server = EtcdProcess(tmp_path / "etcd").start()
-    yield server
-    server.stop()
-
-
 def status(address: str, credentials=None):
     with Admin(brokers=address, request_timeout_s=2.0, credentials=credentials) as admin:
         return admin.broker_status_at(address)

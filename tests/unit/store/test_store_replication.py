@@ -28,6 +28,14 @@ def _replicate(master: MessageStore, replica: MessageStore, max_bytes: int) -> i
         chunks += 1
 
 
+async def _started(config, clock) -> MessageStore:
+    """A store loaded and started on `config`'s data dir."""
+    store = MessageStore(config, clock=clock)
+    store.load()
+    await store.start()
+    return store
+
+
 def _contents(store: MessageStore, topic: str, queue_id: int) -> list[tuple[int, int, bytes]]:
     got = store.get_messages(topic, queue_id, store.min_offset(topic, queue_id), 10_000, max_scan=10_000)
     return [(m.queue_offset, m.commit_log_offset, m.body) for m in got.messages]
@@ -39,15 +47,11 @@ def test_a_replica_holds_the_same_records_at_the_same_offsets_across_segments(co
     replica_config = dataclasses.replace(config, data_dir=tmp_path / "replica")
 
     async def scenario():
-        master = MessageStore(config, clock=clock)
-        master.load()
-        await master.start()
+        master = await _started(config, clock)
         for q in (0, 1):
             for n in range(0, 60, 10):  # 120 records over many 4 KiB segments
                 await master.put_messages(make_records(10, start=n, queue_id=q))
-        replica = MessageStore(replica_config, clock=clock)
-        replica.load()
-        await replica.start()
+        replica = await _started(replica_config, clock)
         notified = []
         replica.add_dispatch_listener(lambda topic, queue_id: notified.append((topic, queue_id)))
         chunks = _replicate(master, replica, max_bytes)
@@ -77,13 +81,9 @@ def test_a_replica_holds_the_same_records_at_the_same_offsets_across_segments(co
 
 def test_damaged_or_misplaced_data_is_refused_and_changes_nothing(config, clock, make_records, tmp_path):
     async def scenario():
-        master = MessageStore(config, clock=clock)
-        master.load()
-        await master.start()
+        master = await _started(config, clock)
         await master.put_messages(make_records(3))
-        replica = MessageStore(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock=clock)
-        replica.load()
-        await replica.start()
+        replica = await _started(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock)
         data = master.replication_chunk(0, 1 << 20)
         damaged = bytearray(data)
         damaged[len(data) // 2] ^= 0xFF
@@ -103,13 +103,9 @@ def test_damaged_or_misplaced_data_is_refused_and_changes_nothing(config, clock,
 def test_a_tail_the_master_does_not_have_is_truncated_from_log_and_queues(config, clock, make_records,
                                                                             tmp_path):
     async def scenario():
-        master = MessageStore(config, clock=clock)
-        master.load()
-        await master.start()
+        master = await _started(config, clock)
         await master.put_messages(make_records(5))
-        replica = MessageStore(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock=clock)
-        replica.load()
-        await replica.start()
+        replica = await _started(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock)
         _replicate(master, replica, 1 << 20)
         kept = replica.commit_log_max_offset
         await replica.put_messages(make_records(40, start=5))  # a tail written while it was a master
@@ -149,12 +145,8 @@ def test_a_divergent_tail_is_cut_at_the_first_record_where_the_logs_part(config,
     first record where the logs part in a few rounds of probes, the replica drops exactly what follows,
     keeps its queue entries before it, and copies the rest."""
     async def scenario():
-        master = MessageStore(config, clock=clock)
-        master.load()
-        await master.start()
-        replica = MessageStore(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock=clock)
-        replica.load()
-        await replica.start()
+        master = await _started(config, clock)
+        replica = await _started(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock)
         if agreed:
             await master.put_messages(make_records(agreed))
             _replicate(master, replica, 1 << 20)
@@ -185,12 +177,8 @@ def test_a_replica_that_deleted_older_segments_than_its_master_is_cut_at_the_poi
     probe below it finds no record there, which is not where the logs part. And a cut below the oldest
     record is refused with nothing changed (it used to leave a log whose oldest record was past its end)."""
     async def scenario():
-        master = MessageStore(config, clock=clock)
-        master.load()
-        await master.start()
-        replica = MessageStore(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock=clock)
-        replica.load()
-        await replica.start()
+        master = await _started(config, clock)
+        replica = await _started(dataclasses.replace(config, data_dir=tmp_path / "replica"), clock)
         await master.put_messages(make_records(60))  # several 4 KiB segments
         _replicate(master, replica, 1 << 20)
         point = replica.commit_log_max_offset
@@ -228,12 +216,8 @@ def test_the_search_narrows_a_long_segment_by_rounds_and_a_replica_without_probe
     big = dataclasses.replace(config, commitlog_segment_size=1 << 20)
 
     async def scenario():
-        master = MessageStore(big, clock=clock)
-        master.load()
-        await master.start()
-        replica = MessageStore(dataclasses.replace(big, data_dir=tmp_path / "replica"), clock=clock)
-        replica.load()
-        await replica.start()
+        master = await _started(big, clock)
+        replica = await _started(dataclasses.replace(big, data_dir=tmp_path / "replica"), clock)
         for n in range(0, 3000, 100):  # ~3000 records in one segment: more than one round of probes
             await master.put_messages(make_records(100, start=n))
         _replicate(master, replica, 1 << 20)
@@ -256,12 +240,8 @@ def test_a_round_of_probes_within_a_segment_reads_its_records_off_the_event_loop
     big = dataclasses.replace(config, commitlog_segment_size=1 << 20)
 
     async def scenario():
-        master = MessageStore(big, clock=clock)
-        master.load()
-        await master.start()
-        replica = MessageStore(dataclasses.replace(big, data_dir=tmp_path / "replica"), clock=clock)
-        replica.load()
-        await replica.start()
+        master = await _started(big, clock)
+        replica = await _started(dataclasses.replace(big, data_dir=tmp_path / "replica"), clock)
         await master.put_messages(make_records(300))
         _replicate(master, replica, 1 << 20)
         point = replica.commit_log_max_offset
@@ -298,9 +278,7 @@ def test_logs_that_differ_before_identical_segment_padding_are_told_apart(config
     async def scenario():
         stores = []
         for name, start in (("one", 0), ("two", 1000)):
-            store = MessageStore(dataclasses.replace(config, data_dir=tmp_path / name), clock=clock)
-            store.load()
-            await store.start()
+            store = await _started(dataclasses.replace(config, data_dir=tmp_path / name), clock)
             await store.put_messages(make_records(1, start=start))
             stores.append(store)
         one, two = stores
@@ -322,13 +300,9 @@ def test_a_cut_moves_the_checkpoint_back_so_a_crash_recovers_from_a_record_start
     replica_config = dataclasses.replace(config, data_dir=tmp_path / "replica")
 
     async def before_crash():
-        master = MessageStore(config, clock=clock)
-        master.load()
-        await master.start()
+        master = await _started(config, clock)
         await master.put_messages(make_records(60))
-        replica = MessageStore(replica_config, clock=clock)
-        replica.load()
-        await replica.start()
+        replica = await _started(replica_config, clock)
         await replica.put_messages([dataclasses.replace(r, body=b"r" * 77)  # its own history, flushed past
                                     for r in make_records(30, start=500)])  # the cut, at other boundaries
         await replica._flush_all()
@@ -352,9 +326,7 @@ def test_a_follower_answers_a_position_past_its_end_with_wait_not_with_the_start
     from tidemark.broker.store import GetStatus
 
     async def scenario():
-        store = MessageStore(config, clock=clock)
-        store.load()
-        await store.start()
+        store = await _started(config, clock)
         await store.put_messages(make_records(5))
         for follower, status, next_offset in ((False, GetStatus.OFFSET_OVERFLOW_BADLY, 0),
                                               (True, GetStatus.OFFSET_OVERFLOW_ONE, 9)):

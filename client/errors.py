@@ -93,6 +93,13 @@ class OutOfOrderSequenceError(FailedPreconditionError):
     """An idempotent producer's batch did not follow the last one the broker stored; nothing was stored."""
 
 
+class SequenceGapError(OutOfOrderSequenceError):
+    """An idempotent producer's batch arrived before the batch ahead of it (several in flight to a queue, an
+    earlier one cut off on its way): nothing was stored. The producer sends it again after the earlier one."""
+
+    retriable = True
+
+
 class ProducerFencedError(FailedPreconditionError):
     """An idempotent producer's batch carried an older epoch than the broker holds for its queue."""
 
@@ -164,6 +171,7 @@ _BY_BROKER_CLASS: dict[str, type[TidemarkError]] = {
     "FencedError": FencedError,
     "StaleResetGenerationError": StaleResetGenerationError,
     "OutOfOrderSequenceError": OutOfOrderSequenceError,
+    "SequenceGapError": SequenceGapError,
     "ProducerFencedError": ProducerFencedError,
     "UnknownProducerError": UnknownProducerError,
     "NotCurrentError": NotMasterError,

@@ -218,7 +218,10 @@ class ProducerSettings(ClientSettings):
     producer_group: str = _setting("", "Producer group: a transactional producer's half messages are checked with "
                                        "any live producer of its group (RocketMQ's producerGroup)")
     enable_idempotence: bool = _setting(True, "A retried batch is stored once (producer id and sequences per "
-                                              "queue; Kafka's enable.idempotence); one batch per queue in flight")
+                                              "queue; Kafka's enable.idempotence)")
+    max_in_flight_per_queue: int = _setting(5, "Idempotent producer: batches of one queue on their way at once, "
+                                               "1..5 (Kafka's limit with idempotence: the broker answers a "
+                                               "retry of any of a queue's last 5 batches with its offsets)")
     producer_key: str = _setting("", "Idempotent producers with the same key share one producer id, so a replay "
                                      "of the same sends (a restarted Spark task) is recognised; empty: a fresh id")
     producer_epoch: int = _setting(0, "The epoch every queue's sequences start in: a keyed producer that writes in "
@@ -229,6 +232,8 @@ class ProducerSettings(ClientSettings):
         super().__post_init__()
         _positive(self, "send_msg_timeout_s", "max_message_size", "max_async_in_flight", "batch_size",
                   "max_in_flight_requests")
+        if not 1 <= self.max_in_flight_per_queue <= 5:
+            raise InvalidArgumentError(f"max_in_flight_per_queue must be 1..5, got {self.max_in_flight_per_queue}")
         if self.retry_times_when_send_failed < 0:
             raise InvalidArgumentError("retry_times_when_send_failed must be >= 0")
         if not 0 <= self.producer_epoch < 2**62:

@@ -13,14 +13,19 @@ were stored. `check` decides what a batch is:
 - one already stored (within the last sequence): DUPLICATE, with the original
   first queue offset when the batch is still in the window, else without it
   (Spark replays a whole partition, far behind the window);
-- anything else is refused and stores nothing: a gap or an overlap
-  (OutOfOrderSequenceError), an older epoch (ProducerFencedError), a producer
-  id this broker never gave out or has forgotten (UnknownProducerError).
+- anything else is refused and stores nothing: a batch ahead of the next
+  sequence (SequenceGapError: an earlier batch has not arrived, or the broker
+  lost it), an overlap that matches no stored batch (OutOfOrderSequenceError),
+  an older epoch (ProducerFencedError), a producer id this broker never gave
+  out or has forgotten (UnknownProducerError).
 
-A producer sends one batch per queue at a time (client/producer/sequences.py),
-so in-order arrival is the rule and an out-of-order batch is the rare case of
-a lost state, answered with an error the producer recovers from by moving to
-a new epoch.
+A producer keeps up to `WINDOW` batches per queue in flight (Kafka's rule,
+client/producer/sequences.py) on one stream, in sequence order, so batch N+1
+normally arrives right after N. When N fails on the way (a reset, a timeout),
+N+1 may come first, or alone: it is refused with the retriable
+SequenceGapError, and the producer sends both again, N first. A retry of any
+of the last `WINDOW` batches is a duplicate answered with its original
+offsets, which covers every batch a producer can have in flight.
 
 Bounded and expiring: a producer idle for `expiry_ms` is forgotten
 (`expire`), and beyond `max_producers` the least recently active one goes
@@ -56,13 +61,18 @@ _MAX_INT64 = 2**63 - 1
 
 __all__ = [
     "WINDOW", "ProducerTable", "Verdict", "Decision", "StoredBatch", "QueueSequence", "ProducerState",
-    "OutOfOrderSequenceError", "ProducerFencedError", "UnknownProducerError", "ProducerStateError",
+    "OutOfOrderSequenceError", "SequenceGapError", "ProducerFencedError", "UnknownProducerError", "ProducerStateError",
     "Allocated", "Appended", "Forgotten", "ProducerEvent",
 ]
 
 
 class OutOfOrderSequenceError(FailedPreconditionError):
     """A batch whose sequence does not follow the last one stored (a gap or an overlap); nothing was stored."""
+
+
+class SequenceGapError(OutOfOrderSequenceError):
+    """A batch ahead of the next sequence: the batch before it has not arrived (it is on its way, or failed on
+    its way) or the broker lost it. Nothing was stored; the producer sends it again after the earlier one."""
 
 
 class ProducerFencedError(FailedPreconditionError):
@@ -209,7 +219,7 @@ class ProducerTable:
         state = producer.queues.get((topic, queue_id))
         if state is None or epoch > state.epoch:
             if base_seq != 0:
-                raise OutOfOrderSequenceError(
+                raise SequenceGapError(
                     f"producer {producer_id} epoch {epoch} on {topic}:{queue_id}: the first batch must have "
                     f"sequence 0, got {base_seq} (the broker holds no sequence for it)")
             return Decision(Verdict.APPEND)
@@ -235,6 +245,10 @@ class ProducerTable:
                     f"producer {producer_id} on {topic}:{queue_id}: batch {base_seq}..{last} overlaps stored "
                     f"batches without matching one (last stored sequence {state.last_seq})")
             return Decision(Verdict.DUPLICATE)
+        if base_seq > state.last_seq + 1:
+            raise SequenceGapError(
+                f"producer {producer_id} on {topic}:{queue_id}: expected sequence {state.last_seq + 1}, got "
+                f"{base_seq} (epoch {epoch}): an earlier batch is missing")
         raise OutOfOrderSequenceError(
             f"producer {producer_id} on {topic}:{queue_id}: expected sequence {state.last_seq + 1}, got "
             f"{base_seq} (epoch {epoch})")

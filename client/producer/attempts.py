@@ -24,6 +24,7 @@ from tidemark.client.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
     NotFoundError,
+    OutOfOrderSequenceError,
     PermissionDeniedError,
     Status,
     TidemarkError,
@@ -45,6 +46,8 @@ class Outcome(enum.Enum):
 
 def outcome_of(error: BaseException) -> Outcome:
     """REFUSED only for an answer that says nothing was stored; UNKNOWN for anything else."""
+    if isinstance(error, OutOfOrderSequenceError):
+        return Outcome.REFUSED  # a sequence check, retriable or not (a gap), refused the batch as a whole
     if isinstance(error, _REFUSALS) and getattr(error, "retriable", False) is False:
         return Outcome.REFUSED
     return Outcome.UNKNOWN

@@ -31,6 +31,8 @@ from tidemark.client.errors import (
     InternalError,
     InvalidArgumentError,
     OutOfOrderSequenceError,
+    ProducerFencedError,
+    SequenceGapError,
     TidemarkError,
     UnknownProducerError,
 )
@@ -39,7 +41,7 @@ from tidemark.client.namespacing import Names
 from tidemark.client.producer.accumulator import ProducerBatch, RecordAccumulator, SendCallback
 from tidemark.client.producer.attempts import Doubt, Outcome, Tries, back_off, outcome_of, pause
 from tidemark.client.producer.selector import MessageQueueSelector
-from tidemark.client.producer.sequences import ProducerSequences
+from tidemark.client.producer.sequences import ProducerSequences, Slot
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
 from tidemark.client.settings import ProducerSettings, build
@@ -114,7 +116,8 @@ class AsyncProducer:
         self._cluster: BrokerCluster | None = None
         self._ids = MessageIdGenerator()
         self._next = 0
-        self.sequences = ProducerSequences(settings.producer_key, settings.producer_epoch) if settings.enable_idempotence else None
+        self.sequences = ProducerSequences(settings.producer_key, settings.producer_epoch,
+                                           settings.max_in_flight_per_queue) if settings.enable_idempotence else None
         self._inflight: set[asyncio.Task] = set()
         self._busy: collections.Counter[str] = collections.Counter()  # accumulated batches in flight, by broker
         self._wakeup: asyncio.Event | None = None
@@ -214,54 +217,84 @@ class AsyncProducer:
                               tries: Tries, doubt: Doubt, deadline: float, *, pinned: bool = False) -> int:
         """An idempotent producer's send to one queue (counting its attempts in `tries`): the first offset.
 
-        Retries that may find the batch already stored (a timeout, an overloaded broker, a reset mid-call,
-        the only broker restarting) go to the same queue with the same sequence, so the broker answers the
-        second as a duplicate. A broker that went away while others serve the topic raises: the caller
-        moves the batch to another broker's queue, where it is stored twice if the first broker had kept
-        it. Whenever the batch leaves this queue after an attempt that may have been stored, the queue
-        starts a new epoch (sequences.py: a sequence never carries two different batches)."""
+        Up to max_in_flight_per_queue batches of a queue are on their way at once, in sequence order
+        (sequences.py has the rules). Retries that may find the batch already stored (a timeout, an
+        overloaded broker, a reset mid-call, the only broker restarting) go to the same queue with the
+        same numbers, after every earlier batch of the queue is settled, so the broker answers the second
+        as a duplicate. A broker that went away while others serve the topic raises: the caller moves the
+        batch to another broker's queue, where it is stored twice if the first broker had kept it.
+        Whenever the batch leaves this queue after an attempt that may have been stored, the queue starts
+        a new epoch (a sequence never carries two different batches)."""
         sequences = self.sequences
         state = sequences.queue(target)
-        async with state.lock:
-            in_doubt = False  # an attempt of this batch may have been stored
-            try:
-                while True:
-                    tries.made += 1
-                    try:
-                        conn = await self.cluster.master_connection(target.broker_name)
-                        producer_id = await sequences.producer_id(
-                            target.broker_name, lambda key, conn=conn: conn.init_producer(key, target.topic))
-                        offset = await conn.produce_stream().send(
-                            target.topic, target.queue_id, count, data, timeout,
-                            sequence=(producer_id, state.epoch, state.next_seq))
-                    except OutOfOrderSequenceError:
+        slot: Slot | None = None
+        stored = False
+        try:
+            while True:
+                tries.made += 1
+                if slot is not None:
+                    await state.turn(slot)
+                try:
+                    conn = await self.cluster.master_connection(target.broker_name)
+                    producer_id = await sequences.producer_id(
+                        target.broker_name, lambda key, conn=conn: conn.init_producer(key, target.topic))
+                    if slot is None:
+                        slot = await state.admit(count, producer_id)
+                    elif not slot.doubt and state.stale(slot, producer_id):
+                        state.renumber(slot, producer_id)
+                    # No await between numbering and this write: batches reach the stream in sequence order.
+                    offset = await conn.produce_stream().send(target.topic, target.queue_id, count, data, timeout,
+                                                              sequence=slot.numbers)
+                except (SequenceGapError, ProducerFencedError) as e:
+                    if slot is None:
+                        raise
+                    if isinstance(e, ProducerFencedError) and not state.stale(slot, slot.producer_id):
+                        raise  # a newer producer with our key writes the queue: refused, nothing stored
+                    # Not stored under these numbers. Ours to recover from unless the batch was the oldest
+                    # of its queue with current numbers: then the broker lost the queue's state.
+                    lost = isinstance(e, SequenceGapError) and state.head(slot) and not state.stale(slot, producer_id)
+                    state.failed(slot, doubt=False)
+                    if lost:
                         if tries.spent:
                             raise
-                        state.new_epoch()  # nothing was stored; the broker holds no usable sequence for us
-                        continue
-                    except UnknownProducerError:
-                        if tries.spent:
-                            raise
-                        sequences.forget_broker(target.broker_name, producer_id)
-                        continue
-                    except BaseException as e:
-                        if outcome_of(e) is Outcome.REFUSED:
-                            raise  # nothing stored by this attempt (the caller knows of earlier ones)
-                        in_doubt = True
-                        if isinstance(e, TidemarkError):
-                            doubt.saw(e)
-                            if e.retriable:
-                                self.cluster.suspect(target.broker_name)
-                        if not await self._same_sequence_again(e, target, tries, deadline, pinned):
-                            raise
-                        await pause(tries.made)
-                        continue
-                    state.stored(count)
-                    return offset
-            except BaseException:
-                if in_doubt:
+                        state.new_epoch()
+                    else:
+                        tries.made -= 1  # its turn had not come: not an attempt of its own
+                    continue
+                except OutOfOrderSequenceError:
+                    if slot is None:
+                        raise
+                    state.failed(slot, doubt=False)  # nothing was stored; the broker holds no usable sequence
+                    if tries.spent:
+                        raise
                     state.new_epoch()
-                raise
+                    continue
+                except UnknownProducerError:
+                    if slot is None:
+                        raise
+                    state.failed(slot, doubt=False)
+                    if tries.spent:
+                        raise
+                    sequences.forget_broker(target.broker_name, producer_id)
+                    continue
+                except BaseException as e:
+                    if outcome_of(e) is Outcome.REFUSED:
+                        raise  # nothing stored by this attempt (the caller knows of earlier ones)
+                    if slot is not None:
+                        state.failed(slot, doubt=True)
+                    if isinstance(e, TidemarkError):
+                        doubt.saw(e)
+                        if e.retriable:
+                            self.cluster.suspect(target.broker_name)
+                    if not await self._same_sequence_again(e, target, tries, deadline, pinned):
+                        raise
+                    await pause(tries.made)
+                    continue
+                stored = True
+                return offset
+        finally:
+            if slot is not None:
+                state.settle(slot, stored=stored)
 
     async def _same_sequence_again(self, error: BaseException, target: MessageQueue, tries: Tries,
                                    deadline: float, pinned: bool) -> bool:

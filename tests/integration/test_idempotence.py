@@ -181,7 +181,7 @@ def test_unknown_producers_and_out_of_order_sequences_are_refused_and_store_noth
         assert unknown.code == grpc.StatusCode.NOT_FOUND.value[0] and unknown.error_class == "UnknownProducerError"
         gap = produce(producer_id, 5, b"x")
         assert gap.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
-        assert gap.error_class == "OutOfOrderSequenceError" and "must have sequence 0" in gap.error
+        assert gap.error_class == "SequenceGapError" and "must have sequence 0" in gap.error
         assert produce(producer_id, 0, b"first").first_queue_offset == 0
         again = produce(producer_id, 0, b"first")
         assert again.duplicate and again.first_queue_offset == 0
@@ -189,7 +189,7 @@ def test_unknown_producers_and_out_of_order_sequences_are_refused_and_store_noth
         assert reused.error_class == "OutOfOrderSequenceError" and "hold another batch" in reused.error
         assert not reused.duplicate
         skip = produce(producer_id, 2, b"x")
-        assert skip.error_class == "OutOfOrderSequenceError" and "expected sequence 1, got 2" in skip.error
+        assert skip.error_class == "SequenceGapError" and "expected sequence 1, got 2" in skip.error
     assert stored(broker.address, "IdemBad") == [b"first"]
 
 

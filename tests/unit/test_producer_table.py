@@ -21,6 +21,7 @@ from tidemark.broker.producers.table import (
     OutOfOrderSequenceError,
     ProducerFencedError,
     ProducerTable,
+    SequenceGapError,
     UnknownProducerError,
     Verdict,
 )
@@ -45,6 +46,29 @@ def test_sequences_follow_each_other_and_retries_are_duplicates_with_their_offse
         table.check(pid, 0, "T", 0, 6, 1)
     with pytest.raises(OutOfOrderSequenceError, match="overlaps"):
         table.check(pid, 0, "T", 0, 1, 3)
+
+
+def test_a_batch_ahead_of_its_predecessor_is_a_gap_and_any_of_the_last_window_batches_keeps_its_offsets():
+    """Several batches in flight per queue (Kafka's rule): batch N+1 before N is a SequenceGapError (the
+    producer sends it again after N), an overlap that matches nothing stays OutOfOrderSequenceError, and a
+    retry of any batch a producer can have in flight (the last WINDOW) gets its original first offset."""
+    table = ProducerTable()
+    pid = table.allocate("", 0)
+    with pytest.raises(SequenceGapError, match="must have sequence 0"):
+        table.check(pid, 0, "T", 0, 2, 2)
+    for i in range(WINDOW + 2):
+        store(table, pid, i * 2, 2, 100 + i * 2)
+    last = (WINDOW + 2) * 2
+    with pytest.raises(SequenceGapError, match=f"expected sequence {last}, got {last + 2}"):
+        table.check(pid, 0, "T", 0, last + 2, 2)
+    with pytest.raises(OutOfOrderSequenceError) as overlap:
+        table.check(pid, 0, "T", 0, last - 1, 2)
+    assert not isinstance(overlap.value, SequenceGapError)
+    for i in range(2, WINDOW + 2):
+        decision = table.check(pid, 0, "T", 0, i * 2, 2)
+        assert (decision.verdict, decision.first_offset) == (Verdict.DUPLICATE, 100 + i * 2)
+    with pytest.raises(SequenceGapError, match="must have sequence 0"):
+        table.check(pid, 1, "T", 0, 4, 2)  # a new epoch's second batch before its first
 
 
 def test_batches_older_than_the_window_are_duplicates_without_an_offset():

@@ -15,6 +15,7 @@ from tidemark.client.errors import (
     OutOfOrderSequenceError,
     PermissionDeniedError,
     RequestTimeoutError,
+    SequenceGapError,
     UnavailableError,
 )
 from tidemark.client.producer.attempts import Doubt, Outcome, outcome_of
@@ -22,7 +23,7 @@ from tidemark.client.producer.attempts import Doubt, Outcome, outcome_of
 
 @pytest.mark.parametrize("error", [InvalidArgumentError("bad queue"), NotFoundError("no topic"),
                                    PermissionDeniedError("read-only"), FencedError("fenced"),
-                                   OutOfOrderSequenceError("gap")])
+                                   OutOfOrderSequenceError("overlap"), SequenceGapError("gap")])
 def test_an_answer_of_the_broker_that_refuses_stored_nothing(error):
     assert outcome_of(error) is Outcome.REFUSED
 

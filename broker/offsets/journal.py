@@ -61,12 +61,13 @@ from __future__ import annotations
 import enum
 import os
 import struct
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.broker.disk import segments
-from tidemark.broker.disk.segments import DecodedSegment, RecordDamage, SegmentedLog, frame
+from tidemark.broker.disk.segments import FRAME, DecodedSegment, RecordDamage, SegmentedLog, frame
 
 JOURNAL_PREFIX = "consumerOffset.journal."
 _HEAD = struct.Struct("<BH")  # op, topic length
@@ -107,6 +108,27 @@ def encode_record(record: JournalRecord) -> bytes:
 
 def encode_records(records: Iterable[JournalRecord]) -> bytes:
     return b"".join(encode_record(r) for r in records)
+
+
+class SetEncoder:
+    """`encode_record` of SET records, with each entry's op and names encoded once: commits write the same
+    few entries again and again (a CommitOffsets message is one commit per queue of a few topic@groups).
+    The same bytes as encode_record (tested)."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._limit = limit  # entries kept; past it the cache starts again (a table of many groups)
+        self._prefixes: dict[tuple[str, str], bytes] = {}
+
+    def encode(self, topic: str, group: str, queue_id: int, offset: int) -> bytes:
+        prefix = self._prefixes.get((topic, group))
+        if prefix is None:
+            if len(self._prefixes) >= self._limit:
+                self._prefixes.clear()
+            t, g = topic.encode("utf-8"), group.encode("utf-8")
+            prefix = self._prefixes[(topic, group)] = b"".join(
+                (_HEAD.pack(Op.SET, len(t)), t, _NAME_LEN.pack(len(g)), g))
+        body = prefix + _TAIL.pack(queue_id, offset, 0)
+        return FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
 def decode_records(data: bytes) -> DecodedSegment[JournalRecord]:

@@ -73,8 +73,9 @@ from tidemark.broker.offsets.journal import (
     OffsetJournal,
     Op,
     ReplayReport,
+    SetEncoder,
     apply_records,
-    encode_records,
+    encode_record,
 )
 from tidemark.broker.offsets.persistence import (
     OFFSET_FILE_NAME,
@@ -147,7 +148,8 @@ class ConsumerOffsetManager:
         self._loaded = False
         # Without a journal (journal=False) a crash loses the changes since the last snapshot, as in RocketMQ.
         self._journal = OffsetJournal(self._path.parent) if journal else None
-        self._pending: list[JournalRecord] = []  # records of the batch under way, written when it ends
+        self._pending: list[bytes] = []  # encoded records of the batch under way, written when it ends
+        self._sets = SetEncoder()
         # Called with each batch's records once they hold (journaled, or standing in memory): a master's
         # replicas (broker/cluster/replication.py), which take them within milliseconds instead of at the next mirror.
         self.listeners: list[Callable[[list[JournalRecord]], None]] = []
@@ -235,7 +237,7 @@ class ConsumerOffsetManager:
     def _journal_change(self, record: JournalRecord) -> None:
         """Queue a record for the write that ends the running batch (every change runs in one)."""
         if self._journal is not None and self._loaded:
-            self._pending.append(record)
+            self._pending.append(encode_record(record))
         if self.listeners and self._loaded:
             self._outgoing.append(record)
 
@@ -244,7 +246,7 @@ class ConsumerOffsetManager:
             return
         records, self._pending = self._pending, []
         try:
-            self._journal.append(encode_records(records))
+            self._journal.append(b"".join(records))
         except OSError as e:
             self._journal_failed(e, len(records))
             if not self._must_journal:
@@ -303,11 +305,19 @@ class ConsumerOffsetManager:
         """
         _check_entry(group, topic, queue_id)
         _check_offset(offset)
+        if self._batch_depth:
+            return self.commit_checked(group, topic, queue_id, offset, fence, allow_rewind=allow_rewind)
+        with self.batch():
+            return self.commit_checked(group, topic, queue_id, offset, fence, allow_rewind=allow_rewind)
+
+    def commit_checked(self, group: str, topic: str, queue_id: int, offset: int, fence: Fence | None = None,
+                       *, allow_rewind: bool = False) -> bool:
+        """`commit` inside a batch, for a caller that checked the names, the queue id and the offset
+        (OffsetCommitService's batches); the fence is checked here."""
         key = (topic, group)
-        state = self._fence_state(key, queue_id)
         if fence is None or not fence.fenced:
-            with self.batch():
-                return self._store(key, queue_id, offset)
+            return self._store(key, queue_id, offset)
+        state = self._fence_state(key, queue_id)
         self._check_fence(group, topic, queue_id, fence, state)
         pair = None if fence.owner_epoch is None else (fence.owner_epoch, state.reset_generation)
         # A commit whose owner nothing here can vouch for (no lock on the queue, no fenced commit seen since
@@ -317,10 +327,9 @@ class ConsumerOffsetManager:
         if pair is not None and (state.last_fenced == pair and not allow_rewind or unverified) \
                 and offset < self.query(group, topic, queue_id):
             return False
-        with self.batch():
-            if pair is not None and state.last_fenced != pair and not unverified:  # an unverified epoch
-                self._set_fence_state(key, queue_id, replace(state, last_fenced=pair))  # proves nothing
-            return self._store(key, queue_id, offset)
+        if pair is not None and state.last_fenced != pair and not unverified:  # an unverified epoch
+            self._set_fence_state(key, queue_id, replace(state, last_fenced=pair))  # proves nothing
+        return self._store(key, queue_id, offset)
 
     def check_fence(self, group: str, topic: str, queue_id: int, fence: Fence | None) -> None:
         """What commit() would refuse for its fence (FencedError, StaleResetGenerationError), changing
@@ -630,8 +639,11 @@ class ConsumerOffsetManager:
             self._removed.discard(key)
         queues[queue_id] = offset
         self._version += 1
-        if journal:
-            self._journal_change(JournalRecord(Op.SET, key[0], key[1], queue_id, offset))
+        if journal and self._loaded:  # _journal_change's work, with the record encoded the fast way
+            if self._journal is not None:
+                self._pending.append(self._sets.encode(key[0], key[1], queue_id, offset))
+            if self.listeners:
+                self._outgoing.append(JournalRecord(Op.SET, key[0], key[1], queue_id, offset))
         return True
 
 

@@ -23,6 +23,7 @@ from tidemark.client.errors import (
 )
 from tidemark.client.message import Message, MessageExt, MessageQueue, PullResult, SendResult
 from tidemark.client.remoting import convert
+from tidemark.client.remoting.commits import CommitStream
 from tidemark.client.remoting.rpc_errors import from_rpc_error
 from tidemark.client.remoting.security import open_channel
 from tidemark.client.remoting.streams import (
@@ -89,32 +90,6 @@ _CHANNEL_OPTIONS = (
     ("grpc.use_local_subchannel_pool", 1),
 )
 _MESSAGE_MODEL = {"CLUSTERING": common_pb2.CLUSTERING, "BROADCASTING": common_pb2.BROADCASTING}
-
-
-class CommitStream:
-    """An open CommitOffsets stream: write batches without waiting; close() returns the broker's summary."""
-
-    def __init__(self, conn: BrokerConnection, call: Any) -> None:
-        self._conn = conn
-        self._call = call
-
-    async def write(self, commits: Sequence[OffsetCommit]) -> None:
-        try:
-            await self._call.write(offsets_pb2.CommitOffsetsRequest(commits=[convert.commit_pb(c) for c in commits]))
-        except grpc.RpcError as e:
-            raise self._conn.error(e) from None
-
-    async def close(self) -> CommitOffsetsResult:
-        try:
-            await self._call.done_writing()
-            pb = await self._call
-        except grpc.RpcError as e:
-            raise self._conn.error(e) from None
-        name = self._conn.broker_name or ""
-        return CommitOffsetsResult(pb.applied, pb.rejected, [convert.rejected(r, name) for r in pb.rejections])
-
-    def cancel(self) -> None:
-        self._call.cancel()
 
 
 def _unreachable(e: grpc.RpcError) -> bool:

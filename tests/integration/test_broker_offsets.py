@@ -7,6 +7,7 @@ data dir to check what reached the disk.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import subprocess
@@ -18,6 +19,9 @@ import pytest
 from brokerproc import BrokerProcess, BrokerStubs, free_port
 from workload import metric, wait_until
 
+from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.connection import BrokerConnection
+from tidemark.client.types import CommitOffsetsResult, OffsetCommit
 from tidemark.v1 import (
     admin_pb2,
     common_pb2,
@@ -327,6 +331,33 @@ def test_ten_thousand_oneway_commits_apply_in_order(api: Api):
     assert len(last) == 2 * queues
     for (group, q), offset in last.items():
         assert api.query(group, "stream", q) == offset
+
+
+def test_the_client_commit_stream_gathers_writes_into_few_messages_in_order(api: Api, shared):
+    api.topic_with_messages("gather", [300] * 4)
+
+    async def run() -> tuple[list[int], CommitOffsetsResult]:
+        conn = BrokerConnection(shared.address, timeout_s=TIMEOUT)
+        try:
+            await conn.broker_info()
+            mqs = [MessageQueue("gather", conn.broker_name, q) for q in range(4)]
+            stream = conn.open_commit_stream(timeout=60)
+            sizes: list[int] = []
+            write = stream._call.write
+            stream._call.write = lambda request: (sizes.append(len(request.commits)), write(request))[1]
+            for offset in range(1, 300):  # a later commit of a queue must win: order is kept
+                await stream.write([OffsetCommit("gg", mq, offset) for mq in mqs])
+            await stream.write([OffsetCommit("gg", mqs[0], 300, client_id="c-1", reset_generation=0),  # fenced
+                                OffsetCommit("gg", MessageQueue("nope", conn.broker_name, 0), 1)])
+            return sizes, await stream.close()
+        finally:
+            await conn.close()
+
+    sizes, result = asyncio.run(run())
+    assert (result.applied, result.rejected) == (4 * 299 + 1, 1)
+    assert "does not exist" in result.rejections[0].message
+    assert sum(sizes) == 4 * 299 + 2 and len(sizes) <= 2  # 1,198 commits written without a pause: 2 messages
+    assert [api.query("gg", "gather", q) for q in range(4)] == [300, 299, 299, 299]
 
 
 def test_commit_stream_reports_bad_commits_and_applies_the_rest(api: Api):

@@ -31,6 +31,7 @@ from tidemark.broker.disk.metadata_file import MetadataFile
 from tidemark.broker.errors import (
     BrokerError,
     FailedPreconditionError,
+    FencedError,
     NotFoundError,
     PermissionDeniedError,
     StoreError,
@@ -376,17 +377,18 @@ class BrokerController:
         return self.consumers.consumer_ids(info.group)
 
     async def lock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
-                          wait_ms: int = 0) -> list[LockGrant]:
+                          wait_ms: int = 0, *, renew: bool = False) -> list[LockGrant]:
         """Grant or renew queue locks; when none of the queues another client holds is free yet, wait up
         to wait_ms for the first to be released. A group consumed by pop (RocketMQ 5 clients) has no
         queue owners: FailedPreconditionError.
 
         The wait ends the moment one of them is released (unlock, client gone, lock expiry all
-        notify), so a handover costs no polling interval; the caller asks again for the rest."""
+        notify), so a handover costs no polling interval; the caller asks again for the rest. `renew`
+        keeps the lock tokens of locks the client still holds (QueueLockManager.lock)."""
         if self.pop.has_group(group):
             raise FailedPreconditionError(f"group {group!r} is consumed by pop (RocketMQ 5 clients); queue "
                                           f"owners need a group of their own")
-        grants = self._lock(group, client_id, queues)
+        grants = self._lock(group, client_id, queues, renew)
         granted = {(g.topic, g.queue_id) for g in grants}
         missing = [q for q in queues if q not in granted]
         deadline = asyncio.get_running_loop().time() + min(wait_ms, MAX_LOCK_WAIT_MS) / 1000
@@ -394,7 +396,7 @@ class BrokerController:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0 or not await self.hold.wait_any(missing, remaining):
                 break
-            grants = self._lock(group, client_id, missing)
+            grants = self._lock(group, client_id, missing, renew)
         return grants
 
     def held_queue(self, group: str, grant: LockGrant) -> HeldQueue:
@@ -403,30 +405,37 @@ class BrokerController:
                          self.offsets.reset_generation(group, grant.topic, grant.queue_id))
 
     def unlock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
-                      final_offsets: list[tuple[str, int, int, Fence | None]] = ()) -> list[RefusedOffset]:
+                      final_offsets: list[tuple[str, int, int, Fence | None]] = (),
+                      tokens: dict[tuple[str, int], int] | None = None) -> list[RefusedOffset]:
         """Apply the final commits of queues being handed back, then release their locks.
 
         A queue whose final commit is fenced stays as it is (it is somebody else's now); any other
-        refusal (an invalid offset) is reported and the queue is still released."""
+        refusal (an invalid offset) is reported and the queue is still released. `tokens` name the
+        grants being released: a queue locked again since (a late unlock) keeps its new lock, and
+        its final commit is refused (FencedError) so that it cannot move the new lease's offset."""
         refused: list[RefusedOffset] = []
         keep: set[tuple[str, int]] = set()
         for topic, queue_id, offset, fence in final_offsets:
+            token = (tokens or {}).get((topic, queue_id), 0)
             try:
+                if self.locks.superseded(group, client_id, topic, queue_id, token):
+                    raise FencedError(f"queue {topic}:{queue_id} of group {group!r} was locked again after "
+                                      f"the grant this final commit belongs to (lock token {token})")
                 self.commits.commit(group, topic, queue_id, offset, fence, acknowledged=True)
             except BrokerError as e:
                 refused.append(RefusedOffset(topic, queue_id, offset, e))
                 if isinstance(e, FailedPreconditionError):
                     keep.add((topic, queue_id))
-        for topic, queue_id in self.locks.unlock(group, client_id, [q for q in queues if q not in keep]):
+        for topic, queue_id in self.locks.unlock(group, client_id, [q for q in queues if q not in keep], tokens):
             self.hold.notify(topic, queue_id)
         return refused
 
-    def _lock(self, group: str, client_id: str, queues: list[tuple[str, int]]) -> list[LockGrant]:
+    def _lock(self, group: str, client_id: str, queues: list[tuple[str, int]], renew: bool) -> list[LockGrant]:
         """Grant or renew queue locks; a queue that changed hands is re-checked by the streams serving it,
         so its previous owner stops receiving its messages at once."""
         locks = self.locks
         before = {q: locks.current_epoch(group, *q) for q in queues}
-        grants = locks.lock(group, client_id, queues)
+        grants = locks.lock(group, client_id, queues, renew=renew)
         changed = [g for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch]
         for g in changed:
             log.info("queue lock granted",

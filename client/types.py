@@ -61,6 +61,8 @@ class QueueLockGrant:
     # Where the group stood on the queue when the lock was granted (-1: no committed offset).
     consumer_offset: int = -1
     reset_generation: int = 0
+    # Names this grant: the unlock quoting it cannot release a later grant of the queue (0: unknown).
+    lock_token: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,13 +13,20 @@ needless re-read. Epoch history outlives expiry and release for the same
 reason: `current_epoch` must keep answering after the holder is gone, so that a
 late commit from an owner that was replaced is still recognised as stale.
 
+Lock tokens name grants, not owners. The epoch rule lets one client hold a
+queue, let go of it and take it again under the same epoch; an unlock of the
+first grant that arrives late (a retry after a partition) must not release the
+second. So every acquisition draws a new token, a renewal (`renew=True`, the
+holder extending its own live lock) keeps it, and an unlock quoting a token
+releases only that grant.
+
 Pure domain module: no grpc, no I/O. Called from the broker's event-loop thread.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from tidemark.broker.errors import FencedError
@@ -40,6 +47,7 @@ class LockGrant:
     queue_id: int
     owner_epoch: int
     expire_timestamp: int  # wall clock, ms since the epoch; for the client and for logs
+    lock_token: int  # this grant's name, for its unlock
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,7 @@ class _QueueLock:
 
     client_id: str  # the last holder, kept after expiry/release for the epoch rule
     owner_epoch: int
+    token: int  # the grant's lock token: new on every acquisition, kept by renewals
     held: bool  # False once released or reaped by expire(); the record stays as history
     expires_at: float  # on the injected monotonic clock, seconds
     expire_timestamp: int  # wall clock ms, reported only
@@ -79,6 +88,7 @@ class QueueLockManager:
         self,
         *,
         epochs: EpochSequence,
+        tokens: EpochSequence | None = None,
         expiry_ms: int = DEFAULT_LOCK_EXPIRY_MS,
         clock: Callable[[], float] = time.monotonic,
         wall_clock_ms: Callable[[], int] = _wall_clock_ms,
@@ -86,6 +96,9 @@ class QueueLockManager:
         if expiry_ms <= 0:
             raise ValueError(f"lock expiry must be positive, got {expiry_ms} ms")
         self._epochs = epochs
+        # Seeded with the wall clock like epochs, so a token of an earlier broker process never names
+        # a grant of this one.
+        self._tokens = tokens if tokens is not None else EpochSequence()
         self._expiry_ms = int(expiry_ms)
         # Expiry is judged on a monotonic clock so a wall-clock step cannot
         # free (or pin) every lock at once; the wall clock is only reported.
@@ -96,13 +109,15 @@ class QueueLockManager:
     # -- grant and release -------------------------------------------------
 
     def lock(
-        self, group: str, client_id: str, queues: Iterable[tuple[str, int]]
+        self, group: str, client_id: str, queues: Iterable[tuple[str, int]], *, renew: bool = False
     ) -> list[LockGrant]:
         """Grant or renew locks; return only the queues now held by `client_id`.
 
         A queue is granted when it is unlocked, its lock expired, or `client_id`
         already holds it (then the expiry is extended). A queue held live by
         another client is left out of the answer, as RocketMQ's lockBatchMQ does.
+        A grant keeps its lock token only when `renew` and `client_id` still
+        holds the lock; otherwise it is a new grant with a new token.
         """
         now = self._clock()
         expires_at = now + self._expiry_ms / 1000.0
@@ -122,18 +137,25 @@ class QueueLockManager:
                 epoch = current.owner_epoch
             else:
                 epoch = self._epochs.next()
+            if renew and current is not None and current.client_id == client_id and current.held:
+                token = current.token
+            else:
+                token = self._tokens.next()
             if table is None:
                 table = self._groups.setdefault(group, {})
-            table[key] = _QueueLock(client_id, epoch, True, expires_at, expire_timestamp)
-            grants.append(LockGrant(topic, queue_id, epoch, expire_timestamp))
+            table[key] = _QueueLock(client_id, epoch, token, True, expires_at, expire_timestamp)
+            grants.append(LockGrant(topic, queue_id, epoch, expire_timestamp, token))
         return grants
 
     def unlock(
-        self, group: str, client_id: str, queues: Iterable[tuple[str, int]]
+        self, group: str, client_id: str, queues: Iterable[tuple[str, int]],
+        tokens: Mapping[tuple[str, int], int] | None = None,
     ) -> list[tuple[str, int]]:
         """Release the given queues that `client_id` holds; return those released.
 
-        Queues held by someone else are left alone. The epoch history is kept.
+        Queues held by someone else are left alone, and so is a queue whose token
+        in `tokens` (0 or absent: any) names an earlier grant than the current one.
+        The epoch history is kept.
         """
         table = self._groups.get(group)
         released: list[QueueKey] = []
@@ -142,10 +164,23 @@ class QueueLockManager:
         for topic, queue_id in queues:
             key = (topic, queue_id)
             current = table.get(key)
-            if current is not None and current.held and current.client_id == client_id:
+            if current is not None and current.held and current.client_id == client_id \
+                    and not self._superseded(current, tokens, key):
                 table[key] = replace(current, held=False)
                 released.append(key)
         return released
+
+    def superseded(self, group: str, client_id: str, topic: str, queue_id: int, token: int) -> bool:
+        """Whether `token` (0: none) names an earlier grant to `client_id` than the queue's latest, which
+        went to `client_id` too (a grant to another client since is fenced by its epoch instead)."""
+        current = self._get(group, topic, queue_id)
+        return current is not None and current.client_id == client_id \
+            and self._superseded(current, {(topic, queue_id): token}, (topic, queue_id))
+
+    @staticmethod
+    def _superseded(current: _QueueLock, tokens: Mapping[QueueKey, int] | None, key: QueueKey) -> bool:
+        token = tokens.get(key, 0) if tokens else 0
+        return token != 0 and token != current.token
 
     def release_client(self, group: str, client_id: str) -> list[tuple[str, int]]:
         """Release every queue of `group` that `client_id` holds (client unregistered)."""

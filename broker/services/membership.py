@@ -126,13 +126,15 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
         if request.wait_ms < 0:
             raise InvalidArgumentError(f"wait_ms must be >= 0, got {request.wait_ms}")
         b = self._b
-        grants = await b.lock_queues(request.group, request.client_id, self._queues(request), request.wait_ms)
+        grants = await b.lock_queues(request.group, request.client_id, self._queues(request), request.wait_ms,
+                                     renew=request.renew)
         name = b.config.broker_name
         held = [b.held_queue(request.group, g) for g in grants]
         return membership_pb2.LockQueuesResponse(locked=[
             membership_pb2.QueueLock(queue=queue(h.grant.topic, name, h.grant.queue_id),
                                      owner_epoch=h.grant.owner_epoch, expire_timestamp=h.grant.expire_timestamp,
-                                     consumer_offset=h.consumer_offset, reset_generation=h.reset_generation)
+                                     consumer_offset=h.consumer_offset, reset_generation=h.reset_generation,
+                                     lock_token=h.grant.lock_token)
             for h in held])
 
     @rpc
@@ -140,11 +142,15 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
         check_group(request.group)
         checked_client_id(request.client_id)
         queues = self._queues(request)
+        if request.lock_tokens and len(request.lock_tokens) != len(request.queues):
+            raise InvalidArgumentError(f"lock_tokens must be empty or one per queue: {len(request.lock_tokens)} "
+                                       f"tokens for {len(request.queues)} queues")
+        tokens = {(q.topic, q.queue_id): t for q, t in zip(request.queues, request.lock_tokens, strict=False) if t}
         for f in request.final_offsets:
             checked_topic(f.queue.topic)
         finals = [(f.queue.topic, f.queue.queue_id, f.offset, fence_from_pb(f.fence, f.HasField("fence")))
                   for f in request.final_offsets]
-        refused = self._b.unlock_queues(request.group, request.client_id, queues, finals)
+        refused = self._b.unlock_queues(request.group, request.client_id, queues, finals, tokens)
         name = self._b.config.broker_name
         return membership_pb2.UnlockQueuesResponse(refused=[
             membership_pb2.RefusedFinalOffset(queue=queue(r.topic, name, r.queue_id), offset=r.offset,

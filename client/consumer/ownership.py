@@ -7,7 +7,9 @@ Zero-duplicate handover (CLUSTERING with queue_locking, the default):
 - a queue that leaves stops fetching, lets running batches finish (bounded by
   drain_timeout_s), commits synchronously with its owner epoch, then unlocks;
   an unlock that failed (the broker unreachable) is asked again until the
-  broker answers, or its next owner would wait for the lock to expire.
+  broker answers, or its next owner would wait for the lock to expire. Each
+  unlock names the grant it releases (its lock token): one that arrives late,
+  after the queue came back to this client, leaves the new lock and offset be.
 These remove both causes of duplicates in RocketMQ's rebalance: two owners reading at once,
 and a new owner reading an offset the old one had not committed yet.
 
@@ -26,6 +28,8 @@ dispatchPullRequest and removeUnnecessaryMessageQueue to its subclasses.
 Queue set changes go through one asyncio.Lock, so rebalances, lock retries
 and renewals never interleave; per-queue state changes go through
 OwnedQueue.transition, and each generation of a queue is a QueueLease.
+Retried unlocks run outside that lock (a broker cut off must not hold up the
+others' handovers): lock tokens, not the lock, keep them from undoing a grant.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ class _PendingUnlock:
     """A queue handed back whose unlock failed: the broker may still hold its lock for us."""
 
     commit: OffsetCommit | None  # its final commit, sent with the unlock
+    token: int  # the grant released (0: any)
     until: float  # loop time after which the lock has expired on the broker anyway
 
 
@@ -116,8 +121,14 @@ class QueueOwnership:
         self._unlock_retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
         self._unlocking: set[str] = set()  # brokers with a retry task
         self.handovers = 0
+        self.unlock_retries = 0  # UnlockQueues calls asked again
 
     # -- views -----------------------------------------------------------------
+
+    @property
+    def pending_unlocks(self) -> int:
+        """Queues handed back whose unlock failed and is being asked again."""
+        return len(self._unlocks)
 
     def get(self, mq: MessageQueue) -> OwnedQueue | None:
         return self._queues.get(mq)
@@ -231,7 +242,7 @@ class QueueOwnership:
                     conn = await self._cluster.connection(broker)
                     # Given up when the master moves meanwhile: it holds every other change of queues.
                     grants = {g.queue: g for g in await self._cluster.moves.until(
-                        broker, conn.lock_queues(self._group, self._client_id, [oq.mq for oq in oqs]))}
+                        broker, conn.lock_queues(self._group, self._client_id, [oq.mq for oq in oqs], renew=True))}
                 except TidemarkError as e:
                     log.warning("lock renewal failed",
                                 event="lock_renew_failed", group=self._group, broker=broker, error=e)
@@ -240,6 +251,8 @@ class QueueOwnership:
                     grant = grants.get(oq.mq)
                     if grant is None or grant.owner_epoch != oq.owner_epoch:
                         self._lose(oq, "lock not renewed")
+                    else:
+                        oq.lock_token = grant.lock_token  # a new grant when the lock had lapsed meanwhile
 
     async def lose(self, mq: MessageQueue, reason: str) -> None:
         async with self._lock:
@@ -291,7 +304,8 @@ class QueueOwnership:
             log.warning("queue lock failed", event="lock_failed", group=self._group, broker=broker, error=e)
             return [], False
         by_mq = {g.queue: g for g in grants}
-        granted, stale = [], []
+        granted: list[OwnedQueue] = []
+        stale: dict[MessageQueue, int] = {}
         for oq in oqs:
             grant = by_mq.get(oq.mq)
             if grant is None:
@@ -301,20 +315,21 @@ class QueueOwnership:
                 # us meanwhile (a newer OwnedQueue holds or asks for this very lock: leave it be).
                 current = self._queues.get(oq.mq)
                 if current is None or current.state is QueueState.RELEASED:
-                    stale.append(oq.mq)
+                    stale[oq.mq] = grant.lock_token
                 continue
             oq.owner_epoch = grant.owner_epoch
+            oq.lock_token = grant.lock_token
             oq.granted_at = (grant.consumer_offset, grant.reset_generation)
             log.info("queue lock granted",
                      event="lock_grant", group=self._group, queue=oq.mq, owner_epoch=grant.owner_epoch)
             granted.append(oq)
         if stale:
             try:
-                await conn.unlock_queues(self._group, self._client_id, stale)
+                await conn.unlock_queues(self._group, self._client_id, list(stale), tokens=list(stale.values()))
             except TidemarkError as e:
                 log.warning("unlock failed", event="unlock_failed", group=self._group, broker=broker, error=e)
-                for mq in stale:
-                    self._unlock_later(mq, None)
+                for mq, token in stale.items():
+                    self._unlock_later(mq, None, token)
         return granted, bool(grants)
 
     async def _start(self, oq: OwnedQueue) -> bool:
@@ -387,10 +402,10 @@ class QueueOwnership:
     async def _unlock(self, oq: OwnedQueue) -> None:
         try:
             conn = await self._cluster.connection(oq.mq.broker_name)
-            await conn.unlock_queues(self._group, self._client_id, [oq.mq])
+            await conn.unlock_queues(self._group, self._client_id, [oq.mq], tokens=[oq.lock_token])
         except TidemarkError as e:
             log.warning("unlock failed", event="unlock_failed", group=self._group, queue=oq.mq, error=e)
-            self._unlock_later(oq.mq, None)
+            self._unlock_later(oq.mq, None, oq.lock_token)
 
     async def _finish_release(self, oq: OwnedQueue) -> None:
         """DRAINING -> RELEASED: stop fetching, drain, commit, unlock."""
@@ -411,11 +426,11 @@ class QueueOwnership:
         try:
             conn = await self._cluster.connection(oq.mq.broker_name)
             refused = await conn.unlock_queues(self._group, self._client_id, [oq.mq],
-                                               [commit] if commit is not None else [])
+                                               [commit] if commit is not None else [], tokens=[oq.lock_token])
         except TidemarkError as e:
             log.warning("final commit and unlock failed, asking again",
                         event="final_commit_failed", group=self._group, queue=oq.mq, error=e)
-            self._unlock_later(oq.mq, commit)
+            self._unlock_later(oq.mq, commit, oq.lock_token)
             refused = []
         for error in refused:
             if isinstance(error, FencedError):
@@ -436,24 +451,26 @@ class QueueOwnership:
             log.warning("offset persist on drop failed",
                         event="drop_persist_failed", group=self._group, queue=oq.mq, error=e)
 
-    def _unlock_later(self, mq: MessageQueue, commit: OffsetCommit | None) -> None:
+    def _unlock_later(self, mq: MessageQueue, commit: OffsetCommit | None, token: int) -> None:
         """Ask again, every LOCK_RETRY_DELAY_S, for a queue we let go of but whose unlock failed: the call
         may never have reached the broker, which then keeps the lock for us until it expires, while the
         queue's next owner waits and nobody consumes it (a partition of a few seconds stalled a queue for
         a minute). Until the broker answers, the lock would have expired, or the queue is ours again."""
-        self._unlocks[mq] = _PendingUnlock(commit, asyncio.get_running_loop().time() + LOCK_LIFETIME_S)
+        self._unlocks[mq] = _PendingUnlock(commit, token, asyncio.get_running_loop().time() + LOCK_LIFETIME_S)
         broker = mq.broker_name
         if broker not in self._unlocking:
             if self._unlock_retries.spawn(self._retry_unlocks(broker), name=f"unlock-retry:{broker}") is not None:
                 self._unlocking.add(broker)
 
     async def _retry_unlocks(self, broker: str) -> None:
+        """Outside the ownership lock: a call to a broker cut off may wait its whole request timeout, and
+        rebalances (of other brokers' queues too) must not wait with it. A queue that comes back to us
+        meanwhile is locked under a new grant, which the token of this unlock cannot release."""
         try:
             while True:
                 await asyncio.sleep(LOCK_RETRY_DELAY_S)
-                async with self._lock:  # queue set changes wait: none may come back to us meanwhile
-                    if not await self._unlock_pending(broker):
-                        return
+                if not await self._unlock_pending(broker):
+                    return
         finally:
             self._unlocking.discard(broker)
 
@@ -463,13 +480,15 @@ class QueueOwnership:
         for mq in [mq for mq, p in self._unlocks.items() if mq.broker_name == broker]:
             if mq in self._queues or now > self._unlocks[mq].until:
                 del self._unlocks[mq]  # ours again, or the lock expired on the broker meanwhile
-        pending = {mq: p for mq, p in self._unlocks.items() if mq.broker_name == broker}
+        pending = {mq: p for mq, p in sorted(self._unlocks.items()) if mq.broker_name == broker}
         if not pending:
             return False
+        self.unlock_retries += 1
         try:
             conn = await self._cluster.connection(broker)
-            refused = await conn.unlock_queues(self._group, self._client_id, sorted(pending),
-                                               [p.commit for p in pending.values() if p.commit is not None])
+            refused = await conn.unlock_queues(self._group, self._client_id, list(pending),
+                                               [p.commit for p in pending.values() if p.commit is not None],
+                                               tokens=[p.token for p in pending.values()])
         except TidemarkError as e:
             log.info("unlock failed again", event="unlock_retry_failed", group=self._group, broker=broker,
                      queues=len(pending), error=e)
@@ -478,8 +497,8 @@ class QueueOwnership:
             if self._unlocks.get(mq) is p:  # (not one that failed again meanwhile, with a newer commit)
                 del self._unlocks[mq]
         log.info("queues unlocked on a retry", event="unlock_retried", group=self._group, broker=broker,
-                 queues=", ".join(str(mq) for mq in sorted(pending)))
-        for error in refused:  # fenced: the queue passed on meanwhile, and its new owner's offset stands
+                 queues=", ".join(str(mq) for mq in pending))
+        for error in refused:  # fenced: the queue passed on (or came back to us) meanwhile; its offset stands
             log.info("final commit refused on a retry", event="final_commit_refused", group=self._group,
                      broker=broker, error=error)
         return any(mq.broker_name == broker for mq in self._unlocks)

@@ -256,9 +256,10 @@ class PushConsumer(BlockingClient):
         at each attempt); cached_messages: fetched and not yet consumed, over the owned queues;
         rebalances: rebalance passes; rebalance_changes: how often a pass changed a topic's queues;
         handovers: queues handed to their next owner after draining and a final commit (locking mode);
-        owned_queues: len(owned_queues()); sent_back: failed messages the broker took back for retry
-        (or its DLQ); retry_fallbacks: those sent to the retry topic directly because the send-back
-        failed. ClientStateError unless started."""
+        pending_unlocks: queues handed back whose unlock failed and is being asked again;
+        unlock_retries: the calls that asked again; owned_queues: len(owned_queues()); sent_back: failed
+        messages the broker took back for retry (or its DLQ); retry_fallbacks: those sent to the retry
+        topic directly because the send-back failed. ClientStateError unless started."""
         core = self._running("read stats")
 
         def collect() -> dict[str, int]:
@@ -266,6 +267,8 @@ class PushConsumer(BlockingClient):
             return {"consumed_ok": service.consumed_ok, "consumed_failed": service.consumed_failed,
                     "cached_messages": sum(le.pq.msg_count for le in core.ownership.leases()),
                     "rebalances": core.rebalance.rebalances, "rebalance_changes": core.rebalance.changes,
-                    "handovers": core.ownership.handovers, "owned_queues": len(core.ownership.pulling()),
+                    "handovers": core.ownership.handovers,
+                    "pending_unlocks": core.ownership.pending_unlocks,
+                    "unlock_retries": core.ownership.unlock_retries, "owned_queues": len(core.ownership.pulling()),
                     "sent_back": core.send_back.sent_back, "retry_fallbacks": core.send_back.fallback_sends}
         return self._loop.call(collect, timeout=5)

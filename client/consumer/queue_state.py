@@ -54,6 +54,8 @@ class OwnedQueue:
     mq: MessageQueue
     state: QueueState = QueueState.ASSIGNED
     owner_epoch: int | None = None
+    # The broker's name for the lock grant held (0: none, or a broker that does not name grants).
+    lock_token: int = 0
     # The lock grant's view of the group's progress: (committed offset, reset generation).
     granted_at: tuple[int, int] | None = None
     lease: QueueLease | None = None

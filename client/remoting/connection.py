@@ -291,19 +291,24 @@ class BrokerConnection:
             call.cancel()
 
     async def lock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue], *,
-                          wait_ms: int = 0) -> list[QueueLockGrant]:
-        """Lock (or renew) queues; with wait_ms the broker answers once all are granted or the wait ends."""
+                          wait_ms: int = 0, renew: bool = False) -> list[QueueLockGrant]:
+        """Lock (or, with `renew`, extend the locks held of) queues; with wait_ms the broker answers
+        once one is granted or the wait ends."""
         pb = await self._call(self._membership.LockQueues, membership_pb2.LockQueuesRequest(
-            group=group, client_id=client_id, queues=[convert.queue_pb(q) for q in mqs], wait_ms=wait_ms),
-            self._timeout + wait_ms / 1000)
+            group=group, client_id=client_id, queues=[convert.queue_pb(q) for q in mqs], wait_ms=wait_ms,
+            renew=renew), self._timeout + wait_ms / 1000)
         return [QueueLockGrant(convert.queue_from_pb(g.queue), g.owner_epoch, g.expire_timestamp, g.consumer_offset,
-                               g.reset_generation) for g in pb.locked]
+                               g.reset_generation, g.lock_token) for g in pb.locked]
 
     async def unlock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue],
-                            final_offsets: Sequence[OffsetCommit] = ()) -> list[TidemarkError]:
-        """Release queues, after committing their final offsets (each fenced); the refused commits."""
+                            final_offsets: Sequence[OffsetCommit] = (),
+                            tokens: Sequence[int] = ()) -> list[TidemarkError]:
+        """Release queues, after committing their final offsets (each fenced); the refused commits.
+        `tokens` (empty, or one per queue; 0: any) name the grants released: a queue locked again
+        since keeps its new lock and its final commit is refused."""
         request = membership_pb2.UnlockQueuesRequest(group=group, client_id=client_id,
-                                                     queues=[convert.queue_pb(q) for q in mqs])
+                                                     queues=[convert.queue_pb(q) for q in mqs],
+                                                     lock_tokens=tokens)
         for c in final_offsets:
             final = request.final_offsets.add(queue=convert.queue_pb(c.queue), offset=c.offset)
             fence = convert.fence_pb(c)

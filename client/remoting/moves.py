@@ -48,6 +48,9 @@ class MasterMoves:
         stop = self.listen(lambda name, address: None if name != broker_name or moved.done()
                            else moved.set_result(address))
         task = asyncio.ensure_future(call)
+        # Read by task.result() below, unless the caller is cancelled first (a consumer shutting down):
+        # the call's error then has nobody to go to, and must not be reported as never retrieved.
+        task.add_done_callback(_retrieved)
         try:
             await asyncio.wait((task, moved), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -58,3 +61,8 @@ class MasterMoves:
         if task.cancelled() and moved.done():
             raise UnavailableError(f"the master of {broker_name} moved to {moved.result()} during the call")
         return task.result()
+
+
+def _retrieved(task: asyncio.Future) -> None:
+    if not task.cancelled():
+        task.exception()

@@ -1,4 +1,4 @@
-"""QueueLockManager: grants, renewals, expiry, owner epochs and check_owner."""
+"""QueueLockManager: grants, renewals, expiry, owner epochs, lock tokens and check_owner."""
 
 import time
 
@@ -37,15 +37,16 @@ def clock():
 @pytest.fixture
 def locks(clock):
     return QueueLockManager(
-        epochs=EpochSequence(seed=1000), expiry_ms=60_000, clock=clock, wall_clock_ms=clock.wall
+        epochs=EpochSequence(seed=1000), tokens=EpochSequence(seed=5000), expiry_ms=60_000, clock=clock,
+        wall_clock_ms=clock.wall
     )
 
 
 def test_grant_returns_queues_with_epoch_and_wall_expiry(locks, clock):
     grants = locks.lock(G, "c1", [Q0, Q1])
     assert grants == [
-        LockGrant(T, 0, 1001, clock.wall_ms + 60_000),
-        LockGrant(T, 1, 1002, clock.wall_ms + 60_000),
+        LockGrant(T, 0, 1001, clock.wall_ms + 60_000, 5001),
+        LockGrant(T, 1, 1002, clock.wall_ms + 60_000, 5002),
     ]
     assert locks.holder(G, T, 0) == "c1"
     assert locks.current_epoch(G, T, 0) == 1001
@@ -66,10 +67,39 @@ def test_renewal_keeps_epoch_and_extends_expiry(locks, clock):
     assert locks.lock(G, "c2", [Q0]) == []
 
 
+def test_a_renewal_keeps_the_lock_token_and_an_acquisition_takes_a_new_one(locks, clock):
+    first = locks.lock(G, "c1", [Q0])[0]
+    assert locks.lock(G, "c1", [Q0], renew=True)[0].lock_token == first.lock_token
+    again = locks.lock(G, "c1", [Q0])[0]  # taken again by its holder (it let go, then it came back)
+    assert again.lock_token > first.lock_token and again.owner_epoch == first.owner_epoch
+    locks.unlock(G, "c1", [Q0])
+    assert locks.lock(G, "c1", [Q0], renew=True)[0].lock_token > again.lock_token  # nothing left to renew
+
+
+def test_an_unlock_quoting_an_earlier_grant_releases_nothing(locks):
+    first = locks.lock(G, "c1", [Q0, Q1])
+    second = locks.lock(G, "c1", [Q0])[0]
+    tokens = {Q0: first[0].lock_token, Q1: first[1].lock_token}
+    assert locks.superseded(G, "c1", T, 0, first[0].lock_token)
+    assert not locks.superseded(G, "c1", T, 0, second.lock_token) and not locks.superseded(G, "c1", T, 0, 0)
+    assert not locks.superseded(G, "c2", T, 0, first[0].lock_token)  # another client's: its epoch fences it
+    assert locks.unlock(G, "c1", [Q0, Q1], tokens) == [Q1]  # Q0's late unlock leaves the new grant
+    assert locks.holder(G, T, 0) == "c1"
+    assert locks.unlock(G, "c1", [Q0], {Q0: second.lock_token}) == [Q0]
+
+
+def test_lock_tokens_of_an_earlier_broker_process_name_no_grant_of_this_one(clock):
+    old = QueueLockManager(epochs=EpochSequence(), clock=clock, wall_clock_ms=clock.wall)
+    token = old.lock(G, "c1", [Q0])[0].lock_token
+    time.sleep(0.001)
+    new = QueueLockManager(epochs=EpochSequence(), clock=clock, wall_clock_ms=clock.wall)
+    assert new.lock(G, "c1", [Q0])[0].lock_token > token
+
+
 def test_other_client_is_blocked_while_lock_is_live(locks, clock):
     locks.lock(G, "c1", [Q0])
     clock.advance(59.9)
-    assert locks.lock(G, "c2", [Q0, Q1]) == [LockGrant(T, 1, 1002, clock.wall_ms + 60_000)]
+    assert locks.lock(G, "c2", [Q0, Q1]) == [LockGrant(T, 1, 1002, clock.wall_ms + 60_000, 5002)]
     assert locks.holder(G, T, 0) == "c1"
 
 

@@ -22,7 +22,9 @@ MQ1 = MessageQueue("T", "broker-a", 1)
 
 
 class ScriptedBroker:
-    """Answers LockQueues as told: waiting calls (wait_ms > 0) block until `release_waiters` is set."""
+    """Answers LockQueues as told: waiting calls (wait_ms > 0) block until `release_waiters` is set.
+    Names grants as the broker does: every acquisition a new lock token, a renewal the same; an unlock
+    quoting an older token than the queue's latest grant releases nothing and commits nothing."""
 
     def __init__(self) -> None:
         self.grant_now = False
@@ -32,26 +34,39 @@ class ScriptedBroker:
         self.unlocked: list[MessageQueue] = []
         self.final_offsets: list[tuple[MessageQueue, int]] = []  # final commits of successful unlocks
         self.unlock_failures = 0  # how many unlock calls fail (as when the broker cannot be reached)
+        self.unlock_gate: asyncio.Event | None = None  # unlock calls wait for it (a call under way)
+        self.unlock_calls = 0
+        self.tokens: dict[MessageQueue, int] = {}  # the latest grant of each queue
         self.moves = MasterMoves()  # BrokerCluster's: the broker never moves here
 
     async def connection(self, broker_name):
         return self
 
-    async def lock_queues(self, group, client_id, mqs, *, wait_ms=0):
+    async def lock_queues(self, group, client_id, mqs, *, wait_ms=0, renew=False):
         self.lock_calls.append(wait_ms)
         if wait_ms:
             await self.release_waiters.wait()
             mqs = [mq for mq in mqs if self.wait_grants is None or mq in self.wait_grants]
         elif not self.grant_now:
             return []
-        return [QueueLockGrant(mq, 9, 0, 0, 0) for mq in mqs]
+        for mq in mqs:
+            if not renew or mq not in self.tokens:
+                self.tokens[mq] = max(self.tokens.values(), default=100) + 1
+        return [QueueLockGrant(mq, 9, 0, 0, 0, self.tokens[mq]) for mq in mqs]
 
-    async def unlock_queues(self, group, client_id, mqs, final_offsets=()):
+    async def unlock_queues(self, group, client_id, mqs, final_offsets=(), tokens=()):
+        self.unlock_calls += 1
+        if self.unlock_gate is not None:
+            await self.unlock_gate.wait()
         if self.unlock_failures:
             self.unlock_failures -= 1
             raise RequestTimeoutError("unlock: no answer")
-        self.unlocked.extend(mqs)
-        self.final_offsets.extend((c.queue, c.offset) for c in final_offsets)
+        quoted = dict(zip(mqs, tokens, strict=True)) if tokens else {}
+        current = [mq for mq in mqs if quoted.get(mq, 0) in (0, self.tokens.get(mq))]
+        for mq in current:
+            self.tokens.pop(mq, None)
+        self.unlocked.extend(current)
+        self.final_offsets.extend((c.queue, c.offset) for c in final_offsets if c.queue in current)
         return []
 
 
@@ -183,8 +198,10 @@ def test_an_unlock_that_failed_is_asked_again_with_its_final_commit(quick_retrie
         broker = ScriptedBroker()
         own = ownership(broker, Hooks())
         await _held_then_released_with_a_failed_unlock(broker, own)
+        assert own.pending_unlocks == 1
         broker.unlock_failures = 2  # still cut off for the first two retries
         await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        assert own.pending_unlocks == 0 and own.unlock_retries == 3
         assert broker.unlocked == [MQ]
         assert broker.final_offsets == [(MQ, 5)]  # the handover keeps its final commit
         await own.stop()
@@ -215,5 +232,45 @@ def test_unlocks_are_not_asked_again_once_the_lock_expired_on_the_broker(quick_r
         broker.unlock_failures = 1000  # the broker is never reached again
         await asyncio.wait_for(own._unlock_retries.wait(), 5)
         assert broker.unlock_failures == 1000  # given up without asking: the broker freed the lock itself
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_a_retried_unlock_under_way_does_not_hold_up_changes_of_other_queues(quick_retries):
+    """Review of issue 27's fix: the retry held the ownership lock across its call, so while a broker was
+    cut off every rebalance of the consumer waited a request timeout behind it."""
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        await _held_then_released_with_a_failed_unlock(broker, own)
+        broker.unlock_gate = asyncio.Event()  # the retry's call hangs, as to a broker cut off
+        while broker.unlock_calls < 2:
+            await asyncio.sleep(0.005)
+        await asyncio.wait_for(own.update("T", {MQ1}), 1)  # not behind the retry
+        assert own.get(MQ1).state is QueueState.PULLING
+        broker.unlock_gate.set()
+        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        assert broker.unlocked == [MQ] and broker.final_offsets == [(MQ, 5)]
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_a_late_unlock_does_not_release_the_lock_taken_again_nor_move_its_offset(quick_retries):
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        await _held_then_released_with_a_failed_unlock(broker, own)
+        old_grant = broker.tokens[MQ]
+        broker.unlock_gate = asyncio.Event()
+        while broker.unlock_calls < 2:  # the retry is under way...
+            await asyncio.sleep(0.005)
+        await asyncio.wait_for(own.update("T", {MQ}), 1)  # ...when the queue comes back to us: a new grant
+        assert own.get(MQ).state is QueueState.PULLING and broker.tokens[MQ] != old_grant
+        broker.unlock_gate.set()  # the retry arrives now, quoting the old grant
+        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        assert broker.unlocked == [] and broker.final_offsets == []  # neither released nor moved back to 5
+        assert broker.tokens[MQ] == own.get(MQ).lock_token
+        await own.renew_locks()  # a renewal keeps the grant
+        assert broker.tokens[MQ] == own.get(MQ).lock_token and own.get(MQ).state is QueueState.PULLING
         await own.stop()
     asyncio.run(scenario())

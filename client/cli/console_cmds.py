@@ -8,7 +8,7 @@ import sys
 import threading
 
 from tidemark.client.cli.args import int_in, seconds
-from tidemark.client.cli.connect import client_kwargs
+from tidemark.client.cli.connect import add_namespace, client_kwargs
 from tidemark.client.console.server import Console, ConsoleSettings
 from tidemark.client.settings import ClientSettings
 from tidemark.common.logs import setup_logging
@@ -23,9 +23,11 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--port", type=int_in(0, 65535), default=8080,
                    help="port to serve the console on (default 8080; 0: any free port, printed at start)")
     p.add_argument("--read-only", action="store_true",
-                   help="refuse every action (offset resets, DLQ requeues) whoever is signed in")
+                   help="refuse every action (topic and user changes, offset resets, DLQ requeues) whoever is "
+                        "signed in")
     p.add_argument("--sample-interval", type=seconds, default=5.0, metavar="SECONDS",
                    help="how often every group's lag is recorded for the charts (default 5)")
+    add_namespace(p)
     p.set_defaults(run=run)
 
 
@@ -35,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
                                sample_interval_s=args.sample_interval)
     console = Console(ClientSettings(**client_kwargs(args)), settings).start()
     host, port = console.address
-    print(f"tidemark console on http://{host}:{port}/ (Ctrl-C to stop)", flush=True)
+    hint = "; the brokers ask for credentials: sign in on the page" if console.sign_in_required else ""
+    print(f"tidemark console on http://{host}:{port}/ (Ctrl-C to stop){hint}", flush=True)
     stopped = threading.Event()
 
     def stop(*_: object) -> None:

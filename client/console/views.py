@@ -1,6 +1,8 @@
 """The console's pages as data: what each page shows, built from Admin calls into plain JSON-able dicts.
+This module has the cluster, topic and group pages and the offset reset; browse.py the messages and dead
+letters, manage.py topic creation and deletion, users and ACL rules.
 
-Nothing here knows HTTP; the server maps a URL to one of these functions and writes its result as JSON.
+Nothing here knows HTTP; the handler maps a URL to one of these functions and writes its result as JSON.
 Errors are the client library's (NotFoundError, PermissionDeniedError, ...), mapped to statuses by the
 server. Group state, lag and DLQ rules are the client library's own (tidemark.client.types.group_state, the
 brokers' consume stats), so the console and `tidemark group describe` can never disagree.
@@ -8,7 +10,6 @@ brokers' consume stats), so the console and `tidemark group describe` can never 
 
 from __future__ import annotations
 
-import base64
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -22,38 +23,18 @@ from tidemark.client.errors import (
     TidemarkError,
     UnavailableError,
 )
-from tidemark.client.message import MessageExt, MessageQueue
+from tidemark.client.message import MessageQueue
 from tidemark.client.remoting import health
 from tidemark.client.types import OffsetChange, ResetTarget, group_state
-from tidemark.common.protocol import dlq_topic
-
-# A body longer than this is cut in previews (the page says how many bytes were left out).
-PREVIEW_BYTES = 4096
+from tidemark.common.namespaces import in_namespace
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _mq(q: MessageQueue) -> dict[str, Any]:
+def mq_doc(q: MessageQueue) -> dict[str, Any]:
     return {"topic": q.topic, "broker": q.broker_name, "queue": q.queue_id}
-
-
-def message(m: MessageExt, preview_bytes: int = PREVIEW_BYTES) -> dict[str, Any]:
-    """A message with its properties and a body preview: text when the cut body is UTF-8, else base64."""
-    cut = m.body[:preview_bytes]
-    try:
-        body, encoding = cut.decode("utf-8"), "text"
-    except UnicodeDecodeError as e:
-        if e.start >= len(cut) - 3 and len(m.body) > preview_bytes:  # the cut split a character
-            body, encoding = cut[:e.start].decode("utf-8"), "text"
-        else:
-            body, encoding = base64.b64encode(cut).decode("ascii"), "base64"
-    return {**_mq(MessageQueue(m.topic, m.broker_name, m.queue_id)), "offset": m.queue_offset,
-            "origin_topic": m.origin_topic, "msg_id": m.msg_id, "tags": m.tags, "keys": m.keys,
-            "born_ms": m.born_timestamp, "stored_ms": m.store_timestamp, "reconsume_times": m.reconsume_times,
-            "size": len(m.body), "body": body, "body_encoding": encoding,
-            "body_cut": max(0, len(m.body) - preview_bytes), "properties": dict(m.properties)}
 
 
 def overview(admin: Admin) -> dict[str, Any]:
@@ -90,6 +71,8 @@ def overview(admin: Admin) -> dict[str, Any]:
 def topics(admin: Admin, history: History, *, include_system: bool = False) -> dict[str, Any]:
     rows = []
     for name, per_broker in admin.list_topics(include_system=include_system).items():
+        if not in_namespace(admin.settings.namespace, name):
+            continue
         rows.append({"topic": name, "brokers": [b for b, _ in per_broker],
                      "queues": sum(t.read_queue_nums for _, t in per_broker),
                      "perm": per_broker[0][1].perm, "system": per_broker[0][1].system,
@@ -99,7 +82,7 @@ def topics(admin: Admin, history: History, *, include_system: bool = False) -> d
 
 def topic(admin: Admin, history: History, name: str) -> dict[str, Any]:
     stats = admin.topic_stats(name)
-    queues = [{**_mq(s.queue), "min_offset": s.min_offset, "max_offset": s.max_offset,
+    queues = [{**mq_doc(s.queue), "min_offset": s.min_offset, "max_offset": s.max_offset,
                "messages": s.max_offset - s.min_offset, "last_update_ms": s.last_update_timestamp}
               for s in stats]
     total = sum(s.max_offset for s in stats)
@@ -112,6 +95,8 @@ def topic(admin: Admin, history: History, name: str) -> dict[str, Any]:
 def groups(admin: Admin, history: History) -> dict[str, Any]:
     rows = []
     for g in admin.list_groups():
+        if not in_namespace(admin.settings.namespace, g.group):
+            continue
         lag = history.series("lag", g.group)
         rows.append({"group": g.group, "topics": list(g.topics), "members": g.member_count,
                      "model": g.message_model.replace("MESSAGE_MODEL_UNSPECIFIED", "-"),
@@ -130,14 +115,14 @@ def group(admin: Admin, history: History, name: str, *, since_ms: int = 0) -> di
     history.record("lag", name, now, total)
     owner = {q: m.client_id for m in d.members for q in m.owned_queues}
     lag_s = group_status.lag_seconds(admin, stats, now)
-    queues = [{**_mq(s.queue), "owner": owner.get(s.queue, ""), "min_offset": s.min_offset,
+    queues = [{**mq_doc(s.queue), "owner": owner.get(s.queue, ""), "min_offset": s.min_offset,
                "max_offset": s.max_offset, "committed": s.consumer_offset, "lag": s.lag,
                "lag_s": lag_s.get(s.queue, 0.0),
                "last_consumed_ms": s.last_timestamp} for s in stats]
     members = [{"client_id": m.client_id, "host": m.host, "model": m.message_model, "type": m.consume_type,
                 "orderly": m.orderly, "strategy": m.allocate_strategy,
                 "subscriptions": [f"{t}:{e}" for t, e in m.subscriptions],
-                "owned": [_mq(q) for q in m.owned_queues], "heartbeat_ms": m.last_heartbeat_timestamp}
+                "owned": [mq_doc(q) for q in m.owned_queues], "heartbeat_ms": m.last_heartbeat_timestamp}
                for m in d.members]
     return {"group": name, "state": group_state(d.members, [s.queue for s in stats]).value,
             "members": members, "queues": queues, "lag": total,
@@ -181,9 +166,7 @@ class ResetRequest:
         queue = doc.get("queue")
         if queue is not None and (isinstance(queue, bool) or not isinstance(queue, int) or queue < 0):
             raise InvalidArgumentError("reset: queue must be a queue id (0 or more)")
-        execute = doc.get("execute", False)
-        if not isinstance(execute, bool):
-            raise InvalidArgumentError("reset: execute must be true or false")
+        execute = flag(doc, "execute", "reset")
         broker = doc.get("broker", "")
         if not isinstance(broker, str):
             raise InvalidArgumentError("reset: broker must be a broker name")
@@ -196,49 +179,7 @@ def reset(admin: Admin, name: str, req: ResetRequest) -> dict[str, Any]:
     changes: list[OffsetChange] = admin.reset_offset(name, req.topic, req.target, req.value, queue=queue,
                                                      dry_run=not req.execute)
     return {"group": name, "executed": req.execute,
-            "changes": [{**_mq(c.queue), "current": c.old_offset, "new": c.new_offset} for c in changes]}
-
-
-def messages(admin: Admin, query: dict[str, str]) -> dict[str, Any]:
-    """Look messages up by msg id (with its retry and DLQ copies; topic optional), by key (topic + key),
-    or by position (topic + queue + offset [+ broker])."""
-    topic_name = query.get("topic", "")
-    if query.get("msg_id"):
-        return {"messages": [message(m) for m in admin.query_message_by_id(query["msg_id"], topic_name)]}
-    if not topic_name:
-        raise InvalidArgumentError("a topic is required (or a msg id)")
-    if query.get("key"):
-        end = now_ms()
-        found = admin.query_message_by_key(topic_name, query["key"], end - 7 * 86_400_000, end, 64)
-        return {"messages": [message(m) for m in found]}
-    try:
-        queue, offset = int(query.get("queue", "")), int(query.get("offset", ""))
-    except ValueError:
-        raise InvalidArgumentError("give a key, or a queue id and an offset (integers)") from None
-    if queue < 0 or not 0 <= offset < 2**63:
-        raise InvalidArgumentError("queue and offset must be 0 or more")
-    brokers = sorted({d.broker_name for d in admin.route(topic_name).queue_datas})
-    if not brokers:
-        raise NotFoundError(f"topic {topic_name!r} has no queues on any broker")
-    broker = query.get("broker") or brokers[0]
-    return {"messages": [message(admin.view_message(MessageQueue(topic_name, broker, queue), offset))]}
-
-
-def dead_letters(admin: Admin, name: str, limit: int = 200) -> dict[str, Any]:
-    try:
-        found = admin.dead_letters(name, limit)
-    except NotFoundError:
-        found = []
-    return {"group": name, "topic": dlq_topic(name), "messages": [message(m, 256) for m in found]}
-
-
-def requeue(admin: Admin, name: str, doc: dict[str, Any]) -> dict[str, Any]:
-    msg_id, everything = doc.get("msg_id"), doc.get("all", False)
-    if not isinstance(everything, bool) or everything == (isinstance(msg_id, str) and bool(msg_id)):
-        raise InvalidArgumentError("requeue: give a msg_id, or all: true (not both)")
-    done = admin.requeue_dead_letters(name, None if everything else msg_id)
-    return {"requeued": [{"msg_id": r.msg_id, "topic": r.topic, **_mq(r.queue), "offset": r.queue_offset}
-                         for r in done]}
+            "changes": [{**mq_doc(c.queue), "current": c.old_offset, "new": c.new_offset} for c in changes]}
 
 
 def sample(admin: Admin, history: History) -> None:
@@ -255,3 +196,20 @@ def sample(admin: Admin, history: History) -> None:
         except NotFoundError:
             continue
     history.forget_idle(t)
+
+
+def flag(doc: dict[str, Any], name: str, action: str) -> bool:
+    """A true/false field of an action's request (absent: false)."""
+    value = doc.get(name, False)
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{action}: {name} must be true or false")
+    return value
+
+
+def text(doc: dict[str, Any], name: str, action: str, *, required: bool = True) -> str:
+    """A string field of an action's request, blanks around it dropped ('' when absent and not required)."""
+    value = doc.get(name, "")
+    if not isinstance(value, str) or (required and not value.strip()):
+        raise InvalidArgumentError(f"{action}: {name} must be a non-empty string" if required
+                                   else f"{action}: {name} must be a string")
+    return value.strip()

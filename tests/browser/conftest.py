@@ -12,9 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from brokerproc import BrokerProcess
 
 from tidemark.client.console.server import Console, ConsoleSettings
 from tidemark.client.settings import ClientSettings
+from tidemark.common.auth import Credentials
+
+OP = Credentials("op", "op-secret-001")
 
 CHROMIUM = os.environ.get("TIDEMARK_CHROMIUM", "/usr/bin/chromium")
 # The machine's network is closed: background networking would only fill the log with refused lookups.
@@ -42,6 +46,17 @@ def chromium() -> Iterator:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
         yield browser
         browser.close()
+
+
+@pytest.fixture(scope="module")
+def auth_broker(tmp_path_factory) -> Iterator[BrokerProcess]:
+    """One broker with --auth for the module (its super user is OP; delay levels of 100 ms steps, so a
+    retry copy is stored at once): tests use distinct names."""
+    b = BrokerProcess(tmp_path_factory.mktemp("auth-broker") / "data",
+                      args=("--auth", "--init-user", f"{OP.access_key}:{OP.secret_key}",
+                            "--delay-levels", " ".join(f"{n * 100}ms" for n in range(1, 19)))).start()
+    yield b
+    b.kill()
 
 
 @pytest.fixture

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+from datetime import datetime
 
+from playwright.sync_api import expect
 from workload import create_topic, produce, settled, stored_messages, wait_until
 
 from tidemark.client import (
@@ -20,7 +23,7 @@ from tidemark.client import (
 from tidemark.client.errors import NotFoundError
 from tidemark.common.auth import Credentials
 
-OP_SECRET = "op-secret-001"
+OP = Credentials("op", "op-secret-001")  # the super user of conftest.auth_broker
 
 
 def url(console, path: str = "/") -> str:
@@ -155,9 +158,9 @@ def test_reset_is_previewed_then_applied_from_the_console(broker, console_factor
     assert _committed(broker.address, "ledger", "Payments") == [0, 0]
 
 
-def test_console_actions_obey_the_brokers_acls(broker_factory, console_factory, page, artifacts):
-    broker = broker_factory(args=("--auth", "--init-user", f"op:{OP_SECRET}"))
-    op = Credentials("op", OP_SECRET)
+def test_console_actions_obey_the_brokers_acls(auth_broker, console_factory, page, artifacts):
+    broker = auth_broker
+    op = OP
     with Admin(brokers=broker.address, credentials=op) as admin:
         admin.create_topic("Audit", 1)
         admin.create_user("viewer", "viewer-secret-1")
@@ -167,10 +170,12 @@ def test_console_actions_obey_the_brokers_acls(broker_factory, console_factory, 
         admin.commit("auditors", {admin.fetch_message_queues("Audit")[0]: 0})
     console = console_factory(broker.address)  # no credentials of its own: visitors must sign in
 
+    # Before sign-in: a sign-in prompt on the page, not the brokers' refusal.
     page.goto(url(console, "#/groups"))
-    page.get_by_role("alert").wait_for()
-    assert "unauthenticated" in page.get_by_role("alert").inner_text().lower() or \
-        "credentials" in page.get_by_role("alert").inner_text().lower()
+    page.locator("#signin-prompt").wait_for()
+    assert "ask for credentials" in page.locator("#signin-prompt").inner_text()
+    assert page.get_by_role("alert").count() == 0 and page.locator("input[name=access_key]").count() == 1
+    page.screenshot(path=artifacts / "sign-in-prompt.png", full_page=True)
 
     page.locator("input[name=access_key]").fill("viewer")
     page.locator("input[name=secret_key]").fill("wrong-secret")
@@ -190,7 +195,7 @@ def test_console_actions_obey_the_brokers_acls(broker_factory, console_factory, 
 
     page.get_by_role("button", name="Sign out").click()
     page.locator("input[name=access_key]").fill("op")
-    page.locator("input[name=secret_key]").fill(OP_SECRET)
+    page.locator("input[name=secret_key]").fill(OP.secret_key)
     page.get_by_role("button", name="Sign in").click()
     page.locator("#user").wait_for()
     assert page.locator("#user").inner_text() == "signed in as op"
@@ -231,7 +236,12 @@ def test_dead_letters_are_listed_and_requeued_from_the_console(broker_factory, c
     page.get_by_role("cell", name=poison).wait_for()
     assert page.get_by_role("cell", name="poison").is_visible()
     page.get_by_role("button", name="Requeue", exact=True).click()
-    page.get_by_text("1 message(s) requeued").wait_for()
+    page.get_by_text("1 message(s) would be requeued to their topics").wait_for()
+    assert [m.body for m in stored_messages(broker.address, "Jobs")] == [b"poison"], "a plan sends nothing"
+    page.get_by_role("button", name="Requeue these").click()
+    page.locator("#requeue-done").wait_for()
+    assert page.locator("#dlq-requeued").inner_text() == "1"
+    assert page.locator("#dlq-table tbody tr").first.get_by_text("requeued", exact=True).is_visible()
     page.screenshot(path=artifacts / "dlq-requeued.png", full_page=True)
     bodies = [m.body for m in stored_messages(broker.address, "Jobs")]
     assert bodies == [b"poison", b"poison"], "the requeued copy is back on its topic"
@@ -242,3 +252,167 @@ def _dead_ids(admin: Admin, group: str) -> list[str]:
         return [m.msg_id for m in admin.dead_letters(group)]
     except NotFoundError:
         return []
+
+
+# -- on the module's --auth broker: sign-in, topics made and browsed, copies, users and ACL rules ----------
+
+
+def sign_in(page, console, path: str = "/") -> None:
+    page.goto(url(console, path))
+    page.locator("#signin-prompt").wait_for()
+    page.locator("input[name=access_key]").fill(OP.access_key)
+    page.locator("input[name=secret_key]").fill(OP.secret_key)
+    page.get_by_role("button", name="Sign in").click()
+    page.locator("#user").wait_for()
+
+
+def column(page, table_id: str, index: int) -> list[str]:
+    return [c.inner_text() for c in page.locator(f"#{table_id} tbody tr td:nth-child({index})").all()]
+
+
+def send(address: str, topic: str, keys: list[str]) -> list[str]:
+    with Producer(brokers=address, credentials=OP) as p:
+        return [p.send(Message(topic, f"body of {k}".encode(), keys=k)).msg_id for k in keys]
+
+
+def topics_of(address: str) -> list[str]:
+    with Admin(brokers=address, credentials=OP) as admin:
+        return list(admin.list_topics())
+
+
+def local_time(ms: int) -> str:
+    """A datetime-local input's value (the browser's and this process's local time, to the millisecond)."""
+    return datetime.fromtimestamp(ms / 1000).strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}"
+
+
+def test_topics_are_created_browsed_sorted_and_deleted_after_a_plan(auth_broker, console_factory, page, artifacts):
+    with Admin(brokers=auth_broker.address, credentials=OP) as admin:
+        for name in ("kept-a", "Kept-b"):
+            admin.create_topic(name, 1)
+    console = console_factory(auth_broker.address)
+    sign_in(page, console, "#/topics")
+
+    page.locator("#topic-create input[name=topic]").fill("Browsed")
+    page.locator("#topic-create input[name=queues]").fill("2")
+    page.get_by_role("button", name="Plan creation").click()
+    page.get_by_role("region", name="plan").get_by_text("would be created").wait_for()
+    assert "Browsed" not in topics_of(auth_broker.address), "a plan creates nothing"
+    page.screenshot(path=artifacts / "topic-create-plan.png", full_page=True)
+    page.get_by_role("button", name="Create topic").click()
+    page.get_by_role("heading", name="Topic Browsed").wait_for()
+    assert "Browsed" in topics_of(auth_broker.address)
+
+    send(auth_broker.address, "Browsed", [f"early-{i}" for i in range(6)])
+    with Admin(brokers=auth_broker.address, credentials=OP) as admin:
+        cut = max(s.last_update_timestamp for s in admin.topic_stats("Browsed")) + 1
+    wait_until(lambda: time.time() * 1000 > cut, 5, "the clock past the early messages")
+    send(auth_broker.address, "Browsed", ["late-0", "late-1", "late-2"])
+
+    # Newest first, as soon as the page opens.
+    page.reload()
+    page.locator("#browse-table tbody tr").nth(8).wait_for()
+    keys = column(page, "browse-table", 6)
+    assert sorted(keys) == sorted([f"early-{i}" for i in range(6)] + ["late-0", "late-1", "late-2"])
+    assert keys[0].startswith("late-")
+    # Sorted by a column, both ways; filtered by text.
+    offsets = page.locator("#browse-table th", has_text="offset")
+    offsets.click()
+    assert offsets.get_attribute("aria-sort") == "ascending"
+    assert [int(v) for v in column(page, "browse-table", 4)] == sorted(int(v) for v in column(page, "browse-table", 4))
+    offsets.click()
+    assert offsets.get_attribute("aria-sort") == "descending"
+    assert column(page, "browse-table", 4)[0] == "4"
+    page.locator("#browse-results input.filter").fill("late-1")
+    assert column(page, "browse-table", 6) == ["late-1"]
+    page.screenshot(path=artifacts / "topic-browse.png", full_page=True)
+
+    # From a time: only what was stored since.
+    page.locator("select[name=mode]").select_option("from")
+    page.locator("input[name=from]").fill(local_time(cut))
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_text("3 from").wait_for()
+    assert sorted(column(page, "browse-table", 6)) == ["late-0", "late-1", "late-2"]
+
+    page.get_by_role("button", name="Plan deletion").click()
+    plan = page.get_by_role("region", name="plan")
+    plan.get_by_text("would be deleted").wait_for()
+    assert "9" in plan.inner_text() and "Browsed" in topics_of(auth_broker.address), "a plan deletes nothing"
+    page.screenshot(path=artifacts / "topic-delete-plan.png", full_page=True)
+    page.get_by_role("button", name="Delete topic").click()
+    page.get_by_role("heading", name="Topics").wait_for()
+    assert "Browsed" not in topics_of(auth_broker.address)
+
+    # The topics table sorts by name, both ways.
+    names = page.locator("#topics-table th", has_text="topic")
+    names.click()
+    names.click()
+    shown = column(page, "topics-table", 1)
+    assert shown == sorted(shown, key=str.lower, reverse=True) and {"kept-a", "Kept-b"} <= set(shown)
+
+
+def test_copies_of_a_message_carry_distinct_titles_and_requeues_show(auth_broker, console_factory, page, artifacts):
+    with Admin(brokers=auth_broker.address, credentials=OP) as admin:
+        admin.create_topic("Tasks", 1)
+        (msg_id,) = send(auth_broker.address, "Tasks", ["task-1"])
+        (original,) = admin.query_message_by_id(msg_id, "Tasks")
+        admin.send_back("doers", original, delay_level=1)  # a retry copy on %RETRY%doers after 100 ms
+        admin.send_back("doers", original, delay_level=-1)  # a dead-letter copy on %DLQ%doers
+        wait_until(lambda: len(admin.query_message_by_id(msg_id)) == 3, 20, "the retry copy stored")
+    console = console_factory(auth_broker.address)
+    sign_in(page, console, f"#/messages?msg_id={msg_id}")
+    page.locator("article.message").nth(2).wait_for()
+    titles = [t.inner_text() for t in page.locator("article.message h2").all()]
+    assert len(set(titles)) == 3, titles
+    assert [t.split(" · ")[:2] for t in titles] == [  # oldest first: the retry copy waited out its delay
+        ["Tasks", "original"], ["%DLQ%doers", "dead-letter copy of Tasks"], ["%RETRY%doers", "retry copy of Tasks"]]
+    page.screenshot(path=artifacts / "message-copies.png", full_page=True)
+
+    page.goto(url(console, "#/dlq/doers"))
+    page.get_by_role("button", name="Requeue all waiting").click()
+    page.get_by_role("button", name="Requeue these").click()
+    page.locator("#requeue-done").wait_for()
+    assert (page.locator("#dlq-waiting").inner_text(), page.locator("#dlq-requeued").inner_text()) == ("0", "1")
+    page.screenshot(path=artifacts / "dlq-requeued-status.png", full_page=True)
+    page.goto(url(console, f"#/messages?msg_id={msg_id}"))
+    page.locator("article.message").nth(3).wait_for()
+    assert page.locator("article.message h2", has_text="requeued copy").count() == 1
+
+
+def test_users_and_acl_rules_are_made_and_deleted_after_a_plan(auth_broker, console_factory, page, artifacts):
+    console = console_factory(auth_broker.address)
+    sign_in(page, console, "#/users")
+    page.locator("#users-table").wait_for()
+
+    page.locator("input[name=name]").fill("carol")
+    page.locator("input[name=new_secret]").fill("carol-secret-1")
+    page.get_by_role("button", name="Plan user").click()
+    page.get_by_role("region", name="plan").get_by_text("would be created").wait_for()
+    with Admin(brokers=auth_broker.address, credentials=OP) as admin:
+        assert "carol" not in [u.name for u in admin.list_users()], "a plan creates nothing"
+    page.get_by_role("button", name="Create user").click()
+    page.locator("#users-table").get_by_role("cell", name="carol", exact=True).wait_for()
+
+    page.locator("input[name=rule_user]").fill("carol")
+    page.locator("input[name=resource]").fill("topic:Orders")
+    page.locator("input[name=actions]").fill("Pub,Sub")
+    page.get_by_role("button", name="Plan rule").click()
+    page.get_by_role("region", name="plan").get_by_text("Topic:Orders").wait_for()
+    page.get_by_role("button", name="Add rule").click()
+    rule = page.locator("#acls-table tbody tr", has_text="carol")
+    rule.wait_for()
+    assert "Topic:Orders" in rule.inner_text() and "Pub, Sub" in rule.inner_text()
+    page.screenshot(path=artifacts / "users-and-acls.png", full_page=True)
+
+    users = page.locator("#users-table").get_by_role("columnheader", name="user", exact=True)
+    users.click()
+    assert column(page, "users-table", 1) == sorted(column(page, "users-table", 1))
+
+    rule.get_by_role("button", name="Delete").click()
+    page.get_by_role("region", name="plan").get_by_text("would be deleted").wait_for()
+    page.get_by_role("button", name="Delete rule").click()
+    expect(page.locator("#acls-table tbody tr", has_text="carol")).to_have_count(0)
+    page.locator("#users-table tbody tr", has_text="carol").get_by_role("button", name="Delete").click()
+    page.get_by_role("button", name="Delete user").click()
+    expect(page.locator("#users-table tbody tr", has_text="carol")).to_have_count(0)
+    with Admin(brokers=auth_broker.address, credentials=OP) as admin:
+        assert "carol" not in [u.name for u in admin.list_users()]

@@ -1,68 +1,33 @@
 // The Tidemark console: a hash-routed single page over the console server's JSON API (/api/...).
-// Every DOM node is built with h() from text, never from HTML strings, so nothing a broker returns
-// (topic names, message bodies) can run as markup.
+// Building blocks are in ui.js, message pages in messages.js, management pages in manage.js.
 
 import { lineChart } from "./chart.js";
+import { topicCreateForm, topicDeleteSection, usersPage } from "./manage.js";
+import { browseSection, dlqPage, messagesPage } from "./messages.js";
+import { api, card, enc, errorBox, fmtAge, fmtBytes, fmtMs, fmtNum, h, link, note, status, table } from "./ui.js";
 
 const REFRESH_MS = 2000;
 let timer = null;       // the current page's refresh, cleared on navigation
 let generation = 0;     // raised by every navigation: a page still loading when the user moved on stays idle
-let session = { user: null, read_only: false };
-
-function h(tag, attrs = {}, ...children) {
-  const e = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (v === undefined || v === null || v === false) continue;
-    if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
-    else e.setAttribute(k, v === true ? "" : String(v));
-  }
-  for (const c of children.flat()) if (c !== null && c !== undefined) e.append(c instanceof Node ? c : String(c));
-  return e;
-}
-
-async function api(path, body) {
-  // The header is the console's CSRF guard: cross-site forms cannot send it.
-  const init = body === undefined ? {} : { method: "POST", body: JSON.stringify(body),
-                                           headers: { "Content-Type": "application/json", "X-Tidemark-Console": "1" } };
-  const resp = await fetch(path, init);
-  const doc = await resp.json().catch(() => ({ error: `HTTP ${resp.status}` }));
-  if (!resp.ok) throw new Error(doc.error || `HTTP ${resp.status}`);
-  return doc;
-}
-
-const enc = encodeURIComponent;
-const fmtMs = (ms) => (ms ? new Date(ms).toLocaleString() : "-");
-const fmtNum = (n) => (n === null || n === undefined ? "-" : Number(n).toLocaleString());
-const fmtAge = (ms) => {
-  if (!ms) return "-";
-  const s = Math.round(ms / 1000);
-  return s < 120 ? `${s} s` : s < 7200 ? `${Math.round(s / 60)} min` : `${(s / 3600).toFixed(1)} h`;
-};
-const link = (href, text) => h("a", { href }, text);
-
-// columns: [label, key or fn(row), {num: true}]
-function table(columns, rows, empty = "nothing here yet") {
-  if (!rows.length) return h("p", { class: "note" }, empty);
-  return h("table", {},
-    h("thead", {}, h("tr", {}, columns.map(([label, , o]) => h("th", { class: o?.num ? "num" : null }, label)))),
-    h("tbody", {}, rows.map((r) => h("tr", {}, columns.map(([, get, o]) =>
-      h("td", { class: o?.num ? "num" : null }, typeof get === "function" ? get(r) : fmtCell(r[get])))))));
-}
-const fmtCell = (v) => (typeof v === "number" ? v.toLocaleString() : v === null || v === undefined ? "-" : String(v));
-
-function card(label, value, id) {
-  return h("div", { class: "card" }, h("div", { class: "label" }, label), h("div", { class: "value", id }, value));
-}
-
-function errorBox(e) {
-  return h("p", { class: "error", role: "alert" }, e.message || String(e));
-}
-
-function status(text) {
-  document.getElementById("status").textContent = text;
-}
+let session = { user: null, read_only: false, sign_in_required: false };
 
 // -- session -------------------------------------------------------------------------------
+
+function signInForm() {
+  const key = h("input", { name: "access_key", placeholder: "access key", autocomplete: "username" });
+  const secret = h("input", { name: "secret_key", type: "password", placeholder: "secret key",
+                              autocomplete: "current-password" });
+  const form = h("form", { id: "login", onsubmit: async (ev) => {
+    ev.preventDefault();
+    try {
+      await api("/api/login", { access_key: key.value, secret_key: secret.value });
+      route();
+    } catch (e) {
+      form.replaceChildren(errorBox(e), key, secret, h("button", {}, "Sign in"));
+    }
+  } }, key, secret, h("button", {}, "Sign in"));
+  return form;
+}
 
 async function renderSession() {
   const box = document.getElementById("session");
@@ -79,30 +44,19 @@ async function renderSession() {
         "Sign out"));
     return;
   }
-  const key = h("input", { name: "access_key", placeholder: "access key", autocomplete: "username" });
-  const secret = h("input", { name: "secret_key", type: "password", placeholder: "secret key",
-                              autocomplete: "current-password" });
-  const form = h("form", { id: "login", onsubmit: async (ev) => {
-    ev.preventDefault();
-    try {
-      await api("/api/login", { access_key: key.value, secret_key: secret.value });
-      route();
-    } catch (e) {
-      form.replaceChildren(errorBox(e), key, secret, h("button", {}, "Sign in"));
-    }
-  } }, key, secret, h("button", {}, "Sign in"));
-  box.replaceChildren(...mode, form);
+  box.replaceChildren(...mode, signInForm());
+}
+
+// A page the brokers will not show without credentials: the sign-in form moves from the header to the page.
+function signInPrompt(page) {
+  document.getElementById("login")?.remove();
+  page.replaceChildren(h("section", { class: "signin", id: "signin-prompt" },
+    h("h1", {}, "Sign in"),
+    note("The brokers ask for credentials: sign in with your access key and secret key to see the cluster."),
+    signInForm()));
 }
 
 // -- pages -----------------------------------------------------------------------------------
-
-const fmtBytes = (n) => {
-  if (n === undefined || n === null) return "-";
-  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-  let i = 0;
-  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
-  return `${n.toFixed(i ? 1 : 0)} ${units[i]}`;
-};
 
 async function overviewPage(page) {
   const doc = await api("/api/overview");
@@ -114,13 +68,14 @@ async function overviewPage(page) {
            ["address", "address"],
            ["health", (b) => h("span", { class: `badge ${b.health === "SERVING" ? "ok" : "bad"}`, title: b.error || "" },
                                b.health)],
-           ["version", "version"], ["uptime", (b) => fmtAge(b.uptime_ms)], ["store", (b) => fmtBytes(b.store_bytes)],
+           ["version", "version"], ["uptime", (b) => fmtAge(b.uptime_ms), { sort: (b) => b.uptime_ms }],
+           ["store", (b) => fmtBytes(b.store_bytes), { sort: (b) => b.store_bytes }],
            ["flush", "flush_mode"],
            ["permission", (b) => (b.readable === undefined ? "-" : `${b.readable ? "R" : "-"}${b.writable ? "W" : "-"}`)],
            ["topics", "topics", { num: true }], ["groups", "groups", { num: true }],
            ["clients", "clients", { num: true }],
-           ["replica lag", (b) => (b.role === "replica" ? fmtBytes(b.lag_bytes) : "-")]],
-          doc.brokers));
+           ["replica lag", (b) => (b.role === "replica" ? fmtBytes(b.lag_bytes) : "-"), { sort: (b) => b.lag_bytes }]],
+          doc.brokers, "no broker", { id: "brokers-table" }));
 }
 
 async function topicsPage(page) {
@@ -130,29 +85,43 @@ async function topicsPage(page) {
     h("p", {}, link(system ? "#/topics" : "#/topics?system=1", system ? "hide system topics" : "show system topics")),
     table([["topic", (t) => link(`#/topics/${enc(t.topic)}`, t.topic)], ["brokers", (t) => t.brokers.join(", ")],
            ["queues", "queues", { num: true }], ["perm", "perm"],
-           ["msg/s", (t) => (t.rate === null ? "-" : t.rate.toFixed(1)), { num: true }]], doc.topics));
+           ["msg/s", (t) => (t.rate === null ? "-" : t.rate.toFixed(1)), { num: true, sort: (t) => t.rate }]],
+          doc.topics, "no topic", { id: "topics-table" }),
+    h("h2", {}, "Create a topic"),
+    session.read_only ? note("the console is read-only") : topicCreateForm((d) => {
+      if (d.executed) location.hash = `#/topics/${enc(d.topic)}`;
+    }));
 }
 
 async function topicPage(page, name) {
   const doc = await api(`/api/topics/${enc(name)}`);
+  const browse = browseSection(name);
   page.replaceChildren(h("h1", {}, `Topic ${name}`),
     h("div", { class: "cards" }, card("messages stored", fmtNum(doc.stored)),
       card("msg/s", doc.rate === null ? "-" : doc.rate.toFixed(1)), card("queues", doc.queues.length)),
-    h("p", {}, link(`#/messages?topic=${enc(name)}`, "look up messages")),
+    h("p", {}, link(`#/messages?topic=${enc(name)}`, "look up messages by key or position")),
     h("h2", {}, "Queues"),
     table([["broker", "broker"], ["queue", "queue", { num: true }], ["min offset", "min_offset", { num: true }],
            ["max offset", "max_offset", { num: true }], ["messages", "messages", { num: true }],
-           ["last write", (q) => fmtMs(q.last_update_ms)]], doc.queues),
+           ["last write", (q) => fmtMs(q.last_update_ms), { sort: (q) => q.last_update_ms }]], doc.queues, "no queue",
+          { id: "queues-table" }),
     h("h2", {}, "Consumer groups"),
     table([["group", (r) => link(`#/groups/${enc(r.group)}`, r.group)]], doc.groups.map((group) => ({ group })),
-          "no group reads this topic"));
+          "no group reads this topic", { filter: false }),
+    h("h2", {}, "Messages"), browse.element,
+    h("h2", {}, "Delete this topic"),
+    session.read_only ? note("the console is read-only") : topicDeleteSection(name, (d) => {
+      if (d.executed) location.hash = "#/topics";
+    }));
+  await browse.load();
 }
 
 async function groupsPage(page) {
   const doc = await api("/api/groups");
   page.replaceChildren(h("h1", {}, "Consumer groups"),
     table([["group", (g) => link(`#/groups/${enc(g.group)}`, g.group)], ["topics", (g) => g.topics.join(", ")],
-           ["members", "members", { num: true }], ["model", "model"], ["lag", "lag", { num: true }]], doc.groups));
+           ["members", "members", { num: true }], ["model", "model"], ["lag", "lag", { num: true }]], doc.groups,
+          "no group", { id: "groups-table" }));
 }
 
 function resetForm(name, topics) {
@@ -173,15 +142,16 @@ function resetForm(name, topics) {
     return doc;
   };
   const run = async (execute) => {
-    out.replaceChildren(h("p", { class: "note" }, execute ? "applying..." : "computing the preview..."));
+    out.replaceChildren(note(execute ? "applying..." : "computing the preview..."));
     try {
       const doc = await api(`/api/groups/${enc(name)}/reset`, request(execute));
       const apply = h("button", { id: "reset-apply", onclick: () => run(true), type: "button" }, "Apply this reset");
       out.replaceChildren(
-        h("p", { class: "note" }, execute ? "Offsets moved:" : "Preview (nothing changed yet):"),
+        note(execute ? "Offsets moved:" : "Preview (nothing changed yet):"),
         table([["topic", "topic"], ["broker", "broker"], ["queue", "queue", { num: true }],
-               ["current", "current", { num: true }], ["new", "new", { num: true }]], doc.changes, "no queue to move"),
-        execute ? h("p", { id: "reset-done", class: "note" }, "reset applied") : apply);
+               ["current", "current", { num: true }], ["new", "new", { num: true }]], doc.changes, "no queue to move",
+              { filter: false }),
+        execute ? note("reset applied", "reset-done") : apply);
     } catch (e) {
       out.replaceChildren(errorBox(e));
     }
@@ -195,11 +165,20 @@ function resetForm(name, topics) {
 }
 
 async function groupPage(page, name) {
-  const head = h("div", {}), chart = h("div", { id: "lag-chart" }), tables = h("div", {});
+  const head = h("div", {}), chart = h("div", { id: "lag-chart" });
   let since = 0, points = [], formShown = false;
   const form = h("div", {});
+  // Made once and updated on every refresh, so their sort and filter stay.
+  const members = table([["client id", "client_id"], ["host", "host"], ["model", "model"], ["type", "type"],
+    ["strategy", "strategy"], ["subscriptions", (m) => m.subscriptions.join(", ")],
+    ["queues owned", (m) => m.owned.length, { num: true }],
+    ["heartbeat", (m) => fmtMs(m.heartbeat_ms), { sort: (m) => m.heartbeat_ms }]], [], "no live member",
+  { id: "members-table" });
+  const queues = table([["topic", "topic"], ["broker", "broker"], ["queue", "queue", { num: true }], ["owner", "owner"],
+    ["max offset", "max_offset", { num: true }], ["committed", "committed", { num: true }],
+    ["lag", "lag", { num: true }], ["lag (s)", "lag_s", { num: true }]], [], "no offsets yet", { id: "group-queues" });
   page.replaceChildren(h("h1", {}, `Group ${name}`), head, h("h2", {}, "Lag over time (messages)"), chart,
-    tables, h("h2", {}, "Reset offsets"), form,
+    h("h2", {}, "Members"), members, h("h2", {}, "Queues"), queues, h("h2", {}, "Reset offsets"), form,
     h("p", {}, link(`#/dlq/${enc(name)}`, "dead-letter queue of this group")));
   const update = async () => {
     const doc = await api(`/api/groups/${enc(name)}?since=${since}`);
@@ -211,18 +190,10 @@ async function groupPage(page, name) {
       card("lag (messages)", fmtNum(doc.lag), "group-lag"), card("lag (oldest unconsumed)", `${doc.lag_s} s`),
       card("members", doc.members.length)));
     chart.replaceChildren(lineChart(points, { label: `lag of ${name}`, width: chart.clientWidth || 800 }));
-    tables.replaceChildren(h("h2", {}, "Members"),
-      table([["client id", "client_id"], ["host", "host"], ["model", "model"], ["type", "type"],
-             ["strategy", "strategy"], ["subscriptions", (m) => m.subscriptions.join(", ")],
-             ["queues owned", (m) => m.owned.length, { num: true }], ["heartbeat", (m) => fmtMs(m.heartbeat_ms)]],
-            doc.members, "no live member"),
-      h("h2", {}, "Queues"),
-      table([["topic", "topic"], ["broker", "broker"], ["queue", "queue", { num: true }], ["owner", "owner"],
-             ["max offset", "max_offset", { num: true }], ["committed", "committed", { num: true }],
-             ["lag", "lag", { num: true }], ["lag (s)", "lag_s", { num: true }]], doc.queues, "no offsets yet"));
+    members.update(doc.members);
+    queues.update(doc.queues);
     if (!formShown && doc.topics.length) {
-      form.replaceChildren(session.read_only ? h("p", { class: "note" }, "the console is read-only")
-                                             : resetForm(name, doc.topics));
+      form.replaceChildren(session.read_only ? note("the console is read-only") : resetForm(name, doc.topics));
       formShown = true;
     }
     status(`updated ${new Date().toLocaleTimeString()}`);
@@ -231,64 +202,6 @@ async function groupPage(page, name) {
   await update();
   if (mine !== generation) return;  // the user navigated away while the first load ran
   timer = setInterval(() => update().catch((e) => status(`refresh failed: ${e.message}`)), REFRESH_MS);
-}
-
-function messageView(m) {
-  return h("article", { class: "message" },
-    h("h2", {}, `${m.origin_topic} · ${m.broker} · queue ${m.queue} · offset ${m.offset}`),
-    table([["field", "k"], ["value", "v"]],
-      [["msg id", m.msg_id], ["keys", m.keys], ["tags", m.tags], ["born", fmtMs(m.born_ms)],
-       ["stored", fmtMs(m.stored_ms)], ["reconsume times", m.reconsume_times], ["size", `${m.size} bytes`],
-       ...Object.entries(m.properties).map(([k, v]) => [`property ${k}`, v])].map(([k, v]) => ({ k, v }))),
-    h("pre", { class: "body" }, m.body),
-    m.body_cut ? h("p", { class: "note" }, `${m.body_cut} more bytes not shown`) : null,
-    m.body_encoding === "base64" ? h("p", { class: "note" }, "binary body, shown as base64") : null);
-}
-
-async function messagesPage(page) {
-  const params = new URLSearchParams(location.hash.split("?")[1] || "");
-  const field = (name, placeholder, size = 14) =>
-    h("label", {}, name, h("input", { name, placeholder, size, value: params.get(name) || "" }));
-  const out = h("div", { id: "message-results" });
-  const form = h("form", { class: "inline", id: "message-form", onsubmit: (ev) => {
-    ev.preventDefault();
-    const q = new URLSearchParams();
-    for (const input of form.querySelectorAll("input")) if (input.value) q.set(input.name, input.value);
-    location.hash = `#/messages?${q}`;
-  } }, field("msg_id", "msg id", 34), field("topic", "topic"), field("key", "message key"), field("broker", "any", 10), field("queue", "id", 5),
-     field("offset", "offset", 10), h("button", {}, "Look up"));
-  page.replaceChildren(h("h1", {}, "Messages"), h("p", { class: "note" },
-    "By msg id, by key (last 7 days), or by queue position: topic, queue and offset."), form, out);
-  if (!params.get("topic") && !params.get("msg_id")) return;
-  try {
-    const doc = await api(`/api/messages?${params}`);
-    out.replaceChildren(...(doc.messages.length ? doc.messages.map(messageView)
-                                                : [h("p", { class: "note" }, "no message found")]));
-  } catch (e) {
-    out.replaceChildren(errorBox(e));
-  }
-}
-
-async function dlqPage(page, name) {
-  const doc = await api(`/api/dlq/${enc(name)}`);
-  const result = h("div", { id: "requeue-result" });
-  const requeue = async (body) => {
-    try {
-      const r = await api(`/api/dlq/${enc(name)}/requeue`, body);
-      result.replaceChildren(h("p", { class: "note" }, `${r.requeued.length} message(s) requeued`));
-    } catch (e) {
-      result.replaceChildren(errorBox(e));
-    }
-  };
-  const actions = !session.read_only && doc.messages.length;
-  page.replaceChildren(h("h1", {}, `Dead letters of ${name}`), h("p", { class: "note" }, doc.topic),
-    h("p", {}, actions ? h("button", { id: "requeue-all", onclick: () => requeue({ all: true }) }, "Requeue all")
-                       : null),
-    result,
-    table([["msg id", "msg_id"], ["original topic", "origin_topic"], ["reconsumed", "reconsume_times", { num: true }],
-           ["stored", (m) => fmtMs(m.stored_ms)], ["body", (m) => m.body],
-           ["", (m) => (actions ? h("button", { class: "secondary", onclick: () => requeue({ msg_id: m.msg_id }) },
-                                    "Requeue") : "")]], doc.messages, "the dead-letter queue is empty"));
 }
 
 // -- router ----------------------------------------------------------------------------------
@@ -300,7 +213,8 @@ const ROUTES = [
   [/^#\/groups$/, "groups", groupsPage],
   [/^#\/groups\/([^?]+)$/, "groups", groupPage],
   [/^#\/messages(\?.*)?$/, "messages", messagesPage],
-  [/^#\/dlq\/([^?]+)$/, "groups", dlqPage],
+  [/^#\/dlq\/([^?]+)$/, "groups", (page, name) => dlqPage(page, name, session)],
+  [/^#\/users$/, "users", (page) => usersPage(page, session)],
 ];
 
 async function route() {
@@ -318,11 +232,16 @@ async function route() {
   const [re, nav, render] = found;
   const arg = hash.match(re)[1];
   document.querySelectorAll("[data-nav]").forEach((a) => a.classList.toggle("active", a.dataset.nav === nav));
+  if (!session.user && session.sign_in_required) {
+    signInPrompt(page);
+    return;
+  }
   page.dataset.loading = "1";
   try {
     await render(page, arg && !arg.startsWith("?") ? decodeURIComponent(arg) : undefined);
   } catch (e) {
-    page.replaceChildren(errorBox(e));
+    if (e.status === 401 && !session.user) signInPrompt(page);
+    else page.replaceChildren(errorBox(e));
   } finally {
     delete page.dataset.loading;
   }

@@ -193,10 +193,14 @@ class TransactionService:
                              born_host=record.born_host)
 
     def stored_half(self, record: MessageRecord) -> StoredMessage | None:
-        """The open half this half record repeats (same producer group and message id): a producer's retry
-        of a send whose answer it lost. Answered with that half, never stored twice (TransactionTable)."""
+        """The open or committed half this half record repeats (same producer group and message id): a
+        producer's retry of a send whose answer it lost. Answered with that half, never stored twice
+        (TransactionTable): the producer's end of it then finds it ended the way a check decided."""
         props = record.properties
-        offset = self.table.open_offset(props.get(PropertyKey.PRODUCER_GROUP, ""), props.get(PropertyKey.UNIQ_KEY, ""))
+        key = (props.get(PropertyKey.PRODUCER_GROUP, ""), props.get(PropertyKey.UNIQ_KEY, ""))
+        offset = self.table.open_offset(*key)
+        if offset is None:
+            offset = self.table.committed_offset(*key)
         return None if offset is None else self._store.message_at(TRANSACTION_HALF_TOPIC, 0, offset)
 
     def added(self, half_offset: int, record: MessageRecord, store_timestamp: int) -> None:

@@ -14,7 +14,11 @@ the message id, when it was stored, how many checks were sent and when the
 next is due. Open halves are also found by (group, message id): a producer
 that lost the answer to a half send retries it with the same message id, and
 the broker answers that retry with the half it holds instead of storing a
-second one, which a check would later commit as a second copy. Everything below the **floor** is resolved; the floor and the
+second one, which a check would later commit as a second copy. So are the
+last COMMITTED_IDS_KEPT halves that were committed: a check can commit the
+first copy while the producer still retries its send, and the retry must not
+store a second (a rolled-back one is forgotten: a retry after it is a new
+attempt, which only its own end can commit). Everything below the **floor** is resolved; the floor and the
 op-topic offset below which no op matters any more (the op floor) are what a
 restart needs to rebuild the table by scanning both topics from there
 (broker/transactions/service.py).
@@ -24,8 +28,13 @@ Pure: no clock reads (`now_ms` is an argument), no I/O.
 
 from __future__ import annotations
 
+import collections
 import enum
 from dataclasses import dataclass
+
+# How many committed halves are remembered by (group, message id) for retried sends; a producer's retries end
+# within seconds, and 4,096 ids cost well under a megabyte.
+COMMITTED_IDS_KEPT = 4096
 
 
 class Outcome(enum.Enum):
@@ -58,6 +67,8 @@ class TransactionTable:
         self.max_checks = max_checks
         self._open: dict[int, Half] = {}
         self._by_id: dict[tuple[str, str], int] = {}  # (group, msg id) -> offset of its open half
+        # (group, msg id) -> offset of its committed half, the latest COMMITTED_IDS_KEPT.
+        self._committed_by_id: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
         # Resolved halves at or above the floor: half offset -> (outcome, op record offset).
         self._resolved: dict[int, tuple[Outcome, int]] = {}
         self._floor = floor
@@ -77,6 +88,10 @@ class TransactionTable:
     def open_offset(self, group: str, msg_id: str) -> int | None:
         """The offset of the open half of this group with this message id, if there is one."""
         return self._by_id.get((group, msg_id))
+
+    def committed_offset(self, group: str, msg_id: str) -> int | None:
+        """The offset of a recently committed half of this group with this message id, if there is one."""
+        return self._committed_by_id.get((group, msg_id))
 
     def outcome(self, offset: int) -> Outcome | None:
         """How a resolved half ended (None: open, unknown, or below the floor where outcomes are forgotten)."""
@@ -107,6 +122,12 @@ class TransactionTable:
         half = self._open.pop(offset, None)
         if half is not None and self._by_id.get((half.group, half.msg_id)) == offset:
             del self._by_id[(half.group, half.msg_id)]
+        if half is not None and outcome is Outcome.COMMIT:
+            committed = self._committed_by_id
+            committed[(half.group, half.msg_id)] = offset
+            committed.move_to_end((half.group, half.msg_id))
+            if len(committed) > COMMITTED_IDS_KEPT:
+                committed.popitem(last=False)
         self._resolved[offset] = (outcome, op_offset)
         self._end = max(self._end, offset + 1)
         self._advance()

@@ -175,6 +175,37 @@ def test_a_retried_half_message_is_stored_once_and_commits_once(fast_broker, mon
     assert checks.asked == [], "nothing was left for a check to decide"
 
 
+def test_a_half_retried_after_a_check_committed_its_first_copy_is_not_stored_again(fast_broker, monkeypatch):
+    """Regression (issue 27, long run, partition seeds 9200 and 9212: a transaction committed twice). The
+    answer to a half was lost; before the producer's retry arrived, the check of that half (answered from
+    the application's state) had committed it, so the broker no longer held it open and stored the retry
+    as a second half, which the producer then committed too."""
+    import asyncio
+
+    from tidemark.client.errors import UnavailableError
+    from tidemark.client.remoting.connection import BrokerConnection
+
+    original = BrokerConnection.send
+    calls: list[int] = []
+
+    async def send(self, topic, messages, **kw):
+        calls.append(len(messages))
+        results = await original(self, topic, messages, **kw)
+        if len(calls) == 1:  # the answer is lost, and the retry waits until a check committed the half
+            await asyncio.to_thread(wait_until, lambda: visible(fast_broker.address, "Orders") == [b"once"], 15,
+                                    "the check to commit the first half")
+            raise UnavailableError("Socket closed (the answer to the half message was lost)")
+        return results
+
+    monkeypatch.setattr(BrokerConnection, "send", send)
+    checks = Checks(COMMIT)
+    with producer(fast_broker, checks) as p:
+        result = p.send_message_in_transaction(Message("Orders", b"once", keys="o-1"), lambda m, a: COMMIT)
+        assert result.local_transaction_state is COMMIT and len(calls) == 2 and checks.asked == ["o-1"]
+        assert not open_halves(fast_broker.address)
+    assert visible(fast_broker.address, "Orders") == [b"once"]
+
+
 def test_a_half_sent_again_while_its_first_send_waits_for_fsync_is_stored_once(broker_factory):
     """Regression (issue 27, long run, kill seed 8017: a transaction committed twice). Under flush sync a
     half message was registered as open only after its fsync; a retry arriving meanwhile (its first

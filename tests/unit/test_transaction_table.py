@@ -73,3 +73,19 @@ def test_open_halves_are_found_by_group_and_message_id_until_they_end():
     assert table.open_offset("g", "id-1") == 0, "ending another copy does not forget the indexed one"
     table.resolve(0, Outcome.COMMIT, 1)
     assert table.open_offset("g", "id-1") is None
+
+
+def test_committed_halves_are_remembered_by_id_for_retries_and_rolled_back_ones_are_not(monkeypatch):
+    from tidemark.broker.transactions import table as table_module
+    monkeypatch.setattr(table_module, "COMMITTED_IDS_KEPT", 2)
+    table = TransactionTable(timeout_ms=1000, check_interval_ms=1000, max_checks=3)
+    for offset, msg_id in enumerate(["a", "b", "c", "d"]):
+        table.add(offset, "g", msg_id, "T", 0)
+    table.resolve(0, Outcome.COMMIT, 0)
+    table.resolve(1, Outcome.ROLLBACK, 1)  # a retry after a rollback is a new attempt
+    assert table.committed_offset("g", "a") == 0 and table.committed_offset("g", "b") is None
+    assert table.committed_offset("other", "a") is None
+    table.resolve(2, Outcome.COMMIT, 2)
+    table.resolve(3, Outcome.COMMIT, 3)
+    assert table.committed_offset("g", "a") is None, "only the latest COMMITTED_IDS_KEPT are kept"
+    assert (table.committed_offset("g", "c"), table.committed_offset("g", "d")) == (2, 3)

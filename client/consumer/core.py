@@ -20,6 +20,7 @@ stopped in order by `shutdown`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
@@ -120,8 +121,8 @@ class ConsumerCore:
     async def _start(self, assigned: set[MessageQueue] | None) -> None:
         s = self.settings
         await self.cluster.discover()
-        for topic in self.subscriptions:
-            await self.cluster.route(topic)  # NotFoundError for an unknown topic, before anything starts
+        # NotFoundError for an unknown topic, before anything starts; the routes are asked for together.
+        await asyncio.gather(*(self.cluster.route(topic) for topic in self.subscriptions))
         locking = self.locking and assigned is None
         self.offset_store: OffsetStore = (
             RemoteBrokerOffsetStore(self.cluster, s.group, self.client_id, on_rejected=self._on_rejected,

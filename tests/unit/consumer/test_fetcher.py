@@ -1,10 +1,12 @@
 """The Fetcher against a scripted fetch stream (no broker): credit for records the exact tag check drops,
-and records that do not decode are read again rather than skipped."""
+an idle queue's credit gathered into one frame, and records that do not decode are read again rather than
+skipped."""
 
 from __future__ import annotations
 
 import asyncio
 
+from tidemark.client.consumer import fetcher as fetcher_module
 from tidemark.client.consumer.fetcher import Fetcher, FetchLimits
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.message import MessageQueue
@@ -96,6 +98,26 @@ def test_credit_used_by_records_the_exact_tag_check_drops_goes_back_at_once():
         stream.on_records(handle, 3, data, 3, 3)
         assert sink.delivered == [(["paid"], 3)]
         assert [(h, n) for h, n, _ in stream.credits] == [(handle, 2)]  # nobody else would return it
+    run(scenario)
+
+
+def test_an_idle_queue_returns_its_credit_once_for_everything_consumed_meanwhile(monkeypatch):
+    monkeypatch.setattr(fetcher_module, "IDLE_CREDIT_S", 0.05)
+
+    async def scenario(fetcher, stream, sink):
+        handle = stream.opens[0][0]
+        lease = fetcher._by_handle[handle].lease
+        for n in range(1, 4):  # three batches consumed one after another, the cache empty after each
+            stream.on_records(handle, 1, records("paid"), n, n)
+            fetcher.grant(lease, 1, 100)
+        assert stream.credits == []
+        for _ in range(300):
+            if stream.credits:
+                break
+            await asyncio.sleep(0.01)
+        assert stream.credits == [(handle, 3, 300)]
+        fetcher.grant(lease, 30, 3000)  # a quarter of the room (100 messages): at once, as before
+        assert stream.credits[1:] == [(handle, 30, 3000)]
     run(scenario)
 
 

@@ -1,0 +1,240 @@
+"""`python -m bench.latency_split`: where the time of an end-to-end delivery goes, send -> store -> listener.
+
+Starts a broker (async flush) and, per rate and round, a consumer process and a
+paced producer process (Producer.send_async, 1 KiB, a topic of 16 queues). Each
+message carries the wall-clock time it was sent; the consumer subtracts it from
+its clock at arrival (e2e), and splits it at the broker's store timestamp:
+
+- send -> store: the producer's hand-off to its loop, the Produce stream, the
+  broker's append;
+- store -> arrival: the broker's wake-up of the fetch stream, the frame, the
+  consumer's read (and, with `--consumer push`, the hand-off to a listener
+  thread).
+
+The store timestamp has millisecond resolution, so the split is given as
+means over every message after the first tenth (the rounding averages out);
+e2e percentiles are exact. `--consumer raw` reads with a bare FetchStream on
+the consumer's event loop (no PushConsumer, no listener threads), which
+isolates the push consumer's own hop. Also prints the CPU each process used
+per message (/proc/PID/stat) and the producer's acknowledgement latency.
+
+    python -m bench.latency_split --rates 1000,5000 --rounds 3 --consumer push,raw
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench.broker_bench import start_broker
+from bench.procs import REPO, child_env, orphan_safe
+
+HEAD = struct.Struct("<dq")  # send time (time.time()), sequence
+QUEUES = 16
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def producer(address: str, topic: str, rate: int, seconds: float) -> dict:
+    from tidemark.client import Message, Producer
+
+    acks: list[float] = []
+    pad = b"x" * (1024 - HEAD.size)
+    with Producer(brokers=address) as p:
+        p.fetch_publish_message_queues(topic)
+        count = int(rate * seconds)
+        cpu = own_cpu_s()
+        start = time.time() + 0.2
+        for i in range(count):
+            delay = start + i / rate - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            sent = time.time()
+            p.send_async(Message(topic, HEAD.pack(sent, i) + pad),
+                         lambda result, error, sent=sent: acks.append(time.time() - sent))
+        deadline = time.time() + 30
+        while len(acks) < count and time.time() < deadline:
+            time.sleep(0.01)
+        cpu = own_cpu_s() - cpu
+    kept = acks[len(acks) // 10:]
+    return {"ack_p50_ms": pct(kept, 0.5) * 1e3, "ack_p99_ms": pct(kept, 0.99) * 1e3,
+            "cpu_us_per_msg": cpu / count * 1e6}
+
+
+class Split:
+    def __init__(self) -> None:
+        self.e2e: list[float] = []
+        self.to_store: list[float] = []
+        self.from_store: list[float] = []
+
+    def add(self, now: float, body: bytes, store_ms: int) -> None:
+        sent, _ = HEAD.unpack_from(body)
+        self.e2e.append(now - sent)
+        self.to_store.append(store_ms / 1000 - sent)
+        self.from_store.append(now - store_ms / 1000)
+
+    def result(self) -> dict:
+        skip = len(self.e2e) // 10
+        e2e, to_store, from_store = self.e2e[skip:], self.to_store[skip:], self.from_store[skip:]
+        return {"received": len(self.e2e), "e2e_p50_ms": pct(e2e, 0.5) * 1e3, "e2e_p99_ms": pct(e2e, 0.99) * 1e3,
+                "e2e_mean_ms": statistics.fmean(e2e) * 1e3 if e2e else float("nan"),
+                "send_to_store_mean_ms": statistics.fmean(to_store) * 1e3 if e2e else float("nan"),
+                "store_to_arrival_mean_ms": statistics.fmean(from_store) * 1e3 if e2e else float("nan")}
+
+
+def consumer(address: str, topic: str, kind: str, expect: int, seconds: float) -> dict:
+    split = Split()
+    if kind == "push":
+        from tidemark.client import ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
+
+        def listener(msgs, ctx):
+            now = time.time()
+            for m in msgs:
+                split.add(now, m.body, m.store_timestamp)
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+
+        c = PushConsumer(group=f"{topic}-g", brokers=address, consume_from_where=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET)
+        c.subscribe(topic)
+        c.register_message_listener(listener)
+        c.start()
+        print("ready", flush=True)
+        cpu = own_cpu_s()
+        _wait(split, expect, seconds)
+        cpu = own_cpu_s() - cpu
+        c.shutdown()
+    else:
+        import asyncio
+
+        from tidemark.client.message import MessageExt, MessageQueue
+        from tidemark.client.remoting.connection import BrokerConnection
+
+        async def run() -> float:
+            conn = BrokerConnection(address, timeout_s=10)
+            await conn.broker_info()
+
+            def on_records(handle: int, count: int, data: bytes, next_offset: int, max_offset: int) -> None:
+                now, pos = time.time(), 0
+                for _ in range(count):
+                    m = MessageExt.from_record(data, pos, topic=topic, broker_name=conn.broker_name or "")
+                    pos += m.store_size
+                    split.add(now, m.body, m.store_timestamp)
+                stream.credit(handle, count, len(data))
+
+            stream = conn.open_fetch_stream(on_records=on_records, on_ended=lambda h, e: None,
+                                            on_broken=lambda e: None)
+            for q in range(QUEUES):
+                stream.open_queue(q + 1, f"{topic}-raw", MessageQueue(topic, conn.broker_name or "", q), 0,
+                                  subscription="*", fence=None, credit_messages=1000, credit_bytes=64 << 20,
+                                  batch_size=32)
+            print("ready", flush=True)
+            cpu = own_cpu_s()
+            await asyncio.get_running_loop().run_in_executor(None, _wait, split, expect, seconds)
+            cpu = own_cpu_s() - cpu
+            await stream.close()
+            await conn.close()
+            return cpu
+
+        cpu = asyncio.run(run())
+    return {**split.result(), "cpu_us_per_msg": cpu / max(1, len(split.e2e)) * 1e6}
+
+
+def _wait(split: Split, expect: int, seconds: float) -> None:
+    deadline = time.time() + seconds
+    while len(split.e2e) < expect and time.time() < deadline:
+        time.sleep(0.01)
+
+
+def child(role: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(orphan_safe([sys.executable, "-m", "bench.latency_split", "--role", role, *args]),
+                            stdout=subprocess.PIPE, text=True, env=child_env(), cwd=str(REPO))
+
+
+def one_run(address: str, broker_pid: int, topic: str, rate: int, seconds: float, kind: str) -> dict:
+    import grpc
+
+    from tidemark.v1 import admin_pb2, admin_pb2_grpc
+    with grpc.insecure_channel(address) as channel:
+        admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
+            admin_pb2.CreateTopicRequest(name=topic, queue_nums=QUEUES), timeout=30)
+    count = int(rate * seconds)
+    cons = child("consumer", address, topic, kind, str(count), str(seconds + 30))
+    assert cons.stdout is not None
+    if cons.stdout.readline().strip() != "ready":
+        raise SystemExit("consumer did not start")
+    time.sleep(2.0)  # the consumer owns every queue before the first send
+    broker_cpu = cpu_s(broker_pid)
+    prod = child("producer", address, topic, str(rate), str(seconds))
+    p_out, _ = prod.communicate(timeout=seconds + 60)
+    c_out, _ = cons.communicate(timeout=60)
+    broker_cpu = cpu_s(broker_pid) - broker_cpu
+    p, c = json.loads(p_out.strip().splitlines()[-1]), json.loads(c_out.strip().splitlines()[-1])
+    return {"rate": rate, "consumer": kind, **c, "producer_cpu_us_per_msg": p["cpu_us_per_msg"],
+            "consumer_cpu_us_per_msg": c["cpu_us_per_msg"], "broker_cpu_us_per_msg": broker_cpu / count * 1e6,
+            "ack_p50_ms": p["ack_p50_ms"], "ack_p99_ms": p["ack_p99_ms"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--role", help=argparse.SUPPRESS)
+    ap.add_argument("args", nargs="*", help=argparse.SUPPRESS)
+    ap.add_argument("--rates", default="1000,5000", help="comma list of msg/s")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--consumer", default="push,raw", help="comma list: push (PushConsumer), raw (FetchStream)")
+    a = ap.parse_args()
+    if a.role == "producer":
+        address, topic, rate, seconds = a.args
+        print(json.dumps(producer(address, topic, int(rate), float(seconds))))
+        return
+    if a.role == "consumer":
+        address, topic, kind, expect, seconds = a.args
+        print(json.dumps(consumer(address, topic, kind, int(expect), float(seconds))))
+        return
+    work = Path(tempfile.mkdtemp(prefix="latency-split-"))
+    server, address = start_broker(work / "data")
+    assert server.proc is not None
+    rows: list[dict] = []
+    try:
+        for rnd in range(a.rounds):
+            for rate in (int(r) for r in a.rates.split(",")):
+                for kind in a.consumer.split(","):
+                    row = one_run(address, server.proc.pid, f"split_{rnd}_{rate}_{kind}", rate, a.seconds, kind)
+                    rows.append(row)
+                    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
+                          flush=True)
+    finally:
+        server.stop()
+    keys = ("e2e_p50_ms", "e2e_p99_ms", "send_to_store_mean_ms", "store_to_arrival_mean_ms", "ack_p50_ms",
+            "producer_cpu_us_per_msg", "broker_cpu_us_per_msg", "consumer_cpu_us_per_msg")
+    print(f"medians of {a.rounds} round(s); load average {os.getloadavg()[0]:.1f}")
+    print("rate consumer " + " ".join(keys))
+    for rate in (int(r) for r in a.rates.split(",")):
+        for kind in a.consumer.split(","):
+            mine = [r for r in rows if r["rate"] == rate and r["consumer"] == kind]
+            print(f"{rate} {kind} " + " ".join(f"{statistics.median(r[k] for r in mine):.2f}" for k in keys))
+
+
+if __name__ == "__main__":
+    main()

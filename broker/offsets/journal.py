@@ -86,7 +86,7 @@ class Op(enum.IntEnum):
     REMOVE_GROUP_TOPIC = 5  # topic, group: the group's entries of that topic are gone (delete-offsets)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is built per applied commit (for a master's replicas), 4x faster so
 class JournalRecord:
     op: Op
     topic: str = ""

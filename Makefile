@@ -91,6 +91,7 @@ demo: setup
 
 bench: setup
 	$(PY) -m bench
+	$(PY) -m bench.spark
 
 bench-client: setup
 	$(PY) -m bench.client_e2e

@@ -4,8 +4,13 @@ Columns: body (binary or string, required), keys, tags (string), properties
 (map<string,string>), queue_id (int: send to that queue) and broker (string:
 the broker of queue_id, needed only when the topic lives on several brokers).
 Other columns are ignored, so a DataFrame read from one topic can be written to
-another. Rows are sent in batches (one queue per batch, queues round-robin);
-a failed send fails the task with the broker's message.
+another. Rows are sent in batches (one queue per batch, queues round-robin from
+the task's partition number, so the tasks running together write to different
+queues); a failed send fails the task with the broker's message. Without
+properties and queue_id columns a record batch is encoded whole, column by
+column (spark_connector/encode.py: no Python object per row), and up to
+IN_FLIGHT batches are on their way at once (an idempotent producer keeps each
+queue's in order, up to five per queue).
 
 Exactly once (option idempotent, on by default): each task writes through an
 idempotent producer whose key names what it writes: the query and partition
@@ -23,9 +28,10 @@ again (at-least-once).
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import random
 import uuid
-import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,10 +56,13 @@ from pyspark.sql.types import (
 
 from tidemark.client import Message, MessageQueue, MessageQueueSelector, Producer
 from tidemark.client.errors import InvalidArgumentError, TidemarkError
+from tidemark.spark_connector.encode import RecordEncoder, record_bytes
 from tidemark.spark_connector.options import OptionError, WriteOptions
 
 MAX_BATCH_MESSAGES = 512
 MAX_BATCH_BYTES = 1024 * 1024
+# Batches of a task on their way at once (over the topic's queues; the producer allows 5 per queue).
+IN_FLIGHT = 16
 
 _COLUMN_TYPES: dict[str, tuple[tuple[type[DataType], ...], str]] = {
     "body": ((BinaryType, StringType), "binary or string"),
@@ -81,11 +90,12 @@ def check_write_schema(schema: StructType) -> None:
 
 
 class _RoundRobin(MessageQueueSelector):
-    """Spreads batches over the topic's writable queues, from a random one so tasks do not pile up; from
-    one chosen by the producer's key when the task may be replayed (the same batches to the same queues)."""
+    """Spreads batches over the topic's writable queues, from the queue of the task's partition number, so
+    tasks running together write to different queues (random outside a Spark task). A replayed task sends
+    the same batches to the same queues."""
 
-    def __init__(self, seed: str = "") -> None:
-        self._next = zlib.crc32(seed.encode()) if seed else random.randrange(1 << 30)
+    def __init__(self, start: int | None = None) -> None:
+        self._next = random.randrange(1 << 30) if start is None else start - 1
 
     def select(self, mqs: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
         self._next += 1
@@ -141,16 +151,51 @@ def _rows(batch: pa.RecordBatch, topic: str, first_row: int) -> Iterator[tuple[A
 
 
 class _Sender:
-    """Groups rows into batches per target queue and sends them."""
+    """Groups rows into batches per target queue and sends them, up to IN_FLIGHT batches at once."""
 
-    def __init__(self, producer: Producer, topic: str) -> None:
+    def __init__(self, producer: Producer, topic: str, start: int | None) -> None:
         self._producer = producer
         self._topic = topic
-        s = producer.settings
-        self._round_robin = _RoundRobin(f"{s.producer_key}/{s.producer_epoch}" if s.producer_key else "")
+        self._round_robin = _RoundRobin(start)
         self._fixed = _Fixed()
         self._pending: dict[Any, tuple[list[Message], list[int], int]] = {}
+        self._in_flight: collections.deque[tuple[concurrent.futures.Future, int, int]] = collections.deque()
+        self._queues: list[MessageQueue] | None = None
         self.sent = 0
+
+    # -- whole record batches, encoded column by column ---------------------------------------------
+
+    def send_encoded(self, encoder: RecordEncoder, batch: pa.RecordBatch, first_row: int) -> None:
+        records, offsets = encoder.encode(batch, first_row)
+        if self._queues is None:
+            self._queues = self._producer.fetch_publish_message_queues(self._topic)
+            if not self._queues:
+                raise TidemarkError(f"tidemark sink: topic {self._topic!r} has no writable queue")
+        n, start = batch.num_rows, 0
+        while start < n:
+            end = min(start + MAX_BATCH_MESSAGES, n)
+            if offsets[end] - offsets[start] > MAX_BATCH_BYTES:  # at most 1 MiB, at least one row
+                end = max(start + 1, int(offsets.searchsorted(offsets[start] + MAX_BATCH_BYTES, "right")) - 1)
+            queue = self._round_robin.select(self._queues, None, None)  # type: ignore[arg-type]
+            try:
+                future = self._producer.send_encoded_async(self._topic, record_bytes(records, offsets, start, end),
+                                                           end - start, queue=queue)
+            except TidemarkError as e:
+                raise self._failed(first_row + start, first_row + end - 1, e) from e
+            self._in_flight.append((future, first_row + start, first_row + end - 1))
+            while len(self._in_flight) >= IN_FLIGHT:
+                self._finish_oldest()
+            start = end
+
+    def _finish_oldest(self) -> None:
+        future, first, last = self._in_flight.popleft()
+        try:
+            future.result()
+        except TidemarkError as e:
+            raise self._failed(first, last, e) from e
+        self.sent += last - first + 1
+
+    # -- row by row (properties, queue_id) ----------------------------------------------------------
 
     def add(self, target: Any, message: Message, row: int) -> None:
         msgs, rows, size = self._pending.get(target) or ([], [], 0)
@@ -164,6 +209,8 @@ class _Sender:
     def flush_all(self) -> None:
         for target in list(self._pending):
             self._flush(target)
+        while self._in_flight:
+            self._finish_oldest()
 
     def _flush(self, target: Any) -> None:
         msgs, rows, _ = self._pending.pop(target)
@@ -171,10 +218,13 @@ class _Sender:
         try:
             self._producer.send_batch(msgs, selector=selector, arg=arg)
         except TidemarkError as e:
-            where = f"row {rows[0]}" if len(rows) == 1 else f"rows {rows[0]}..{rows[-1]}"
-            raise TidemarkError(f"tidemark sink: sending {where} of this task to topic {self._topic!r} failed: "
-                               f"{type(e).__name__}: {e}") from e
+            raise self._failed(rows[0], rows[-1], e) from e
         self.sent += len(msgs)
+
+    def _failed(self, first: int, last: int, e: TidemarkError) -> TidemarkError:
+        where = f"row {first}" if first == last else f"rows {first}..{last}"
+        return TidemarkError(f"tidemark sink: sending {where} of this task to topic {self._topic!r} failed: "
+                             f"{type(e).__name__}: {e}")
 
 
 # Micro-batch ids become producer epochs shifted by this much: the producer may start new epochs of its
@@ -182,37 +232,44 @@ class _Sender:
 _EPOCHS_PER_BATCH_BITS = 16
 
 
-def task_producer(options: WriteOptions, write_id: str | None) -> dict[str, Any]:
-    """The producer settings of this task: keyed by what it writes, so a replay is recognised.
+def task_producer(options: WriteOptions, write_id: str | None) -> tuple[dict[str, Any], int | None]:
+    """The producer settings of this task, keyed by what it writes so a replay is recognised, and its
+    partition number (None outside a Spark task).
 
     `write_id` is a df.write job's (the same for every attempt of its tasks); None in a streaming query,
     whose query id and batch id Spark passes to tasks as local properties."""
-    if not options.idempotent:
-        return {"enable_idempotence": False}
     from pyspark import TaskContext
 
     context = TaskContext.get()
+    partition = None if context is None else context.partitionId()
+    if not options.idempotent:
+        return {"enable_idempotence": False}, partition
     if context is None:
-        return {}  # not in a Spark task (a direct call): an idempotent producer of its own
-    partition = context.partitionId()
+        return {}, None  # not in a Spark task (a direct call): an idempotent producer of its own
     if write_id is not None:
-        return {"producer_key": f"spark-write:{write_id}:{partition}"}
+        return {"producer_key": f"spark-write:{write_id}:{partition}"}, partition
     query, batch = context.getLocalProperty("sql.streaming.queryId"), context.getLocalProperty("streaming.sql.batchId")
     if not query or not (batch or "").isdigit():
-        return {}
-    return {"producer_key": f"spark:{query}:{partition}", "producer_epoch": int(batch) << _EPOCHS_PER_BATCH_BITS}
+        return {}, partition
+    return ({"producer_key": f"spark:{query}:{partition}", "producer_epoch": int(batch) << _EPOCHS_PER_BATCH_BITS},
+            partition)
 
 
 def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch], write_id: str | None = None) -> int:
     """Send every row of the record batches; returns how many messages were sent (duplicates of a
     replay included)."""
-    producer = Producer(**options.client_kwargs(), **task_producer(options, write_id)).start()
+    settings, partition = task_producer(options, write_id)
+    producer = Producer(**options.client_kwargs(), **settings).start()
     try:
-        sender = _Sender(producer, options.topic)
+        sender = _Sender(producer, options.topic, partition)
+        encoder = RecordEncoder(options.topic, producer.settings.client_ip, producer.settings.max_message_size)
         row = 0
         for batch in batches:
-            for target, message, number in _rows(batch, options.topic, row):
-                sender.add(target, message, number)
+            if RecordEncoder.handles(batch):
+                sender.send_encoded(encoder, batch, row)
+            else:
+                for target, message, number in _rows(batch, options.topic, row):
+                    sender.add(target, message, number)
             row += batch.num_rows
         sender.flush_all()
         return sender.sent

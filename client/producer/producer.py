@@ -40,6 +40,13 @@ from tidemark.client.message import Message, MessageQueue, SendResult
 from tidemark.client.namespacing import Names
 from tidemark.client.producer.accumulator import ProducerBatch, RecordAccumulator, SendCallback
 from tidemark.client.producer.attempts import Doubt, Outcome, Tries, back_off, outcome_of, pause
+from tidemark.client.producer.encoding import (
+    call_back,
+    check_batch_size,
+    check_message,
+    encode_message,
+    needs_unary,
+)
 from tidemark.client.producer.selector import MessageQueueSelector
 from tidemark.client.producer.sequences import ProducerSequences, Slot
 from tidemark.client.remoting.cluster import BrokerCluster
@@ -47,65 +54,13 @@ from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, Loop
 from tidemark.client.settings import ProducerSettings, build
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import (
-    InvalidNameError,
     MessageIdGenerator,
     PropertyKey,
-    check_topic_name,
-    is_system_topic,
-    tag_hash,
 )
-from tidemark.common.records import RecordBatchBuilder, RecordError, encode_properties
+from tidemark.common.records import RecordBatchBuilder
 
 log = get_logger("tidemark.client.producer")
 
-
-
-def check_message(message: Message, max_size: int) -> None:
-    """RocketMQ's Validators.checkMessage: topic name, non-empty body, size limit."""
-    if not isinstance(message, Message):
-        raise InvalidArgumentError(f"expected a tidemark.client.Message, got {type(message).__name__}")
-    try:
-        check_topic_name(message.topic)
-    except InvalidNameError as e:
-        raise InvalidArgumentError(str(e)) from None
-    if len(message.body) == 0:
-        raise InvalidArgumentError("message body must not be empty")
-    if len(message.body) > max_size:
-        raise InvalidArgumentError(f"message body is {len(message.body)} bytes; max_message_size is {max_size}")
-
-
-_UNIQ = PropertyKey.UNIQ_KEY + "\x01"
-_TAGS = "\x02" + PropertyKey.TAGS + "\x01"
-_KEYS = "\x02" + PropertyKey.KEYS + "\x01"
-
-
-def encode_message(message: Message, ids: MessageIdGenerator) -> tuple[str, bytes, int]:
-    """(msg id, encoded properties, tags code) of a message: UNIQ_KEY (kept if given), TAGS, KEYS, the rest."""
-    tags, keys, user = message.tags, message.keys, message.properties
-    if "||" in tags:
-        raise InvalidArgumentError(f"tag {tags!r} must not contain '||'")
-    if not user:
-        # The common case, without a dict: a fresh id, maybe a tag and keys.
-        if "\x01" in tags or "\x02" in tags or "\x01" in keys or "\x02" in keys:
-            raise InvalidArgumentError("tags and keys must not contain the characters \\x01 or \\x02")
-        msg_id = ids.next()
-        text = _UNIQ + msg_id
-        if tags:
-            text += _TAGS + tags
-        if keys:
-            text += _KEYS + keys
-        return msg_id, (text + "\x02").encode("utf-8"), tag_hash(tags)
-    props = dict(user)
-    msg_id = props.get(PropertyKey.UNIQ_KEY) or ids.next()
-    props[PropertyKey.UNIQ_KEY] = msg_id
-    if tags:
-        props[PropertyKey.TAGS] = tags
-    if keys:
-        props[PropertyKey.KEYS] = keys
-    try:
-        return msg_id, encode_properties(props), tag_hash(props.get(PropertyKey.TAGS, ""))
-    except RecordError as e:
-        raise InvalidArgumentError(str(e)) from None
 
 
 class AsyncProducer:
@@ -166,7 +121,17 @@ class AsyncProducer:
                            queue: MessageQueue | None, selector: MessageQueueSelector | None, arg: Any,
                            first: Message | None, timeout: float | None,
                            prefer: MessageQueue | None = None) -> list[SendResult]:
-        """Send one encoded batch to one queue, retrying retriable failures; results per message.
+        """Send one encoded batch to one queue, retrying retriable failures; results per message."""
+        target, offset = await self.send_encoded(topic, data, len(msg_ids), queue=queue, selector=selector, arg=arg,
+                                                 first=first, timeout=timeout, prefer=prefer)
+        return [SendResult(msg_id, target, offset + i if offset >= 0 else -1) for i, msg_id in enumerate(msg_ids)]
+
+    async def send_encoded(self, topic: str, data: bytes, count: int, *,
+                           queue: MessageQueue | None, selector: MessageQueueSelector | None, arg: Any,
+                           first: Message | None, timeout: float | None,
+                           prefer: MessageQueue | None = None) -> tuple[MessageQueue, int]:
+        """Send `count` encoded records to one queue, retrying retriable failures: the queue and the first
+        offset (-1: a duplicate older than the broker remembers).
 
         `queue` pins every attempt to one queue; `prefer` is only the first attempt's (an accumulated
         batch's sticky queue), retries then avoid its broker like any unpinned send."""
@@ -192,12 +157,11 @@ class AsyncProducer:
                 if self.sequences is None:
                     tries.made += 1
                     conn = await self.cluster.master_connection(target.broker_name)
-                    offset = await conn.produce_stream().send(topic, target.queue_id, len(msg_ids), data, timeout)
+                    offset = await conn.produce_stream().send(topic, target.queue_id, count, data, timeout)
                 else:
-                    offset = await self._send_sequenced(target, data, len(msg_ids), timeout, tries, doubt,
+                    offset = await self._send_sequenced(target, data, count, timeout, tries, doubt,
                                                         deadline, pinned=queue is not None or selector is not None)
-                return [SendResult(msg_id, target, offset + i if offset >= 0 else -1)
-                        for i, msg_id in enumerate(msg_ids)]
+                return target, offset
             except TidemarkError as e:
                 doubt.saw(e)
                 if e.retriable:
@@ -500,10 +464,10 @@ class Producer(BlockingClient):
         s = self.settings
         # Every attempt, and the wait for a writable queue during a failover (one more timeout at most).
         wait = (timeout or s.send_msg_timeout_s) * (2 + s.retry_times_when_send_failed) + 1
-        if _needs_unary(messages[0]):
+        if needs_unary(messages[0]):
             if len(messages) > 1 and any(m.delay_level for m in messages):
                 raise InvalidArgumentError("delayed messages cannot be sent in a batch")
-            _check_batch_size(sum(len(m.body) for m in messages), len(messages), s.max_message_size)
+            check_batch_size(sum(len(m.body) for m in messages), len(messages), s.max_message_size)
             return [names.bare_result(r) for r in self._loop.run(self._core.send_messages(
                 messages, queue=queue, selector=selector, arg=arg, timeout=timeout), timeout=wait)]
         builder = RecordBatchBuilder(topic, s.client_ip)
@@ -513,10 +477,23 @@ class Producer(BlockingClient):
             msg_id, props, tags_code = encode_message(m, self._ids)
             builder.append(m.body, props, tags_code=tags_code, flag=m.flag, born_timestamp=now)
             msg_ids.append(msg_id)
-        _check_batch_size(len(builder.buffer), len(messages), s.max_message_size)
+        check_batch_size(len(builder.buffer), len(messages), s.max_message_size)
         return [names.bare_result(r) for r in self._loop.run(self._core.send_records(
             topic, bytes(builder.buffer), msg_ids, queue=queue, selector=selector, arg=arg, first=messages[0],
             timeout=timeout), timeout=wait)]
+
+    def send_encoded_async(self, topic: str, data: bytes, count: int, *, queue: MessageQueue | None = None,
+                           selector: MessageQueueSelector | None = None,
+                           arg: Any = None) -> concurrent.futures.Future[tuple[MessageQueue, int]]:
+        """Send `count` records encoded by the caller (tidemark.common.records, topic as stored: no
+        namespace) as one batch, without waiting: the future gets (queue, first offset). For writers that
+        encode whole columns at once (the Spark sink); the same sending rules as send_batch's."""
+        self._life.require(ClientState.RUNNING, action="send")
+        if self.settings.namespace:
+            raise InvalidArgumentError("send_encoded_async takes records of a stored topic name: not with a namespace")
+        check_batch_size(len(data), count, self.settings.max_message_size)
+        return self._loop.submit(self._core.send_encoded(topic, data, count, queue=queue, selector=selector, arg=arg,
+                                                         first=None, timeout=None))
 
     def send_async(self, message: Message, callback: SendCallback | None = None, *,
                    queue: MessageQueue | None = None, selector: MessageQueueSelector | None = None,
@@ -533,7 +510,7 @@ class Producer(BlockingClient):
             self._check(message)
             from_callback = self._loop.on_own_thread
             queues = self._cached_queues(message.topic) if from_callback else None
-            if _needs_unary(message) or (from_callback and (queues is None or not self._core.slots.acquire(False))):
+            if needs_unary(message) or (from_callback and (queues is None or not self._core.slots.acquire(False))):
                 future = names.bare_future(self._chain(self._loop.submit(self._core.send_messages(
                     [message], queue=queue, selector=selector, arg=arg, timeout=None))))
             else:
@@ -557,7 +534,7 @@ class Producer(BlockingClient):
             future = concurrent.futures.Future()
             future.set_exception(e)
         if callback is not None:
-            future.add_done_callback(lambda f: _call_back(callback, f))
+            future.add_done_callback(lambda f: call_back(callback, f))
         return future
 
     def send_oneway(self, message: Message, **kw: Any) -> None:
@@ -607,26 +584,6 @@ class Producer(BlockingClient):
                 target.set_result(f.result()[0])
         source.add_done_callback(copy)
         return target
-
-
-def _check_batch_size(size: int, count: int, max_message_size: int) -> None:
-    """RocketMQ's rule: a batch, encoded, is at most max_message_size (the broker refuses larger requests)."""
-    if count > 1 and size > max_message_size:
-        raise InvalidArgumentError(f"a batch of {count} messages is {size} bytes; a batch may hold at most "
-                                   f"max_message_size ({max_message_size}) bytes: send it in smaller batches")
-
-
-def _needs_unary(message: Message) -> bool:
-    return (bool(message.delay_level) or is_system_topic(message.topic)
-            or PropertyKey.TRANSACTION_PREPARED in message.properties)
-
-
-def _call_back(callback: SendCallback, future: concurrent.futures.Future) -> None:
-    error = future.exception()
-    try:
-        callback(None if error else future.result(), error)  # type: ignore[arg-type]
-    except Exception:
-        log.exception("send callback raised", event="send_callback_error")
 
 
 __all__ = ["AsyncProducer", "Producer", "check_message", "encode_message"]

@@ -4,7 +4,9 @@ Every scenario runs the same workload (below) against its cluster while the
 nemesis draws faults from its set:
 
 - producers: `prod` (4 threads of synchronous sends, 400/s, or 6 threads
-  as fast as they go under resets; idempotence as the mode says) on topic T; `fifo` (keyed sends: 4 keys, each key one queue,
+  as fast as they go under resets; idempotence as the mode says) on topic T;
+  under resets and kill also `burst` (send_async, bursts of 10 one-message
+  batches to one queue: several batches of a queue in flight) on T; `fifo` (keyed sends: 4 keys, each key one queue,
   sent one after another) on topic F; in some scenarios `txn`
   (transactional: commits 3 of 4) on topic X;
 - consumers: `push` (two concurrent PushConsumers) and `pull` (a lite
@@ -54,6 +56,7 @@ from .proxy import Direction
 from .run import Outcome, Run
 from .workloads import (
     Clients,
+    PipelinedProducerWorkload,
     PopGroup,
     ProducerWorkload,
     PullGroup,
@@ -70,7 +73,7 @@ CLIENT = {"request_timeout_s": 3.0}
 
 
 def _workload(run: Run, clients: Clients, *, transactions: bool = False, prod_threads: int = 4,
-              prod_rate: float = 400, pop_via: str = "") -> None:
+              prod_rate: float = 400, pop_via: str = "", pipelined: bool = False) -> None:
     idem = run.mode.get("idempotence", True)
     run.create_topics(clients, TOPICS)
     run.workloads += [
@@ -82,6 +85,8 @@ def _workload(run: Run, clients: Clients, *, transactions: bool = False, prod_th
     ]
     if transactions:
         run.workloads.append(TransactionalWorkload(clients, "txn", "X", rate=15))
+    if pipelined:  # several batches of one queue on their way at once (send_async bursts)
+        run.workloads.append(PipelinedProducerWorkload(clients, "burst", "T", idempotence=idem))
     if pop_via:
         run.workloads.append(PopGroup(clients, "pop", GROUPS["pop"], address=pop_via,
                                       home=str(run.workdir / "rmq-home")))
@@ -138,7 +143,7 @@ def resets(run: Run) -> Outcome:
     ]
     clients = run.clients(brokers=[node], **CLIENT)
     # As fast as 6 threads go: the acknowledged-but-lost producer needed resets under load to show.
-    _workload(run, clients, transactions=True, prod_threads=6, prod_rate=0, pop_via=node.address)
+    _workload(run, clients, transactions=True, prod_threads=6, prod_rate=0, pop_via=node.address, pipelined=True)
     return _execute(run, clients, durable=True, settle=_settle_transactions(clients))
 
 
@@ -161,7 +166,7 @@ def kill(run: Run) -> Outcome:
         Fault("reset", node.proxy.reset),
     ]
     clients = run.clients(brokers=[node], **CLIENT)
-    _workload(run, clients, transactions=True, pop_via=node.address)
+    _workload(run, clients, transactions=True, pop_via=node.address, pipelined=True)
     return _execute(run, clients, durable=run.mode["flush"] == "sync", settle=_settle_transactions(clients))
 
 

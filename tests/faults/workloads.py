@@ -47,7 +47,7 @@ from tidemark.client import (
 
 from .history import History, QueueKey
 
-__all__ = ["Clients", "OffsetObserver", "PopGroup", "ProducerWorkload", "PullGroup", "PushGroup", "TransactionalWorkload",
+__all__ = ["Clients", "OffsetObserver", "PipelinedProducerWorkload", "PopGroup", "ProducerWorkload", "PullGroup", "PushGroup", "TransactionalWorkload",
            "Workload", "read_back", "wait_drained"]
 
 
@@ -169,6 +169,55 @@ class ProducerWorkload(Workload):
             else:
                 self.history.send_ok(process, value, _queue(result.message_queue), result.queue_offset, key=key)
             pace.wait(self.stopping)
+
+
+class PipelinedProducerWorkload(Workload):
+    """send_async in bursts of `burst` messages to one queue at a time (the topic's queues in turn), every
+    message a batch of its own (batch_size 1), so that up to max_in_flight_per_queue batches of one queue are
+    on their way together; the burst's futures are then awaited and recorded in the order sent.
+
+    With idempotence each value carries its queue as key (sent one after another, for the checker's FIFO
+    rule): an idempotent producer stores a queue's batches in the order they were sent, retries included.
+    Without it, batches in flight together may be stored out of order (Kafka's rule too): no key."""
+
+    def __init__(self, clients: Clients, name: str, topic: str, *, burst: int = 10, rate: float = 400.0,
+                 idempotence: bool = True, **settings: Any) -> None:
+        super().__init__(clients, name)
+        self.topic = topic
+        self.burst = burst
+        self.rate = rate
+        self.idempotence = idempotence
+        self.producer_settings = {"enable_idempotence": idempotence, "batch_size": 1, **settings}
+
+    def work(self) -> None:
+        with Producer(**self.clients.options(**self.producer_settings)) as producer:
+            queues = producer.fetch_publish_message_queues(self.topic)
+            pace = _Pace(self.rate / self.burst)
+            n = turn = 0
+            while not self.stopping.is_set():
+                mq = queues[turn % len(queues)]
+                turn += 1
+                key = f"{self.worker}#{mq.queue_id}" if self.idempotence else ""
+                pending = []
+                for _ in range(self.burst):
+                    value = f"{self.clients.run_id}.{self.worker}.{n}"
+                    n += 1
+                    self.history.invoke_send(self.worker, value, self.topic, key=key)
+                    try:
+                        future = producer.send_async(Message(self.topic, value.encode(), keys=key or value), queue=mq)
+                    except Exception as e:
+                        self.history.send_failed(self.worker, value, self.topic, e, definite=_definite(e))
+                    else:
+                        pending.append((value, future))
+                for value, future in pending:
+                    try:
+                        result = future.result(120)
+                    except Exception as e:
+                        self.history.send_failed(self.worker, value, self.topic, e, definite=_definite(e))
+                    else:
+                        self.history.send_ok(self.worker, value, _queue(result.message_queue), result.queue_offset,
+                                             key=key)
+                pace.wait(self.stopping)
 
 
 # What an application may read as "nothing was stored": the broker refused the request itself. (The

@@ -1,0 +1,205 @@
+"""Spark connector write throughput: df.write.format("tidemark") with idempotence on and off vs. JSON lines and Parquet.
+
+    python -m bench.spark_write                      # starts a throwaway broker; 500,000 x 200 B, 4 partitions
+    python -m bench.spark_write --brokers h:p --rows 200000 --rounds 5
+    python -m bench.spark_baseline REV /tmp/base     # then, A/B against the connector's sink at REV:
+    PYTHONPATH=/tmp/base python -m bench.spark_write --baseline tidemark_base=tidemark_base_source:Source
+
+One local[2] SparkSession; the rows (a body of --size bytes and a key per row,
+--partitions partitions) are built once and cached, so every writer reads the
+same rows from memory. In each of --rounds rounds every writer runs once, in
+turn (interleaved: the ratios stay steady on a busy machine where the rows/s
+move with the load):
+  1. tidemark, idempotent=true (the default: exactly once) into a fresh topic;
+  2. tidemark, idempotent=false;
+  3. JSON lines and 4. Parquet into a fresh directory.
+Every writer runs once first as a warm-up. A tidemark write is checked by the
+topic's message count. Prints numbers; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.procs import Server, free_port
+from tidemark.client import Admin
+
+QUEUES = 4
+
+
+@dataclass
+class Writer:
+    label: str
+    run: Callable[[], float]
+    seconds: list[float] = field(default_factory=list)
+
+
+def rate(rows: int, seconds: list[float]) -> float:
+    return rows / statistics.median(seconds)
+
+
+def ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a's rows/s over b's (the same rows)."""
+    return statistics.median(tb / ta for ta, tb in zip(a, b, strict=True))
+
+
+def spark_session():
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master("local[2]").appName("tidemark-spark-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def rows_frame(spark, rows: int, size: int, partitions: int):
+    """`rows` rows of (body: `size` bytes, keys), in `partitions` partitions, cached."""
+    from pyspark.sql import functions as F
+
+    df = (spark.range(0, rows, 1, partitions)
+          .select(F.expr(f"cast(concat(lpad(cast(id as string), 12, '0'), repeat('x', {max(0, size - 12)})) "
+                         f"as binary)").alias("body"),
+                  F.concat(F.lit("k"), F.col("id").cast("string")).alias("keys"))
+          .cache())
+    df.count()
+    return df
+
+
+def tidemark_writer(label: str, df, fmt: str, brokers: str, rows: int, idempotent: bool) -> Writer:
+    topics = itertools.count()
+
+    def run() -> float:
+        topic = f"spark-write-{os.getpid()}-{'idem' if idempotent else 'plain'}-{fmt}-{next(topics)}"
+        with Admin(brokers=brokers) as admin:
+            admin.create_topic(topic, QUEUES)
+        start = time.perf_counter()
+        (df.write.format(fmt).option("brokers", brokers).option("topic", topic)
+         .option("idempotent", str(idempotent).lower()).mode("append").save())
+        elapsed = time.perf_counter() - start
+        with Admin(brokers=brokers) as admin:
+            got = sum(high - low for low, high in admin.offsets(admin.fetch_message_queues(topic)).values())
+            admin.delete_topic(topic)
+        if got != rows:
+            raise SystemExit(f"{label}: the topic holds {got} messages, expected {rows}")
+        return elapsed
+
+    return Writer(label, run)
+
+
+def file_writer(label: str, df, kind: str, scratch: Path) -> Writer:
+    runs = itertools.count()
+
+    def run() -> float:
+        path = scratch / f"{kind}-{next(runs)}"
+        start = time.perf_counter()
+        getattr(df.write.mode("overwrite"), kind)(str(path))
+        elapsed = time.perf_counter() - start
+        shutil.rmtree(path, ignore_errors=True)
+        return elapsed
+
+    return Writer(label, run)
+
+
+def writers(spark, df, brokers: str, rows: int, scratch: Path, formats: list[str]) -> dict[str, Writer]:
+    out = {}
+    for fmt in formats:
+        for idempotent in (True, False):
+            label = f"{fmt} idempotent={str(idempotent).lower()}"
+            out[label] = tidemark_writer(label, df, fmt, brokers, rows, idempotent)
+    out["json lines"] = file_writer("json lines", df, "json", scratch)
+    out["parquet"] = file_writer("parquet", df, "parquet", scratch)
+    return out
+
+
+def run_rounds(all_writers: dict[str, Writer], rounds: int, out=print) -> None:
+    for writer in all_writers.values():
+        writer.run()  # warm-up: Python workers, the JVM's code, the broker's first segment
+    for r in range(rounds):
+        for writer in all_writers.values():
+            writer.seconds.append(writer.run())
+        out(f"  round {r + 1}: " + ", ".join(f"{w.label} {w.seconds[-1]:.2f}s" for w in all_writers.values()))
+
+
+def summary(all_writers: dict[str, Writer], rows: int, formats: list[str]) -> list[str]:
+    lines = [f"{'writer':<34} {'rows/s':>12}   (median of {len(next(iter(all_writers.values())).seconds)})"]
+    for w in all_writers.values():
+        lines.append(f"{w.label:<34} {rate(rows, w.seconds):>12,.0f}")
+    json_s = all_writers["json lines"].seconds
+    parquet_s = all_writers["parquet"].seconds
+    lines.append("ratios (median of the rounds' ratios):")
+    for fmt in formats:
+        on, off = all_writers[f"{fmt} idempotent=true"].seconds, all_writers[f"{fmt} idempotent=false"].seconds
+        lines.append(f"  {fmt}: idempotent/json {ratio(on, json_s):.2f}, idempotent/parquet {ratio(on, parquet_s):.2f}, "
+                     f"idempotent/not idempotent {ratio(on, off):.2f}, not idempotent/json {ratio(off, json_s):.2f}")
+    if len(formats) == 2:
+        new, old = formats
+        for idem in ("true", "false"):
+            lines.append(f"  {new}/{old} idempotent={idem}: "
+                         f"{ratio(all_writers[f'{new} idempotent={idem}'].seconds, all_writers[f'{old} idempotent={idem}'].seconds):.2f}")
+    return lines
+
+
+def start_broker(scratch: Path) -> tuple[Server, str]:
+    port = free_port()
+    broker = Server("broker", [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(scratch / "data"),
+                               "--port", str(port)], scratch / "broker.log").start()
+    broker.wait_log(r"event=broker_ready")
+    return broker, f"127.0.0.1:{port}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--brokers", default=None, help="use these brokers (default: start one)")
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--size", type=int, default=200)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline", default=None, metavar="NAME=module:Class",
+                        help="also write through this data source class, registered as format NAME")
+    args = parser.parse_args(argv)
+
+    scratch = Path(tempfile.mkdtemp(prefix="tidemark-spark-write-"))
+    broker = None
+    try:
+        brokers = args.brokers
+        if brokers is None:
+            broker, brokers = start_broker(scratch)
+        from bench.spark_read import register_baseline
+        from tidemark import spark_connector
+
+        spark = spark_session()
+        spark_connector.register(spark)
+        formats = ["tidemark"]
+        if args.baseline:
+            formats.append(register_baseline(spark, args.baseline))
+        df = rows_frame(spark, args.rows, args.size, args.partitions)
+        all_writers = writers(spark, df, brokers, args.rows, scratch, formats)
+        print(f"Spark {spark.version}, local[2]; {args.rows:,} rows x {args.size} B in {args.partitions} partitions "
+              f"(cached), {QUEUES} queues; {args.rounds} rounds, writers in turn", flush=True)
+        run_rounds(all_writers, args.rounds, out=lambda line: print(line, flush=True))
+        print()
+        print("\n".join(summary(all_writers, args.rows, formats)))
+        spark.stop()
+        return 0
+    finally:
+        if broker is not None:
+            broker.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

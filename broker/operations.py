@@ -49,6 +49,7 @@ from tidemark.broker.offsets.commits import (
     ResetKind,
     ResetTarget,
 )
+from tidemark.broker.pop.inflight import QueueInflight
 from tidemark.broker.pop.service import MAX_BATCH, Received, ReceiveRequest
 from tidemark.broker.producers.service import BatchSequence
 from tidemark.broker.producers.table import ProducerState, QueueSequence
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_BATCH", "MAX_RECORDS_PER_READ", "Appended", "EndReason", "OpenQueue", "QueueEnded", "BatchResult", "BatchSequence", "Commit", "CommitTally", "Fence", "OffsetChange",
     "OffsetPolicy", "Operations", "Outcome", "OutgoingMessage", "PendingCheck", "PullOutcome", "PullRequest",
-    "PullStatus", "QueueProgress", "ReceiveRequest", "Received", "ResetKind", "ResetTarget", "Route",
+    "PullStatus", "QueueInflight", "QueueProgress", "ReceiveRequest", "Received", "ResetKind", "ResetTarget", "Route",
     "SendBackResult", "Sent", "StoredMessage", "TopicConfig", "TransactionWatch",
 ]
 
@@ -331,6 +332,11 @@ class Operations:
 
     def topics_of_group(self, group: str) -> list[str]:
         return self.broker.offsets.topics_of_group(group)
+
+    def pop_inflight(self, group: str) -> list[QueueInflight]:
+        """A pop group's deliveries under way on each queue it popped from (none for a group that never
+        popped): how many, since when, until when invisible, how many came more than once."""
+        return self.broker.pop.inflight(group)
 
     def queue_locks(self, group: str) -> list[LockInfo]:
         """The orderly-consumption locks a group's members hold now (expired ones left out)."""

@@ -181,14 +181,15 @@ class GroupAdmin(AdminBase):
 
     def describe_group(self, group: str) -> GroupDescription:
         """A group's live members (client id, host, subscriptions, owned queues, model) merged over the
-        brokers, and the queue locks they hold (RocketMQ's consumerConnection).
+        brokers, the queue locks they hold (RocketMQ's consumerConnection), and for a pop group (RocketMQ 5
+        clients) what each queue has in flight: received, not yet acked (`pop_queues`).
 
         NotFoundError when no broker knows the group."""
         group = self._names.group(group)
 
         async def go() -> GroupDescription:
             members: dict[str, Any] = {}
-            locks = []
+            locks, pop_queues = [], []
             found = False
             for c in (await self._brokers()).values():
                 try:
@@ -198,10 +199,12 @@ class GroupAdmin(AdminBase):
                 found = True
                 members.update({m.client_id: m.merged(members.get(m.client_id)) for m in d.members})
                 locks.extend(d.locks)
+                pop_queues.extend(d.pop_queues)
             if not found:
                 raise NotFoundError(f"group {group!r} is unknown on every broker")
             return GroupDescription(group, tuple(members[k] for k in sorted(members)),
-                                    tuple(sorted(locks, key=lambda lk: lk.queue)))
+                                    tuple(sorted(locks, key=lambda lk: lk.queue)),
+                                    tuple(sorted(pop_queues, key=lambda p: p.queue)))
         return self._run(go())
 
     def consumer_ids(self, group: str) -> list[str]:

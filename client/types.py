@@ -256,10 +256,28 @@ class QueueLockInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class PopQueueInflight:
+    """What a pop group (RocketMQ 5 clients) has received on one queue and not yet acked; epoch ms of the
+    broker's clock, 0 where there is nothing to tell."""
+
+    queue: MessageQueue
+    inflight: int
+    oldest_received_ms: int
+    earliest_invisible_until_ms: int
+    latest_invisible_until_ms: int
+    redelivered: int  # of the in-flight ones, on their second or later delivery
+    max_attempt: int
+    overdue: int  # past their invisible time when the broker answered
+    pending_redelivery: int  # FIFO: waiting to be delivered again in place
+    waiting: int = 0  # stored after the last message handed out: not yet received by the group
+
+
+@dataclass(frozen=True, slots=True)
 class GroupDescription:
     group: str
     members: tuple[GroupMember, ...]
     locks: tuple[QueueLockInfo, ...]
+    pop_queues: tuple[PopQueueInflight, ...] = ()  # empty unless the group consumes by pop
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,9 +77,10 @@ _MAX_INT = 2**63 - 1
 
 log = get_logger("tidemark.broker.pop")
 
-# Event class -> (code, field kinds after the key): i int >= 0, s str, b bool, e entries.
+# Event class -> (code, field kinds after the key): i int >= 0, s str, b bool, e entries. Kinds after a "/"
+# are fields added later: a record written before them ends early and they keep their defaults.
 _SCHEMA: dict[type, tuple[int, str]] = {
-    Reset: (1, "i"), Dropped: (2, ""), Popped: (3, "iiisbie"), Acked: (4, "ii"),
+    Reset: (1, "i"), Dropped: (2, ""), Popped: (3, "iiisbie/i"), Acked: (4, "ii"),
     Changed: (5, "iiii"), Renewed: (6, "iii"), Revived: (7, "ii"), Redelivered: (8, "ii"),
 }
 _BY_CODE = {code: (cls, kinds) for cls, (code, kinds) in _SCHEMA.items()}
@@ -116,7 +117,10 @@ def _event(values: object) -> PopEvent:
         raise ValueError("not an event array")
     cls, kinds = _BY_CODE[_int(values[0])]
     group, topic, queue_id, *rest = values[1:]
-    if len(rest) != len(kinds) or not isinstance(group, str) or not isinstance(topic, str):
+    required, _, later = kinds.partition("/")
+    kinds = (required + later)[:len(rest)]
+    if not len(required) <= len(rest) <= len(required) + len(later) or not isinstance(group, str) \
+            or not isinstance(topic, str):
         raise ValueError(f"wrong fields for {cls.__name__}")
     args: list = [QueueKey(group, topic, _int(queue_id))]
     for kind, value in zip(kinds, rest, strict=True):

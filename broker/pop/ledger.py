@@ -79,6 +79,7 @@ class InFlight:  # one delivery under way
     client_id: str
     auto_renew: bool
     renew_until_ms: int  # auto-renewal stops here (0 without auto_renew)
+    received_ms: int = 0  # when this delivery was handed out (0: unknown, a state from before it was kept)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,7 @@ class Popped:
     auto_renew: bool
     renew_until_ms: int
     entries: tuple[tuple[int, int, int], ...]
+    received_ms: int = 0  # the pop's time (0 in journals written before it was recorded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +324,7 @@ class PopLedger:
         entries = tuple((offset, first + i, attempt) for i, (offset, attempt) in enumerate(chosen))
         before = q.watermark()
         self._emit([Popped(key, q.cursor, next_cursor, deadline, client_id, auto_renew,
-                           now_ms + self.settings.max_renew_ms if auto_renew else 0, entries)])
+                           now_ms + self.settings.max_renew_ms if auto_renew else 0, entries, now_ms)])
         handles = tuple(HandleFields(*key, offset, pop_id, attempt) for offset, pop_id, attempt in entries)
         return PopResult(handles, next_cursor, deadline, self._moved(q, before))
 
@@ -452,7 +454,7 @@ class PopLedger:
                 if q.pending.pop(offset, None) is None:
                     heapq.heappush(q.undone, offset)
                 q.inflight[offset] = InFlight(pop_id, e.deadline_ms, attempt, e.client_id, e.auto_renew,
-                                              e.renew_until_ms)
+                                              e.renew_until_ms, e.received_ms)
                 self._push_deadline(e.key, offset, q.inflight[offset])
                 self._last_pop_id = max(self._last_pop_id, pop_id)
             self._inflight_total += len(e.entries)
@@ -488,7 +490,7 @@ class PopLedger:
             queues.append({
                 "group": key.group, "topic": key.topic, "queueId": key.queue_id, "cursor": q.cursor,
                 "inflight": [[o, e.pop_id, e.attempt, e.deadline_ms, e.client_id, int(e.auto_renew),
-                              e.renew_until_ms] for o, e in sorted(q.inflight.items())],
+                              e.renew_until_ms, e.received_ms] for o, e in sorted(q.inflight.items())],
                 "pending": [[o, p.attempt, p.pop_id] for o, p in sorted(q.pending.items())],
             })
         return {"lastPopId": self._last_pop_id, "queues": queues}
@@ -506,11 +508,13 @@ class PopLedger:
                 if not isinstance(key.group, str) or not isinstance(key.topic, str) or key in ledger._queues:
                     raise PopStateError(f"bad or repeated queue {key}")
                 q = ledger._queues[key] = _Queue(cursor)
-                for o, pop_id, attempt, deadline, client, auto, until in raw["inflight"]:
-                    _ints(o, pop_id, attempt, deadline, until)
-                    if not isinstance(client, str) or auto not in (0, 1) or o >= cursor or o in q.inflight:
+                for row in raw["inflight"]:  # 7 values in states written before the receive time was kept
+                    o, pop_id, attempt, deadline, client, auto, until, *received = row
+                    _ints(o, pop_id, attempt, deadline, until, *received)
+                    if (not isinstance(client, str) or auto not in (0, 1) or o >= cursor or o in q.inflight
+                            or len(received) > 1):
                         raise PopStateError(f"bad in-flight entry at offset {o} of {key}")
-                    q.inflight[o] = InFlight(pop_id, deadline, attempt, client, bool(auto), until)
+                    q.inflight[o] = InFlight(pop_id, deadline, attempt, client, bool(auto), until, *received)
                     ledger._push_deadline(key, o, q.inflight[o])
                     ledger._last_pop_id = max(ledger._last_pop_id, pop_id)
                 for o, attempt, pop_id in raw["pending"]:

@@ -53,6 +53,7 @@ from tidemark.broker.pop.handles import (
     StaleReceiptHandleError,
     load_or_create_secret,
 )
+from tidemark.broker.pop.inflight import QueueInflight, summarize
 from tidemark.broker.pop.journal import STATE_FILE_NAME as STATE_FILE
 from tidemark.broker.pop.journal import PopStore
 from tidemark.broker.pop.ledger import PopLedger
@@ -441,13 +442,10 @@ class PopService:
 
     # ---- admin ---------------------------------------------------------------------------------------
 
-    def inflight(self, group: str, topic: str) -> dict[int, int]:
-        """Messages in flight per queue of a group on a topic (its pop retry topic included)."""
-        out: dict[int, int] = {}
-        for key in self.ledger.keys():
-            if key.group == group and key.topic in (topic, pop_retry_topic(group, topic)):
-                out[key.queue_id] = out.get(key.queue_id, 0) + self.ledger.inflight_count(key)
-        return out
+    def inflight(self, group: str) -> list[QueueInflight]:
+        """What the group has in flight on each queue it popped from (its pop retry topics' too), now."""
+        return summarize(self.ledger, [k for k in self.ledger.keys() if k.group == group], self._clock_ms(),
+                         self._store.readable_max_offset)
 
     def has_group(self, group: str) -> bool:
         """Whether the group has pop state (it was consumed by pop)."""

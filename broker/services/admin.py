@@ -130,7 +130,8 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     async def DescribeGroup(self, request, context: grpc.aio.ServicerContext):
         b = self._b
         check_group(request.group)
-        if request.group not in b.known_groups():
+        pop_queues = b.operations.pop_inflight(request.group)
+        if request.group not in b.known_groups() and not pop_queues:
             raise NotFoundError(f"group {request.group!r} is unknown on this broker")
         members = [admin_pb2.GroupMember(
             client_id=m.client_id, host=m.host,
@@ -145,7 +146,14 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
                                          client_id=lk.client_id, owner_epoch=lk.owner_epoch,
                                          expire_timestamp=lk.expire_timestamp)
                  for lk in b.operations.queue_locks(request.group)]
-        return admin_pb2.DescribeGroupResponse(group=request.group, members=members, locks=locks)
+        return admin_pb2.DescribeGroupResponse(group=request.group, members=members, locks=locks, pop_queues=[
+            admin_pb2.PopQueueInflight(
+                queue=queue(p.topic, b.config.broker_name, p.queue_id), inflight=p.inflight,
+                oldest_received_ms=p.oldest_received_ms, earliest_invisible_until_ms=p.earliest_invisible_until_ms,
+                latest_invisible_until_ms=p.latest_invisible_until_ms, redelivered=p.redelivered,
+                max_attempt=p.max_attempt, overdue=p.overdue, pending_redelivery=p.pending_redelivery,
+                waiting=p.waiting)
+            for p in pop_queues])
 
     @rpc
     async def DeleteGroup(self, request, context: grpc.aio.ServicerContext):

@@ -19,7 +19,15 @@ from tidemark.client.cli.connect import client_kwargs
 from tidemark.client.cli.message_cmds import parse_time_ms
 from tidemark.client.cli.output import DRY_RUN, emit, iso_ms
 from tidemark.client.errors import InvalidArgumentError, NotFoundError
-from tidemark.client.types import GroupState, OffsetChange, QueueStats, ResetTarget, group_state
+from tidemark.client.message import MessageQueue
+from tidemark.client.types import (
+    GroupState,
+    OffsetChange,
+    PopQueueInflight,
+    QueueStats,
+    ResetTarget,
+    group_state,
+)
 from tidemark.common.namespaces import in_namespace
 
 
@@ -147,19 +155,63 @@ def list_groups(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_rows(a: Admin, stats: list[QueueStats]) -> list[dict]:
-    """Per queue: offsets, lag in messages and in seconds (None: a lagging queue whose age is unknown)."""
+# The columns a pop group's queues add; shown only for a group that pops.
+POP_COLUMNS = list(group_status.POP_COLUMNS)
+
+
+def _progress_rows(a: Admin, stats: list[QueueStats], pop: dict[MessageQueue, PopQueueInflight] | None = None,
+                   group: str = "", topic: str = "") -> list[dict]:
+    """Per queue: offsets, lag in messages and in seconds (None: a lagging queue whose age is unknown); for a
+    pop group also what it has in flight, with rows for queues it popped from without committing yet."""
     lag_s = group_status.lag_seconds(a, stats)
-    return [{"topic": s.queue.topic, "broker": s.queue.broker_name, "queue": s.queue.queue_id,
+    rows = [{"topic": s.queue.topic, "broker": s.queue.broker_name, "queue": s.queue.queue_id,
              "broker_offset": s.max_offset, "consumer_offset": s.consumer_offset, "lag": s.lag,
              "lag_s": lag_s.get(s.queue), "last_consumed": iso_ms(s.last_timestamp)} for s in stats]
+    if not pop:
+        return rows
+    now = group_status.now_ms()
+    for s, row in zip(stats, rows, strict=True):
+        row.update(group_status.pop_columns(pop.get(s.queue), now))
+    known = {s.queue for s in stats}
+    for q, p in sorted(pop.items()):
+        if q not in known and (not topic or q.topic in (topic, group_status.pop_retry_topic(group, topic))):
+            # Popped, nothing acked yet: no committed offset, so no lag to tell.
+            rows.append({"topic": q.topic, "broker": q.broker_name, "queue": q.queue_id, "broker_offset": None,
+                         "consumer_offset": None, "lag": None, "lag_s": None, "last_consumed": "-",
+                         **group_status.pop_columns(p, now)})
+    return sorted(rows, key=lambda r: (r["topic"], r["broker"], r["queue"]))
+
+
+def _pop_queues(a: Admin, group: str) -> dict[MessageQueue, PopQueueInflight]:
+    try:
+        return {p.queue: p for p in a.describe_group(group).pop_queues}
+    except NotFoundError:
+        return {}
+
+
+def _pop_footer(rows: list[dict]) -> str:
+    """The lag footer, and for a pop group its in-flight totals and condition (its worst queue's)."""
+    text = f"total lag {sum(r['lag'] or 0 for r in rows)}"
+    condition = group_status.worst_pop_condition(r.get("pop") for r in rows)
+    if condition is None:
+        return text
+    total = {c: sum(r[c] or 0 for r in rows) for c in ("inflight", "redelivered", "overdue")}
+    return (f"{text}; in flight {total['inflight']} ({total['redelivered']} redelivered, {total['overdue']} past "
+            f"their invisible time): {condition.value}")
 
 
 def progress(args: argparse.Namespace) -> int:
     with _admin(args) as a:
-        rows = _progress_rows(a, a.consume_stats(args.group, args.topic))
-    emit(rows, ["topic", "broker", "queue", "broker_offset", "consumer_offset", "lag", "lag_s", "last_consumed"],
-         as_json=args.json, footer=f"total lag {sum(r['lag'] for r in rows)}")
+        pop = _pop_queues(a, args.group)
+        try:
+            stats = a.consume_stats(args.group, args.topic)
+        except NotFoundError:
+            if not pop:
+                raise
+            stats = []  # a pop group that has acked nothing yet
+        rows = _progress_rows(a, stats, pop, args.group, args.topic)
+    columns = ["topic", "broker", "queue", "broker_offset", "consumer_offset", "lag", "lag_s", "last_consumed"]
+    emit(rows, columns + (POP_COLUMNS if pop else []), as_json=args.json, footer=_pop_footer(rows))
     return 0
 
 
@@ -170,17 +222,21 @@ def describe(args: argparse.Namespace) -> int:
             stats = a.consume_stats(args.group)
         except NotFoundError:
             stats = []
-        rows = _progress_rows(a, stats)
+        pop = {p.queue: p for p in d.pop_queues}
+        rows = _progress_rows(a, stats, pop)
     state = group_state(d.members, [s.queue for s in stats]).value
     owner = {q: m.client_id for m in d.members for q in m.owned_queues}
     members = [{"client_id": m.client_id, "host": m.host, "model": m.message_model, "type": m.consume_type,
                 "strategy": m.allocate_strategy or "-", "subscriptions": [f"{t}:{e}" for t, e in m.subscriptions],
                 "owned_queues": len(m.owned_queues), "last_heartbeat": iso_ms(m.last_heartbeat_timestamp)}
                for m in d.members]
-    queues = [{**row, "owner": owner.get(s.queue, "-")} for s, row in zip(stats, rows, strict=True)]
+    queues = [{**row, "owner": owner.get(MessageQueue(row["topic"], row["broker"], row["queue"]), "-")}
+              for row in rows]
+    condition = group_status.worst_pop_condition(q.get("pop") for q in queues)
     if args.json:
         lag_s = max((q["lag_s"] for q in queues if q["lag_s"] is not None), default=0.0)
-        emit([{"group": d.group, "state": state, "lag_s": lag_s, "members": members, "queues": queues,
+        pop_state = {} if condition is None else {"pop": condition.value}
+        emit([{"group": d.group, "state": state, "lag_s": lag_s, **pop_state, "members": members, "queues": queues,
                "locks": [{"queue": str(lk.queue), "client_id": lk.client_id, "owner_epoch": lk.owner_epoch}
                          for lk in d.locks]}], [], as_json=True)
         return 0
@@ -188,8 +244,8 @@ def describe(args: argparse.Namespace) -> int:
     emit(members, ["client_id", "host", "model", "type", "strategy", "subscriptions", "owned_queues",
                    "last_heartbeat"], as_json=False)
     print()
-    emit(queues, ["topic", "broker", "queue", "owner", "broker_offset", "consumer_offset", "lag", "lag_s"],
-         as_json=False, footer=f"total lag {sum(q['lag'] for q in queues)}")
+    emit(queues, ["topic", "broker", "queue", "owner", "broker_offset", "consumer_offset", "lag", "lag_s"]
+         + (POP_COLUMNS if pop else []), as_json=False, footer=_pop_footer(queues))
     return 0
 
 

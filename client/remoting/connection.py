@@ -45,6 +45,7 @@ from tidemark.client.types import (
     HalfMessage,
     OffsetChange,
     OffsetCommit,
+    PopQueueInflight,
     ProducerInfo,
     ProducerQueueState,
     QueueLockGrant,
@@ -416,7 +417,11 @@ class BrokerConnection:
         return GroupDescription(
             pb.group, tuple(convert.group_member(m) for m in pb.members),
             tuple(QueueLockInfo(convert.queue_from_pb(lk.queue), lk.client_id, lk.owner_epoch, lk.expire_timestamp)
-                  for lk in pb.locks))
+                  for lk in pb.locks),
+            tuple(PopQueueInflight(convert.queue_from_pb(p.queue), p.inflight, p.oldest_received_ms,
+                                   p.earliest_invisible_until_ms, p.latest_invisible_until_ms, p.redelivered,
+                                   p.max_attempt, p.overdue, p.pending_redelivery, p.waiting)
+                  for p in pb.pop_queues))
 
     async def delete_group(self, group: str) -> None:
         await self._call(self._admin.DeleteGroup, admin_pb2.DeleteGroupRequest(group=group))

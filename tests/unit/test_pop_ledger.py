@@ -324,7 +324,8 @@ def test_a_snapshot_round_trips_and_keeps_pop_ids_growing():
     lambda d: d["queues"][0]["inflight"][0].__setitem__(5, 2),  # auto_renew not 0/1
     lambda d: d["queues"][0]["pending"].append([0, 1, 1]),  # both in flight and pending
     lambda d: d["queues"].append(dict(d["queues"][0])),  # the same queue twice
-    lambda d: d["queues"][0]["inflight"][0].pop(),
+    lambda d: d["queues"][0]["inflight"][0].__delitem__(slice(-2, None)),  # too short (7 values: an older state)
+    lambda d: d["queues"][0]["inflight"][0].append(1),  # too long
 ])
 def test_a_damaged_snapshot_is_refused(damage):
     ledger = ledger_with()

@@ -36,7 +36,7 @@ from tidemark.broker.delivery.fetch import (
 from tidemark.broker.delivery.pull import PullOutcome, PullRequest, PullStatus, check_queue
 from tidemark.broker.delivery.queries import QueueStats
 from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
-from tidemark.broker.ingest.send import OutgoingMessage, Sent
+from tidemark.broker.ingest.send import GroupsSent, OutgoingMessage, Sent
 from tidemark.broker.ingest.send_back import FIRST_RETRY_DELAY_LEVEL, SendBackResult
 from tidemark.broker.membership.locks import LockInfo
 from tidemark.broker.offsets import Fence
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
     from tidemark.broker.controller import BrokerController
 
 __all__ = [
-    "MAX_BATCH", "MAX_RECORDS_PER_READ", "Appended", "EndReason", "OpenQueue", "QueueEnded", "BatchResult", "BatchSequence", "Commit", "CommitTally", "Fence", "OffsetChange",
+    "MAX_BATCH", "MAX_RECORDS_PER_READ", "Appended", "EndReason", "OpenQueue", "QueueEnded", "BatchResult", "BatchSequence", "Commit", "CommitTally", "Fence", "GroupsSent", "OffsetChange",
     "OffsetPolicy", "Operations", "Outcome", "OutgoingMessage", "PendingCheck", "PullOutcome", "PullRequest",
     "PullStatus", "QueueInflight", "QueueProgress", "ReceiveRequest", "Received", "ResetKind", "ResetTarget", "Route",
     "SendBackResult", "Sent", "StoredMessage", "TopicConfig", "TransactionWatch",
@@ -162,6 +162,19 @@ class Operations:
         metrics.messages_in.labels(topic).inc(len(sent))
         metrics.bytes_in.labels(topic).inc(sum(s.put.store_size for s in sent))
         return sent
+
+    async def send_groups(self, topic: str, groups: Sequence[tuple[str, Sequence[OutgoingMessage]]]) -> GroupsSent:
+        """Store several message groups' messages, each in its group's queue, all or nothing as far as any
+        check can tell (SendService.send_groups says what a failing store write leaves), and count them."""
+        b = self.broker
+        started = time.perf_counter()
+        result = await b.sender.send_groups(topic, groups)
+        metrics = b.metrics
+        metrics.send_latency.observe(time.perf_counter() - started)
+        stored = [s for group in result.sent for s in group]
+        metrics.messages_in.labels(topic).inc(len(stored))
+        metrics.bytes_in.labels(topic).inc(sum(s.put.store_size for s in stored))
+        return result
 
     def append(self, topic: str, queue_id: int, records: bytes, count: int,
                sequence: BatchSequence | None) -> Appended:

@@ -16,6 +16,7 @@ from typing import Protocol
 from tidemark.broker.cluster.permission import BrokerPermission
 from tidemark.broker.config import BrokerConfig, FlushDiskType
 from tidemark.broker.errors import (
+    BrokerError,
     DeliveryTimeError,
     InvalidArgumentError,
     PermissionDeniedError,
@@ -82,6 +83,26 @@ class Sent:
     put: PutResult
 
 
+@dataclass(frozen=True, slots=True)
+class GroupsSent:
+    """send_groups' outcome: what each stored group got, in the order given (all of them, unless a failing
+    store write stopped the appends part way: then `error` says why the groups after them are not stored)."""
+
+    sent: list[list[Sent]]
+    error: BrokerError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Put:
+    """One queue's checked records, routed (the DLQ, a delay's schedule topic), ready to append."""
+
+    queue_id: int
+    records: list[MessageRecord]
+    ids: list[str]
+    dlq: str | None
+    half: bool = False
+
+
 class SendService:
     def __init__(self, *, config: BrokerConfig, store: MessageStore, topics: TopicConfigManager,
                  permission: BrokerPermission, schedule: ScheduleMessageService,
@@ -134,23 +155,8 @@ class SendService:
         if not messages:
             raise InvalidArgumentError("a send needs at least one message (empty batch)")
         topic, new = self._resolve_topic(topic_name)  # created once the whole request passed its checks
-        self._permission.check_writable()
-        if not topic.writable:
-            raise PermissionDeniedError(f"topic {topic.name!r} is not writable")
-        if queue_id is None:
-            queue_id = zlib.crc32(queue_key.encode()) % topic.write_queue_nums if queue_key else self._pick_queue(topic)
-        elif not 0 <= queue_id < topic.write_queue_nums:
-            raise InvalidArgumentError(
-                f"queue id {queue_id} is out of range for topic {topic.name!r} "
-                f"(write queues 0..{topic.write_queue_nums - 1})")
-        if len(messages) > 1 and any(m.delay_level or m.deliver_at_ms for m in messages):
-            raise InvalidArgumentError("delayed messages (delay level or delivery time) cannot be sent in a batch")
         now = self._clock_ms()
-        records, ids = [], []
-        for index, message in enumerate(messages):
-            record, msg_id = self._record(topic.name, queue_id, message, now, index if len(messages) > 1 else None)
-            records.append(record)
-            ids.append(msg_id)
+        queue_id, records, ids = self._checked(topic, queue_id, messages, queue_key, now)
         delay_level, deliver_at = messages[0].delay_level, messages[0].deliver_at_ms
         if not self._transactions.is_half(records[0].properties):
             return await self._store_records(topic, new, queue_id, records, ids, delay_level, deliver_at, now)
@@ -162,42 +168,108 @@ class SendService:
             return await self._store_records(topic, new, queue_id, records, ids, 0, 0, now, half=True)
         # A retry of a half send whose answer was lost: answered with the half it holds, once that is as
         # durable as its own answer would have been (its first send may still wait for an fsync).
-        end = again.commit_log_offset + again.store_size
-        await self._store.wait_durable(end)
-        if self.sync_replication is not None:
-            await self.sync_replication.wait_replicated(end)
+        await self._durable(again.commit_log_offset + again.store_size)
         real_queue = int(again.properties.get(PropertyKey.REAL_QID, queue_id))  # where the first went
         return [Sent(ids[0], real_queue, PutResult(again.queue_offset, again.commit_log_offset,
                                                    again.store_timestamp, again.store_size))]
+
+    async def send_groups(self, topic_name: str, groups: Sequence[tuple[str, Sequence[OutgoingMessage]]]) -> GroupsSent:
+        """Store several message groups' messages, each group in its own queue (send's `queue_key`), all or
+        nothing as far as any check can tell: every group passes every check (topic, permissions, each
+        message, the batch rules, in-sync replicas) before the first is stored, and then all are appended
+        in one step of the event loop, nothing in between. Only a write the store itself fails can stop
+        the appends part way: the groups stored by then are answered, with the error that stopped the
+        rest (none stored: the error is raised). Waits until the stored ones are durable."""
+        if not groups or any(not messages for _, messages in groups):
+            raise InvalidArgumentError("a send needs at least one message in each message group")
+        topic, new = self._resolve_topic(topic_name)
+        now = self._clock_ms()
+        puts = []
+        for key, messages in groups:
+            queue_id, records, ids = self._checked(topic, None, messages, key, now)
+            if any(self._transactions.is_half(r.properties) for r in records):
+                raise InvalidArgumentError("a transactional message goes alone, not with other message groups")
+            puts.append(self._routed(topic.name, queue_id, records, ids, messages[0].delay_level,
+                                     messages[0].deliver_at_ms, now))
+        self._check_in_sync()
+        sent: list[list[Sent]] = []
+        error = None
+        for put in puts:  # no await in this loop: nothing else runs between the appends
+            try:
+                results = self._append_now(topic, new and not sent, put)
+            except BrokerError as e:
+                if not sent:
+                    raise
+                error = e
+                break
+            sent.append([Sent(msg_id, put.queue_id, r) for msg_id, r in zip(put.ids, results, strict=True)])
+        await self._durable(max(s.put.commit_log_offset + s.put.store_size for group in sent for s in group))
+        return GroupsSent(sent, error)
+
+    def _checked(self, topic: TopicConfig, queue_id: int | None, messages: Sequence[OutgoingMessage],
+                 queue_key: str, now: int) -> tuple[int, list[MessageRecord], list[str]]:
+        """The queue and the records of one send, every check passed; nothing stored or created."""
+        self._permission.check_writable()
+        if not topic.writable:
+            raise PermissionDeniedError(f"topic {topic.name!r} is not writable")
+        if queue_id is None:
+            queue_id = zlib.crc32(queue_key.encode()) % topic.write_queue_nums if queue_key else self._pick_queue(topic)
+        elif not 0 <= queue_id < topic.write_queue_nums:
+            raise InvalidArgumentError(
+                f"queue id {queue_id} is out of range for topic {topic.name!r} "
+                f"(write queues 0..{topic.write_queue_nums - 1})")
+        if len(messages) > 1 and any(m.delay_level or m.deliver_at_ms for m in messages):
+            raise InvalidArgumentError("delayed messages (delay level or delivery time) cannot be sent in a batch")
+        records, ids = [], []
+        for index, message in enumerate(messages):
+            record, msg_id = self._record(topic.name, queue_id, message, now, index if len(messages) > 1 else None)
+            records.append(record)
+            ids.append(msg_id)
+        return queue_id, records, ids
 
     async def _store_records(self, topic: TopicConfig, new: bool, queue_id: int, records: list[MessageRecord],
                              ids: list[str], delay_level: int, deliver_at: int, now: int, *,
                              half: bool = False) -> list[Sent]:
         """The checked records of one send, stored (retry and DLQ routing, delays, a half's registration)."""
+        put = self._routed(topic.name, queue_id, records, ids, delay_level, deliver_at, now, half=half)
+        self._check_in_sync()
+        results = self._append_now(topic, new, put)
+        await self._durable(results[-1].commit_log_offset + results[-1].store_size)
+        return [Sent(msg_id, queue_id, r) for msg_id, r in zip(ids, results, strict=True)]
+
+    def _routed(self, topic_name: str, queue_id: int, records: list[MessageRecord], ids: list[str],
+                delay_level: int, deliver_at: int, now: int, *, half: bool = False) -> _Put:
+        """Where checked records go: a retry topic's to the DLQ past their reconsume limit, a delayed one to
+        the schedule topic."""
         dlq = None
-        if is_retry_topic(topic.name):
-            records, dlq = self._retry_or_dlq(topic.name, records)
+        if is_retry_topic(topic_name):
+            records, dlq = self._retry_or_dlq(topic_name, records)
             if dlq is not None:
                 delay_level = deliver_at = 0
         if delay_level > 0:
             records = [self._schedule.to_schedule_record(records[0], delay_level, now)]
         elif deliver_at > 0:
             records = [self._schedule.schedule_at(records[0], deliver_at, now)]
-        self._check_in_sync()
+        return _Put(queue_id, records, ids, dlq, half)
+
+    def _append_now(self, topic: TopicConfig, new: bool, put: _Put) -> list[PutResult]:
+        """Append routed records (no wait for durability), creating the topics they need first."""
         if new:  # every check passed: only now the topics the send goes to come into being
             self._create(topic)
-        if dlq is not None:
-            self._topics.ensure_system_topic(dlq, 1)
-        results = self._store.put_messages_now(records)
-        if half:
+        if put.dlq is not None:
+            self._topics.ensure_system_topic(put.dlq, 1)
+        results = self._store.put_messages_now(put.records)
+        if put.half:
             # Open from the moment it is in the log, before any wait: a retry that comes while this send
             # waits for its fsync (or after its caller went away, a reset) finds it and is not stored again,
             # which a check would later commit as a second copy (fault run: kill, seed 8017).
-            self._transactions.added(results[0].queue_offset, records[0], results[0].store_timestamp)
-        await self._store.wait_durable(results[-1].commit_log_offset + results[-1].store_size)
+            self._transactions.added(results[0].queue_offset, put.records[0], results[0].store_timestamp)
+        return results
+
+    async def _durable(self, end: int) -> None:
+        await self._store.wait_durable(end)
         if self.sync_replication is not None:
-            await self.sync_replication.wait_replicated(results[-1].commit_log_offset + results[-1].store_size)
-        return [Sent(msg_id, queue_id, put) for msg_id, put in zip(ids, results, strict=True)]
+            await self.sync_replication.wait_replicated(end)
 
     def append_records(self, topic_name: str, queue_id: int, data: bytes, count: int,
                        sequence: BatchSequence | None = None) -> RecordsPut:

@@ -51,7 +51,6 @@ from tidemark.broker.services.rmq5.telemetry import (
 )
 from tidemark.broker.services.streams import write
 from tidemark.common.logs import get_logger
-from tidemark.common.protocol import PropertyKey
 from tidemark.common.scheduler import cancel_and_wait
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
@@ -220,17 +219,19 @@ class Rmq5Servicer:
             raise ProtocolError(Code.MESSAGE_CORRUPTED, "the messages of one send must share a topic")
         limit = self._b.config.max_message_size
         batches: dict[str, list] = {}
-        for m in request.messages:
+        for m in request.messages:  # every entry checked before anything is stored
             message, group = convert.outgoing(m, limit)
             batches.setdefault(group, []).append(message)
-        results = {}
-        for group, messages in batches.items():
-            # One message group, one queue: its messages keep their order (FIFO).
-            sent_all = await self._ops.send(topic, None, messages, queue_key=group)
-            for message, sent in zip(messages, sent_all, strict=True):
-                results[message.properties[PropertyKey.UNIQ_KEY]] = sent
-        return pb.SendMessageResponse(status=ok(), entries=[_sent_entry(m, results[m.system_properties.message_id])
-                                                            for m in request.messages])
+        # One message group, one queue: its messages keep their order (FIFO). Several groups are stored all
+        # or nothing (Operations.send_groups), short of a store write failing part way.
+        if len(batches) == 1:
+            [(group, messages)] = batches.items()
+            sent, error = [await self._ops.send(topic, None, messages, queue_key=group)], None
+        else:
+            result = await self._ops.send_groups(topic, list(batches.items()))
+            sent, error = result.sent, result.error
+        results = {s.msg_id: s for group in sent for s in group}
+        return send_answer(request.messages, results, error)
 
     @answers(pb.EndTransactionResponse)
     async def EndTransaction(self, request, context: grpc.aio.ServicerContext):
@@ -467,6 +468,21 @@ class _TransactionChecks:
 
 
 _POLICIES = {pb.BEGINNING: OffsetPolicy.EARLIEST, pb.END: OffsetPolicy.LATEST}
+
+
+def send_answer(messages, results: dict, error: BrokerError | None) -> pb.SendMessageResponse:
+    """SendMessage's answer, as the RocketMQ proxy gives it: an entry per message, in order, OK with its
+    offset where it was stored (`results` by message id), else the status of `error`, which stopped it;
+    the response's status is the entries' one code, or MULTIPLE_RESULTS when they differ."""
+    entries = [_sent_entry(m, results[m.system_properties.message_id])
+               if m.system_properties.message_id in results
+               else pb.SendResultEntry(status=status_of(error), message_id=m.system_properties.message_id)
+               for m in messages]
+    codes = {e.status.code for e in entries}
+    status = ok() if codes == {Code.OK} else entries[-1].status if len(codes) == 1 else pb.Status(
+        code=Code.MULTIPLE_RESULTS, message=f"{sum(e.status.code == Code.OK for e in entries)} of {len(entries)} "
+                                            f"messages stored; the others not: {error}")
+    return pb.SendMessageResponse(status=status, entries=entries)
 
 
 def _sent_entry(m: pb.Message, sent) -> pb.SendResultEntry:

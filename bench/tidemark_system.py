@@ -113,7 +113,7 @@ class TidemarkServer:
                 "consumer": "PushConsumer defaults: one Fetch stream, pull batch 32 per queue per turn, "
                             "20 listener threads, listener batch 1, offsets piggybacked on credit + persisted "
                             "every 5 s",
-                "commits": "client-streaming CommitOffsets, 64 commits per stream message, unfenced",
+                "commits": "client-streaming CommitOffsets, 64 commits per CommitStream.write (gathered into messages of up to 1,024 while one is on its way), unfenced",
                 "group changes": "zero-duplicate handover (queue locks), AVG allocation, watch push"}
 
     # -- harness-side setup (runs in the harness process) --------------------------------------

@@ -89,16 +89,21 @@ class CommitStream:
             self._taken.set()
 
     async def close(self) -> CommitOffsetsResult:
-        while self._sender is not None and self._error is None:
-            sender = self._sender
-            await asyncio.wait([sender])  # (its failure is kept in _error)
-        if self._error is not None:
-            raise self._error
+        """Send what is queued, end the stream and return the broker's summary. A close that is cancelled
+        (or fails) cancels the stream and its sender: nothing of it runs on."""
         try:
+            while self._sender is not None and self._error is None:
+                await asyncio.wait([self._sender])  # (its failure is kept in _error)
+            if self._error is not None:
+                raise self._error
             await self._call.done_writing()
             pb = await self._call
         except grpc.RpcError as e:
+            self.cancel()
             raise self._conn.error(e) from None
+        except BaseException:
+            self.cancel()
+            raise
         name = self._conn.broker_name or ""
         return CommitOffsetsResult(pb.applied, pb.rejected, [convert.rejected(r, name) for r in pb.rejections])
 

@@ -35,7 +35,17 @@ def take_snapshot(b: BrokerController) -> StateSnapshot:
         pass
     for group in b.consumers.groups():
         state.clients[group] = len(b.consumers.consumer_ids(group))
+    _pop_inflight(b, state)
     return state
+
+
+def _pop_inflight(b: BrokerController, state: StateSnapshot) -> None:
+    now = b.clock_ms()
+    for group in b.pop.groups():
+        for row in b.pop.inflight(group):
+            age = max(0.0, (now - row.oldest_received_ms) / 1000) if row.oldest_received_ms else 0.0
+            state.pop_inflight.append((group, row.topic, row.queue_id, row.inflight, age, row.redelivered,
+                                       row.overdue))
 
 
 def _group_progress(b: BrokerController, state: StateSnapshot) -> None:

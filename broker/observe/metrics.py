@@ -116,6 +116,9 @@ class StateSnapshot:
     replicas_behind: dict[str, int] = field(default_factory=dict)
     # Per group, dead letters in %DLQ%GROUP not yet requeued.
     dlq_depth: dict[str, int] = field(default_factory=dict)
+    # Pop groups, per queue popped from: (group, topic, queue id, in flight, seconds since the oldest of them
+    # was handed out, how many of them are on a second or later delivery, how many are past their invisible time)
+    pop_inflight: list[tuple[str, str, int, int, float, int, int]] = field(default_factory=list)
 
 
 class BrokerStateCollector(Collector):
@@ -188,11 +191,32 @@ class BrokerStateCollector(Collector):
         for group, n in sorted(state.dlq_depth.items()):
             dlq.add_metric([group], n)
         yield dlq
+        yield from _pop_families(state.pop_inflight)
         runs = CounterMetricFamily(f"{PREFIX}_scheduler_job_runs", "Completed runs of each periodic broker task",
                                    labels=["job"])
         for job, n in sorted(state.job_runs.items()):
             runs.add_metric([job], n)
         yield runs
+
+
+def _pop_families(rows: list[tuple[str, str, int, int, float, int, int]]) -> Iterator[GaugeMetricFamily]:
+    """What pop groups (RocketMQ 5 consumers) hold in flight: a stuck consumer shows redelivered and overdue
+    messages again and again, a slow one an old but first delivery."""
+    labels = ["group", "topic", "queue"]
+    families = (
+        GaugeMetricFamily(f"{PREFIX}_pop_inflight_messages", "Messages a pop group received and has not acked",
+                          labels=labels),
+        GaugeMetricFamily(f"{PREFIX}_pop_inflight_oldest_age_seconds",
+                          "How long ago the oldest in-flight message of a pop group was handed out", labels=labels),
+        GaugeMetricFamily(f"{PREFIX}_pop_redelivered_messages",
+                          "In-flight messages of a pop group on their second or later delivery", labels=labels),
+        GaugeMetricFamily(f"{PREFIX}_pop_overdue_messages",
+                          "In-flight messages of a pop group past their invisible time", labels=labels),
+    )
+    for group, topic, queue_id, *values in rows:
+        for family, value in zip(families, values, strict=True):
+            family.add_metric([group, topic, str(queue_id)], value)
+    yield from families
 
 
 def serve(metrics: BrokerMetrics, collector: BrokerStateCollector, host: str, port: int,

@@ -447,6 +447,10 @@ class PopService:
         return summarize(self.ledger, [k for k in self.ledger.keys() if k.group == group], self._clock_ms(),
                          self._store.readable_max_offset)
 
+    def groups(self) -> list[str]:
+        """The groups with pop state, sorted."""
+        return sorted({k.group for k in self.ledger.keys()})
+
     def has_group(self, group: str) -> bool:
         """Whether the group has pop state (it was consumed by pop)."""
         return any(k.group == group for k in self.ledger.keys())

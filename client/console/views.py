@@ -124,8 +124,11 @@ def group(admin: Admin, history: History, name: str, *, since_ms: int = 0) -> di
                 "subscriptions": [f"{t}:{e}" for t, e in m.subscriptions],
                 "owned": [mq_doc(q) for q in m.owned_queues], "heartbeat_ms": m.last_heartbeat_timestamp}
                for m in d.members]
+    pop = [{**mq_doc(p.queue), **group_status.pop_columns(p, now)} for p in d.pop_queues]
+    worst = group_status.worst_pop_condition(row["pop"] for row in pop)
     return {"group": name, "state": group_state(d.members, [s.queue for s in stats]).value,
             "members": members, "queues": queues, "lag": total,
+            "pop": pop, "pop_state": worst.value if worst is not None else None,
             "lag_s": max((q["lag_s"] for q in queues), default=0.0),
             "topics": sorted({s.queue.topic for s in stats}, key=lambda t: (t.startswith("%"), t)),  # retry last
             "history": [[p.t_ms, p.value] for p in history.series("lag", name, since_ms=since_ms)],

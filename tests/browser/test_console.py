@@ -416,3 +416,29 @@ def test_users_and_acl_rules_are_made_and_deleted_after_a_plan(auth_broker, cons
     expect(page.locator("#users-table tbody tr", has_text="carol")).to_have_count(0)
     with Admin(brokers=auth_broker.address, credentials=OP) as admin:
         assert "carol" not in [u.name for u in admin.list_users()]
+
+
+def test_a_pop_group_shows_what_it_has_in_flight(broker, console_factory, page, artifacts):
+    """Issue 32: a pop group (RocketMQ 5 consumers) shows per queue what it received and has not acked."""
+    import grpc
+    from google.protobuf.duration_pb2 import Duration
+    from rmq5lib import Rmq5Stub, resource
+
+    from tidemark.rmq5.v2 import messaging_pb2 as pb
+
+    create_topic(broker.address, "Popped", 1)
+    produce(broker.address, "Popped", 5)
+    with grpc.insecure_channel(broker.address) as channel:
+        answers = Rmq5Stub(channel).ReceiveMessage(pb.ReceiveMessageRequest(
+            group=resource("poppers"), message_queue=pb.MessageQueue(topic=resource("Popped")), batch_size=3,
+            invisible_duration=Duration(seconds=60), long_polling_timeout=Duration(nanos=100_000_000)))
+        assert sum(1 for a in answers if a.HasField("message")) == 3
+    console = console_factory(broker.address)
+    page.goto(url(console, "#/groups/poppers"))
+    rows = page.locator("#group-inflight tbody tr")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_contain_text("Popped")
+    cells = rows.first.locator("td")
+    assert cells.nth(3).inner_text() == "3" and cells.nth(9).inner_text() == "2"  # in flight, waiting
+    expect(page.locator("#group-pop-state")).to_have_text("slow")
+    page.screenshot(path=artifacts / "group-pop-inflight.png", full_page=True)

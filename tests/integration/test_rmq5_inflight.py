@@ -6,16 +6,34 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.request
 
 import grpc
 import pytest
+from brokerproc import BrokerProcess, free_port
 from google.protobuf.duration_pb2 import Duration
 from rmq5lib import Rmq5Stub, resource
-from workload import create_topic, produce
+from workload import create_topic, metric, produce
 
 from tidemark.client import Admin
 from tidemark.client.cli.main import main as cli
+from tidemark.client.console.server import Console, ConsoleSettings
+from tidemark.client.settings import ClientSettings
 from tidemark.rmq5.v2 import messaging_pb2 as pb
+
+
+@pytest.fixture(scope="module")
+def module_broker(tmp_path_factory):
+    """One broker for the module, with its metrics endpoint (the pop in-flight gauges)."""
+    port = free_port()
+    b = BrokerProcess(tmp_path_factory.mktemp("inflight") / "data", args=("--metrics-port", str(port))).start()
+    b.metrics_port = port
+    yield b
+    b.kill()
+
+
+def pop_gauge(broker, name: str, group: str, topic: str) -> float:
+    return metric(broker.metrics_port, f"tidemark_pop_{name}", group=group, topic=topic, queue="0")
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +79,17 @@ def pop_queues(address: str, group: str) -> dict[str, object]:
         return {f"{p.queue.topic}/{p.queue.queue_id}": p for p in admin.describe_group(group).pop_queues}
 
 
+def console_group(address: str, group: str) -> dict:
+    """The console's view of a group (its /api/groups/NAME document)."""
+    console = Console(ClientSettings(brokers=address), ConsoleSettings(port=0, sample_interval_s=60)).start()
+    try:
+        host, port = console.address
+        with urllib.request.urlopen(f"http://{host}:{port}/api/groups/{group}", timeout=10) as resp:
+            return json.loads(resp.read())
+    finally:
+        console.shutdown()
+
+
 def run_cli(capsys, *args: str) -> str:
     capsys.readouterr()
     assert cli(list(args)) == 0
@@ -77,6 +106,12 @@ def test_received_messages_are_in_flight_until_acked(module_broker, stub, capsys
     assert (p.inflight, p.redelivered, p.max_attempt, p.overdue, p.pending_redelivery) == (3, 0, 1, 0, 0)
     assert before <= p.oldest_received_ms <= int(time.time() * 1000)
     assert p.oldest_received_ms + 30_000 == p.earliest_invisible_until_ms <= p.latest_invisible_until_ms
+    assert pop_gauge(module_broker, "inflight_messages", "v2-inflight", "V2Inflight") == 3
+    assert 0 <= pop_gauge(module_broker, "inflight_oldest_age_seconds", "v2-inflight", "V2Inflight") < 30
+    doc = console_group(module_broker.address, "v2-inflight")
+    assert doc["pop_state"] == "slow"
+    assert [(r["topic"], r["queue"], r["inflight"], r["redelivered"], r["waiting"]) for r in doc["pop"]] == [
+        ("V2Inflight", 0, 3, 0, 2)]
 
     # Nothing acked yet, so no committed offset: progress still shows the queue, with what is in flight.
     [row] = json.loads(run_cli(capsys, "group", "progress", "v2-inflight", "--broker", module_broker.address,
@@ -95,6 +130,7 @@ def test_received_messages_are_in_flight_until_acked(module_broker, stub, capsys
         ack(stub, "v2-inflight", "V2Inflight", m)
     p = pop_queues(module_broker.address, "v2-inflight")["V2Inflight/0"]
     assert (p.inflight, p.oldest_received_ms, p.earliest_invisible_until_ms) == (0, 0, 0)
+    assert pop_gauge(module_broker, "inflight_messages", "v2-inflight", "V2Inflight") == 0
     described = json.loads(run_cli(capsys, "group", "describe", "v2-inflight", "--broker", module_broker.address,
                                    "--json"))[0]
     assert described["pop"] == "idle" and described["queues"][0]["inflight"] == 0
@@ -112,6 +148,7 @@ def test_a_consumer_that_never_acks_shows_stuck_by_its_redeliveries(module_broke
         assert m.system_properties.delivery_attempt == attempt
         p = pop_queues(module_broker.address, group)[f"{retry}/0"]
         assert (p.inflight, p.redelivered, p.max_attempt) == (1, 1, attempt)
+        assert pop_gauge(module_broker, "redelivered_messages", group, retry) == 1
     out = json.loads(run_cli(capsys, "group", "progress", group, "--topic", topic, "--broker",
                              module_broker.address, "--json"))
     by_topic = {r["topic"]: r for r in out}

@@ -177,8 +177,15 @@ async function groupPage(page, name) {
   const queues = table([["topic", "topic"], ["broker", "broker"], ["queue", "queue", { num: true }], ["owner", "owner"],
     ["max offset", "max_offset", { num: true }], ["committed", "committed", { num: true }],
     ["lag", "lag", { num: true }], ["lag (s)", "lag_s", { num: true }]], [], "no offsets yet", { id: "group-queues" });
+  // Pop groups (RocketMQ 5 consumers): what is received and not acked, to tell a stuck consumer from a slow one.
+  const inflight = table([["topic", "topic"], ["broker", "broker"], ["queue", "queue", { num: true }],
+    ["in flight", "inflight", { num: true }], ["redelivered", "redelivered", { num: true }],
+    ["max attempt", "max_attempt", { num: true }], ["past invisible time", "overdue", { num: true }],
+    ["oldest (s)", "oldest_inflight_s", { num: true }], ["next visible (s)", "next_visible_s", { num: true }],
+    ["waiting", "waiting", { num: true }], ["condition", "pop"]], [], "nothing in flight", { id: "group-inflight" });
+  const pop = h("div", { hidden: true }, h("h2", {}, "In flight (pop)"), inflight);
   page.replaceChildren(h("h1", {}, `Group ${name}`), head, h("h2", {}, "Lag over time (messages)"), chart,
-    h("h2", {}, "Members"), members, h("h2", {}, "Queues"), queues, h("h2", {}, "Reset offsets"), form,
+    h("h2", {}, "Members"), members, h("h2", {}, "Queues"), queues, pop, h("h2", {}, "Reset offsets"), form,
     h("p", {}, link(`#/dlq/${enc(name)}`, "dead-letter queue of this group")));
   const update = async () => {
     const doc = await api(`/api/groups/${enc(name)}?since=${since}`);
@@ -188,10 +195,13 @@ async function groupPage(page, name) {
       h("div", { class: "card" }, h("div", { class: "label" }, "state"),
         h("div", { class: "value" }, h("span", { class: `badge ${doc.state}`, id: "group-state" }, doc.state))),
       card("lag (messages)", fmtNum(doc.lag), "group-lag"), card("lag (oldest unconsumed)", `${doc.lag_s} s`),
-      card("members", doc.members.length)));
+      card("members", doc.members.length),
+      ...(doc.pop_state ? [card("pop consumers", doc.pop_state, "group-pop-state")] : [])));
     chart.replaceChildren(lineChart(points, { label: `lag of ${name}`, width: chart.clientWidth || 800 }));
     members.update(doc.members);
     queues.update(doc.queues);
+    pop.hidden = !doc.pop.length;
+    inflight.update(doc.pop);
     if (!formShown && doc.topics.length) {
       form.replaceChildren(session.read_only ? note("the console is read-only") : resetForm(name, doc.topics));
       formShown = true;

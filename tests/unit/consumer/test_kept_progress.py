@@ -57,10 +57,10 @@ class RestartingBroker:
     async def connection(self, broker_name):
         return self
 
-    async def lock_queues(self, group, client_id, mqs, *, wait_ms=0):
+    async def lock_queues(self, group, client_id, mqs, *, wait_ms=0, renew=False):
         return [QueueLockGrant(mq, self.epoch, 0, self.committed, self.generation) for mq in mqs]
 
-    async def unlock_queues(self, group, client_id, mqs, final_offsets=()):
+    async def unlock_queues(self, group, client_id, mqs, final_offsets=(), tokens=()):
         return []
 
     async def update_consumer_offset(self, commit):

@@ -275,6 +275,10 @@ def commit(spec: dict, ctl) -> dict:
             await conn.broker_info()
             mqs = [MessageQueue(topic, conn.broker_name, q) for q in range(nq)]
             batches = [[OffsetCommit(spec["group"], mq, offset) for mq in mqs] for offset in range(1, per_queue + 1)]
+            # Untimed, as Redis's XGROUP CREATE: the group's first commit registers it (and writes its config).
+            first = conn.open_commit_stream(timeout=60)
+            await first.write([OffsetCommit(spec["group"], mq, 0) for mq in mqs])
+            await first.close()
             ctl.ready()
             start = await asyncio.get_running_loop().run_in_executor(None, ctl.wait_go)
             stream = conn.open_commit_stream(timeout=600)

@@ -119,16 +119,51 @@ def pki(tmp_path_factory):
 # session resource run on one worker together: the container engine and its images (and the compose
 # test that skips when they ran), one SparkSession, one browser, the benchmarks' smoke runs, which
 # measure and must not compete with each other, and the fault scenarios (network namespaces, timings).
+# The Spark standalone module is a unit of its own: it stops the local session and starts a cluster of
+# its own JVMs anyway, so on another worker it costs nothing more and shortens the Spark unit, the
+# longest, by a sixth.
 # (xdist's own xdist_group marks do not reach its scheduler under pytest 9, whose node ids are
 # read-only, hence a scheduler of our own that splits node ids into these units.)
 _WORKER_GROUPS = (
     ("tests/containers/", "containers"),
     ("tests/integration/test_compose.py", "containers"),
+    ("tests/spark/test_spark_standalone.py", "spark-standalone"),
     ("tests/spark/", "spark"),
     ("tests/browser/", "browser"),
     ("tests/bench/", "bench"),
     ("tests/integration/test_faults.py", "faults"),
 )
+
+# The longest units, with the seconds each took in a full run on a busy 2-core machine (only their
+# order matters). Workers take these first, longest first (then the rest in xdist's order, most tests
+# first): with xdist's order alone a long unit with few tests (the benchmarks, the container stack)
+# could start late and run on alone at the end while the other workers stand idle. Add a unit here
+# when it takes more than about a minute in the run's --durations.
+_UNIT_SECONDS = {
+    "spark": 800,
+    "tests/integration/test_cli_golden.py": 460,
+    "containers": 380,
+    "bench": 320,
+    "tests/integration/test_readme.py": 200,
+    "tests/integration/test_cli_surface.py": 190,
+    "tests/integration/test_cli.py": 160,
+    "spark-standalone": 150,
+    "tests/integration/test_auth_admin.py": 140,
+    "tests/integration/test_fault_defects_client.py": 130,
+    "faults": 130,
+    "tests/integration/test_broker_offsets.py": 120,
+    "tests/integration/test_consumer_groups.py": 80,
+    "tests/integration/test_idempotence.py": 75,
+    "tests/integration/test_controller_mode.py": 70,
+    "tests/integration/test_rmq5_fuzz.py": 70,
+    "tests/compat/test_python_consumers.py": 70,
+    "tests/integration/test_switchover.py": 70,
+    "tests/integration/test_sync_replication_refusal.py": 65,
+    "tests/integration/test_admin_parity.py": 65,
+    "tests/integration/test_replicated_reads.py": 60,
+    "tests/integration/test_cli_operator.py": 60,
+    "tests/integration/test_restart_loop.py": 55,
+}
 
 
 def worker_unit(nodeid: str) -> str:
@@ -146,5 +181,11 @@ def pytest_xdist_make_scheduler(config, log):
     class ByFileAndResource(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return worker_unit(nodeid)
+
+        def _assign_work_unit(self, node) -> None:
+            # The longest unit still waiting goes next (max keeps the first of equals: xdist's order).
+            longest = max(self.workqueue, key=lambda unit: _UNIT_SECONDS.get(unit, 0))
+            self.workqueue.move_to_end(longest, last=False)
+            super()._assign_work_unit(node)
 
     return ByFileAndResource(config, log)

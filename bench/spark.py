@@ -105,8 +105,7 @@ def measure(read_rows: int, write_rows: int, rounds: int, scratch: Path, brokers
             broker.stop()
 
 
-def section(run: dict, command: str) -> str:
-    m = report.machine_facts()
+def section(run: dict, command: str, m: dict) -> str:
     table = report.markdown_table(["what", "rows/s", "ratios (medians of the rounds' ratios)"],
                                   [[what, f"{v:,.0f}", note] for what, v, note in run["rows"]])
     return "\n".join([
@@ -133,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks.md")
     args = p.parse_args(argv)
+    machine = report.machine_facts()  # the load average as the run starts
     scratch = Path(tempfile.mkdtemp(prefix="tidemark-bench-spark-"))
     try:
         run = measure(args.read_rows, args.write_rows, args.rounds, scratch, args.brokers)
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     for what, value, note in run["rows"]:
         print(f"{what:<{width}} {value:>12,.0f}  {note}")
     command = "python -m bench.spark" + (" " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
-    report.replace_section(args.out, SPARK_BEGIN, SPARK_END, section(run, command))
+    report.replace_section(args.out, SPARK_BEGIN, SPARK_END, section(run, command, machine))
     print(f"bench.spark: section written to {args.out}")
     return 0
 

@@ -4,8 +4,8 @@ Rounds alternate (on, off, on, off, ...) so drift on the machine hits both
 sides alike; each round is a fresh producer in this process:
 
 - send_async throughput, 1 KiB messages, on an 8-queue topic (the `make bench`
-  produce workload's shape) and on a 1-queue topic (the worst case: one batch
-  per queue in flight, so batches of that queue wait for each other);
+  produce workload's shape) and on a 1-queue topic (the worst case: at most
+  max_in_flight_per_queue batches of that queue in flight, the rest wait);
 - sync send() latency, one message at a time (p50 and p99).
 
 Prints medians and the on/off ratios. `--smoke` runs tiny counts (tests/bench).

@@ -267,7 +267,8 @@ def test_stop_is_graceful_and_a_new_start_keeps_topics_messages_and_offsets(stac
         assert not s["Running"] and not s["OOMKilled"], (service, s)
         # 0: a broker's or etcd's own graceful exit; 143: the JVM's exit on SIGTERM. 137 would be SIGKILL
         # after the grace.
-        assert s["ExitCode"] == (143 if service.startswith("spark") else 0), (service, s)
+        assert s["ExitCode"] == (143 if service.startswith("spark") else 0), \
+            f"{service} exited {s['ExitCode']} ({s}); its last output:\n{logs(container(service))[-4000:]}"
     for name in BROKERS:
         log = logs(container(name))
         assert "event=offsets_flushed" in log and "event=broker_stop" in log, log[-2000:]

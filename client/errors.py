@@ -150,6 +150,13 @@ class InternalError(TidemarkError):
     """The broker failed unexpectedly; its log has details."""
 
 
+class QueueInDoubtError(TidemarkError):
+    """A keyed idempotent producer (producer_key: its epochs belong to its owner, e.g. a Spark task attempt)
+    gave up on a batch whose outcome is unknown, so the batches after it on that queue are not sent: their
+    numbers would have to move to a new epoch, which would fence the owner's replay. Replay from the first
+    batch under the same key and epoch; the broker answers what it stored as duplicates."""
+
+
 class ClientStateError(TidemarkError):
     """The client object is in the wrong state (not started, already shut down...)."""
 

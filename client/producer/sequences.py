@@ -54,6 +54,7 @@ import collections
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from tidemark.client.errors import QueueInDoubtError
 from tidemark.client.message import MessageQueue
 
 # The broker remembers this many batches per producer and queue (broker/producers/table.py WINDOW): more in
@@ -80,8 +81,13 @@ class Slot:
 class QueueSequence:
     """One queue's epoch, next sequence and window of unsettled batches (the producer's loop only)."""
 
-    def __init__(self, epoch: int = 0, max_in_flight: int = MAX_IN_FLIGHT_PER_QUEUE) -> None:
+    def __init__(self, epoch: int = 0, max_in_flight: int = MAX_IN_FLIGHT_PER_QUEUE, *,
+                 fixed_epoch: bool = False) -> None:
         self.epoch = epoch
+        # A keyed producer's epoch is its owner's (a Spark task attempt replays the same epoch and numbers):
+        # where another producer moves on to a new epoch, this queue halts instead (`halted`).
+        self.fixed_epoch = fixed_epoch
+        self.halted: QueueInDoubtError | None = None
         self.next_seq = 0
         self.max_in_flight = max_in_flight
         self.window: collections.deque[Slot] = collections.deque()
@@ -94,6 +100,8 @@ class QueueSequence:
         """Number a new batch once the window has room and the queue is not recovering, first come first
         numbered. The caller writes it to the broker's stream before its next await, so batches go out in
         sequence order, and a queue's batches in the order they were sent."""
+        if self.halted is not None:
+            raise self.halted
         if self._waiting or self._granted or not self._room():
             waiter = asyncio.get_running_loop().create_future()
             self._waiting.append(waiter)
@@ -108,6 +116,9 @@ class QueueSequence:
                     self._grant()
                 raise
             self._granted -= 1
+            if self.halted is not None:
+                self._grant()
+                raise self.halted
         slot = Slot(count, producer_id, self.epoch, self.next_seq)
         self.next_seq += count
         self.window.append(slot)
@@ -115,6 +126,8 @@ class QueueSequence:
         return slot
 
     def _room(self) -> bool:
+        if self.halted is not None:
+            return True  # every waiting admission wakes, to hear of it
         return not self.recovering and len(self.window) + self._granted < self.max_in_flight
 
     def _grant(self) -> None:
@@ -126,9 +139,11 @@ class QueueSequence:
                 self._granted += 1
 
     async def turn(self, slot: Slot) -> None:
-        """Until every batch numbered before `slot` is settled."""
+        """Until every batch numbered before `slot` is settled; QueueInDoubtError once the queue halted."""
         while self.window[0] is not slot:
             await self._wait()
+        if self.halted is not None:
+            raise self.halted
 
     def head(self, slot: Slot) -> bool:
         return bool(self.window) and self.window[0] is slot
@@ -159,6 +174,11 @@ class QueueSequence:
             if (not slot.doubt and not self.window and slot.epoch == self.epoch
                     and slot.base + slot.count == self.next_seq):
                 self.next_seq = slot.base  # the last one numbered, surely not stored: its sequence is free
+            elif self.fixed_epoch:
+                self.halted = self.halted or QueueInDoubtError(
+                    f"a batch of this queue was given up {'in doubt' if slot.doubt else 'refused'} under epoch "
+                    f"{slot.epoch}, sequence {slot.base}: the batches after it are not sent (this producer's "
+                    f"epoch is fixed by its key; replay from that batch)")
             else:
                 self.new_epoch()  # it may hold its numbers, or later batches would wait on its gap
             if self.window:
@@ -196,7 +216,7 @@ class ProducerSequences:
     def queue(self, mq: MessageQueue) -> QueueSequence:
         state = self._queues.get(mq)
         if state is None:
-            state = self._queues[mq] = QueueSequence(self._first_epoch, self._max_in_flight)
+            state = self._queues[mq] = QueueSequence(self._first_epoch, self._max_in_flight, fixed_epoch=bool(self.key))
         return state
 
     async def producer_id(self, broker_name: str, init: Callable[[str], Awaitable[int]]) -> int:

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from tidemark.client.errors import QueueInDoubtError
 from tidemark.client.message import MessageQueue
 from tidemark.client.producer.sequences import ProducerSequences, QueueSequence
 
@@ -104,3 +105,43 @@ def _init(pid: int):
     async def init(key: str) -> int:
         return pid
     return init
+
+
+def test_a_keyed_producer_halts_the_queue_instead_of_moving_to_a_new_epoch():
+    """Review finding: the Spark sink's producer (keyed, its epoch fixed per task attempt) gave up a batch in
+    doubt; the later batches of its queue moved to a new epoch and were stored, so the task's replay under
+    the same epoch was fenced on every attempt. The queue halts instead, and nothing after it is sent."""
+    async def go():
+        state = ProducerSequences("spark:q:0", epoch=7 << 16).queue(MessageQueue("T", "b", 0))
+        a, b, c = [await state.admit(1, 9) for _ in range(3)]
+        waiting = asyncio.ensure_future(state.admit(1, 9))  # a fourth, beyond a window of 3... or 5: room left
+        state.failed(a, doubt=True)
+        b_turn = asyncio.ensure_future(state.turn(b))
+        state.settle(a, stored=False)  # given up in doubt
+        assert state.epoch == 7 << 16, "the epoch stays the owner's"
+        with pytest.raises(QueueInDoubtError, match="given up in doubt under epoch 458752, sequence 0"):
+            await b_turn
+        state.settle(b, stored=False)
+        state.settle(c, stored=False)
+        if not waiting.done() or waiting.exception() is None:
+            with pytest.raises(QueueInDoubtError):
+                await waiting
+        with pytest.raises(QueueInDoubtError):
+            await state.admit(1, 9)
+        assert state.epoch == 7 << 16
+
+    run(go())
+
+
+def test_an_unkeyed_producer_moves_on_to_a_new_epoch_after_a_batch_in_doubt():
+    async def go():
+        state = ProducerSequences().queue(MessageQueue("T", "b", 0))
+        a, b = [await state.admit(1, 9) for _ in range(2)]
+        state.failed(a, doubt=True)
+        state.settle(a, stored=False)
+        assert state.epoch == 1 and state.halted is None
+        await state.turn(b)
+        state.renumber(b, 9)
+        assert b.numbers == (9, 1, 0)
+
+    run(go())

@@ -469,7 +469,14 @@ class QueueOwnership:
         try:
             while True:
                 await asyncio.sleep(LOCK_RETRY_DELAY_S)
-                if not await self._unlock_pending(broker):
+                if any(p.token == 0 for mq, p in self._unlocks.items() if mq.broker_name == broker):
+                    # A broker that names no grants (older than lock tokens): only the ownership lock keeps
+                    # a late unlock from releasing the lock of a queue that came back to us meanwhile.
+                    async with self._lock:
+                        more = await self._unlock_pending(broker)
+                else:
+                    more = await self._unlock_pending(broker)
+                if not more:
                     return
         finally:
             self._unlocking.discard(broker)

@@ -37,6 +37,7 @@ class ScriptedBroker:
         self.unlock_gate: asyncio.Event | None = None  # unlock calls wait for it (a call under way)
         self.unlock_calls = 0
         self.tokens: dict[MessageQueue, int] = {}  # the latest grant of each queue
+        self.names_grants = True  # False: a broker older than lock tokens (every grant's token 0)
         self.moves = MasterMoves()  # BrokerCluster's: the broker never moves here
 
     async def connection(self, broker_name):
@@ -52,7 +53,7 @@ class ScriptedBroker:
         for mq in mqs:
             if not renew or mq not in self.tokens:
                 self.tokens[mq] = max(self.tokens.values(), default=100) + 1
-        return [QueueLockGrant(mq, 9, 0, 0, 0, self.tokens[mq]) for mq in mqs]
+        return [QueueLockGrant(mq, 9, 0, 0, 0, self.tokens[mq] if self.names_grants else 0) for mq in mqs]
 
     async def unlock_queues(self, group, client_id, mqs, final_offsets=(), tokens=()):
         self.unlock_calls += 1
@@ -272,5 +273,26 @@ def test_a_late_unlock_does_not_release_the_lock_taken_again_nor_move_its_offset
         assert broker.tokens[MQ] == own.get(MQ).lock_token
         await own.renew_locks()  # a renewal keeps the grant
         assert broker.tokens[MQ] == own.get(MQ).lock_token and own.get(MQ).state is QueueState.PULLING
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_against_a_broker_without_lock_tokens_a_retry_under_way_holds_queue_changes_back(quick_retries):
+    """Review finding: an older broker names no grants (token 0), so only the ownership lock keeps a late
+    retry from releasing a lock taken again; such retries still run under it."""
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.names_grants = False
+        own = ownership(broker, Hooks())
+        await _held_then_released_with_a_failed_unlock(broker, own)
+        broker.unlock_gate = asyncio.Event()
+        while broker.unlock_calls < 2:  # the retry is under way
+            await asyncio.sleep(0.005)
+        back = asyncio.ensure_future(own.update("T", {MQ}))
+        await asyncio.sleep(0.05)
+        assert not back.done(), "the queue comes back only after the retry's answer"
+        broker.unlock_gate.set()
+        await asyncio.wait_for(back, 5)
+        assert own.get(MQ).state is QueueState.PULLING and broker.unlocked == [MQ]  # released, then locked again
         await own.stop()
     asyncio.run(scenario())

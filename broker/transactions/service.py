@@ -193,15 +193,22 @@ class TransactionService:
                              born_host=record.born_host)
 
     def stored_half(self, record: MessageRecord) -> StoredMessage | None:
-        """The open or committed half this half record repeats (same producer group and message id): a
+        """The open or committed half this half record (as `half_record` re-addressed it) repeats (same producer group and message id): a
         producer's retry of a send whose answer it lost. Answered with that half, never stored twice
         (TransactionTable): the producer's end of it then finds it ended the way a check decided."""
         props = record.properties
         key = (props.get(PropertyKey.PRODUCER_GROUP, ""), props.get(PropertyKey.UNIQ_KEY, ""))
         offset = self.table.open_offset(*key)
-        if offset is None:
-            offset = self.table.committed_offset(*key)
-        return None if offset is None else self._store.message_at(TRANSACTION_HALF_TOPIC, 0, offset)
+        if offset is not None:
+            return self._store.message_at(TRANSACTION_HALF_TOPIC, 0, offset)
+        offset = self.table.committed_offset(*key)
+        stored = None if offset is None else self._store.message_at(TRANSACTION_HALF_TOPIC, 0, offset)
+        # A committed one answers a retry only: the same message for the same topic (an application may
+        # reuse a message id for a new transaction, which must be stored).
+        if stored is None or stored.body != record.body \
+                or stored.properties.get(PropertyKey.REAL_TOPIC) != props.get(PropertyKey.REAL_TOPIC):
+            return None
+        return stored
 
     def added(self, half_offset: int, record: MessageRecord, store_timestamp: int) -> None:
         props = record.properties

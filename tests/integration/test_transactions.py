@@ -184,6 +184,7 @@ def test_a_half_retried_after_a_check_committed_its_first_copy_is_not_stored_aga
 
     from tidemark.client.errors import UnavailableError
     from tidemark.client.remoting.connection import BrokerConnection
+    from tidemark.common.protocol import PropertyKey
 
     original = BrokerConnection.send
     calls: list[int] = []
@@ -204,6 +205,13 @@ def test_a_half_retried_after_a_check_committed_its_first_copy_is_not_stored_aga
         assert result.local_transaction_state is COMMIT and len(calls) == 2 and checks.asked == ["o-1"]
         assert not open_halves(fast_broker.address)
     assert visible(fast_broker.address, "Orders") == [b"once"]
+    # A new transaction that reuses the message id (another body) is a new one, stored and committed.
+    with producer(fast_broker, checks) as p:
+        again = p.send_message_in_transaction(Message("Orders", b"twice", keys="o-1", properties={
+            PropertyKey.UNIQ_KEY: result.msg_id}), lambda m, a: COMMIT)
+        assert again.msg_id == result.msg_id
+    wait_until(lambda: sorted(visible(fast_broker.address, "Orders")) == [b"once", b"twice"], 15,
+               "the new transaction with the reused message id")
 
 
 def test_a_half_sent_again_while_its_first_send_waits_for_fsync_is_stored_once(broker_factory):

@@ -51,16 +51,18 @@ def client_options() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, daemons: bool = True) -> argparse.ArgumentParser:
+    """The whole command line; without `daemons`, `broker` and `namesrv` are listed but take no options
+    (their parsers import the broker, which would double the start-up of every client command)."""
     parser = Parser(prog="tidemark", description="Tidemark message broker and tools.")
     parser.add_argument("--version", action="version", version=f"tidemark {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     broker = sub.add_parser("broker", help="run a broker in the foreground (`tidemark broker promote --broker "
                                            "HOST:PORT`: make a replica the master)")
     namesrv = sub.add_parser("namesrv", help="run a name server in the foreground")
-    daemons, _ = _daemon_parsers()
-    if daemons:  # else `pip install tidemark` without the broker extra: main() says what to install
-        broker_parser, namesrv_parser = daemons
+    found = _daemon_parsers()[0] if daemons else None
+    if found:  # else `pip install tidemark` without the broker extra: main() says what to install
+        broker_parser, namesrv_parser = found
         broker_parser(broker)
         broker.set_defaults(run=_run_broker)
         namesrv_parser(namesrv)
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
               f"pip install 'tidemark[broker]'", file=sys.stderr)
         return 1
     else:
-        parser = build_parser()
+        parser = build_parser(daemons=argv[:1] in (["broker"], ["namesrv"]))
         args = parser.parse_args(argv)
     if args.command not in ("broker", "namesrv"):
         setup_logging("ERROR", "plain")

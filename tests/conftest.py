@@ -17,6 +17,14 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 # in grpcio 1.81-1.85). No test uses gRPC across a fork: the handlers stay off (read at gRPC's import).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
+# Property tests check behaviour, not speed (bench/ measures that): hypothesis' 200 ms deadline per
+# example fails them on a loaded machine (one example of a pure journal test took 320 ms once, 1.4 ms when
+# run again), so the suite runs without it.
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+hypothesis_settings.register_profile("suite", deadline=None)
+hypothesis_settings.load_profile("suite")
+
 from brokerproc import BrokerProcess, NamesrvProcess  # noqa: E402
 from etcdproc import EtcdProcess  # noqa: E402
 from layout import PACKAGE_FOLDERS  # noqa: E402

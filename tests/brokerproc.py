@@ -105,10 +105,34 @@ class ChildProcess:
             self.proc = None
 
     def pause(self) -> None:
-        self.proc.send_signal(signal.SIGSTOP)
+        sigstop(self.proc)
 
     def resume(self) -> None:
         self.proc.send_signal(signal.SIGCONT)
+
+
+def sigstop(proc: subprocess.Popen, timeout_s: float = 5.0) -> None:
+    """SIGSTOP, returning once every thread of the process is stopped. The signal is sent at once, but each
+    thread stops at its next trip through the kernel: on a loaded machine a request already taken could
+    still be answered after a plain send_signal returned (a test then saw its first call after the pause
+    succeed)."""
+    proc.send_signal(signal.SIGSTOP)
+    tasks = Path(f"/proc/{proc.pid}/task")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = []
+        try:
+            threads = list(tasks.iterdir())
+        except FileNotFoundError:
+            return  # the process is gone
+        for thread in threads:
+            try:
+                states.append((thread / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # a thread that ended meanwhile
+        if all(state in ("T", "t", "Z", "X") for state in states):
+            return
+        time.sleep(0.002)
 
 
 class BrokerProcess(ChildProcess):

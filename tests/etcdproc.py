@@ -10,6 +10,8 @@ import signal
 import subprocess
 from pathlib import Path
 
+from brokerproc import sigstop
+
 from bench.procs import ensure_peer_servers, free_port, orphan_safe, wait_port
 
 ETCD_PACKAGE = {"etcd": "etcd-server"}
@@ -61,7 +63,7 @@ class EtcdProcess:
                                          stdin=subprocess.DEVNULL, env={**os.environ, "ETCD_UNSUPPORTED_ARCH": ""})
 
     def pause(self) -> None:
-        self.proc.send_signal(signal.SIGSTOP)
+        sigstop(self.proc)
 
     def resume(self) -> None:
         self.proc.send_signal(signal.SIGCONT)

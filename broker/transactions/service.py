@@ -193,9 +193,10 @@ class TransactionService:
                              born_host=record.born_host)
 
     def stored_half(self, record: MessageRecord) -> StoredMessage | None:
-        """The open or committed half this half record (as `half_record` re-addressed it) repeats (same producer group and message id): a
-        producer's retry of a send whose answer it lost. Answered with that half, never stored twice
-        (TransactionTable): the producer's end of it then finds it ended the way a check decided."""
+        """The open or committed half that this half record (as `half_record` re-addressed it) repeats:
+        the same producer group and message id, a producer's retry of a send whose answer it lost.
+        Answered with that half, never stored twice (TransactionTable); the producer's end of a
+        committed one then finds it ended the way a check decided."""
         props = record.properties
         key = (props.get(PropertyKey.PRODUCER_GROUP, ""), props.get(PropertyKey.UNIQ_KEY, ""))
         offset = self.table.open_offset(*key)

@@ -43,12 +43,12 @@ def measure(read_rows: int, write_rows: int, rounds: int, scratch: Path, brokers
     broker = None
     try:
         if brokers is None:
-            broker, brokers = spark_write.start_broker(scratch)
+            broker, brokers = spark_read.start_broker(scratch)
         topic = f"spark-bench-{os.getpid()}"
         spark_read.produce(brokers, topic, 4, read_rows, 200)
         from tidemark import spark_connector
 
-        spark = spark_write.spark_session()
+        spark = spark_read.spark_session()
         spark_connector.register(spark)
         parquet, jsonl = str(scratch / "rows.parquet"), str(scratch / "rows.json")
 

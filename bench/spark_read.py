@@ -143,6 +143,29 @@ def ratio(a: list[float], b: list[float]) -> float:
     return statistics.median(tb / ta for ta, tb in zip(a, b, strict=True))
 
 
+def start_broker(scratch: Path) -> tuple[Server, str]:
+    """A broker of its own for a bench run, with its data under `scratch`: the server and its address."""
+    port = free_port()
+    broker = Server("broker", [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(scratch / "data"),
+                               "--port", str(port)], scratch / "broker.log").start()
+    broker.wait_log(r"event=broker_ready")
+    return broker, f"127.0.0.1:{port}"
+
+
+def spark_session():
+    """The benchmarks' local[2] SparkSession (workers run this Python)."""
+    from pyspark.sql import SparkSession
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (SparkSession.builder.master("local[2]").appName("tidemark-spark-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.memory", "2g").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--brokers", default=None, help="use these brokers (default: start one)")
@@ -160,11 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         brokers = args.brokers
         if brokers is None:
-            port = free_port()
-            broker = Server("broker", [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(scratch / "data"),
-                                       "--port", str(port)], scratch / "broker.log").start()
-            broker.wait_log(r"event=broker_ready")
-            brokers = f"127.0.0.1:{port}"
+            broker, brokers = start_broker(scratch)
         if args.topic:
             topic = args.topic
             with Admin(brokers=brokers) as admin:
@@ -175,17 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             produced = produce(brokers, topic, args.queues, n, args.size)
             print(f"produced {n:,} x {args.size} B over {args.queues} queues ({produced:,.0f} msg/s)")
 
-        from pyspark.sql import SparkSession
-
         from tidemark import spark_connector
 
-        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        spark = (SparkSession.builder.master("local[2]").appName("tidemark-spark-bench")
-                 .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-                 .config("spark.sql.shuffle.partitions", "2")
-                 .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-                 .config("spark.driver.memory", "2g").getOrCreate())
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = spark_session()
         spark_connector.register(spark)
         formats = ["tidemark"]
         if args.baseline:

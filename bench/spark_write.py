@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.procs import Server, free_port
+from bench.spark_read import ratio, register_baseline, spark_session, start_broker
 from tidemark.client import Admin
 
 QUEUES = 4
@@ -46,24 +46,6 @@ class Writer:
 
 def rate(rows: int, seconds: list[float]) -> float:
     return rows / statistics.median(seconds)
-
-
-def ratio(a: list[float], b: list[float]) -> float:
-    """Median over rounds of a's rows/s over b's (the same rows)."""
-    return statistics.median(tb / ta for ta, tb in zip(a, b, strict=True))
-
-
-def spark_session():
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    spark = (SparkSession.builder.master("local[2]").appName("tidemark-spark-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.memory", "2g").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
 
 
 def rows_frame(spark, rows: int, size: int, partitions: int):
@@ -153,14 +135,6 @@ def summary(all_writers: dict[str, Writer], rows: int, formats: list[str]) -> li
     return lines
 
 
-def start_broker(scratch: Path) -> tuple[Server, str]:
-    port = free_port()
-    broker = Server("broker", [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(scratch / "data"),
-                               "--port", str(port)], scratch / "broker.log").start()
-    broker.wait_log(r"event=broker_ready")
-    return broker, f"127.0.0.1:{port}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--brokers", default=None, help="use these brokers (default: start one)")
@@ -178,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
         brokers = args.brokers
         if brokers is None:
             broker, brokers = start_broker(scratch)
-        from bench.spark_read import register_baseline
         from tidemark import spark_connector
 
         spark = spark_session()

@@ -165,7 +165,7 @@ class QueueLockManager:
             key = (topic, queue_id)
             current = table.get(key)
             if current is not None and current.held and current.client_id == client_id \
-                    and not self._superseded(current, tokens, key):
+                    and not _superseded(current, tokens.get(key, 0) if tokens else 0):
                 table[key] = replace(current, held=False)
                 released.append(key)
         return released
@@ -175,12 +175,7 @@ class QueueLockManager:
         went to `client_id` too (a grant to another client since is fenced by its epoch instead)."""
         current = self._get(group, topic, queue_id)
         return current is not None and current.client_id == client_id \
-            and self._superseded(current, {(topic, queue_id): token}, (topic, queue_id))
-
-    @staticmethod
-    def _superseded(current: _QueueLock, tokens: Mapping[QueueKey, int] | None, key: QueueKey) -> bool:
-        token = tokens.get(key, 0) if tokens else 0
-        return token != 0 and token != current.token
+            and _superseded(current, token)
 
     def release_client(self, group: str, client_id: str) -> list[tuple[str, int]]:
         """Release every queue of `group` that `client_id` holds (client unregistered)."""
@@ -294,3 +289,8 @@ class QueueLockManager:
             lk.expire_timestamp,
             lk.is_live(now),
         )
+
+
+def _superseded(current: _QueueLock, token: int) -> bool:
+    """Whether a quoted lock token (0: none quoted) names a grant other than the current one."""
+    return token != 0 and token != current.token

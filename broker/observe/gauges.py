@@ -41,8 +41,8 @@ def take_snapshot(b: BrokerController) -> StateSnapshot:
 
 def _pop_inflight(b: BrokerController, state: StateSnapshot) -> None:
     now = b.clock_ms()
-    for group in b.pop.groups():
-        for row in b.pop.inflight(group):
+    for group, rows in b.pop.inflight_by_group().items():
+        for row in rows:
             age = max(0.0, (now - row.oldest_received_ms) / 1000) if row.oldest_received_ms else 0.0
             state.pop_inflight.append((group, row.topic, row.queue_id, row.inflight, age, row.redelivered,
                                        row.overdue))

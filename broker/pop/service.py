@@ -447,9 +447,14 @@ class PopService:
         return summarize(self.ledger, [k for k in self.ledger.keys() if k.group == group], self._clock_ms(),
                          self._store.readable_max_offset)
 
-    def groups(self) -> list[str]:
-        """The groups with pop state, sorted."""
-        return sorted({k.group for k in self.ledger.keys()})
+    def inflight_by_group(self) -> dict[str, list[QueueInflight]]:
+        """`inflight` of every group with pop state, by group (sorted), in one pass over the ledger."""
+        keys: dict[str, list[QueueKey]] = {}
+        for key in self.ledger.keys():
+            keys.setdefault(key.group, []).append(key)
+        now = self._clock_ms()
+        return {group: summarize(self.ledger, keys[group], now, self._store.readable_max_offset)
+                for group in sorted(keys)}
 
     def has_group(self, group: str) -> bool:
         """Whether the group has pop state (it was consumed by pop)."""

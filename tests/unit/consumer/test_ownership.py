@@ -192,6 +192,13 @@ async def _held_then_released_with_a_failed_unlock(broker: ScriptedBroker, own: 
     assert own.get(MQ) is None and broker.unlocked == []
 
 
+async def _retry_under_way(broker: ScriptedBroker) -> None:
+    """From now on unlock calls hang (as to a broker cut off); returns once the first retry is on one."""
+    broker.unlock_gate = asyncio.Event()
+    while broker.unlock_calls < 2:
+        await asyncio.sleep(0.005)
+
+
 def test_an_unlock_that_failed_is_asked_again_with_its_final_commit(quick_retries):
     """Issue 27 (partition seed 9021): without this, the broker kept the lock of a queue we had let go of
     until it expired (60 s), and its next owner waited all that time."""
@@ -244,9 +251,7 @@ def test_a_retried_unlock_under_way_does_not_hold_up_changes_of_other_queues(qui
         broker = ScriptedBroker()
         own = ownership(broker, Hooks())
         await _held_then_released_with_a_failed_unlock(broker, own)
-        broker.unlock_gate = asyncio.Event()  # the retry's call hangs, as to a broker cut off
-        while broker.unlock_calls < 2:
-            await asyncio.sleep(0.005)
+        await _retry_under_way(broker)
         await asyncio.wait_for(own.update("T", {MQ1}), 1)  # not behind the retry
         assert own.get(MQ1).state is QueueState.PULLING
         broker.unlock_gate.set()
@@ -262,9 +267,7 @@ def test_a_late_unlock_does_not_release_the_lock_taken_again_nor_move_its_offset
         own = ownership(broker, Hooks())
         await _held_then_released_with_a_failed_unlock(broker, own)
         old_grant = broker.tokens[MQ]
-        broker.unlock_gate = asyncio.Event()
-        while broker.unlock_calls < 2:  # the retry is under way...
-            await asyncio.sleep(0.005)
+        await _retry_under_way(broker)  # the retry is under way...
         await asyncio.wait_for(own.update("T", {MQ}), 1)  # ...when the queue comes back to us: a new grant
         assert own.get(MQ).state is QueueState.PULLING and broker.tokens[MQ] != old_grant
         broker.unlock_gate.set()  # the retry arrives now, quoting the old grant
@@ -285,9 +288,7 @@ def test_against_a_broker_without_lock_tokens_a_retry_under_way_holds_queue_chan
         broker.names_grants = False
         own = ownership(broker, Hooks())
         await _held_then_released_with_a_failed_unlock(broker, own)
-        broker.unlock_gate = asyncio.Event()
-        while broker.unlock_calls < 2:  # the retry is under way
-            await asyncio.sleep(0.005)
+        await _retry_under_way(broker)
         back = asyncio.ensure_future(own.update("T", {MQ}))
         await asyncio.sleep(0.05)
         assert not back.done(), "the queue comes back only after the retry's answer"

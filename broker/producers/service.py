@@ -30,10 +30,12 @@ from tidemark.broker.producers.store import ProducerStateStore
 from tidemark.broker.producers.table import (
     Appended,
     Decision,
+    OutOfOrderSequenceError,
     ProducerEvent,
     ProducerState,
     ProducerTable,
     QueueSequence,
+    SequenceGapError,
 )
 from tidemark.broker.store import MessageStore, RecordsPut
 from tidemark.broker.topics import check_topic
@@ -44,11 +46,15 @@ log = get_logger("tidemark.broker.producers")
 
 @dataclass(frozen=True, slots=True)
 class BatchSequence:
-    """What an idempotent producer's batch carries."""
+    """What an idempotent producer's batch carries. `gaps`: the producer keeps several batches of a queue
+    in flight and recovers from a SequenceGapError by sending the missing batch first; a producer without
+    it (one batch in flight: every client before the flag) is told of a gap as OutOfOrderSequenceError,
+    which it answers with a new epoch, as it always has."""
 
     producer_id: int
     epoch: int
     base_seq: int
+    gaps: bool = False
 
 
 class IdempotenceService:
@@ -145,7 +151,12 @@ class IdempotenceService:
                              f"({e.strerror or e})") from None
 
     def check(self, seq: BatchSequence, topic: str, queue_id: int, count: int, first_msg_id: str = "") -> Decision:
-        return self.table.check(seq.producer_id, seq.epoch, topic, queue_id, seq.base_seq, count, first_msg_id)
+        try:
+            return self.table.check(seq.producer_id, seq.epoch, topic, queue_id, seq.base_seq, count, first_msg_id)
+        except SequenceGapError as e:
+            if seq.gaps:
+                raise
+            raise OutOfOrderSequenceError(str(e)) from None
 
     def append(self, seq: BatchSequence, topic: str, queue_id: int, count: int,
                write: Callable[[Callable[[int, str], None]], RecordsPut]) -> RecordsPut:

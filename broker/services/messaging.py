@@ -95,8 +95,8 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
     def _produce_one(self, request):
         """Store one batch now; its answer, or (sync flush or replication) a task that answers once it is
         durable."""
-        sequence = BatchSequence(request.producer_id, request.producer_epoch, request.base_sequence) \
-            if request.producer_id else None
+        sequence = BatchSequence(request.producer_id, request.producer_epoch, request.base_sequence,
+                                 request.sequence_gaps) if request.producer_id else None
         try:
             appended = self._ops.append(request.topic, request.queue_id, request.records, request.count, sequence)
         except BrokerError as e:

@@ -93,6 +93,7 @@ class ProduceStream:
                                                count=count, records=data)
         if sequence is not None:
             request.producer_id, request.producer_epoch, request.base_sequence = sequence
+            request.sequence_gaps = True  # this producer recovers from a gap by sending the missing batch first
         try:
             async with asyncio.timeout(timeout):
                 async with self._write_lock:

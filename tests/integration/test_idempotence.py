@@ -172,16 +172,20 @@ def test_unknown_producers_and_out_of_order_sequences_are_refused_and_store_noth
         assert stubs.messaging.InitProducer(messaging_pb2.InitProducerRequest(key="k")).producer_id == \
             stubs.messaging.InitProducer(messaging_pb2.InitProducerRequest(key="k")).producer_id
 
-        def produce(pid: int, seq: int, body: bytes):
+        def produce(pid: int, seq: int, body: bytes, gaps: bool = True):
             return list(stubs.messaging.Produce(iter([messaging_pb2.ProduceRequest(
                 request_id=1, topic="IdemBad", queue_id=0, count=1, records=_batch("IdemBad", body),
-                producer_id=pid, base_sequence=seq)])))[0]
+                producer_id=pid, base_sequence=seq, sequence_gaps=gaps)])))[0]
 
         unknown = produce(producer_id + 1000, 0, b"x")
         assert unknown.code == grpc.StatusCode.NOT_FOUND.value[0] and unknown.error_class == "UnknownProducerError"
         gap = produce(producer_id, 5, b"x")
         assert gap.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
         assert gap.error_class == "SequenceGapError" and "must have sequence 0" in gap.error
+        # A producer from before several batches in flight does not know SequenceGapError: it is told of
+        # the gap as the out-of-order sequence it answers with a new epoch.
+        old_client = produce(producer_id, 5, b"x", gaps=False)
+        assert old_client.error_class == "OutOfOrderSequenceError" and "must have sequence 0" in old_client.error
         assert produce(producer_id, 0, b"first").first_queue_offset == 0
         again = produce(producer_id, 0, b"first")
         assert again.duplicate and again.first_queue_offset == 0

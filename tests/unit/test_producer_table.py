@@ -206,6 +206,24 @@ def test_a_batch_the_store_refuses_after_its_journal_entry_is_not_taken_as_store
         "after a restart, journaled batches the store lacks are dropped"
 
 
+def test_a_gap_is_out_of_order_for_a_producer_that_does_not_understand_gaps(tmp_path):
+    """Producers from before several batches in flight (one batch per queue) do not know SequenceGapError
+    and would take it as final; they are told of a gap as OutOfOrderSequenceError, which they answer with
+    a new epoch. A producer that says it understands gaps gets SequenceGapError (issue 27, review)."""
+    from tidemark.broker.producers.service import BatchSequence, IdempotenceService
+    from tidemark.broker.producers.table import SequenceGapError
+
+    producers = IdempotenceService(tmp_path, store=_EmptyStore(), clock_ms=lambda: 0, max_producers=10,
+                                   expiry_ms=10**6)
+    producers.load()
+    pid = producers.allocate("", "T")
+    with pytest.raises(OutOfOrderSequenceError) as old:
+        producers.check(BatchSequence(pid, 0, 5), "T", 0, 1)
+    assert type(old.value) is OutOfOrderSequenceError
+    with pytest.raises(SequenceGapError):
+        producers.check(BatchSequence(pid, 0, 5, gaps=True), "T", 0, 1)
+
+
 def test_a_duplicate_must_carry_the_stored_batch_s_messages():
     """A sequence reused for another batch (issue 27: a client that lost track of an unknown outcome) is
     refused, not answered with the stored batch's offsets; a retry of the same batch, and a keyed

@@ -122,7 +122,7 @@ class BrokerServer:
             check_port_free(self.config.metrics_host, self.config.metrics_port, "metrics port")
         data_format.check(self.config.data_dir, version=VERSION)  # before the lock: a refused dir stays as it was
         self._data_dir_lock.acquire()
-        data_format.ensure(self.config.data_dir, version=VERSION)  # stamps a new or pre-stamp dir, locked
+        data_format.ensure(self.config.data_dir, version=VERSION)  # stamps a new, pre-stamp or older-format dir, locked
         report = self.controller.load()
         r = report.recovery
         log.info("store recovered",

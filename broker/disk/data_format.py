@@ -7,7 +7,18 @@
 `format` is the version of the on-disk layout (commit-log records,
 consume-queue entries, the offset, pop and producer journals, the JSON files
 in config/); `written_by` is the Tidemark that wrote the stamp, for the
-operator reading a refusal. Format 1 is the layout of every Tidemark so far.
+operator reading a refusal. The formats so far:
+
+- 1: the first layout;
+- 2: the pop journal's Popped record and the pop state's in-flight rows end
+  with the delivery's receive time. A build that reads format 1 only takes
+  such a record for damage and cuts the journal there, losing the group's
+  later acknowledgements, so it must not open a format-2 dir.
+
+A build reads every format up to its own and writes its own. A dir stamped
+with an older format it reads is stamped again with the current one before
+anything is written (`ensure`: UPGRADED), since the broker's next records are
+in the current layout.
 
 Why refuse instead of trying: the files are read by byte layout, and a broker
 that misreads them does not stop, it repairs. Recovery cuts the commit log at
@@ -45,8 +56,8 @@ log = get_logger("tidemark.broker")
 
 FORMAT_FILE = "format.json"
 # The layout this build writes, and every layout it reads.
-CURRENT_FORMAT = 1
-READABLE_FORMATS: frozenset[int] = frozenset({1})
+CURRENT_FORMAT = 2
+READABLE_FORMATS: frozenset[int] = frozenset({1, 2})
 # What a broker leaves in its data dir (besides the lock, which a start creates before stamping): one of
 # them present without a stamp means a dir written before stamps existed, not a new one.
 _BROKER_ENTRIES = frozenset({"commitlog", "consumequeue", "config", "checkpoint", "abort"})
@@ -71,8 +82,9 @@ class Stamped(enum.Enum):
 
     FOUND = "found"  # stamped already, with a format this build reads: nothing written
     NEW = "new"  # an empty or new dir: stamped
-    ADOPTED = "adopted"  # data from before stamps existed: stamped as format 1
-    NOT_WRITTEN = "not_written"  # unstamped, and the stamp could not be written (logged): reads as format 1
+    ADOPTED = "adopted"  # data from before stamps existed: stamped with the current format (it reads format 1)
+    UPGRADED = "upgraded"  # stamped with an older format this build reads: stamped again with the current one
+    NOT_WRITTEN = "not_written"  # the stamp (new or upgraded) could not be written (logged): the old one stands
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,21 +184,29 @@ def check(data_dir: Path, *, version: str, readable: Collection[int] = READABLE_
 
 def ensure(data_dir: Path, *, version: str, readable: Collection[int] = READABLE_FORMATS,
            current: int = CURRENT_FORMAT) -> Stamping:
-    """Check the dir (DataFormatError as `check`), then stamp it with `current` when it has no stamp.
-    Call with the data dir's lock held."""
+    """Check the dir (DataFormatError as `check`), then stamp it with `current` when it has no stamp or an
+    older one: what the broker writes from now on is in the current layout. Call with the data dir's lock
+    held."""
     data_dir = Path(data_dir)
     found = check(data_dir, version=version, readable=readable)
-    if found is not None:
+    if found is not None and found.format >= current:
         return Stamping(Stamped.FOUND, found)
     stamp = FormatStamp(current, f"tidemark {version}")
     existing = data_dir.is_dir() and holds_broker_data(p.name for p in data_dir.iterdir())
     try:
         atomic_write(data_dir / FORMAT_FILE, encode_stamp(stamp))
     except OSError as e:
-        log.warning("cannot write the data dir's format stamp %s (%s); it reads as format %d, and the next "
-                    "start tries again", data_dir / FORMAT_FILE, e.strerror or e, current,
+        # Unstamped reads as format 1; an older stamp stays. Either way, a build that reads only that
+        # format could misread what this broker writes until the next start stamps the dir.
+        log.warning("cannot write the data dir's format stamp %s (%s); it reads as format %d until the next "
+                    "start writes it", data_dir / FORMAT_FILE, e.strerror or e, found.format if found else 1,
                     event="data_format_stamp_failed")
-        return Stamping(Stamped.NOT_WRITTEN, stamp)
+        return Stamping(Stamped.NOT_WRITTEN, found or FormatStamp(1))
+    if found is not None:
+        log.info("data dir stamped with on-disk format %d, was %d (written by %s)", current, found.format,
+                 found.written_by or "an unknown version", event="data_format_upgraded",
+                 file=data_dir / FORMAT_FILE, format=current, previous=found.format)
+        return Stamping(Stamped.UPGRADED, stamp)
     if existing:
         log.info("data dir written before format stamps: stamped as on-disk format %d", current,
                  event="data_format_stamped", file=data_dir / FORMAT_FILE, format=current, existing_data=True)

@@ -12,11 +12,14 @@ import pytest
 
 from tidemark.broker.disk import data_format
 from tidemark.broker.disk.data_format import (
+    CURRENT_FORMAT,
     FORMAT_FILE,
+    READABLE_FORMATS,
     DataFormatError,
     FormatStamp,
     Stamped,
     StampError,
+    Stamping,
     check,
     decode_stamp,
     encode_stamp,
@@ -87,7 +90,7 @@ def test_a_newer_format_is_refused_naming_the_dir_the_format_found_and_the_forma
     error = refusal(Path("/srv/data"), FormatStamp(99, "tidemark 9.0.0"), version=V)
     assert isinstance(error, DataFormatError)
     assert str(error) == ("data dir /srv/data holds on-disk format 99 (stamped by tidemark 9.0.0) and tidemark "
-                          "0.1.0 reads format 1 only: start it with a Tidemark that reads format 99; nothing was "
+                          "0.1.0 reads formats 1 and 2 only: start it with a Tidemark that reads format 99; nothing was "
                           "changed")
 
 
@@ -128,7 +131,7 @@ def test_a_garbled_stamp_is_refused_naming_the_dir_and_why(tmp_path):
         check(tmp_path, version=V)
     assert str(e.value) == (f"data dir {tmp_path} has an unusable format stamp ({FORMAT_FILE} is not valid JSON: "
                             f"Expecting value at line 1), so its on-disk format is unknown and tidemark 0.1.0 "
-                            f"reads format 1: repair or restore {FORMAT_FILE}; nothing was changed")
+                            f"reads formats 1 and 2: repair or restore {FORMAT_FILE}; nothing was changed")
     assert "\n" not in str(e.value)
 
 
@@ -142,8 +145,9 @@ def test_ensure_stamps_a_new_dir(tmp_path, caplog):
     with caplog.at_level(logging.INFO, "tidemark.broker"):
         stamping = ensure(tmp_path, version=V)
     assert stamping.outcome is Stamped.NEW
-    assert stamping.stamp == FormatStamp(1, "tidemark 0.1.0")
-    assert json.loads((tmp_path / FORMAT_FILE).read_bytes()) == {"format": 1, "written_by": "tidemark 0.1.0"}
+    assert stamping.stamp == FormatStamp(CURRENT_FORMAT, "tidemark 0.1.0")
+    assert json.loads((tmp_path / FORMAT_FILE).read_bytes()) == {"format": CURRENT_FORMAT,
+                                                                 "written_by": "tidemark 0.1.0"}
     assert sorted(p.name for p in tmp_path.iterdir()) == [FORMAT_FILE]  # no temp file left behind
     assert "existing_data=False" in caplog.text
 
@@ -162,12 +166,38 @@ def test_ensure_adopts_a_dir_written_before_stamps_as_format_1_and_logs_it_once(
     assert after.pop(FORMAT_FILE) and after == before  # the data itself is not touched
 
 
-def test_ensure_leaves_a_readable_stamp_as_it_is(tmp_path):
-    data = b'{"format": 1, "written_by": "tidemark 0.0.9"}'
+def test_ensure_leaves_a_stamp_of_the_current_format_as_it_is(tmp_path):
+    data = b'{"format": %d, "written_by": "tidemark 0.0.9"}' % CURRENT_FORMAT
     (tmp_path / FORMAT_FILE).write_bytes(data)
     stamping = ensure(tmp_path, version=V)
-    assert stamping.outcome is Stamped.FOUND and stamping.stamp == FormatStamp(1, "tidemark 0.0.9")
+    assert stamping.outcome is Stamped.FOUND and stamping.stamp == FormatStamp(CURRENT_FORMAT, "tidemark 0.0.9")
     assert (tmp_path / FORMAT_FILE).read_bytes() == data
+
+
+def test_ensure_stamps_an_older_format_it_reads_with_the_current_one(tmp_path, caplog):
+    """What the broker writes next is in the current layout (format 2: the pop journal's receive time), so
+    a build that reads format 1 only must refuse the dir from now on instead of cutting the journal."""
+    assert CURRENT_FORMAT == 2 and READABLE_FORMATS == {1, 2}
+    (tmp_path / FORMAT_FILE).write_bytes(b'{"format": 1, "written_by": "tidemark 0.1.0"}')
+    (tmp_path / "commitlog").mkdir()
+    with caplog.at_level(logging.INFO, "tidemark.broker"):
+        stamping = ensure(tmp_path, version="0.3.0")
+    assert stamping == Stamping(Stamped.UPGRADED, FormatStamp(2, "tidemark 0.3.0"))
+    assert json.loads((tmp_path / FORMAT_FILE).read_bytes()) == {"format": 2, "written_by": "tidemark 0.3.0"}
+    assert "event=data_format_upgraded" in caplog.text and "previous=1" in caplog.text
+    assert ensure(tmp_path, version="0.3.0").outcome is Stamped.FOUND
+    assert refusal(tmp_path, FormatStamp(2, "tidemark 0.3.0"), version="0.1.0", readable={1}) is not None
+
+
+def test_an_upgrade_that_cannot_be_written_keeps_the_old_stamp(tmp_path, monkeypatch):
+    (tmp_path / FORMAT_FILE).write_bytes(b'{"format": 1}')
+
+    def full_disk(path, data, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(data_format, "atomic_write", full_disk)
+    assert ensure(tmp_path, version=V) == Stamping(Stamped.NOT_WRITTEN, FormatStamp(1))
+    assert (tmp_path / FORMAT_FILE).read_bytes() == b'{"format": 1}'
 
 
 @pytest.mark.parametrize("stamp", [b'{"format": 99, "written_by": "tidemark 9.0.0"}', b"garbage"])

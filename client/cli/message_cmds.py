@@ -1,4 +1,4 @@
-"""tidemark send | consume | message get | message search."""
+"""tidemark send | consume | message get | message search | message trace."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import datetime
 
 from tidemark.client.admin import Admin
@@ -26,6 +27,7 @@ from tidemark.client.cli.output import (
 )
 from tidemark.client.consumer.push_consumer import PushConsumer
 from tidemark.client.errors import FailedPreconditionError, InvalidArgumentError, TidemarkError
+from tidemark.client.journey import trace_message
 from tidemark.client.message import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
@@ -103,6 +105,12 @@ def register(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -
     p.add_argument("--end", help="ISO time or epoch milliseconds (default: now)")
     p.add_argument("--max", type=int_in(1, 10_000), default=64, help="at most this many messages (default 64)")
     p.set_defaults(run=message_search)
+    p = msub.add_parser("trace", parents=[common],
+                        help="a message's journey: sent, stored where, consumed by which group and client, "
+                             "retried, dead-lettered (and its trace id when it carries a traceparent)")
+    p.add_argument("msg_id", metavar="MSG_ID", help="the msg id a send printed")
+    p.add_argument("--topic", default="", help="the topic it was sent to (default: search every topic)")
+    p.set_defaults(run=message_trace)
 
 
 def parse_time_ms(text: str, option: str) -> int:
@@ -385,4 +393,18 @@ def message_search(args: argparse.Namespace) -> int:
     rows = [{"msg_id": m.msg_id, "broker": m.broker_name, "queue": m.queue_id, "offset": m.queue_offset,
              "keys": m.keys, "tags": m.tags, "stored": iso_ms(m.store_timestamp)} for m in found]
     emit(rows, ["msg_id", "broker", "queue", "offset", "keys", "tags", "stored"], as_json=args.json)
+    return 0
+
+
+TRACE_COLUMNS = ["step", "time", "topic", "queue", "group", "client", "detail"]
+
+
+def message_trace(args: argparse.Namespace) -> int:
+    with Admin(**client_kwargs(args)) as admin:
+        found = trace_message(admin, args.msg_id, args.topic)
+    if args.json:
+        print_line(found.to_json())
+        return 0
+    print(f"msg id {found.msg_id}  topic {found.topic}  trace id {found.trace_id or '- (no traceparent)'}")
+    emit([{**asdict(s), "time": iso_ms(s.at_ms)} for s in found.steps], TRACE_COLUMNS, as_json=False)
     return 0

@@ -15,6 +15,7 @@ import collections
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from tidemark.client import tracing
 from tidemark.client.consumer.core import ConsumerCore
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
@@ -264,7 +265,10 @@ class PullConsumer(BlockingClient):
         """The next fetched batch (one queue, in offset order), or [] after timeout seconds."""
         core = self._require()
         wait = self.settings.poll_timeout_s if timeout is None else timeout
-        return self._names.bare_messages(self._run(core.poll(wait), timeout=wait + 5))
+        msgs = self._names.bare_messages(self._run(core.poll(wait), timeout=wait + 5))
+        if tracing.ENABLED and msgs:
+            tracing.received(msgs, self.settings)
+        return msgs
 
     def seek(self, mq: MessageQueue, offset: int) -> None:
         """Continue reading mq at offset (within [min, max] of the queue)."""

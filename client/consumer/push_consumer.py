@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tidemark.client import tracing
 from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
 from tidemark.client.consumer.consume_orderly import ConsumeMessageOrderlyService
 from tidemark.client.consumer.consume_pool import ConsumeThreadPool
@@ -177,6 +178,8 @@ class PushConsumer(BlockingClient):
         self._life.require(ClientState.CREATED, action="register a listener")
         if not callable(listener):
             raise InvalidArgumentError(f"listener must be callable, got {type(listener).__name__}")
+        if tracing.ENABLED:
+            listener = tracing.traced_listener(listener, self.settings)
         self._listener, self._orderly = self._names.listener(listener), orderly
 
     def start(self) -> PushConsumer:

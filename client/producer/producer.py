@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tidemark.client import tracing
 from tidemark.client.errors import (
     BrokerUnreachableError,
     ClientStateError,
@@ -451,6 +452,13 @@ class Producer(BlockingClient):
                    selector: MessageQueueSelector | None = None, arg: Any = None,
                    timeout: float | None = None) -> list[SendResult]:
         """Send messages of one topic as one batch: one queue, consecutive offsets."""
+        if tracing.ENABLED:
+            return tracing.send_traced(self._send_batch, messages, self.settings, queue=queue, selector=selector,
+                                       arg=arg, timeout=timeout)
+        return self._send_batch(messages, queue=queue, selector=selector, arg=arg, timeout=timeout)
+
+    def _send_batch(self, messages: Sequence[Message], *, queue: MessageQueue | None,
+                    selector: MessageQueueSelector | None, arg: Any, timeout: float | None) -> list[SendResult]:
         self._life.require(ClientState.RUNNING, action="send")
         if not messages:
             raise InvalidArgumentError("a batch needs at least one message")
@@ -503,6 +511,13 @@ class Producer(BlockingClient):
         The future (and callback, on the producer's thread) gets the result or the error. Blocks only
         when max_async_in_flight messages are unanswered, and never when called from a send callback:
         there a message that would have to wait (for a slot or a route) goes on its own instead."""
+        if tracing.ENABLED:
+            return tracing.send_async_traced(self._send_async, message, callback, self.settings, queue=queue,
+                                             selector=selector, arg=arg)
+        return self._send_async(message, callback, queue=queue, selector=selector, arg=arg)
+
+    def _send_async(self, message: Message, callback: SendCallback | None, *, queue: MessageQueue | None,
+                    selector: MessageQueueSelector | None, arg: Any) -> concurrent.futures.Future[SendResult]:
         self._life.require(ClientState.RUNNING, action="send")
         names = self._names
         try:

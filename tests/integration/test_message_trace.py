@@ -1,0 +1,144 @@
+"""Message traces: a message's send and consume spans share one trace through its traceparent property
+(OpenTelemetry's in-memory exporter), and `tidemark message trace` shows its journey from what the broker
+recorded: sent, stored, consumed, and for a message that keeps failing retried and dead-lettered."""
+
+from __future__ import annotations
+
+import pytest
+from brokerproc import BrokerProcess
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from workload import create_topic, queue, wait_until
+
+from tidemark.client import (
+    Admin,
+    ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
+    InvalidArgumentError,
+    Message,
+    NotFoundError,
+    Producer,
+    PushConsumer,
+    tracing,
+)
+from tidemark.client.cli.main import main
+from tidemark.client.journey import trace_message
+
+# Level n waits n * 100 ms: a retry comes 300 ms after the failure.
+LEVELS = " ".join(f"{n * 100}ms" for n in range(1, 19))
+
+
+@pytest.fixture(scope="module")
+def trace_broker(tmp_path_factory):
+    b = BrokerProcess(tmp_path_factory.mktemp("trace-broker") / "data", args=("--delay-levels", LEVELS)).start()
+    yield b
+    b.kill()
+
+
+@pytest.fixture
+def exporter():
+    spans = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracing.enable(provider)
+    yield spans, provider
+    tracing.disable()
+
+
+def consumer(address: str, group: str, topic: str, listener, **kw) -> PushConsumer:
+    c = PushConsumer(group=group, brokers=address, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+                     persist_consumer_offset_interval_s=0.2, **kw)
+    c.subscribe(topic)
+    c.register_message_listener(listener)
+    return c.start()
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """cli(address, *args) -> (exit code, stdout, stderr) of `tidemark ARGS --broker ADDRESS`, in this process."""
+    monkeypatch.setattr("tidemark.client.cli.main.setup_logging", lambda *a, **k: None)
+    for name in ("TIDEMARK_BROKER", "TIDEMARK_NAMESRV", "TIDEMARK_ACCESS_KEY", "TIDEMARK_SECRET_KEY"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(address: str, *args: str) -> tuple[int, str, str]:
+        code = main([*args, "--broker", address])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
+
+
+def test_spans_share_one_trace_and_the_journey_shows_consumed_retried_and_dead_lettered(trace_broker, exporter, cli):
+    spans, provider = exporter
+    address = trace_broker.address
+    create_topic(address, "Jobs", 1)
+
+    def listener(msgs, ctx):
+        return (ConsumeConcurrentlyStatus.RECONSUME_LATER if msgs[0].body == b"poison"
+                else ConsumeConcurrentlyStatus.CONSUME_SUCCESS)
+
+    c = consumer(address, "jobs", "Jobs", listener, max_reconsume_times=1)
+    try:
+        with Producer(brokers=address) as p:
+            with provider.get_tracer("app").start_as_current_span("checkout") as checkout:
+                traced = p.send(Message("Jobs", b"order-1", tags="paid"))
+            wait_until(lambda: any(s.name == "Jobs process" for s in spans.get_finished_spans()), 20,
+                       "the consumer's process span")
+            tracing.disable()  # from here on nothing is traced: no property, no span
+            poison = p.send(Message("Jobs", b"poison")).msg_id
+            good = p.send(Message("Jobs", b"fine", keys="k1")).msg_id
+        with Admin(brokers=address) as admin:
+            wait_until(lambda: _dead(admin, "jobs") == [poison], 20, "the poison message in the DLQ")
+            wait_until(lambda: [s.consumer_offset for s in admin.consume_stats("jobs", "Jobs")] == [3], 10,
+                       "the group's offset past all three")
+            assert [("traceparent" in admin.view_message(queue("Jobs", 0), i).properties) for i in range(3)] == [
+                True, False, False]
+            poison_journey = trace_message(admin, poison, "Jobs")
+            traced_journey = trace_message(admin, traced.msg_id, "Jobs")
+            with pytest.raises(InvalidArgumentError, match="give the topic the message was sent to"):
+                trace_message(admin, poison, "%DLQ%jobs")
+            with pytest.raises(NotFoundError, match="no message with msg id"):
+                trace_message(admin, traced.msg_id[:28] + "FFFF", "Jobs")  # no such message
+        table = cli(address, "message", "trace", good)  # without --topic: every topic is searched
+        bad = cli(address, "message", "trace", "nonsense", "--topic", "Jobs")
+        client_id = c.client_id
+    finally:
+        c.shutdown()
+
+    # The send (under the caller's span) and the consumption are one trace; the broker's journey names it.
+    by_name = {s.name: s for s in spans.get_finished_spans()}
+    assert set(by_name) == {"checkout", "Jobs publish", "Jobs process"}, by_name  # nothing after disable()
+    publish, process = by_name["Jobs publish"], by_name["Jobs process"]
+    trace_id = checkout.get_span_context().trace_id
+    assert {publish.context.trace_id, process.context.trace_id} == {trace_id}
+    assert publish.kind is SpanKind.PRODUCER and publish.parent.span_id == checkout.get_span_context().span_id
+    assert process.kind is SpanKind.CONSUMER and process.parent.span_id == publish.context.span_id
+    assert publish.attributes["messaging.system"] == "rocketmq"
+    assert publish.attributes["messaging.message.id"] == process.attributes["messaging.message.id"] == traced.msg_id
+    assert process.attributes["messaging.rocketmq.client_group"] == "jobs"
+    assert tracing.parse_traceparent(traced_journey.traceparent) == (
+        f"{trace_id:032x}", f"{publish.context.span_id:016x}")
+    assert traced_journey.trace_id == f"{trace_id:032x}" and poison_journey.trace_id == ""
+
+    assert [(s.step, s.topic, s.group) for s in poison_journey.steps] == [
+        ("sent", "Jobs", ""), ("stored", "Jobs", ""), ("failed", "Jobs", "jobs"),
+        ("retried", "%RETRY%jobs", "jobs"), ("failed", "%RETRY%jobs", "jobs"),
+        ("dead-lettered", "%DLQ%jobs", "jobs")]
+    assert poison_journey.steps[3].detail == "attempt 2" and poison_journey.steps[3].at_ms > 0
+
+    code, out, err = table
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"msg id {good}  topic Jobs  trace id - (no traceparent)"
+    assert [line.split()[0] for line in lines[2:]] == ["sent", "stored", "consumed"], out
+    assert client_id in lines[-1] and "keys=k1" in out  # the client holding the queue
+    code, out, err = bad
+    assert code == 1 and out == "" and len(err.splitlines()) == 1 and "malformed" in err, bad
+
+
+def _dead(admin: Admin, group: str) -> list[str]:
+    try:
+        return [m.msg_id for m in admin.dead_letters(group, 10)]
+    except NotFoundError:
+        return []

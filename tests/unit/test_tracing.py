@@ -1,0 +1,157 @@
+"""Message traces without a broker: the traceparent parser, the spans of sends and deliveries (OpenTelemetry's
+in-memory exporter), the journey built from a message's copies and its groups' offsets, and that nothing
+imports OpenTelemetry unless tracing is enabled."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from tidemark.client import (
+    ConsumeConcurrentlyStatus,
+    Message,
+    MessageExt,
+    MessageQueue,
+    PushConsumerSettings,
+    SendResult,
+    tracing,
+)
+from tidemark.client.journey import GroupFacts, journey
+
+ROOT = Path(__file__).resolve().parents[2]
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.fixture
+def spans():
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.enable(provider)
+    yield exporter
+    tracing.disable()
+
+
+def ext(topic: str, offset: int, *, props: dict | None = None, reconsume: int = 0, stored: int = 1000,
+        msg_id: str = "AB" * 16) -> MessageExt:
+    return MessageExt(topic, "broker-a", 0, offset, msg_id, b"x", properties=props or {}, born_timestamp=stored - 1,
+                      store_timestamp=stored, reconsume_times=reconsume, born_host="10.0.0.1")
+
+
+SETTINGS = PushConsumerSettings(group="billing", brokers="127.0.0.1:1", instance_name="7")
+
+
+@pytest.mark.parametrize("value, parsed", [
+    (TP, ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")),
+    (TP.upper(), ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")),
+    ("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-later", ("0af7651916cd43dd8448eb211c80319c",
+                                                                      "b7ad6b7169203331")),
+    ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra", None),  # version 00 has 4 parts
+    ("ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None),
+    ("00-00000000000000000000000000000000-b7ad6b7169203331-01", None),
+    ("00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", None),
+    ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01", None),
+    ("00-zzf7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None),
+    ("", None),
+])
+def test_parse_traceparent(value, parsed):
+    assert tracing.parse_traceparent(value) == parsed
+
+
+def test_a_send_carries_its_publish_spans_context_and_a_failed_send_is_an_error(spans):
+    sent = []
+
+    def send(messages, **kw):
+        sent.extend(messages)
+        return [SendResult("ID1", MessageQueue("Orders", "broker-a", 2), 41)]
+
+    tracing.send_traced(send, [Message("Orders", b"x", tags="paid", properties={"a": "1"})], SETTINGS)
+    [span] = spans.get_finished_spans()
+    assert span.name == "Orders publish" and span.kind is SpanKind.PRODUCER
+    assert tracing.parse_traceparent(sent[0].properties["traceparent"]) == (
+        f"{span.context.trace_id:032x}", f"{span.context.span_id:016x}")
+    assert sent[0].properties["a"] == "1" and sent[0].tags == "paid"
+    assert span.attributes["messaging.message.id"] == "ID1"
+    assert span.attributes["messaging.destination.partition.id"] == "2"
+    assert span.attributes["messaging.rocketmq.message.tag"] == "paid"
+
+    def refuse(messages, **kw):
+        raise RuntimeError("refused")
+
+    with pytest.raises(RuntimeError):
+        tracing.send_traced(refuse, [Message("Orders", b"x")], SETTINGS)
+    assert spans.get_finished_spans()[-1].status.status_code is StatusCode.ERROR
+
+
+def test_a_batch_listener_call_links_every_message_and_a_failure_is_an_error(spans):
+    other = "00-1af7651916cd43dd8448eb211c80319c-c7ad6b7169203331-01"
+    listener = tracing.traced_listener(lambda msgs, ctx: ConsumeConcurrentlyStatus.RECONSUME_LATER, SETTINGS)
+    assert listener([ext("Orders", 1, props={"traceparent": TP}), ext("Orders", 2, props={"traceparent": other}),
+                     ext("Orders", 3)], None) is ConsumeConcurrentlyStatus.RECONSUME_LATER
+    [span] = spans.get_finished_spans()
+    assert span.name == "Orders process" and span.kind is SpanKind.CONSUMER and span.parent is None
+    assert sorted(f"{link.context.trace_id:032x}" for link in span.links) == [
+        "0af7651916cd43dd8448eb211c80319c", "1af7651916cd43dd8448eb211c80319c"]
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.attributes["messaging.batch.message_count"] == 3
+
+
+def test_a_polled_message_gets_a_receive_span_in_its_trace(spans):
+    tracing.received([ext("Orders", 5, props={"traceparent": TP}), ext("Orders", 6, props={"traceparent": "junk"})],
+                     SETTINGS)
+    first, second = spans.get_finished_spans()
+    assert first.name == "Orders receive" and first.kind is SpanKind.CONSUMER
+    assert f"{first.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+    assert first.parent.span_id == 0xb7ad6b7169203331
+    assert second.parent is None  # a malformed traceparent starts a trace of its own
+    assert first.attributes["tidemark.queue.offset"] == 5
+
+
+def test_journey_of_a_message_retried_then_dead_lettered_by_one_group_and_pending_for_another():
+    original = ext("Orders", 7, props={"traceparent": TP, "PGROUP": "shop"}, stored=1000)
+    retry = ext("%RETRY%billing", 0, reconsume=1, stored=2000)
+    dead = ext("%DLQ%billing", 0, reconsume=2, stored=3000)
+    q = ("Orders", "broker-a", 0)
+    billing = GroupFacts("billing", {q: 8, ("%RETRY%billing", "broker-a", 0): 1}, {q: "10.0.0.2@1"},
+                         copies=(retry, dead))
+    audit = GroupFacts("audit", {q: 7}, {}, {q: 3})
+    late = GroupFacts("late", {}, {})
+    steps = journey(original, [billing, audit, late]).steps
+    assert [(s.step, s.topic, s.group, s.at_ms) for s in steps] == [
+        ("sent", "Orders", "", 999), ("stored", "Orders", "", 1000),
+        ("failed", "Orders", "billing", 0), ("retried", "%RETRY%billing", "billing", 2000),
+        ("failed", "%RETRY%billing", "billing", 0), ("dead-lettered", "%DLQ%billing", "billing", 3000),
+        ("in-flight", "Orders", "audit", 0), ("pending", "Orders", "late", 0)]
+    assert steps[0].detail == "producer group shop" and steps[2].client == "10.0.0.2@1"
+    assert steps[3].detail == "attempt 2" and steps[3].queue == "broker-a:0@0"
+    assert steps[-1].detail == "not consumed yet: the group's committed offset is none"
+    assert journey(original, []).trace_id == "0af7651916cd43dd8448eb211c80319c"
+    consumed = journey(original, [GroupFacts("audit", {q: 8}, {q: "c1"})]).steps[-1]
+    assert (consumed.step, consumed.client) == ("consumed", "c1")
+
+
+def test_no_module_imports_opentelemetry_when_it_is_imported():
+    """OpenTelemetry is an optional extra: only enable() (and the broker's opt-in store spans) import it, inside
+    a function; a module-level import anywhere would make every client need it."""
+    offenders = []
+    for folder in ("client", "common", "broker", "spark_connector"):
+        for path in (ROOT / folder).rglob("*.py"):
+            text = path.read_text("utf-8")
+            if "opentelemetry" not in text:
+                continue
+            for node in ast.parse(text).body:
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    continue
+                for inner in ast.walk(node):
+                    names = ([a.name for a in inner.names] if isinstance(inner, ast.Import)
+                             else [inner.module or ""] if isinstance(inner, ast.ImportFrom) else [])
+                    if any(n.split(".")[0] == "opentelemetry" for n in names):
+                        offenders.append(f"{path.relative_to(ROOT)}:{inner.lineno}")
+    assert offenders == []
+    assert tracing.ENABLED is False  # until enable()

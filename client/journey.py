@@ -14,6 +14,7 @@ flight. What the brokers do not keep is the moment of each delivery: a consumed 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -33,7 +34,8 @@ __all__ = ["GroupFacts", "JourneyStep", "MessageJourney", "journey", "trace_mess
 
 @dataclass(frozen=True, slots=True)
 class JourneyStep:
-    """One step: `step` is sent, stored, consumed, failed, pending, retried, dead-lettered or in-flight;
+    """One step: `step` is sent, stored, consumed, failed, pending, in-flight, retried, dead-lettered or
+    requeued;
     `at_ms` 0 where the brokers do not record the time."""
 
     step: str
@@ -78,8 +80,9 @@ def _key(m: MessageExt) -> tuple[str, str, int]:
     return (m.topic, m.broker_name, m.queue_id)
 
 
-def journey(original: MessageExt, groups: list[GroupFacts]) -> MessageJourney:
-    """The steps of `original` and its copies, group by group."""
+def journey(original: MessageExt, groups: list[GroupFacts], requeued: Sequence[MessageExt] = ()) -> MessageJourney:
+    """The steps of `original` and its copies, group by group; then the copies a dead-letter requeue sent
+    back to the topic (`requeued`: the same msg id stored there again)."""
     props = original.properties
     producer = props.get(PropertyKey.PRODUCER_GROUP, "")
     steps = [JourneyStep("sent", original.born_timestamp, original.topic, "", client=original.born_host,
@@ -114,6 +117,9 @@ def journey(original: MessageExt, groups: list[GroupFacts]) -> MessageJourney:
         for m in dead:
             steps.append(JourneyStep("dead-lettered", m.store_timestamp, m.topic, _where(m), g.group,
                                      detail=f"after {m.reconsume_times} retries"))
+    for m in requeued:
+        steps.append(JourneyStep("requeued", m.store_timestamp, m.topic, _where(m),
+                                 detail="sent back from a dead-letter queue: trace it from here by its queue"))
     traceparent = props.get(TRACEPARENT, "")
     parsed = parse_traceparent(traceparent) if traceparent else None
     return MessageJourney(original.msg_id, original.topic, traceparent, parsed[0] if parsed else "", tuple(steps))
@@ -134,7 +140,7 @@ def trace_message(admin: Any, msg_id: str, topic: str = "") -> MessageJourney:
     original = originals[0]
     groups = [_group_facts(admin, g.group, original, found if not topic else None)
               for g in admin.list_groups(original.topic)]
-    return journey(original, groups)
+    return journey(original, groups, originals[1:])
 
 
 def _group_facts(admin: Any, group: str, original: MessageExt, found: list[MessageExt] | None) -> GroupFacts:

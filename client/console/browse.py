@@ -1,5 +1,5 @@
-"""The console's message pages as data: lookups (by msg id, key or position), a topic's newest messages or
-those from a time, and a group's dead letters with what was already requeued.
+"""The console's message pages as data: lookups (by msg id, key or position), a message's journey, a topic's
+newest messages or those from a time, and a group's dead letters with what was already requeued.
 
 Every message says which copy it is (`kind`): the original on its topic, a retry copy on %RETRY%<group>, a
 dead-letter copy on %DLQ%<group>, or a requeued copy (the same msg id on the original topic again, sent back
@@ -15,6 +15,7 @@ from typing import Any
 from tidemark.client.admin import Admin
 from tidemark.client.console.views import flag, mq_doc, now_ms
 from tidemark.client.errors import InvalidArgumentError, NotFoundError
+from tidemark.client.journey import trace_message
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.common.protocol import dlq_topic, is_dlq_topic, is_retry_topic
 
@@ -89,6 +90,13 @@ def lookup(admin: Admin, query: dict[str, str]) -> dict[str, Any]:
         raise NotFoundError(f"topic {topic_name!r} has no queues on any broker")
     broker = query.get("broker") or brokers[0]
     return {"messages": _listed([admin.view_message(MessageQueue(topic_name, broker, queue), offset)])}
+
+
+def trace(admin: Admin, query: dict[str, str]) -> dict[str, Any]:
+    """A message's journey by msg id (topic optional): tidemark.client.journey, as `tidemark message trace`."""
+    if not query.get("msg_id"):
+        raise InvalidArgumentError("a msg id is required")
+    return trace_message(admin, query["msg_id"], query.get("topic", "")).to_json()
 
 
 def _count(query: dict[str, str], name: str) -> int:

@@ -181,6 +181,8 @@ class Handler(BaseHTTPRequestHandler):
                 return views.group(admin, history, name, since_ms=_int(query.get("since", "0")))
             case ["messages"]:
                 return browse.lookup(admin, query)
+            case ["messages", "trace"]:
+                return browse.trace(admin, query)
             case ["dlq", name]:
                 return browse.dead_letters(admin, name)
             case ["users"]:

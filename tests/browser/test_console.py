@@ -82,6 +82,9 @@ def test_pages_load_and_show_brokers_topics_and_messages(broker, console_factory
     page.goto(url(console, f"#/messages?msg_id={ids[3]}"))
     page.get_by_role("cell", name="order-3", exact=True).wait_for()
     assert page.locator("article.message").count() == 1
+    # Its journey (tidemark message trace): sent and stored, no group has read Orders.
+    expect(page.locator("#journey-table tbody tr")).to_have_count(2)
+    assert page.locator("#journey-table tbody tr").nth(1).inner_text().startswith("stored")
 
     # By position, and an offset the queue does not hold: the broker's reason on the page.
     page.goto(url(console, "#/messages?topic=Orders&queue=0&offset=999999"))

@@ -4,6 +4,10 @@ recorded: sent, stored, consumed, and for a message that keeps failing retried a
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
+
 import pytest
 from brokerproc import BrokerProcess
 from opentelemetry.sdk.trace import TracerProvider
@@ -24,7 +28,9 @@ from tidemark.client import (
     tracing,
 )
 from tidemark.client.cli.main import main
+from tidemark.client.console.server import Console, ConsoleSettings
 from tidemark.client.journey import trace_message
+from tidemark.client.settings import ClientSettings
 
 # Level n waits n * 100 ms: a retry comes 300 ms after the failure.
 LEVELS = " ".join(f"{n * 100}ms" for n in range(1, 19))
@@ -135,6 +141,23 @@ def test_spans_share_one_trace_and_the_journey_shows_consumed_retried_and_dead_l
     assert client_id in lines[-1] and "keys=k1" in out  # the client holding the queue
     code, out, err = bad
     assert code == 1 and out == "" and len(err.splitlines()) == 1 and "malformed" in err, bad
+
+    # The console's message page asks for the same journey.
+    console = Console(ClientSettings(brokers=address), ConsoleSettings(port=0, sample_interval_s=60)).start()
+    try:
+        doc = _get(console, f"/api/messages/trace?msg_id={poison}&topic=Jobs")
+        assert [s["step"] for s in doc["steps"]] == [s.step for s in poison_journey.steps]
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _get(console, "/api/messages/trace?topic=Jobs")
+        assert refused.value.code == 400 and json.loads(refused.value.read()) == {"error": "a msg id is required"}
+    finally:
+        console.shutdown()
+
+
+def _get(console: Console, path: str) -> dict:
+    host, port = console.address
+    with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=10) as resp:
+        return json.loads(resp.read())
 
 
 def _dead(admin: Admin, group: str) -> list[str]:

@@ -132,6 +132,8 @@ def test_journey_of_a_message_retried_then_dead_lettered_by_one_group_and_pendin
     assert steps[3].detail == "attempt 2" and steps[3].queue == "broker-a:0@0"
     assert steps[-1].detail == "not consumed yet: the group's committed offset is none"
     assert journey(original, []).trace_id == "0af7651916cd43dd8448eb211c80319c"
+    requeued = journey(original, [], [ext("Orders", 9, stored=5000)]).steps[-1]
+    assert (requeued.step, requeued.queue, requeued.at_ms) == ("requeued", "broker-a:0@9", 5000)
     consumed = journey(original, [GroupFacts("audit", {q: 8}, {q: "c1"})]).steps[-1]
     assert (consumed.step, consumed.client) == ("consumed", "c1")
 

@@ -39,13 +39,35 @@ export async function messagesPage(page) {
     "By msg id (with its retry, dead-letter and requeued copies), by key (last 7 days), or by queue position: " +
     "topic, queue and offset. To browse a topic's newest messages or those from a time, open the topic."), form, out);
   if (!params.get("topic") && !params.get("msg_id")) return;
+  const journey = params.get("msg_id") ? journeySection(params) : null;
   try {
     const doc = await api(`/api/messages?${params}`);
-    out.replaceChildren(...(doc.messages.length ? doc.messages.map(messageView) : [note("no message found")]));
+    out.replaceChildren(...(journey ? [journey] : []),
+      ...(doc.messages.length ? doc.messages.map(messageView) : [note("no message found")]));
   } catch (e) {
     out.replaceChildren(errorBox(e));
   }
 }
+
+// A message's journey (as `tidemark message trace` shows it), filled in when the brokers answer.
+function journeySection(params) {
+  const q = new URLSearchParams({ msg_id: params.get("msg_id") });
+  if (params.get("topic")) q.set("topic", params.get("topic"));
+  const body = h("div", {}, note("tracing..."));
+  const section = h("section", { id: "message-journey" }, h("h2", {}, "Journey"), body);
+  api(`/api/messages/trace?${q}`).then((doc) => body.replaceChildren(
+    note(doc.trace_id ? `trace id ${doc.trace_id} (traceparent ${doc.traceparent})`
+                      : "no trace id: the message carries no traceparent"),
+    table([["step", (s) => h("span", { class: `badge ${STEP_BADGES[s.step] || ""}` }, s.step)],
+           ["time", (s) => fmtMs(s.at_ms), { sort: (s) => s.at_ms }], ["topic", "topic"], ["queue", "queue"],
+           ["group", "group"], ["client", "client"], ["detail", "detail"]],
+          doc.steps, "no step", { id: "journey-table", filter: false })),
+  (e) => body.replaceChildren(errorBox(e)));
+  return section;
+}
+
+const STEP_BADGES = { consumed: "ok", failed: "warn", retried: "warn", pending: "", "in-flight": "",
+                      "dead-lettered": "bad", requeued: "warn" };
 
 const preview = (m) => (m.body_encoding === "base64" ? `(binary) ${m.body}` : m.body) + (m.body_cut ? " ..." : "");
 

@@ -12,6 +12,7 @@ from tidemark.broker import config as broker_config
 from tidemark.broker import memory
 from tidemark.broker.disk import data_format
 from tidemark.broker.errors import BrokerError
+from tidemark.broker.observe import traces
 from tidemark.common.logs import get_logger, setup_logging
 from tidemark.common.scheduler import cancel_and_wait
 
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     setup_logging(config.log_level, config.log_format)
     memory.configure()
+    traces.configure(config.broker_name)  # store spans, when OTEL_TRACES_EXPORTER asks for them
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is a dependency; keep running without it
@@ -157,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"tidemark broker: {e}", file=sys.stderr)
         return 1
+    finally:
+        traces.shutdown()
     return 0
 
 

@@ -39,6 +39,7 @@ from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
 from tidemark.broker.ingest.send import GroupsSent, OutgoingMessage, Sent
 from tidemark.broker.ingest.send_back import FIRST_RETRY_DELAY_LEVEL, SendBackResult
 from tidemark.broker.membership.locks import LockInfo
+from tidemark.broker.observe import traces
 from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import (
     BatchResult,
@@ -156,7 +157,11 @@ class Operations:
         """Store messages in one queue (SendService.send says which) and count them."""
         b = self.broker
         started = time.perf_counter()
+        begun = time.time_ns() if traces.ENABLED else 0
         sent = await b.sender.send(topic, queue_id, messages, queue_key=queue_key)
+        if traces.ENABLED:
+            traces.stored_messages(topic, [(m.properties, s.queue_id, s.put.queue_offset, s.msg_id)
+                                           for m, s in zip(messages, sent, strict=False)], begun, time.time_ns())
         metrics = b.metrics
         metrics.send_latency.observe(time.perf_counter() - started)
         metrics.messages_in.labels(topic).inc(len(sent))
@@ -183,7 +188,10 @@ class Operations:
         replication, or a topic this batch created that is not on disk yet."""
         b = self.broker
         started = time.perf_counter()
+        begun = time.time_ns() if traces.ENABLED else 0
         put = b.sender.append_records(topic, queue_id, records, count, sequence)
+        if traces.ENABLED and not put.duplicate:
+            traces.stored_records(topic, queue_id, records, count, put.first_offset, put.msg_ids, begun, time.time_ns())
         metrics = b.metrics
         if put.duplicate:
             metrics.duplicate_batches.inc()

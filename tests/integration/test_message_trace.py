@@ -38,7 +38,10 @@ LEVELS = " ".join(f"{n * 100}ms" for n in range(1, 19))
 
 @pytest.fixture(scope="module")
 def trace_broker(tmp_path_factory):
-    b = BrokerProcess(tmp_path_factory.mktemp("trace-broker") / "data", args=("--delay-levels", LEVELS)).start()
+    # Store spans as JSON in the broker's log, exported within 50 ms.
+    env = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    b = BrokerProcess(tmp_path_factory.mktemp("trace-broker") / "data", args=("--delay-levels", LEVELS),
+                      env=env).start()
     yield b
     b.kill()
 
@@ -123,6 +126,12 @@ def test_spans_share_one_trace_and_the_journey_shows_consumed_retried_and_dead_l
     assert publish.attributes["messaging.system"] == "rocketmq"
     assert publish.attributes["messaging.message.id"] == process.attributes["messaging.message.id"] == traced.msg_id
     assert process.attributes["messaging.rocketmq.client_group"] == "jobs"
+    # The broker's store span (OTEL_TRACES_EXPORTER=console) is a child of the publish span: the same trace.
+    wait_until(lambda: '"name": "Jobs store"' in trace_broker.log_text(), 10, "the broker's store span")
+    store = _exported(trace_broker.log_text(), "Jobs store")
+    assert store["context"]["trace_id"] == f"0x{trace_id:032x}"
+    assert store["parent_id"] == f"0x{publish.context.span_id:016x}"
+    assert store["attributes"]["messaging.message.id"] == traced.msg_id
     assert tracing.parse_traceparent(traced_journey.traceparent) == (
         f"{trace_id:032x}", f"{publish.context.span_id:016x}")
     assert traced_journey.trace_id == f"{trace_id:032x}" and poison_journey.trace_id == ""
@@ -152,6 +161,14 @@ def test_spans_share_one_trace_and_the_journey_shows_consumed_retried_and_dead_l
         assert refused.value.code == 400 and json.loads(refused.value.read()) == {"error": "a msg id is required"}
     finally:
         console.shutdown()
+
+
+def _exported(log: str, name: str) -> dict:
+    """The span `name` among the JSON objects a console exporter wrote into a log."""
+    decoder = json.JSONDecoder()
+    at = log.index(f'"name": "{name}"')
+    start = log.rindex("{", 0, at)
+    return decoder.raw_decode(log, start)[0]
 
 
 def _get(console: Console, path: str) -> dict:

@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tidemark.broker.observe import traces
 from tidemark.client import (
     ConsumeConcurrentlyStatus,
     Message,
@@ -23,6 +24,7 @@ from tidemark.client import (
     tracing,
 )
 from tidemark.client.journey import GroupFacts, journey
+from tidemark.common.records import RecordBatchBuilder, encode_properties
 
 ROOT = Path(__file__).resolve().parents[2]
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -157,3 +159,31 @@ def test_no_module_imports_opentelemetry_when_it_is_imported():
                         offenders.append(f"{path.relative_to(ROOT)}:{inner.lineno}")
     assert offenders == []
     assert tracing.ENABLED is False  # until enable()
+
+
+def test_broker_store_spans_join_the_trace_each_record_carries(monkeypatch):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(traces, "_spans", traces._StoreSpans(provider, "broker-b"))
+    builder = RecordBatchBuilder("Orders")
+    for props in ({"traceparent": TP}, {}, {"traceparent": TP}, {"traceparent": "junk"}):
+        builder.append(b"x", encode_properties({"UNIQ_KEY": "ID", **props}))
+    traces.stored_records("Orders", 1, bytes(builder.buffer), 4, 40, ["A", "B", "C", "D"], 1, 2)
+    [span] = exporter.get_finished_spans()  # one per traceparent; none for a malformed one
+    assert span.name == "Orders store" and span.parent.span_id == 0xb7ad6b7169203331
+    assert f"{span.context.trace_id:032x}" == "0af7651916cd43dd8448eb211c80319c"
+    assert (span.attributes["tidemark.queue.offset"], span.attributes["messaging.batch.message_count"]) == (40, 2)
+    traces.stored_messages("Orders", [({"traceparent": TP}, 2, 7, "E"), ({}, 2, 8, "F")], 3, 4)
+    assert exporter.get_finished_spans()[-1].attributes["messaging.message.id"] == "E"
+    assert len(exporter.get_finished_spans()) == 2
+
+
+@pytest.mark.parametrize("value, on", [("", False), ("none", False), ("zipkin", False), ("none,console", True)])
+def test_broker_store_spans_are_on_only_when_an_exporter_is_named(value, on):
+    try:
+        assert traces.configure("broker-a", env={"OTEL_TRACES_EXPORTER": value}) is on
+        assert traces.ENABLED is on
+    finally:
+        traces.shutdown()
+    assert traces.ENABLED is False

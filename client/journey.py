@@ -116,7 +116,7 @@ def journey(original: MessageExt, groups: list[GroupFacts], requeued: Sequence[M
                                          f"not consumed yet: the group's committed offset is {shown}"))
         for m in dead:
             steps.append(JourneyStep("dead-lettered", m.store_timestamp, m.topic, _where(m), g.group,
-                                     detail=f"after {m.reconsume_times} retries"))
+                                     detail=f"after {m.reconsume_times} failed deliveries"))
     for m in requeued:
         steps.append(JourneyStep("requeued", m.store_timestamp, m.topic, _where(m),
                                  detail="sent back from a dead-letter queue: trace it from here by its queue"))

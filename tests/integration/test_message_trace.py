@@ -141,6 +141,7 @@ def test_spans_share_one_trace_and_the_journey_shows_consumed_retried_and_dead_l
         ("retried", "%RETRY%jobs", "jobs"), ("failed", "%RETRY%jobs", "jobs"),
         ("dead-lettered", "%DLQ%jobs", "jobs")]
     assert poison_journey.steps[3].detail == "attempt 2" and poison_journey.steps[3].at_ms > 0
+    assert poison_journey.steps[5].detail == "after 2 failed deliveries"
 
     code, out, err = table
     assert code == 0, err

@@ -5,6 +5,7 @@ imports OpenTelemetry unless tracing is enabled."""
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tidemark.broker.observe import traces
+from tidemark.broker.services.rmq5 import convert
+from tidemark.broker.store import StoredMessage
 from tidemark.client import (
     ConsumeConcurrentlyStatus,
     Message,
@@ -25,6 +28,7 @@ from tidemark.client import (
 )
 from tidemark.client.journey import GroupFacts, journey
 from tidemark.common.records import RecordBatchBuilder, encode_properties
+from tidemark.rmq5.v2 import messaging_pb2 as rmq5
 
 ROOT = Path(__file__).resolve().parents[2]
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -187,3 +191,14 @@ def test_broker_store_spans_are_on_only_when_an_exporter_is_named(value, on):
     finally:
         traces.shutdown()
     assert traces.ENABLED is False
+
+
+def test_rocketmq5_clients_trace_context_is_the_traceparent_property():
+    sent = rmq5.Message(topic=rmq5.Resource(name="Orders"), body=b"x", system_properties=rmq5.SystemProperties(
+        message_id="01" + "A" * 32, message_type=rmq5.NORMAL, trace_context=TP))
+    message, _group = convert.outgoing(sent, 1024)
+    assert message.properties["traceparent"] == TP
+    stored = StoredMessage("Orders", 0, 3, 0, 0, b"x", {"UNIQ_KEY": "ID", "traceparent": TP}, 0, 1, 2, "h", 0, 0, 0)
+    assert convert.received(stored, store_host="h").system_properties.trace_context == TP
+    assert not convert.received(replace(stored, properties={"UNIQ_KEY": "ID"}), store_host="h").system_properties \
+        .HasField("trace_context")

@@ -36,6 +36,7 @@ from tidemark.rmq5.v2 import messaging_pb2 as pb
 MESSAGE_GROUP_KEY = "__SHARDINGKEY"
 MAX_MESSAGE_GROUP_LENGTH = 64
 # Property keys a user property may not use: the broker's own.
+TRACEPARENT = "traceparent"
 SYSTEM_KEYS = frozenset(v for k, v in vars(PropertyKey).items() if k.isupper()) | {MESSAGE_GROUP_KEY}
 # A delivery_timestamp whose seconds exceed this is in milliseconds: the Python client 5.1.x puts
 # time.time() * 1000 into the seconds field (seconds this large would be about year 5138).
@@ -128,6 +129,10 @@ def outgoing(m: pb.Message, max_body_size: int) -> tuple[OutgoingMessage, str]:
         properties[PropertyKey.PRODUCER_GROUP] = RMQ5_PRODUCER_GROUP
     if group:
         properties[MESSAGE_GROUP_KEY] = group
+    if sp.trace_context and TRACEPARENT not in properties:
+        # RocketMQ 5 clients carry W3C Trace Context here; Tidemark's clients and store spans read it
+        # from the message's traceparent property (tidemark.client.tracing).
+        properties[TRACEPARENT] = sp.trace_context
     message = OutgoingMessage(
         body=m.body,
         tags=sp.tag,
@@ -191,6 +196,8 @@ def received(m: StoredMessage, *, store_host: str, delivery_attempt: int = 1, na
         sp.tag = tag
     if group := props.get(MESSAGE_GROUP_KEY):
         sp.message_group = group
+    if trace_context := props.get(TRACEPARENT):
+        sp.trace_context = trace_context
     if deliver_at := props.get(PropertyKey.DELIVER_TIMESTAMP):
         try:
             sp.delivery_timestamp.CopyFrom(timestamp(int(deliver_at)))

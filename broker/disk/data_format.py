@@ -13,7 +13,12 @@ operator reading a refusal. The formats so far:
 - 2: the pop journal's Popped record and the pop state's in-flight rows end
   with the delivery's receive time. A build that reads format 1 only takes
   such a record for damage and cuts the journal there, losing the group's
-  later acknowledgements, so it must not open a format-2 dir.
+  later acknowledgements, so it must not open a format-2 dir;
+- 3: FIFO pops record message groups: the pop journal's Popped record may
+  end with the message group of each delivery and the messages held back
+  behind their group, and the pop state's in-flight and pending rows with a
+  message group (broker/pop/fifo.py). A format-2 build would cut the journal
+  at the first such record, as above.
 
 A build reads every format up to its own and writes its own. A dir stamped
 with an older format it reads is stamped again with the current one before
@@ -56,8 +61,8 @@ log = get_logger("tidemark.broker")
 
 FORMAT_FILE = "format.json"
 # The layout this build writes, and every layout it reads.
-CURRENT_FORMAT = 2
-READABLE_FORMATS: frozenset[int] = frozenset({1, 2})
+CURRENT_FORMAT = 3
+READABLE_FORMATS: frozenset[int] = frozenset({1, 2, 3})
 # What a broker leaves in its data dir (besides the lock, which a start creates before stamping): one of
 # them present without a stamp means a dir written before stamps existed, not a new one.
 _BROKER_ENTRIES = frozenset({"commitlog", "consumequeue", "config", "checkpoint", "abort"})

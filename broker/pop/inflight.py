@@ -33,7 +33,8 @@ class QueueInflight:
     max_attempt: int  # the highest delivery attempt among them (0: none)
     overdue: int  # of them, past their invisible time at now_ms (the revive scan has yet to move them)
     pending_redelivery: int  # FIFO: expired ones waiting to be handed out again in place
-    waiting: int  # stored after the last offset handed out: not yet received (filters not applied)
+    waiting: int  # not yet received: stored after the cursor (filters not applied), or FIFO messages held
+    # back behind an unfinished message of their message group
 
 
 def summarize(ledger: PopLedger, keys: Iterable[QueueKey], now_ms: int,
@@ -43,6 +44,8 @@ def summarize(ledger: PopLedger, keys: Iterable[QueueKey], now_ms: int,
     rows = []
     for key in sorted(keys, key=lambda k: (k.topic, k.queue_id)):
         entries = list(ledger.inflight(key).values())
+        pending = ledger.pending(key)
+        held = sum(1 for p in pending if p.held)
         deadlines = [e.deadline_ms for e in entries]
         received = [e.received_ms for e in entries if e.received_ms > 0]
         rows.append(QueueInflight(
@@ -53,6 +56,6 @@ def summarize(ledger: PopLedger, keys: Iterable[QueueKey], now_ms: int,
             redelivered=sum(1 for e in entries if e.attempt > 1),
             max_attempt=max((e.attempt for e in entries), default=0),
             overdue=sum(1 for d in deadlines if d <= now_ms),
-            pending_redelivery=len(ledger.pending(key)),
-            waiting=max(0, end_offset(key.topic, key.queue_id) - ledger.cursor(key))))
+            pending_redelivery=len(pending) - held,
+            waiting=held + max(0, end_offset(key.topic, key.queue_id) - ledger.cursor(key))))
     return rows

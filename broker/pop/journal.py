@@ -77,10 +77,13 @@ _MAX_INT = 2**63 - 1
 
 log = get_logger("tidemark.broker.pop")
 
-# Event class -> (code, field kinds after the key): i int >= 0, s str, b bool, e entries. Kinds after a "/"
-# are fields added later: a record written before them ends early and they keep their defaults.
+# Event class -> (code, field kinds after the key): i int >= 0, s str, b bool, e entries, g message groups
+# (str or null each), h held offsets. Kinds after a "/" are fields added later: a record written before
+# them ends early and they keep their defaults, and a record whose later fields hold their defaults is
+# written without them, in the older shape (a Popped of a concurrent pop is what it always was; only FIFO
+# pops write groups and held offsets).
 _SCHEMA: dict[type, tuple[int, str]] = {
-    Reset: (1, "i"), Dropped: (2, ""), Popped: (3, "iiisbie/i"), Acked: (4, "ii"),
+    Reset: (1, "i"), Dropped: (2, ""), Popped: (3, "iiisbie/igh"), Acked: (4, "ii"),
     Changed: (5, "iiii"), Renewed: (6, "iii"), Revived: (7, "ii"), Redelivered: (8, "ii"),
 }
 _BY_CODE = {code: (cls, kinds) for cls, (code, kinds) in _SCHEMA.items()}
@@ -90,12 +93,18 @@ _BY_CODE = {code: (cls, kinds) for cls, (code, kinds) in _SCHEMA.items()}
 
 
 def encode_event(event: PopEvent) -> bytes:
-    code, _ = _SCHEMA[type(event)]
+    code, kinds = _SCHEMA[type(event)]
+    written = fields(event)[1:]  # the key is first
+    required = len(kinds.partition("/")[0])
+    while len(written) > required and getattr(event, written[-1].name) == written[-1].default:
+        written = written[:-1]  # a later field at its default is left out: the older shape
     values: list = [code, *event.key]
-    for f in fields(event)[1:]:  # the key is first
+    for f in written:
         value = getattr(event, f.name)
-        if f.name == "entries":
+        if f.name in ("entries", "held"):
             value = [n for entry in value for n in entry]
+        elif f.name == "groups":
+            value = list(value)
         elif isinstance(value, bool):
             value = int(value)
         values.append(value)
@@ -133,6 +142,12 @@ def _event(values: object) -> PopEvent:
         elif kind == "e" and isinstance(value, list) and len(value) % 3 == 0:
             flat = [_int(v) for v in value]
             args.append(tuple(zip(flat[0::3], flat[1::3], flat[2::3], strict=True)))
+        elif kind == "g" and isinstance(value, list) and all(v is None or isinstance(v, str) for v in value):
+            args.append(tuple(value))
+        elif kind == "h" and isinstance(value, list) and len(value) % 3 == 0 \
+                and all(isinstance(g, str) for g in value[2::3]):
+            args.append(tuple(zip([_int(v) for v in value[0::3]], [_int(v) for v in value[1::3]], value[2::3],
+                                  strict=True)))
         else:
             raise ValueError(f"bad {cls.__name__} field {value!r}")
     return cls(*args)

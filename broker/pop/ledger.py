@@ -5,8 +5,9 @@ receives from any queue, so the broker tracks each delivery. Per (group,
 topic, queue id): the **cursor** (the next offset never handed out), the
 **in-flight** entries {offset: InFlight} (handed out, not finished; each with
 the pop id of its current handle and a deadline), and the **pending** entries
-{offset: Pending} (FIFO redeliveries in place, handed out again before the
-cursor). Every offset below the cursor is exactly one of in-flight, pending or
+{offset: Pending} (FIFO only: redeliveries in place, and messages held back
+behind an unfinished message of their message group; handed out before the
+cursor, fifo.py says when). Every offset below the cursor is exactly one of in-flight, pending or
 done (acked, filtered out by the tag filter, or revived into the retry topic
 or DLQ). The done set is not stored: it is the complement of in-flight ∪
 pending, so a filter that skips a million offsets costs O(1), and memory is
@@ -30,20 +31,40 @@ broker passes its wall-clock EpochSequence) covers a journal tail lost in a
 power cut. Costs: pop O(k log n); ack, change, revive amortised O(log n)
 (lazy heaps, as ProcessQueue); expired and renewals O(k log n) for the k
 entries due. `max_inflight_per_queue` caps in-flight + pending per queue; a
-pop hands out fewer messages when the queue is full.
+pop hands out fewer messages when the queue is full. Records and events are
+in records.py, the FIFO rule (which message group may go) in fifo.py.
 
 Pure: no clock reads (`now_ms` is an argument), no I/O, no grpc.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
-from collections.abc import Callable, Container, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import NamedTuple
 
+from tidemark.broker.pop import fifo
 from tidemark.broker.pop.handles import HandleFields, QueueKey, StaleReceiptHandleError
+from tidemark.broker.pop.records import (
+    HELD,
+    Acked,
+    Changed,
+    Dropped,
+    ExpiredEntry,
+    InFlight,
+    Pending,
+    PopEvent,
+    Popped,
+    PopResult,
+    PopStateError,
+    Redelivered,
+    Renewed,
+    Reset,
+    Revived,
+    Sink,
+)
 
 __all__ = [
     "PopSettings", "PopLedger", "InFlight", "Pending", "PopResult", "ExpiredEntry", "PopStateError",
@@ -68,125 +89,8 @@ class PopSettings:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
-# -- state records ------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class InFlight:  # one delivery under way
-    pop_id: int
-    deadline_ms: int
-    attempt: int  # 1 on the first delivery
-    client_id: str
-    auto_renew: bool
-    renew_until_ms: int  # auto-renewal stops here (0 without auto_renew)
-    received_ms: int = 0  # when this delivery was handed out (0: unknown, a state from before it was kept)
-
-
-@dataclass(frozen=True, slots=True)
-class Pending:
-    """A FIFO message to hand out again in place; pop_id is the expired delivery's (for `revived`)."""
-
-    offset: int
-    attempt: int
-    pop_id: int
-
-
-class ExpiredEntry(NamedTuple):
-    key: QueueKey
-    offset: int
-    entry: InFlight
-
-    @property
-    def handle(self) -> HandleFields:
-        return HandleFields(*self.key, self.offset, self.entry.pop_id, self.entry.attempt)
-
-
-@dataclass(frozen=True, slots=True)
-class PopResult:
-    handles: tuple[HandleFields, ...]
-    next_cursor: int  # lower than asked when the in-flight cap cut the pop short
-    deadline_ms: int
-    watermark: int | None  # the new watermark when filtered offsets moved it, else None
-
-
-class PopStateError(ValueError):
-    """A snapshot document that cannot be a pop state."""
-
-
-# -- events: each operation's whole change, journaled as is ---------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Reset:  # the queue starts over at `cursor` (its first pop, or an admin reset)
-    key: QueueKey
-    cursor: int
-
-
-@dataclass(frozen=True, slots=True)
-class Dropped:  # the queue's pop state is gone (group or topic deleted)
-    key: QueueKey
-
-
-@dataclass(frozen=True, slots=True)
-class Popped:
-    """`entries` = (offset, pop_id, attempt), offsets increasing (pending ones first); the offsets of
-    [cursor_from, next_cursor) not among them were filtered out: done."""
-
-    key: QueueKey
-    cursor_from: int
-    next_cursor: int
-    deadline_ms: int
-    client_id: str
-    auto_renew: bool
-    renew_until_ms: int
-    entries: tuple[tuple[int, int, int], ...]
-    received_ms: int = 0  # the pop's time (0 in journals written before it was recorded)
-
-
-@dataclass(frozen=True, slots=True)
-class Acked:
-    key: QueueKey
-    offset: int
-    pop_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Changed:  # ChangeInvisibleDuration: new deadline, new pop id, auto-renewal ends
-    key: QueueKey
-    offset: int
-    pop_id: int
-    new_pop_id: int
-    deadline_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Renewed:  # auto-renewal: later deadline, same pop id (the client's handle stays valid)
-    key: QueueKey
-    offset: int
-    pop_id: int
-    deadline_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Revived:  # copied to the retry topic or the DLQ: the original (in flight or pending) is done
-    key: QueueKey
-    offset: int
-    pop_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class Redelivered:  # FIFO expiry: back to pending with attempt + 1
-    key: QueueKey
-    offset: int
-    pop_id: int
-
-
-PopEvent = Reset | Dropped | Popped | Acked | Changed | Renewed | Revived | Redelivered
-Sink = Callable[[Sequence[PopEvent]], None]
-
-
 class _Queue:
-    __slots__ = ("cursor", "inflight", "pending", "undone")
+    __slots__ = ("cursor", "inflight", "pending", "undone", "busy", "queued")
 
     def __init__(self, cursor: int) -> None:
         self.cursor = cursor
@@ -195,6 +99,10 @@ class _Queue:
         # Min-heap of in-flight ∪ pending offsets, lazily deleted: an item is live while its offset
         # is in one of the two dicts. An offset is pushed once, when it first leaves the cursor.
         self.undone: list[int] = []
+        # FIFO's view by message group (fifo.py): in-flight entries per group, pending offsets per group
+        # (sorted; a held group's offsets arrive in increasing order, so an insort is an append).
+        self.busy: dict[str | None, int] = {}
+        self.queued: dict[str | None, list[int]] = {}
 
     def live(self, offset: int) -> bool:
         return offset in self.inflight or offset in self.pending
@@ -209,6 +117,40 @@ class _Queue:
         live = len(self.inflight) + len(self.pending)
         if len(self.undone) > 2 * live + _COMPACT_SLACK:
             self.undone = sorted([*self.inflight, *self.pending])
+
+    # The only places the two dicts change, so the group indexes stay exact.
+    def put_inflight(self, offset: int, entry: InFlight) -> None:
+        old = self.inflight.get(offset)
+        if old is not None:
+            self._count(old.group, -1)
+        self.inflight[offset] = entry
+        self._count(entry.group, 1)
+
+    def take_inflight(self, offset: int) -> InFlight | None:
+        entry = self.inflight.pop(offset, None)
+        if entry is not None:
+            self._count(entry.group, -1)
+        return entry
+
+    def put_pending(self, p: Pending) -> None:
+        self.pending[p.offset] = p
+        bisect.insort(self.queued.setdefault(p.group, []), p.offset)
+
+    def take_pending(self, offset: int) -> Pending | None:
+        p = self.pending.pop(offset, None)
+        if p is not None:
+            offsets = self.queued[p.group]
+            del offsets[bisect.bisect_left(offsets, offset)]
+            if not offsets:
+                del self.queued[p.group]
+        return p
+
+    def _count(self, group: str | None, delta: int) -> None:
+        n = self.busy.get(group, 0) + delta
+        if n:
+            self.busy[group] = n
+        else:
+            del self.busy[group]
 
 
 class PopLedger:
@@ -262,9 +204,10 @@ class PopLedger:
         q = self._queue(key)
         return max(0, self.settings.max_inflight_per_queue - len(q.inflight) - len(q.pending))
 
-    def fifo_blocked(self, key: QueueKey) -> bool:
-        """A FIFO queue hands out nothing while one of its messages is in flight."""
-        return bool(self._queue(key).inflight)
+    def fifo_ready(self, key: QueueKey, limit: int) -> list[Pending]:
+        """The pending entries a FIFO pop may hand out now (their group has nothing in flight), in offset
+        order, at most `limit` (fifo.py)."""
+        return fifo.ready(self._queue(key), limit)
 
     def next_deadline(self) -> int | None:
         """The earliest in-flight deadline (when the revive scan should wake), None when idle."""
@@ -327,6 +270,34 @@ class PopLedger:
                            now_ms + self.settings.max_renew_ms if auto_renew else 0, entries, now_ms)])
         handles = tuple(HandleFields(*key, offset, pop_id, attempt) for offset, pop_id, attempt in entries)
         return PopResult(handles, next_cursor, deadline, self._moved(q, before))
+
+    def plan_fifo(self, key: QueueKey, redeliver: Sequence[int], fresh: Sequence[tuple[int, int, str]],
+                  scan_end: int, *, limit: int) -> fifo.FifoPlan:
+        """What pop_fifo with these arguments would do, without doing it (the caller reads on while it
+        would hand out fewer than `limit` and the queue has room)."""
+        return fifo.plan(self._queue(key), redeliver, fresh, scan_end, limit=limit, room=self.room(key))
+
+    def pop_fifo(self, key: QueueKey, redeliver: Sequence[int], fresh: Sequence[tuple[int, int, str]],
+                 scan_end: int, *, limit: int, now_ms: int, invisible_ms: int, client_id: str,
+                 auto_renew: bool = False) -> PopResult:
+        """A FIFO pop (fifo.py): hand out the pending offsets `redeliver` (from fifo_ready, less those
+        gone meanwhile), then of `fresh` (offset, attempt, message group), the new offsets read from the
+        cursor up to scan_end, those whose group is free; hold the others. At most `limit` handed out."""
+        q = self._queue(key)
+        if invisible_ms < 0:
+            raise ValueError(f"invisible time {invisible_ms} ms is negative")
+        p = fifo.plan(q, redeliver, fresh, scan_end, limit=limit, room=self.room(key))
+        deadline = now_ms + invisible_ms
+        if not p.handed and not p.held and p.next_cursor == q.cursor:
+            return PopResult((), p.next_cursor, deadline, None)
+        first = self._last_pop_id + 1
+        entries = tuple((offset, first + i, attempt) for i, (offset, attempt, _) in enumerate(p.handed))
+        before = q.watermark()
+        self._emit([Popped(key, q.cursor, p.next_cursor, deadline, client_id, auto_renew,
+                           now_ms + self.settings.max_renew_ms if auto_renew else 0, entries, now_ms,
+                           tuple(group for _, _, group in p.handed), p.held)])
+        handles = tuple(HandleFields(*key, offset, pop_id, attempt) for offset, pop_id, attempt in entries)
+        return PopResult(handles, p.next_cursor, deadline, self._moved(q, before))
 
     def ack(self, h: HandleFields) -> int | None:
         """Finish the delivery `h` names; the new watermark when it moved. Stale if it is over."""
@@ -430,7 +401,12 @@ class PopLedger:
                 if offset <= prev or not (offset in q.pending or e.cursor_from <= offset < e.next_cursor):
                     return False
                 prev = offset
-            return True
+            taken, prev = {offset for offset, _, _ in e.entries}, -1
+            for offset, _, _ in e.held:
+                if offset <= prev or offset in taken or not e.cursor_from <= offset < e.next_cursor:
+                    return False
+                prev = offset
+            return len(e.groups) in (0, len(e.entries))
         if isinstance(e, Revived):
             entry = q.inflight.get(e.offset) or q.pending.get(e.offset)
         else:
@@ -450,34 +426,40 @@ class PopLedger:
 
     def _mutate_queue(self, q: _Queue, e: PopEvent) -> None:
         if isinstance(e, Popped):
-            for offset, pop_id, attempt in e.entries:
-                if q.pending.pop(offset, None) is None:
+            for i, (offset, pop_id, attempt) in enumerate(e.entries):
+                was = q.take_pending(offset)
+                if was is None:
                     heapq.heappush(q.undone, offset)
-                q.inflight[offset] = InFlight(pop_id, e.deadline_ms, attempt, e.client_id, e.auto_renew,
-                                              e.renew_until_ms, e.received_ms)
-                self._push_deadline(e.key, offset, q.inflight[offset])
+                group = e.groups[i] if e.groups else (was.group if was is not None else None)
+                entry = InFlight(pop_id, e.deadline_ms, attempt, e.client_id, e.auto_renew, e.renew_until_ms,
+                                 e.received_ms, group)
+                q.put_inflight(offset, entry)
+                self._push_deadline(e.key, offset, entry)
                 self._last_pop_id = max(self._last_pop_id, pop_id)
+            for offset, attempt, group in e.held:
+                heapq.heappush(q.undone, offset)
+                q.put_pending(Pending(offset, attempt, HELD, group))
             self._inflight_total += len(e.entries)
             q.cursor = e.next_cursor
         elif isinstance(e, Changed):
             entry = replace(q.inflight[e.offset], pop_id=e.new_pop_id, deadline_ms=e.deadline_ms,
                             auto_renew=False, renew_until_ms=0)
-            q.inflight[e.offset] = entry
+            q.put_inflight(e.offset, entry)
             self._push_deadline(e.key, e.offset, entry)
             self._last_pop_id = max(self._last_pop_id, e.new_pop_id)
         elif isinstance(e, Renewed):
             entry = replace(q.inflight[e.offset], deadline_ms=e.deadline_ms)
-            q.inflight[e.offset] = entry
+            q.put_inflight(e.offset, entry)
             self._push_deadline(e.key, e.offset, entry)
         elif isinstance(e, Redelivered):
-            entry = q.inflight.pop(e.offset)
+            entry = q.take_inflight(e.offset)
             self._inflight_total -= 1
-            q.pending[e.offset] = Pending(e.offset, entry.attempt + 1, entry.pop_id)
+            q.put_pending(Pending(e.offset, entry.attempt + 1, entry.pop_id, entry.group))
         else:  # Acked, Revived
-            if q.inflight.pop(e.offset, None) is not None:
+            if q.take_inflight(e.offset) is not None:
                 self._inflight_total -= 1
             else:
-                del q.pending[e.offset]
+                q.take_pending(e.offset)
             q.compact()
 
     # -- snapshot ------------------------------------------------------------------------------
@@ -489,9 +471,11 @@ class PopLedger:
             q = self._queues[key]
             queues.append({
                 "group": key.group, "topic": key.topic, "queueId": key.queue_id, "cursor": q.cursor,
+                # A recorded message group ends the row; rows without one keep the older shape.
                 "inflight": [[o, e.pop_id, e.attempt, e.deadline_ms, e.client_id, int(e.auto_renew),
-                              e.renew_until_ms, e.received_ms] for o, e in sorted(q.inflight.items())],
-                "pending": [[o, p.attempt, p.pop_id] for o, p in sorted(q.pending.items())],
+                              e.renew_until_ms, e.received_ms, *_group_column(e.group)]
+                             for o, e in sorted(q.inflight.items())],
+                "pending": [[o, p.attempt, p.pop_id, *_group_column(p.group)] for o, p in sorted(q.pending.items())],
             })
         return {"lastPopId": self._last_pop_id, "queues": queues}
 
@@ -508,20 +492,22 @@ class PopLedger:
                 if not isinstance(key.group, str) or not isinstance(key.topic, str) or key in ledger._queues:
                     raise PopStateError(f"bad or repeated queue {key}")
                 q = ledger._queues[key] = _Queue(cursor)
-                for row in raw["inflight"]:  # 7 values in states written before the receive time was kept
+                for row in raw["inflight"]:  # 7 values before the receive time was kept, 9 with a group
                     o, pop_id, attempt, deadline, client, auto, until, *received = row
-                    _ints(o, pop_id, attempt, deadline, until, *received)
+                    group = _group(received[1:])
+                    _ints(o, pop_id, attempt, deadline, until, *received[:1])
                     if (not isinstance(client, str) or auto not in (0, 1) or o >= cursor or o in q.inflight
-                            or len(received) > 1):
+                            or len(received) > 2):
                         raise PopStateError(f"bad in-flight entry at offset {o} of {key}")
-                    q.inflight[o] = InFlight(pop_id, deadline, attempt, client, bool(auto), until, *received)
+                    q.put_inflight(o, InFlight(pop_id, deadline, attempt, client, bool(auto), until,
+                                               received[0] if received else 0, group))
                     ledger._push_deadline(key, o, q.inflight[o])
                     ledger._last_pop_id = max(ledger._last_pop_id, pop_id)
-                for o, attempt, pop_id in raw["pending"]:
+                for o, attempt, pop_id, *rest in raw["pending"]:  # 4 values with a group
                     _ints(o, attempt, pop_id)
-                    if o >= cursor or q.live(o):
+                    if o >= cursor or q.live(o) or len(rest) > 1:
                         raise PopStateError(f"bad pending entry at offset {o} of {key}")
-                    q.pending[o] = Pending(o, attempt, pop_id)
+                    q.put_pending(Pending(o, attempt, pop_id, _group(rest)))
                 q.undone = sorted([*q.inflight, *q.pending])
                 ledger._inflight_total += len(q.inflight)
         except PopStateError:
@@ -580,6 +566,18 @@ class PopLedger:
         if len(self._deadlines) > 2 * self._inflight_total + _COMPACT_SLACK:
             self._deadlines = [item for item in self._deadlines if self._deadline_live(item)]
             heapq.heapify(self._deadlines)
+
+
+def _group_column(group: str | None) -> list[str]:
+    return [] if group is None else [group]
+
+
+def _group(column: list) -> str | None:
+    if not column:
+        return None
+    if not isinstance(column[0], str):
+        raise PopStateError(f"message group {column[0]!r} is not a string")
+    return column[0]
 
 
 def _ints(*values: object) -> tuple[int, ...]:

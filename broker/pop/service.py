@@ -80,6 +80,11 @@ MAX_SCAN = 2000
 MAX_SCAN_PROPERTIES = 1000
 # Revived deliveries per scan: a backlog is worked off over several scans, the loop stays responsive.
 REVIVE_BATCH = 1000
+# A FIFO receive whose first window held back messages of busy groups reads on in windows up to this size
+# (and up to MAX_SCAN entries past the cursor).
+FIFO_WINDOW = 256
+# RocketMQ's property for a message's message group (RocketMQ 5's FIFO; the rmq5 adapter stores it).
+MESSAGE_GROUP_PROPERTY = "__SHARDINGKEY"
 # Answers kept for a repeated receive (the client retries with the same attempt id after a lost answer).
 ATTEMPT_CACHE = 1024
 
@@ -284,24 +289,12 @@ class PopService:
         ledger = self.ledger
         self._sync_reset(key)
         if orderly:
-            # FIFO: nothing more from a queue while any of its messages is in flight, and the
-            # messages redelivered in place go first, in order.
-            if ledger.fifo_blocked(key):
-                return []
-            if ledger.pending(key):
-                return self._take_pending(key, r, want, now)
+            return self._take_fifo(key, r, want, now)
         want = min(want, ledger.room(key))
         if want <= 0:
             return []
-        f = r.filter
-        sql = f.expression_type == ExpressionType.SQL92  # its properties decide, read before decoding
         cursor = ledger.cursor(key)
-        got = self._store.get_messages(key.topic, key.queue_id, cursor, want,
-                                       matcher=None if f.code_filter is None else f.matches_code,
-                                       exact_matcher=None if f.code_filter is None else (
-                                           lambda m: f.matches_properties(m.properties)),
-                                       properties_filter=f.matches_properties if sql else None,
-                                       max_scan=MAX_SCAN_PROPERTIES if sql else MAX_SCAN)
+        got = self._read(key, r, cursor, want)
         if got.status is GetStatus.OFFSET_OVERFLOW_BADLY:
             ledger.reset(key, got.max_offset)  # the queue is shorter than the cursor (recreated topic)
             return []
@@ -317,21 +310,57 @@ class PopService:
         return [Received(by_offset[h.offset], self._codec.encode(h), h.attempt, r.invisible_ms)
                 for h in result.handles]
 
-    def _take_pending(self, key: QueueKey, r: ReceiveRequest, want: int, now: int) -> list[Received]:
+    def _read(self, key: QueueKey, r: ReceiveRequest, offset: int, count: int):
+        f = r.filter
+        sql = f.expression_type == ExpressionType.SQL92  # its properties decide, read before decoding
+        return self._store.get_messages(key.topic, key.queue_id, offset, count,
+                                        matcher=None if f.code_filter is None else f.matches_code,
+                                        exact_matcher=None if f.code_filter is None else (
+                                            lambda m: f.matches_properties(m.properties)),
+                                        properties_filter=f.matches_properties if sql else None,
+                                        max_scan=MAX_SCAN_PROPERTIES if sql else MAX_SCAN)
+
+    def _take_fifo(self, key: QueueKey, r: ReceiveRequest, want: int, now: int) -> list[Received]:
+        """FIFO per message group (fifo.py): the ready redeliveries and held messages first, then new ones
+        of the groups with nothing unfinished; read on from the cursor while messages of busy groups keep
+        the pop short of `want`."""
         ledger = self.ledger
-        messages = []
-        for p in ledger.pending(key)[:want]:
+        messages: dict[int, StoredMessage] = {}
+        redeliver = []
+        for p in ledger.fifo_ready(key, want):
             m = self._store.message_at(key.topic, key.queue_id, p.offset)
             if m is None:  # gone with its commit log segment: nothing left to deliver
                 self._commit(key, ledger.revived(key, p.offset, p.pop_id))
                 continue
-            messages.append((p, m))
-        if not messages:
+            redeliver.append(p.offset)
+            messages[p.offset] = m
+        cursor = scan_end = ledger.cursor(key)
+        fresh: list[tuple[int, int, str]] = []
+        window, end = want - len(redeliver), None
+        while window > 0 and ledger.room(key) > 0 and scan_end - cursor < MAX_SCAN:
+            got = self._read(key, r, scan_end, window)
+            if got.status is GetStatus.OFFSET_OVERFLOW_BADLY and scan_end == cursor:
+                ledger.reset(key, got.max_offset)  # the queue is shorter than the cursor (recreated topic)
+                return []
+            if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE,
+                              GetStatus.OFFSET_OVERFLOW_BADLY) or got.next_begin_offset <= scan_end:
+                break
+            for m in got.messages:
+                fresh.append((m.queue_offset, m.reconsume_times + 1, m.properties.get(MESSAGE_GROUP_PROPERTY, "")))
+                messages[m.queue_offset] = m
+            scan_end, end = got.next_begin_offset, got.max_offset
+            plan = ledger.plan_fifo(key, redeliver, fresh, scan_end, limit=want)
+            if len(plan.handed) >= want or plan.full or scan_end >= end:
+                break
+            window = min(2 * window, FIFO_WINDOW)  # messages of busy groups held the pop short: read on
+        if not redeliver and scan_end == cursor:
             return []
-        result = ledger.pop(key, [(p.offset, p.attempt) for p, _ in messages], ledger.cursor(key), now_ms=now,
-                            invisible_ms=r.invisible_ms, client_id=r.client_id, auto_renew=r.auto_renew)
-        by_offset = {p.offset: m for p, m in messages}
-        return [Received(by_offset[h.offset], self._codec.encode(h), h.attempt, r.invisible_ms)
+        result = ledger.pop_fifo(key, redeliver, fresh, scan_end, limit=want, now_ms=now,
+                                 invisible_ms=r.invisible_ms, client_id=r.client_id, auto_renew=r.auto_renew)
+        self._commit(key, result.watermark)
+        if not result.handles and end is not None and cursor < result.next_cursor < end:
+            self._more_to_scan = True  # filtered or held entries only, the cursor moved: scan on
+        return [Received(messages[h.offset], self._codec.encode(h), h.attempt, r.invisible_ms)
                 for h in result.handles]
 
     def _sync_reset(self, key: QueueKey) -> None:
@@ -362,6 +391,13 @@ class PopService:
     def ack(self, group: str, topic: str, text: str) -> None:
         h = self.handle(group, topic, text)
         self._commit(h.key, self.ledger.ack(h))
+        self._group_may_go(h)
+
+    def _group_may_go(self, h: HandleFields) -> None:
+        """FIFO: a finished delivery may free its message group's next messages: wake the receives
+        waiting on the queue."""
+        if self._groups.find_or_default(h.group).consume_orderly:
+            self._hold.notify(h.topic, h.queue_id)
 
     def change_invisible(self, group: str, topic: str, text: str, invisible_ms: int) -> str:
         """Hide the message for invisible_ms from now; the new receipt handle (the old one is stale)."""
@@ -431,6 +467,7 @@ class PopService:
             self._commit(h.key, self.ledger.revived(h.key, h.offset, h.pop_id))
         except StaleReceiptHandleError:
             pass  # acked while the copy was written: the copy is one extra delivery, nothing is lost
+        self._group_may_go(h)
 
     def renew(self, alive: Container[str]) -> None:
         """Extend the auto-renewed deliveries of clients still alive."""

@@ -228,3 +228,34 @@ def test_fifo_group_delivers_each_message_group_in_order_with_redelivery_in_plac
         delivered = [b for b in acked[group] if b != b"a-0"]
         assert delivered == sorted(delivered, key=lambda b: int(b.split(b"-")[1])), group
     assert sorted(acked["a"]) == sorted(f"a-{n}".encode() for n in range(10))
+
+
+def test_fifo_a_slow_message_group_does_not_delay_the_others_on_its_queue(broker, official, rmq):
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("FifoOne", 1)  # every message group on one queue
+        admin.update_group_config("fifo-slow", consume_orderly=True)
+    producer = official(rmq.Producer(_config(rmq, broker), ("FifoOne",)))
+    for n in range(5):
+        for group in ("slow", "a", "b"):
+            m = rmq.Message()
+            m.topic, m.body, m.message_group = "FifoOne", f"{group}-{n}".encode(), group
+            producer.send(m)
+    consumer = official(rmq.SimpleConsumer(_config(rmq, broker), "fifo-slow", {"FifoOne": rmq.FilterExpression()},
+                                           await_duration=2))
+    [slow] = consumer.receive(1, 60)  # held unacked for the invisible time, longer than the loop below
+    assert slow.body == b"slow-0"
+    got: dict[str, list[bytes]] = {"slow": [], "a": [], "b": []}
+    deadline = time.monotonic() + 30
+    while len(got["a"]) + len(got["b"]) < 10 and time.monotonic() < deadline:
+        for m in consumer.receive(32, 60):
+            got[m.message_group].append(m.body)
+            consumer.ack(m)
+    assert got == {"slow": [], "a": [b"a-%d" % n for n in range(5)], "b": [b"b-%d" % n for n in range(5)]}
+    consumer.ack(slow)
+    while len(got["slow"]) < 4 and time.monotonic() < deadline:
+        for m in consumer.receive(32, 60):
+            assert m.delivery_attempt == 1
+            got[m.message_group].append(m.body)
+            consumer.ack(m)
+    assert got["slow"] == [b"slow-%d" % n for n in range(1, 5)]
+    wait_until(lambda: _committed(broker.address, "fifo-slow", "FifoOne") == 15, 10, "every offset committed")

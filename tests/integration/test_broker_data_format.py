@@ -18,7 +18,7 @@ from tidemark.v1 import admin_pb2, common_pb2, messaging_pb2, offsets_pb2
 
 TOPIC, GROUP = "Kept", "keepers"
 BODIES = [f"m{i}".encode() for i in range(5)]
-STAMP = {"format": 2, "written_by": f"tidemark {VERSION}"}
+STAMP = {"format": 3, "written_by": f"tidemark {VERSION}"}
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -97,11 +97,11 @@ def test_a_format_1_dir_is_stamped_format_2_before_the_broker_writes_and_keeps_i
 
 @pytest.mark.parametrize(("stamp", "refusal"), [
     (b'{"format": 99, "written_by": "tidemark 9.0.0"}',
-     "holds on-disk format 99 (stamped by tidemark 9.0.0) and tidemark {version} reads formats 1 and 2 only: start it "
+     "holds on-disk format 99 (stamped by tidemark 9.0.0) and tidemark {version} reads formats 1, 2 and 3 only: start it "
      "with a Tidemark that reads format 99; nothing was changed"),
     (b'{"format": 1',
      "has an unusable format stamp (format.json is not valid JSON: Expecting ',' delimiter at line 1), so its "
-     "on-disk format is unknown and tidemark {version} reads formats 1 and 2: repair or restore format.json; nothing "
+     "on-disk format is unknown and tidemark {version} reads formats 1, 2 and 3: repair or restore format.json; nothing "
      "was changed"),
 ], ids=["newer-format", "garbled-stamp"])
 def test_a_dir_this_build_cannot_read_is_refused_in_one_line_and_left_unchanged(seeded_dir, tmp_path, stamp,

@@ -90,7 +90,7 @@ def test_a_newer_format_is_refused_naming_the_dir_the_format_found_and_the_forma
     error = refusal(Path("/srv/data"), FormatStamp(99, "tidemark 9.0.0"), version=V)
     assert isinstance(error, DataFormatError)
     assert str(error) == ("data dir /srv/data holds on-disk format 99 (stamped by tidemark 9.0.0) and tidemark "
-                          "0.1.0 reads formats 1 and 2 only: start it with a Tidemark that reads format 99; nothing was "
+                          "0.1.0 reads formats 1, 2 and 3 only: start it with a Tidemark that reads format 99; nothing was "
                           "changed")
 
 
@@ -131,7 +131,7 @@ def test_a_garbled_stamp_is_refused_naming_the_dir_and_why(tmp_path):
         check(tmp_path, version=V)
     assert str(e.value) == (f"data dir {tmp_path} has an unusable format stamp ({FORMAT_FILE} is not valid JSON: "
                             f"Expecting value at line 1), so its on-disk format is unknown and tidemark 0.1.0 "
-                            f"reads formats 1 and 2: repair or restore {FORMAT_FILE}; nothing was changed")
+                            f"reads formats 1, 2 and 3: repair or restore {FORMAT_FILE}; nothing was changed")
     assert "\n" not in str(e.value)
 
 
@@ -175,18 +175,18 @@ def test_ensure_leaves_a_stamp_of_the_current_format_as_it_is(tmp_path):
 
 
 def test_ensure_stamps_an_older_format_it_reads_with_the_current_one(tmp_path, caplog):
-    """What the broker writes next is in the current layout (format 2: the pop journal's receive time), so
-    a build that reads format 1 only must refuse the dir from now on instead of cutting the journal."""
-    assert CURRENT_FORMAT == 2 and READABLE_FORMATS == {1, 2}
+    """What the broker writes next is in the current layout (format 3: the pop journal's message groups), so
+    a build that reads an older format only must refuse the dir from now on instead of cutting the journal."""
+    assert CURRENT_FORMAT == 3 and READABLE_FORMATS == {1, 2, 3}
     (tmp_path / FORMAT_FILE).write_bytes(b'{"format": 1, "written_by": "tidemark 0.1.0"}')
     (tmp_path / "commitlog").mkdir()
     with caplog.at_level(logging.INFO, "tidemark.broker"):
         stamping = ensure(tmp_path, version="0.3.0")
-    assert stamping == Stamping(Stamped.UPGRADED, FormatStamp(2, "tidemark 0.3.0"))
-    assert json.loads((tmp_path / FORMAT_FILE).read_bytes()) == {"format": 2, "written_by": "tidemark 0.3.0"}
+    assert stamping == Stamping(Stamped.UPGRADED, FormatStamp(3, "tidemark 0.3.0"))
+    assert json.loads((tmp_path / FORMAT_FILE).read_bytes()) == {"format": 3, "written_by": "tidemark 0.3.0"}
     assert "event=data_format_upgraded" in caplog.text and "previous=1" in caplog.text
     assert ensure(tmp_path, version="0.3.0").outcome is Stamped.FOUND
-    assert refusal(tmp_path, FormatStamp(2, "tidemark 0.3.0"), version="0.1.0", readable={1}) is not None
+    assert refusal(tmp_path, FormatStamp(3, "tidemark 0.3.0"), version="0.1.0", readable={1, 2}) is not None
 
 
 def test_an_upgrade_that_cannot_be_written_keeps_the_old_stamp(tmp_path, monkeypatch):

@@ -162,11 +162,10 @@ def test_expired_entries_come_earliest_first_and_stay_until_revived():
 def test_fifo_expiry_redelivers_in_place_before_the_cursor():
     ledger = ledger_with()
     first = pop(ledger, [0, 1], 2, invisible=1000).handles
-    assert ledger.fifo_blocked(K)
     ledger.ack(first[0])
     (exp,) = ledger.expired(1000)
     assert ledger.redeliver_in_place(K, 1, exp.entry.pop_id) == Pending(1, 2, exp.entry.pop_id)
-    assert not ledger.fifo_blocked(K) and ledger.pending(K) == [Pending(1, 2, exp.entry.pop_id)]
+    assert ledger.fifo_ready(K, 9) == ledger.pending(K) == [Pending(1, 2, exp.entry.pop_id)]
     assert ledger.watermark(K) == 1 and ledger.expired(10**6) == []
     with pytest.raises(StaleReceiptHandleError, match="redelivered"):
         ledger.ack(first[1])

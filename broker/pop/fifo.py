@@ -1,0 +1,156 @@
+"""FIFO per message group: which messages of a queue a FIFO (orderly) pop may hand out.
+
+RocketMQ 5 keeps order per *message group*, not per queue: many groups hash to
+one queue, and a message that is not acknowledged holds back only the later
+messages of its own group. The rule, for one queue of one consumer group:
+
+    a message may be handed out when no message of its group is in flight, and
+    no earlier message of its group waits to be handed out (again).
+
+So a pop hands out, in offset order, first the pending messages (expired
+deliveries to redeliver in place, and messages held back earlier) of the
+groups with nothing in flight, then new messages from the cursor. A new
+message whose group is busy is *held*: it becomes pending (below the cursor,
+ahead of its group's later messages) and the cursor moves on, so the groups
+behind it keep flowing. Held messages at the end of a pop, with nothing
+handed out after them, are not held but left after the cursor (the cursor
+stops at the first of them): holding them would gain nothing, and a queue of
+one busy group (a queue of messages without a group: they form one group,
+"") then keeps today's per-queue behaviour without filling the ledger.
+
+The queue's watermark, min(in flight ∪ pending ∪ cursor), is what the group
+commits (ProcessQueue's rule): it never passes a message that is in flight or
+held, so a restart that falls back to the committed offset redelivers, never
+skips, and the pop journal (journal.py) restores the held ones in place.
+
+An entry whose group was not recorded (group None: handed out by a concurrent
+pop before the group became orderly, or read from a state written before
+groups were kept) may belong to any group, so it blocks every group: the
+queue behaves per queue until it is finished. Held and redelivered entries,
+in flight or pending, count against the queue's in-flight cap.
+
+Pure functions over the ledger's per-queue state; the ledger validates and
+journals what they decide.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from tidemark.broker.pop.records import InFlight, Pending
+
+__all__ = ["FifoPlan", "QueueState", "ready", "plan"]
+
+Fresh = tuple[int, int, str]  # a new offset read at the cursor: (offset, attempt, message group)
+
+
+class QueueState(Protocol):
+    cursor: int
+    inflight: Mapping[int, InFlight]
+    pending: Mapping[int, Pending]
+    busy: Mapping[str | None, int]  # group -> entries in flight
+    queued: Mapping[str | None, list[int]]  # group -> its pending offsets, sorted
+
+
+@dataclass(frozen=True, slots=True)
+class FifoPlan:
+    handed: tuple[tuple[int, int, str | None], ...]  # (offset, attempt, group), increasing: pending ones first
+    held: tuple[Fresh, ...]  # new offsets that become pending, held back behind their group
+    next_cursor: int
+    full: bool  # the in-flight cap stopped the pop (reading further cannot help)
+
+
+def ready(q: QueueState, limit: int) -> list[Pending]:
+    """The pending entries a pop may hand out now, in offset order, at most `limit`."""
+    if limit <= 0 or q.busy.get(None):
+        return []
+    if None not in q.queued:
+        lists = [offsets for group, offsets in q.queued.items() if not q.busy.get(group)]
+        return [q.pending[o] for o in itertools.islice(heapq.merge(*lists), limit)]
+    # An entry of no recorded group waits: it conflicts with every group, so walk them all in order.
+    out: list[Pending] = []
+    stopped: set[str] = set()
+    for offset in heapq.merge(*q.queued.values()):
+        p = q.pending[offset]
+        if p.group is None:
+            if q.inflight or stopped:
+                break
+        elif p.group in stopped or q.busy.get(p.group):
+            stopped.add(p.group)
+            continue
+        out.append(p)
+        if len(out) == limit:
+            break
+    return out
+
+
+def plan(q: QueueState, redeliver: Sequence[int], fresh: Sequence[Fresh], scan_end: int, *, limit: int,
+         room: int) -> FifoPlan:
+    """What a FIFO pop hands out and holds: the pending offsets `redeliver` (ready ones, a prefix of each
+    group's), then the new offsets `fresh` read from the cursor up to scan_end (the offsets of that range
+    not in `fresh` matched no filter). At most `limit` handed out, at most `room` new offsets taken
+    (handed or held). ValueError when the arguments break the rule or do not fit the state."""
+    if limit < 1:
+        raise ValueError(f"limit {limit} is below 1")
+    if len(redeliver) > limit:
+        raise ValueError(f"{len(redeliver)} redeliveries exceed the limit {limit}")
+    if scan_end < q.cursor:
+        raise ValueError(f"scan end {scan_end} is below the cursor {q.cursor}")
+    _check_redeliver(q, redeliver)
+    handed: list[tuple[int, int, str | None]] = [(o, q.pending[o].attempt, q.pending[o].group) for o in redeliver]
+    left = {g: len(offsets) for g, offsets in q.queued.items()}
+    for _, _, group in handed:
+        left[group] -= 1
+    anything = bool(q.busy.get(None) or left.get(None))  # an unrecorded group waits: it blocks every group
+    held: list[Fresh] = []
+    blocked: set[str] = set()
+    next_cursor, full, last_new, prev = scan_end, False, -1, q.cursor - 1
+    for offset, attempt, group in fresh:
+        if not prev < offset < scan_end or attempt < 1 or not isinstance(group, str):
+            raise ValueError(f"new offset {offset} (attempt {attempt}, group {group!r}) is not in "
+                             f"({prev}, {scan_end}) or not a first delivery of a named group")
+        prev = offset
+        if len(handed) == limit or room == 0:
+            next_cursor, full = offset, room == 0
+            break
+        room -= 1
+        if anything or group in blocked or q.busy.get(group) or left.get(group):
+            held.append((offset, attempt, group))
+            blocked.add(group)
+        else:
+            handed.append((offset, attempt, group))
+            last_new = offset
+    trailing = next((i for i, h in enumerate(held) if h[0] > last_new), None)
+    if trailing is not None:  # nothing handed out after them: they wait after the cursor instead
+        next_cursor = held[trailing][0]
+        del held[trailing:]
+    return FifoPlan(tuple(handed), tuple(held), next_cursor, full)
+
+
+def _check_redeliver(q: QueueState, redeliver: Sequence[int]) -> None:
+    prev = -1
+    per_group: dict[str | None, int] = {}
+    for offset in redeliver:
+        p = q.pending.get(offset)
+        if p is None or offset <= prev:
+            raise ValueError(f"redelivered offset {offset} is not pending or not increasing")
+        prev = offset
+        per_group[p.group] = per_group.get(p.group, 0) + 1
+    if not per_group:
+        return
+    chosen = set(redeliver)
+    allowed = {p.offset for p in ready(q, len(q.pending))}
+    if not chosen <= allowed:
+        raise ValueError(f"offsets {sorted(chosen - allowed)} may not be handed out yet (their group is busy)")
+    for group, n in per_group.items():
+        if set(q.queued[group][:n]) != {o for o in redeliver if q.pending[o].group == group}:
+            raise ValueError(f"the redeliveries of group {group!r} skip an earlier offset of it")
+    if None in per_group:  # one of no recorded group: nothing waiting below it may stay behind
+        top = max(o for o in redeliver if q.pending[o].group is None)
+        skipped = [o for o in q.pending if o < top and o not in chosen]
+        if skipped:
+            raise ValueError(f"offsets {sorted(skipped)} wait below an entry of no recorded group")

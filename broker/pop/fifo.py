@@ -132,25 +132,9 @@ def plan(q: QueueState, redeliver: Sequence[int], fresh: Sequence[Fresh], scan_e
 
 
 def _check_redeliver(q: QueueState, redeliver: Sequence[int]) -> None:
-    prev = -1
-    per_group: dict[str | None, int] = {}
-    for offset in redeliver:
-        p = q.pending.get(offset)
-        if p is None or offset <= prev:
-            raise ValueError(f"redelivered offset {offset} is not pending or not increasing")
-        prev = offset
-        per_group[p.group] = per_group.get(p.group, 0) + 1
-    if not per_group:
-        return
-    chosen = set(redeliver)
-    allowed = {p.offset for p in ready(q, len(q.pending))}
-    if not chosen <= allowed:
-        raise ValueError(f"offsets {sorted(chosen - allowed)} may not be handed out yet (their group is busy)")
-    for group, n in per_group.items():
-        if set(q.queued[group][:n]) != {o for o in redeliver if q.pending[o].group == group}:
-            raise ValueError(f"the redeliveries of group {group!r} skip an earlier offset of it")
-    if None in per_group:  # one of no recorded group: nothing waiting below it may stay behind
-        top = max(o for o in redeliver if q.pending[o].group is None)
-        skipped = [o for o in q.pending if o < top and o not in chosen]
-        if skipped:
-            raise ValueError(f"offsets {sorted(skipped)} wait below an entry of no recorded group")
+    """The redeliveries must be the first ready entries, in order: that keeps each group's prefix and
+    skips no entry of an unrecorded group (the service drops the ones gone from the store by reviving
+    them first, which keeps the rest first)."""
+    if redeliver and [p.offset for p in ready(q, len(redeliver))] != list(redeliver):
+        raise ValueError(f"redelivered offsets {list(redeliver)} are not the first ones ready: their group is "
+                         f"busy, or they skip an earlier offset")

@@ -27,6 +27,7 @@ message.type, consumption_model, namespace) apply only under that system name.
 from __future__ import annotations
 
 import concurrent.futures
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -50,12 +51,11 @@ class _Otel:
     """OpenTelemetry's pieces, imported by enable() only."""
 
     def __init__(self, tracer_provider: Any) -> None:
-        from opentelemetry import context, trace
+        from opentelemetry import trace
         from opentelemetry.trace import Link, SpanKind, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-
-        self.trace, self.context = trace, context
+        self.trace = trace
         self.Link, self.SpanKind, self.Status, self.StatusCode = Link, SpanKind, Status, StatusCode
         # W3C Trace Context only: the application's global propagators may add baggage and more, which
         # would become message properties too.
@@ -105,19 +105,16 @@ def disable() -> None:
 def parse_traceparent(value: str) -> tuple[str, str] | None:
     """(trace id, parent span id) of a W3C traceparent value (version 00 and later), None when malformed.
     Pure, without OpenTelemetry: the CLI and the console show a message's trace id with it."""
-    parts = value.strip().split("-")
-    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff" or (parts[0] == "00" and len(parts) != 4):
+    m = _TRACEPARENT.fullmatch(value.strip().lower())
+    if m is None or m["version"] == "ff" or (m["version"] == "00" and m["rest"]):
         return None
-    trace_id, span_id, flags = parts[1], parts[2], parts[3]
-    if len(trace_id) != 32 or len(span_id) != 16 or len(flags) != 2:
+    if m["trace"] == "0" * 32 or m["span"] == "0" * 16:
         return None
-    try:
-        if int(trace_id, 16) == 0 or int(span_id, 16) == 0:
-            return None
-        int(parts[0], 16), int(flags, 16)
-    except ValueError:
-        return None
-    return trace_id.lower(), span_id.lower()
+    return m["trace"], m["span"]
+
+
+_TRACEPARENT = re.compile(r"(?P<version>[0-9a-f]{2})-(?P<trace>[0-9a-f]{32})-(?P<span>[0-9a-f]{16})-[0-9a-f]{2}"
+                          r"(?P<rest>-.*)?")
 
 
 # -- producers ---------------------------------------------------------------------------------------
@@ -206,11 +203,9 @@ def send_async_traced(send: Callable[..., concurrent.futures.Future], message: M
 
 
 def _sent_attributes(span: Any, result: Any) -> None:
-    span.set_attribute("messaging.message.id", result.msg_id)
     mq = result.message_queue
-    span.set_attribute("messaging.destination.partition.id", str(mq.queue_id))
-    span.set_attribute("tidemark.broker.name", mq.broker_name)
-    span.set_attribute("tidemark.queue.offset", result.queue_offset)
+    span.set_attributes({"messaging.message.id": result.msg_id, "messaging.destination.partition.id": str(mq.queue_id),
+                         "tidemark.broker.name": mq.broker_name, "tidemark.queue.offset": result.queue_offset})
 
 
 def _failed(otel: _Otel, span: Any, error: BaseException) -> None:

@@ -63,6 +63,7 @@ SETTINGS = PushConsumerSettings(group="billing", brokers="127.0.0.1:1", instance
     ("00-00000000000000000000000000000000-b7ad6b7169203331-01", None),
     ("00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01", None),
     ("00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333-01", None),
+    ("00-0af7651916cd43dd8448eb211c8031_c-b7ad6b7169203331-01", None),
     ("00-zzf7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", None),
     ("", None),
 ])

@@ -253,7 +253,7 @@ class FifoModel(RuleBasedStateMachine):
         assert again.snapshot() == self.ledger.snapshot()
 
 
-FifoModel.TestCase.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+FifoModel.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
 TestFifoModel = FifoModel.TestCase
 
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Source folder -> the package it is installed as (pyproject.toml [tool.setuptools.package-dir]).
 FOLDERS = PACKAGE_FOLDERS
 OLD_NAMES = {"broker", "client", "spark_connector", "common"}
-NOT_IN_BASE = ("pyspark", "pyarrow", "grpc_tools", "numpy", "uvloop", "prometheus_client")
+NOT_IN_BASE = ("pyspark", "pyarrow", "grpc_tools", "numpy", "uvloop", "prometheus_client", "opentelemetry")
 # What is not copied to build the wheel: caches, venvs, data, earlier builds, and the generated gRPC code
 # (not in git: the build must generate it, as it does from a fresh clone).
 IGNORED = shutil.ignore_patterns(".git", ".venv", "venv", "build", "dist", "data", "__pycache__", "*.egg-info",

@@ -40,6 +40,7 @@ from tidemark.broker.ingest.send import GroupsSent, OutgoingMessage, Sent
 from tidemark.broker.ingest.send_back import FIRST_RETRY_DELAY_LEVEL, SendBackResult
 from tidemark.broker.membership.locks import LockInfo
 from tidemark.broker.observe import traces
+from tidemark.broker.observe.journey import Delivery, DeliveryLog
 from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import (
     BatchResult,
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from tidemark.broker.controller import BrokerController
 
 __all__ = [
-    "MAX_BATCH", "MAX_RECORDS_PER_READ", "Appended", "EndReason", "OpenQueue", "QueueEnded", "BatchResult", "BatchSequence", "Commit", "CommitTally", "Fence", "GroupsSent", "OffsetChange",
+    "MAX_BATCH", "MAX_RECORDS_PER_READ", "Appended", "Delivery", "EndReason", "OpenQueue", "QueueEnded", "BatchResult", "BatchSequence", "Commit", "CommitTally", "Fence", "GroupsSent", "OffsetChange",
     "OffsetPolicy", "Operations", "Outcome", "OutgoingMessage", "PendingCheck", "PullOutcome", "PullRequest",
     "PullStatus", "QueueInflight", "QueueProgress", "ReceiveRequest", "Received", "ResetKind", "ResetTarget", "Route",
     "SendBackResult", "Sent", "StoredMessage", "TopicConfig", "TransactionWatch",
@@ -137,6 +138,7 @@ class TransactionWatch:
 class Operations:
     def __init__(self, broker: BrokerController) -> None:
         self.broker = broker
+        self.deliveries = DeliveryLog()  # what was handed to which client: the journeys' delivered steps
 
     # ---- topics ---------------------------------------------------------------------------------------
 
@@ -242,6 +244,10 @@ class Operations:
         metrics = b.metrics
         metrics.pull_latency.labels(outcome.status.value).observe(time.perf_counter() - started)
         self._delivered(request.topic, request.group, outcome.messages)
+        if outcome.messages:
+            self.deliveries.record(request.topic, request.queue_id, request.group,
+                                   request.fence.client_id if request.fence else "", outcome.messages[0].queue_offset,
+                                   outcome.messages[-1].queue_offset + 1, b.clock_ms())
         if request.commit_offset is not None:
             metrics.offset_commits.labels("pull").inc()
         return outcome
@@ -254,15 +260,26 @@ class Operations:
     def fetched(self, frame: Frame) -> None:
         """Count a frame a fetch stream is about to send."""
         metrics = self.broker.metrics
+        now = 0
         for part in frame.records:
             if part.count:
                 metrics.messages_out.labels(part.topic).inc(part.count)
                 metrics.bytes_out.labels(part.topic, part.group).inc(len(part.data))
+                now = now or self.broker.clock_ms()
+                self.deliveries.record(part.topic, part.queue_id, part.group, part.client_id, part.first_offset,
+                                       part.next_offset, now)
         metrics.fetch_frames.inc()
 
     def close_fetch(self, session: FetchSession) -> None:
         self.broker.metrics.fetch_streams.dec()
         session.close()
+
+    def deliveries_of(self, topic: str, queue_id: int, offset: int) -> list[Delivery]:
+        """The recent deliveries of a queue that covered `offset` (broker/observe/journey.py)."""
+        check_queue(self.broker.topics.require(topic), queue_id)
+        if offset < 0:
+            raise InvalidArgumentError(f"queue offset must be >= 0, got {offset}")
+        return self.deliveries.of(topic, queue_id, offset)
 
     def topic_stats(self, topic: str) -> list[QueueStats]:
         """Each queue's offsets and last store time."""
@@ -312,6 +329,12 @@ class Operations:
             request = dataclasses.replace(request, batch=MAX_BATCH)
         received = await self.broker.pop.receive(request)
         self._delivered(request.topic, request.group, [item.message for item in received])
+        if received:
+            now = self.broker.clock_ms()
+            for item in received:  # a pop delivery is one message (retries come from %RETRY% queues too)
+                m = item.message
+                self.deliveries.record(m.topic, m.queue_id, request.group, request.client_id, m.queue_offset,
+                                       m.queue_offset + 1, now)
         return received
 
     def ack(self, group: str, topic: str, receipt_handle: str) -> None:

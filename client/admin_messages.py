@@ -19,7 +19,7 @@ from tidemark.client.dead_letters import Requeued, advanced, requeue_copy, reque
 from tidemark.client.errors import InvalidArgumentError, NotFoundError, TidemarkError
 from tidemark.client.message import MessageExt, MessageQueue, PullResult
 from tidemark.client.selector import MessageSelector
-from tidemark.client.types import HalfMessage, ProducerInfo
+from tidemark.client.types import Delivery, HalfMessage, ProducerInfo
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import dlq_topic
 
@@ -68,6 +68,17 @@ class MessageAdmin(TopicAdmin, GroupAdmin):
                 where = f"topic {topic!r}" if topic else "any broker"
                 raise NotFoundError(f"no message with msg id {msg_id} in {where}")
             return sorted(found, key=lambda m: (m.store_timestamp, m.broker_name, m.commit_log_offset))
+        return self._run(go())
+
+    def deliveries(self, mq: MessageQueue, offset: int) -> list[Delivery]:
+        """The recent reads that handed the message at `offset` of a queue to a group's client: group, client
+        id, when (a Delivery each, oldest first). The broker keeps the last few dozen reads per queue, in
+        memory, so an older delivery is not there. InvalidArgumentError for a negative offset or a queue id
+        the topic does not have; NotFoundError when the queue's broker has no such topic."""
+        mq = self._names.queue(mq)
+
+        async def go() -> list[Delivery]:
+            return await self._read(mq, lambda c: c.deliveries(mq.topic, mq.queue_id, offset))
         return self._run(go())
 
     def query_message_by_key(self, topic: str, key: str, begin_ms: int, end_ms: int,

@@ -1,26 +1,27 @@
-"""A message's journey, from what the brokers record: sent, stored where, consumed by which group (and
-the client holding its queue), retried, dead-lettered. `tidemark message trace` and the console's message
-page show it.
+"""A message's journey, from what the brokers record: sent, stored where, delivered to which group's client
+and when, consumed, retried, dead-lettered. `tidemark message trace` and the console's message page show it.
 
-Nothing is recorded for it on the way: the brokers already keep every fact. The stored message says who
-sent it and when (born host and time), and where and when it was stored; a failed delivery left a copy in
-%RETRY%<group> (with its attempt number) or %DLQ%<group>, found by the same msg id; a group's committed
-offset on a queue says whether the group is past a message there (consumed, or handed back as the next
-copy shows); the queue locks and the pop ledger say which client holds the queue and what it has in
-flight. What the brokers do not keep is the moment of each delivery: a consumed step has no time.
+Most of it the brokers keep anyway. The stored message says who sent it and when (born host and time), and
+where and when it was stored; a failed delivery left a copy in %RETRY%<group> (with its attempt number) or
+%DLQ%<group>, found by the same msg id; a group's committed offset on a queue says whether the group is past
+a message there (consumed, or handed back as the next copy shows); the queue locks and the pop ledger say
+which client holds the queue and what it has in flight. Deliveries leave nothing behind, so each broker
+writes down its recent reads per queue (broker/observe/journey.py): group, client, time. A delivery older
+than those has no delivered step, and the consumed or failed step then names the queue's current holder.
 
 `journey()` is the pure part (facts in, steps out); `trace_message()` gathers the facts through an Admin.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tidemark.client.errors import InvalidArgumentError, NotFoundError
+from tidemark.client.errors import InvalidArgumentError, NotFoundError, TidemarkError
 from tidemark.client.message import MessageExt
 from tidemark.client.tracing import TRACEPARENT, parse_traceparent
+from tidemark.client.types import Delivery
 from tidemark.common.protocol import (
     PropertyKey,
     dlq_topic,
@@ -34,8 +35,8 @@ __all__ = ["GroupFacts", "JourneyStep", "MessageJourney", "journey", "trace_mess
 
 @dataclass(frozen=True, slots=True)
 class JourneyStep:
-    """One step: `step` is sent, stored, consumed, failed, pending, in-flight, retried, dead-lettered or
-    requeued;
+    """One step: `step` is sent, stored, delivered, consumed, failed, pending, in-flight, retried,
+    dead-lettered or requeued;
     `at_ms` 0 where the brokers do not record the time."""
 
     step: str
@@ -80,9 +81,12 @@ def _key(m: MessageExt) -> tuple[str, str, int]:
     return (m.topic, m.broker_name, m.queue_id)
 
 
-def journey(original: MessageExt, groups: list[GroupFacts], requeued: Sequence[MessageExt] = ()) -> MessageJourney:
+def journey(original: MessageExt, groups: list[GroupFacts], requeued: Sequence[MessageExt] = (),
+            deliveries: Mapping[tuple[str, str, int, int], Sequence[Delivery]] | None = None) -> MessageJourney:
     """The steps of `original` and its copies, group by group; then the copies a dead-letter requeue sent
-    back to the topic (`requeued`: the same msg id stored there again)."""
+    back to the topic (`requeued`: the same msg id stored there again). `deliveries`: the brokers' records
+    of the reads that handed each message (by topic, broker, queue, offset) to a group's client."""
+    deliveries = deliveries or {}
     props = original.properties
     producer = props.get(PropertyKey.PRODUCER_GROUP, "")
     steps = [JourneyStep("sent", original.born_timestamp, original.topic, "", client=original.born_host,
@@ -101,6 +105,11 @@ def journey(original: MessageExt, groups: list[GroupFacts], requeued: Sequence[M
             later = i + 1 < len(attempts) or bool(dead)
             committed = g.committed.get(_key(m), -1)
             owner = g.owners.get(_key(m), "")
+            for d in deliveries.get((*_key(m), m.queue_offset), ()):
+                if d.group == g.group:
+                    steps.append(JourneyStep("delivered", d.delivered_ms, m.topic, _where(m), g.group, d.client_id,
+                                             f"read of offsets {d.first_offset}..{d.next_offset - 1}"))
+                    owner = d.client_id or owner
             if later:
                 steps.append(JourneyStep("failed", 0, m.topic, _where(m), g.group, owner,
                                          "handed back: the next step is its copy"))
@@ -140,7 +149,13 @@ def trace_message(admin: Any, msg_id: str, topic: str = "") -> MessageJourney:
     original = originals[0]
     groups = [_group_facts(admin, g.group, original, found if not topic else None)
               for g in admin.list_groups(original.topic)]
-    return journey(original, groups, originals[1:])
+    delivered = {}
+    for m in {original, *(c for g in groups for c in g.copies if is_retry_topic(c.topic))}:
+        try:
+            delivered[(*_key(m), m.queue_offset)] = admin.deliveries(m.message_queue, m.queue_offset)
+        except TidemarkError:  # a broker older than delivery records, or one that went away: no delivered step
+            pass
+    return journey(original, groups, originals[1:], delivered)
 
 
 def _group_facts(admin: Any, group: str, original: MessageExt, found: list[MessageExt] | None) -> GroupFacts:

@@ -27,6 +27,7 @@ message.type, consumption_model, namespace) apply only under that system name.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -154,8 +155,7 @@ def _message_type(message: Message) -> str:
 
 
 def _carrying(message: Message, carrier: Mapping[str, str]) -> Message:
-    return Message(topic=message.topic, body=message.body, tags=message.tags, keys=message.keys,
-                   properties={**message.properties, **carrier}, delay_level=message.delay_level, flag=message.flag)
+    return dataclasses.replace(message, properties={**message.properties, **carrier})  # every other field kept
 
 
 def send_traced(send: Callable[..., list[Any]], messages: Sequence[Message], settings: Any, **kw: Any) -> list[Any]:

@@ -281,6 +281,18 @@ class GroupDescription:
 
 
 @dataclass(frozen=True, slots=True)
+class Delivery:
+    """A broker's record of a read that handed a queue's offsets [first_offset, next_offset) to a group's
+    client at delivered_ms (epoch ms of the broker's clock)."""
+
+    group: str
+    client_id: str
+    delivered_ms: int
+    first_offset: int
+    next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class GroupConfig:
     group: str
     consume_enable: bool

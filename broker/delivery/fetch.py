@@ -86,6 +86,11 @@ class QueueRecords:
     next_offset: int
     max_offset: int
     group: str = ""  # the group reading (metrics count delivered bytes per group)
+    # Where the read started (the first record is there or, past filtered entries, later) and for whom: the
+    # broker's record of deliveries (broker/observe/journey.py).
+    queue_id: int = -1
+    first_offset: int = -1
+    client_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,6 +282,7 @@ class FetchSession:
         if is_stale(q.fence, generation):
             self._reset(q, generation)
             return None
+        start = q.offset
         read = self._store.read_records(q.topic, q.queue_id, q.offset,
                                         max_count=min(q.credit_messages, q.batch_size),
                                         max_bytes=min(q.credit_bytes, budget), tags_codes=q.codes,
@@ -293,7 +299,7 @@ class FetchSession:
             q.credit_bytes -= len(read.data)
             q.reported = q.offset
             return QueueRecords(q.handle, q.topic, read.count, read.data, read.next_offset, read.max_offset,
-                                q.group)
+                                q.group, q.queue_id, start, q.fence.client_id if q.fence else "")
         if status is GetStatus.OFFSET_OVERFLOW_ONE or (
                 status is GetStatus.NO_MESSAGE_IN_QUEUE and q.offset == read.max_offset):
             q.ready = False

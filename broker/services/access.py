@@ -111,6 +111,7 @@ NEEDS: dict[str, Needs | object] = {
     # Without a topic every topic is searched: Get on the cluster.
     # Without a topic every topic is searched; the answer keeps only copies on topics the user may Get.
     "QueryMessageById": lambda r: [on_topic(r.topic, GET)] if r.topic else [on_cluster(GET)],
+    "GetDeliveries": lambda r: [on_topic(r.topic, GET)],
     "GetBrokerStatus": lambda r: [on_cluster(GET)],
     "DeleteExpiredCommitLog": lambda r: [on_cluster(UPDATE)],
     "CreateUser": SUPER_ONLY,

@@ -201,6 +201,13 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
         return admin_pb2.QueryMessageByIdResponse(messages=[message_ext(m, b.config.broker_name) for m in visible])
 
     @rpc
+    async def GetDeliveries(self, request, context: grpc.aio.ServicerContext):
+        found = self._b.operations.deliveries_of(request.topic, request.queue_id, request.offset)
+        return admin_pb2.GetDeliveriesResponse(deliveries=[
+            admin_pb2.Delivery(group=d.group, client_id=d.client_id, delivered_ms=d.delivered_ms,
+                               first_offset=d.first_offset, next_offset=d.next_offset) for d in found])
+
+    @rpc
     async def GetBrokerStatus(self, request, context: grpc.aio.ServicerContext):
         s = broker_status(self._b, VERSION)
         return admin_pb2.BrokerStatus(**{name: getattr(s, name) for name in s.__slots__})

@@ -39,6 +39,7 @@ from tidemark.client.types import (
     BrokerInfo,
     BrokerStatus,
     CommitOffsetsResult,
+    Delivery,
     GroupConfig,
     GroupDescription,
     GroupSummary,
@@ -449,6 +450,11 @@ class BrokerConnection:
         pb = await self._call(self._admin.QueryMessageById,
                               admin_pb2.QueryMessageByIdRequest(msg_id=msg_id, topic=topic))
         return [convert.message_ext(m) for m in pb.messages]
+
+    async def deliveries(self, topic: str, queue_id: int, offset: int) -> list[Delivery]:
+        pb = await self._call(self._admin.GetDeliveries,
+                              admin_pb2.GetDeliveriesRequest(topic=topic, queue_id=queue_id, offset=offset))
+        return [Delivery(d.group, d.client_id, d.delivered_ms, d.first_offset, d.next_offset) for d in pb.deliveries]
 
     async def delete_group_offsets(self, group: str, topic: str, *, dry_run: bool = False) -> list[OffsetChange]:
         pb = await self._call(self._admin.DeleteGroupOffsets,

@@ -136,18 +136,22 @@ def test_spans_share_one_trace_and_the_journey_shows_consumed_retried_and_dead_l
         f"{trace_id:032x}", f"{publish.context.span_id:016x}")
     assert traced_journey.trace_id == f"{trace_id:032x}" and poison_journey.trace_id == ""
 
-    assert [(s.step, s.topic, s.group) for s in poison_journey.steps] == [
-        ("sent", "Jobs", ""), ("stored", "Jobs", ""), ("failed", "Jobs", "jobs"),
-        ("retried", "%RETRY%jobs", "jobs"), ("failed", "%RETRY%jobs", "jobs"),
+    steps = poison_journey.steps
+    assert [(s.step, s.topic, s.group) for s in steps] == [
+        ("sent", "Jobs", ""), ("stored", "Jobs", ""), ("delivered", "Jobs", "jobs"), ("failed", "Jobs", "jobs"),
+        ("retried", "%RETRY%jobs", "jobs"), ("delivered", "%RETRY%jobs", "jobs"), ("failed", "%RETRY%jobs", "jobs"),
         ("dead-lettered", "%DLQ%jobs", "jobs")]
-    assert poison_journey.steps[3].detail == "attempt 2" and poison_journey.steps[3].at_ms > 0
-    assert poison_journey.steps[5].detail == "after 2 failed deliveries"
+    assert steps[4].detail == "attempt 2" and steps[4].at_ms > 0
+    assert steps[7].detail == "after 2 failed deliveries"
+    # The broker recorded each delivery: to this consumer, after the store, in order.
+    assert [s.client for s in steps if s.step == "delivered"] == [client_id, client_id]
+    assert steps[1].at_ms <= steps[2].at_ms <= steps[4].at_ms <= steps[5].at_ms
 
     code, out, err = table
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == f"msg id {good}  topic Jobs  trace id - (no traceparent)"
-    assert [line.split()[0] for line in lines[2:]] == ["sent", "stored", "consumed"], out
+    assert [line.split()[0] for line in lines[2:]] == ["sent", "stored", "delivered", "consumed"], out
     assert client_id in lines[-1] and "keys=k1" in out  # the client holding the queue
     code, out, err = bad
     assert code == 1 and out == "" and len(err.splitlines()) == 1 and "malformed" in err, bad

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from tidemark.broker.observe import traces
+from tidemark.broker.observe.journey import DeliveryLog
 from tidemark.broker.services.rmq5 import convert
 from tidemark.broker.store import StoredMessage
 from tidemark.client import (
@@ -27,6 +28,7 @@ from tidemark.client import (
     tracing,
 )
 from tidemark.client.journey import GroupFacts, journey
+from tidemark.client.types import Delivery
 from tidemark.common.records import RecordBatchBuilder, encode_properties
 from tidemark.rmq5.v2 import messaging_pb2 as rmq5
 
@@ -143,6 +145,25 @@ def test_journey_of_a_message_retried_then_dead_lettered_by_one_group_and_pendin
     assert (requeued.step, requeued.queue, requeued.at_ms) == ("requeued", "broker-a:0@9", 5000)
     consumed = journey(original, [GroupFacts("audit", {q: 8}, {q: "c1"})]).steps[-1]
     assert (consumed.step, consumed.client) == ("consumed", "c1")
+    reads = {(*q, 7): [Delivery("other", "c9", 1500, 0, 10), Delivery("audit", "c2", 1600, 5, 8)]}
+    *_, delivered, consumed = journey(original, [GroupFacts("audit", {q: 8}, {q: "c1"})], deliveries=reads).steps
+    assert (delivered.step, delivered.client, delivered.at_ms, delivered.detail) == (
+        "delivered", "c2", 1600, "read of offsets 5..7")
+    assert (consumed.step, consumed.client) == ("consumed", "c2")  # who got it, not who holds the queue now
+
+
+def test_the_broker_keeps_the_recent_deliveries_of_each_queue():
+    log = DeliveryLog(recent=3)
+    log.record("T", 0, "g", "c1", 0, 4, 100)
+    log.record("T", 0, "", "c1", 0, 4, 100)  # a group-less read is no delivery
+    log.record("T", 0, "g", "c1", 4, 4, 100)  # nor one that handed nothing out
+    log.record("T", 1, "g", "c2", 0, 9, 110)
+    log.record("T", 0, "h", "c3", 2, 6, 120)
+    assert [(d.group, d.client_id) for d in log.of("T", 0, 3)] == [("g", "c1"), ("h", "c3")]
+    assert log.of("T", 0, 6) == [] and log.of("U", 0, 0) == []
+    for i in range(3):
+        log.record("T", 0, "g", "c4", 10 + i, 11 + i, 200 + i)
+    assert log.of("T", 0, 3) == []  # the oldest went
 
 
 def test_no_module_imports_opentelemetry_when_it_is_imported():

@@ -11,6 +11,11 @@
 # Each image is the dependencies' venv (one layer, cached until its wheel set changes) and Tidemark in
 # /opt/tidemark/app (on sys.path through a .pth file, its command in app/bin): a code change rebuilds
 # about 1 MB, not the Spark image's 1 GB. Neither image keeps pip or setuptools.
+#
+# Every image made here carries the label io.tidemark.stage. The stages only copied from (app, broker-deps,
+# spark-deps) end in a label naming the build (BUILD_ID, after their RUNs so it never costs their cache):
+# tools/images.py tags exactly that build's as tidemark/build-cache:STAGE, the layer cache of the next
+# build, and removes the untagged images with the label, so no build leaves dangling images behind.
 ARG BASE_IMAGE=python:3.11-slim
 
 # Stages in build order: the legacy builder builds every stage up to --target, so the broker's come
@@ -23,12 +28,16 @@ RUN python3 -m venv /opt/tidemark
 FROM venv AS app
 COPY build/wheels/app /wheels
 RUN /opt/tidemark/bin/pip install --quiet --no-index --no-deps --target /opt/tidemark/app /wheels/tidemark-*.whl
+ARG BUILD_ID=
+LABEL io.tidemark.stage=app io.tidemark.build=${BUILD_ID}
 
 FROM venv AS broker-deps
 COPY build/wheels/broker /wheels
 RUN /opt/tidemark/bin/pip install --quiet --no-index --find-links /wheels -r /wheels/requirements.txt \
  && /opt/tidemark/bin/python -m pip uninstall --quiet --yes pip setuptools \
  && echo /opt/tidemark/app > "$(/opt/tidemark/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/tidemark-app.pth"
+ARG BUILD_ID=
+LABEL io.tidemark.stage=broker-deps io.tidemark.build=${BUILD_ID}
 
 FROM ${BASE_IMAGE} AS runtime
 ENV PATH=/opt/tidemark/app/bin:/opt/tidemark/bin:${PATH} PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 LANG=C.UTF-8
@@ -50,12 +59,15 @@ HEALTHCHECK --interval=5s --timeout=5s --start-period=15s --retries=3 \
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["tidemark", "broker"]
 CMD ["--data-dir", "/data", "--host", "0.0.0.0", "--port", "10911"]
+LABEL io.tidemark.stage=broker
 
 FROM venv AS spark-deps
 COPY build/wheels/spark /wheels
 RUN /opt/tidemark/bin/pip install --quiet --no-index --find-links /wheels -r /wheels/requirements.txt \
  && /opt/tidemark/bin/python -m pip uninstall --quiet --yes pip setuptools \
  && echo /opt/tidemark/app > "$(/opt/tidemark/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/tidemark-app.pth"
+ARG BUILD_ID=
+LABEL io.tidemark.stage=spark-deps io.tidemark.build=${BUILD_ID}
 
 FROM runtime AS spark
 RUN apt-get update \
@@ -72,3 +84,4 @@ COPY examples /opt/tidemark/examples
 COPY --from=app /opt/tidemark/app /opt/tidemark/app
 USER tidemark
 WORKDIR /opt/tidemark
+LABEL io.tidemark.stage=spark

@@ -127,7 +127,10 @@ class BrokerConfig:
                                           "(RocketMQ's transactionCheckMax)")
     auth: bool = _setting(False, "Authenticate every request (RocketMQ 5 signatures) and authorize it by ACL")
     init_user: str = _setting("", "NAME:SECRET of the first super user, created when there are no users yet "
-                              "(a replica also signs its calls to the master with it)", secret=True)
+                              "(without peer_user, also the user of the broker's own calls)", secret=True)
+    peer_user: str = _setting("", "NAME:SECRET the broker signs its own calls with: a replica's to its master, "
+                              "registrations with the name servers (empty: init_user). Replication needs Update "
+                              "on Cluster only, so this need not be a super user", secret=True)
     auth_max_skew_s: float = _setting(300.0, "How far a request's signed time may be from the broker's clock")
     tls_cert: str = _setting("", "PEM certificate chain served on the gRPC port (with tls_key; empty: plaintext)")
     tls_key: str = _setting("", "PEM private key of tls_cert")
@@ -239,8 +242,9 @@ def _problems(c: BrokerConfig):
                f"({c.max_message_size}) plus {REQUEST_OVERHEAD_BYTES} bytes of framing")
     if c.max_inflight_request_bytes <= 0:
         yield f"max_inflight_request_bytes must be > 0, got {c.max_inflight_request_bytes}"
-    if c.init_user and not USER_SPEC.fullmatch(c.init_user):
-        yield "init_user must be NAME:SECRET (the secret at least 8 characters)"
+    for name in ("init_user", "peer_user"):
+        if getattr(c, name) and not USER_SPEC.fullmatch(getattr(c, name)):
+            yield f"{name} must be NAME:SECRET (the secret at least 8 characters)"
     if c.auth_max_skew_s <= 0:
         yield f"auth_max_skew_s must be > 0, got {c.auth_max_skew_s}"
     yield from _tls_problems(c)

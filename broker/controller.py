@@ -512,10 +512,12 @@ class BrokerController:
         await self.registrar.sync_if_changed()
 
     def _peer_credentials(self) -> Credentials | None:
-        """What a replica signs its calls to the master with: init_user (a super user there too)."""
-        if not self.config.init_user:
+        """What a replica signs its calls to the master with, and the broker its registrations: peer_user, else
+        init_user (a super user there too)."""
+        user = self.config.peer_user or self.config.init_user
+        if not user:
             return None
-        name, _, secret = self.config.init_user.partition(":")
+        name, _, secret = user.partition(":")
         return Credentials(name, secret)
 
     def _replication_source(self) -> ReplicationSource:

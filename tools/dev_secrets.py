@@ -1,4 +1,4 @@
-"""Development secrets for docker-compose.yml: a CA, the brokers' certificate and a random root secret.
+"""Development secrets for docker-compose.yml: a CA, the brokers' certificate and random secrets.
 
     .venv/bin/python tools/dev_secrets.py [--dir DIR] [--force] [--owner UID]
 
@@ -9,12 +9,20 @@ examples):
     ca.pem                  the CA that signed broker.pem; clients trust it (TIDEMARK_TLS_CA_FILE)
     broker.pem, broker.key  one certificate for every broker and name server of docker-compose.yml, localhost,
                             127.0.0.1, ::1
-    init_user               root:SECRET, the super user the brokers create on first start and the user
-                            whose signature the name servers require on registrations
-    secret_key              SECRET alone, for the clients (the job) that sign as root
-    tidemark.env            what compose's env_file gives the services: where those files are mounted
-                            (TIDEMARK_INIT_USER_FILE, TIDEMARK_BROKER_USER_FILE, TIDEMARK_SECRET_KEY_FILE) and
-                            TIDEMARK_ACCESS_KEY; no secret, so `docker inspect` shows none
+    init_user               root:SECRET, the super user the brokers create on first start
+    secret_key              root's SECRET alone, for what signs as root: the `users` service, an operator
+    peer_user               broker:SECRET, the brokers' own user (peer_user): replicas sign their calls to
+                            their master with it and brokers their registrations, which the name servers
+                            take from it alone; it may only replicate (Update on Cluster)
+    job_secret_key          the secret of the job's user, `job`, which may only use its topic and group
+    spark/spark-defaults.conf  Spark's shared secret (spark.authenticate) for the master, the worker and the
+                            job's driver (SPARK_CONF_DIR), and the master's REST submission server off
+    tidemark.env            what compose's env_file gives the brokers, name servers and the `users` service:
+                            where those files are mounted (TIDEMARK_INIT_USER_FILE, TIDEMARK_PEER_USER_FILE,
+                            TIDEMARK_BROKER_USER_FILE, TIDEMARK_SECRET_KEY_FILE) and TIDEMARK_ACCESS_KEY=root;
+                            no secret, so `docker inspect` shows none
+
+The `users` service of docker-compose.yml creates `broker` and `job` on every broker with their rules.
 
 The CA's key is not kept: run again with --force for new certificates (and a new secret; a broker
 volume that already has users keeps its old root user, so `docker-compose down --volumes` first).
@@ -43,7 +51,11 @@ BROKER_IPS = ("127.0.0.1", "::1")
 # The images' user (Dockerfile: useradd --uid 10001): it must be able to read broker.key.
 CONTAINER_UID = 10001
 VALIDITY = datetime.timedelta(days=365)
-FILES = ("ca.pem", "broker.pem", "broker.key", "init_user", "secret_key", "tidemark.env")
+# The users docker-compose.yml's `users` service creates on every broker (the root user is init_user's).
+PEER_USER, JOB_USER = "broker", "job"
+SPARK_CONF = "spark/spark-defaults.conf"
+PRIVATE = ("broker.key", "init_user", "secret_key", "peer_user", "job_secret_key", SPARK_CONF)
+FILES = ("ca.pem", "broker.pem", "tidemark.env", *PRIVATE)
 MOUNTED_AT = "/run/secrets/tidemark"  # where docker-compose.yml mounts the directory
 
 
@@ -85,12 +97,24 @@ def make_certificates() -> tuple[bytes, bytes, bytes]:
 
 def env_file(user: str) -> str:
     return (f"# Written by tools/dev_secrets.py. No secret here: each *_FILE names a file of this directory as\n"
-            f"# the containers see it ({MOUNTED_AT}). The brokers create the super user on first start;\n"
-            f"# the name servers take registrations signed by it only; the job signs its requests as it.\n"
+            f"# the containers see it ({MOUNTED_AT}). The brokers create the super user on first start and\n"
+            f"# sign their own calls as peer_user, the only user the name servers take registrations from;\n"
+            f"# clients given this file (the users service) sign as the super user.\n"
             f"TIDEMARK_INIT_USER_FILE={MOUNTED_AT}/init_user\n"
-            f"TIDEMARK_BROKER_USER_FILE={MOUNTED_AT}/init_user\n"
+            f"TIDEMARK_PEER_USER_FILE={MOUNTED_AT}/peer_user\n"
+            f"TIDEMARK_BROKER_USER_FILE={MOUNTED_AT}/peer_user\n"
             f"TIDEMARK_ACCESS_KEY={user}\n"
             f"TIDEMARK_SECRET_KEY_FILE={MOUNTED_AT}/secret_key\n")
+
+
+def spark_conf(secret: str) -> str:
+    """Spark standalone reads its shared secret from its configuration only (not from a file of its own), so
+    the configuration is the secret file. The REST submission server would take jobs without it: off."""
+    return ("# Written by tools/dev_secrets.py: the Spark master, worker and job's driver read it (SPARK_CONF_DIR).\n"
+            "spark.authenticate true\n"
+            f"spark.authenticate.secret {secret}\n"
+            "spark.master.rest.enabled false\n"
+            "spark.ui.killEnabled false\n")
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
@@ -105,17 +129,20 @@ def _write(path: Path, data: bytes, mode: int) -> None:
 def write_secrets(directory: Path, *, owner: int | None, user: str = "root") -> str:
     """Write every file into `directory`; returns a note on who can read the private files.
 
-    owner: the uid given broker.key, init_user and secret_key (mode 0400), None to keep the caller's.
+    owner: the uid given the private files (PRIVATE, mode 0400), None to keep the caller's.
     The containers' user must read them: without an owner change they are made readable by every local
     user (0644).
     """
     directory.mkdir(parents=True, exist_ok=True)
+    (directory / SPARK_CONF).parent.mkdir(exist_ok=True)
     ca_pem, broker_pem, key_pem = make_certificates()
     _write(directory / "ca.pem", ca_pem, 0o644)
     _write(directory / "broker.pem", broker_pem, 0o644)
     _write(directory / "tidemark.env", env_file(user).encode(), 0o644)
-    secret = secrets.token_urlsafe(24)
-    private = {"broker.key": key_pem, "init_user": f"{user}:{secret}\n".encode(), "secret_key": f"{secret}\n".encode()}
+    secret, peer, job, spark = (secrets.token_urlsafe(24) for _ in range(4))
+    private = {"broker.key": key_pem, "init_user": f"{user}:{secret}\n".encode(), "secret_key": f"{secret}\n".encode(),
+               "peer_user": f"{PEER_USER}:{peer}\n".encode(), "job_secret_key": f"{job}\n".encode(),
+               SPARK_CONF: spark_conf(spark).encode()}
     for name, data in private.items():
         if owner is None:
             _write(directory / name, data, 0o644)
@@ -128,7 +155,8 @@ def write_secrets(directory: Path, *, owner: int | None, user: str = "root") -> 
                 f"run as root to give them to uid {CONTAINER_UID} with mode 0400 instead")
     else:
         note = f"{names} belong to uid {owner}, mode 0400"
-    os.chmod(directory, 0o755)  # the containers' user lists it through the read-only mount
+    for path in (directory, (directory / SPARK_CONF).parent):
+        os.chmod(path, 0o755)  # the containers' user lists them through the read-only mounts
     return note
 
 

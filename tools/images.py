@@ -19,6 +19,13 @@
    rebuilds only Tidemark's (about 1 MB), and unchanged inputs rebuild nothing.
 4. deploy/etcd/Dockerfile: Debian's etcd-server on the same base (controller mode's etcd members),
    from the base's package index, with no build context.
+5. No dangling images: the stages the images copy from (app, broker-deps, spark-deps) are Docker's layer
+   cache for the next build, so this build's are tagged tidemark/build-cache:STAGE (found by the
+   io.tidemark.build label it gives them); then every untagged image with the io.tidemark.stage label, an
+   earlier build's stages and the images this one replaced, is removed (`docker image prune`, which spares
+   images a container uses, and those made since this build began: another build's, not yet tagged).
+   Images without that label are never touched. `docker rmi` of the
+   build-cache tags frees their space (about 1.5 GB) at the cost of a full rebuild.
 
 Prints what it does; with --json, writes the images' sizes, packages and build times there.
 """
@@ -47,6 +54,10 @@ BROKER_TAG = "tidemark/broker:0.1.0"
 SPARK_TAG = "tidemark/spark:0.1.0"
 ETCD_TAG = "tidemark/etcd:0.1.0"
 ETCD_DOCKERFILE = ROOT / "deploy" / "etcd" / "Dockerfile"
+# The Dockerfile's labels (see its header) and the stages kept as the next build's cache.
+STAGE_LABEL, BUILD_LABEL = "io.tidemark.stage", "io.tidemark.build"
+CACHE_REPOSITORY = "tidemark/build-cache"
+CACHED_STAGES = ("app", "broker-deps", "spark-deps")
 # What each image installs. pyproject.toml has no [broker] extra yet: pip then warns and installs the
 # base dependencies, which are the broker's today.
 IMAGE_EXTRAS = {"broker": "broker", "spark": "spark"}
@@ -193,11 +204,12 @@ def fetch_dependencies() -> None:
         (directory / "requirements.txt").write_text("\n".join(sorted(pins, key=str.lower)) + "\n")
 
 
-def build_image(target: str, tag: str, base: str) -> float:
+def build_image(target: str, tag: str, base: str, build_id: str) -> float:
     """docker build of one target, with a context of only what its stages copy (the broker's leaves out
     the Spark wheels and examples), streamed as a tar."""
     started = time.monotonic()
-    argv = ["docker", "build", "--quiet", "--target", target, "--tag", tag, "--build-arg", f"BASE_IMAGE={base}", "-"]
+    argv = ["docker", "build", "--quiet", "--target", target, "--tag", tag, "--build-arg", f"BASE_IMAGE={base}",
+            "--build-arg", f"BUILD_ID={build_id}", "-"]
     print("+ " + " ".join(argv) + " < context.tar", flush=True)
     build = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
     try:
@@ -226,6 +238,23 @@ def build_etcd_image(tag: str, base: str) -> float:
     return time.monotonic() - started
 
 
+def keep_cache_and_remove_dangling(build_id: str, began: float) -> dict[str, str]:
+    """Tag this build's cache stages (step 5 of the module docstring), then remove the untagged images of
+    ours made before `began` (epoch seconds); the tags given, stage -> image id."""
+    tagged = {}
+    for stage in CACHED_STAGES:
+        found = subprocess.run(["docker", "images", "--quiet", "--no-trunc", "--filter", f"label={BUILD_LABEL}={build_id}",
+                                "--filter", f"label={STAGE_LABEL}={stage}"], capture_output=True, text=True, check=True)
+        ids = sorted(set(found.stdout.split()))
+        if len(ids) != 1:
+            raise ImageError(f"build {build_id} left {len(ids)} images of stage {stage}, not one: {ids}")
+        run(["docker", "tag", ids[0], f"{CACHE_REPOSITORY}:{stage}"])
+        tagged[stage] = ids[0]
+    run(["docker", "image", "prune", "--force", "--filter", f"label={STAGE_LABEL}", "--filter", f"until={int(began)}"],
+        stdout=subprocess.DEVNULL)
+    return tagged
+
+
 def _no_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if "__pycache__" in info.name else info
 
@@ -248,16 +277,20 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         packages = build_wheelhouse()
         wheels_s = time.monotonic() - t
-        broker_s = build_image("broker", args.broker_tag, base)
-        spark_s = build_image("spark", args.spark_tag, base)
+        began = time.time()
+        build_id = f"{time.time_ns():x}-{os.getpid()}"
+        broker_s = build_image("broker", args.broker_tag, base, build_id)
+        spark_s = build_image("spark", args.spark_tag, base, build_id)
         etcd_s = build_etcd_image(args.etcd_tag, base)
+        cache = keep_cache_and_remove_dangling(build_id, began)
     except ImageError as e:
         print(f"images: {e}", file=sys.stderr)
         return 1
     except subprocess.CalledProcessError as e:
         print(f"images: {' '.join(map(str, e.cmd))} exited with {e.returncode}", file=sys.stderr)
         return 1
-    summary = {"base": base, "base_s": round(base_s, 1), "wheels_s": round(wheels_s, 1)}
+    summary = {"base": base, "base_s": round(base_s, 1), "wheels_s": round(wheels_s, 1),
+               "cache": {f"{CACHE_REPOSITORY}:{stage}": image for stage, image in cache.items()}}
     for name, tag, build_s in (("broker", args.broker_tag, broker_s), ("spark", args.spark_tag, spark_s),
                                ("etcd", args.etcd_tag, etcd_s)):
         summary[name] = {"tag": tag, "bytes": image_size(tag), "build_s": round(build_s, 1),

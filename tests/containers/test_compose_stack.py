@@ -13,6 +13,7 @@ removed at the end (the images stay, for the next run).
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
@@ -23,7 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from tidemark.client import Admin, TidemarkError, TlsSettings, UnauthenticatedError
+from tidemark.client import (
+    Admin,
+    PermissionDeniedError,
+    TidemarkError,
+    TlsSettings,
+    UnauthenticatedError,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = f"tidemark-test-{os.getpid()}"
@@ -125,6 +132,10 @@ def security() -> dict:
             "credentials": (env["TIDEMARK_ACCESS_KEY"], (directory / "secret_key").read_text().strip())}
 
 
+def secrets_dir() -> Path:
+    return Path(PUBLISH[SECRETS_VAR])
+
+
 def snapshot(address: str) -> dict:
     """Topics, every queue's offsets, the group's committed offsets and one message per queue."""
     with Admin(brokers=address, **security()) as admin:
@@ -173,13 +184,24 @@ def stack(images, secrets):
             time.sleep(1)
         elapsed = time.monotonic() - started
         print(f"\nstack: job exited {job_state['ExitCode']} {elapsed:.0f} s after `up`, "
-              f"{time.monotonic() - killed_at:.0f} s after {killed} (broker-a's master) was killed")
+              f"{time.monotonic() - killed_at:.0f} s after {killed} (broker-a's master) was killed; "
+              f"users ran {_span('users')}, the job {_span('job')}")
         docker("start", container(killed))  # it comes back as the new master's replica
         yield {"job_exit": job_state["ExitCode"], "job_s": elapsed, "job_log": logs(job), "killed": killed}
     finally:
         subprocess.run(["docker-compose", "--project-name", PROJECT, "--file", str(ROOT / "docker-compose.yml"),
                         "down", "--volumes", "--remove-orphans", "--timeout", "30"], cwd=ROOT,
                        env={**os.environ, **PUBLISH}, capture_output=True, timeout=300)
+
+
+def _span(service: str) -> str:
+    """When a container started and finished, in seconds after the stack's first container started."""
+    def at(stamp: str) -> float:  # Docker's RFC 3339 with up to 9 fraction digits, in UTC
+        whole, _, fraction = stamp.rstrip("Z").partition(".")
+        return datetime.datetime.fromisoformat(whole).timestamp() + float(f"0.{fraction or 0}")
+    first = min(at(state(s)["StartedAt"]) for s in (*NAMESRVS, *ETCDS))
+    s = state(service)
+    return f"{at(s['StartedAt']) - first:.1f} s .. {at(s['FinishedAt']) - first:.1f} s"
 
 
 def test_the_job_runs_the_pipeline_and_exits_0(stack):
@@ -207,10 +229,14 @@ def test_a_client_without_credentials_is_refused_and_metrics_answer_on_the_publi
 
 def test_no_secret_is_in_any_containers_environment(stack):
     """`docker inspect` shows a container's environment to whoever may run docker: the secrets are files."""
-    secret = security()["credentials"][1]
-    for service in (*NAMESRVS, *ETCDS, *BROKERS, "spark-master", "spark-worker", "job"):
+    directory = secrets_dir()
+    secrets = [security()["credentials"][1], (directory / "job_secret_key").read_text().strip(),
+               (directory / "peer_user").read_text().strip().partition(":")[2],
+               next(line.split()[1] for line in (directory / "spark" / "spark-defaults.conf").read_text().splitlines()
+                    if line.startswith("spark.authenticate.secret "))]
+    for service in (*NAMESRVS, *ETCDS, *BROKERS, "spark-master", "spark-worker", "users", "job"):
         env = json.loads(docker("inspect", "--format", "{{json .Config.Env}}", container(service)))
-        assert not [e for e in env if secret in e], f"{service}: a secret in its environment"
+        assert not [e for e in env for s in secrets if s in e], f"{service}: a secret in its environment"
     assert any(e.startswith("TIDEMARK_SECRET_KEY_FILE=") for e in json.loads(
         docker("inspect", "--format", "{{json .Config.Env}}", container("job"))))
 
@@ -254,6 +280,76 @@ def test_each_replica_follows_its_master(stack):
         wait_for(lambda r=replica: "event=replication_connected" in logs(container(r)), 90,
                  f"{replica} copying {master}")
         assert "event=replica_connected" in logs(container(master))
+
+
+def test_the_job_and_the_brokers_own_calls_use_least_privileged_users(stack):
+    """Root signs only the `users` service's calls. The job signs as `job` (root's secret is not even mounted
+    there), the brokers' replication and registrations as `broker` (peer_user); every broker has both,
+    neither a super user, each with only its rules; a super-user action by either is refused."""
+    assert state("users")["ExitCode"] == 0, logs(container("users"))[-3000:]
+    directory = secrets_dir()
+    job = json.loads(docker("inspect", "--format", "[{{json .Config.Env}}, {{json .Mounts}}]", container("job")))
+    env = dict(e.split("=", 1) for e in job[0])
+    assert env["TIDEMARK_ACCESS_KEY"] == "job" and "TIDEMARK_SECRET_KEY" not in env
+    assert {Path(m["Source"]).name for m in job[1] if m["Type"] == "bind"} == {
+        "ca.pem", Path(env["TIDEMARK_SECRET_KEY_FILE"]).name, "spark"}, "only the job's own secret"
+    peer_name, _, peer_secret = (directory / "peer_user").read_text().strip().partition(":")
+    envs = json.loads("[" + docker("inspect", "--format", "{{json .Config.Env}},", *map(container, BROKERS))
+                      .rstrip(",") + "]")
+    assert all("TIDEMARK_PEER_USER_FILE=/run/secrets/tidemark/peer_user" in env for env in envs)
+    job_secret = (directory / "job_secret_key").read_text().strip()
+    tls = security()["tls"]
+    addresses = [published(service, 10911) for service in BROKERS]
+    for service, address in zip(BROKERS, addresses, strict=True):  # each keeps its own users: replicas too
+        with Admin(brokers=address, **security()) as root:
+            users = {u.name: u.super_user for u in root.list_users()}
+            rules = {(r.user, r.resource, frozenset(r.actions), r.decision) for r in root.list_acls()}
+        assert users == {"root": True, peer_name: False, "job": False}, (service, users)
+        assert rules == {(peer_name, "Cluster", frozenset({"Update"}), "Allow"),
+                         ("job", f"Topic:{TOPIC}", frozenset({"Pub", "Sub", "Create", "Get"}), "Allow"),
+                         ("job", f"Group:{GROUP}", frozenset({"Sub", "Get"}), "Allow")}, (service, rules)
+    for name, secret in (("job", job_secret), (peer_name, peer_secret)):  # refused before a role matters
+        with Admin(brokers=addresses[0], tls=tls, credentials=(name, secret)) as user:
+            with pytest.raises(PermissionDeniedError):
+                user.create_user("intruder", "intruder-secret", super_user=True)
+            with pytest.raises(PermissionDeniedError):
+                user.list_topics()  # List on Cluster: neither may
+            with pytest.raises(PermissionDeniedError):
+                user.create_topic("not-the-jobs", 1)
+
+
+# A Spark RPC (RpcRequest: frame length, type 3, request id, body length, body) that is not the authentication
+# handshake; run in the worker's container, on the stack's network. A master with spark.authenticate answers it
+# with an RpcFailure saying it expected SASL; one without would hand the body to its endpoints.
+SPARK_PROBE = """
+import socket, struct
+body = b"not an auth handshake"
+with socket.create_connection(("spark-master", 7077), timeout=10) as s:
+    s.sendall(struct.pack(">qbqi", 21 + len(body), 3, 1, len(body)) + body)
+    data = b""
+    while len(data) < 8 or len(data) < struct.unpack(">q", data[:8])[0]:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+print("type", data[8], data[21:].decode(errors="replace").splitlines()[0])
+try:
+    socket.create_connection(("spark-master", 6066), timeout=5).close()
+    print("rest: open")
+except OSError as e:
+    print("rest:", type(e).__name__)
+"""
+
+
+def test_spark_master_refuses_unauthenticated_clients_and_rest_submissions(stack):
+    """spark.authenticate on the master (and the worker and the job, which did run): a connection's first
+    message must be the SASL handshake, and the REST submission server, which takes drivers without any
+    secret even then, is off. Master and worker have health checks (their web UIs)."""
+    said = docker("exec", container("spark-worker"), "python", "-c", SPARK_PROBE).splitlines()
+    assert said[0].startswith("type 5 ") and "Expected SaslMessage" in said[0], said  # 5: RpcFailure
+    assert said[1] == "rest: ConnectionRefusedError", said
+    for service in ("spark-master", "spark-worker"):
+        assert json.loads(docker("inspect", "--format", "{{json .Config.Healthcheck.Test}}", container(service)))
 
 
 def test_stop_is_graceful_and_a_new_start_keeps_topics_messages_and_offsets(stack):

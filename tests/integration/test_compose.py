@@ -77,7 +77,7 @@ def test_compose_file_is_valid_against_the_compose_specification():
 
 def test_the_stack_has_what_the_pipeline_needs():
     services = compose()["services"]
-    assert set(services) == {*NAMESRVS, *ETCDS, *BROKERS, "spark-master", "spark-worker", "job"}
+    assert set(services) == {*NAMESRVS, *ETCDS, *BROKERS, "spark-master", "spark-worker", "users", "job"}
     volumes, host_ports = set(), set()
     for group, pair in GROUPS.items():
         for name in pair:
@@ -125,7 +125,8 @@ def test_the_stack_has_what_the_pipeline_needs():
         assert services[name]["healthcheck"]["test"] == ["CMD", *PROBE, f"http://127.0.0.1:{port}/json/"]
     job = services["job"]
     assert {k: v["condition"] for k, v in job["depends_on"].items()} == {
-        n: "service_healthy" for n in (*BROKERS, "spark-worker")}
+        **{n: "service_healthy" for n in (*BROKERS, "spark-worker")}, "users": "service_completed_successfully"}
+    assert job["environment"]["TIDEMARK_ACCESS_KEY"] == "job", "the job signs as its own user, not root"
     assert "--namesrv=namesrv-1:9876,namesrv-2:9876" in _flags(job["command"])
 
 
@@ -460,10 +461,14 @@ def test_dev_secrets_make_a_certificate_for_every_broker_name_and_a_random_root_
     assert secret[0] not in (first / "tidemark.env").read_text()
     assert {k: v for k, v in envs[0].items() if k.endswith("_FILE")} == {
         "TIDEMARK_INIT_USER_FILE": "/run/secrets/tidemark/init_user",
-        "TIDEMARK_BROKER_USER_FILE": "/run/secrets/tidemark/init_user",
+        "TIDEMARK_PEER_USER_FILE": "/run/secrets/tidemark/peer_user",
+        "TIDEMARK_BROKER_USER_FILE": "/run/secrets/tidemark/peer_user",
         "TIDEMARK_SECRET_KEY_FILE": "/run/secrets/tidemark/secret_key"}
+    assert (first / "peer_user").read_text().startswith("broker:"), "the brokers' own calls: not root"
+    assert "spark.authenticate true" in (first / "spark" / "spark-defaults.conf").read_text()
     if os.geteuid() == 0:  # given to the containers' user alone
-        for name in ("broker.key", "init_user", "secret_key"):
+        for name in ("broker.key", "init_user", "secret_key", "peer_user", "job_secret_key",
+                     "spark/spark-defaults.conf"):
             st = (first / name).stat()
             assert (st.st_uid, st.st_mode & 0o777) == (10001, 0o400), name
     again = subprocess.run([sys.executable, str(ROOT / "tools" / "dev_secrets.py"), "--dir", str(first)],
@@ -521,6 +526,12 @@ def test_compose_services_run_as_processes(stack_dir):
         for name in BROKERS:
             stack.wait_for_log(name, "event=broker_ready", 60)
         assert _healthchecks(stack, BROKERS) == {}, "ready, so healthy by their compose healthchecks"
+        users = services["users"]  # the job's and the brokers' own users, created as root
+        assert users["entrypoint"][0] == "python"
+        done = subprocess.run([sys.executable, str(ROOT / "deploy" / "compose" / Path(users["entrypoint"][1]).name),
+                               *stack.translate("users", users["command"])], cwd=ROOT, env=stack.env(users),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"users failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         stack.wait_for_log("spark-worker", "Successfully registered with master", 120)
         job_cmd = stack.translate("job", services["job"]["command"])
         assert job_cmd[0] == "python"
@@ -541,8 +552,9 @@ def test_compose_services_run_as_processes(stack_dir):
             assert {p.stat().st_uid for p in executors} == {_uid_gid(services["spark-worker"])[0]}
         job_env = stack.env(services["job"])
         tls = TlsSettings(ca_file=job_env["TIDEMARK_TLS_CA_FILE"])
-        credentials = credentials_from_env(job_env)  # the secret from the file TIDEMARK_SECRET_KEY_FILE names
-        assert credentials is not None and "TIDEMARK_SECRET_KEY" not in job_env
+        job_credentials = credentials_from_env(job_env)  # the secret from the file TIDEMARK_SECRET_KEY_FILE names
+        assert job_credentials.access_key == "job" and "TIDEMARK_SECRET_KEY" not in job_env
+        credentials = credentials_from_env(stack.env(users))  # root's, for what only root may see
         address = {name: f"127.0.0.1:{stack.ports[(name, 10911)]}" for name in BROKERS}
         roles = {}
         for name in BROKERS:

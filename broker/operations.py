@@ -175,7 +175,12 @@ class Operations:
         check can tell (SendService.send_groups says what a failing store write leaves), and count them."""
         b = self.broker
         started = time.perf_counter()
+        begun = time.time_ns() if traces.ENABLED else 0
         result = await b.sender.send_groups(topic, groups)
+        if traces.ENABLED:
+            traces.stored_messages(topic, [(m.properties, s.queue_id, s.put.queue_offset, s.msg_id)
+                                           for (_, messages), sent in zip(groups, result.sent, strict=False)
+                                           for m, s in zip(messages, sent, strict=False)], begun, time.time_ns())
         metrics = b.metrics
         metrics.send_latency.observe(time.perf_counter() - started)
         stored = [s for group in result.sent for s in group]

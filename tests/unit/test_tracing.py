@@ -5,6 +5,7 @@ imports OpenTelemetry unless tracing is enabled."""
 from __future__ import annotations
 
 import ast
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,8 +15,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
+from tidemark.broker.config import BrokerConfig
+from tidemark.broker.controller import BrokerController
 from tidemark.broker.observe import traces
 from tidemark.broker.observe.journey import DeliveryLog
+from tidemark.broker.operations import OutgoingMessage
 from tidemark.broker.services.rmq5 import convert
 from tidemark.broker.store import StoredMessage
 from tidemark.client import (
@@ -224,3 +228,33 @@ def test_rocketmq5_clients_trace_context_is_the_traceparent_property():
     assert convert.received(stored, store_host="h").system_properties.trace_context == TP
     assert not convert.received(replace(stored, properties={"UNIQ_KEY": "ID"}), store_host="h").system_properties \
         .HasField("trace_context")
+
+
+def test_every_send_path_of_the_broker_makes_store_spans(tmp_path, monkeypatch):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(traces, "_spans", traces._StoreSpans(provider, "broker-a"))
+    monkeypatch.setattr(traces, "ENABLED", True)
+
+    def traced(msg_id: str) -> OutgoingMessage:
+        return OutgoingMessage(body=b"x", properties={"UNIQ_KEY": msg_id, "traceparent": TP})
+
+    async def main():
+        b = BrokerController(BrokerConfig(data_dir=tmp_path, flush_interval_ms=3_600_000))
+        b.load()
+        await b.start()
+        b.topics.create("T", 2)
+        try:
+            ops = b.operations
+            await ops.send("T", 0, [traced("A")])
+            await ops.send_groups("T", [("g1", [traced("B")]), ("g2", [traced("C")])])
+            builder = RecordBatchBuilder("T")
+            builder.append(b"x", encode_properties({"UNIQ_KEY": "D", "traceparent": TP}))
+            ops.append("T", 1, bytes(builder.buffer), 1, None)
+        finally:
+            await b.shutdown()
+    asyncio.run(main())
+    spans = exporter.get_finished_spans()
+    assert sorted(s.attributes["messaging.message.id"] for s in spans) == ["A", "B", "C", "D"]
+    assert {s.parent.span_id for s in spans} == {0xb7ad6b7169203331}

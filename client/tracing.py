@@ -167,7 +167,7 @@ def send_traced(send: Callable[..., list[Any]], messages: Sequence[Message], set
     with otel.tracer.start_as_current_span(f"{first.topic} publish", kind=otel.SpanKind.PRODUCER,
                                            attributes=_publish_attributes(first, len(messages), settings)) as span:
         carrier = otel.carrier()
-        if carrier:  # an unsampled or no-op span has no context to carry
+        if carrier:  # a no-op span (an API without an SDK) has no context to carry
             messages = [_carrying(m, carrier) for m in messages]
         results = send(messages, **kw)
         if len(results) == 1:

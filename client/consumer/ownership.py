@@ -120,6 +120,10 @@ class QueueOwnership:
         self._unlocks: dict[MessageQueue, _PendingUnlock] = {}
         self._unlock_retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
         self._unlocking: set[str] = set()  # brokers with a retry task
+        # The newest grant to this client seen per queue, (owner epoch, lock token): two lock calls for one
+        # queue can both be granted (a waiter asking for a queue that went away and came back, beside the
+        # new OwnedQueue's own call), and the broker keeps only the later grant's token (_quote).
+        self._grants: dict[MessageQueue, tuple[int, int]] = {}
         self.handovers = 0
         self.unlock_retries = 0  # UnlockQueues calls asked again
 
@@ -251,8 +255,8 @@ class QueueOwnership:
                     grant = grants.get(oq.mq)
                     if grant is None or grant.owner_epoch != oq.owner_epoch:
                         self._lose(oq, "lock not renewed")
-                    else:
-                        oq.lock_token = grant.lock_token  # a new grant when the lock had lapsed meanwhile
+                    else:  # a new grant when the lock had lapsed meanwhile
+                        oq.lock_token = self._quote(oq.mq, grant.owner_epoch, grant.lock_token)
 
     async def lose(self, mq: MessageQueue, reason: str) -> None:
         async with self._lock:
@@ -310,15 +314,19 @@ class QueueOwnership:
             grant = by_mq.get(oq.mq)
             if grant is None:
                 continue
+            token = self._quote(oq.mq, grant.owner_epoch, grant.lock_token)
             if oq.state is not QueueState.LOCKING or self._queues.get(oq.mq) is not oq:
                 # Released while we waited: let the next owner have it, unless the queue came back to
-                # us meanwhile (a newer OwnedQueue holds or asks for this very lock: leave it be).
+                # us meanwhile (a newer OwnedQueue holds or asks for this very lock: leave it be, and
+                # quote the newest grant when it lets go, or the broker keeps the lock till it expires).
                 current = self._queues.get(oq.mq)
                 if current is None or current.state is QueueState.RELEASED:
-                    stale[oq.mq] = grant.lock_token
+                    stale[oq.mq] = token
+                elif current.owner_epoch == grant.owner_epoch:
+                    current.lock_token = token
                 continue
             oq.owner_epoch = grant.owner_epoch
-            oq.lock_token = grant.lock_token
+            oq.lock_token = token
             oq.granted_at = (grant.consumer_offset, grant.reset_generation)
             log.info("queue lock granted",
                      event="lock_grant", group=self._group, queue=oq.mq, owner_epoch=grant.owner_epoch)
@@ -524,6 +532,16 @@ class QueueOwnership:
             self._hooks.lease_ended(lease)
         self._forget(oq)
         self._hooks.queue_lost(oq.mq)
+
+    def _quote(self, mq: MessageQueue, owner_epoch: int, token: int) -> int:
+        """The lock token to quote for `mq` after a grant of `token`: the newest grant of the same ownership
+        (owner epoch) seen so far. The broker draws tokens in order and keeps the last grant's, so when
+        two calls of ours were granted, the one answered last is not always the one it holds."""
+        seen = self._grants.get(mq)
+        if seen is not None and seen[0] == owner_epoch and seen[1] > token:
+            return seen[1]
+        self._grants[mq] = (owner_epoch, token)
+        return token
 
     def _forget(self, oq: OwnedQueue) -> None:
         self._store.remove_offset(oq.mq)

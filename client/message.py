@@ -6,7 +6,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tidemark.client.errors import InvalidTypeError
+from tidemark.client.errors import InvalidArgumentError, InvalidTypeError
 from tidemark.common import records
 from tidemark.common.protocol import PropertyKey
 
@@ -23,9 +23,18 @@ class MessageQueue:
         return f"MessageQueue [topic={self.topic}, brokerName={self.broker_name}, queueId={self.queue_id}]"
 
 
+# RocketMQ 5's limit on a message group (the broker's RocketMQ 5 adapter refuses longer ones too).
+MAX_MESSAGE_GROUP_LENGTH = 64
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A message to send. `keys` may hold several keys separated by spaces."""
+    """A message to send. `keys` may hold several keys separated by spaces.
+
+    `message_group` (RocketMQ 5 FIFO): messages of one group go to one queue (a hash of the group,
+    unless a queue or selector is given) and an orderly consumer keeps their order while other groups
+    of the queue flow past a slow one. It is stored as the `__SHARDINGKEY` property, where RocketMQ 5
+    clients put it, and is read back from there (copies that keep the properties keep the group)."""
 
     topic: str
     body: bytes
@@ -34,12 +43,38 @@ class Message:
     properties: Mapping[str, str] = field(default_factory=dict)
     delay_level: int = 0
     flag: int = 0
+    message_group: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.body, str):
             object.__setattr__(self, "body", self.body.encode("utf-8"))
         if not isinstance(self.body, bytes | bytearray | memoryview):
             raise InvalidTypeError(f"message body must be bytes or str, not {type(self.body).__name__}")
+        group, stored = self.message_group, self.properties.get(PropertyKey.SHARDING_KEY)
+        if group is None and stored is None:
+            return
+        if group is None:
+            group = stored
+        elif stored is not None and stored != group:
+            raise InvalidArgumentError(f"message_group {group!r} differs from the {PropertyKey.SHARDING_KEY} "
+                                       f"property {stored!r}: give it once")
+        _check_group(group)
+        object.__setattr__(self, "message_group", group)
+        if stored is None:
+            object.__setattr__(self, "properties", {**self.properties, PropertyKey.SHARDING_KEY: group})
+
+
+def _check_group(group: object) -> None:
+    """RocketMQ's rule for a message group: a non-blank string of at most 64 characters, no control characters."""
+    if not isinstance(group, str):
+        raise InvalidTypeError(f"message_group must be a str, not {type(group).__name__}")
+    if not group.strip():
+        raise InvalidArgumentError("message_group must not be empty or blank (leave it None for no group)")
+    if len(group) > MAX_MESSAGE_GROUP_LENGTH:
+        raise InvalidArgumentError(f"message_group is {len(group)} characters; at most "
+                                   f"{MAX_MESSAGE_GROUP_LENGTH} are allowed")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in group):
+        raise InvalidArgumentError(f"message_group {group!r} must not contain control characters")
 
 
 _HIDDEN_PROPERTIES = (PropertyKey.TAGS, PropertyKey.KEYS, PropertyKey.UNIQ_KEY)
@@ -147,6 +182,11 @@ class MessageExt:
         if self._properties is None:
             self._decode()
         return self._born_host
+
+    @property
+    def message_group(self) -> str | None:
+        """The message group it was sent with (the `__SHARDINGKEY` property), None without one."""
+        return self.properties.get(PropertyKey.SHARDING_KEY) or None
 
     @property
     def message_queue(self) -> MessageQueue:

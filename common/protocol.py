@@ -70,6 +70,8 @@ class PropertyKey:
     PRODUCER_GROUP = "PGROUP"
     # On a committed transactional message: the queue offset of its half message.
     TRANSACTION_HALF_OFFSET = "TRAN_HALF_OFFSET"
+    # A message's message group (RocketMQ 5 FIFO; RocketMQ 4's sharding key): both protocols store it here.
+    SHARDING_KEY = "__SHARDINGKEY"
 
 
 class InvalidNameError(ValueError):

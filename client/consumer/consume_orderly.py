@@ -1,13 +1,25 @@
-"""ConsumeMessageOrderlyService: one consume task per lease, messages strictly in offset order.
+"""ConsumeMessageOrderlyService: a lease's messages in order per message group, under the queue's lock.
 
 A queue is consumed only while this client holds its broker lock (its lease
-is ACTIVE). SUSPEND_CURRENT_QUEUE_A_MOMENT puts the batch back and retries it
-after the suspend time, with reconsume_times increased; when
-max_reconsume_times is set (>= 0) and reached, the batch goes to the DLQ and
-the queue moves on (RocketMQ's default for orderly is to retry forever).
+is ACTIVE). Within the queue, order is kept per message group (RocketMQ 5
+FIFO; message_groups.py has the rule): each group with messages waiting has
+one worker task taking its batches in offset order, and workers of different
+groups run side by side on the consume threads. Messages without a group form
+one group per queue, so a queue of them is consumed as before: one task,
+strictly in offset order.
 
-The task is supervised: if it dies of an unexpected error, `on_death` drops
-the queue's lease (the consumer re-acquires it through rebalance).
+SUSPEND_CURRENT_QUEUE_A_MOMENT puts the batch back and the group's worker
+tries it again after the suspend time, with reconsume_times increased: only
+that group waits, the others keep flowing. When max_reconsume_times is set
+(>= 0) and reached, the batch goes to the DLQ and its group moves on
+(RocketMQ's default for orderly is to retry forever). The committed offset is
+the lease's ProcessQueue's smallest unfinished offset, so it never passes a
+message of a waiting group.
+
+While the consumer is suspended, a worker puts its batch back and ends;
+resume() starts workers again. Every worker is supervised: if one dies of an
+unexpected error, `on_death` drops the queue's lease (the consumer
+re-acquires it through rebalance).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from tidemark.client.consumer.consume_pool import ConsumeThreadPool
 from tidemark.client.consumer.fetcher import Fetcher
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.listener import ConsumeOrderlyContext, MessageListenerOrderly
+from tidemark.client.consumer.message_groups import MessageGroups
 from tidemark.client.consumer.offset_store import OffsetStore
 from tidemark.client.consumer.send_back import SendBackService
 from tidemark.client.message import ConsumeOrderlyStatus, MessageExt
@@ -28,9 +41,6 @@ from tidemark.common.logs import get_logger
 from tidemark.common.protocol import is_retry_topic
 
 log = get_logger("tidemark.client.consume")
-
-# How often a lease's task looks again while the consumer is suspended.
-SUSPENDED_RETRY_S = 0.2
 
 
 class ConsumeMessageOrderlyService:
@@ -45,25 +55,35 @@ class ConsumeMessageOrderlyService:
         self._fetcher = fetcher
         self._suspended = suspended
         self._on_death = on_death
-        self._running: dict[QueueLease, asyncio.Task] = {}
+        self._groups: dict[QueueLease, MessageGroups] = {}
+        self._running: dict[tuple[QueueLease, str], asyncio.Task] = {}  # one worker per (lease, group)
         self.consumed_ok = 0
-        self.consumed_failed = 0  # messages of batches that asked to suspend the queue (tried again)
+        self.consumed_failed = 0  # messages of batches that asked to suspend their group (tried again)
         self.dead_lettered = 0
 
     def submit(self, lease: QueueLease, msgs: list[MessageExt]) -> None:
-        """The lease's messages are in its ProcessQueue already; make sure its task runs."""
-        if lease in self._running or not lease.active:
-            return  # the running task picks the new messages up; one task per lease
-        lease.batch_started()
-        task = asyncio.get_running_loop().create_task(self._consume_queue(lease), name=f"consume-orderly:{lease.mq}")
-        self._running[lease] = task
-        task.add_done_callback(lambda t: self._task_done(lease, t))
+        """The lease's messages are in its ProcessQueue already: queue them by group, start the workers
+        of groups that had none."""
+        if not lease.active:
+            return
+        groups = self._groups.get(lease)
+        if groups is None:
+            # A lease that stopped with no worker running left its entry: forget those now.
+            for old in [old for old, g in self._groups.items() if not old.active and not g.busy]:
+                del self._groups[old]
+            groups = self._groups[lease] = MessageGroups()
+        for group in groups.add(msgs):
+            self._start(lease, group)
 
     def resume(self) -> None:
-        """Nothing is held: each lease's task waits while the consumer is suspended."""
+        """Workers put their batch back and ended while the consumer was suspended: start them again."""
+        for lease, groups in list(self._groups.items()):
+            if lease.active:
+                for group in groups.unclaimed():
+                    self._start(lease, group)
 
     def apply_finished(self) -> None:
-        """Orderly results are applied by each lease's task as it goes."""
+        """Orderly results are applied by each group's worker as it goes."""
 
     async def shutdown(self) -> None:
         tasks = list(self._running.values())
@@ -72,18 +92,30 @@ class ConsumeMessageOrderlyService:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _task_done(self, lease: QueueLease, task: asyncio.Task) -> None:
-        self._running.pop(lease, None)
+    def _start(self, lease: QueueLease, group: str) -> None:
+        lease.batch_started()
+        task = asyncio.get_running_loop().create_task(self._consume_group(lease, group),
+                                                      name=f"consume-orderly:{lease.mq}:{group}")
+        self._running[(lease, group)] = task
+        task.add_done_callback(lambda t: self._task_done(lease, group, t))
+
+    def _task_done(self, lease: QueueLease, group: str, task: asyncio.Task) -> None:
+        del self._running[(lease, group)]
         lease.batch_finished()
+        groups = self._groups.get(lease)
+        waiting = groups is not None and groups.stop(group)
+        if groups is not None and not lease.active and not groups.busy:
+            del self._groups[lease]  # its last worker: nothing of this lease is consumed any more
         if task.cancelled():
             return
         error = task.exception()
         if error is not None:
-            log.error("orderly consume task died", event="consume_task_died", queue=lease.mq, exc_info=error)
+            log.error("orderly consume task died",
+                      event="consume_task_died", queue=lease.mq, group=group, exc_info=error)
             self._on_death(lease, error)
-        elif lease.active and lease.pq.has_temp_message():
-            # Messages arrived while the task was finishing: nobody else will start consuming them.
-            self.submit(lease, [])
+        elif waiting and lease.active and not self._suspended() and groups.claim(group):
+            # Messages arrived after its last take, or it skipped its batch while the consumer was suspended.
+            self._start(lease, group)
 
     def _call(self, lease: QueueLease, batch: list[MessageExt], context: ConsumeOrderlyContext) -> object:
         """On a consume thread: skip when the lease stopped being active or the consumer is suspended."""
@@ -92,24 +124,24 @@ class ConsumeMessageOrderlyService:
         view = [for_listener(m) for m in batch] if is_retry_topic(lease.mq.topic) else batch
         return call_listener(self._listener, view, context)
 
-    async def _consume_queue(self, lease: QueueLease) -> None:
-        pq = lease.pq
+    async def _consume_group(self, lease: QueueLease, group: str) -> None:
+        """One group's worker: its batches in offset order until it has none waiting."""
+        groups = self._groups[lease]
         while lease.active:
-            batch = pq.take_messages(self._settings.consume_message_batch_max_size)
+            batch = groups.take(group, self._settings.consume_message_batch_max_size)
             if not batch:
                 return
             context = ConsumeOrderlyContext(message_queue=lease.mq)
             status = await self._pool.run(lambda b=batch, c=context: self._call(lease, b, c))
             if status is SKIPPED:
-                pq.make_messages_consume_again(batch)
-                if self._suspended() and lease.active:
-                    await asyncio.sleep(SUSPENDED_RETRY_S)
-                    continue
+                groups.put_back(group, batch)
+                if lease.active and not self._suspended():
+                    continue  # resumed while the batch waited for a thread
                 return
             if not lease.counts:
                 return
             if status is ConsumeOrderlyStatus.SUCCESS:
-                self._commit(lease, batch, consumed=len(batch))
+                self._finish(lease, batch, consumed=len(batch))
                 continue
             if not isinstance(status, ConsumeOrderlyStatus):
                 log.error("orderly listener returned %r; treating it as SUSPEND_CURRENT_QUEUE_A_MOMENT", status,
@@ -118,20 +150,20 @@ class ConsumeMessageOrderlyService:
                 self.dead_lettered += len(batch)
                 if not lease.counts:
                     return
-                self._commit(lease, batch, consumed=0)
+                self._finish(lease, batch, consumed=0)
                 continue
             self.consumed_failed += len(batch)
-            pq.make_messages_consume_again([m.replace(reconsume_times=m.reconsume_times + 1) for m in batch])
+            groups.put_back(group, [m.replace(reconsume_times=m.reconsume_times + 1) for m in batch])
             suspend_ms = context.suspend_current_queue_time_ms or self._settings.suspend_current_queue_time_ms
             await asyncio.sleep(suspend_ms / 1000)
 
-    def _commit(self, lease: QueueLease, batch: list[MessageExt], consumed: int) -> None:
-        offset = lease.pq.commit()
+    def _finish(self, lease: QueueLease, batch: list[MessageExt], consumed: int) -> None:
+        """A batch consumed or dead-lettered: the queue may commit up to its smallest unfinished offset."""
+        offset = lease.pq.remove_messages(batch)
         self.consumed_ok += consumed
         if offset >= 0:
             self._store.update_offset(lease.mq, offset, increase_only=True)
         self._fetcher.grant(lease, len(batch), sum(m.store_size for m in batch))
-
     async def _exhausted(self, batch: list[MessageExt]) -> bool:
         """Past max reconsume times: move the batch to the DLQ (True once the broker has all of it)."""
         limit = self._settings.max_reconsume_times

@@ -35,10 +35,11 @@ _COMPACT_SLACK = 64
 class ProcessQueue:
     """Pulled-but-unfinished messages of one MessageQueue, keyed by queue offset.
 
-    Concurrent consumption uses :meth:`put_messages` and
-    :meth:`remove_messages`; orderly consumption uses :meth:`put_messages`,
-    :meth:`take_messages`, :meth:`commit` and
-    :meth:`make_messages_consume_again`. Confined to one event-loop thread.
+    Concurrent and orderly consumption both use :meth:`put_messages` and
+    :meth:`remove_messages` (orderly keeps its order per message group in
+    message_groups.py). :meth:`take_messages`, :meth:`commit` and
+    :meth:`make_messages_consume_again` are RocketMQ 4's per-queue orderly
+    cycle, which the push consumer no longer uses. Confined to one event-loop thread.
     """
 
     def __init__(self) -> None:

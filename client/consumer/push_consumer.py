@@ -2,8 +2,8 @@
 
 The asyncio core (AsyncPushConsumer) is a ConsumerCore whose fetched
 messages go to a consume service: concurrent (listener batches on the consume
-threads, ack_index, retry by send-back) or orderly (one task per queue, in
-offset order, under the queue's lock). Commits ride on the fetch stream's
+threads, ack_index, retry by send-back) or orderly (under the queue's lock,
+in offset order per message group: consume_orderly.py). Commits ride on the fetch stream's
 credit frames and are persisted every persist_consumer_offset_interval_s.
 The synchronous PushConsumer runs the core on its own loop thread.
 """
@@ -171,7 +171,9 @@ class PushConsumer(BlockingClient):
         self._set_listener(listener, orderly=False)
 
     def register_message_listener_orderly(self, listener: MessageListenerOrderly) -> None:
-        """An orderly listener: (msgs, context) -> ConsumeOrderlyStatus; one queue at a time, in order."""
+        """An orderly listener: (msgs, context) -> ConsumeOrderlyStatus. Order is kept per message group
+        (Message.message_group; messages without one: per queue), and a suspended batch holds back only
+        its group."""
         self._set_listener(listener, orderly=True)
 
     def _set_listener(self, listener: Any, *, orderly: bool) -> None:

@@ -1,4 +1,4 @@
-"""Queue selectors: pick the queue for a message (ordered messages use a sharding key)."""
+"""Queue selectors: pick the queue for a message (ordered messages use a sharding key or a message group)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,19 @@ class SelectMessageQueueByHash(MessageQueueSelector):
     def select(self, mqs: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
         key = arg if isinstance(arg, bytes) else str(arg).encode("utf-8")
         return mqs[zlib.crc32(key) % len(mqs)]
+
+
+class SelectMessageQueueByMessageGroup(MessageQueueSelector):
+    """The producer's choice for a message with a message group and no queue or selector: the queue
+    SelectMessageQueueByHash picks for the group as its key, so the two agree, and every message of the
+    group (and every retry of one) goes to the same queue while the topic's queues stay the same."""
+
+    def select(self, mqs: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
+        return _BY_HASH.select(mqs, message, message.message_group)
+
+
+_BY_HASH = SelectMessageQueueByHash()
+BY_MESSAGE_GROUP = SelectMessageQueueByMessageGroup()
 
 
 class SelectMessageQueueByRandom(MessageQueueSelector):

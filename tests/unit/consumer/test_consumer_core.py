@@ -19,6 +19,7 @@ from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.message import (
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
+    ConsumeOrderlyStatus,
     MessageExt,
     MessageModel,
     MessageQueue,
@@ -317,16 +318,16 @@ def test_an_orderly_task_that_dies_drops_its_lease():
         died = []
         pool = ConsumeThreadPool(max_threads=1, name="t", loop=asyncio.get_running_loop())
         service = ConsumeMessageOrderlyService(
-            listener=lambda m, c: None, settings=PushConsumerSettings(group="g"), pool=pool, offset_store=FakeStore(),
-            send_back=FakeSendBack(), fetcher=FakeFetcher(), suspended=lambda: False,
+            listener=lambda m, c: ConsumeOrderlyStatus.SUCCESS, settings=PushConsumerSettings(group="g"), pool=pool,
+            offset_store=FakeStore(), send_back=FakeSendBack(), fetcher=FakeFetcher(), suspended=lambda: False,
             on_death=lambda le, e: died.append((le, e)))
         le = lease()
         le.pq.put_messages([msg(0)])
 
-        def broken(batch_size):
+        def broken(msgs):
             raise RuntimeError("cache corrupted")
-        le.pq.take_messages = broken
-        service.submit(le, [])
+        le.pq.remove_messages = broken
+        service.submit(le, [msg(0)])
         for _ in range(100):
             if died:
                 break

@@ -35,7 +35,7 @@ from tidemark.client.consumer.offset_store import (
 )
 from tidemark.client.consumer.ownership import QueueOwnership
 from tidemark.client.consumer.rebalance import RebalanceService
-from tidemark.client.errors import FencedError
+from tidemark.client.errors import FencedError, TidemarkError
 from tidemark.client.message import MessageExt, MessageModel, MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.streams import QueueEnd
@@ -115,20 +115,18 @@ class ConsumerCore:
         try:
             await self._start(assigned)
         except BaseException:
-            await self.cluster.close()
+            await self._abandon()
             raise
 
     async def _start(self, assigned: set[MessageQueue] | None) -> None:
         s = self.settings
         await self.cluster.discover()
-        # NotFoundError for an unknown topic, before anything starts; the routes are asked for together.
-        await asyncio.gather(*(self.cluster.route(topic) for topic in self.subscriptions))
+        user_topics = sorted(self.subscriptions)  # (assemble() may add the retry topic, created by the heartbeat)
         locking = self.locking and assigned is None
         self.offset_store: OffsetStore = (
             RemoteBrokerOffsetStore(self.cluster, s.group, self.client_id, on_rejected=self._on_rejected,
                                     require_fence=locking)
             if self.clustering else LocalFileOffsetStore(self.client_id, s.group))
-        await self.offset_store.load()
         self.fetcher = Fetcher(cluster=self.cluster, group=s.group, subscription=self.subscription,
                                limits=self.fetch_limits(), sink=self,
                                offset_store=self.offset_store if self.piggyback else None, held=self.held)
@@ -153,14 +151,41 @@ class ConsumerCore:
             if self.ownership.locking:
                 sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
         self.schedule_commits(sched)
+        # One round trip for all of these: the routes (NotFoundError for an unknown topic), the offsets
+        # file, the fetch streams (open before any queue is ours: the first lock grant's queue is read
+        # with one frame on a stream already there) and the first heartbeat, which is the join: the
+        # group's members hear of this client, and start handing queues over, while the routes are
+        # still on their way. A start that fails after it leaves the group again (_abandon).
+        steps = [asyncio.gather(*(self.cluster.route(topic) for topic in user_topics)),
+                 self.offset_store.load(), self.fetcher.prepare()]
         if assigned is None:
-            await self.membership.heartbeat()
+            steps.append(self.membership.heartbeat())
+        for outcome in await asyncio.gather(*steps, return_exceptions=True):
+            if isinstance(outcome, BaseException):
+                raise outcome
+        if assigned is None:
             # The first rebalance finishes inside start(): when start() returns, start offsets are fixed.
             # Routes were just read and the heartbeat answered with the members: no need to ask again.
             await self.rebalance.do_rebalance(fast=True)
         else:
             await self.assign(assigned)
         await sched.start()
+
+    async def _abandon(self) -> None:
+        """After a failed start: leave the group if the heartbeat may have joined it (its members would
+        hand queues over to a client that never reads them, until it expires), close what was opened."""
+        try:
+            if self.membership is not None:
+                try:
+                    await self.membership.leave()
+                except TidemarkError as e:
+                    log.warning("leaving the group after a failed start failed",
+                                event="consumer_start_abandon_failed", group=self.settings.group, error=e)
+            fetcher = getattr(self, "fetcher", None)
+            if fetcher is not None:
+                await fetcher.close()
+        finally:
+            await self.cluster.close()
 
     def _master_moved(self, broker: str, address: str) -> None:
         """Another address serves a broker name (an elected master): the fetcher moves its streams by

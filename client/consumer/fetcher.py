@@ -112,6 +112,23 @@ class Fetcher:
 
     # -- leases ------------------------------------------------------------------------------
 
+    async def prepare(self) -> None:
+        """Open the stream to every broker known now, before any lease: a queue granted later (a
+        handover's lock) is then read with one open frame on a stream already set up, not after a new
+        call's round trip. A broker that cannot be reached now is left for the first lease to open."""
+        try:
+            brokers = await self._cluster.serving()
+        except TidemarkError as e:
+            log.debug("no fetch stream opened ahead", event="fetch_prepare_skipped", error=e)
+            return
+        for broker in brokers:
+            if not self._closed:
+                try:
+                    await self._stream(broker)
+                except TidemarkError as e:
+                    log.debug("no fetch stream opened ahead", event="fetch_prepare_skipped", broker=broker,
+                              error=e)
+
     async def start(self, lease: QueueLease, offset: int) -> None:
         """Start reading a lease's queue at `offset`."""
         reading = _Reading(lease, 0, MessageSelector.of(self._subscription(lease.mq.topic)), offset)

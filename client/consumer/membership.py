@@ -48,10 +48,15 @@ class GroupMembership:
         self._on_change = on_change
         self._watches: dict[str, asyncio.Task] = {}
         self._members: dict[str, list[str]] = {}
+        # Per broker, the list members() last gave a rebalance since the broker's watch task started.
+        self._used: dict[str, list[str]] = {}
 
     def members(self, broker_name: str) -> list[str] | None:
         """The group's client ids as the broker last told them, while its watch keeps them current."""
-        return self._members.get(broker_name) if self._watch_open(broker_name) else None
+        ids = self._members.get(broker_name) if self._watch_open(broker_name) else None
+        if ids is not None:
+            self._used[broker_name] = ids
+        return ids
 
     async def heartbeat(self) -> None:
         data = self._data()
@@ -91,6 +96,7 @@ class GroupMembership:
         for name in brokers:
             task = self._watches.get(name)
             if task is None or task.done():
+                self._used.pop(name, None)
                 self._watches[name] = loop.create_task(self._watch(name), name=f"watch:{self._group}:{name}")
 
     async def _watch(self, name: str) -> None:
@@ -101,6 +107,10 @@ class GroupMembership:
                 conn = await self._cluster.connection(name)  # the replica's, after a failover
                 async for ids in conn.watch_consumer_ids(self._group, self._client_id):
                     self._members[name] = ids
+                    if last is None and ids == self._used.get(name):
+                        # The watch's first list is the one a rebalance already took from the heartbeat's
+                        # answer (a joining client's start): no change, no second pass for nothing.
+                        last = ids
                     if ids != last:
                         last = ids
                         self._on_change()
@@ -117,6 +127,7 @@ class GroupMembership:
         if task is not None:
             task.cancel()
         self._members.pop(broker_name, None)
+        self._used.pop(broker_name, None)
 
     async def leave(self) -> None:
         """Close the watches, then unregister from every broker (graceful shutdown)."""

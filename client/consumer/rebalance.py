@@ -21,6 +21,7 @@ from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.types import TopicRoute
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import is_retry_topic
+from tidemark.common.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.client.rebalance")
 
@@ -57,53 +58,54 @@ class RebalanceService:
 
         A periodic pass refreshes every route (together) and asks each broker for the member list once;
         a fast pass (after a membership push, or at start when routes were just read) uses the cached
-        routes and the lists the brokers pushed, so a handover starts without extra round trips."""
+        routes and the lists the brokers pushed, so a handover starts without extra round trips. Routes
+        are asked for together, and each topic is rebalanced as soon as its own route is there: a route
+        still on its way (a new member's retry topic) does not hold up the queues of the others."""
         fast = self._pushed if fast is None else fast
         self._pushed = False
         self.rebalances += 1
         topics = sorted(self._topics(), key=lambda t: (is_retry_topic(t), t))
-        routes = await asyncio.gather(*(self._cluster.route(t, refresh=not fast) for t in topics),
-                                      return_exceptions=True)
+        routes = [asyncio.ensure_future(self._cluster.route(t, refresh=not fast)) for t in topics]
         members: dict[str, list[str]] = {}  # broker name -> the group's client ids it knows
-        if fast:
-            for route in routes:
-                if not isinstance(route, BaseException):
-                    for data in route.queue_datas:
-                        known = self._known_members(data.broker_name)
-                        if known is not None:
-                            members[data.broker_name] = known
-        for topic, route in zip(topics, routes, strict=True):
-            try:
-                if isinstance(route, BaseException):
-                    raise route
-                await self._rebalance_topic(topic, route, members)
-            except NotFoundError as e:
-                # The topic is gone (deleted) or not created yet: hand back whatever we held of it.
-                log.debug("rebalance skipped", event="rebalance_skip", group=self._group, topic=topic, reason=e)
-                if await self._ownership.update(topic, set()):
-                    self.changes += 1
-                    self._on_change()
-            except TidemarkError as e:
-                log.warning("rebalance failed", event="rebalance_failed", group=self._group, topic=topic, error=e)
+        try:
+            for topic, route in zip(topics, routes, strict=True):
+                try:
+                    await self._rebalance_topic(topic, await route, members, fast=fast)
+                except NotFoundError as e:
+                    # The topic is gone (deleted) or not created yet: hand back whatever we held of it.
+                    log.debug("rebalance skipped", event="rebalance_skip", group=self._group, topic=topic, reason=e)
+                    if await self._ownership.update(topic, set()):
+                        self.changes += 1
+                        self._on_change()
+                except TidemarkError as e:
+                    log.warning("rebalance failed", event="rebalance_failed", group=self._group, topic=topic,
+                                error=e)
+        finally:
+            await cancel_and_wait(*routes)  # (those of a pass cut short; the others are done)
 
-    async def allocation(self, route: TopicRoute, members: dict[str, list[str]]
+    async def allocation(self, route: TopicRoute, members: dict[str, list[str]], *, fast: bool = False
                          ) -> tuple[list[MessageQueue], list[str], set[MessageQueue]]:
-        """(all queues, all client ids, this client's share) for a topic."""
+        """(all queues, all client ids, this client's share) for a topic; `members` holds the lists known
+        in this pass (fast: a list a broker pushed is taken as it is)."""
         mq_all = route.read_queues()
         if self._model is MessageModel.BROADCASTING:
             return mq_all, [self._client_id], set(mq_all)
         broker = route.queue_datas[0].broker_name
         cid_all = members.get(broker)
+        if cid_all is None and fast:
+            cid_all = self._known_members(broker)
         if cid_all is None:
             conn = await self._cluster.connection(broker)
             # Given up when the master moves meanwhile: the pass goes on at once, and so does the next.
-            cid_all = members[broker] = await self._cluster.moves.until(broker, conn.consumer_ids(self._group))
+            cid_all = await self._cluster.moves.until(broker, conn.consumer_ids(self._group))
+        members[broker] = cid_all
         if not mq_all or not cid_all:
             return mq_all, cid_all, set()
         return mq_all, cid_all, set(self._strategy.allocate(self._group, self._client_id, mq_all, cid_all))
 
-    async def _rebalance_topic(self, topic: str, route: TopicRoute, members: dict[str, list[str]]) -> None:
-        mq_all, cid_all, mine = await self.allocation(route, members)
+    async def _rebalance_topic(self, topic: str, route: TopicRoute, members: dict[str, list[str]], *,
+                               fast: bool) -> None:
+        mq_all, cid_all, mine = await self.allocation(route, members, fast=fast)
         if self._model is MessageModel.CLUSTERING and self._client_id not in cid_all:
             # Not registered on the broker (restarted, or expired us): register first; the membership
             # push that follows triggers the next rebalance. Keep what we have meanwhile.

@@ -175,6 +175,8 @@ def test_bad_input_gives_clear_errors(broker, caplog):
     unknown.register_message_listener(Collector())
     with pytest.raises(NotFoundError, match="NoSuchTopic"):
         unknown.start()
+    with Admin(brokers=broker.address) as admin:  # its first heartbeat went out with the routes: it left again
+        assert admin.consumer_ids("g1") == []
     with pytest.raises(ClientStateError, match="shut down"):
         unknown.start()  # a failed start leaves the consumer shut down
     with pytest.raises(InvalidArgumentError, match="topic name"):

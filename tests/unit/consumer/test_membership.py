@@ -71,3 +71,32 @@ def test_a_heartbeat_with_no_broker_known_is_a_warning_not_a_failed_job(caplog):
         assert m.members("broker-a") is None
     asyncio.run(scenario())
     assert "event=heartbeat_failed" in caplog.text
+
+
+def test_the_watch_s_first_list_is_a_change_unless_a_rebalance_already_took_that_list():
+    """A joining client rebalances with the heartbeat's answer; the watch's first push, the same list, must
+    not run a second pass. A first push no rebalance has seen yet (or a different list) still counts."""
+    async def scenario(rebalance_first: bool, pushed: list[str]) -> int:
+        broker = ScriptedBroker()
+        broker.heartbeat_answer = ["c1", "c2"]
+        changes = []
+        data = HeartbeatData((("T", "*"),), "CLUSTERING", "CONSUME_PASSIVELY", False, (), "AVG")
+        m = GroupMembership(cluster=broker, group="g", client_id="c1", data=lambda: data,
+                            on_change=lambda: changes.append(1))
+        await m.heartbeat()
+        if rebalance_first:
+            assert m.members("broker-a") == ["c1", "c2"]  # what the start's rebalance allocates with
+        broker.pushes.put_nowait(pushed)
+        while broker.pushes.qsize():
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        broker.pushes.put_nowait(["c1", "c2", "c3"])  # a later join always counts
+        while m.members("broker-a") != ["c1", "c2", "c3"]:
+            await asyncio.sleep(0)
+        for task in m._watches.values():
+            task.cancel()
+        return len(changes)
+
+    assert asyncio.run(scenario(True, ["c1", "c2"])) == 1  # only c3's join
+    assert asyncio.run(scenario(False, ["c1", "c2"])) == 2  # nobody rebalanced with it yet
+    assert asyncio.run(scenario(True, ["c1"])) == 2  # c2 left meanwhile

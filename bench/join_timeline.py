@@ -193,9 +193,10 @@ def run_round(server, work: Path, rnd: int, package: str | None) -> tuple[float,
     go = results[2]["go"]
     first = (results[2]["first"] - go) * 1000 if results[2]["first"] else float("nan")
     steps = {("joiner", k): v for k, v in _marks(work / f"c{rnd}-2.log", go).items()}
-    for i in range(2):  # the old owners: the earliest of the two for each mark
-        for k, v in _marks(work / f"c{rnd}-{i}.log", go).items():
-            if v >= 0 and (("old", k) not in steps or v < steps[("old", k)]):
+    for i in range(2):  # the old owners: the earliest of the two for each mark, but the latest first
+        for k, v in _marks(work / f"c{rnd}-{i}.log", go).items():  # unlock answer (both have let go)
+            latest = k == "< unlock_queues"
+            if v >= 0 and (("old", k) not in steps or (v > steps[("old", k)] if latest else v < steps[("old", k)])):
                 steps[("old", k)] = v
     steps.update({("broker", k): v for k, v in _broker_marks(server.server.log_path, group,
                                                             "127.0.0.1@m2", go).items()})

@@ -51,30 +51,37 @@ class Message:
         if not isinstance(self.body, bytes | bytearray | memoryview):
             raise InvalidTypeError(f"message body must be bytes or str, not {type(self.body).__name__}")
         group, stored = self.message_group, self.properties.get(PropertyKey.SHARDING_KEY)
-        if group is None and stored is None:
-            return
         if group is None:
-            group = stored
-        elif stored is not None and stored != group:
+            # A copy of a stored message (a retry, a requeue) keeps a group its property holds. One that is
+            # not a group by the rule below (other producers store what they like there) is only a property:
+            # refusing it would make such messages impossible to send back or requeue.
+            if stored is not None and _group_problem(stored) is None:
+                object.__setattr__(self, "message_group", stored)
+            return
+        if stored is not None and stored != group:
             raise InvalidArgumentError(f"message_group {group!r} differs from the {PropertyKey.SHARDING_KEY} "
                                        f"property {stored!r}: give it once")
-        _check_group(group)
-        object.__setattr__(self, "message_group", group)
+        if not isinstance(group, str):
+            raise InvalidTypeError(f"message_group must be a str, not {type(group).__name__}")
+        problem = _group_problem(group)
+        if problem is not None:
+            raise InvalidArgumentError(problem)
         if stored is None:
             object.__setattr__(self, "properties", {**self.properties, PropertyKey.SHARDING_KEY: group})
 
 
-def _check_group(group: object) -> None:
-    """RocketMQ's rule for a message group: a non-blank string of at most 64 characters, no control characters."""
+def _group_problem(group: object) -> str | None:
+    """Why a value is not a message group by RocketMQ's rule (a non-blank string of at most 64 characters,
+    no control characters); None when it is one."""
     if not isinstance(group, str):
-        raise InvalidTypeError(f"message_group must be a str, not {type(group).__name__}")
+        return f"message_group must be a str, not {type(group).__name__}"
     if not group.strip():
-        raise InvalidArgumentError("message_group must not be empty or blank (leave it None for no group)")
+        return "message_group must not be empty or blank (leave it None for no group)"
     if len(group) > MAX_MESSAGE_GROUP_LENGTH:
-        raise InvalidArgumentError(f"message_group is {len(group)} characters; at most "
-                                   f"{MAX_MESSAGE_GROUP_LENGTH} are allowed")
+        return f"message_group is {len(group)} characters; at most {MAX_MESSAGE_GROUP_LENGTH} are allowed"
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in group):
-        raise InvalidArgumentError(f"message_group {group!r} must not contain control characters")
+        return f"message_group {group!r} must not contain control characters"
+    return None
 
 
 _HIDDEN_PROPERTIES = (PropertyKey.TAGS, PropertyKey.KEYS, PropertyKey.UNIQ_KEY)

@@ -48,7 +48,7 @@ from tidemark.client.producer.encoding import (
     encode_message,
     needs_unary,
 )
-from tidemark.client.producer.selector import BY_MESSAGE_GROUP, MessageQueueSelector
+from tidemark.client.producer.selector import MessageQueueSelector, route_by_group
 from tidemark.client.producer.sequences import ProducerSequences, Slot
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
@@ -469,7 +469,7 @@ class Producer(BlockingClient):
             self._check(m)
             if m.topic != topic:
                 raise InvalidArgumentError(f"all messages of a batch must share a topic ({topic!r} vs {m.topic!r})")
-        selector = _by_group(messages[0], queue, selector)
+        selector = route_by_group(messages, queue, selector)
         s = self.settings
         # Every attempt, and the wait for a writable queue during a failover (one more timeout at most).
         wait = (timeout or s.send_msg_timeout_s) * (2 + s.retry_times_when_send_failed) + 1
@@ -524,7 +524,7 @@ class Producer(BlockingClient):
         try:
             message, queue = names.message(message), names.queue(queue)
             self._check(message)
-            selector = _by_group(message, queue, selector)
+            selector = route_by_group((message,), queue, selector)
             from_callback = self._loop.on_own_thread
             queues = self._cached_queues(message.topic) if from_callback else None
             if needs_unary(message) or (from_callback and (queues is None or not self._core.slots.acquire(False))):
@@ -601,15 +601,6 @@ class Producer(BlockingClient):
                 target.set_result(f.result()[0])
         source.add_done_callback(copy)
         return target
-
-
-def _by_group(message: Message, queue: MessageQueue | None,
-              selector: MessageQueueSelector | None) -> MessageQueueSelector | None:
-    """A message group without a queue or selector picks its queue by hash, as a selector would: every
-    message and every retry of the group goes there (a batch goes where its first message's group does)."""
-    if queue is None and selector is None and message.message_group is not None:
-        return BY_MESSAGE_GROUP
-    return selector
 
 
 __all__ = ["AsyncProducer", "Producer", "check_message", "encode_message"]

@@ -8,6 +8,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.message import Message, MessageQueue
 
 
@@ -37,6 +38,24 @@ class SelectMessageQueueByMessageGroup(MessageQueueSelector):
 
 _BY_HASH = SelectMessageQueueByHash()
 BY_MESSAGE_GROUP = SelectMessageQueueByMessageGroup()
+
+
+def route_by_group(messages: Sequence[Message], queue: MessageQueue | None,
+                   selector: MessageQueueSelector | None) -> MessageQueueSelector | None:
+    """The selector for messages sent as one batch (one queue): a message group without a queue or selector
+    picks its queue by hash, so every message and every retry of the group goes there. A batch routed so
+    must hold one group: messages of another group (or of none) in it would land on this group's queue
+    while that group's other messages land on its own, and its order would be lost."""
+    if queue is not None or selector is not None:
+        return selector
+    groups = {m.message_group for m in messages}
+    if groups == {None}:
+        return None
+    if len(groups) > 1:
+        shown = ", ".join(sorted(repr(g) for g in groups))
+        raise InvalidArgumentError(f"a batch goes to one queue and these messages are of several message groups "
+                                   f"({shown}): send each group in its own batch, or name the queue")
+    return BY_MESSAGE_GROUP
 
 
 class SelectMessageQueueByRandom(MessageQueueSelector):

@@ -13,8 +13,7 @@ from tidemark.client.consumer.message_groups import NO_GROUP, MessageGroups, gro
 from tidemark.client.consumer.process_queue import ProcessQueue
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.message import Message, MessageExt, MessageQueue
-from tidemark.client.producer.producer import _by_group
-from tidemark.client.producer.selector import SelectMessageQueueByHash
+from tidemark.client.producer.selector import SelectMessageQueueByHash, route_by_group
 from tidemark.common.protocol import PropertyKey
 
 
@@ -211,9 +210,30 @@ def test_the_group_is_the_sharding_key_property_both_ways():
 def test_a_grouped_message_without_queue_or_selector_is_routed_by_the_hash_of_its_group():
     queues = [MessageQueue("T", "broker-a", i) for i in range(8)]
     grouped, plain = Message("T", b"x", message_group="order-7"), Message("T", b"x")
-    selector = _by_group(grouped, None, None)
+    selector = route_by_group([grouped], None, None)
     assert selector.select(queues, grouped, None) == SelectMessageQueueByHash().select(queues, None, "order-7")
-    assert _by_group(plain, None, None) is None
-    assert _by_group(grouped, queues[0], None) is None  # an explicit queue or selector wins
+    assert route_by_group([plain], None, None) is None
+    assert route_by_group([grouped], queues[0], None) is None  # an explicit queue or selector wins
     mine = SelectMessageQueueByHash()
-    assert _by_group(grouped, None, mine) is mine
+    assert route_by_group([grouped], None, mine) is mine
+
+
+def test_a_batch_routed_by_group_must_hold_one_group():
+    """Review: a batch went where its first message's group goes, so another group's message in it left
+    its group's queue and that group's order was lost."""
+    a, b, plain = (Message("T", b"x", message_group="a"), Message("T", b"x", message_group="b"),
+                   Message("T", b"x"))
+    assert route_by_group([a, a], None, None) is not None
+    for batch in ([a, b], [plain, a], [a, plain]):
+        with pytest.raises(InvalidArgumentError, match="several message groups"):
+            route_by_group(batch, None, None)
+    assert route_by_group([a, b], MessageQueue("T", "broker-a", 0), None) is None  # the caller named the queue
+
+
+@pytest.mark.parametrize("stored", ["", "g" * 65, "line\nbreak"])
+def test_a_stored_sharding_key_that_is_no_group_stays_a_plain_property(stored):
+    """Review: other producers store what they like under __SHARDINGKEY; a copy of such a message (a retry
+    sent back, a DLQ requeue) was refused when made, so it could never be sent back."""
+    m = Message("T", b"x", properties={PropertyKey.SHARDING_KEY: stored})
+    assert m.message_group is None and m.properties == {PropertyKey.SHARDING_KEY: stored}
+    assert route_by_group([m], None, None) is None

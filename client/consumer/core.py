@@ -151,15 +151,18 @@ class ConsumerCore:
             if self.ownership.locking:
                 sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
         self.schedule_commits(sched)
-        # One round trip for all of these: the routes (NotFoundError for an unknown topic), the offsets
-        # file, the fetch streams (open before any queue is ours: the first lock grant's queue is read
-        # with one frame on a stream already there) and the first heartbeat, which is the join: the
-        # group's members hear of this client, and start handing queues over, while the routes are
-        # still on their way. A start that fails after it leaves the group again (_abandon).
-        steps = [asyncio.gather(*(self.cluster.route(topic) for topic in user_topics)),
-                 self.offset_store.load(), self.fetcher.prepare()]
-        if assigned is None:
-            steps.append(self.membership.heartbeat())
+        # Side by side: the routes (NotFoundError for an unknown topic), then the first heartbeat, which
+        # is the join (the group's members hear of this client and start handing queues over; the broker
+        # creates the group's config and retry topic, so it goes only once every topic is known to exist);
+        # meanwhile the offsets file and the fetch streams (open before any queue is ours: the first lock
+        # grant's queue is read with one frame on a stream already there). A start that fails after the
+        # heartbeat leaves the group again (_abandon).
+        async def routes_then_join() -> None:
+            await asyncio.gather(*(self.cluster.route(topic) for topic in user_topics))
+            if assigned is None:
+                await self.membership.heartbeat()
+
+        steps = [routes_then_join(), self.offset_store.load(), self.fetcher.prepare()]
         for outcome in await asyncio.gather(*steps, return_exceptions=True):
             if isinstance(outcome, BaseException):
                 raise outcome

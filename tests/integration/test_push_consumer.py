@@ -175,8 +175,10 @@ def test_bad_input_gives_clear_errors(broker, caplog):
     unknown.register_message_listener(Collector())
     with pytest.raises(NotFoundError, match="NoSuchTopic"):
         unknown.start()
-    with Admin(brokers=broker.address) as admin:  # its first heartbeat went out with the routes: it left again
+    with Admin(brokers=broker.address) as admin:  # nothing of the group exists: the join waits for the routes
         assert admin.consumer_ids("g1") == []
+        assert "g1" not in {g.group for g in admin.list_groups()}
+        assert "%RETRY%g1" not in admin.list_topics(include_system=True)
     with pytest.raises(ClientStateError, match="shut down"):
         unknown.start()  # a failed start leaves the consumer shut down
     with pytest.raises(InvalidArgumentError, match="topic name"):

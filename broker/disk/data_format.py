@@ -89,7 +89,7 @@ class Stamped(enum.Enum):
     NEW = "new"  # an empty or new dir: stamped
     ADOPTED = "adopted"  # data from before stamps existed: stamped with the current format (it reads format 1)
     UPGRADED = "upgraded"  # stamped with an older format this build reads: stamped again with the current one
-    NOT_WRITTEN = "not_written"  # the stamp (new or upgraded) could not be written (logged): the old one stands
+    NOT_WRITTEN = "not_written"  # a new dir's stamp could not be written (logged): it reads as format 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,12 +201,20 @@ def ensure(data_dir: Path, *, version: str, readable: Collection[int] = READABLE
     try:
         atomic_write(data_dir / FORMAT_FILE, encode_stamp(stamp))
     except OSError as e:
-        # Unstamped reads as format 1; an older stamp stays. Either way, a build that reads only that
-        # format could misread what this broker writes until the next start stamps the dir.
-        log.warning("cannot write the data dir's format stamp %s (%s); it reads as format %d until the next "
-                    "start writes it", data_dir / FORMAT_FILE, e.strerror or e, found.format if found else 1,
-                    event="data_format_stamp_failed")
-        return Stamping(Stamped.NOT_WRITTEN, found or FormatStamp(1))
+        if found is not None or existing:
+            # Data in an older format stays stamped as it is (no stamp reads as format 1): writing records of
+            # the current layout under that stamp is what the stamp exists to prevent, so do not start.
+            was = found.format if found is not None else 1
+            raise DataFormatError(
+                f"data dir {data_dir} holds on-disk format {was} and tidemark {version} writes format {current}, "
+                f"but cannot stamp it so ({FORMAT_FILE}: {e.strerror or e}); a build that reads format {was} "
+                f"only would misread the new records: free space (or fix the dir's permissions) and start "
+                f"again; nothing was changed") from None
+        # A new dir: nothing in it yet for an older build to misread. It reads as format 1 until the next
+        # start writes the stamp.
+        log.warning("cannot write the data dir's format stamp %s (%s); it reads as format 1 until the next "
+                    "start writes it", data_dir / FORMAT_FILE, e.strerror or e, event="data_format_stamp_failed")
+        return Stamping(Stamped.NOT_WRITTEN, FormatStamp(1))
     if found is not None:
         log.info("data dir stamped with on-disk format %d, was %d (written by %s)", current, found.format,
                  found.written_by or "an unknown version", event="data_format_upgraded",

@@ -189,15 +189,24 @@ def test_ensure_stamps_an_older_format_it_reads_with_the_current_one(tmp_path, c
     assert refusal(tmp_path, FormatStamp(3, "tidemark 0.3.0"), version="0.1.0", readable={1, 2}) is not None
 
 
-def test_an_upgrade_that_cannot_be_written_keeps_the_old_stamp(tmp_path, monkeypatch):
-    (tmp_path / FORMAT_FILE).write_bytes(b'{"format": 1}')
+@pytest.mark.parametrize("before", [b'{"format": 1}', None], ids=["older-stamp", "data-from-before-stamps"])
+def test_a_dir_with_data_that_cannot_be_stamped_with_the_current_format_is_refused(tmp_path, monkeypatch, before):
+    """Review: starting anyway wrote current-layout records (FIFO pop groups) under an older stamp, which
+    a build reading only that format would then misread and cut."""
+    if before is None:
+        (tmp_path / "commitlog").mkdir()
+    else:
+        (tmp_path / FORMAT_FILE).write_bytes(before)
+    snapshot = _tree(tmp_path)
 
     def full_disk(path, data, **kw):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(data_format, "atomic_write", full_disk)
-    assert ensure(tmp_path, version=V) == Stamping(Stamped.NOT_WRITTEN, FormatStamp(1))
-    assert (tmp_path / FORMAT_FILE).read_bytes() == b'{"format": 1}'
+    with pytest.raises(DataFormatError, match=rf"holds on-disk format 1 and tidemark {V} writes format "
+                                              rf"{CURRENT_FORMAT}, but cannot stamp it so \(format\.json: No space"):
+        ensure(tmp_path, version=V)
+    assert _tree(tmp_path) == snapshot
 
 
 @pytest.mark.parametrize("stamp", [b'{"format": 99, "written_by": "tidemark 9.0.0"}', b"garbage"])

@@ -13,7 +13,8 @@ examples):
     secret_key              root's SECRET alone, for what signs as root: the `users` service, an operator
     peer_user               broker:SECRET, the brokers' own user (peer_user): replicas sign their calls to
                             their master with it and brokers their registrations, which the name servers
-                            take from it alone; it may only replicate (Update on Cluster)
+                            take from it alone; it has Update on Cluster (replication, and the
+                            cluster's other changes: ACLs have no finer right)
     job_secret_key          the secret of the job's user, `job`, which may only use its topic and group
     spark/spark-defaults.conf  Spark's shared secret (spark.authenticate) for the master, the worker and the
                             job's driver (SPARK_CONF_DIR), and the master's REST submission server off

@@ -2,12 +2,13 @@
 and when, consumed, retried, dead-lettered. `tidemark message trace` and the console's message page show it.
 
 Most of it the brokers keep anyway. The stored message says who sent it and when (born host and time), and
-where and when it was stored; a failed delivery left a copy in %RETRY%<group> (with its attempt number) or
-%DLQ%<group>, found by the same msg id; a group's committed offset on a queue says whether the group is past
-a message there (consumed, or handed back as the next copy shows); the queue locks and the pop ledger say
-which client holds the queue and what it has in flight. Deliveries leave nothing behind, so each broker
-writes down its recent reads per queue (broker/observe/journey.py): group, client, time. A delivery older
-than those has no delivered step, and the consumed or failed step then names the queue's current holder.
+where and when it was stored; a failed delivery left a copy with its attempt number in %RETRY%<group> (a pop
+group's, RocketMQ 5 clients: %RETRY%<group>_<topic>) or in %DLQ%<group>, found by the same msg id; a group's
+committed offset on a queue says whether the group is past a message there (consumed, or handed back as the
+next copy shows); the queue locks and the pop ledger say which client holds the queue and what it has in
+flight. Deliveries leave nothing behind, so each broker writes down its recent reads per queue
+(broker/observe/journey.py): group, client, time. A delivery older than those has no delivered step, and the
+consumed or failed step then names the queue's current holder.
 
 `journey()` is the pure part (facts in, steps out); `trace_message()` gathers the facts through an Admin.
 """
@@ -18,7 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tidemark.client.errors import InvalidArgumentError, NotFoundError, TidemarkError
+from tidemark.client.errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    PermissionDeniedError,
+    TidemarkError,
+)
+from tidemark.client.group_status import pop_retry_topic
 from tidemark.client.message import MessageExt
 from tidemark.client.tracing import TRACEPARENT, parse_traceparent
 from tidemark.client.types import Delivery
@@ -159,14 +166,20 @@ def trace_message(admin: Any, msg_id: str, topic: str = "") -> MessageJourney:
 
 
 def _group_facts(admin: Any, group: str, original: MessageExt, found: list[MessageExt] | None) -> GroupFacts:
+    # Where the group's copies are: its retry topic (a pop group's for this topic) and its dead letters.
+    mine = (retry_topic(group), pop_retry_topic(group, original.topic), dlq_topic(group))
     if found is None:  # the original was looked for in its own topic: look for the group's copies
         found = []
-        for copies_topic in (retry_topic(group), dlq_topic(group)):
+        for copies_topic in mine:
             try:
                 found.extend(admin.query_message_by_id(original.msg_id, copies_topic))
             except NotFoundError:
                 pass
-    mine = (retry_topic(group), dlq_topic(group))
+            except PermissionDeniedError:
+                # Access rules read %RETRY%GROUP_TOPIC as the retry topic of a group named GROUP_TOPIC: a
+                # user with rights on the group alone sees the journey without the pop group's retries.
+                if copies_topic != mine[1]:
+                    raise
     copies = tuple(sorted((m for m in found if m.topic in mine), key=lambda m: (m.store_timestamp, m.queue_offset)))
     committed: dict[tuple[str, str, int], int] = {}
     for topic in {original.topic, *(c.topic for c in copies if is_retry_topic(c.topic))}:

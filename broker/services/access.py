@@ -111,6 +111,7 @@ NEEDS: dict[str, Needs | object] = {
     # Without a topic every topic is searched: Get on the cluster.
     # Without a topic every topic is searched; the answer keeps only copies on topics the user may Get.
     "QueryMessageById": lambda r: [on_topic(r.topic, GET)] if r.topic else [on_cluster(GET)],
+    # Get on the topic; the answer keeps only the groups whose readers the caller may see (`sees_readers_of`).
     "GetDeliveries": lambda r: [on_topic(r.topic, GET)],
     "GetBrokerStatus": lambda r: [on_cluster(GET)],
     "DeleteExpiredCommitLog": lambda r: [on_cluster(UPDATE)],
@@ -235,6 +236,13 @@ def allowed(*needs: Requirement) -> bool:
     except PermissionDeniedError:
         return False
     return True
+
+
+def sees_readers_of(group: str) -> bool:
+    """Whether the current call's user may see which clients read for `group` (their client ids: host and
+    pid), as GetConsumerList shows them: Sub or Get on the group. A topic's delivery records name every
+    group reading it, so Get on the topic alone shows none of them (always, with access control off)."""
+    return allowed(on_group(group, SUB, GET))
 
 
 class MethodAccess:

@@ -203,9 +203,11 @@ class AdminServicer(admin_pb2_grpc.AdminServiceServicer):
     @rpc
     async def GetDeliveries(self, request, context: grpc.aio.ServicerContext):
         found = self._b.operations.deliveries_of(request.topic, request.queue_id, request.offset)
+        visible = {g: access.sees_readers_of(g) for g in {d.group for d in found}}
         return admin_pb2.GetDeliveriesResponse(deliveries=[
             admin_pb2.Delivery(group=d.group, client_id=d.client_id, delivered_ms=d.delivered_ms,
-                               first_offset=d.first_offset, next_offset=d.next_offset) for d in found])
+                               first_offset=d.first_offset, next_offset=d.next_offset)
+            for d in found if visible[d.group]])
 
     @rpc
     async def GetBrokerStatus(self, request, context: grpc.aio.ServicerContext):

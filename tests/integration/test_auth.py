@@ -30,13 +30,14 @@ from tidemark.client import (
     Admin,
     FailedPreconditionError,
     Message,
+    MessageQueue,
     PermissionDeniedError,
     Producer,
     PullConsumer,
     UnauthenticatedError,
 )
 from tidemark.common.auth import Credentials, signed_metadata
-from tidemark.v1 import admin_pb2, membership_pb2, messaging_pb2, offsets_pb2
+from tidemark.v1 import admin_pb2, common_pb2, membership_pb2, messaging_pb2, offsets_pb2
 
 ROOT = Credentials("root", "root-secret-1")
 METHODS = methods(include_auth_only=True)
@@ -181,6 +182,32 @@ def test_sub_on_the_topic_but_not_the_group_cannot_commit_and_pub_only_cannot_pu
         writer.messaging.PullMessage(messaging_pb2.PullMessageRequest(group="writers", topic="Orders", queue_id=0,
                                                                       max_msg_nums=1), timeout=5)
     assert no_pull.value.code() is grpc.StatusCode.PERMISSION_DENIED
+
+
+def test_deliveries_name_only_the_groups_whose_readers_the_caller_may_see(secured):
+    """A queue's delivery records name every group reading it and their clients (host and pid): Get on the
+    topic alone shows none of them, Get on a group shows that group's."""
+    broker, root = secured
+    with Admin(brokers=broker.address, credentials=ROOT) as admin:
+        admin.create_topic("Traced", 1)
+        for user in ("topic-only", "tracer"):
+            admin.create_user(user, f"{user}-secret")
+            admin.create_acl(user, "Topic:Traced", ["Get"], "Allow")
+        admin.create_acl("tracer", "Group:mine", ["Get"], "Allow")
+    root.messaging.SendMessage(messaging_pb2.SendMessageRequest(topic="Traced", queue_id=0,
+                                                                messages=[{"body": b"x"}]), timeout=5)
+    for group in ("mine", "theirs"):
+        root.messaging.PullMessage(messaging_pb2.PullMessageRequest(
+            group=group, topic="Traced", queue_id=0, max_msg_nums=1,
+            fence=common_pb2.CommitFence(client_id=f"10.0.0.1@{group}")), timeout=5)
+
+    def seen(user: str, secret: str) -> list[tuple[str, str]]:
+        with Admin(brokers=broker.address, credentials=(user, secret)) as admin:
+            return [(d.group, d.client_id) for d in admin.deliveries(MessageQueue("Traced", broker.broker_name, 0), 0)]
+
+    assert seen(ROOT.access_key, ROOT.secret_key) == [("mine", "10.0.0.1@mine"), ("theirs", "10.0.0.1@theirs")]
+    assert seen("topic-only", "topic-only-secret") == []
+    assert seen("tracer", "tracer-secret") == [("mine", "10.0.0.1@mine")]
 
 
 def test_users_and_acls_are_managed_by_super_users_only(secured):

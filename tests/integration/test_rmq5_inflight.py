@@ -1,6 +1,7 @@
 """A pop group's deliveries under way (RocketMQ 5 clients over raw stubs): what the broker's group
-description and `tidemark group progress/describe` say is in flight, and how a stuck consumer (messages
-coming back after their invisible time again and again) shows apart from a slow one."""
+description and `tidemark group progress/describe` say is in flight, how a stuck consumer (messages
+coming back after their invisible time again and again) shows apart from a slow one, and a message's
+journey through the pop retry topic."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from workload import create_topic, metric, produce
 from tidemark.client import Admin
 from tidemark.client.cli.main import main as cli
 from tidemark.client.console.server import Console, ConsoleSettings
+from tidemark.client.journey import trace_message
 from tidemark.client.settings import ClientSettings
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 
@@ -159,3 +161,28 @@ def test_a_consumer_that_never_acks_shows_stuck_by_its_redeliveries(module_broke
 
     ack(stub, group, topic, m)
     assert all(p.inflight == 0 for p in pop_queues(module_broker.address, group).values())
+
+
+def test_the_journey_of_a_pop_message_shows_its_retry_and_where_it_is(module_broker, stub, capsys):
+    """A delivery left past its invisible time goes back through the pop retry topic (%RETRY%GROUP_TOPIC):
+    the message's journey shows it as a retried step with its delivery, searched with --topic too."""
+    group, topic = "v2-journey", "V2Journey"
+    retry = f"%RETRY%{group}_{topic}"
+    create_topic(module_broker.address, topic, 1)
+    [msg_id] = produce(module_broker.address, topic, 1)
+    [m] = receive(stub, group, topic, 1)
+    give_up(stub, group, topic, m)
+    [m] = receive_again(stub, group, topic)
+    with Admin(brokers=module_broker.address) as admin:
+        held = trace_message(admin, msg_id, topic)
+        ack(stub, group, topic, m)
+        done = trace_message(admin, msg_id)  # every topic searched
+    assert [(s.step, s.topic) for s in held.steps] == [
+        ("sent", topic), ("stored", topic), ("delivered", topic), ("failed", topic),
+        ("retried", retry), ("delivered", retry), ("in-flight", retry)]
+    assert held.steps[4].detail == "attempt 2" and held.steps[4].group == group
+    assert {s.client for s in held.steps if s.step in ("delivered", "failed")} == {stub.client_id}
+    assert [s.step for s in done.steps][-1] == "consumed" and done.steps[-1].topic == retry
+    out = run_cli(capsys, "message", "trace", msg_id, "--topic", topic, "--broker", module_broker.address)
+    assert [line.split()[0] for line in out.splitlines()[2:]] == [
+        "sent", "stored", "delivered", "failed", "retried", "delivered", "consumed"], out

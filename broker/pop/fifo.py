@@ -11,12 +11,11 @@ So a pop hands out, in offset order, first the pending messages (expired
 deliveries to redeliver in place, and messages held back earlier) of the
 groups with nothing in flight, then new messages from the cursor. A new
 message whose group is busy is *held*: it becomes pending (below the cursor,
-ahead of its group's later messages) and the cursor moves on, so the groups
-behind it keep flowing. Held messages at the end of a pop, with nothing
-handed out after them, are not held but left after the cursor (the cursor
-stops at the first of them): holding them would gain nothing, and a queue of
-one busy group (a queue of messages without a group: they form one group,
-"") then keeps today's per-queue behaviour without filling the ledger.
+ahead of its group's later messages) and the cursor moves past it, so the
+groups behind it keep flowing and no message is read twice while it waits
+(a queue of one busy group, or of messages without a group, "", holds its
+backlog too rather than reading it again at every receive). Pending entries
+are kept per group, so a pop looks only at the groups that may go.
 
 The queue's watermark, min(in flight ∪ pending ∪ cursor), is what the group
 commits (ProcessQueue's rule): it never passes a message that is in flight or
@@ -27,7 +26,9 @@ An entry whose group was not recorded (group None: handed out by a concurrent
 pop before the group became orderly, or read from a state written before
 groups were kept) may belong to any group, so it blocks every group: the
 queue behaves per queue until it is finished. Held and redelivered entries,
-in flight or pending, count against the queue's in-flight cap.
+in flight or pending, count against the queue's in-flight cap: once it is
+reached a pop takes nothing new from the cursor (every group of the queue
+waits) until entries finish.
 
 Pure functions over the ledger's per-queue state; the ledger validates and
 journals what they decide.
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -65,27 +66,21 @@ class FifoPlan:
 
 
 def ready(q: QueueState, limit: int) -> list[Pending]:
-    """The pending entries a pop may hand out now, in offset order, at most `limit`."""
+    """The pending entries a pop may hand out now, in offset order, at most `limit`: those of the groups
+    with nothing in flight; an entry of no recorded group conflicts with every group, so it goes only
+    when nothing is in flight, and nothing after it goes before it. O(groups waiting + limit log groups)."""
     if limit <= 0 or q.busy.get(None):
         return []
-    if None not in q.queued:
-        lists = [offsets for group, offsets in q.queued.items() if not q.busy.get(group)]
-        return [q.pending[o] for o in itertools.islice(heapq.merge(*lists), limit)]
-    # An entry of no recorded group waits: it conflicts with every group, so walk them all in order.
-    out: list[Pending] = []
-    stopped: set[str] = set()
-    for offset in heapq.merge(*q.queued.values()):
-        p = q.pending[offset]
-        if p.group is None:
-            if q.inflight or stopped:
-                break
-        elif p.group in stopped or q.busy.get(p.group):
-            stopped.add(p.group)
-            continue
-        out.append(p)
-        if len(out) == limit:
-            break
-    return out
+    merged: Iterator[int]
+    if not q.inflight:  # no group is busy: every pending entry may go
+        merged = heapq.merge(*q.queued.values())
+    else:
+        merged = heapq.merge(*[offsets for group, offsets in q.queued.items()
+                               if group is not None and not q.busy.get(group)])
+        unrecorded = q.queued.get(None)
+        if unrecorded:
+            merged = itertools.takewhile(unrecorded[0].__gt__, merged)
+    return [q.pending[o] for o in itertools.islice(merged, limit)]
 
 
 def plan(q: QueueState, redeliver: Sequence[int], fresh: Sequence[Fresh], scan_end: int, *, limit: int,
@@ -102,13 +97,17 @@ def plan(q: QueueState, redeliver: Sequence[int], fresh: Sequence[Fresh], scan_e
         raise ValueError(f"scan end {scan_end} is below the cursor {q.cursor}")
     _check_redeliver(q, redeliver)
     handed: list[tuple[int, int, str | None]] = [(o, q.pending[o].attempt, q.pending[o].group) for o in redeliver]
-    left = {g: len(offsets) for g, offsets in q.queued.items()}
+    taken: dict[str | None, int] = {}
     for _, _, group in handed:
-        left[group] -= 1
-    anything = bool(q.busy.get(None) or left.get(None))  # an unrecorded group waits: it blocks every group
+        taken[group] = taken.get(group, 0) + 1
+
+    def waits(group: str | None) -> bool:  # the group has pending entries this pop does not hand out
+        return len(q.queued.get(group, ())) > taken.get(group, 0)
+
+    anything = bool(q.busy.get(None)) or waits(None)  # an unrecorded group waits: it blocks every group
     held: list[Fresh] = []
     blocked: set[str] = set()
-    next_cursor, full, last_new, prev = scan_end, False, -1, q.cursor - 1
+    next_cursor, full, prev = scan_end, False, q.cursor - 1
     for offset, attempt, group in fresh:
         if not prev < offset < scan_end or attempt < 1 or not isinstance(group, str):
             raise ValueError(f"new offset {offset} (attempt {attempt}, group {group!r}) is not in "
@@ -118,16 +117,11 @@ def plan(q: QueueState, redeliver: Sequence[int], fresh: Sequence[Fresh], scan_e
             next_cursor, full = offset, room == 0
             break
         room -= 1
-        if anything or group in blocked or q.busy.get(group) or left.get(group):
-            held.append((offset, attempt, group))
+        if anything or group in blocked or q.busy.get(group) or waits(group):
+            held.append((offset, attempt, group))  # the cursor moves past it: its group's next ones wait too
             blocked.add(group)
         else:
             handed.append((offset, attempt, group))
-            last_new = offset
-    trailing = next((i for i, h in enumerate(held) if h[0] > last_new), None)
-    if trailing is not None:  # nothing handed out after them: they wait after the cursor instead
-        next_cursor = held[trailing][0]
-        del held[trailing:]
     return FifoPlan(tuple(handed), tuple(held), next_cursor, full)
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
 from collections.abc import Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -198,6 +199,14 @@ class PopLedger:
     def pending(self, key: QueueKey) -> list[Pending]:
         """FIFO redeliveries waiting, in offset order: a FIFO pop takes these before the cursor."""
         return sorted(self._queue(key).pending.values(), key=lambda p: p.offset)
+
+    def first_pending(self, key: QueueKey, limit: int) -> list[Pending]:
+        """The first `limit` pending entries in offset order, whatever their group: what a pop that keeps no
+        order (the group is no longer orderly) hands out before the cursor."""
+        q = self._queue(key)
+        if limit <= 0 or not q.pending:
+            return []
+        return [q.pending[o] for o in itertools.islice(heapq.merge(*q.queued.values()), limit)]
 
     def room(self, key: QueueKey) -> int:
         """How many new offsets a pop of this queue may hand out now."""

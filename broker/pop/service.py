@@ -56,7 +56,7 @@ from tidemark.broker.pop.handles import (
 from tidemark.broker.pop.inflight import QueueInflight, summarize
 from tidemark.broker.pop.journal import STATE_FILE_NAME as STATE_FILE
 from tidemark.broker.pop.journal import PopStore
-from tidemark.broker.pop.ledger import PopLedger
+from tidemark.broker.pop.ledger import Pending, PopLedger
 from tidemark.broker.store import GetStatus, MessageStore, StoredMessage
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.common.fsutil import atomic_write
@@ -80,9 +80,11 @@ MAX_SCAN = 2000
 MAX_SCAN_PROPERTIES = 1000
 # Revived deliveries per scan: a backlog is worked off over several scans, the loop stays responsive.
 REVIVE_BATCH = 1000
-# A FIFO receive whose first window held back messages of busy groups reads on in windows up to this size
-# (and up to MAX_SCAN entries past the cursor).
+# A FIFO receive whose first window held back messages of busy groups reads on in windows up to this size,
+# and up to FIFO_MAX_SCAN entries past the cursor (each one read whole, for its message group: a few ms of
+# the event loop); held messages are read once, so a receive that waits scans on from where the last stopped.
 FIFO_WINDOW = 256
+FIFO_MAX_SCAN = 512
 # RocketMQ's property for a message's message group (RocketMQ 5's FIFO; the rmq5 adapter stores it).
 MESSAGE_GROUP_PROPERTY = "__SHARDINGKEY"
 # Answers kept for a repeated receive (the client retries with the same attempt id after a lost answer).
@@ -290,25 +292,44 @@ class PopService:
         self._sync_reset(key)
         if orderly:
             return self._take_fifo(key, r, want, now)
-        want = min(want, ledger.room(key))
-        if want <= 0:
+        # Pending entries left by a FIFO pop (the group was orderly until now) go first, in offset order:
+        # they are below the cursor and hold the committed offset back until they are delivered.
+        messages, taken = self._in_store(key, ledger.first_pending(key, want))
+        cursor = next_cursor = ledger.cursor(key)
+        fresh = min(want - len(taken), ledger.room(key))
+        if fresh > 0:
+            got = self._read(key, r, cursor, fresh)
+            if got.status is GetStatus.OFFSET_OVERFLOW_BADLY:
+                ledger.reset(key, got.max_offset)  # the queue is shorter than the cursor (recreated topic)
+                return []
+            if got.status not in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE):
+                if not got.messages and cursor < got.next_begin_offset < got.max_offset:  # (moved: no spinning)
+                    self._more_to_scan = True
+                for m in got.messages:
+                    messages[m.queue_offset] = m
+                    taken.append((m.queue_offset, m.reconsume_times + 1))
+                next_cursor = got.next_begin_offset
+        if not taken and next_cursor == cursor:
             return []
-        cursor = ledger.cursor(key)
-        got = self._read(key, r, cursor, want)
-        if got.status is GetStatus.OFFSET_OVERFLOW_BADLY:
-            ledger.reset(key, got.max_offset)  # the queue is shorter than the cursor (recreated topic)
-            return []
-        if got.status in (GetStatus.NO_MESSAGE_IN_QUEUE, GetStatus.OFFSET_OVERFLOW_ONE):
-            return []
-        if not got.messages and cursor < got.next_begin_offset < got.max_offset:  # (moved: no spinning in place)
-            self._more_to_scan = True
-        by_offset = {m.queue_offset: m for m in got.messages}
-        taken = [(m.queue_offset, m.reconsume_times + 1) for m in got.messages]
-        result = ledger.pop(key, taken, got.next_begin_offset, now_ms=now, invisible_ms=r.invisible_ms,
+        result = ledger.pop(key, taken, next_cursor, now_ms=now, invisible_ms=r.invisible_ms,
                             client_id=r.client_id, auto_renew=r.auto_renew)
         self._commit(key, result.watermark)
-        return [Received(by_offset[h.offset], self._codec.encode(h), h.attempt, r.invisible_ms)
+        return [Received(messages[h.offset], self._codec.encode(h), h.attempt, r.invisible_ms)
                 for h in result.handles]
+
+    def _in_store(self, key: QueueKey, pending: list[Pending]) -> tuple[dict[int, StoredMessage], list[tuple[int, int]]]:
+        """The stored messages of pending entries about to be handed out, and their (offset, attempt); an
+        entry whose message is gone with its commit log segment is done (nothing left to deliver)."""
+        messages: dict[int, StoredMessage] = {}
+        taken = []
+        for p in pending:
+            m = self._store.message_at(key.topic, key.queue_id, p.offset)
+            if m is None:
+                self._commit(key, self.ledger.revived(key, p.offset, p.pop_id))
+                continue
+            messages[p.offset] = m
+            taken.append((p.offset, p.attempt))
+        return messages, taken
 
     def _read(self, key: QueueKey, r: ReceiveRequest, offset: int, count: int):
         f = r.filter
@@ -325,19 +346,12 @@ class PopService:
         of the groups with nothing unfinished; read on from the cursor while messages of busy groups keep
         the pop short of `want`."""
         ledger = self.ledger
-        messages: dict[int, StoredMessage] = {}
-        redeliver = []
-        for p in ledger.fifo_ready(key, want):
-            m = self._store.message_at(key.topic, key.queue_id, p.offset)
-            if m is None:  # gone with its commit log segment: nothing left to deliver
-                self._commit(key, ledger.revived(key, p.offset, p.pop_id))
-                continue
-            redeliver.append(p.offset)
-            messages[p.offset] = m
+        messages, taken = self._in_store(key, ledger.fifo_ready(key, want))
+        redeliver = [offset for offset, _ in taken]
         cursor = scan_end = ledger.cursor(key)
         fresh: list[tuple[int, int, str]] = []
         window, end = want - len(redeliver), None
-        while window > 0 and ledger.room(key) > 0 and scan_end - cursor < MAX_SCAN:
+        while window > 0 and ledger.room(key) > 0 and scan_end - cursor < FIFO_MAX_SCAN:
             got = self._read(key, r, scan_end, window)
             if got.status is GetStatus.OFFSET_OVERFLOW_BADLY and scan_end == cursor:
                 ledger.reset(key, got.max_offset)  # the queue is shorter than the cursor (recreated topic)

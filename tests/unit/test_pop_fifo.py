@@ -51,8 +51,8 @@ def test_an_unacked_message_holds_back_only_its_own_group():
     assert offsets(first) == [0]
     # a is busy: a@2 and a@5 wait (held in place), b and c flow.
     assert offsets(fifo_pop(ledger, groups)) == [1, 3, 4]
-    assert [(p.offset, p.held) for p in ledger.pending(K)] == [(2, True)]  # a@5 waits after the cursor
-    assert ledger.cursor(K) == 5 and ledger.watermark(K) == 0
+    assert [(p.offset, p.held) for p in ledger.pending(K)] == [(2, True), (5, True)]
+    assert ledger.cursor(K) == 6 and ledger.watermark(K) == 0
     assert ledger.ack(first.handles[0]) == 1  # the committed offset stops at b@1, still in flight
     assert offsets(fifo_pop(ledger, groups)) == [2, 5]  # a's next ones, in order, ahead of nothing else
 
@@ -69,11 +69,16 @@ def test_an_expired_message_comes_back_in_place_before_the_later_ones_of_its_gro
     assert r.handles[0].pop_id != again.handles[0].pop_id
 
 
-def test_a_busy_group_at_the_end_of_a_pop_leaves_the_cursor_where_it_is():
-    ledger = ledger_with()
+def test_a_busy_groups_backlog_is_held_once_and_the_cursor_moves_past_it():
+    ledger = ledger_with(cap=4)
     fifo_pop(ledger, [""], limit=1)
-    # Messages without a group are one group: the queue waits, as FIFO per queue did, and holds nothing.
-    assert fifo_pop(ledger, ["", "", ""]).handles == () and ledger.cursor(K) == 1 and ledger.pending(K) == []
+    # Messages without a group are one group: they wait, in order, but are read once, not at every pop.
+    assert fifo_pop(ledger, ["", "", ""]).handles == () and ledger.cursor(K) == 3
+    assert [p.offset for p in ledger.pending(K)] == [1, 2] and ledger.watermark(K) == 0
+    # Up to the cap (in flight + held): then the queue takes nothing new, whatever the group.
+    assert fifo_pop(ledger, ["", "", "", "", "x", "y"]).handles == () and ledger.cursor(K) == 4
+    assert ledger.room(K) == 0 and fifo_pop(ledger, ["", "", "", "", "x", "y"]).handles == ()
+    assert ledger.cursor(K) == 4
 
 
 def test_entries_of_no_recorded_group_block_every_group():
@@ -82,6 +87,18 @@ def test_entries_of_no_recorded_group_block_every_group():
     assert fifo_pop(ledger, ["x", "y"]).handles == ()
     ledger.ack(ledger.expired(10**12)[0].handle)
     assert offsets(fifo_pop(ledger, ["x", "y"])) == [1]
+
+
+def test_an_entry_of_no_recorded_group_waiting_again_holds_back_the_later_entries_of_every_group():
+    ledger = ledger_with()
+    fifo_pop(ledger, ["b"], limit=1)  # b@0 in flight, its group recorded
+    ledger.pop(K, [(1, 1)], 2, now_ms=0, invisible_ms=1000, client_id="c")  # x@1 by a concurrent pop: unrecorded
+    assert fifo_pop(ledger, ["b", "x", "c"]).handles == ()  # c@2 held: x@1 may be of any group
+    [x] = ledger.expired(1000)
+    ledger.redeliver_in_place(K, x.offset, x.entry.pop_id)  # x@1 waits again, still of no recorded group
+    assert ledger.fifo_ready(K, 8) == []  # c@2's group is free, but x@1 before it waits for b@0
+    ledger.ack(ledger.expired(10**12)[0].handle)
+    assert [p.offset for p in ledger.fifo_ready(K, 8)] == [1, 2]
 
 
 def test_redeliveries_that_skip_one_of_their_group_or_a_busy_group_are_refused():
@@ -149,12 +166,34 @@ class FifoModel(RuleBasedStateMachine):
         self.done: set[int] = set()  # acked, filtered out or dead-lettered
         self.inflight: dict = {}  # offset -> current handle
         self.pending: set[int] = set()
+        self.unrecorded: set[int] = set()  # unfinished offsets whose group the ledger does not know
         self.first_deliveries: dict[str, list[int]] = {g: [] for g in GROUPS}
         self.now = 0
         self.last_watermark = 0
 
     def group(self, offset: int) -> str:
         return self.store[offset][0]
+
+    def recorded(self, offset: int) -> str | None:
+        return None if offset in self.unrecorded else self.group(offset)
+
+    def expected_ready(self, limit: int) -> list[int]:
+        """fifo.ready's rule, entry by entry: groups with nothing in flight; an entry of no recorded group
+        only when nothing is in flight, and nothing after it before it."""
+        busy = {self.recorded(o) for o in self.inflight}
+        out, stopped = [], set()
+        if None in busy:
+            return out
+        for o in sorted(self.pending):
+            g = self.recorded(o)
+            if g is None:
+                if self.inflight or stopped:
+                    break
+            elif g in stopped or g in busy:
+                stopped.add(g)
+                continue
+            out.append(o)
+        return out[:limit]
 
     @rule(group=st.sampled_from(GROUPS), matches=st.sampled_from([True, True, True, False]))
     def send(self, group, matches):
@@ -164,7 +203,7 @@ class FifoModel(RuleBasedStateMachine):
     def pop(self, limit, window):
         busy = {self.group(o) for o in self.inflight}
         ready = self.ledger.fifo_ready(K, limit)
-        assert [p.offset for p in ready] == sorted(o for o in self.pending if self.group(o) not in busy)[:limit]
+        assert [p.offset for p in ready] == self.expected_ready(limit)
         cursor = self.ledger.cursor(K)
         end = min(cursor + window, len(self.store))
         fresh = [(o, 1, self.group(o)) for o in range(cursor, end) if self.store[o][1]]
@@ -188,12 +227,34 @@ class FifoModel(RuleBasedStateMachine):
                 self.done.add(o)
             elif o not in handed:
                 self.pending.add(o)  # held back behind its group
-        if len(handed) < limit and end == len(self.store) and self.settings.max_inflight_per_queue > end:
-            # Nothing waits but behind a message of its own group in flight (the cap never cut this pop).
-            busy = {self.group(o) for o in self.inflight}
-            waiting = [o for o in range(len(self.store)) if self.store[o][1] and o not in self.done
-                       and o not in self.inflight]
-            assert all(self.group(o) in busy for o in waiting)
+        if len(handed) < limit and self.ledger.room(K) > 0:
+            # Under the cap the cursor moves past every message read (none is read again at the next pop),
+            # and nothing waits but behind an unfinished message of its own group in flight: no group holds
+            # back another.
+            assert result.next_cursor == end, "messages of busy groups left to be read again"
+            if not self.unrecorded:
+                busy = {self.group(o) for o in self.inflight}
+                assert all(self.group(o) in busy for o in self.pending), "a waiting message of a free group"
+
+    @rule(limit=st.integers(1, 4), window=st.integers(0, 8))
+    def concurrent_pop(self, limit, window):
+        """The group is no longer orderly: pending entries go first, in offset order, whatever their group,
+        then new messages from the cursor, whose group the ledger does not record."""
+        first = self.ledger.first_pending(K, limit)
+        assert [p.offset for p in first] == sorted(self.pending)[:limit]
+        cursor = self.ledger.cursor(K)
+        end = min(cursor + window, len(self.store))
+        room = min(limit - len(first), self.ledger.room(K))
+        fresh = [o for o in range(cursor, end) if self.store[o][1]][:max(room, 0)]
+        next_cursor = cursor if room <= 0 else fresh[-1] + 1 if len(fresh) == room else end  # the service's read
+        taken = [(p.offset, p.attempt) for p in first] + [(o, 1) for o in fresh]
+        result = self.ledger.pop(K, taken, next_cursor, now_ms=self.now, invisible_ms=1000, client_id="c")
+        assert [(h.offset, h.attempt) for h in result.handles] == taken and result.next_cursor == next_cursor
+        for h in result.handles:
+            self.pending.discard(h.offset)
+            self.inflight[h.offset] = h
+        self.unrecorded.update(fresh)
+        self.done.update(o for o in range(cursor, next_cursor) if not self.store[o][1])
 
     @precondition(lambda self: self.inflight)
     @rule(data=st.data())
@@ -201,6 +262,7 @@ class FifoModel(RuleBasedStateMachine):
         offset = data.draw(st.sampled_from(sorted(self.inflight)))
         self.ledger.ack(self.inflight.pop(offset))
         self.done.add(offset)
+        self.unrecorded.discard(offset)
 
     @rule(limit=st.integers(1, 3))
     def expire(self, limit):
@@ -219,6 +281,7 @@ class FifoModel(RuleBasedStateMachine):
         self.ledger.revived(K, offset, pop_id)
         self.pending.discard(offset)
         self.done.add(offset)
+        self.unrecorded.discard(offset)
 
     @rule()
     def restart(self):
@@ -230,7 +293,7 @@ class FifoModel(RuleBasedStateMachine):
     def the_ledger_holds_what_the_model_holds(self):
         assert set(self.ledger.inflight(K)) == set(self.inflight)
         assert {p.offset for p in self.ledger.pending(K)} == self.pending
-        assert all(p.group == self.group(p.offset) for p in self.ledger.pending(K))
+        assert all(p.group == self.recorded(p.offset) for p in self.ledger.pending(K))
 
     @invariant()
     def first_deliveries_of_each_group_come_in_store_order(self):

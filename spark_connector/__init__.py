@@ -61,7 +61,7 @@ from tidemark.spark_connector.arrow import ARROW_SCHEMA, SCHEMA
 from tidemark.spark_connector.offsets import DataLossError
 from tidemark.spark_connector.options import OptionError
 from tidemark.spark_connector.progress import offsets_behind_latest
-from tidemark.spark_connector.source import TidemarkDataSource
+from tidemark.spark_connector.source import TASK_SLOTS_ENV, TidemarkDataSource
 
 
 def register(spark: Any) -> None:
@@ -72,27 +72,37 @@ def register(spark: Any) -> None:
     $PYSPARK_PYTHON the tidemark workers run this interpreter instead: it has tidemark (it is running
     this function) and the workers are on this machine. The session's other Python code (UDFs) keeps
     Spark's choice. On a cluster, set PYSPARK_PYTHON to a Python with tidemark on every worker.
+
+    The source's Python processes also learn the application's task slots (its default parallelism
+    now, unless spark.executorEnv.TIDEMARK_SPARK_TASK_SLOTS says otherwise): a stream packs each
+    micro-batch into one wave of tasks (planner.stream_tasks).
     """
-    context = _local_context_without_pyspark_python(spark)
-    if context is None:
+    context = _spark_context(spark)
+    if context is None:  # Spark Connect: the server's session registers and runs the source
         spark.dataSource.register(TidemarkDataSource)
         return
-    # register() captures the context's pythonExec in the data source's Python function.
-    previous, context.pythonExec = context.pythonExec, sys.executable
+    # register() captures the context's pythonExec and environment in the data source's Python function.
+    python, environment = context.pythonExec, dict(context.environment)
+    if _local_without_pyspark_python(context):
+        context.pythonExec = sys.executable
+    context.environment.setdefault(TASK_SLOTS_ENV, str(context.defaultParallelism))
     try:
         spark.dataSource.register(TidemarkDataSource)
     finally:
-        context.pythonExec = previous
+        context.pythonExec = python
+        context.environment.clear()
+        context.environment.update(environment)
 
 
-def _local_context_without_pyspark_python(spark: Any) -> Any:
-    if "PYSPARK_PYTHON" in os.environ or not sys.executable:
-        return None
+def _spark_context(spark: Any) -> Any:
     try:
-        context = spark.sparkContext
+        return spark.sparkContext
     except Exception:  # Spark Connect has no SparkContext on the client; its server decides
         return None
-    return context if str(context.master).startswith("local") else None
+
+
+def _local_without_pyspark_python(context: Any) -> bool:
+    return "PYSPARK_PYTHON" not in os.environ and bool(sys.executable) and str(context.master).startswith("local")
 
 
 __all__ = ["ARROW_SCHEMA", "SCHEMA", "DataLossError", "OptionError", "TidemarkDataSource", "offsets_behind_latest",

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,27 +65,38 @@ class FetchSettings:
 
 def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Record batches of rng in offset order (filtered by tag expression); every offset once."""
-    if rng.size <= 0:
+    return fetch_ranges(settings, (rng,))
+
+
+def fetch_ranges(settings: FetchSettings, ranges: Sequence[OffsetRange]) -> Iterator[pa.RecordBatch]:
+    """fetch_range of each range in turn, through one reader (one connection for the task)."""
+    ranges = [r for r in ranges if r.size > 0]
+    if not ranges:
         return
     tags = parse_tag_expression(settings.tag_expression)
     wanted = None if tags.matches_all else pa.array(sorted(tags.tags), pa.string())
+    with _open_reader(settings, ranges[0]) as reader:
+        for rng in ranges:
+            for batch in _read_range(reader, settings, rng):
+                if wanted is not None:
+                    batch = batch.filter(pc.fill_null(pc.is_in(batch.column("tags"), value_set=wanted), False))
+                if batch.num_rows:
+                    yield batch
+
+
+def _read_range(reader: RecordReader, settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
     start = rng.start
-    with _open_reader(settings, rng) as reader:
-        while start < rng.end:
-            try:
-                for batch in _read(reader, settings, rng, start):
-                    if wanted is not None:
-                        batch = batch.filter(pc.fill_null(pc.is_in(batch.column("tags"), value_set=wanted), False))
-                    if batch.num_rows:
-                        yield batch
+    while start < rng.end:
+        try:
+            yield from _read(reader, settings, rng, start)
+            return
+        except QueueEndedError:
+            low, high = _bounds(settings, rng.mq)
+            restart = check_start(rng.mq, start, low, high, fail_on_data_loss=settings.fail_on_data_loss)
+            if restart == start or restart >= rng.end or (restart == low and start > high):
+                # Nothing of this range survives (or the queue was re-created: later batches read it).
                 return
-            except QueueEndedError:
-                low, high = _bounds(settings, rng.mq)
-                restart = check_start(rng.mq, start, low, high, fail_on_data_loss=settings.fail_on_data_loss)
-                if restart == start or restart >= rng.end or (restart == low and start > high):
-                    # Nothing of this range survives (or the queue was re-created: later batches read it).
-                    return
-                start = restart
+            start = restart
 
 
 def _read(reader: RecordReader, settings: FetchSettings, rng: OffsetRange, start: int) -> Iterator[pa.RecordBatch]:

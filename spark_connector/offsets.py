@@ -9,6 +9,7 @@ Spark's checkpoint as JSON with string keys:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,31 @@ def split_ranges(ranges: Iterable[OffsetRange], min_partitions: int | None) -> l
         else:
             out.append(r)
     return out
+
+
+def pack_ranges(ranges: Iterable[OffsetRange], tasks: int) -> list[tuple[OffsetRange, ...]]:
+    """The ranges in at most `tasks` groups of about equal size, one Spark task each.
+
+    A micro-batch of many small ranges in as many tasks runs them in several waves of the task
+    slots, and each task has a fixed cost (scheduling, the Python worker, opening the queue) that
+    a small range does not amortize; Spark packs small files into partitions for the same reason.
+    Largest range first, each to the group with the fewest messages so far (ties: the earlier
+    group), so no group is much larger than its share or than its largest range; with no more
+    ranges than tasks, every range is its own group. Within a group, ranges keep queue order.
+    """
+    ranges = [r for r in ranges if r.size > 0]
+    if tasks < 1:
+        raise InvalidArgumentError(f"tasks must be >= 1, got {tasks}")
+    if len(ranges) <= tasks:
+        return [(r,) for r in ranges]
+    loads = [(0, i) for i in range(tasks)]  # (messages so far, group index): a min-heap
+    groups: list[list[OffsetRange]] = [[] for _ in range(tasks)]
+    for r in sorted(ranges, key=lambda r: (-r.size, r.mq, r.start)):
+        size, i = heapq.heappop(loads)
+        groups[i].append(r)
+        heapq.heappush(loads, (size + r.size, i))
+    packed = [tuple(sorted(g, key=lambda r: (r.mq, r.start))) for g in groups if g]
+    return sorted(packed, key=lambda g: (g[0].mq, g[0].start))
 
 
 def describe_loss(mq: MessageQueue, offset: int, low: int, high: int) -> str:

@@ -1,13 +1,16 @@
 """Driver side: turn options and the brokers' offsets into offset ranges, and commit progress.
 
-Every function opens its own Admin client and closes it before returning, so the
-reader objects that call them hold nothing but options and plain dicts.
+A batch read plans once, with an Admin it opens and closes. A stream plans every
+trigger on the one Python process Spark keeps for the query's source, through a
+PlanningClient that keeps one Admin open for the query (closed when Spark stops the
+source); the reader objects themselves hold nothing but options and plain dicts.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from tidemark.client import Admin
 from tidemark.client.errors import NotFoundError, TidemarkError
@@ -22,6 +25,7 @@ from tidemark.spark_connector.offsets import (
     next_batch_end,
     offsets_from_json,
     offsets_to_json,
+    pack_ranges,
     split_ranges,
     waiting_messages,
 )
@@ -170,22 +174,53 @@ def plan_batch(options: ReadOptions) -> list[OffsetRange]:
 # -- streaming ---------------------------------------------------------------------
 
 
-def initial_offsets(options: ReadOptions) -> OffsetsJson:
-    with _admin(options) as admin:
-        bounds = _bounds(admin, options)
-        return offsets_to_json(start_offsets(admin, options, bounds))
+class PlanningClient:
+    """The Admin a stream's planning calls go through: opened on first use and kept, since Spark calls
+    a stream reader's methods one at a time on one Python process for the whole query (a client per
+    call cost each trigger two connections, one for latestOffset and one for the commit). A call that
+    fails closes it (the next opens a new one); close() when the query stops. Pickles without it."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self.options = options
+        self._admin: Admin | None = None
+
+    @contextlib.contextmanager
+    def admin(self) -> Iterator[Admin]:
+        if self._admin is None:
+            self._admin = _admin(self.options).start()
+        try:
+            yield self._admin
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            admin.shutdown()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "_admin": None}
 
 
-def latest_offsets(options: ReadOptions) -> OffsetsJson:
-    with _admin(options) as admin:
-        return offsets_to_json({mq: high for mq, (_, high) in _bounds(admin, options, strict=False).items()})
+def initial_offsets(client: PlanningClient) -> OffsetsJson:
+    with client.admin() as admin:
+        bounds = _bounds(admin, client.options)
+        return offsets_to_json(start_offsets(admin, client.options, bounds))
 
 
-def next_offsets(options: ReadOptions, start: OffsetsJson, *, max_rows: int | None, target: OffsetsJson | None,
+def latest_offsets(client: PlanningClient) -> OffsetsJson:
+    with client.admin() as admin:
+        bounds = _bounds(admin, client.options, strict=False)
+    return offsets_to_json({mq: high for mq, (_, high) in bounds.items()})
+
+
+def next_offsets(client: PlanningClient, start: OffsetsJson, *, max_rows: int | None, target: OffsetsJson | None,
                  gate: TriggerGate | None = None) -> tuple[OffsetsJson, OffsetsJson]:
     """(end offset of the next micro-batch, latest offsets seen); see offsets.next_batch_end. A gate
     (minOffsetsPerTrigger) that holds the batch back leaves every known queue where it is."""
-    with _admin(options) as admin:
+    options = client.options
+    with client.admin() as admin:
         bounds = _bounds(admin, options, strict=False)
     starts = offsets_from_json(start)
     if gate is not None and not gate.admit(waiting_messages(starts, bounds)):
@@ -206,15 +241,27 @@ def stream_ranges(options: ReadOptions, start: OffsetsJson, end: OffsetsJson) ->
     return split_ranges(ranges, options.min_partitions)
 
 
-def commit_offsets(options: ReadOptions, end: OffsetsJson) -> bool:
+def stream_tasks(options: ReadOptions, start: OffsetsJson, end: OffsetsJson,
+                 slots: int | None) -> list[tuple[OffsetRange, ...]]:
+    """The ranges of one micro-batch grouped into its Spark tasks: one wave of the application's task
+    slots (offsets.pack_ranges), but never fewer tasks than minPartitions asks for; one task per range
+    when the slots are unknown (pure, no network)."""
+    ranges = stream_ranges(options, start, end)
+    if slots is None:
+        return [(r,) for r in ranges]
+    return pack_ranges(ranges, max(slots, options.min_partitions or 1))
+
+
+def commit_offsets(client: PlanningClient, end: OffsetsJson) -> bool:
     """Store processed offsets as the group's committed offsets (consume stats, lag); False if that failed."""
+    options = client.options
     if not (options.commit_offsets and options.group):
         return True
     offsets = offsets_from_json(end)
     if not offsets:
         return True
     try:
-        with _admin(options) as admin:
+        with client.admin() as admin:
             admin.commit(options.group, offsets)
     except TidemarkError as e:
         # The checkpoint, not the broker, is the source of truth; the next commit catches up.

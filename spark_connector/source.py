@@ -2,12 +2,16 @@
 
 Planning (reader construction, partitions, offsets, commit) runs in Python
 workers on the driver; read() and write() run in tasks on executors. Every
-object here holds only options, offsets and plain values: each method opens the
-network clients it needs and closes them before returning.
+object here pickles as options, offsets and plain values: read() and write()
+open the network clients they need and close them before returning, and a
+stream's planning keeps one Admin for the query (planner.PlanningClient), which
+is not pickled.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NoReturn
@@ -34,7 +38,7 @@ from tidemark.client.message import MessageQueue
 from tidemark.spark_connector import planner
 from tidemark.spark_connector.admission import TriggerGate
 from tidemark.spark_connector.arrow import SCHEMA
-from tidemark.spark_connector.fetch import FetchSettings, fetch_range
+from tidemark.spark_connector.fetch import FetchSettings, fetch_ranges
 from tidemark.spark_connector.offsets import OffsetRange
 from tidemark.spark_connector.options import (
     OptionError,
@@ -66,6 +70,33 @@ class QueueRangePartition(InputPartition):
         return OffsetRange(MessageQueue(self.topic, self.broker, self.queue_id), self.start, self.end)
 
 
+@dataclass(frozen=True)
+class QueueRangesPartition(InputPartition):
+    """Several ranges read one after another by one Spark task (a micro-batch's ranges packed into one
+    wave of the task slots: planner.stream_tasks)."""
+
+    ranges: tuple[QueueRangePartition, ...]
+
+
+# Set by register() to the application's default parallelism when it registers the source (a user may
+# set it instead, as spark.executorEnv.TIDEMARK_SPARK_TASK_SLOTS, before registering).
+TASK_SLOTS_ENV = "TIDEMARK_SPARK_TASK_SLOTS"
+
+
+def task_slots() -> int | None:
+    """How many tasks the application runs at once, as register() saw it; None when unknown."""
+    try:
+        slots = int(os.environ.get(TASK_SLOTS_ENV, ""))
+    except ValueError:
+        return None
+    return slots if slots >= 1 else None
+
+
+def _partition(ranges: tuple[OffsetRange, ...]) -> InputPartition:
+    parts = tuple(QueueRangePartition.of(r) for r in ranges)
+    return parts[0] if len(parts) == 1 else QueueRangesPartition(parts)
+
+
 def _check_schema(schema: StructType) -> None:
     if schema != SCHEMA:
         raise OptionError(f"the tidemark source has a fixed schema; do not set one with .schema(). "
@@ -74,12 +105,29 @@ def _check_schema(schema: StructType) -> None:
 
 def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     """Executor side: the partition's messages as Arrow record batches (about fetch.BATCH_ROWS rows each)."""
-    if not isinstance(partition, QueueRangePartition):
+    if isinstance(partition, QueueRangePartition):
+        ranges = [partition.range]
+    elif isinstance(partition, QueueRangesPartition):
+        ranges = [p.range for p in partition.ranges]
+    else:
         return  # Spark's placeholder partition when a batch read has no range
+    _freeze_worker_heap()
     settings = FetchSettings(brokers=options.brokers_csv, namesrv=options.namesrv,
                              fail_on_data_loss=options.fail_on_data_loss, poll_timeout_s=options.poll_timeout_s,
                              tag_expression=options.tag_expression, security=options.security)
-    yield from fetch_range(settings, partition.range)
+    yield from fetch_ranges(settings, ranges)
+
+
+def _freeze_worker_heap() -> None:
+    """Once per Python worker: keep what the process holds now (modules of pyarrow, numpy, grpc,
+    protobuf, this client; about 60,000 objects) out of the garbage collector's passes.
+
+    PySpark's worker daemon runs gc.collect() after every task (pyspark/daemon.py), a full pass over
+    every object of the process: about 40 ms of CPU a task on the bench machine, most of a 25,000-row
+    micro-batch task's own CPU. What tasks create afterwards is collected as before; what is frozen
+    now stays until the worker exits, as modules do anyway."""
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
 
 
 class TidemarkBatchReader(DataSourceReader):
@@ -99,6 +147,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: ReadOptions) -> None:
         self.options = options
+        self._client = planner.PlanningClient(options)
         self._target: dict | None = None  # Trigger.AvailableNow: offsets not to go past
         self._latest: dict | None = None  # for reportLatestOffset
         self._committed: dict | None = None  # last offsets committed to the group
@@ -107,7 +156,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @option_errors_in_one_line()
     def initialOffset(self) -> dict:
-        return planner.initial_offsets(self.options)
+        return planner.initial_offsets(self._client)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         # Not ReadAllAvailable when minOffsetsPerTrigger is set: that limit means Trigger.Once, which
@@ -127,7 +176,7 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         # Trigger.AvailableNow and Trigger.Once read what is there without waiting for more.
         gate = None if self._target is not None or isinstance(limit, ReadAllAvailable) else self._gate
-        end, self._latest = planner.next_offsets(self.options, start, max_rows=max_rows, target=self._target,
+        end, self._latest = planner.next_offsets(self._client, start, max_rows=max_rows, target=self._target,
                                                  gate=gate)
         return end
 
@@ -136,11 +185,11 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     @option_errors_in_one_line()
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = planner.latest_offsets(self.options)
+        self._target = planner.latest_offsets(self._client)
 
     @option_errors_in_one_line()
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return [QueueRangePartition.of(r) for r in planner.stream_ranges(self.options, start, end)]
+        return [_partition(t) for t in planner.stream_tasks(self.options, start, end, task_slots())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.options, partition)
@@ -148,8 +197,11 @@ class TidemarkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict) -> None:
         self._commit(end)
 
+    def stop(self) -> None:
+        self._client.close()
+
     def _commit(self, end: dict) -> None:
-        if end != self._committed and planner.commit_offsets(self.options, end):
+        if end != self._committed and planner.commit_offsets(self._client, end):
             self._committed = end
 
 

@@ -46,7 +46,9 @@ def run_pipeline(spark, kit, tmp_path, *, idempotent: bool) -> tuple[int, collec
     checkpoint = str(tmp_path / f"checkpoint-{idempotent}")
 
     def start(delay_s: float):
-        frame = (kit.reader(spark, source, stream=True, startingOffsets="earliest").load()
+        # minPartitions: a task per queue (4 tasks, two waves of local[2]) whatever the task slots, so the
+        # second wave has not written when the first wave's output stops the query.
+        frame = (kit.reader(spark, source, stream=True, startingOffsets="earliest", minPartitions=str(QUEUES)).load()
                  .select(slow_copy("body", F.lit(delay_s)).alias("body"), "keys"))
         return (frame.writeStream.format("tidemark").option("brokers", kit.address).option("topic", sink)
                 .option("idempotent", str(idempotent).lower()).option("checkpointLocation", checkpoint)

@@ -10,6 +10,7 @@ from typing import Any
 
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.message import Message, MessageQueue
+from tidemark.common.protocol import PropertyKey
 
 
 class MessageQueueSelector(ABC):
@@ -30,10 +31,17 @@ class SelectMessageQueueByHash(MessageQueueSelector):
 class SelectMessageQueueByMessageGroup(MessageQueueSelector):
     """The producer's choice for a message with a message group and no queue or selector: the queue
     SelectMessageQueueByHash picks for the group as its key, so the two agree, and every message of the
-    group (and every retry of one) goes to the same queue while the topic's queues stay the same."""
+    group (and every retry of one) goes to the same queue while the topic's queues stay the same. The key is
+    the stored `__SHARDINGKEY` property, which the broker's FIFO rule reads as the group: a value there that
+    is no group by RocketMQ's rule (set by hand, or by another producer) still keeps its messages together."""
 
     def select(self, mqs: Sequence[MessageQueue], message: Message, arg: Any) -> MessageQueue:
-        return _BY_HASH.select(mqs, message, message.message_group)
+        return _BY_HASH.select(mqs, message, group_key(message))
+
+
+def group_key(message: Message) -> str | None:
+    """What the broker's FIFO rule takes for the message's group (None: no group)."""
+    return message.properties.get(PropertyKey.SHARDING_KEY)
 
 
 _BY_HASH = SelectMessageQueueByHash()
@@ -48,7 +56,7 @@ def route_by_group(messages: Sequence[Message], queue: MessageQueue | None,
     while that group's other messages land on its own, and its order would be lost."""
     if queue is not None or selector is not None:
         return selector
-    groups = {m.message_group for m in messages}
+    groups = {group_key(m) for m in messages}
     if groups == {None}:
         return None
     if len(groups) > 1:

@@ -236,4 +236,7 @@ def test_a_stored_sharding_key_that_is_no_group_stays_a_plain_property(stored):
     sent back, a DLQ requeue) was refused when made, so it could never be sent back."""
     m = Message("T", b"x", properties={PropertyKey.SHARDING_KEY: stored})
     assert m.message_group is None and m.properties == {PropertyKey.SHARDING_KEY: stored}
-    assert route_by_group([m], None, None) is None
+    # The broker's FIFO rule reads the raw property as the group: its messages still share a queue.
+    queues = [MessageQueue("T", "broker-a", i) for i in range(8)]
+    assert route_by_group([m], None, None).select(queues, m, None) == \
+        SelectMessageQueueByHash().select(queues, None, stored)

@@ -59,6 +59,11 @@ LOCK_RETRY_DELAY_S = 1.0
 # How long an unlock that failed is asked again: by then the broker has let the lock expire by itself
 # (RocketMQ's REBALANCE_LOCK_MAX_LIVE_TIME, the broker's default lock_expiry_ms).
 LOCK_LIFETIME_S = 60.0
+# How long a handover's final commit and unlock may hold up the consumer's other queue changes (a rebalance
+# waits for its releases): to a broker cut off, the call would wait a whole request timeout. Past it the
+# call is asked again outside the ownership lock, where the grant's lock token keeps a late one harmless
+# (a broker without tokens keeps the request timeout: only the lock keeps its late unlocks harmless).
+FINAL_UNLOCK_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -432,10 +437,11 @@ class QueueOwnership:
         # The final commit and the unlock in one call: the next owner may start the moment it returns.
         commit = self._store.commit_for(oq.mq)
         try:
-            conn = await self._cluster.connection(oq.mq.broker_name)
-            refused = await conn.unlock_queues(self._group, self._client_id, [oq.mq],
-                                               [commit] if commit is not None else [], tokens=[oq.lock_token])
-        except TidemarkError as e:
+            async with asyncio.timeout(FINAL_UNLOCK_WAIT_S if oq.lock_token else None):
+                conn = await self._cluster.connection(oq.mq.broker_name)
+                refused = await conn.unlock_queues(self._group, self._client_id, [oq.mq],
+                                                   [commit] if commit is not None else [], tokens=[oq.lock_token])
+        except (TidemarkError, TimeoutError) as e:
             log.warning("final commit and unlock failed, asking again",
                         event="final_commit_failed", group=self._group, queue=oq.mq, error=e)
             self._unlock_later(oq.mq, commit, oq.lock_token)

@@ -265,6 +265,30 @@ def test_a_retried_unlock_under_way_does_not_hold_up_changes_of_other_queues(qui
     asyncio.run(scenario())
 
 
+def test_a_handover_to_a_broker_cut_off_holds_up_queue_changes_for_the_bound_only(quick_retries, monkeypatch):
+    """Review of issue 27: the final commit and unlock ran under the ownership lock for a whole request
+    timeout when the broker was cut off. Past FINAL_UNLOCK_WAIT_S the call is asked again outside it, final
+    commit included."""
+    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
+
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        own = ownership(broker, Hooks())
+        await own.update("T", {MQ})
+        own._store.update_offset(MQ, 5, increase_only=True)
+        broker.unlock_gate = asyncio.Event()  # cut off: the unlock call never answers
+        await asyncio.wait_for(own.update("T", set()), 2)  # would wait for the gate without the bound
+        assert own.get(MQ) is None and own.pending_unlocks == 1
+        await asyncio.wait_for(own.update("T", {MQ1}), 1)  # other queues change meanwhile
+        assert own.get(MQ1).state is QueueState.PULLING
+        broker.unlock_gate.set()  # reachable again: the retry hands the queue over with its final commit
+        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        assert broker.unlocked == [MQ] and broker.final_offsets == [(MQ, 5)] and own.pending_unlocks == 0
+        await own.stop()
+    asyncio.run(scenario())
+
+
 def test_a_late_unlock_does_not_release_the_lock_taken_again_nor_move_its_offset(quick_retries):
     async def scenario():
         broker = ScriptedBroker()

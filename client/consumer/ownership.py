@@ -125,6 +125,7 @@ class QueueOwnership:
         self._unlocks: dict[MessageQueue, _PendingUnlock] = {}
         self._unlock_retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
         self._unlocking: set[str] = set()  # brokers with a retry task
+        self._stopping = False  # stop() ran: failed unlocks are not asked again
         # The newest grant to this client seen per queue, (owner epoch, lock token): two lock calls for one
         # queue can both be granted (a waiter asking for a queue that went away and came back, beside the
         # new OwnedQueue's own call), and the broker keeps only the later grant's token (_quote).
@@ -177,7 +178,14 @@ class QueueOwnership:
             if removed:
                 await asyncio.gather(*(self._release(self._queues[mq]) for mq in sorted(removed)))
             for mq in sorted(added):
-                self._unlocks.pop(mq, None)  # ours again: an old unlock must not release the new lock
+                pending = self._unlocks.pop(mq, None)  # ours again: an old unlock must not release the new lock
+                if pending is not None and pending.commit is not None:
+                    # ...but its final commit, which the broker may never have had, is this client's
+                    # progress: the new lease resumes from it as from a lost queue's (kept_progress.py).
+                    commit = pending.commit
+                    kept = self._kept.get(mq)
+                    if kept is None or kept.offset < commit.offset:
+                        self._kept[mq] = KeptProgress(commit.offset, commit.reset_generation)
                 self._queues[mq] = OwnedQueue(mq)
             if added:
                 await self._acquire([self._queues[mq] for mq in sorted(added)])
@@ -237,6 +245,7 @@ class QueueOwnership:
     async def stop(self) -> None:
         """Stop waiting for locks and asking again for failed unlocks (before release_all at shutdown;
         leaving the group then releases every lock this client holds)."""
+        self._stopping = True
         await self._lock_waiters.close()
         await self._unlock_retries.close()
 
@@ -437,13 +446,16 @@ class QueueOwnership:
         # The final commit and the unlock in one call: the next owner may start the moment it returns.
         commit = self._store.commit_for(oq.mq)
         try:
-            async with asyncio.timeout(FINAL_UNLOCK_WAIT_S if oq.lock_token else None):
+            # Bounded while the consumer runs; at shutdown nothing asks again, so the call gets its full time.
+            bound = FINAL_UNLOCK_WAIT_S if oq.lock_token and not self._stopping else None
+            async with asyncio.timeout(bound):
                 conn = await self._cluster.connection(oq.mq.broker_name)
                 refused = await conn.unlock_queues(self._group, self._client_id, [oq.mq],
                                                    [commit] if commit is not None else [], tokens=[oq.lock_token])
         except (TidemarkError, TimeoutError) as e:
             log.warning("final commit and unlock failed, asking again",
-                        event="final_commit_failed", group=self._group, queue=oq.mq, error=e)
+                        event="final_commit_failed", group=self._group, queue=oq.mq,
+                        error=str(e) or f"no answer within {bound} s")
             self._unlock_later(oq.mq, commit, oq.lock_token)
             refused = []
         for error in refused:

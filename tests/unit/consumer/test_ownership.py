@@ -33,6 +33,7 @@ class ScriptedBroker:
         self.lock_calls: list[int] = []  # wait_ms of each call
         self.unlocked: list[MessageQueue] = []
         self.final_offsets: list[tuple[MessageQueue, int]] = []  # final commits of successful unlocks
+        self.commits: list[tuple[MessageQueue, int]] = []  # other commits
         self.unlock_failures = 0  # how many unlock calls fail (as when the broker cannot be reached)
         self.unlock_gate: asyncio.Event | None = None  # unlock calls wait for it (a call under way)
         self.unlock_calls = 0
@@ -54,6 +55,9 @@ class ScriptedBroker:
             if not renew or mq not in self.tokens:
                 self.tokens[mq] = max(self.tokens.values(), default=100) + 1
         return [QueueLockGrant(mq, 9, 0, 0, 0, self.tokens[mq] if self.names_grants else 0) for mq in mqs]
+
+    async def update_consumer_offset(self, commit):  # a resumed queue commits its start at once
+        self.commits.append((commit.queue, commit.offset))
 
     async def unlock_queues(self, group, client_id, mqs, final_offsets=(), tokens=()):
         self.unlock_calls += 1
@@ -285,6 +289,48 @@ def test_a_handover_to_a_broker_cut_off_holds_up_queue_changes_for_the_bound_onl
         broker.unlock_gate.set()  # reachable again: the retry hands the queue over with its final commit
         await asyncio.wait_for(own._unlock_retries.wait(), 5)
         assert broker.unlocked == [MQ] and broker.final_offsets == [(MQ, 5)] and own.pending_unlocks == 0
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_at_shutdown_a_slow_final_commit_gets_its_full_time(quick_retries, monkeypatch):
+    """Review of the bound: stop() closes the retries before release_all, so a final commit past the bound
+    was parked and never sent, and the next owner re-read what this client had consumed."""
+    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
+
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        own = ownership(broker, Hooks())
+        await own.update("T", {MQ})
+        own._store.update_offset(MQ, 5, increase_only=True)
+        broker.unlock_gate = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.2, broker.unlock_gate.set)  # slow, past the bound, not dead
+        await own.stop()  # ConsumerCore.shutdown's order: stop, then release_all
+        await asyncio.wait_for(own.release_all(), 5)
+        assert broker.final_offsets == [(MQ, 5)] and own.pending_unlocks == 0
+    asyncio.run(scenario())
+
+
+def test_a_queue_back_before_its_unlock_was_asked_again_resumes_from_the_final_commit(quick_retries, monkeypatch):
+    """Review of the bound: the pending unlock was dropped with its final commit when the queue came back
+    to us first, and the new lease started from the broker's older offset."""
+    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
+
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        hooks = Hooks()
+        own = ownership(broker, hooks)
+        await own.update("T", {MQ})
+        own._store.update_offset(MQ, 5, increase_only=True)
+        broker.unlock_gate = asyncio.Event()  # the hand-over's call gets no answer within the bound
+        await asyncio.wait_for(own.update("T", set()), 2)
+        assert own.pending_unlocks == 1
+        broker.unlock_gate.set()
+        await asyncio.wait_for(own.update("T", {MQ}), 2)  # ours again before the retry
+        assert hooks.started[-1].start_offset == 5, "resumed from this client's final commit"
+        assert broker.commits == [(MQ, 5)]  # and the broker hears of it at once
         await own.stop()
     asyncio.run(scenario())
 

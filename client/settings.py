@@ -299,7 +299,7 @@ class PushConsumerSettings(ConsumerSettings):
     consume_concurrently_max_span: int = _setting(2000, "Pause pulling when cached offsets span more than this")
     max_reconsume_times: int = _setting(-1, "Retries before the DLQ; -1: the group's retry_max_times (16), "
                                             "unlimited local retries for orderly")
-    suspend_current_queue_time_ms: int = _setting(1000, "Orderly: wait before retrying a suspended queue")
+    suspend_current_queue_time_ms: int = _setting(1000, "Orderly: wait before retrying a suspended batch (it holds back its message group)")
     local_retry_delay_s: float = _setting(5.0, "Re-consume locally after this when the send-back failed")
 
     def __post_init__(self) -> None:

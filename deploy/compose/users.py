@@ -8,7 +8,12 @@ a master, so every one gets them, the replicas too. SECRET_FILE holds the secret
 peer_user file). A user that exists gets that secret and loses any super-user flag; a rule that exists is
 kept, as are rules given by hand. Running it again changes nothing, so `docker-compose start` may.
 
-Exits 0 once every broker has every user and rule; otherwise 1 with one line saying which broker and why.
+Then it waits until every master that replicates synchronously has a replica streaming from it: the
+replicas sign as `broker`, which exists only from now on, and such a master refuses every send until one
+is there, so what starts after this service (the job) finds the stack writable.
+
+Exits 0 once every broker has every user and rule and the replicas are there; otherwise 1 with one line
+saying which broker and why.
 """
 
 from __future__ import annotations
@@ -60,6 +65,27 @@ def _apply(admin: Admin, users: dict[str, str], rules: list[tuple[str, str, list
     return "; ".join(changes) or "nothing to change"
 
 
+def wait_for_replicas(addresses: list[str]) -> None:
+    """Until every synchronous master among `addresses` has a replica streaming from it (UnavailableError
+    after WAIT_S). A broker that does not answer is not waited for: it is no master anyone writes to."""
+    deadline = time.monotonic() + WAIT_S
+    with Admin(brokers=addresses[0], tls=tls_from_env(), credentials=credentials_from_env()) as admin:
+        while True:
+            waiting = []
+            for address in addresses:
+                try:
+                    status = admin.broker_status_at(address)
+                except UnavailableError:
+                    continue
+                if status.role == "MASTER" and status.replication_mode == "sync" and status.replicas < 1:
+                    waiting.append(f"{address} ({status.broker_name})")
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise UnavailableError(f"no replica streams from {', '.join(waiting)} after {WAIT_S:.0f} s")
+            time.sleep(0.5)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--brokers", required=True, help="every broker, HOST:PORT[,HOST:PORT...]")
@@ -77,12 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"users: --allow for {', '.join(unknown)}, who has no --user", file=sys.stderr)
         return 1
-    for address in (a.strip() for a in args.brokers.split(",") if a.strip()):
+    addresses = [a.strip() for a in args.brokers.split(",") if a.strip()]
+    for address in addresses:
         try:
             print(f"{address}: {grant(address, users, rules)}", flush=True)
         except TidemarkError as e:
             print(f"users: {address}: {e}", file=sys.stderr)
             return 1
+    try:
+        wait_for_replicas(addresses)
+    except TidemarkError as e:
+        print(f"users: {e}", file=sys.stderr)
+        return 1
+    print("every synchronous master has a replica", flush=True)
     return 0
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 from bench.tidemark_system import TidemarkServer
 
 
-def _throughput(address: str, topic: str, n: int, body: bytes, idempotent: bool) -> float:
+def send_async_rate(address: str, topic: str, n: int, body: bytes, idempotent: bool = True) -> float:
+    """Messages per second of `n` send_async calls of a fresh producer (also bench.tracing's)."""
     from tidemark.client import Message, Producer
 
     with Producer(brokers=address, enable_idempotence=idempotent) as producer:
@@ -34,7 +35,8 @@ def _throughput(address: str, topic: str, n: int, body: bytes, idempotent: bool)
         return n / (time.perf_counter() - started)
 
 
-def _latencies(address: str, topic: str, n: int, body: bytes, idempotent: bool) -> list[float]:
+def send_latencies(address: str, topic: str, n: int, body: bytes, idempotent: bool = True) -> list[float]:
+    """Seconds of each of `n` sync sends, one at a time, of a fresh producer (also bench.tracing's)."""
     from tidemark.client import Message, Producer
 
     with Producer(brokers=address, enable_idempotence=idempotent) as producer:
@@ -75,9 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for idempotent in (True, False):
                 for topic in ("Idem8", "Idem1"):
-                    rate = _throughput(server.address, topic, args.messages, body, idempotent)
+                    rate = send_async_rate(server.address, topic, args.messages, body, idempotent)
                     results.setdefault((topic, idempotent), []).append(rate)
-                latencies[idempotent] += _latencies(server.address, "Idem8", args.sync, body, idempotent)
+                latencies[idempotent] += send_latencies(server.address, "Idem8", args.sync, body, idempotent)
     finally:
         server.stop()
     print(f"idempotent producer, {args.size} B messages, {args.rounds} round(s), medians:")

@@ -1,8 +1,8 @@
 """`python -m bench.tracing`: what message traces cost a producer, against one broker.
 
-Three modes, alternated in every round (so drift on the machine hits them alike), each a fresh producer
-in this process sending 1 KiB messages with send_async to an 8-queue topic (the `make bench` produce
-workload's shape), then sync send() one at a time:
+Three modes, alternated in every round (so drift on the machine hits them alike), each timed as
+bench.idempotence times a producer: a fresh producer in this process sending 1 KiB messages with send_async
+to an 8-queue topic (the `make bench` produce workload's shape), then another sending one at a time:
 
 - `bypass`: the send calls without the tracing hooks (Producer.send_async/send_batch replaced by the
   methods they call when tracing is off): the code as it was before traces;
@@ -19,10 +19,10 @@ import argparse
 import contextlib
 import statistics
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from bench.idempotence import send_async_rate, send_latencies
 from bench.tidemark_system import TidemarkServer
 
 MODES = ("bypass", "off", "on")
@@ -51,21 +51,7 @@ def _mode(mode: str) -> Iterator[None]:
 
 
 def _round(address: str, topic: str, n: int, sync: int, body: bytes) -> tuple[float, list[float]]:
-    from tidemark.client import Message, Producer
-
-    with Producer(brokers=address) as producer:
-        producer.send(Message(topic, body))  # routes, stream and producer id before timing
-        started = time.perf_counter()
-        futures = [producer.send_async(Message(topic, body)) for _ in range(n)]
-        for f in futures:
-            f.result(120)
-        rate = n / (time.perf_counter() - started)
-        latencies = []
-        for _ in range(sync):
-            started = time.perf_counter()
-            producer.send(Message(topic, body))
-            latencies.append(time.perf_counter() - started)
-    return rate, latencies
+    return send_async_rate(address, topic, n, body), send_latencies(address, topic, sync, body)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -200,6 +200,21 @@ async def _held_then_released_with_a_failed_unlock(broker: ScriptedBroker, own: 
     assert own.get(MQ) is None and broker.unlocked == []
 
 
+@pytest.fixture
+def short_final_unlock(monkeypatch):
+    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
+
+
+async def _held_to_5_as_unlocks_hang(broker: ScriptedBroker, hooks: Hooks) -> QueueOwnership:
+    """MQ held and consumed up to 5; from now on unlock calls wait for `broker.unlock_gate`."""
+    broker.grant_now = True
+    own = ownership(broker, hooks)
+    await own.update("T", {MQ})
+    own._store.update_offset(MQ, 5, increase_only=True)
+    broker.unlock_gate = asyncio.Event()
+    return own
+
+
 async def _retry_under_way(broker: ScriptedBroker) -> None:
     """From now on unlock calls hang (as to a broker cut off); returns once the first retry is on one."""
     broker.unlock_gate = asyncio.Event()
@@ -269,19 +284,13 @@ def test_a_retried_unlock_under_way_does_not_hold_up_changes_of_other_queues(qui
     asyncio.run(scenario())
 
 
-def test_a_handover_to_a_broker_cut_off_holds_up_queue_changes_for_the_bound_only(quick_retries, monkeypatch):
+def test_a_handover_to_a_broker_cut_off_holds_up_queue_changes_for_the_bound_only(quick_retries, short_final_unlock):
     """Review of issue 27: the final commit and unlock ran under the ownership lock for a whole request
     timeout when the broker was cut off. Past FINAL_UNLOCK_WAIT_S the call is asked again outside it, final
     commit included."""
-    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
-
     async def scenario():
         broker = ScriptedBroker()
-        broker.grant_now = True
-        own = ownership(broker, Hooks())
-        await own.update("T", {MQ})
-        own._store.update_offset(MQ, 5, increase_only=True)
-        broker.unlock_gate = asyncio.Event()  # cut off: the unlock call never answers
+        own = await _held_to_5_as_unlocks_hang(broker, Hooks())  # cut off: the unlock call never answers
         await asyncio.wait_for(own.update("T", set()), 2)  # would wait for the gate without the bound
         assert own.get(MQ) is None and own.pending_unlocks == 1
         await asyncio.wait_for(own.update("T", {MQ1}), 1)  # other queues change meanwhile
@@ -293,18 +302,12 @@ def test_a_handover_to_a_broker_cut_off_holds_up_queue_changes_for_the_bound_onl
     asyncio.run(scenario())
 
 
-def test_at_shutdown_a_slow_final_commit_gets_its_full_time(quick_retries, monkeypatch):
+def test_at_shutdown_a_slow_final_commit_gets_its_full_time(quick_retries, short_final_unlock):
     """Review of the bound: stop() closes the retries before release_all, so a final commit past the bound
     was parked and never sent, and the next owner re-read what this client had consumed."""
-    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
-
     async def scenario():
         broker = ScriptedBroker()
-        broker.grant_now = True
-        own = ownership(broker, Hooks())
-        await own.update("T", {MQ})
-        own._store.update_offset(MQ, 5, increase_only=True)
-        broker.unlock_gate = asyncio.Event()
+        own = await _held_to_5_as_unlocks_hang(broker, Hooks())
         asyncio.get_running_loop().call_later(0.2, broker.unlock_gate.set)  # slow, past the bound, not dead
         await own.stop()  # ConsumerCore.shutdown's order: stop, then release_all
         await asyncio.wait_for(own.release_all(), 5)
@@ -312,19 +315,13 @@ def test_at_shutdown_a_slow_final_commit_gets_its_full_time(quick_retries, monke
     asyncio.run(scenario())
 
 
-def test_a_queue_back_before_its_unlock_was_asked_again_resumes_from_the_final_commit(quick_retries, monkeypatch):
+def test_a_queue_back_before_its_unlock_was_asked_again_resumes_from_the_final_commit(quick_retries,
+                                                                                          short_final_unlock):
     """Review of the bound: the pending unlock was dropped with its final commit when the queue came back
     to us first, and the new lease started from the broker's older offset."""
-    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
-
     async def scenario():
-        broker = ScriptedBroker()
-        broker.grant_now = True
-        hooks = Hooks()
-        own = ownership(broker, hooks)
-        await own.update("T", {MQ})
-        own._store.update_offset(MQ, 5, increase_only=True)
-        broker.unlock_gate = asyncio.Event()  # the hand-over's call gets no answer within the bound
+        broker, hooks = ScriptedBroker(), Hooks()
+        own = await _held_to_5_as_unlocks_hang(broker, hooks)  # the hand-over's call gets no answer within the bound
         await asyncio.wait_for(own.update("T", set()), 2)
         assert own.pending_unlocks == 1
         broker.unlock_gate.set()

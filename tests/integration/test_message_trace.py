@@ -10,10 +10,8 @@ import urllib.request
 
 import pytest
 from brokerproc import BrokerProcess
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
+from recorded_spans import recording_provider
 from workload import create_topic, queue, wait_until
 
 from tidemark.client import (
@@ -48,9 +46,7 @@ def trace_broker(tmp_path_factory):
 
 @pytest.fixture
 def exporter():
-    spans = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
+    spans, provider = recording_provider()
     tracing.enable(provider)
     yield spans, provider
     tracing.disable()

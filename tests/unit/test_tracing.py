@@ -10,10 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from recorded_spans import recording_provider
 
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
@@ -42,9 +40,7 @@ TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 @pytest.fixture
 def spans():
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, provider = recording_provider()
     tracing.enable(provider)
     yield exporter
     tracing.disable()
@@ -192,9 +188,7 @@ def test_no_module_imports_opentelemetry_when_it_is_imported():
 
 
 def test_broker_store_spans_join_the_trace_each_record_carries(monkeypatch):
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, provider = recording_provider()
     monkeypatch.setattr(traces, "_spans", traces._StoreSpans(provider, "broker-b"))
     builder = RecordBatchBuilder("Orders")
     for props in ({"traceparent": TP}, {}, {"traceparent": TP}, {"traceparent": "junk"}):
@@ -231,9 +225,7 @@ def test_rocketmq5_clients_trace_context_is_the_traceparent_property():
 
 
 def test_every_send_path_of_the_broker_makes_store_spans(tmp_path, monkeypatch):
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    exporter, provider = recording_provider()
     monkeypatch.setattr(traces, "_spans", traces._StoreSpans(provider, "broker-a"))
     monkeypatch.setattr(traces, "ENABLED", True)
 

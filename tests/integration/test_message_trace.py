@@ -12,17 +12,16 @@ import pytest
 from brokerproc import BrokerProcess
 from opentelemetry.trace import SpanKind
 from recorded_spans import recording_provider
+from test_admin_parity import consumer
 from workload import create_topic, queue, wait_until
 
 from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
-    ConsumeFromWhere,
     InvalidArgumentError,
     Message,
     NotFoundError,
     Producer,
-    PushConsumer,
     tracing,
 )
 from tidemark.client.cli.main import main
@@ -50,14 +49,6 @@ def exporter():
     tracing.enable(provider)
     yield spans, provider
     tracing.disable()
-
-
-def consumer(address: str, group: str, topic: str, listener, **kw) -> PushConsumer:
-    c = PushConsumer(group=group, brokers=address, consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
-                     persist_consumer_offset_interval_s=0.2, **kw)
-    c.subscribe(topic)
-    c.register_message_listener(listener)
-    return c.start()
 
 
 @pytest.fixture

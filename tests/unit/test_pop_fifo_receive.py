@@ -5,29 +5,21 @@ offset moves on, once the group is no longer orderly."""
 
 from __future__ import annotations
 
-import asyncio
-
 from test_pop_service import request
+from test_pop_service import run as run_broker
 
-from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.ingest.send import OutgoingMessage
 from tidemark.broker.pop.service import FIFO_MAX_SCAN, MAX_SCAN
 
 
 def run(tmp_path, scenario):
-    async def main():
-        b = BrokerController(BrokerConfig(data_dir=tmp_path, flush_interval_ms=3_600_000))
-        b.load()
-        await b.start()
-        b.topics.create("T", 1)
+    """test_pop_service's broker (topic T, one queue) with group g consuming orderly."""
+    async def orderly(b: BrokerController):
         b.groups.update("g", consume_orderly=True)
-        try:
-            await scenario(b)
-        finally:
-            await b.shutdown()
+        await scenario(b)
 
-    asyncio.run(main())
+    run_broker(tmp_path, orderly)
 
 
 async def put(b: BrokerController, *bodies: str) -> None:

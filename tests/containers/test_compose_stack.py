@@ -284,8 +284,8 @@ def test_each_replica_follows_its_master(stack):
 
 def test_the_job_and_the_brokers_own_calls_use_least_privileged_users(stack):
     """Root signs only the `users` service's calls. The job signs as `job` (root's secret is not even mounted
-    there), the brokers' replication and registrations as `broker` (peer_user); every broker has both,
-    neither a super user, each with only its rules; a super-user action by either is refused."""
+    there, nor in the name servers), the brokers' replication and registrations as `broker` (peer_user); every
+    broker has both, neither a super user, each with only its rules; a super-user action by either is refused."""
     assert state("users")["ExitCode"] == 0, logs(container("users"))[-3000:]
     directory = secrets_dir()
     job = json.loads(docker("inspect", "--format", "[{{json .Config.Env}}, {{json .Mounts}}]", container("job")))
@@ -293,6 +293,10 @@ def test_the_job_and_the_brokers_own_calls_use_least_privileged_users(stack):
     assert env["TIDEMARK_ACCESS_KEY"] == "job" and "TIDEMARK_SECRET_KEY" not in env
     assert {Path(m["Source"]).name for m in job[1] if m["Type"] == "bind"} == {
         "ca.pem", Path(env["TIDEMARK_SECRET_KEY_FILE"]).name, "spark"}, "only the job's own secret"
+    for namesrv in NAMESRVS:  # what checks registrations needs the brokers' user, not root's key
+        mounts = json.loads(docker("inspect", "--format", "{{json .Mounts}}", container(namesrv)))
+        assert {Path(m["Source"]).name for m in mounts if m["Type"] == "bind"} == {
+            "broker.pem", "broker.key", "ca.pem", "peer_user"}, f"{namesrv}: only the files it reads"
     peer_name, _, peer_secret = (directory / "peer_user").read_text().strip().partition(":")
     envs = json.loads("[" + docker("inspect", "--format", "{{json .Config.Env}},", *map(container, BROKERS))
                       .rstrip(",") + "]")

@@ -120,7 +120,6 @@ class ConsumerCore:
 
     async def _start(self, assigned: set[MessageQueue] | None) -> None:
         s = self.settings
-        await self.cluster.discover()
         user_topics = sorted(self.subscriptions)  # (assemble() may add the retry topic, created by the heartbeat)
         locking = self.locking and assigned is None
         self.offset_store: OffsetStore = (
@@ -151,7 +150,8 @@ class ConsumerCore:
             if self.ownership.locking:
                 sched.every("renew-locks", s.lock_renew_interval_s, self.ownership.renew_locks)
         self.schedule_commits(sched)
-        # Side by side: the routes (NotFoundError for an unknown topic), then the first heartbeat, which
+        # Side by side: the brokers' names and the routes (asked together on the connections being made;
+        # NotFoundError for an unknown topic), then the first heartbeat, which
         # is the join (the group's members hear of this client and start handing queues over; the broker
         # creates the group's config and retry topic, so it goes only once every topic is known to exist);
         # meanwhile the offsets file and the fetch streams (open before any queue is ours: the first lock
@@ -162,7 +162,7 @@ class ConsumerCore:
             if assigned is None:
                 await self.membership.heartbeat()
 
-        steps = [routes_then_join(), self.offset_store.load(), self.fetcher.prepare()]
+        steps = [self.cluster.discover(), routes_then_join(), self.offset_store.load(), self.fetcher.prepare()]
         for outcome in await asyncio.gather(*steps, return_exceptions=True):
             if isinstance(outcome, BaseException):
                 raise outcome

@@ -67,6 +67,7 @@ from tidemark.client.security import TlsSettings
 from tidemark.client.types import ClusterBroker, QueueData, TopicRoute
 from tidemark.common.auth import Credentials
 from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import cancel_and_wait
 
 if TYPE_CHECKING:
     from tidemark.client.settings import ClientSettings
@@ -487,8 +488,17 @@ class BrokerCluster:
             return cached[1]
         if self.namesrv is not None:
             return await self._route_from_namesrv(topic, cached)
-        brokers = await self.discover()
-        answers = await asyncio.gather(*(c.route(topic) for c in brokers.values()), return_exceptions=True)
+        # While the brokers' names are still unknown (a client's start), the route is asked of every listed
+        # broker beside its GetBrokerInfo, on the connection being made: one round trip instead of two.
+        # Only the answers of the connections discovery picks are used.
+        early = ({a: asyncio.ensure_future(c.route(topic)) for a, c in self._by_address.items()}
+                 if any(c.broker_name is None for c in self._by_address.values()) else {})
+        try:
+            brokers = await self.discover()
+            answers = await asyncio.gather(*(early.pop(c.address, None) or c.route(topic) for c in brokers.values()),
+                                           return_exceptions=True)
+        finally:
+            await cancel_and_wait(*early.values())
         try:
             route = merged_route(topic, ((f"{name} ({c.address})", answer) for (name, c), answer
                                          in zip(brokers.items(), answers, strict=True)))

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+from tidemark.client.consumer.final_unlocks import FinalUnlocks
 from tidemark.client.consumer.kept_progress import KeptProgress, resume_offset
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.offset_store import OffsetStore
@@ -54,6 +55,10 @@ log = get_logger("tidemark.client.ownership")
 
 # How long one LockQueues call waits on the broker for a previous owner to let go.
 LOCK_WAIT_MS = 5_000
+# How long the first LockQueues of queues that arrive waits for a release (a handover under way) inside
+# the rebalance that took them, which holds the consumer's other queue changes meanwhile; past it a
+# waiter asks on outside (LOCK_WAIT_MS).
+FIRST_LOCK_WAIT_MS = 100
 # Pause before asking again after a broker could not be asked at all.
 LOCK_RETRY_DELAY_S = 1.0
 # How long an unlock that failed is asked again: by then the broker has let the lock expire by itself
@@ -126,6 +131,8 @@ class QueueOwnership:
         self._unlock_retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
         self._unlocking: set[str] = set()  # brokers with a retry task
         self._stopping = False  # stop() ran: failed unlocks are not asked again
+        # Final commits and unlocks of queues leaving together go in one call per broker.
+        self._finals = FinalUnlocks(cluster, group, client_id)
         # The newest grant to this client seen per queue, (owner epoch, lock token): two lock calls for one
         # queue can both be granted (a waiter asking for a queue that went away and came back, beside the
         # new OwnedQueue's own call), and the broker keeps only the later grant's token (_quote).
@@ -209,16 +216,18 @@ class QueueOwnership:
         await self._hooks.lease_started(new)
         return new
 
-    def _wait_for_locks(self) -> None:
-        """Make sure every LOCKING queue is asked for by a waiting LockQueues. A wait already under way
-        keeps its queues; queues that arrived since get a waiter of their own instead of waiting for
-        that call to end (up to LOCK_WAIT_MS)."""
+    def _wait_for_locks(self, *, pause: bool = False) -> None:
+        """Make sure every LOCKING queue is asked for by a waiting LockQueues (after LOCK_RETRY_DELAY_S
+        with `pause`). A wait already under way keeps its queues; queues that arrived since get a waiter
+        of their own instead of waiting for that call to end (up to LOCK_WAIT_MS)."""
         if any(oq.state is QueueState.LOCKING and oq.mq not in self._asking for oq in self._queues.values()):
-            self._lock_waiters.spawn(self._await_locks(), name="lock-waiter")
+            self._lock_waiters.spawn(self._await_locks(pause), name="lock-waiter")
 
-    async def _await_locks(self) -> None:
+    async def _await_locks(self, pause: bool = False) -> None:
         """Ask each broker to answer as soon as our LOCKING queues are released (LockQueues with a wait),
         then start what was granted. The wait runs outside the ownership lock: rebalances go on."""
+        if pause:
+            await asyncio.sleep(LOCK_RETRY_DELAY_S)
         while True:
             waiting = [oq for oq in self._queues.values()
                        if oq.state is QueueState.LOCKING and oq.mq not in self._asking]
@@ -301,13 +310,17 @@ class QueueOwnership:
                 await self._start(oq)
 
     async def _lock_and_start(self, oqs: Iterable[OwnedQueue]) -> None:
-        granted = []
-        for broker, group in _by_broker(list(oqs)).items():
-            granted.extend((await self._lock_on(broker, group, wait_ms=0))[0])
+        # A queue that arrives is mostly being handed over at this moment: its previous owner heard of the
+        # same change and its unlock is on the way. Asked without a wait, the request often reached the
+        # broker just before the release, was refused, and the waiting request went only after that
+        # answer (a round trip lost in a join). A short wait is answered at the release instead.
+        results = await asyncio.gather(*(self._lock_on(broker, group, wait_ms=FIRST_LOCK_WAIT_MS)
+                                         for broker, group in _by_broker(list(oqs)).items()))
+        granted = [oq for oqs_granted, _ in results for oq in oqs_granted]
         # Each start reads the queue's committed offset: do them concurrently.
-        await asyncio.gather(*(self._start(oq) for oq in granted))
+        started = await asyncio.gather(*(self._start(oq) for oq in granted))
         if any(oq.state is QueueState.LOCKING for oq in self._queues.values()):
-            self._wait_for_locks()
+            self._wait_for_locks(pause=not all(started))  # a start failed: not again at once
 
     async def _lock_on(self, broker: str, oqs: list[OwnedQueue], *,
                        wait_ms: int) -> tuple[list[OwnedQueue], bool]:
@@ -445,13 +458,10 @@ class QueueOwnership:
             return  # lost meanwhile (lock renewal failed): nothing of ours to commit
         # The final commit and the unlock in one call: the next owner may start the moment it returns.
         commit = self._store.commit_for(oq.mq)
+        # Bounded while the consumer runs; at shutdown nothing asks again, so the call gets its full time.
+        bound = FINAL_UNLOCK_WAIT_S if oq.lock_token and not self._stopping else None
         try:
-            # Bounded while the consumer runs; at shutdown nothing asks again, so the call gets its full time.
-            bound = FINAL_UNLOCK_WAIT_S if oq.lock_token and not self._stopping else None
-            async with asyncio.timeout(bound):
-                conn = await self._cluster.connection(oq.mq.broker_name)
-                refused = await conn.unlock_queues(self._group, self._client_id, [oq.mq],
-                                                   [commit] if commit is not None else [], tokens=[oq.lock_token])
+            refused = await self._finals.send(oq.mq, commit, oq.lock_token, bound)
         except (TidemarkError, TimeoutError) as e:
             log.warning("final commit and unlock failed, asking again",
                         event="final_commit_failed", group=self._group, queue=oq.mq,
@@ -531,7 +541,7 @@ class QueueOwnership:
                 del self._unlocks[mq]
         log.info("queues unlocked on a retry", event="unlock_retried", group=self._group, broker=broker,
                  queues=", ".join(str(mq) for mq in pending))
-        for error in refused:  # fenced: the queue passed on (or came back to us) meanwhile; its offset stands
+        for _, error in refused:  # fenced: the queue passed on (or came back to us) meanwhile; its offset stands
             log.info("final commit refused on a retry", event="final_commit_refused", group=self._group,
                      broker=broker, error=error)
         return any(mq.broker_name == broker for mq in self._unlocks)

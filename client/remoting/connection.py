@@ -304,8 +304,9 @@ class BrokerConnection:
 
     async def unlock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue],
                             final_offsets: Sequence[OffsetCommit] = (),
-                            tokens: Sequence[int] = ()) -> list[TidemarkError]:
-        """Release queues, after committing their final offsets (each fenced); the refused commits.
+                            tokens: Sequence[int] = ()) -> list[tuple[MessageQueue, TidemarkError]]:
+        """Release queues, after committing their final offsets (each fenced); the refused commits, each
+        with its queue.
         `tokens` (empty, or one per queue; 0: any) name the grants released: a queue locked again
         since keeps its new lock and its final commit is refused."""
         request = membership_pb2.UnlockQueuesRequest(group=group, client_id=client_id,
@@ -317,8 +318,9 @@ class BrokerConnection:
             if fence is not None:
                 final.fence.CopyFrom(fence)
         pb = await self._call(self._membership.UnlockQueues, request)
-        return [from_status(Status.FAILED_PRECONDITION, f"{r.queue.topic}:{r.queue.queue_id}: "
-                            f"{r.message}", error_class=r.error_class, address=self.address) for r in pb.refused]
+        return [(convert.queue_from_pb(r.queue),
+                 from_status(Status.FAILED_PRECONDITION, f"{r.queue.topic}:{r.queue.queue_id}: {r.message}",
+                             error_class=r.error_class, address=self.address)) for r in pb.refused]
 
     # -- admin -----------------------------------------------------------------
 

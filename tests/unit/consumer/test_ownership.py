@@ -12,7 +12,7 @@ from tidemark.client.consumer import ownership as ownership_module
 from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
 from tidemark.client.consumer.ownership import QueueOwnership
 from tidemark.client.consumer.queue_state import QueueState
-from tidemark.client.errors import RequestTimeoutError
+from tidemark.client.errors import FencedError, RequestTimeoutError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.moves import MasterMoves
 from tidemark.client.types import QueueLockGrant
@@ -46,8 +46,11 @@ class ScriptedBroker:
 
     async def lock_queues(self, group, client_id, mqs, *, wait_ms=0, renew=False):
         self.lock_calls.append(wait_ms)
-        if wait_ms:
-            await self.release_waiters.wait()
+        if wait_ms and not self.grant_now:
+            try:  # (a waiter's wait, 5 s, lasts until told here)
+                await asyncio.wait_for(self.release_waiters.wait(), None if wait_ms >= 5000 else wait_ms / 1000)
+            except TimeoutError:
+                return []
             mqs = [mq for mq in mqs if self.wait_grants is None or mq in self.wait_grants]
         elif not self.grant_now:
             return []
@@ -72,7 +75,7 @@ class ScriptedBroker:
             self.tokens.pop(mq, None)
         self.unlocked.extend(current)
         self.final_offsets.extend((c.queue, c.offset) for c in final_offsets if c.queue in current)
-        return []
+        return [(c.queue, FencedError(f"{c.queue}: locked again")) for c in final_offsets if c.queue not in current]
 
 
 class Hooks:
@@ -178,12 +181,52 @@ def test_a_queue_that_arrives_during_a_wait_is_asked_for_at_once_not_after_it():
             if broker.lock_calls.count(5000) == 2:
                 break
             await asyncio.sleep(0)
-        assert broker.lock_calls == [0, 5000, 0, 5000]  # its own wait, beside the one under way
+        first = ownership_module.FIRST_LOCK_WAIT_MS
+        assert broker.lock_calls == [first, 5000, first, 5000]  # its own wait, beside the one under way
         broker.release_waiters.set()
         while own.get(MQ1).state is not QueueState.PULLING or own.get(MQ).state is not QueueState.PULLING:
             await asyncio.sleep(0)
         await own.stop()
     asyncio.run(scenario())
+
+
+def test_a_queue_released_while_its_first_lock_request_waits_is_granted_by_that_request(monkeypatch):
+    monkeypatch.setattr(ownership_module, "FIRST_LOCK_WAIT_MS", 60_000)  # (the release below ends the wait)
+
+    async def scenario():
+        broker, hooks = ScriptedBroker(), Hooks()
+        own = ownership(broker, hooks)
+        taking = asyncio.ensure_future(own.update("T", {MQ}))  # held elsewhere, its handover under way
+        while not broker.lock_calls:
+            await asyncio.sleep(0)
+        broker.release_waiters.set()  # the previous owner's unlock arrives
+        await taking
+        assert own.get(MQ).state is QueueState.PULLING
+        assert broker.lock_calls == [60_000]  # no refusal first, no second request after it
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_queues_leaving_together_are_committed_and_unlocked_in_one_call_each_with_its_own_answer():
+    async def scenario():
+        broker, hooks = ScriptedBroker(), Hooks()
+        broker.grant_now = True
+        own = ownership(broker, hooks)
+        await own.update("T", {MQ, MQ1})
+        own._store.update_offset(MQ, 5, increase_only=True)
+        own._store.update_offset(MQ1, 7, increase_only=True)
+        broker.tokens[MQ1] += 1  # MQ1 was locked again since our grant: its final commit is fenced
+        await own.update("T", set())
+        assert broker.unlock_calls == 1
+        assert broker.unlocked == [MQ] and broker.final_offsets == [(MQ, 5)]
+        assert own.handovers == 1  # MQ1's fenced commit lost that queue alone
+    asyncio.run(scenario())
+
+
+@pytest.fixture(autouse=True)
+def short_first_lock_wait(monkeypatch):
+    """A first lock request that nobody releases for waits 1 ms here, not 100 (the tests that wait on it)."""
+    monkeypatch.setattr(ownership_module, "FIRST_LOCK_WAIT_MS", 1)
 
 
 @pytest.fixture

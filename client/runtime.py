@@ -108,6 +108,61 @@ class _LoopCloser:
 _CLOSER = _LoopCloser()
 
 
+class _BlockingCall:
+    """A coroutine run on the loop for a thread that blocks until it is done: a task and a lock.
+
+    What `LoopThread.run` does for every synchronous call (a `Producer.send` among them), so it costs
+    less than `run_coroutine_threadsafe`, whose concurrent future brings a Condition, an RLock and a
+    chain of callbacks per call. The outcome is reported as that future reported it: a cancelled
+    task as concurrent.futures.CancelledError, an exception as itself.
+    """
+
+    __slots__ = ("_coro", "_done", "_task", "_cancelled")
+
+    def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
+        self._coro = coro
+        self._done = threading.Lock()
+        self._done.acquire()
+        self._task: asyncio.Task | None = None
+        self._cancelled = False
+
+    def start(self) -> None:
+        """On the loop: the task (or nothing, when the caller gave up first)."""
+        if self._cancelled:
+            self._coro.close()
+            return
+        self._task = asyncio.get_running_loop().create_task(self._coro)
+        self._task.add_done_callback(self._finished)
+
+    def _finished(self, _task: asyncio.Task) -> None:
+        self._done.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        return self._done.acquire(timeout=-1 if timeout is None else timeout)
+
+    def result(self) -> Any:
+        task = self._task
+        if task.cancelled():
+            raise concurrent.futures.CancelledError()
+        error = task.exception()
+        if error is None:
+            return task.result()
+        if type(error) is asyncio.InvalidStateError:
+            raise concurrent.futures.InvalidStateError(*error.args)
+        raise error
+
+    def cancel(self, loop: asyncio.AbstractEventLoop) -> None:
+        """From the waiting thread, which stopped waiting: the task is cancelled (or never started)."""
+        def cancel() -> None:
+            self._cancelled = True
+            if self._task is not None:
+                self._task.cancel()
+        try:
+            loop.call_soon_threadsafe(cancel)
+        except RuntimeError:  # the loop closed meanwhile: nothing runs any more
+            pass
+
+
 class LoopThread:
     def __init__(self, name: str) -> None:
         self._name = name
@@ -164,11 +219,18 @@ class LoopThread:
         if self.on_own_thread:
             coro.close()
             raise ClientStateError(f"{self._name}: blocking call made from its own event loop thread")
-        future = self.submit(coro)
+        if not self.running:
+            coro.close()
+            raise ClientStateError(f"{self._name} is not running")
+        call = _BlockingCall(coro)
+        loop = self.loop
+        loop.call_soon_threadsafe(call.start)
         try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
+            if not call.wait(timeout):
+                call.cancel(loop)
+                raise TimeoutError
+            return call.result()
+        except concurrent.futures.TimeoutError:  # (the coroutine's own TimeoutError too, as run_coroutine_threadsafe had it)
             self._log_tasks()
             raise RequestTimeoutError(f"{self._name}: no answer within {timeout} s") from None
 

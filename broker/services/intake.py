@@ -101,6 +101,15 @@ class RequestBudget:
             self._large_bytes += size
         return True
 
+    def take_now(self, size: int) -> bool:
+        """`take` when there is room now (True); False, with nothing taken, when it would have to wait."""
+        if not self._fits(size):
+            return False
+        self.held += size
+        if size > self.small:
+            self._large_bytes += size
+        return True
+
     async def take(self, size: int) -> None:
         while not self._fits(size):
             waiter = asyncio.get_running_loop().create_future()
@@ -213,20 +222,34 @@ class RequestIntake(grpc.aio.ServerInterceptor):
         else:
             inner = h.unary_stream if h.response_streaming else h.unary_unary
 
+            # The common case (no access control or an allowed caller, room in the budget, a decodable
+            # request) runs without a coroutine of its own per step: a unary call's intake is on the
+            # critical path of every synchronous request.
+            identifies = unpack.identifies
+
             async def call(raw, context):
-                try:
-                    caller = await unpack.caller(context)
-                except _Refused as refused:
-                    return refused.answer
-                size = await unpack.admit(raw, context)
+                caller = None
+                if identifies:
+                    try:
+                        caller = await unpack.caller(context)
+                    except _Refused as refused:
+                        return refused.answer
+                size = len(raw)
+                if not budget.try_take(size):
+                    await unpack.overloaded(size, context)
                 if h.response_streaming:  # a watch: its request is done with once decoded
                     try:
-                        request = await unpack.one(raw, context, caller)
+                        request = unpack.checked(raw, caller)
+                        if request is _FAILED:
+                            request = await unpack.one(raw, context, caller)
                     finally:
                         budget.give(size)
                     return await inner(request, context)
                 try:
-                    return await inner(await unpack.one(raw, context, caller), context)
+                    request = unpack.checked(raw, caller)
+                    if request is _FAILED:
+                        request = await unpack.one(raw, context, caller)
+                    return await inner(request, context)
                 except _Refused as refused:
                     return refused.answer
                 finally:
@@ -234,7 +257,7 @@ class RequestIntake(grpc.aio.ServerInterceptor):
 
             async def call_streaming(raw, context):
                 try:
-                    caller = await unpack.caller(context)
+                    caller = await unpack.caller(context) if identifies else None
                     size = await unpack.admit(raw, context)
                     try:
                         request = await unpack.one(raw, context, caller)
@@ -271,6 +294,9 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                                    limit=self.budget.limit, total=self.budget.refused)
 
 
+_FAILED = object()  # _Unpacker.checked: not decodable or not allowed
+
+
 class _Refused(Exception):
     """An access refusal answered in the protocol's own response (`refusal_answers`)."""
 
@@ -302,6 +328,11 @@ class _Unpacker:
             raise _Refused(self._refusal(error))
         await context.abort(status_for(error), str(error))
 
+    @property
+    def identifies(self) -> bool:
+        """Whether `caller` has anything to do for this method (access control on, or a closed method)."""
+        return self._closed or self._access is not None
+
     async def caller(self, context: grpc.aio.ServicerContext) -> Caller | None:
         """Who calls (None when access control is off or the method is open); UNAUTHENTICATED, or
         PERMISSION_DENIED for a super-user method, before any request byte is read."""
@@ -331,11 +362,15 @@ class _Unpacker:
     async def admit(self, raw: bytes, context: grpc.aio.ServicerContext) -> int:
         size = len(raw)
         if not self._intake.budget.try_take(size):
-            self._intake.overloaded(self._method, size)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"broker is holding {self._intake.budget.held} bytes of requests "
-                                f"(limit {self._intake.budget.limit}); retry later")
+            await self.overloaded(size, context)
         return size
+
+    async def overloaded(self, size: int, context: grpc.aio.ServicerContext) -> None:
+        """RESOURCE_EXHAUSTED for a unary request the budget had no room for (`try_take` said no)."""
+        self._intake.overloaded(self._method, size)
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"broker is holding {self._intake.budget.held} bytes of requests "
+                            f"(limit {self._intake.budget.limit}); retry later")
 
     def decode(self, raw: bytes) -> Any:
         try:
@@ -343,6 +378,17 @@ class _Unpacker:
         except (DecodeError, ValueError, TypeError, UnicodeDecodeError) as e:
             self._intake.bad_request(self._method, self._type_name, len(raw), e)
             raise InvalidArgumentError(f"request could not be decoded as {self._type_name}: {str(e)[:200]}") from None
+
+    def checked(self, raw: bytes, caller: Caller | None) -> Any:
+        """The request decoded and allowed; or _FAILED, with nothing counted or logged: then `one` decodes
+        and checks it again, and refuses it as it says."""
+        try:
+            request = self._decode(raw)
+            if caller is not None:
+                self._access.check(caller, request)
+        except (DecodeError, ValueError, TypeError, UnicodeDecodeError, BrokerError):
+            return _FAILED
+        return request
 
     async def one(self, raw: bytes, context: grpc.aio.ServicerContext, caller: Caller | None = None) -> Any:
         try:
@@ -371,8 +417,11 @@ class _Unpacker:
                     raw = await iterator.__anext__()
                 except StopAsyncIteration:
                     return
-                await budget.take(len(raw))
                 held = len(raw)
+                if not budget.take_now(held):
+                    held = 0
+                    await budget.take(len(raw))
+                    held = len(raw)
                 request = self.decode(raw)
                 self._check(caller, request, stream=True)  # a refused message ends the stream
                 yield request

@@ -1,0 +1,77 @@
+"""LoopThread.run, the hand-off of every synchronous call to the client's event loop: what the caller gets back."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+
+import pytest
+
+from tidemark.client.errors import ClientStateError, RequestTimeoutError
+from tidemark.client.runtime import LoopThread
+
+
+@pytest.fixture(scope="module")
+def loop_thread():
+    thread = LoopThread("test")
+    thread.start()
+    yield thread
+    thread.stop()
+
+
+def test_the_caller_gets_the_result_or_the_exception_itself(loop_thread):
+    async def answer():
+        await asyncio.sleep(0)
+        return 42
+
+    async def fail():
+        raise ValueError("bad")
+
+    assert loop_thread.run(answer()) == 42
+    with pytest.raises(ValueError, match="bad"):
+        loop_thread.run(fail(), timeout=5)
+
+
+def test_a_call_past_its_timeout_is_cancelled_on_the_loop(loop_thread):
+    cancelled = asyncio.Event()  # (used on the loop only)
+
+    async def hang():
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    with pytest.raises(RequestTimeoutError, match="no answer within"):
+        loop_thread.run(hang(), timeout=0.05)
+    loop_thread.run(cancelled.wait(), timeout=5)
+
+
+def test_a_coroutine_cancelled_on_the_loop_or_timing_out_itself_is_reported_as_before(loop_thread):
+    async def cancelled():
+        raise asyncio.CancelledError
+
+    async def own_timeout():
+        async with asyncio.timeout(0):
+            await asyncio.sleep(1)
+
+    with pytest.raises(concurrent.futures.CancelledError):
+        loop_thread.run(cancelled(), timeout=5)
+    with pytest.raises(RequestTimeoutError):
+        loop_thread.run(own_timeout(), timeout=5)
+
+
+def test_a_blocking_call_from_the_loop_itself_or_a_stopped_loop_is_refused():
+    thread = LoopThread("short")
+    thread.start()
+
+    async def nested():
+        coro = asyncio.sleep(0)
+        with pytest.raises(ClientStateError, match="its own event loop thread"):
+            thread.run(coro)
+        return True
+
+    assert thread.run(nested(), timeout=5)
+    thread.stop()
+    with pytest.raises(ClientStateError, match="not running"):
+        thread.run(asyncio.sleep(0))

@@ -78,10 +78,17 @@ def _windows(buf: np.ndarray, width: int) -> np.ndarray:
     return np.lib.stride_tricks.as_strided(buf, shape=(max(len(buf) - width + 1, 0), width), strides=(1, 1))
 
 
+def _at_every_byte(buf: np.ndarray, dtype: str | np.dtype) -> np.ndarray:
+    """buf read as `dtype` starting at every byte (overlapping, unaligned; a view, nothing copied):
+    [positions] gathers the values there in one call, about 3x faster than a gather of `_windows`
+    rows. (Not for structured dtypes, which numpy gathers field by field.)"""
+    dtype = np.dtype(dtype)
+    return np.ndarray((max(len(buf) - dtype.itemsize + 1, 0),), dtype, buffer=buf, strides=(1,))
+
+
 def _gather(buf: np.ndarray, pos: np.ndarray, dtype: str | np.dtype) -> np.ndarray:
     """The values of `dtype` (big-endian as stored) at each position."""
-    dtype = np.dtype(dtype)
-    return _windows(buf, dtype.itemsize)[pos].view(dtype).reshape(-1)
+    return _at_every_byte(buf, dtype)[pos]
 
 
 def _constant_strings(value: str, n: int) -> pa.Array:
@@ -96,6 +103,10 @@ _VIEW = np.dtype([("length", "<i4"), ("prefix", "V4"), ("buffer", "<i4"), ("offs
 _INLINE = np.dtype([("length", "<i4"), ("data", "V12")])
 _INLINE_MAX = 12
 _HEAD = np.arange(_INLINE_MAX, dtype=np.int64)
+# The 12 inline bytes as two little-endian words, and per length (0..12) the masks that keep its bytes.
+_INLINE_WORDS = np.dtype([("length", "<i4"), ("low", "<u8"), ("high", "<u4")])
+_LOW_MASK = np.array([(1 << (8 * min(k, 8))) - 1 for k in range(_INLINE_MAX + 1)], dtype=np.uint64)
+_HIGH_MASK = np.array([(1 << (8 * max(k - 8, 0))) - 1 for k in range(_INLINE_MAX + 1)], dtype=np.uint32)
 _VIEW_KIND = {pa.binary(): pa.binary_view(), pa.string(): pa.string_view()}
 
 
@@ -115,12 +126,23 @@ def _slices(kind: pa.DataType, data: pa.Buffer, buf: np.ndarray, at: np.ndarray,
     if not short.all():
         rows = np.flatnonzero(~short)
         views["offset"][rows] = at[rows]
-        views["prefix"][rows] = _windows(buf, 4)[at[rows]].view("V4").reshape(-1)
+        views["prefix"][rows] = _gather(buf, at[rows], "V4")
     if short.any() and len(buf):  # (an empty buffer has only empty values: their views are zeros)
         rows = np.flatnonzero(short)
-        head = buf[np.minimum(at[rows, None] + _HEAD, len(buf) - 1)]  # (clipped: never past the end)
-        head[_HEAD >= length[rows, None]] = 0
-        views.view(_INLINE)["data"][rows] = head.view("V12").reshape(-1)
+        # Twelve bytes from each value's start, then the bytes past its length zeroed; the few values
+        # within twelve bytes of the buffer's end are gathered byte by byte (clipped at the end).
+        near_end = at[rows] > len(buf) - _INLINE_MAX
+        inline = views.view(_INLINE)
+        if near_end.any():
+            tail = rows[near_end]
+            head = buf[np.minimum(at[tail, None] + _HEAD, len(buf) - 1)]
+            head[_HEAD >= length[tail, None]] = 0
+            inline["data"][tail] = head.view("V12").reshape(-1)
+            rows = rows[~near_end]
+        inline["data"][rows] = _gather(buf, at[rows], "V12")
+        words = views.view(_INLINE_WORDS)
+        words["low"][rows] &= _LOW_MASK[length[rows]]
+        words["high"][rows] &= _HIGH_MASK[length[rows]]
     nulls = None
     if valid is not None and not valid.all():
         nulls = pa.py_buffer(np.packbits(valid, bitorder="little"))
@@ -177,10 +199,9 @@ def records_to_batch(data: bytes, count: int, *, topic: str, broker: str) -> pa.
 
 def _equals(buf: np.ndarray, pos: np.ndarray, text: bytes) -> np.ndarray:
     """Whether the bytes at each position are `text` (compared as one integer when it fits one)."""
-    runs = _windows(buf, len(text))[pos]
     if len(text) in (1, 2, 4, 8):
-        return runs.view(f"<u{len(text)}").reshape(-1) == int.from_bytes(text, "little")
-    return (runs == np.frombuffer(text, np.uint8)).all(axis=1)
+        return _gather(buf, pos, f"<u{len(text)}") == int.from_bytes(text, "little")
+    return (_windows(buf, len(text))[pos] == np.frombuffer(text, np.uint8)).all(axis=1)
 
 
 _NAME_VALUE = ord(records.NAME_VALUE_SEPARATOR)

@@ -19,7 +19,14 @@ the consumer's event loop (no PushConsumer, no listener threads), which
 isolates the push consumer's own hop. Also prints the CPU each process used
 per message (/proc/PID/stat) and the producer's acknowledgement latency.
 
+`--baseline DIR` adds, to every run, a second consumer group whose consumer
+process imports the `tidemark` package found in DIR (a copy of an older
+tree): both consumers read the same messages in the same frames at the same
+moment, so their latency and CPU compare side by side under the same load
+(the broker and the producer run the current package).
+
     python -m bench.latency_split --rates 1000,5000 --rounds 3 --consumer push,raw
+    python -m bench.latency_split --rates 5000 --rounds 6 --consumer push --baseline /tmp/old
 """
 
 from __future__ import annotations
@@ -110,7 +117,7 @@ class Split:
                 "store_to_arrival_mean_ms": mean(from_store)}
 
 
-def consumer(address: str, topic: str, kind: str, expect: int, seconds: float) -> dict:
+def consumer(address: str, topic: str, kind: str, expect: int, seconds: float, variant: str = "current") -> dict:
     split = Split()
     if kind == "push":
         from tidemark.client import ConsumeConcurrentlyStatus, ConsumeFromWhere, PushConsumer
@@ -121,7 +128,7 @@ def consumer(address: str, topic: str, kind: str, expect: int, seconds: float) -
                 split.add(now, m.body, m.store_timestamp)
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
-        c = PushConsumer(group=f"{topic}-g", brokers=address, consume_from_where=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET)
+        c = PushConsumer(group=f"{topic}-{variant}", brokers=address, consume_from_where=ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET)
         c.subscribe(topic)
         c.register_message_listener(listener)
         c.start()
@@ -151,7 +158,7 @@ def consumer(address: str, topic: str, kind: str, expect: int, seconds: float) -
             stream = conn.open_fetch_stream(on_records=on_records, on_ended=lambda h, e: None,
                                             on_broken=lambda e: None)
             for q in range(QUEUES):
-                stream.open_queue(q + 1, f"{topic}-raw", MessageQueue(topic, conn.broker_name or "", q), 0,
+                stream.open_queue(q + 1, f"{topic}-raw-{variant}", MessageQueue(topic, conn.broker_name or "", q), 0,
                                   subscription="*", fence=None, credit_messages=1000, credit_bytes=64 << 20,
                                   batch_size=32)
             print("ready", flush=True)
@@ -172,12 +179,18 @@ def _wait(split: Split, expect: int, seconds: float) -> None:
         time.sleep(0.01)
 
 
-def child(role: str, *args: str) -> subprocess.Popen:
+def child(role: str, *args: str, package: str | None = None) -> subprocess.Popen:
+    env = child_env()
+    if package:  # a directory holding another `tidemark` package, found before the installed one
+        env["PYTHONPATH"] = os.pathsep.join((package, env["PYTHONPATH"]))
     return subprocess.Popen(orphan_safe([sys.executable, "-m", "bench.latency_split", "--role", role, *args]),
-                            stdout=subprocess.PIPE, text=True, env=child_env(), cwd=str(REPO))
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=str(REPO))
 
 
-def one_run(address: str, broker_pid: int, topic: str, rate: int, seconds: float, kind: str) -> dict:
+def one_run(address: str, broker_pid: int, topic: str, rate: int, seconds: float, kind: str,
+            baseline: str | None = None) -> list[dict]:
+    """One paced run; with `baseline`, a second consumer group on the same topic runs the package found there,
+    side by side with the current one: both get the same messages in the same frames at the same moment."""
     import grpc
 
     from tidemark.v1 import admin_pb2, admin_pb2_grpc
@@ -185,20 +198,28 @@ def one_run(address: str, broker_pid: int, topic: str, rate: int, seconds: float
         admin_pb2_grpc.AdminServiceStub(channel).CreateTopic(
             admin_pb2.CreateTopicRequest(name=topic, queue_nums=QUEUES), timeout=30)
     count = int(rate * seconds)
-    cons = child("consumer", address, topic, kind, str(count), str(seconds + 30))
-    assert cons.stdout is not None
-    if cons.stdout.readline().strip() != "ready":
-        raise SystemExit("consumer did not start")
-    time.sleep(2.0)  # the consumer owns every queue before the first send
+    variants = {"current": None, **({"baseline": baseline} if baseline else {})}
+    consumers = {name: child("consumer", address, topic, kind, str(count), str(seconds + 30), name, package=package)
+                 for name, package in variants.items()}
+    for cons in consumers.values():
+        assert cons.stdout is not None
+        if cons.stdout.readline().strip() != "ready":
+            raise SystemExit("consumer did not start")
+    time.sleep(2.0)  # the consumers own every queue before the first send
     broker_cpu = cpu_s(broker_pid)
     prod = child("producer", address, topic, str(rate), str(seconds))
     p_out, _ = prod.communicate(timeout=seconds + 60)
-    c_out, _ = cons.communicate(timeout=60)
+    outs = {name: cons.communicate(timeout=60)[0] for name, cons in consumers.items()}
     broker_cpu = cpu_s(broker_pid) - broker_cpu
-    p, c = json.loads(p_out.strip().splitlines()[-1]), json.loads(c_out.strip().splitlines()[-1])
-    return {"rate": rate, "consumer": kind, **c, "producer_cpu_us_per_msg": p["cpu_us_per_msg"],
-            "consumer_cpu_us_per_msg": c["cpu_us_per_msg"], "broker_cpu_us_per_msg": broker_cpu / count * 1e6,
-            "ack_p50_ms": p["ack_p50_ms"], "ack_p99_ms": p["ack_p99_ms"]}
+    p = json.loads(p_out.strip().splitlines()[-1])
+    rows = []
+    for name, out in outs.items():
+        c = json.loads(out.strip().splitlines()[-1])
+        rows.append({"rate": rate, "consumer": kind, "variant": name, **c,
+                     "producer_cpu_us_per_msg": p["cpu_us_per_msg"], "consumer_cpu_us_per_msg": c["cpu_us_per_msg"],
+                     "broker_cpu_us_per_msg": broker_cpu / count * 1e6, "ack_p50_ms": p["ack_p50_ms"],
+                     "ack_p99_ms": p["ack_p99_ms"]})
+    return rows
 
 
 def main() -> None:
@@ -209,14 +230,16 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--consumer", default="push,raw", help="comma list: push (PushConsumer), raw (FetchStream)")
+    ap.add_argument("--baseline", help="a directory holding another `tidemark` package: every run also has a "
+                                       "consumer group of that package's consumer beside the current one (A/B)")
     a = ap.parse_args()
     if a.role == "producer":
         address, topic, rate, seconds = a.args
         print(json.dumps(producer(address, topic, int(rate), float(seconds))))
         return
     if a.role == "consumer":
-        address, topic, kind, expect, seconds = a.args
-        print(json.dumps(consumer(address, topic, kind, int(expect), float(seconds))))
+        address, topic, kind, expect, seconds, variant = a.args
+        print(json.dumps(consumer(address, topic, kind, int(expect), float(seconds), variant)))
         return
     work = Path(tempfile.mkdtemp(prefix="latency-split-"))
     server, address = start_broker(work / "data")
@@ -226,20 +249,23 @@ def main() -> None:
         for rnd in range(a.rounds):
             for rate in (int(r) for r in a.rates.split(",")):
                 for kind in a.consumer.split(","):
-                    row = one_run(address, server.proc.pid, f"split_{rnd}_{rate}_{kind}", rate, a.seconds, kind)
-                    rows.append(row)
-                    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
-                          flush=True)
+                    for row in one_run(address, server.proc.pid, f"split_{rnd}_{rate}_{kind}", rate, a.seconds, kind,
+                                       a.baseline):
+                        rows.append(row)
+                        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
+                              flush=True)
     finally:
         server.stop()
     keys = ("e2e_p50_ms", "e2e_p99_ms", "send_to_store_mean_ms", "store_to_arrival_mean_ms", "ack_p50_ms",
             "producer_cpu_us_per_msg", "broker_cpu_us_per_msg", "consumer_cpu_us_per_msg")
     print(f"medians of {a.rounds} round(s); load average {os.getloadavg()[0]:.1f}")
-    print("rate consumer " + " ".join(keys))
+    print("rate consumer variant " + " ".join(keys))
     for rate in (int(r) for r in a.rates.split(",")):
         for kind in a.consumer.split(","):
-            mine = [r for r in rows if r["rate"] == rate and r["consumer"] == kind]
-            print(f"{rate} {kind} " + " ".join(f"{statistics.median(r[k] for r in mine):.2f}" for k in keys))
+            for variant in ("current", "baseline") if a.baseline else ("current",):
+                mine = [r for r in rows if r["rate"] == rate and r["consumer"] == kind and r["variant"] == variant]
+                print(f"{rate} {kind} {variant} " + " ".join(f"{statistics.median(r[k] for r in mine):.2f}"
+                                                              for k in keys))
 
 
 if __name__ == "__main__":

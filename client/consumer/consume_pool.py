@@ -5,10 +5,22 @@ listener calls run at once (a slow listener does not hold up the others), but
 nothing crosses threads per message: the event loop hands over a whole
 frame's batches with one call, wakes threads in proportion to the backlog,
 and each thread reports back by adding a
-completion to a shared list; the loop is woken once for everything that
-finished meanwhile (`on_drained` then runs once, after all the completions
-of that wake-up, so results can be applied per lease rather than per batch).
-Threads start on demand, up to the maximum, and live until shutdown.
+completion to a shared list, which the loop takes in one go (`on_drained`
+then runs once, after all the completions taken, so results can be applied
+per lease rather than per batch): COLLECT_S after a hand-off, or when a
+thread wakes it for a task that outlasted that or for a run() whose caller
+waits. Threads start on demand, up to the maximum, and live until shutdown.
+
+What a hand-off costs is what sets the consumer's CPU per message below full
+speed (every frame of one or two messages is a hand-off), so it is made of
+the cheapest parts: the work queue is a deque (append and popleft are atomic),
+an idle thread parks on a lock of its own that the loop releases to wake it
+(no Condition, whose wait and notify are Python code and allocate a lock per
+wait), and one mutex (a C lock) orders parking against waking. A thread the
+loop woke counts as on its way to the queued work until it takes some:
+without that, each of a frame's parts, handed over before the first woken
+thread got to run, woke (or started) one thread more, and at 5,000 msg/s the
+pool ran all twenty threads for a listener that needs one.
 """
 
 from __future__ import annotations
@@ -25,9 +37,21 @@ log = get_logger("tidemark.client.consume")
 
 # A thread per this many queued tasks (up to the maximum): see submit().
 TASKS_PER_THREAD = 8
+# How long the completions of submitted tasks may wait for the loop to come by (see submit()).
+COLLECT_S = 0.005
 
 Completion = Callable[[], None]
 Task = Callable[[], Completion | None]
+
+
+class _Parked:
+    """A consume thread's place while idle: a held lock it blocks on until the loop releases it."""
+
+    __slots__ = ("lock",)
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
 
 
 class ConsumeThreadPool:
@@ -38,12 +62,16 @@ class ConsumeThreadPool:
         self._loop = loop
         self._on_drained = on_drained
         self._work: collections.deque[Task] = collections.deque()
-        self._cond = threading.Condition()
+        # Orders a thread's decision to park against submit's look at the idle threads.
+        self._mutex = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._idle = 0
+        self._idle: list[_Parked] = []  # parked threads, the last parked woken first (its cache is warm)
+        self._waking = 0  # threads woken or started that have not taken work yet
         self._stopped = False
         self._done: collections.deque[Completion] = collections.deque()
         self._wake_pending = False
+        # Set while a drain is due on the loop anyway: a thread that finishes meanwhile does not wake it.
+        self._collect: asyncio.TimerHandle | None = None
 
     # -- loop side ---------------------------------------------------------------------------
 
@@ -51,26 +79,39 @@ class ConsumeThreadPool:
         """Queue tasks for the consume threads; each may return a completion to run on the loop.
 
         Threads are woken (or started) in proportion to the backlog, one per TASKS_PER_THREAD waiting
-        tasks, besides those already busy: a fast listener is served by a thread or two taking task
-        after task (no wake-up per message, little GIL contention), a slow one gets more threads as its
-        backlog grows, and a listener stuck in a call never keeps queued work from a free thread."""
-        with self._cond:
+        tasks, besides those already busy and those already on their way: a fast listener is served by a
+        thread or two taking task after task (no wake-up per message, little GIL contention), a slow one
+        gets more threads as its backlog grows, and a listener stuck in a call never keeps queued work
+        from a free thread.
+
+        Their completions are collected: the loop takes them when it comes by COLLECT_S later, instead of
+        being woken for each task that finishes (below full speed a frame holds a message or two, and a
+        wake-up of the loop per frame cost the consumer as much CPU as handing the frame over). A task
+        that takes longer than that wakes the loop when it finishes, as run()'s always do."""
+        work = self._work
+        work.extend(tasks)
+        if self._collect is None:
+            self._collect = self._loop.call_later(COLLECT_S, self._collected)
+        with self._mutex:
             if self._stopped:
+                work.clear()
                 return
-            work = self._work
-            work.extend(tasks)
-            busy = len(self._threads) - self._idle
-            wanted = min(self._max_threads - busy, -(-len(work) // TASKS_PER_THREAD))
+            wanted = min(self._max_threads - (len(self._threads) - len(self._idle)),
+                         -(-len(work) // TASKS_PER_THREAD) - self._waking)
             if wanted <= 0:
                 return
-            wake = min(wanted, self._idle)
-            if wake:
-                self._cond.notify(wake)
-            for _ in range(min(wanted - wake, self._max_threads - len(self._threads))):
-                thread = threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads) + 1}",
-                                          daemon=True)
-                self._threads.append(thread)
-                thread.start()
+            idle = self._idle
+            for _ in range(min(wanted, len(idle))):
+                idle.pop().lock.release()
+                self._waking += 1
+                wanted -= 1
+            new = [threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads) + i + 1}",
+                                    daemon=True)
+                   for i in range(min(wanted, self._max_threads - len(self._threads)))]
+            self._threads.extend(new)
+            self._waking += len(new)
+        for thread in new:  # outside the mutex: a new thread may take work at once
+            thread.start()
 
     def run(self, fn: Callable[[], Any]) -> asyncio.Future:
         """Run one function on a consume thread; its result arrives on an asyncio future."""
@@ -83,8 +124,14 @@ class ConsumeThreadPool:
                 return lambda error=e: future.done() or future.set_exception(error)
             return lambda: future.done() or future.set_result(result)
 
+        task.prompt = True  # type: ignore[attr-defined]  # its awaiter waits for the completion
         self.submit([task])
         return future
+
+    def _collected(self) -> None:
+        # Clear before draining: a thread that finishes after this wakes the loop itself.
+        self._collect = None
+        self._drain()
 
     def _drain(self) -> None:
         # Clear the flag before taking completions: a thread that adds one after this sees it cleared
@@ -101,34 +148,53 @@ class ConsumeThreadPool:
 
     def shutdown(self) -> None:
         """Stop taking work, let running listeners finish, join the threads (call off the loop or at exit)."""
-        with self._cond:
+        with self._mutex:
             self._stopped = True
             self._work.clear()
-            self._cond.notify_all()
-        for thread in self._threads:
-            thread.join()
+            idle, self._idle = self._idle, []
+            threads = list(self._threads)
+        for parked in idle:
+            parked.lock.release()
+        for thread in threads:
+            if thread.ident is not None:  # (a thread submit() made is started right after, outside the mutex)
+                thread.join()
 
     # -- consume threads ---------------------------------------------------------------------
 
     def _worker(self) -> None:
-        cond, work = self._cond, self._work
+        work, mutex, done, parked = self._work, self._mutex, self._done, _Parked()
+        on_way = True  # woken or started by submit, counted in _waking until it takes work or parks
         while True:
-            with cond:
-                while not work and not self._stopped:
-                    self._idle += 1
-                    cond.wait()
-                    self._idle -= 1
+            try:
+                task = work.popleft()
+            except IndexError:
+                with mutex:
+                    if on_way:
+                        self._waking -= 1
+                        on_way = False
+                    if self._stopped:
+                        return
+                    if work:
+                        continue  # queued after the popleft above: take it
+                    self._idle.append(parked)
+                parked.lock.acquire()  # until submit() (counting this thread in _waking) or shutdown releases it
+                on_way = True
                 if self._stopped:
                     return
-                task = work.popleft()
+                continue
+            if on_way:
+                with mutex:
+                    self._waking -= 1
+                on_way = False
             try:
                 completion = task()
             except BaseException:  # a consume thread must outlive any task, or its work would hang
                 log.exception("consume task failed", event="consume_task_error")
                 continue
             if completion is not None:
-                self._done.append(completion)
-                if not self._wake_pending:
+                done.append(completion)
+                # (after the append: a drain that cleared _collect since takes this completion, or one after)
+                if not self._wake_pending and (self._collect is None or getattr(task, "prompt", False)):
                     self._wake_pending = True
                     try:
                         self._loop.call_soon_threadsafe(self._drain)

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tidemark.client.consumer import consume_pool
 from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
 from tidemark.client.consumer.consume_orderly import ConsumeMessageOrderlyService
 from tidemark.client.consumer.consume_pool import ConsumeThreadPool
@@ -309,6 +310,63 @@ def test_a_listener_stuck_in_a_call_does_not_hold_up_work_queued_behind_it():
         finally:
             release.set()
         await first
+        await asyncio.to_thread(pool.shutdown)
+    asyncio.run(scenario())
+
+
+def test_the_parts_of_a_frame_wake_one_thread_not_one_each():
+    async def scenario():
+        pool = ConsumeThreadPool(max_threads=20, name="t", loop=asyncio.get_running_loop())
+        gate, busy = threading.Event(), []
+        for _ in range(8):  # eight listener calls stuck at once: eight threads, then all of them idle
+            started = threading.Event()
+            busy.append(pool.run(lambda started=started: (started.set(), gate.wait(10))))
+            assert await asyncio.to_thread(started.wait, 5)
+        gate.set()
+        await asyncio.wait_for(asyncio.gather(*busy), 5)
+        for _ in range(500):
+            if len(pool._idle) == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert len(pool._threads) == len(pool._idle) == 8
+        results: list[int] = []
+        for i in range(16):  # a frame of 16 parts, handed over in one loop turn
+            pool.submit([lambda i=i: lambda: results.append(i)])
+        # A thread woken for the first part counts as on its way until it takes work; before, each part
+        # woke one more of the idle threads (the woken one still counted as idle).
+        assert len(pool._idle) >= 5
+        await asyncio.wait_for(pool.run(lambda: None), 5)
+        await asyncio.to_thread(pool.shutdown)
+        assert sorted(results) == list(range(16))
+    asyncio.run(scenario())
+
+
+def test_run_answers_at_once_while_submitted_completions_wait_to_be_collected(monkeypatch):
+    monkeypatch.setattr(consume_pool, "COLLECT_S", 60.0)
+
+    async def scenario():
+        results: list[int] = []
+        pool = ConsumeThreadPool(max_threads=1, name="t", loop=asyncio.get_running_loop())
+        pool.submit([lambda i=i: lambda: results.append(i) for i in range(5)])
+        # run()'s awaiter is woken by its completion, which brings along what finished before it, instead
+        # of waiting for the collect a minute later.
+        assert await asyncio.wait_for(pool.run(lambda: 42), 5) == 42
+        assert results == [0, 1, 2, 3, 4]
+        await asyncio.to_thread(pool.shutdown)
+    asyncio.run(scenario())
+
+
+def test_a_task_that_outlasts_the_collect_wakes_the_loop_itself(monkeypatch):
+    monkeypatch.setattr(consume_pool, "COLLECT_S", 0.01)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        collected, finished, gate = asyncio.Event(), asyncio.Event(), threading.Event()
+        pool = ConsumeThreadPool(max_threads=1, name="t", loop=loop, on_drained=collected.set)
+        pool.submit([lambda: (gate.wait(10), finished.set)[1]])
+        await asyncio.wait_for(collected.wait(), 5)  # the collect came by before the task finished
+        gate.set()
+        await asyncio.wait_for(finished.wait(), 5)
         await asyncio.to_thread(pool.shutdown)
     asyncio.run(scenario())
 

@@ -64,6 +64,9 @@ class FinalUnlocks:
             call.add(mq, commit, token)
             try:
                 await asyncio.sleep(0)  # the queues whose drains end in this loop turn join
+            except asyncio.CancelledError:
+                call.done.cancel()  # (the riders are not left waiting)
+                raise
             finally:
                 if self._gathering.get(key) is call:
                     del self._gathering[key]

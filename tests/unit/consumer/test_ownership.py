@@ -282,6 +282,24 @@ def test_an_unlock_that_failed_is_asked_again_with_its_final_commit(quick_retrie
     asyncio.run(scenario())
 
 
+def test_a_failed_call_of_queues_leaving_together_is_asked_again_for_each_with_its_final_commit(quick_retries):
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        own = ownership(broker, Hooks())
+        await own.update("T", {MQ, MQ1})
+        own._store.update_offset(MQ, 5, increase_only=True)
+        own._store.update_offset(MQ1, 7, increase_only=True)
+        broker.unlock_failures = 1
+        await own.update("T", set())  # one call for both, which fails
+        assert broker.unlock_calls == 1 and own.pending_unlocks == 2
+        while own.pending_unlocks:
+            await asyncio.sleep(0.005)
+        assert sorted(broker.final_offsets) == [(MQ, 5), (MQ1, 7)]
+        await own.stop()
+    asyncio.run(scenario())
+
+
 def test_a_queue_that_came_back_before_the_unlock_was_asked_again_keeps_its_new_lock(quick_retries):
     async def scenario():
         broker = ScriptedBroker()

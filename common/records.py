@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from tidemark.common.protocol import PropertyKey, tag_hash
+from tidemark.common.protocol import PropertyKey
 
 # RocketMQ's MESSAGE_MAGIC_CODE, so a hex dump looks familiar.
 MESSAGE_MAGIC = -626843481
@@ -251,21 +251,21 @@ def check_batch(data: bytes | bytearray | memoryview, count: int, *, topic: str,
     u16, u32 = U16.unpack_from, U32.unpack_from
     pos = 0
     for index in range(count):
-        where = f"record {index} of the batch"
         if end - pos < MIN_RECORD_SIZE:
-            raise RecordError(f"{where}: {end - pos} bytes left cannot hold a record "
+            raise RecordError(f"{_where(index)}: {end - pos} bytes left cannot hold a record "
                               f"(the batch is shorter than its count {count} says)")
         (total, magic, _crc, _qid, _flag, _qoff, _phys, _sys, born, _store, reconsume,
          tags_code) = unpack_header(view, pos)
         if magic != MESSAGE_MAGIC:
-            raise RecordError(f"{where}: bad magic {magic:#x}")
+            raise RecordError(f"{_where(index)}: bad magic {magic:#x}")
         if not MIN_RECORD_SIZE <= total <= end - pos:
-            raise RecordError(f"{where}: size {total} does not fit the {end - pos} bytes left")
+            raise RecordError(f"{_where(index)}: size {total} does not fit the {end - pos} bytes left")
         if total > max_record_size:
-            raise RecordError(f"{where}: {total} bytes does not fit a commit-log segment (at most "
+            raise RecordError(f"{_where(index)}: {total} bytes does not fit a commit-log segment (at most "
                               f"{max_record_size})")
         if born < 0 or reconsume < 0:
-            raise RecordError(f"{where}: born timestamp {born} and reconsume times {reconsume} must be >= 0")
+            raise RecordError(f"{_where(index)}: born timestamp {born} and reconsume times {reconsume} must be "
+                              f">= 0")
         record_end = pos + total
         p = pos + HEADER_SIZE
         try:
@@ -274,7 +274,7 @@ def check_batch(data: bytes | bytearray | memoryview, count: int, *, topic: str,
             p += 2 + n
             (n,) = u16(view, p)
             if view[p + 2:p + 2 + n] != topic_bytes:
-                raise RecordError(f"{where}: topic {bytes(view[p + 2:p + 2 + n])!r} is not the request's "
+                raise RecordError(f"{_where(index)}: topic {bytes(view[p + 2:p + 2 + n])!r} is not the request's "
                                   f"topic {topic!r}")
             p += 2 + n
             (n_props,) = u32(view, p)
@@ -283,27 +283,28 @@ def check_batch(data: bytes | bytearray | memoryview, count: int, *, topic: str,
             (n_body,) = u32(view, p)
             p += 4 + n_body
         except struct.error:
-            raise RecordError(f"{where}: a field runs past the record's end") from None
+            raise RecordError(f"{_where(index)}: a field runs past the record's end") from None
         if p != record_end:
-            raise RecordError(f"{where}: fields end at {p - pos}, record size is {total}")
+            raise RecordError(f"{_where(index)}: fields end at {p - pos}, record size is {total}")
         if n_props + n_body > max_message_size:
-            raise RecordError(f"{where}: {n_props + n_body} bytes (body + properties) exceeds "
+            raise RecordError(f"{_where(index)}: {n_props + n_body} bytes (body + properties) exceeds "
                               f"max_message_size {max_message_size}")
         props_bytes = bytes(props)
         try:
             str(host, "utf-8")
             props_bytes.decode("utf-8")
         except UnicodeDecodeError:
-            raise RecordError(f"{where}: born host or properties are not valid UTF-8") from None
+            raise RecordError(f"{_where(index)}: born host or properties are not valid UTF-8") from None
         if _PROPERTIES_RE.fullmatch(props_bytes) is None:
-            raise RecordError(f"{where}: properties are not 'key\\x01value\\x02' pairs with non-empty keys")
+            raise RecordError(f"{_where(index)}: properties are not 'key\\x01value\\x02' pairs with non-empty "
+                              f"keys")
         msg_id = property_value(props_bytes, _UNIQ_PREFIX)
         if not msg_id:
-            raise RecordError(f"{where}: the {PropertyKey.UNIQ_KEY} property (the message id) is missing")
+            raise RecordError(f"{_where(index)}: the {PropertyKey.UNIQ_KEY} property (the message id) is missing")
         tag = property_value(props_bytes, _TAGS_PREFIX)
-        expected = tag_hash(tag.decode("utf-8")) if tag else 0
+        expected = zlib.crc32(tag) if tag else 0  # tag_hash of the tag (its UTF-8 checked above)
         if tags_code != expected:
-            raise RecordError(f"{where}: tags code {tags_code} is not the hash {expected} of its tag")
+            raise RecordError(f"{_where(index)}: tags code {tags_code} is not the hash {expected} of its tag")
         starts.append(pos)
         sizes.append(total)
         tags_codes.append(tags_code)
@@ -312,6 +313,10 @@ def check_batch(data: bytes | bytearray | memoryview, count: int, *, topic: str,
     if pos != end:
         raise RecordError(f"the batch holds {end - pos} bytes after its {count} records")
     return CheckedBatch(starts, sizes, tags_codes, msg_ids)
+
+
+def _where(index: int) -> str:
+    return f"record {index} of the batch"
 
 
 def seal(buf: bytearray, view: memoryview, start: int, size: int, physical_offset: int) -> None:

@@ -18,6 +18,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tidemark.broker.errors import InvalidArgumentError
 from tidemark.broker.store.model import MessageRecord, StoredMessage
 from tidemark.common import records
@@ -53,11 +55,13 @@ _MAX_U16 = records.MAX_SHORT_STRING
 
 CQ_ENTRY = struct.Struct(">qiq")
 CQ_ENTRY_SIZE = CQ_ENTRY.size  # 20
+CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tags", ">i8")])  # CQ_ENTRY as a numpy record
+assert CQ_DTYPE.itemsize == CQ_ENTRY_SIZE
 
-__all__ = ["BLANK_MAGIC", "CQ_ENTRY", "CQ_ENTRY_SIZE", "CRC_FIELD", "CRC_OFFSET", "HEADER", "HEADER_SIZE",
+__all__ = ["BLANK_MAGIC", "CQ_DTYPE", "CQ_ENTRY", "CQ_ENTRY_SIZE", "CRC_FIELD", "CRC_OFFSET", "HEADER", "HEADER_SIZE",
            "MESSAGE_MAGIC", "MIN_RECORD_SIZE", "PREFIX", "CorruptRecordError", "EncodedBatch", "crc_ok",
            "decode_properties", "decode_record", "encode_batch", "encode_blank", "encode_properties",
-           "encode_record", "scan_topic", "seal"]
+           "encode_record", "queue_entries", "scan_topic", "seal"]
 
 
 class CorruptRecordError(ValueError):
@@ -69,11 +73,14 @@ class EncodedBatch:
     """Records encoded back to back, still missing their physical offset and CRC.
 
     The commit log decides where each record lands (a record never spans
-    segments) and then calls `seal` on each one in place.
+    segments) and then seals each one in place. A producer's batch checked in
+    bulk (batches.py) comes with numpy arrays of its records' sizes and starts,
+    and is sealed in bulk when it fits its segment.
     """
 
     buffer: bytearray
-    sizes: list[int]
+    sizes: Sequence[int]
+    starts: np.ndarray | None = None
 
 
 def encode_properties(properties: Mapping[str, str]) -> bytes:
@@ -182,6 +189,17 @@ def encode_record(
     )
     seal(batch.buffer, memoryview(batch.buffer), 0, batch.sizes[0], physical_offset)
     return bytes(batch.buffer)
+
+
+def queue_entries(positions: Sequence[int], sizes: Sequence[int], tags_codes: Sequence[int]) -> bytes:
+    """The consume-queue entries of records stored at these commit-log offsets: built whole for a batch
+    sealed in bulk (numpy arrays), entry by entry otherwise."""
+    if isinstance(positions, np.ndarray):
+        entries = np.empty(len(positions), dtype=CQ_DTYPE)
+        entries["phys"], entries["size"], entries["tags"] = positions, sizes, tags_codes
+        return entries.tobytes()
+    pack = CQ_ENTRY.pack
+    return b"".join([pack(p, s, t) for p, s, t in zip(positions, sizes, tags_codes, strict=True)])
 
 
 def encode_blank(size: int) -> bytes:

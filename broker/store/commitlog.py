@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 import zlib
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.broker.errors import StoreError, TruncateBelowOldestError
-from tidemark.broker.store import codec, logscan
+from tidemark.broker.store import batches, codec, logscan
 from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
 from tidemark.broker.store.logscan import SCAN_CHUNK, SEGMENT_NAME
 from tidemark.broker.store.model import StoredMessage
@@ -116,41 +116,54 @@ class CommitLog:
 
     # -- writing -------------------------------------------------------------------
 
-    def append(self, batch: codec.EncodedBatch) -> list[int]:
+    def append(self, batch: codec.EncodedBatch) -> Sequence[int]:
         """Write an encoded batch (sealing each record); return each record's offset.
 
         The batch goes out in one pwrite unless it crosses a segment end. On an
         I/O error (a full disk) whatever part of the batch reached the files is
         cut back first, so the log ends where it ended before the call, then
-        StoreError is raised (its __cause__ is the OSError).
+        StoreError is raised (its __cause__ is the OSError). A batch that comes
+        with its records' starts (checked in bulk) and fits its segment is
+        sealed in bulk and its offsets are a numpy array.
         """
         buf = batch.buffer
         view = memoryview(buf)
-        positions = []
         try:
             segment = self._writable_segment()
-            pos = chunk_pos = self._write_end
-            limit = segment.start + segment.capacity - codec.BLANK_SIZE
-            chunk_from = off = 0
-            for size in batch.sizes:
-                if pos + size > limit:
-                    self._write(segment, view[chunk_from:off], chunk_pos)
-                    self._seal_segment(segment, pos)
-                    segment = self._new_segment(segment.start + segment.capacity)
-                    pos = chunk_pos = segment.start
-                    chunk_from = off
-                    limit = segment.start + segment.capacity - codec.BLANK_SIZE
-                codec.seal(buf, view, off, size, pos)
-                positions.append(pos)
-                pos += size
-                off += size
-            self._write(segment, view[chunk_from:off], chunk_pos)
+            start = self._write_end
+            if batch.starts is not None and start + len(buf) <= segment.start + segment.capacity - codec.BLANK_SIZE:
+                positions = batch.starts + start
+                batches.seal_all(buf, batch.starts, batch.sizes, positions)
+                self._write(segment, view, start)
+                self._write_end = start + len(buf)
+                return positions
+            return self._append_each(segment, buf, view, batch.sizes)
         except OSError as exc:
             try:
                 self.cut_back(self._write_end)
             except OSError as undo:
                 exc.add_note(f"cutting the commit log back to {self._write_end} failed too: {undo}")
             raise StoreError(f"commit log write failed: {exc}") from exc
+
+    def _append_each(self, segment: FileHandle, buf: bytearray, view: memoryview, sizes: Sequence[int]) -> list[int]:
+        """append's record-by-record way: a segment end inside the batch, or a batch of the broker's own."""
+        positions = []
+        pos = chunk_pos = self._write_end
+        limit = segment.start + segment.capacity - codec.BLANK_SIZE
+        chunk_from = off = 0
+        for size in map(int, sizes):
+            if pos + size > limit:
+                self._write(segment, view[chunk_from:off], chunk_pos)
+                self._seal_segment(segment, pos)
+                segment = self._new_segment(segment.start + segment.capacity)
+                pos = chunk_pos = segment.start
+                chunk_from = off
+                limit = segment.start + segment.capacity - codec.BLANK_SIZE
+            codec.seal(buf, view, off, size, pos)
+            positions.append(pos)
+            pos += size
+            off += size
+        self._write(segment, view[chunk_from:off], chunk_pos)
         self._write_end = pos
         return positions
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from tidemark.broker.errors import StoreError
-from tidemark.broker.store.codec import CQ_ENTRY, CQ_ENTRY_SIZE
+from tidemark.broker.store.codec import CQ_DTYPE, CQ_ENTRY, CQ_ENTRY_SIZE
 from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
 from tidemark.broker.store.openfiles import OpenFiles
 from tidemark.common.fsutil import fsync_dir
@@ -42,8 +42,6 @@ FILE_NAME = re.compile(r"\d{20}")  # fullmatch
 _TRASH_PREFIX = ".deleted-"  # topic names cannot start with '.', so these never clash
 
 Entry = tuple[int, int, int]  # commit-log offset, size, tags code
-_CQ_DTYPE = np.dtype([("phys", ">i8"), ("size", ">i4"), ("tags", ">i8")])  # CQ_ENTRY as a numpy record
-assert _CQ_DTYPE.itemsize == CQ_ENTRY_SIZE
 
 
 class ConsumeQueue:
@@ -167,7 +165,7 @@ class ConsumeQueue:
         tags code is in `codes` and whose record is still in the commit log (at or past `min_phys`), and
         how many entries were examined. One vectorised pass: a filtered consumer skips entries by the
         thousand without a Python object for each."""
-        entries = np.frombuffer(self._read_raw(offset, count), dtype=_CQ_DTYPE)
+        entries = np.frombuffer(self._read_raw(offset, count), dtype=CQ_DTYPE)
         hits = np.flatnonzero(np.isin(entries["tags"], codes) & (entries["phys"] >= min_phys))
         chosen = entries[hits]
         matches = list(zip((hits + offset).tolist(), chosen["phys"].tolist(), chosen["size"].tolist(), strict=True))

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from tidemark.broker.errors import InvalidArgumentError, StoreError
-from tidemark.broker.store import codec, reads
+from tidemark.broker.store import batches, codec, reads
 from tidemark.broker.store.checkpoint import (
     ABORT_FILE_NAME,
     CHECKPOINT_FILE_NAME,
@@ -328,10 +328,10 @@ class MessageStore:
             for i, (pos, size) in enumerate(zip(positions, batch.sizes, strict=True))
         ]
 
-    def check_batch(self, topic: str, data: bytes | bytearray, count: int) -> records.CheckedBatch:
+    def check_batch(self, topic: str, data: bytes | bytearray, count: int) -> batches.Checked:
         """A producer's batch checked whole, as append_records checks it (InvalidArgumentError)."""
         try:
-            return records.check_batch(data, count, topic=topic, max_message_size=self._config.max_message_size,
+            return batches.check_batch(data, count, topic=topic, max_message_size=self._config.max_message_size,
                                        max_record_size=self._commitlog.max_record_size)
         except records.RecordError as exc:
             raise InvalidArgumentError(str(exc)) from None
@@ -353,30 +353,22 @@ class MessageStore:
         checked = self.check_batch(topic, data, count)
         base = self.max_offset(topic, queue_id)
         if before_write is not None:
-            before_write(base, checked.msg_ids[0] if checked.msg_ids else "")
+            before_write(base, checked.msg_ids[0])
         store_timestamp = self._clock()
         buf = bytearray(data)
-        pack_i32, pack_i64 = records.I32.pack_into, records.I64.pack_into
-        offset = base
-        for start in checked.starts:
-            pack_i32(buf, start + records.QUEUE_ID_OFFSET, queue_id)
-            pack_i64(buf, start + records.QUEUE_OFFSET_OFFSET, offset)
-            pack_i64(buf, start + records.STORE_TS_OFFSET, store_timestamp)
-            offset += 1
-        batch = codec.EncodedBatch(buf, checked.sizes)
+        batches.stamp(buf, checked, queue_id, base, store_timestamp)
+        batch = codec.EncodedBatch(buf, checked.sizes, checked.starts if checked.header is not None else None)
         positions = self._append(topic, queue_id, base, batch, checked.tags_codes)
-        return RecordsPut(base, checked.msg_ids, store_timestamp, positions[-1] + checked.sizes[-1])
+        return RecordsPut(base, checked.msg_ids, store_timestamp, int(positions[-1]) + int(checked.sizes[-1]))
 
     def _append(self, topic: str, queue_id: int, base: int, batch: codec.EncodedBatch,
-                tags_codes: Sequence[int]) -> list[int]:
+                tags_codes: Sequence[int]) -> Sequence[int]:
         """Write an encoded batch to the commit log and its entries to the consume queue."""
         queue = self._queues.get_or_create(topic, queue_id)
         start = self._commitlog.max_offset
         try:
             positions = self._commitlog.append(batch)
-            pack = codec.CQ_ENTRY.pack
-            queue.append(base, b"".join([pack(p, s, t) for p, s, t
-                                         in zip(positions, batch.sizes, tags_codes, strict=True)]))
+            queue.append(base, codec.queue_entries(positions, batch.sizes, tags_codes))
         except (StoreError, OSError) as exc:
             try:
                 self._undo_append(start, queue)

@@ -7,7 +7,7 @@ importing the facade. Everything here is re-exported by `tidemark.broker.store`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -163,7 +163,7 @@ class RecordsPut:
     """Where a producer's record batch landed: queue offsets first_offset.., durable up to `end`."""
 
     first_offset: int
-    msg_ids: list[str]
+    msg_ids: Sequence[str]  # decoded one by one when read (batches.MsgIds)
     store_timestamp: int
     end: int  # commit-log offset just past the batch
     # An idempotent producer's retry of a batch stored before: nothing was written (first_offset is the

@@ -1,0 +1,168 @@
+"""The broker's CPU per row written by the Spark sink, without Spark: A/B against a baseline broker.
+
+    python -m bench.append_cost                            # this code's broker; 500,000 x 200 B rows
+    python -m bench.append_cost --baseline-rev 8b4f4f0     # and a broker of REV's store, interleaved
+
+The rows are those of bench.spark_write (a body of --size bytes and a key each), in Arrow record
+batches of 10,000 rows; each run writes them all through the sink's own task code
+(spark_connector.sink.produce: records encoded column by column, sent with
+Producer.send_encoded_async, up to 16 batches in flight) from --tasks processes at once, each its
+share of the rows, into a fresh topic of 4 queues. Measured per run: the broker's CPU (user +
+system, /proc/PID/stat) per row written, and rows/s. In each of --rounds rounds every broker runs
+with idempotence on and off, the brokers' order alternating from round to round; medians are
+printed.
+
+--baseline-rev REV builds a copy of the broker (tidemark package) in which the files that decide a
+produce batch's append path (common/records.py, broker/store/, broker/ingest/, broker/producers/)
+are as they were at REV and everything else is this checkout's, and runs it beside this code's
+broker. Prints numbers; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+from bench.procs import REPO, Server, child_env, free_port
+
+QUEUES = 4
+BATCH_ROWS = 10_000
+APPEND_PATH = ("common/records.py", "broker/store", "broker/ingest", "broker/producers")
+
+
+def build_baseline(rev: str, out: Path) -> Path:
+    """OUT/tidemark: the installed package with the append path's files as they were at REV."""
+    import tidemark
+
+    package = out / "tidemark"
+    shutil.rmtree(package, ignore_errors=True)
+    shutil.copytree(Path(tidemark.__path__[0]), package, symlinks=False,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    files = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, *APPEND_PATH], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split()
+    for name in APPEND_PATH[1:]:
+        shutil.rmtree(package / name, ignore_errors=True)
+    for path in files:
+        target = package / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True,
+                                          capture_output=True).stdout)
+    return out
+
+
+def start_broker(name: str, scratch: Path, pythonpath: Path | None) -> tuple[Server, str]:
+    port = free_port()
+    env = child_env()
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join((str(pythonpath), env["PYTHONPATH"]))
+    server = Server(name, [sys.executable, "-m", "tidemark.broker.app", "--data-dir", str(scratch / name),
+                           "--port", str(port)], scratch / f"{name}.log")
+    with open(server.log_path, "ab") as log:
+        from bench.procs import orphan_safe
+
+        server.proc = subprocess.Popen(orphan_safe(server.command), stdout=log, stderr=subprocess.STDOUT,
+                                       stdin=subprocess.DEVNULL, env=env, cwd=str(REPO))
+    server.wait_log(r"event=broker_ready")
+    return server, f"127.0.0.1:{port}"
+
+
+def _batches(first: int, rows: int, size: int):
+    import pyarrow as pa
+
+    out = []
+    for start in range(first, first + rows, BATCH_ROWS):
+        ids = range(start, min(start + BATCH_ROWS, first + rows))
+        body = pa.array([f"{i:012d}".encode() + b"x" * max(0, size - 12) for i in ids], pa.binary())
+        keys = pa.array([f"k{i}" for i in ids], pa.string())
+        out.append(pa.RecordBatch.from_arrays([body, keys], names=["body", "keys"]))
+    return out
+
+
+def task(brokers: str, topic: str, idempotent: bool, first: int, rows: int, size: int) -> int:
+    """One sink task (a child process): its share of the rows written through spark_connector.sink."""
+    from tidemark.spark_connector.options import parse_write_options
+    from tidemark.spark_connector.sink import produce
+
+    batches = _batches(first, rows, size)
+    options = parse_write_options({"brokers": brokers, "topic": topic, "idempotent": str(idempotent).lower()})
+    return produce(options, iter(batches))
+
+
+def run_once(pool: ProcessPoolExecutor, server: Server, brokers: str, topic: str, idempotent: bool, rows: int,
+             size: int, tasks: int) -> tuple[float, float]:
+    """(broker CPU us per row, rows/s) of one write."""
+    from tidemark.client import Admin
+
+    with Admin(brokers=brokers) as admin:
+        admin.create_topic(topic, QUEUES)
+    share = rows // tasks
+    cpu0, t0 = server.cpu_seconds(), time.perf_counter()
+    futures = [pool.submit(task, brokers, topic, idempotent, i * share, share, size) for i in range(tasks)]
+    sent = sum(f.result() for f in futures)
+    elapsed, cpu = time.perf_counter() - t0, server.cpu_seconds() - cpu0
+    with Admin(brokers=brokers) as admin:
+        got = sum(high - low for low, high in admin.offsets(admin.fetch_message_queues(topic)).values())
+        admin.delete_topic(topic)
+    if got != share * tasks or sent != got:
+        raise SystemExit(f"{topic}: the topic holds {got} messages, {sent} sent, expected {share * tasks}")
+    return cpu / got * 1e6, got / elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=500_000)
+    parser.add_argument("--size", type=int, default=200)
+    parser.add_argument("--tasks", type=int, default=2, help="sink tasks (processes) writing at once")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--baseline-rev", default=None, help="also run a broker whose append path is REV's")
+    parser.add_argument("--only", choices=("idempotent", "plain"), default=None)
+    args = parser.parse_args(argv)
+    scratch = Path(tempfile.mkdtemp(prefix="tidemark-append-cost-"))
+    brokers: list[tuple[str, Server, str]] = []
+    try:
+        server, address = start_broker("this", scratch, None)
+        brokers.append(("this", server, address))
+        if args.baseline_rev:
+            base = build_baseline(args.baseline_rev, scratch / "base")
+            server, address = start_broker("base", scratch, base)
+            brokers.append((f"base {args.baseline_rev}", server, address))
+        modes = [m for m in (True, False) if args.only is None or m == (args.only == "idempotent")]
+        results: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+        with ProcessPoolExecutor(args.tasks, mp_context=get_context("spawn")) as pool:
+            for _, server, address in brokers:  # warm-up: imports, first connections
+                run_once(pool, server, address, f"warm-{os.getpid()}", True, BATCH_ROWS * args.tasks, args.size,
+                         args.tasks)
+            for r in range(args.rounds):
+                order = brokers if r % 2 == 0 else brokers[::-1]
+                for idempotent in modes:
+                    for label, server, address in order:
+                        topic = f"append-{os.getpid()}-{r}-{'idem' if idempotent else 'plain'}"
+                        cpu, rate = run_once(pool, server, address, topic, idempotent, args.rows, args.size,
+                                             args.tasks)
+                        results.setdefault((label, idempotent), []).append((cpu, rate))
+                        print(f"round {r + 1} {label:>14} idempotent={str(idempotent).lower():5} "
+                              f"broker CPU {cpu:6.2f} us/row  {rate:10,.0f} rows/s  load {os.getloadavg()[0]:.1f}",
+                              flush=True)
+        print(f"\nmedians of {args.rounds} rounds, {args.rows:,} rows of {args.size} B, {args.tasks} tasks:")
+        for (label, idempotent), runs in results.items():
+            print(f"{label:>14} idempotent={str(idempotent).lower():5} broker CPU "
+                  f"{statistics.median(c for c, _ in runs):6.2f} us/row  "
+                  f"{statistics.median(r for _, r in runs):10,.0f} rows/s")
+    finally:
+        for _, server, _ in brokers:
+            server.stop()
+        shutil.rmtree(scratch, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

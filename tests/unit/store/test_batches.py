@@ -1,0 +1,185 @@
+"""The bulk check and stamping of producers' record batches (broker/store/batches.py) against the per-record
+rules (records.check_batch): the same batches accepted, the same records located, the same errors."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidemark.broker.errors import InvalidArgumentError
+from tidemark.broker.store import batches
+from tidemark.common import records
+from tidemark.common.records import RecordBatchBuilder, RecordError
+
+LIMITS = dict(max_message_size=600, max_record_size=900)
+N = batches.BULK_MIN  # the fewest records the bulk check takes
+
+_KEY = st.sampled_from(["UNIQ_KEY", "TAGS", "TAGS", "KEYS", "k", "UNIQ_KEYS", "TAG", "é"])
+_VALUE = st.text(alphabet="aé\u4e2d\U0001f600 |", max_size=6)
+_PAIRS = st.lists(st.tuples(_KEY, _VALUE), max_size=5)
+
+
+def _properties(pairs: list[tuple[str, str]]) -> bytes:
+    """Pairs as stored, a key given twice included (encode_properties takes a dict)."""
+    return "".join(f"{k}\x01{v}\x02" for k, v in pairs).encode()
+
+
+def _tags_code(props: bytes) -> int:
+    tag = records.property_value(props, b"TAGS\x01")
+    return zlib.crc32(tag) if tag else 0
+
+
+@st.composite
+def batch(draw, *, well_formed: bool = True) -> tuple[bytes, int]:
+    """A batch of at least N records, made of a few drawn kinds of record (drawing each of them would
+    be slow); well formed: each with a UNIQ_KEY and its tags code."""
+    kinds = draw(st.lists(st.tuples(_PAIRS, st.integers(0, 5), st.binary(max_size=40), st.integers(0, 2**40)),
+                          min_size=1, max_size=4))
+    order = draw(st.lists(st.integers(0, len(kinds) - 1), min_size=N, max_size=N + 8))
+    builder = RecordBatchBuilder("T", draw(st.sampled_from(["", "10.0.0.1", "hôte"])))
+    for i, kind in enumerate(order):
+        pairs, at, body, born = kinds[kind]
+        if well_formed:  # (a UNIQ_KEY before the one inserted here counts: not an empty one)
+            pairs = [(k, v or "u") if k == "UNIQ_KEY" else (k, v) for k, v in pairs]
+            pairs.insert(min(at, len(pairs)), ("UNIQ_KEY", f"ID{i}"))
+        props = _properties(pairs)
+        body = body or b"\x01\x02\xd9\xa2\xd4\xa7"  # separators, the magic
+        builder.append(body, props, tags_code=_tags_code(props), born_timestamp=born)
+    return bytes(builder.buffer), len(order)
+
+
+def _per_record(data: bytes, count: int):
+    try:
+        return records.check_batch(data, count, topic="T", **LIMITS)
+    except RecordError as e:
+        return str(e)
+
+
+def _bulk(data: bytes, count: int):
+    try:
+        checked = batches.check_batch(data, count, topic="T", **LIMITS)
+    except RecordError as e:
+        return str(e)
+    return records.CheckedBatch([int(s) for s in checked.starts], [int(s) for s in checked.sizes],
+                                [int(t) for t in checked.tags_codes], list(checked.msg_ids))
+
+
+@settings(max_examples=100, deadline=None)
+@given(batch())
+def test_well_formed_batches_are_checked_in_bulk_with_the_rules_results(drawn):
+    data, n = drawn
+    assert isinstance(_per_record(data, n), records.CheckedBatch)
+    checked = batches._check_bulk(data, n, b"T", **LIMITS)  # no fallback: the bulk check took it
+    assert checked.header is not None
+    assert _bulk(data, n) == _per_record(data, n)
+
+
+def _corrupt(data, raw: bytearray) -> tuple[bytes, int]:
+    kind = data.draw(st.sampled_from(["flip", "set", "cut", "extend", "length", "count"]))
+    count = len(records.record_spans(bytes(raw)))
+    if kind == "flip":
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] ^= data.draw(st.integers(1, 255))
+    elif kind == "set":  # a separator, a high byte or a lying number where a field is
+        at = data.draw(st.integers(0, len(raw) - 1))
+        raw[at] = data.draw(st.sampled_from([0, 1, 2, 0x80, 0xC3, 0xFF]))
+    elif kind == "cut":
+        raw = raw[:data.draw(st.integers(0, len(raw) - 1))]
+    elif kind == "extend":
+        raw += data.draw(st.binary(min_size=1, max_size=90))
+    elif kind == "length":  # a size or length field of some record off by a little
+        start, _ = data.draw(st.sampled_from(records.record_spans(bytes(raw))))
+        fields = records.variable_fields(raw, start)
+        at, fmt = data.draw(st.sampled_from([(start, ">i"), (start + records.HEADER_SIZE, ">H"),
+                                             (fields[2] - 2, ">H"), (fields[4] - 4, ">I"), (fields[6] - 4, ">I")]))
+        (value,) = struct.unpack_from(fmt, raw, at)
+        struct.pack_into(fmt, raw, at, max(0, value + data.draw(st.integers(-3, 3))))
+    else:
+        count += data.draw(st.sampled_from([-1, 1, 1000]))
+    return bytes(raw), count
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_any_batch_gets_the_rules_verdict_and_message(data):
+    """Corrupted or not (a record without UNIQ_KEY, a lying tags code, mixed hosts, a flipped, cut or
+    extended byte, a size field off by a little, a wrong count): the bulk check accepts what the rules
+    accept, with the same records, and refuses the rest with the rules' message."""
+    raw, n = data.draw(batch(well_formed=data.draw(st.booleans())))
+    if data.draw(st.booleans()):
+        raw, n = _corrupt(data, bytearray(raw))
+    if data.draw(st.booleans()) and n >= N:  # another born host in one record
+        other = RecordBatchBuilder("T", "elsewhere")
+        other.append(b"x", b"UNIQ_KEY\x01X\x02")
+        raw, n = raw + bytes(other.buffer), n + 1
+    assert _bulk(raw, n) == _per_record(raw, n)
+
+
+def _builder(n: int, first: int, tag: str = "t") -> RecordBatchBuilder:
+    b = RecordBatchBuilder("T", "10.0.0.1")
+    for i in range(first, first + n):
+        props = records.encode_properties({"UNIQ_KEY": f"ID{i}", "TAGS": tag, "KEYS": f"k{i}"})
+        b.append(b"body-%d" % i * (1 + i % 5), props, tags_code=zlib.crc32(tag.encode()), born_timestamp=i)
+    return b
+
+
+def test_a_bad_record_is_named_by_the_rules():
+    raw, n = bytes(_builder(N + 2, 0).buffer), N + 2
+    spans = records.record_spans(raw)
+    start, _ = spans[N - 1]
+    bad = bytearray(raw)
+    struct.pack_into(">q", bad, start + records.TAGS_OFFSET, 7)
+    with pytest.raises(RecordError, match=rf"record {N - 1} of the batch: tags code 7 is not the hash"):
+        batches.check_batch(bytes(bad), n, topic="T", **LIMITS)
+
+
+def test_msg_ids_decode_on_demand():
+    raw, n = bytes(_builder(N + 2, 0).buffer), N + 2
+    checked = batches.check_batch(raw, n, topic="T", **LIMITS)
+    assert len(checked.msg_ids) == n and checked.msg_ids[-1] == f"ID{n - 1}"
+    assert list(checked.msg_ids) == [f"ID{i}" for i in range(n)] == checked.msg_ids[:]
+
+
+def test_batches_stamped_in_bulk_survive_recovery_across_segment_ends(open_store, clock):
+    """Batches of N + 5 records into 4 KiB segments: most fit their segment (stamped and sealed in bulk),
+    some cross an end (sealed record by record). After a crash, recovery checks every CRC and stated
+    offset, and every record reads back with its queue offset, store time and consume-queue entry."""
+    sizes = []
+
+    async def write():
+        store, _ = open_store()
+        await store.start()
+        for b in range(8):
+            data = bytes(_builder(N + 5, b * (N + 5), tag="t" if b % 2 else "u").buffer)
+            put = store.append_records("T", 1, data, N + 5)
+            assert put.first_offset == b * (N + 5) and put.msg_ids[0] == f"ID{b * (N + 5)}"
+            assert type(put.end) is int and put.end == store.commit_log_max_offset
+            sizes.append(len(data))
+        other_topic = RecordBatchBuilder("U")
+        other_topic.append(b"x", b"UNIQ_KEY\x01X\x02")
+        with pytest.raises(InvalidArgumentError, match=f"record {N} of the batch: topic b'U' is not the request's"):
+            store.append_records("T", 1, bytes(_builder(N, 0).buffer) + bytes(other_topic.buffer), N + 1)
+        # abandoned without shutdown: a crash
+
+    asyncio.run(write())
+    store, report = open_store()
+    assert report.truncated_bytes == 0 and report.commit_log_end == store.commit_log_max_offset
+    total = 8 * (N + 5)
+    assert store.max_offset("T", 1) == total
+    seen_store_ts = set()
+    for offset in range(total):
+        message = store.message_at("T", 1, offset)
+        assert message.queue_offset == offset and message.queue_id == 1
+        assert message.body == b"body-%d" % offset * (1 + offset % 5)
+        assert message.properties["UNIQ_KEY"] == f"ID{offset}"
+        assert message.tags_code == zlib.crc32(b"t" if offset // (N + 5) % 2 else b"u")
+        seen_store_ts.add(message.store_timestamp)
+    assert len(seen_store_ts) == 8  # one store time per batch
+    entries = store._queues.get("T", 1).read_entries(0, total)
+    assert [e[0] for e in entries] == sorted({e[0] for e in entries})
+    assert all(store.read_message(phys).queue_offset == i for i, (phys, _, _) in enumerate(entries))

@@ -188,9 +188,11 @@ def child(role: str, *args: str, package: str | None = None) -> subprocess.Popen
 
 
 def one_run(address: str, broker_pid: int, topic: str, rate: int, seconds: float, kind: str,
-            baseline: str | None = None) -> list[dict]:
+            baseline: str | None = None, swap: bool = False) -> list[dict]:
     """One paced run; with `baseline`, a second consumer group on the same topic runs the package found there,
-    side by side with the current one: both get the same messages in the same frames at the same moment."""
+    side by side with the current one: both get the same messages in the same frames at the same moment.
+    The group that starts first is served first by the broker on every append (its stream registered first),
+    which can favour one of the two: `swap` starts the baseline's first (main() alternates it by round)."""
     import grpc
 
     from tidemark.v1 import admin_pb2, admin_pb2_grpc
@@ -199,6 +201,8 @@ def one_run(address: str, broker_pid: int, topic: str, rate: int, seconds: float
             admin_pb2.CreateTopicRequest(name=topic, queue_nums=QUEUES), timeout=30)
     count = int(rate * seconds)
     variants = {"current": None, **({"baseline": baseline} if baseline else {})}
+    if swap:
+        variants = dict(reversed(variants.items()))
     consumers = {name: child("consumer", address, topic, kind, str(count), str(seconds + 30), name, package=package)
                  for name, package in variants.items()}
     for cons in consumers.values():
@@ -250,7 +254,7 @@ def main() -> None:
             for rate in (int(r) for r in a.rates.split(",")):
                 for kind in a.consumer.split(","):
                     for row in one_run(address, server.proc.pid, f"split_{rnd}_{rate}_{kind}", rate, a.seconds, kind,
-                                       a.baseline):
+                                       a.baseline, swap=rnd % 2 == 1):
                         rows.append(row)
                         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
                               flush=True)

@@ -1,11 +1,23 @@
 """Executor side: the messages [start, end) of one queue as Arrow record batches.
 
-A RecordReader is created here, inside a Spark task, and shut down before the
-task ends; nothing of it is pickled. It streams stored records from the
-broker without a group; frames are gathered into batches of about BATCH_ROWS
-rows (at most about BATCH_BYTES) and converted to Arrow in bulk
-(arrow.records_to_batch) while the reader's loop thread receives the next
-frames (the broker keeps a window of frames ahead of the task). Offsets are
+A RecordReader is created here, inside a Python worker; nothing of it is
+pickled. It streams stored records from the broker without a group; frames
+are gathered into batches of about BATCH_ROWS rows (at most about
+BATCH_BYTES) and converted to Arrow in bulk (arrow.records_to_batch) while
+the reader's loop thread receives the next frames (the broker keeps a window
+of frames ahead of the task). A task of several ranges has the next range
+opened once the broker has sent the current one's last records (the reader's
+`then`), so its first window fills while the task converts the current one.
+
+Spark tasks keep one reader per Python worker process (`keep_reader`, as
+Spark's Kafka source keeps a consumer pool per executor): a worker runs one
+task after another, and each task's reader cost a connection, a discovery
+call and a fetch stream, 4 to 60 ms, which a 50,000-row micro-batch task
+felt. The kept reader is the worker's only one: a task with other brokers or
+credentials shuts it down and keeps its own instead, a task that fails shuts
+it down, and it ends with the worker process (PySpark's workers end with
+os._exit or SIGKILL, which close their sockets; a SparkSession's workers end
+with its context). Offsets are
 checked per batch: a gap (retention deleted messages while the task ran) or a
 queue that no longer reaches `end` (re-created) is data loss, handled per
 failOnDataLoss. Tags are filtered here, not by the broker: a broker-side
@@ -17,6 +29,7 @@ pollTimeoutMs bounds only a broker that answers but cannot deliver.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -68,27 +81,35 @@ def fetch_range(settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.Record
     return fetch_ranges(settings, (rng,))
 
 
-def fetch_ranges(settings: FetchSettings, ranges: Sequence[OffsetRange]) -> Iterator[pa.RecordBatch]:
-    """fetch_range of each range in turn, through one reader (one connection for the task)."""
+def fetch_ranges(settings: FetchSettings, ranges: Sequence[OffsetRange], *,
+                 keep_reader: bool = False) -> Iterator[pa.RecordBatch]:
+    """fetch_range of each range in turn, through one reader (one connection for the task), each next
+    range opened while the current one drains. keep_reader: take the process's kept reader and keep it
+    for the next call (Spark tasks; see the module doc); otherwise the reader is shut down at the end."""
     ranges = [r for r in ranges if r.size > 0]
     if not ranges:
         return
     tags = parse_tag_expression(settings.tag_expression)
     wanted = None if tags.matches_all else pa.array(sorted(tags.tags), pa.string())
-    with _open_reader(settings, ranges[0]) as reader:
-        for rng in ranges:
-            for batch in _read_range(reader, settings, rng):
-                if wanted is not None:
-                    batch = batch.filter(pc.fill_null(pc.is_in(batch.column("tags"), value_set=wanted), False))
-                if batch.num_rows:
-                    yield batch
+    opened = _KEPT.use(settings, ranges[0]) if keep_reader else _open_reader(settings, ranges[0])
+    with opened as reader:
+        try:
+            for rng, then in zip(ranges, [*ranges[1:], None], strict=True):
+                for batch in _read_range(reader, settings, rng, then):
+                    if wanted is not None:
+                        batch = batch.filter(pc.fill_null(pc.is_in(batch.column("tags"), value_set=wanted), False))
+                    if batch.num_rows:
+                        yield batch
+        finally:
+            reader.discard_ahead()  # a range opened ahead that a stopped task will not read
 
 
-def _read_range(reader: RecordReader, settings: FetchSettings, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+def _read_range(reader: RecordReader, settings: FetchSettings, rng: OffsetRange,
+                then: OffsetRange | None = None) -> Iterator[pa.RecordBatch]:
     start = rng.start
     while start < rng.end:
         try:
-            yield from _read(reader, settings, rng, start)
+            yield from _read(reader, settings, rng, start, then)
             return
         except QueueEndedError:
             low, high = _bounds(settings, rng.mq)
@@ -99,12 +120,14 @@ def _read_range(reader: RecordReader, settings: FetchSettings, rng: OffsetRange)
             start = restart
 
 
-def _read(reader: RecordReader, settings: FetchSettings, rng: OffsetRange, start: int) -> Iterator[pa.RecordBatch]:
+def _read(reader: RecordReader, settings: FetchSettings, rng: OffsetRange, start: int,
+          then: OffsetRange | None = None) -> Iterator[pa.RecordBatch]:
     expected = start
     pending: list[RecordChunk] = []
     rows = size = 0
     deadline = time.monotonic() + settings.poll_timeout_s
-    for chunk in reader.read(rng.mq, start, rng.end, poll_timeout_s=POLL_STEP_S):
+    ahead = None if then is None else (then.mq, then.start, then.end)
+    for chunk in reader.read(rng.mq, start, rng.end, poll_timeout_s=POLL_STEP_S, then=ahead):
         if chunk is None:
             if time.monotonic() >= deadline:
                 if _stalled(settings, rng, expected) >= rng.end:
@@ -158,9 +181,71 @@ def _gap(settings: FetchSettings, mq: MessageQueue, expected: int, got: int) -> 
 
 @contextlib.contextmanager
 def _open_reader(settings: FetchSettings, rng: OffsetRange) -> Iterator[RecordReader]:
-    """A started RecordReader, shut down on exit. While no broker answers, the task waits for one
-    (backing off up to BROKER_WAIT_MAX_S) rather than fail: a broker restart of any length costs time,
-    not the query."""
+    """A started RecordReader, shut down on exit."""
+    reader = _start_reader(settings, rng)
+    try:
+        yield reader
+    finally:
+        reader.shutdown()
+
+
+class KeptReader:
+    """The one RecordReader a process keeps between Spark tasks (see the module doc), for the settings
+    it was opened with. Thread-safe: a reader in use is out of the slot, so a second caller at the
+    same time opens its own (the one returned last is kept, the other shut down)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slot: tuple[FetchSettings, RecordReader] | None = None
+
+    @contextlib.contextmanager
+    def use(self, settings: FetchSettings, rng: OffsetRange) -> Iterator[RecordReader]:
+        reader = self._take(settings) or _start_reader(settings, rng)
+        try:
+            yield reader
+        except GeneratorExit:  # the task stopped reading early: its handles are closed, the reader is sound
+            self._keep(settings, reader)
+            raise
+        except BaseException:
+            reader.shutdown()
+            raise
+        self._keep(settings, reader)
+
+    def close(self) -> None:
+        """Shut the kept reader down (the next task opens one again)."""
+        with self._lock:
+            slot, self._slot = self._slot, None
+        if slot is not None:
+            slot[1].shutdown()
+
+    def _take(self, settings: FetchSettings) -> RecordReader | None:
+        with self._lock:
+            slot, self._slot = self._slot, None
+        if slot is None:
+            return None
+        kept_for, reader = slot
+        if _same_client(kept_for, settings) and reader.running:
+            return reader
+        reader.shutdown()  # other brokers or credentials: this worker now reads for another source
+        return None
+
+    def _keep(self, settings: FetchSettings, reader: RecordReader) -> None:
+        with self._lock:
+            slot, self._slot = self._slot, (settings, reader)
+        if slot is not None:
+            slot[1].shutdown()
+
+
+def _same_client(a: FetchSettings, b: FetchSettings) -> bool:
+    return a.client_kwargs() == b.client_kwargs()
+
+
+_KEPT = KeptReader()
+
+
+def _start_reader(settings: FetchSettings, rng: OffsetRange) -> RecordReader:
+    """A started RecordReader. While no broker answers, the task waits for one (backing off up to
+    BROKER_WAIT_MAX_S) rather than fail: a broker restart of any length costs time, not the query."""
     delay = POLL_STEP_S
     while True:
         try:
@@ -172,10 +257,7 @@ def _open_reader(settings: FetchSettings, rng: OffsetRange) -> Iterator[RecordRe
             _waiting_for_broker(rng, e)
         time.sleep(delay)
         delay = min(delay * 2, BROKER_WAIT_MAX_S)
-    try:
-        yield reader
-    finally:
-        reader.shutdown()
+    return reader
 
 
 def _waiting_for_broker(rng: OffsetRange, error: UnavailableError) -> None:

@@ -115,7 +115,10 @@ def read_partition(options: ReadOptions, partition: InputPartition) -> Iterator[
     settings = FetchSettings(brokers=options.brokers_csv, namesrv=options.namesrv,
                              fail_on_data_loss=options.fail_on_data_loss, poll_timeout_s=options.poll_timeout_s,
                              tag_expression=options.tag_expression, security=options.security)
-    yield from fetch_ranges(settings, ranges)
+    yield from fetch_ranges(settings, ranges, keep_reader=True)
+
+
+_heap_frozen = False
 
 
 def _freeze_worker_heap() -> None:
@@ -125,9 +128,12 @@ def _freeze_worker_heap() -> None:
     PySpark's worker daemon runs gc.collect() after every task (pyspark/daemon.py), a full pass over
     every object of the process: about 40 ms of CPU a task on the bench machine, most of a 25,000-row
     micro-batch task's own CPU. What tasks create afterwards is collected as before; what is frozen
-    now stays until the worker exits, as modules do anyway."""
-    if gc.get_freeze_count() == 0:
+    now stays until the worker exits, as modules do anyway. (A flag, not gc.get_freeze_count(), says
+    whether it was done: that count walks the frozen objects, 3 ms and more a task.)"""
+    global _heap_frozen
+    if not _heap_frozen:
         gc.freeze()
+        _heap_frozen = True
 
 
 class TidemarkBatchReader(DataSourceReader):

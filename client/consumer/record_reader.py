@@ -12,6 +12,13 @@ taken yet; the bytes of the chunks taken are given back in steps of
 CREDIT_STEP_BYTES (a quarter of the window, so the broker can still send three
 quarters of a window ahead of the caller): one credit message per step instead
 of one per chunk, which cost a Spark task's reader about a tenth of its time.
+
+Reading ahead: `read(..., then=(mq, start, end))` names the range the caller
+reads next. Once the broker has sent the current range's last records, the
+reader opens the next range on the same stream (when its broker's stream is
+open), so its first window fills while the caller still converts the current
+one; the next `read` of exactly that range takes it over. A read of another
+range, or `discard_ahead()`, closes it.
 """
 
 from __future__ import annotations
@@ -48,6 +55,17 @@ class RecordChunk:
     max_offset: int
 
 
+@dataclass(slots=True)
+class _Read:
+    """One open handle: where its chunks go, and the range to open once its last records arrived."""
+
+    out: queue.Queue
+    broker: str
+    end: int
+    then: tuple[MessageQueue, int, int] | None = None
+    received: int = -1  # where the records received so far end
+
+
 class RecordReader(BlockingClient):
     """Synchronous; one range at a time. `with RecordReader(brokers=...) as r: for c in r.read(mq, a, b): ...`"""
 
@@ -58,14 +76,19 @@ class RecordReader(BlockingClient):
         self._cluster: BrokerCluster | None = None
         self._streams: dict[str, FetchStream] = {}
         self._next_handle = 0
-        self._out: queue.Queue[RecordChunk | QueueEnd | TidemarkError] | None = None
-        self._handle = 0
-        self._broker = ""  # the broker of the current read
+        self._reads: dict[int, _Read] = {}  # open handles (loop side)
+        # A range opened ahead of its read: (mq, start, end) and its handle (loop side).
+        self._ahead: tuple[tuple[MessageQueue, int, int], int] | None = None
 
     def start(self) -> RecordReader:
         s = self.settings
         self._cluster = self._start_core(lambda: BrokerCluster.connect(s), timeout=s.request_timeout_s * 2)
         return self
+
+    @property
+    def running(self) -> bool:
+        """Started and not shut down: reads can be made."""
+        return self._life.state is ClientState.RUNNING
 
     def shutdown(self) -> None:
         async def close() -> None:
@@ -74,11 +97,12 @@ class RecordReader(BlockingClient):
 
         self._stop_core(close, timeout=self.settings.request_timeout_s + 5)
 
-    def read(self, mq: MessageQueue, start: int, end: int, *, poll_timeout_s: float
-             ) -> Iterator[RecordChunk | None]:
+    def read(self, mq: MessageQueue, start: int, end: int, *, poll_timeout_s: float,
+             then: tuple[MessageQueue, int, int] | None = None) -> Iterator[RecordChunk | None]:
         """Chunks of [start, end) in offset order; None when nothing came for poll_timeout_s (the caller
         decides whether that is data loss). Raises the broker's error if it refuses the queue; an
-        OFFSET_ILLEGAL end (the range is gone) is raised as QueueEndedError.
+        OFFSET_ILLEGAL end (the range is gone) is raised as QueueEndedError. `then`: the range
+        (mq, start, end) the caller reads next, opened ahead (see the module doc).
 
         A broker that cannot be reached or whose stream breaks (a restart) is not an error: the read
         opens the queue again from where it got, after a backoff (REOPEN: 0.1 s doubling up to
@@ -87,10 +111,9 @@ class RecordReader(BlockingClient):
         reached = start
         failures = 0
         while reached < end:
-            out: queue.Queue = queue.Queue()
             try:
-                handle = self._loop.run(self._open(mq, reached, end - reached, out),
-                                        timeout=self.settings.request_timeout_s * 2)
+                handle, out = self._loop.run(self._open(mq, reached, end, then),
+                                             timeout=self.settings.request_timeout_s * 2)
             except TidemarkError as e:
                 if not e.retriable:
                     raise
@@ -128,6 +151,10 @@ class RecordReader(BlockingClient):
                 failures += 1
                 yield from _pause(failures)
 
+    def discard_ahead(self) -> None:
+        """Close the range opened ahead of a read that will not come (the caller stopped early)."""
+        self._close_soon("", 0)
+
     def _close_soon(self, broker: str, handle: int) -> None:
         """Close the read's handle on the loop. A read left unfinished can be closed by the garbage
         collector after shutdown(), which closed its stream already: nothing is left to close then."""
@@ -138,7 +165,21 @@ class RecordReader(BlockingClient):
 
     # -- loop side ---------------------------------------------------------------------------
 
-    async def _open(self, mq: MessageQueue, start: int, count: int, out: queue.Queue) -> int:
+    async def _open(self, mq: MessageQueue, start: int, end: int, then: tuple[MessageQueue, int, int] | None
+                    ) -> tuple[int, queue.Queue]:
+        """The handle reading [start, end) and its chunks' queue: the one opened ahead for exactly this
+        range, else a new one (closing a range opened ahead for another read)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            wanted, handle = ahead
+            read = self._reads.get(handle)
+            if wanted == (mq, start, end) and read is not None:
+                if then is not None and read.received >= end:  # its last records came already
+                    self._open_ahead(then)
+                else:
+                    read.then = then
+                return handle, read.out
+            self._close(wanted[0].broker_name, handle)
         stream = self._streams.get(mq.broker_name)
         if stream is None or not stream.usable:
             conn = await self._cluster.connection(mq.broker_name)
@@ -146,36 +187,64 @@ class RecordReader(BlockingClient):
             stream = conn.open_fetch_stream(on_records=self._on_records, on_ended=self._on_ended,
                                             on_broken=lambda error: self._on_broken(broker, error))
             self._streams[broker] = stream
+        return self._open_on(stream, mq, start, end, then)
+
+    def _open_on(self, stream: FetchStream, mq: MessageQueue, start: int, end: int,
+                 then: tuple[MessageQueue, int, int] | None) -> tuple[int, queue.Queue]:
         self._next_handle += 1
-        self._handle = self._next_handle
-        self._out = out
-        self._broker = mq.broker_name
-        stream.open_queue(self._handle, "", mq, start, subscription="*", fence=None,
-                          credit_messages=max(count, 1), credit_bytes=WINDOW_BYTES,
+        handle = self._next_handle
+        read = _Read(queue.Queue(), mq.broker_name, end, then)
+        self._reads[handle] = read
+        stream.open_queue(handle, "", mq, start, subscription="*", fence=None,
+                          credit_messages=max(end - start, 1), credit_bytes=WINDOW_BYTES,
                           batch_size=MAX_RECORDS_PER_FRAME_PART)
-        return self._handle
+        return handle, read.out
+
+    def _open_ahead(self, then: tuple[MessageQueue, int, int]) -> None:
+        """Open the next range now, if its broker's stream is open already (no connecting from a callback;
+        the read opens it as usual otherwise)."""
+        mq, start, end = then
+        stream = self._streams.get(mq.broker_name)
+        if self._ahead is not None or stream is None or not stream.usable or end <= start:
+            return
+        handle, _ = self._open_on(stream, mq, start, end, None)
+        self._ahead = (then, handle)
 
     def _on_records(self, handle: int, count: int, data: bytes, next_offset: int, max_offset: int) -> None:
-        if handle == self._handle and self._out is not None:
-            self._out.put(RecordChunk(data, count, next_offset, max_offset))
+        read = self._reads.get(handle)
+        if read is None:
+            return
+        read.out.put(RecordChunk(data, count, next_offset, max_offset))
+        read.received = next_offset
+        if read.then is not None and next_offset >= read.end:  # the broker sent this range's last records
+            then, read.then = read.then, None
+            self._open_ahead(then)
 
     def _on_ended(self, handle: int, end: QueueEnd) -> None:
-        if handle == self._handle and self._out is not None:
-            self._out.put(end)
+        read = self._reads.get(handle)
+        if read is not None:
+            read.out.put(end)
 
     def _on_broken(self, broker: str, error: TidemarkError) -> None:
-        if self._out is not None and broker == self._broker:  # only the stream the current read is on
-            self._out.put(error)
+        for read in self._reads.values():  # the reads on the stream that broke (one open ahead among them)
+            if read.broker == broker:
+                read.out.put(error)
 
     def _give_back(self, broker: str, handle: int, nbytes: int) -> None:
         stream = self._streams.get(broker)
-        if stream is not None and stream.usable and handle == self._handle:
+        if stream is not None and stream.usable and handle in self._reads:
             stream.credit(handle, 0, nbytes)
 
     def _close(self, broker: str, handle: int) -> None:
+        """Close a read's handle; handle 0: the range opened ahead, if any."""
+        if handle == 0:
+            if self._ahead is None:
+                return
+            (mq, _, _), handle = self._ahead
+            broker, self._ahead = mq.broker_name, None
+        if self._reads.pop(handle, None) is None:
+            return
         stream = self._streams.get(broker)
-        if handle == self._handle:
-            self._out = None
         if stream is not None and stream.usable:
             stream.close_queue(handle)
 

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidemark.client.message import MessageQueue
+from tidemark.spark_connector import fetch
 from tidemark.spark_connector.arrow import SCHEMA
 from tidemark.spark_connector.offsets import OffsetRange, offsets_to_json, pack_ranges
 from tidemark.spark_connector.options import parse_read_options
@@ -78,7 +79,11 @@ def test_a_packed_partition_reads_its_ranges_in_turn_and_planning_keeps_one_admi
     try:
         rows = [(r["queue_id"], r["queue_offset"], r["body"]) for b in read_partition(options, part)
                 for r in b.to_pylist()]
+        kept = fetch._KEPT._slot[1]  # the worker's reader, kept for its next task
+        assert [b.num_rows for b in read_partition(options, part)] == [25, 10]
+        assert fetch._KEPT._slot[1] is kept and kept.running
     finally:
+        fetch._KEPT.close()
         if not frozen:  # read_partition froze this process's heap, as it does a Spark worker's
             gc.unfreeze()
     assert rows == [(s.queue_id, s.queue_offset, s.body) for s in sent

@@ -10,7 +10,9 @@ consumer's methods; the broker's log gives the join and the lock grants. Prints 
 and the median time of every step, from the start() call.
 
 `--baseline DIR` runs every other round's consumers with the `tidemark` package found in DIR (a copy of
-an older tree: an interleaved A/B of the same steps on one broker). Not installed; runs from a checkout.
+an older tree: an interleaved A/B of the same steps on one broker); `--current DIR` runs the other rounds
+with a copy too (default: the installed package, uncommitted changes included). The broker is always the
+installed one. Not installed; runs from a checkout.
 """
 
 from __future__ import annotations
@@ -208,11 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--baseline", help="a directory holding an older `tidemark` package: every other round's "
                                       "consumers run it (interleaved A/B)")
+    p.add_argument("--current", help="a directory holding the `tidemark` package the other rounds run (default: the "
+                                     "installed one; a snapshot keeps uncommitted work out of an A/B)")
     args = p.parse_args(argv)
     from bench.tidemark_system import TidemarkServer
     work = Path(tempfile.mkdtemp(prefix="tidemark-join-"))
     server = TidemarkServer(work).start()
-    variants = {"current": None} if not args.baseline else {"baseline": args.baseline, "current": None}
+    variants = ({"current": args.current} if not args.baseline
+                else {"baseline": args.baseline, "current": args.current})
     results: dict[str, list[tuple[float, dict]]] = {v: [] for v in variants}
     try:
         for rnd in range(args.rounds):

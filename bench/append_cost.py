@@ -2,6 +2,7 @@
 
     python -m bench.append_cost                            # this code's broker; 500,000 x 200 B rows
     python -m bench.append_cost --baseline-rev 8b4f4f0     # and a broker of REV's store, interleaved
+    python -m bench.append_cost --workload produce --baseline-rev 8b4f4f0 --rounds 5
 
 The rows are those of bench.spark_write (a body of --size bytes and a key each), in Arrow record
 batches of 10,000 rows; each run writes them all through the sink's own task code
@@ -16,6 +17,10 @@ printed.
 produce batch's append path (common/records.py, broker/store/, broker/ingest/, broker/producers/)
 are as they were at REV and everything else is this checkout's, and runs it beside this code's
 broker. Prints numbers; asserts nothing.
+
+--workload produce measures `python -m bench`'s produce workload the same way: one process sends
+--rows (200,000) messages of 1 KiB with Producer.send_async each (default batching, idempotent) into 8
+queues; --workload send, 5,000 of them one Producer.send at a time (batches of one record).
 """
 
 from __future__ import annotations
@@ -97,16 +102,51 @@ def task(brokers: str, topic: str, idempotent: bool, first: int, rows: int, size
     return produce(options, iter(batches))
 
 
+def produce_task(brokers: str, topic: str, idempotent: bool, first: int, rows: int, size: int) -> int:
+    """bench's produce workload (a child process): Producer.send_async per 1 KiB message, all answered."""
+    import threading
+
+    from bench.workloads import payload
+    from tidemark.client import Message, Producer
+
+    answered, done, lock = [0, 0], threading.Event(), threading.Lock()
+
+    def ack(result, error) -> None:
+        with lock:
+            answered[error is not None] += 1
+            if sum(answered) == rows:
+                done.set()
+
+    with Producer(brokers=brokers, enable_idempotence=idempotent) as producer:
+        producer.fetch_publish_message_queues(topic)
+        for i in range(first, first + rows):
+            producer.send_async(Message(topic, payload(i)), ack)
+        done.wait(300)
+    return answered[0]
+
+
+def send_task(brokers: str, topic: str, idempotent: bool, first: int, rows: int, size: int) -> int:
+    """One Producer.send at a time (a child process): batches of one record, the per-record path."""
+    from bench.workloads import payload
+    from tidemark.client import Message, Producer
+
+    with Producer(brokers=brokers, enable_idempotence=idempotent) as producer:
+        for i in range(first, first + rows):
+            producer.send(Message(topic, payload(i)))
+    return rows
+
+
 def run_once(pool: ProcessPoolExecutor, server: Server, brokers: str, topic: str, idempotent: bool, rows: int,
-             size: int, tasks: int) -> tuple[float, float]:
+             size: int, tasks: int, workload: str = "sink") -> tuple[float, float]:
     """(broker CPU us per row, rows/s) of one write."""
     from tidemark.client import Admin
 
     with Admin(brokers=brokers) as admin:
-        admin.create_topic(topic, QUEUES)
+        admin.create_topic(topic, QUEUES if workload == "sink" else 8)
     share = rows // tasks
     cpu0, t0 = server.cpu_seconds(), time.perf_counter()
-    futures = [pool.submit(task, brokers, topic, idempotent, i * share, share, size) for i in range(tasks)]
+    fn = {"sink": task, "produce": produce_task, "send": send_task}[workload]
+    futures = [pool.submit(fn, brokers, topic, idempotent, i * share, share, size) for i in range(tasks)]
     sent = sum(f.result() for f in futures)
     elapsed, cpu = time.perf_counter() - t0, server.cpu_seconds() - cpu0
     with Admin(brokers=brokers) as admin:
@@ -125,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline-rev", default=None, help="also run a broker whose append path is REV's")
     parser.add_argument("--only", choices=("idempotent", "plain"), default=None)
+    parser.add_argument("--workload", choices=("sink", "produce", "send"), default="sink")
     args = parser.parse_args(argv)
+    if args.workload != "sink":
+        args.tasks, args.only = 1, args.only or "idempotent"
+        if args.rows == parser.get_default("rows"):
+            args.rows = 200_000 if args.workload == "produce" else 5_000
     scratch = Path(tempfile.mkdtemp(prefix="tidemark-append-cost-"))
     brokers: list[tuple[str, Server, str]] = []
     try:
@@ -139,20 +184,22 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[tuple[str, bool], list[tuple[float, float]]] = {}
         with ProcessPoolExecutor(args.tasks, mp_context=get_context("spawn")) as pool:
             for _, server, address in brokers:  # warm-up: imports, first connections
-                run_once(pool, server, address, f"warm-{os.getpid()}", True, BATCH_ROWS * args.tasks, args.size,
-                         args.tasks)
+                run_once(pool, server, address, f"warm-{os.getpid()}", True, min(BATCH_ROWS * args.tasks, args.rows), args.size,
+                         args.tasks, args.workload)
             for r in range(args.rounds):
                 order = brokers if r % 2 == 0 else brokers[::-1]
                 for idempotent in modes:
                     for label, server, address in order:
                         topic = f"append-{os.getpid()}-{r}-{'idem' if idempotent else 'plain'}"
                         cpu, rate = run_once(pool, server, address, topic, idempotent, args.rows, args.size,
-                                             args.tasks)
+                                             args.tasks, args.workload)
                         results.setdefault((label, idempotent), []).append((cpu, rate))
                         print(f"round {r + 1} {label:>14} idempotent={str(idempotent).lower():5} "
                               f"broker CPU {cpu:6.2f} us/row  {rate:10,.0f} rows/s  load {os.getloadavg()[0]:.1f}",
                               flush=True)
-        print(f"\nmedians of {args.rounds} rounds, {args.rows:,} rows of {args.size} B, {args.tasks} tasks:")
+        what = {"produce": "messages of 1 KiB, send_async", "send": "messages of 1 KiB, one send at a time"}.get(
+            args.workload, f"rows of {args.size} B, {args.tasks} sink tasks")
+        print(f"\nmedians of {args.rounds} rounds, {args.rows:,} {what}:")
         for (label, idempotent), runs in results.items():
             print(f"{label:>14} idempotent={str(idempotent).lower():5} broker CPU "
                   f"{statistics.median(c for c, _ in runs):6.2f} us/row  "

@@ -88,10 +88,13 @@ class ConsumeThreadPool:
         being woken for each task that finishes (below full speed a frame holds a message or two, and a
         wake-up of the loop per frame cost the consumer as much CPU as handing the frame over). A task
         that takes longer than that wakes the loop when it finishes, as run()'s always do."""
-        work = self._work
-        work.extend(tasks)
         if self._collect is None:
             self._collect = self._loop.call_later(COLLECT_S, self._collected)
+        self._hand_over(tasks)
+
+    def _hand_over(self, tasks: Iterable[Task]) -> None:
+        work = self._work
+        work.extend(tasks)
         with self._mutex:
             if self._stopped:
                 work.clear()
@@ -125,7 +128,7 @@ class ConsumeThreadPool:
             return lambda: future.done() or future.set_result(result)
 
         task.prompt = True  # type: ignore[attr-defined]  # its awaiter waits for the completion
-        self.submit([task])
+        self._hand_over([task])
         return future
 
     def _collected(self) -> None:

@@ -138,7 +138,7 @@ class _BlockingCall:
         self._done.release()
 
     def wait(self, timeout: float | None) -> bool:
-        return self._done.acquire(timeout=-1 if timeout is None else timeout)
+        return self._done.acquire(timeout=-1 if timeout is None else max(0.0, timeout))  # (a past deadline: no wait)
 
     def result(self) -> Any:
         task = self._task

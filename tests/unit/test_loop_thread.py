@@ -45,6 +45,8 @@ def test_a_call_past_its_timeout_is_cancelled_on_the_loop(loop_thread):
     with pytest.raises(RequestTimeoutError, match="no answer within"):
         loop_thread.run(hang(), timeout=0.05)
     loop_thread.run(cancelled.wait(), timeout=5)
+    with pytest.raises(RequestTimeoutError):  # a deadline already past, as a concurrent future took it
+        loop_thread.run(asyncio.Event().wait(), timeout=-1.5)
 
 
 def test_a_coroutine_cancelled_on_the_loop_or_timing_out_itself_is_reported_as_before(loop_thread):

@@ -4,6 +4,7 @@
     python -m bench.spark_write --brokers h:p --rows 200000 --rounds 5
     python -m bench.spark_baseline REV /tmp/base     # then, A/B against the connector's sink at REV:
     PYTHONPATH=/tmp/base python -m bench.spark_write --baseline tidemark_base=tidemark_base_source:Source
+    python -m bench.spark_write --baseline-broker 8b4f4f0   # A/B against a broker whose append path is REV's
 
 One local[2] SparkSession; the rows (a body of --size bytes and a key per row,
 --partitions partitions) are built once and cached, so every writer reads the
@@ -14,7 +15,12 @@ move with the load):
   2. tidemark, idempotent=false;
   3. JSON lines and 4. Parquet into a fresh directory.
 Every writer runs once first as a warm-up. A tidemark write is checked by the
-topic's message count. Prints numbers; asserts nothing.
+topic's message count; with the broker started here, its CPU (user + system)
+per row written is printed too. --baseline-broker REV starts a second broker
+whose append path (common/records.py, broker/store, broker/ingest,
+broker/producers) is REV's (bench.append_cost.build_baseline) and adds the
+same two tidemark writers against it to the rounds. Prints numbers; asserts
+nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class Writer:
     label: str
     run: Callable[[], float]
     seconds: list[float] = field(default_factory=list)
+    broker_cpu_us: list[float] = field(default_factory=list)  # per row written, when the broker is ours
 
 
 def rate(rows: int, seconds: list[float]) -> float:
@@ -61,17 +68,22 @@ def rows_frame(spark, rows: int, size: int, partitions: int):
     return df
 
 
-def tidemark_writer(label: str, df, fmt: str, brokers: str, rows: int, idempotent: bool) -> Writer:
+def tidemark_writer(label: str, df, fmt: str, brokers: str, rows: int, idempotent: bool,
+                    broker_cpu: Callable[[], float] | None = None) -> Writer:
+    """broker_cpu: the broker process's CPU seconds so far (our own broker), for its CPU per row."""
     topics = itertools.count()
 
     def run() -> float:
         topic = f"spark-write-{os.getpid()}-{'idem' if idempotent else 'plain'}-{fmt}-{next(topics)}"
         with Admin(brokers=brokers) as admin:
             admin.create_topic(topic, QUEUES)
+        cpu = broker_cpu() if broker_cpu else 0.0
         start = time.perf_counter()
         (df.write.format(fmt).option("brokers", brokers).option("topic", topic)
          .option("idempotent", str(idempotent).lower()).mode("append").save())
         elapsed = time.perf_counter() - start
+        if broker_cpu:
+            writer.broker_cpu_us.append((broker_cpu() - cpu) / rows * 1e6)
         with Admin(brokers=brokers) as admin:
             got = sum(high - low for low, high in admin.offsets(admin.fetch_message_queues(topic)).values())
             admin.delete_topic(topic)
@@ -79,7 +91,8 @@ def tidemark_writer(label: str, df, fmt: str, brokers: str, rows: int, idempoten
             raise SystemExit(f"{label}: the topic holds {got} messages, expected {rows}")
         return elapsed
 
-    return Writer(label, run)
+    writer = Writer(label, run)
+    return writer
 
 
 def file_writer(label: str, df, kind: str, scratch: Path) -> Writer:
@@ -96,12 +109,13 @@ def file_writer(label: str, df, kind: str, scratch: Path) -> Writer:
     return Writer(label, run)
 
 
-def writers(spark, df, brokers: str, rows: int, scratch: Path, formats: list[str]) -> dict[str, Writer]:
+def writers(spark, df, brokers: str, rows: int, scratch: Path, formats: list[str],
+            broker_cpu: Callable[[], float] | None = None) -> dict[str, Writer]:
     out = {}
     for fmt in formats:
         for idempotent in (True, False):
             label = f"{fmt} idempotent={str(idempotent).lower()}"
-            out[label] = tidemark_writer(label, df, fmt, brokers, rows, idempotent)
+            out[label] = tidemark_writer(label, df, fmt, brokers, rows, idempotent, broker_cpu)
     out["json lines"] = file_writer("json lines", df, "json", scratch)
     out["parquet"] = file_writer("parquet", df, "parquet", scratch)
     return out
@@ -110,6 +124,8 @@ def writers(spark, df, brokers: str, rows: int, scratch: Path, formats: list[str
 def run_rounds(all_writers: dict[str, Writer], rounds: int, out=print) -> None:
     for writer in all_writers.values():
         writer.run()  # warm-up: Python workers, the JVM's code, the broker's first segment
+    for writer in all_writers.values():
+        writer.broker_cpu_us.clear()
     for r in range(rounds):
         for writer in all_writers.values():
             writer.seconds.append(writer.run())
@@ -119,7 +135,8 @@ def run_rounds(all_writers: dict[str, Writer], rounds: int, out=print) -> None:
 def summary(all_writers: dict[str, Writer], rows: int, formats: list[str]) -> list[str]:
     lines = [f"{'writer':<34} {'rows/s':>12}   (median of {len(next(iter(all_writers.values())).seconds)})"]
     for w in all_writers.values():
-        lines.append(f"{w.label:<34} {rate(rows, w.seconds):>12,.0f}")
+        cpu = f"   broker CPU {statistics.median(w.broker_cpu_us):.2f} us/row" if w.broker_cpu_us else ""
+        lines.append(f"{w.label:<34} {rate(rows, w.seconds):>12,.0f}{cpu}")
     json_s = all_writers["json lines"].seconds
     parquet_s = all_writers["parquet"].seconds
     lines.append("ratios (median of the rounds' ratios):")
@@ -144,14 +161,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--baseline", default=None, metavar="NAME=module:Class",
                         help="also write through this data source class, registered as format NAME")
+    parser.add_argument("--baseline-broker", default=None, metavar="REV",
+                        help="also write to a broker whose append path is REV's")
     args = parser.parse_args(argv)
 
     scratch = Path(tempfile.mkdtemp(prefix="tidemark-spark-write-"))
-    broker = None
+    broker = base_broker = None
     try:
         brokers = args.brokers
         if brokers is None:
             broker, brokers = start_broker(scratch)
+        if args.baseline_broker:
+            from bench import append_cost
+
+            base = append_cost.build_baseline(args.baseline_broker, scratch / "base")
+            base_broker, base_brokers = append_cost.start_broker("base", scratch, base)
         from tidemark import spark_connector
 
         spark = spark_session()
@@ -160,17 +184,29 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             formats.append(register_baseline(spark, args.baseline))
         df = rows_frame(spark, args.rows, args.size, args.partitions)
-        all_writers = writers(spark, df, brokers, args.rows, scratch, formats)
+        all_writers = writers(spark, df, brokers, args.rows, scratch, formats,
+                              broker.cpu_seconds if broker is not None else None)
+        if base_broker is not None:
+            for idempotent in (True, False):
+                label = f"tidemark idempotent={str(idempotent).lower()}, broker {args.baseline_broker}"
+                all_writers[label] = tidemark_writer(label, df, "tidemark", base_brokers, args.rows, idempotent,
+                                                     base_broker.cpu_seconds)
         print(f"Spark {spark.version}, local[2]; {args.rows:,} rows x {args.size} B in {args.partitions} partitions "
               f"(cached), {QUEUES} queues; {args.rounds} rounds, writers in turn", flush=True)
         run_rounds(all_writers, args.rounds, out=lambda line: print(line, flush=True))
         print()
         print("\n".join(summary(all_writers, args.rows, formats)))
+        if base_broker is not None:
+            for idem in ("true", "false"):
+                this, before = (all_writers[f"tidemark idempotent={idem}"].seconds,
+                                all_writers[f"tidemark idempotent={idem}, broker {args.baseline_broker}"].seconds)
+                print(f"  this broker / broker {args.baseline_broker}, idempotent={idem}: {ratio(this, before):.2f}")
         spark.stop()
         return 0
     finally:
-        if broker is not None:
-            broker.stop()
+        for server in (broker, base_broker):
+            if server is not None:
+                server.stop()
         shutil.rmtree(scratch, ignore_errors=True)
 
 

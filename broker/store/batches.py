@@ -109,9 +109,10 @@ def check_batch(data: bytes | bytearray, count: int, *, topic: str, max_message_
                 max_record_size: int) -> Checked:
     """Check a producer's batch before anything of it is stored, by records.check_batch's rules; raises
     its RecordError (naming the record and the fault) when one is broken."""
-    if count >= BULK_MIN:
+    topic_bytes = topic.encode("utf-8")
+    if count >= BULK_MIN and len(topic_bytes) <= records.MAX_SHORT_STRING:
         try:
-            return _check_bulk(data, count, topic.encode("utf-8"), max_message_size, max_record_size)
+            return _check_bulk(data, count, topic_bytes, max_message_size, max_record_size)
         except _Unfit:
             pass  # the per-record check below finds the fault and names it
     checked = records.check_batch(data, count, topic=topic, max_message_size=max_message_size,

@@ -18,6 +18,10 @@ produce batch's append path (common/records.py, broker/store/, broker/ingest/, b
 are as they were at REV and everything else is this checkout's, and runs it beside this code's
 broker. Prints numbers; asserts nothing.
 
+--stages times the store's stages in this process instead (CPU ns a row of a 512-record sink batch:
+the check, stamping, sealing, consume-queue entries, MessageStore.append_records whole; best of 9),
+and with --baseline-rev under a copy of REV's append path too.
+
 --workload produce measures `python -m bench`'s produce workload the same way: one process sends
 --rows (200,000) messages of 1 KiB with Producer.send_async each (default batching, idempotent) into 8
 queues; --workload send, 5,000 of them one Producer.send at a time (batches of one record).
@@ -157,6 +161,95 @@ def run_once(pool: ProcessPoolExecutor, server: Server, brokers: str, topic: str
     return cpu / got * 1e6, got / elapsed
 
 
+def stages(count: int = 512) -> dict[str, float]:
+    """CPU ns a row of the append path's stages, for one sink batch of `count` records (thread CPU time, best
+    of 9 runs): the per-record functions, and the bulk ones where this code has them."""
+    import asyncio
+    import zlib
+
+    from tidemark.broker.store import MessageStore, StoreConfig, codec
+    from tidemark.common import records
+    from tidemark.spark_connector.encode import RecordEncoder, record_bytes
+
+    topic, limits = "spark-write-topic", dict(max_message_size=4 << 20, max_record_size=1 << 30)
+    encoded, offsets = RecordEncoder(topic, "10.0.0.1", 4 << 20).encode(_batches(0, count, 200)[0], 0)
+    data = record_bytes(encoded, offsets, 0, count)
+
+    def best(f, n: int = 40) -> float:
+        f()
+        runs = []
+        for _ in range(9):
+            t0 = time.thread_time()
+            for _ in range(n):
+                f()
+            runs.append((time.thread_time() - t0) / n / count * 1e9)
+        return min(runs)
+
+    out = {"check, record by record (records.check_batch)": best(
+        lambda: records.check_batch(data, count, topic=topic, **limits))}
+    checked = records.check_batch(data, count, topic=topic, **limits)
+    buf = bytearray(data)
+    view = memoryview(buf)
+
+    def stamp_each() -> None:
+        for i, start in enumerate(checked.starts):
+            records.I32.pack_into(buf, start + records.QUEUE_ID_OFFSET, 1)
+            records.I64.pack_into(buf, start + records.QUEUE_OFFSET_OFFSET, i)
+            records.I64.pack_into(buf, start + records.STORE_TS_OFFSET, 5)
+
+    out["stamp, record by record"] = best(stamp_each)
+    out["seal (physical offset, CRC), record by record"] = best(
+        lambda: [codec.seal(buf, view, s, n, 1000 + s) for s, n in zip(checked.starts, checked.sizes, strict=True)])
+    pack = codec.CQ_ENTRY.pack
+    out["consume-queue entries, record by record"] = best(lambda: b"".join(
+        [pack(p, s, t) for p, s, t in zip(checked.starts, checked.sizes, checked.tags_codes, strict=True)]))
+    try:
+        from tidemark.broker.store import batches
+    except ImportError:
+        batches = None
+    if batches is not None:
+        bulk = batches.check_batch(data, count, topic=topic, **limits)
+        positions = bulk.starts + 1000
+        slices = [view[s + 12:s + n] for s, n in zip(checked.starts, checked.sizes, strict=True)]
+        out["check, bulk (batches.check_batch)"] = best(lambda: batches.check_batch(data, count, topic=topic, **limits))
+        out["  of which the size walk"] = best(lambda: batches._walk(data, count))
+        out["stamp, bulk"] = best(lambda: batches.stamp(buf, bulk, 1, 0, 5))
+        out["seal, bulk"] = best(lambda: batches.seal_all(buf, bulk.starts, bulk.sizes, positions))
+        out["  of which the zlib.crc32 calls"] = best(lambda: [zlib.crc32(x) for x in slices])
+        out["consume-queue entries, bulk"] = best(lambda: codec.queue_entries(positions, bulk.sizes, bulk.tags_codes))
+
+    async def whole() -> None:
+        store = MessageStore(StoreConfig(Path(tempfile.mkdtemp(prefix="tidemark-stages-")),
+                                         commitlog_segment_size=1 << 30))
+        store.load()
+        await store.start()
+        try:
+            out["MessageStore.append_records, whole"] = best(lambda: store.append_records(topic, 0, data, count), 20)
+        finally:
+            await store.shutdown()
+            shutil.rmtree(store._config.data_dir, ignore_errors=True)
+
+    asyncio.run(whole())
+    return out
+
+
+def print_stages(rev: str | None) -> None:
+    import tidemark
+
+    print(f"CPU ns a row, 512-record sink batch, best of 9 ({Path(tidemark.__path__[0]).parent}):")
+    for name, ns in stages().items():
+        print(f"  {name:<50} {ns:7,.0f}")
+    if rev:
+        scratch = Path(tempfile.mkdtemp(prefix="tidemark-stages-base-"))
+        try:
+            env = child_env()
+            env["PYTHONPATH"] = os.pathsep.join((str(build_baseline(rev, scratch)), env["PYTHONPATH"]))
+            print(f"at {rev}:", flush=True)
+            subprocess.run([sys.executable, "-m", "bench.append_cost", "--stages"], env=env, cwd=REPO, check=True)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=500_000)
@@ -166,7 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-rev", default=None, help="also run a broker whose append path is REV's")
     parser.add_argument("--only", choices=("idempotent", "plain"), default=None)
     parser.add_argument("--workload", choices=("sink", "produce", "send"), default="sink")
+    parser.add_argument("--stages", action="store_true", help="time the store's stages in-process instead")
     args = parser.parse_args(argv)
+    if args.stages:
+        print_stages(args.baseline_rev)
+        return 0
     if args.workload != "sink":
         args.tasks, args.only = 1, args.only or "idempotent"
         if args.rows == parser.get_default("rows"):

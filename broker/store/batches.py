@@ -333,6 +333,6 @@ def seal_all(buf: bytearray, starts: np.ndarray, sizes: np.ndarray, positions: n
     target = np.frombuffer(buf, dtype=np.uint8)
     n = len(starts)
     target[starts[:, None] + _PHYS_BYTES] = positions.astype(">i8").view(np.uint8).reshape(n, 8)
-    view = memoryview(buf)
-    crcs = list(map(zlib.crc32, map(view.__getitem__, map(slice, (starts + 12).tolist(), (starts + sizes).tolist()))))
+    view, crc32 = memoryview(buf), zlib.crc32
+    crcs = [crc32(view[a:b]) for a, b in zip((starts + 12).tolist(), (starts + sizes).tolist(), strict=True)]
     target[starts[:, None] + _CRC_BYTES] = np.array(crcs, dtype=">u4").view(np.uint8).reshape(n, 4)

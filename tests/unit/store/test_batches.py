@@ -48,7 +48,7 @@ def batch(draw, *, well_formed: bool = True) -> tuple[bytes, int]:
             pairs = [(k, v or "u") if k == "UNIQ_KEY" else (k, v) for k, v in pairs]
             pairs.insert(min(at, len(pairs)), ("UNIQ_KEY", f"ID{i}"))
         props = _properties(pairs)
-        body = body or b"\x01\x02\xd9\xa2\xd4\xa7"  # separators, the magic
+        body = body or b"\x01\x02\xda\xa3 \xa7"  # separators, the magic
         builder.append(body, props, tags_code=_tags_code(props), born_timestamp=born)
     return bytes(builder.buffer), len(order)
 

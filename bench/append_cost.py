@@ -42,6 +42,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from bench.procs import REPO, Server, child_env, free_port
+from bench.spark_baseline import copy_package
 
 QUEUES = 4
 BATCH_ROWS = 10_000
@@ -50,21 +51,7 @@ APPEND_PATH = ("common/records.py", "broker/store", "broker/ingest", "broker/pro
 
 def build_baseline(rev: str, out: Path) -> Path:
     """OUT/tidemark: the installed package with the append path's files as they were at REV."""
-    import tidemark
-
-    package = out / "tidemark"
-    shutil.rmtree(package, ignore_errors=True)
-    shutil.copytree(Path(tidemark.__path__[0]), package, symlinks=False,
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    files = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, *APPEND_PATH], cwd=REPO, check=True,
-                           capture_output=True, text=True).stdout.split()
-    for name in APPEND_PATH[1:]:
-        shutil.rmtree(package / name, ignore_errors=True)
-    for path in files:
-        target = package / path
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True,
-                                          capture_output=True).stdout)
+    copy_package(out / "tidemark", rev, APPEND_PATH)
     return out
 
 

@@ -35,21 +35,30 @@ class Source(TidemarkDataSource):
 '''
 
 
-def build(rev: str, out: Path) -> Path:
-    package = out / NAME
+def copy_package(package: Path, rev: str, paths: tuple[str, ...]) -> None:
+    """PACKAGE: a copy of the installed tidemark package in which `paths` (files or directories of the
+    repository) are as they were at REV."""
     shutil.rmtree(package, ignore_errors=True)
     # The editable install is a tree of links into the repository: copy what they point at.
     shutil.copytree(Path(tidemark.__path__[0]), package, symlinks=False,
                     ignore=shutil.ignore_patterns("__pycache__"))
-    files = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, *AT_REVISION], cwd=REPO, check=True,
+    files = subprocess.run(["git", "ls-tree", "-r", "--name-only", rev, *paths], cwd=REPO, check=True,
                            capture_output=True, text=True).stdout.split()
-    for name in AT_REVISION:
-        shutil.rmtree(package / name, ignore_errors=True)
+    for name in paths:
+        if (package / name).is_file():
+            (package / name).unlink()
+        else:
+            shutil.rmtree(package / name, ignore_errors=True)
     for path in files:
         target = package / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, check=True,
                                           capture_output=True).stdout)
+
+
+def build(rev: str, out: Path) -> Path:
+    package = out / NAME
+    copy_package(package, rev, AT_REVISION)
     for py in package.rglob("*.py"):
         text = py.read_text()
         renamed = _IMPORT.sub(rf"{NAME}.\1", text).replace("from tidemark import", f"from {NAME} import")

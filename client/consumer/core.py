@@ -175,10 +175,12 @@ class ConsumerCore:
         await sched.start()
 
     async def _abandon(self) -> None:
-        """After a failed start: leave the group if the heartbeat may have joined it (its members would
-        hand queues over to a client that never reads them, until it expires), close what was opened."""
+        """After a failed start: leave the group if the heartbeat went out and may have joined it (its
+        members would hand queues over to a client that never reads them, until it expires; a client that
+        never sent it has nothing to leave, and asking brokers that did not answer would only wait again),
+        close what was opened."""
         try:
-            if self.membership is not None:
+            if self.membership is not None and self.membership.joined:
                 try:
                     await self.membership.leave()
                 except TidemarkError as e:

@@ -50,6 +50,9 @@ class GroupMembership:
         self._members: dict[str, list[str]] = {}
         # Per broker, the list members() last gave a rebalance since the broker's watch task started.
         self._used: dict[str, list[str]] = {}
+        # A heartbeat went out (it may have reached a broker even if no answer came): this client may be
+        # a member, and must leave when it gives up.
+        self.joined = False
 
     def members(self, broker_name: str) -> list[str] | None:
         """The group's client ids as the broker last told them, while its watch keeps them current."""
@@ -66,6 +69,7 @@ class GroupMembership:
             log.warning("heartbeat failed: no broker known now", event="heartbeat_failed", group=self._group,
                         error=e)
             return
+        self.joined = self.joined or bool(brokers)
 
         async def one(conn: BrokerConnection) -> list[str]:
             owned = [q for q in data.owned_queues if q.broker_name == conn.broker_name]

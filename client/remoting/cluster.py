@@ -161,7 +161,10 @@ class BrokerCluster:
         self._resolving: dict[str, asyncio.Future[BrokerConnection]] = {}
         self.moves = MasterMoves()  # told whenever another address serves a broker name
         self._closed = False
-        self._lock = asyncio.Lock()
+        # The discovery under way, shared by every caller that asks meanwhile (a consumer's start asks in
+        # three places at once): queued one behind the other, each waited its own request timeout in turn
+        # against brokers that do not answer.
+        self._discovering: asyncio.Future[dict[str, BrokerConnection]] | None = None
 
     @classmethod
     def for_settings(cls, s: ClientSettings) -> BrokerCluster:
@@ -210,6 +213,8 @@ class BrokerCluster:
     async def close(self) -> None:
         self._closed = True
         self.moves.clear()
+        if self._discovering is not None:
+            await cancel_and_wait(self._discovering)
         for resolving in list(self._resolving.values()):
             resolving.cancel()
         for conn in self._by_address.values():
@@ -247,45 +252,64 @@ class BrokerCluster:
         self.moves.tell(name, now.address)
 
     async def discover(self, *, refresh: bool = False) -> dict[str, BrokerConnection]:
-        """Learn the name of every reachable broker; UnavailableError if none answers."""
-        if self.namesrv is not None:
-            return await self._discover_from_namesrv(refresh)
-        async with self._lock:
-            missing = [c for c in self._by_address.values() if c.broker_name is None]
-            results = await asyncio.gather(*(c.broker_info() for c in missing), return_exceptions=True)
-            failures: list[TidemarkError] = []
-            unreachable: list[tuple[str, TidemarkError]] = []
-            for conn, result in zip(missing, results, strict=True):
-                if isinstance(result, TidemarkError):
-                    failures.append(result)
-                    unreachable.append((conn.address, result))
-                    continue
-                if isinstance(result, BaseException):
-                    raise result
-                if result.broker_id:  # a replica: where reads go while its master is away
-                    replicas = self._replicas.setdefault(result.broker_name, [])
-                    if conn.address not in replicas:
-                        replicas.append(conn.address)
-                    self._by_name.setdefault(result.broker_name, conn)  # serves until its master is listed
-                    continue
-                other = self._by_name.get(result.broker_name)
-                if other is not None and other.info is not None and other.info.broker_id:
-                    other = None  # the replica stood in for its master, listed too
-                if other is not None and other is not conn:
-                    raise InvalidArgumentError(
-                        f"brokers {other.address} and {conn.address} both call themselves {result.broker_name!r}")
-                self._by_name[result.broker_name] = conn
-            if not self._by_name:
-                if len(failures) == 1:
-                    raise failures[0]  # its message names the broker and why (a refused TLS handshake...)
-                why = "; ".join(str(f) for f in failures)
-                # Every broker refused the same way (credentials, TLS): that kind, not a retriable outage.
-                kinds = {type(f) for f in failures}
-                kind = kinds.pop() if len(kinds) == 1 else UnavailableError
-                raise kind(f"no broker reachable at {', '.join(self._by_address)}" + (f": {why}" if why else ""),
-                           code=failures[0].code if failures else None)
-            self._warn_unreachable(unreachable)
-            return dict(self._by_name)
+        """Learn the name of every reachable broker; UnavailableError if none answers. A call made while a
+        discovery is under way has that one's outcome."""
+        if self._by_name and (self._cluster_fresh() and not refresh if self.namesrv is not None
+                              else all(c.broker_name is not None for c in self._by_address.values())):
+            return dict(self._by_name)  # nothing to ask
+        running = self._discovering
+        if running is None:
+            running = self._discovering = asyncio.ensure_future(
+                self._discover_from_namesrv() if self.namesrv is not None else self._discover_listed())
+            running.add_done_callback(self._discovered)
+        return dict(await asyncio.shield(running))
+
+    def _discovered(self, done: asyncio.Future[dict[str, BrokerConnection]]) -> None:
+        if self._discovering is done:
+            self._discovering = None
+        if not done.cancelled():
+            done.exception()  # (retrieved: every caller has it raised)
+
+    def _cluster_fresh(self) -> bool:
+        return self._cluster_at is not None and time.monotonic() - self._cluster_at < self._route_ttl
+
+    async def _discover_listed(self) -> dict[str, BrokerConnection]:
+        """The names of the listed brokers not known yet, from their GetBrokerInfo."""
+        missing = [c for c in self._by_address.values() if c.broker_name is None]
+        results = await asyncio.gather(*(c.broker_info() for c in missing), return_exceptions=True)
+        failures: list[TidemarkError] = []
+        unreachable: list[tuple[str, TidemarkError]] = []
+        for conn, result in zip(missing, results, strict=True):
+            if isinstance(result, TidemarkError):
+                failures.append(result)
+                unreachable.append((conn.address, result))
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            if result.broker_id:  # a replica: where reads go while its master is away
+                replicas = self._replicas.setdefault(result.broker_name, [])
+                if conn.address not in replicas:
+                    replicas.append(conn.address)
+                self._by_name.setdefault(result.broker_name, conn)  # serves until its master is listed
+                continue
+            other = self._by_name.get(result.broker_name)
+            if other is not None and other.info is not None and other.info.broker_id:
+                other = None  # the replica stood in for its master, listed too
+            if other is not None and other is not conn:
+                raise InvalidArgumentError(
+                    f"brokers {other.address} and {conn.address} both call themselves {result.broker_name!r}")
+            self._by_name[result.broker_name] = conn
+        if not self._by_name:
+            if len(failures) == 1:
+                raise failures[0]  # its message names the broker and why (a refused TLS handshake...)
+            why = "; ".join(str(f) for f in failures)
+            # Every broker refused the same way (credentials, TLS): that kind, not a retriable outage.
+            kinds = {type(f) for f in failures}
+            kind = kinds.pop() if len(kinds) == 1 else UnavailableError
+            raise kind(f"no broker reachable at {', '.join(self._by_address)}" + (f": {why}" if why else ""),
+                       code=failures[0].code if failures else None)
+        self._warn_unreachable(unreachable)
+        return dict(self._by_name)
 
     def _warn_unreachable(self, unreachable: list[tuple[str, TidemarkError]]) -> None:
         """A warning for each listed broker that does not answer while others do, once per address (every
@@ -296,40 +320,36 @@ class BrokerCluster:
                 log.warning("broker %s does not answer; going on with the others (%s)", address, error,
                             event="broker_unreachable", addr=address)
 
-    async def _discover_from_namesrv(self, refresh: bool) -> dict[str, BrokerConnection]:
+    async def _discover_from_namesrv(self) -> dict[str, BrokerConnection]:
         """The brokers the name servers know (a master per name, or its lowest replica while it has
         none), asked again once route_ttl_s old; the last view while no name server answers."""
-        async with self._lock:
-            fresh = self._cluster_at is not None and time.monotonic() - self._cluster_at < self._route_ttl
-            if self._by_name and fresh and not refresh:
-                return dict(self._by_name)
-            try:
-                brokers = await self.namesrv.cluster()
-            except UnavailableError as e:
-                if not self._by_name:
-                    raise
-                log.warning("no name server answers; keeping the brokers known before", event="namesrv_unreachable",
-                            error=e, brokers=len(self._by_name))
-                return dict(self._by_name)
-            serving: dict[str, str] = {}
-            replicas: dict[str, list[str]] = {}
-            for b in sorted(brokers, key=lambda b: b.broker_id):
-                if b.broker_name not in serving:
-                    serving[b.broker_name] = b.address  # the lowest id serves: the master while it is registered
-                else:
-                    replicas.setdefault(b.broker_name, []).append(b.address)
-            self._replicas = replicas
-            if not serving:
-                raise UnavailableError(f"the name servers ({', '.join(self.namesrv.addresses)}) know no broker yet")
-            previous, self._by_name = self._by_name, {}
-            for name, address in serving.items():
-                kept = previous.get(name)
-                if kept is not None and kept.address == address:
-                    self._by_name[name] = kept  # unchanged: a failover under way stays as it is
-                else:
-                    self._adopt(name, address, kept)
-            self._cluster_at = time.monotonic()
+        try:
+            brokers = await self.namesrv.cluster()
+        except UnavailableError as e:
+            if not self._by_name:
+                raise
+            log.warning("no name server answers; keeping the brokers known before", event="namesrv_unreachable",
+                        error=e, brokers=len(self._by_name))
             return dict(self._by_name)
+        serving: dict[str, str] = {}
+        replicas: dict[str, list[str]] = {}
+        for b in sorted(brokers, key=lambda b: b.broker_id):
+            if b.broker_name not in serving:
+                serving[b.broker_name] = b.address  # the lowest id serves: the master while it is registered
+            else:
+                replicas.setdefault(b.broker_name, []).append(b.address)
+        self._replicas = replicas
+        if not serving:
+            raise UnavailableError(f"the name servers ({', '.join(self.namesrv.addresses)}) know no broker yet")
+        previous, self._by_name = self._by_name, {}
+        for name, address in serving.items():
+            kept = previous.get(name)
+            if kept is not None and kept.address == address:
+                self._by_name[name] = kept  # unchanged: a failover under way stays as it is
+            else:
+                self._adopt(name, address, kept)
+        self._cluster_at = time.monotonic()
+        return dict(self._by_name)
 
     async def cluster(self) -> list[ClusterBroker]:
         """Every broker the name servers know; without name servers, the brokers of the list as they

@@ -4,6 +4,8 @@ rules (records.check_batch): the same batches accepted, the same records located
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import struct
 import zlib
 
@@ -12,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tidemark.broker.errors import InvalidArgumentError
-from tidemark.broker.store import batches
+from tidemark.broker.store import MessageStore, batches
 from tidemark.common import records
 from tidemark.common.records import RecordBatchBuilder, RecordError
 
@@ -145,14 +147,29 @@ def test_msg_ids_decode_on_demand():
     assert list(checked.msg_ids) == [f"ID{i}" for i in range(n)] == checked.msg_ids[:]
 
 
-def test_batches_stamped_in_bulk_survive_recovery_across_segment_ends(open_store, clock):
-    """Batches of N + 5 records into 4 KiB segments: most fit their segment (stamped and sealed in bulk),
-    some cross an end (sealed record by record). After a crash, recovery checks every CRC and stated
-    offset, and every record reads back with its queue offset, store time and consume-queue entry."""
+def _counting_seals(monkeypatch) -> list[int]:
+    """batches.seal_all made to count its calls (how many batches were sealed in bulk)."""
+    calls = []
+    seal_all = batches.seal_all
+
+    def counted(*args):
+        calls.append(len(args[1]))
+        seal_all(*args)
+
+    monkeypatch.setattr(batches, "seal_all", counted)
+    return calls
+
+
+def test_batches_stamped_in_bulk_survive_recovery_across_segment_ends(open_store, clock, monkeypatch):
+    """Batches of N + 5 records (about 5.3 KB) into 16 KiB segments: most fit their segment (stamped and
+    sealed in bulk), some cross an end (sealed record by record). After a crash, recovery checks every
+    CRC and stated offset, and every record reads back with its queue offset, store time and consume-queue
+    entry."""
     sizes = []
+    sealed = _counting_seals(monkeypatch)
 
     async def write():
-        store, _ = open_store()
+        store, _ = open_store(commitlog_segment_size=16384)
         await store.start()
         for b in range(8):
             data = bytes(_builder(N + 5, b * (N + 5), tag="t" if b % 2 else "u").buffer)
@@ -167,7 +184,8 @@ def test_batches_stamped_in_bulk_survive_recovery_across_segment_ends(open_store
         # abandoned without shutdown: a crash
 
     asyncio.run(write())
-    store, report = open_store()
+    assert 4 <= len(sealed) < 8 and set(sealed) == {N + 5}  # in bulk, but not every batch
+    store, report = open_store(commitlog_segment_size=16384)
     assert report.truncated_bytes == 0 and report.commit_log_end == store.commit_log_max_offset
     total = 8 * (N + 5)
     assert store.max_offset("T", 1) == total
@@ -183,3 +201,36 @@ def test_batches_stamped_in_bulk_survive_recovery_across_segment_ends(open_store
     entries = store._queues.get("T", 1).read_entries(0, total)
     assert [e[0] for e in entries] == sorted({e[0] for e in entries})
     assert all(store.read_message(phys).queue_offset == i for i, (phys, _, _) in enumerate(entries))
+
+
+def _store_bytes(directory) -> dict[str, bytes]:
+    """Every commit-log and consume-queue file under a store's directory, by its relative path."""
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*"))
+            if p.is_file() and p.parent != directory}
+
+
+def test_a_batch_sealed_in_bulk_is_stored_byte_for_byte_as_one_sealed_record_by_record(
+        config, tmp_path, monkeypatch):
+    """The same batches through the bulk path and the per-record path, with the same store times: the same
+    commit-log and consume-queue bytes, the same answers, and every record's CRC holds."""
+    plan = [(0, _builder(N, 0)), (1, _builder(N + 3, 100, tag="v")), (0, _builder(2 * N, N, tag=""))]
+    stored = {}
+    for path, bulk_min in (("bulk", N), ("each", 10**9)):
+        monkeypatch.setattr(batches, "BULK_MIN", bulk_min)
+        sealed = _counting_seals(monkeypatch)
+        store = MessageStore(dataclasses.replace(config, data_dir=tmp_path / path, commitlog_segment_size=1 << 16),
+                             clock=itertools.count(1_700_000_000_000, 7).__next__)
+        store.load()
+        asyncio.run(store.start())
+        puts = [store.append_records("T", queue_id, bytes(b.buffer), b.count) for queue_id, b in plan]
+        answers = [(p.first_offset, list(p.msg_ids), p.store_timestamp, p.end) for p in puts]
+        stored[path] = answers, _store_bytes(tmp_path / path), len(sealed)
+    (bulk_answers, bulk_files, bulk_seals), (each_answers, each_files, each_seals) = stored["bulk"], stored["each"]
+    assert (bulk_seals, each_seals) == (len(plan), 0)
+    assert bulk_answers == each_answers
+    assert bulk_files.keys() == each_files.keys() and any("consumequeue" in name for name in bulk_files)
+    assert bulk_files == each_files
+    [log] = [data for name, data in bulk_files.items() if name.startswith("commitlog")]
+    spans = records.record_spans(log[:bulk_answers[-1][3]])
+    assert len(spans) == sum(b.count for _, b in plan)
+    assert all(records.crc_ok(log, start, size) for start, size in spans)

@@ -140,6 +140,28 @@ def test_a_bad_record_is_named_by_the_rules():
         batches.check_batch(bytes(bad), n, topic="T", **LIMITS)
 
 
+def test_long_tags_are_hashed_one_by_one_and_a_wrong_code_is_named():
+    """Tags of more than batches._MAX_TABLE_TAG bytes (hashed one by one, not in the padded table), mixed
+    with short, empty and absent ones: the rules' codes; a long tag's wrong code is the rules' refusal."""
+    long_tags = ["x" * (batches._MAX_TABLE_TAG + 1), "y" * 300, "é" * 150]
+    tags = [*long_tags, "s", "", None, long_tags[0]]
+    b = RecordBatchBuilder("T", "h")
+    for i in range(N + 3):
+        tag = tags[i % len(tags)]
+        props = records.encode_properties({"UNIQ_KEY": f"ID{i}"} | ({} if tag is None else {"TAGS": tag}))
+        b.append(b"body", props, tags_code=_tags_code(props))
+    raw = bytes(b.buffer)
+    checked = batches._check_bulk(raw, N + 3, b"T", **LIMITS)  # no fallback: the bulk check took it
+    assert [int(t) for t in checked.tags_codes] == records.check_batch(raw, N + 3, topic="T", **LIMITS).tags_codes
+    assert {int(t) for t in checked.tags_codes} >= {zlib.crc32(t.encode()) for t in long_tags}
+    bad = bytearray(raw)
+    start, _ = records.record_spans(raw)[N + 1]  # "y" * 300
+    struct.pack_into(">q", bad, start + records.TAGS_OFFSET, zlib.crc32(long_tags[0].encode()))
+    with pytest.raises(RecordError, match=rf"record {N + 1} of the batch: tags code \d+ is not the hash"):
+        batches.check_batch(bytes(bad), N + 3, topic="T", **LIMITS)
+    assert _bulk(bytes(bad), N + 3) == _per_record(bytes(bad), N + 3)
+
+
 def test_msg_ids_decode_on_demand():
     raw, n = bytes(_builder(N + 2, 0).buffer), N + 2
     checked = batches.check_batch(raw, n, topic="T", **LIMITS)

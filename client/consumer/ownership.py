@@ -25,9 +25,13 @@ What differs between a push and a lite pull consumer is left to its
 OwnershipHooks, as RocketMQ's RebalanceImpl leaves computePullFromWhere,
 dispatchPullRequest and removeUnnecessaryMessageQueue to its subclasses.
 
-Queue set changes go through one asyncio.Lock, so rebalances, lock retries
+Queue set changes go through one asyncio.Lock, so rebalances, lock grants
 and renewals never interleave; per-queue state changes go through
 OwnedQueue.transition, and each generation of a queue is a QueueLease.
+Lock requests are made outside that lock (one task per broker and batch of
+queues, which alone asks for them until they are granted or go away), and
+what they grant is started under it: a request waiting on its broker holds
+up neither the consumer's other changes nor other topics' and brokers' grants.
 Retried unlocks run outside that lock (a broker cut off must not hold up the
 others' handovers): lock tokens, not the lock, keep them from undoing a grant.
 """
@@ -55,11 +59,11 @@ log = get_logger("tidemark.client.ownership")
 
 # How long one LockQueues call waits on the broker for a previous owner to let go.
 LOCK_WAIT_MS = 5_000
-# How long the first LockQueues of queues that arrive waits for a release (a handover under way) inside
-# the rebalance that took them, which holds the consumer's other queue changes meanwhile; past it a
-# waiter asks on outside (LOCK_WAIT_MS).
+# How long the first LockQueues of queues that arrive waits for a release (a handover under way): the
+# rebalance pass that took them waits for these answers (all its topics' and brokers' at once, `settle`);
+# past it a waiting request asks on (LOCK_WAIT_MS).
 FIRST_LOCK_WAIT_MS = 100
-# Pause before asking again after a broker could not be asked at all.
+# Pause before asking again after a broker could not be asked at all, or a granted queue could not start.
 LOCK_RETRY_DELAY_S = 1.0
 # How long an unlock that failed is asked again: by then the broker has let the lock expire by itself
 # (RocketMQ's REBALANCE_LOCK_MAX_LIVE_TIME, the broker's default lock_expiry_ms).
@@ -119,10 +123,11 @@ class QueueOwnership:
         self._on_acquired = on_acquired
         self._queues: dict[MessageQueue, OwnedQueue] = {}
         self._lock = asyncio.Lock()
-        # Waits (on the brokers) for queues whose previous owner has not released them yet: one task per
-        # batch of queues asked for together, and the queues those waits are asking for now.
+        # Lock requests (made outside the ownership lock): one task per broker and batch of queues asked
+        # for together, which alone asks for them (or pauses before it asks again) until they are granted
+        # or go away; and the first requests of queues that update() took, which settle() waits for.
         self._lock_waiters = TaskSet("lock_waiter_failed", "lock waiter failed", log, group=group)
-        self._asking: set[MessageQueue] = set()
+        self._first: set[asyncio.Task] = set()
         # Progress of queues lost (not handed over), for their next lease: see kept_progress.py.
         self._kept: dict[MessageQueue, KeptProgress] = {}
         # Queues handed back whose unlock failed (a partition, a timeout): until the broker hears of it,
@@ -176,7 +181,8 @@ class QueueOwnership:
     # -- changes ---------------------------------------------------------------
 
     async def update(self, topic: str, target: set[MessageQueue]) -> bool:
-        """Make the queues of a topic equal to target; True if anything changed."""
+        """Make the queues of a topic equal to target; True if anything changed. With locking, queues that
+        arrive are asked for in the background: settle() waits for those first answers."""
         async with self._lock:
             current = {mq for mq in self._queues if mq.topic == topic}
             removed, added = current - target, target - current
@@ -216,40 +222,49 @@ class QueueOwnership:
         await self._hooks.lease_started(new)
         return new
 
-    def _wait_for_locks(self, *, pause: bool = False) -> None:
-        """Make sure every LOCKING queue is asked for by a waiting LockQueues (after LOCK_RETRY_DELAY_S
-        with `pause`). A wait already under way keeps its queues; queues that arrived since get a waiter
-        of their own instead of waiting for that call to end (up to LOCK_WAIT_MS)."""
-        if any(oq.state is QueueState.LOCKING and oq.mq not in self._asking for oq in self._queues.values()):
-            self._lock_waiters.spawn(self._await_locks(pause), name="lock-waiter")
+    async def settle(self) -> None:
+        """Until the first lock requests of the queues update() took are answered and what they granted
+        has started (each waits up to FIRST_LOCK_WAIT_MS on its broker for a release, all at once)."""
+        while self._first:
+            await asyncio.wait(set(self._first))
 
-    async def _await_locks(self, pause: bool = False) -> None:
-        """Ask each broker to answer as soon as our LOCKING queues are released (LockQueues with a wait),
-        then start what was granted. The wait runs outside the ownership lock: rebalances go on."""
-        if pause:
-            await asyncio.sleep(LOCK_RETRY_DELAY_S)
-        while True:
-            waiting = [oq for oq in self._queues.values()
-                       if oq.state is QueueState.LOCKING and oq.mq not in self._asking]
-            if not waiting:
-                return
-            asking = {oq.mq for oq in waiting}
-            self._asking |= asking
-            try:
-                results = await asyncio.gather(*(self._lock_on(broker, oqs, wait_ms=LOCK_WAIT_MS)
-                                                 for broker, oqs in _by_broker(waiting).items()))
-            finally:
-                self._asking -= asking
-            async with self._lock:
-                granted = [oq for oqs, _ in results for oq in oqs
-                           if self._queues.get(oq.mq) is oq and oq.state is QueueState.LOCKING]
-                started = await asyncio.gather(*(self._start(oq) for oq in granted))
-            if any(self._queues.get(oq.mq) is oq and oq.state is QueueState.PULLING for oq in granted):
-                self._on_acquired()
-            # A grant of a queue we no longer want still ended a wait: ask again for the rest at once.
-            # Nothing granted at all (a broker down, or its wait ran out) or no start possible: pause.
-            if not any(answered for _, answered in results) or (granted and not any(started)):
-                await asyncio.sleep(LOCK_RETRY_DELAY_S)
+    def _ask(self, oqs: Iterable[OwnedQueue], *, wait_ms: int, pause_s: float = 0.0, first: bool = False) -> None:
+        """Ask for LOCKING queues (after `pause_s`): one task per broker, which owns them until granted."""
+        for broker, group in _by_broker(list(oqs)).items():
+            task = self._lock_waiters.spawn(self._ask_on(broker, group, wait_ms, pause_s, first=first),
+                                            name=f"lock:{broker}")
+            if task is not None and first:  # (None: stopped, nothing is asked for any more)
+                self._first.add(task)
+                task.add_done_callback(self._first.discard)
+
+    def _locking(self, oq: OwnedQueue) -> bool:
+        return self._queues.get(oq.mq) is oq and oq.state is QueueState.LOCKING
+
+    async def _ask_on(self, broker: str, oqs: list[OwnedQueue], wait_ms: int, pause_s: float, *,
+                      first: bool) -> None:
+        """One LockQueues (waiting up to wait_ms on the broker for a release) outside the ownership lock, the
+        grants started under it, then the next request for what is still LOCKING: at once for queues not
+        granted (a grant of a queue we no longer want still ended a wait), after a pause for a queue whose
+        start offset could not be read, and for all when the broker granted nothing (a wait that ran out,
+        a broker that could not be asked)."""
+        if pause_s:
+            await asyncio.sleep(pause_s)
+        asked = [oq for oq in oqs if self._locking(oq)]
+        if not asked:
+            return
+        granted, answered = await self._lock_on(broker, asked, wait_ms=wait_ms)
+        async with self._lock:
+            granted = [oq for oq in granted if self._locking(oq)]
+            # Each start reads the queue's committed offset: do them concurrently.
+            started = await asyncio.gather(*(self._start(oq) for oq in granted))
+        failed = {oq for oq, ok in zip(granted, started, strict=True) if not ok}
+        rest = [oq for oq in asked if self._locking(oq) and oq not in failed]
+        # After a first request (its short wait ran out, or its broker could not be asked) the waiting
+        # request goes at once.
+        self._ask(rest, wait_ms=LOCK_WAIT_MS, pause_s=0.0 if answered or first else LOCK_RETRY_DELAY_S)
+        self._ask([oq for oq in failed if self._locking(oq)], wait_ms=LOCK_WAIT_MS, pause_s=LOCK_RETRY_DELAY_S)
+        if not first and any(oq.state is QueueState.PULLING for oq in granted):
+            self._on_acquired()  # (a first request's grants are told by the rebalance pass that settles them)
 
     async def stop(self) -> None:
         """Stop waiting for locks and asking again for failed unlocks (before release_all at shutdown;
@@ -304,23 +319,18 @@ class QueueOwnership:
         if self.locking:
             for oq in oqs:
                 oq.transition(QueueState.LOCKING)
-            await self._lock_and_start(oqs)
+            self._lock_and_start(oqs)
         else:
             for oq in oqs:
                 await self._start(oq)
 
-    async def _lock_and_start(self, oqs: Iterable[OwnedQueue]) -> None:
+    def _lock_and_start(self, oqs: Iterable[OwnedQueue]) -> None:
         # A queue that arrives is mostly being handed over at this moment: its previous owner heard of the
         # same change and its unlock is on the way. Asked without a wait, the request often reached the
         # broker just before the release, was refused, and the waiting request went only after that
-        # answer (a round trip lost in a join). A short wait is answered at the release instead.
-        results = await asyncio.gather(*(self._lock_on(broker, group, wait_ms=FIRST_LOCK_WAIT_MS)
-                                         for broker, group in _by_broker(list(oqs)).items()))
-        granted = [oq for oqs_granted, _ in results for oq in oqs_granted]
-        # Each start reads the queue's committed offset: do them concurrently.
-        started = await asyncio.gather(*(self._start(oq) for oq in granted))
-        if any(oq.state is QueueState.LOCKING for oq in self._queues.values()):
-            self._wait_for_locks(pause=not all(started))  # a start failed: not again at once
+        # answer (a round trip lost in a join). A short wait is answered at the release instead. It runs
+        # outside the ownership lock, each broker's beside the others' (settle() waits for them).
+        self._ask(oqs, wait_ms=FIRST_LOCK_WAIT_MS, first=True)
 
     async def _lock_on(self, broker: str, oqs: list[OwnedQueue], *,
                        wait_ms: int) -> tuple[list[OwnedQueue], bool]:

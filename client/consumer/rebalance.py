@@ -60,28 +60,34 @@ class RebalanceService:
         a fast pass (after a membership push, or at start when routes were just read) uses the cached
         routes and the lists the brokers pushed, so a handover starts without extra round trips. Routes
         are asked for together, and each topic is rebalanced as soon as its own route is there: a route
-        still on its way (a new member's retry topic) does not hold up the queues of the others."""
+        still on its way (a new member's retry topic) does not hold up the queues of the others. The
+        first lock requests of every topic's new queues are answered together at the end (`settle`):
+        when the pass returns, the start offsets of what they granted are fixed."""
         fast = self._pushed if fast is None else fast
         self._pushed = False
         self.rebalances += 1
         topics = sorted(self._topics(), key=lambda t: (is_retry_topic(t), t))
         routes = [asyncio.ensure_future(self._cluster.route(t, refresh=not fast)) for t in topics]
         members: dict[str, list[str]] = {}  # broker name -> the group's client ids it knows
+        changed = False
         try:
             for topic, route in zip(topics, routes, strict=True):
                 try:
-                    await self._rebalance_topic(topic, await route, members, fast=fast)
+                    changed = await self._rebalance_topic(topic, await route, members, fast=fast) or changed
                 except NotFoundError as e:
                     # The topic is gone (deleted) or not created yet: hand back whatever we held of it.
                     log.debug("rebalance skipped", event="rebalance_skip", group=self._group, topic=topic, reason=e)
                     if await self._ownership.update(topic, set()):
                         self.changes += 1
-                        self._on_change()
+                        changed = True
                 except TidemarkError as e:
                     log.warning("rebalance failed", event="rebalance_failed", group=self._group, topic=topic,
                                 error=e)
         finally:
             await cancel_and_wait(*routes)  # (those of a pass cut short; the others are done)
+        await self._ownership.settle()
+        if changed:
+            self._on_change()
 
     async def allocation(self, route: TopicRoute, members: dict[str, list[str]], *, fast: bool = False
                          ) -> tuple[list[MessageQueue], list[str], set[MessageQueue]]:
@@ -104,7 +110,8 @@ class RebalanceService:
         return mq_all, cid_all, set(self._strategy.allocate(self._group, self._client_id, mq_all, cid_all))
 
     async def _rebalance_topic(self, topic: str, route: TopicRoute, members: dict[str, list[str]], *,
-                               fast: bool) -> None:
+                               fast: bool) -> bool:
+        """Whether this client's queues of the topic changed."""
         mq_all, cid_all, mine = await self.allocation(route, members, fast=fast)
         if self._model is MessageModel.CLUSTERING and self._client_id not in cid_all:
             # Not registered on the broker (restarted, or expired us): register first; the membership
@@ -112,8 +119,9 @@ class RebalanceService:
             log.info("not in the group's member list, heartbeating",
                      event="rebalance_not_member", group=self._group, topic=topic)
             self._on_not_member()
-            return
-        if await self._ownership.update(topic, mine):
-            self.changes += 1
-            self._on_change()
-            log.info("rebalanced result changed. allocateMessageQueueStrategyName=%s, group=%s, topic=%s, clientId=%s, mqAllSize=%d, cidAllSize=%d, rebalanceResultSize=%d, rebalanceResultSet=[%s]", self._strategy.name, self._group, topic, self._client_id, len(mq_all), len(cid_all), len(mine), ", ".join(str(q) for q in sorted(mine)), event="rebalance_changed")
+            return False
+        if not await self._ownership.update(topic, mine):
+            return False
+        self.changes += 1
+        log.info("rebalanced result changed. allocateMessageQueueStrategyName=%s, group=%s, topic=%s, clientId=%s, mqAllSize=%d, cidAllSize=%d, rebalanceResultSize=%d, rebalanceResultSet=[%s]", self._strategy.name, self._group, topic, self._client_id, len(mq_all), len(cid_all), len(mine), ", ".join(str(q) for q in sorted(mine)), event="rebalance_changed")
+        return True

@@ -93,6 +93,13 @@ def setup() -> tuple[RestartingBroker, Hooks, RemoteBrokerOffsetStore, QueueOwne
     broker, hooks = RestartingBroker(), Hooks()
     store = RemoteBrokerOffsetStore(cluster=broker, group="g", client_id="c1", require_fence=True)
     own = QueueOwnership(cluster=broker, group="g", client_id="c1", offset_store=store, locking=True, hooks=hooks)
+    update = own.update
+
+    async def update_and_settle(topic, target):  # (queues taken are locked in the background: wait for it)
+        changed = await update(topic, target)
+        await own.settle()
+        return changed
+    own.update = update_and_settle
     return broker, hooks, store, own
 
 

@@ -105,9 +105,20 @@ class Hooks:
         pass
 
 
-def ownership(broker: ScriptedBroker, hooks: Hooks) -> QueueOwnership:
+def ownership(broker: ScriptedBroker, hooks: Hooks, *, settle: bool = True) -> QueueOwnership:
+    """QueueOwnership over the scripted broker; with `settle`, update() returns once the first lock
+    requests of the queues it took are answered (as a rebalance pass does, RebalanceService.do_rebalance)."""
     store = RemoteBrokerOffsetStore(cluster=broker, group="g", client_id="c1", require_fence=True)
-    return QueueOwnership(cluster=broker, group="g", client_id="c1", offset_store=store, locking=True, hooks=hooks)
+    own = QueueOwnership(cluster=broker, group="g", client_id="c1", offset_store=store, locking=True, hooks=hooks)
+    if settle:
+        update = own.update
+
+        async def update_and_settle(topic, target):
+            changed = await update(topic, target)
+            await own.settle()
+            return changed
+        own.update = update_and_settle
+    return own
 
 
 def test_a_late_grant_for_a_queue_that_came_back_leaves_the_new_owner_s_lock_alone():

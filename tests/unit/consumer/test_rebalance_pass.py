@@ -51,6 +51,9 @@ class RecordingOwnership:
         self.updated.set()
         return bool(target)
 
+    async def settle(self) -> None:
+        pass
+
 
 def service(cluster, ownership, topics) -> RebalanceService:
     return RebalanceService(cluster=cluster, group="g", client_id="c1", model=MessageModel.CLUSTERING,

@@ -1,0 +1,104 @@
+"""Review of the consumer's join and hand-over changes (issue 30), against the scripted broker of
+test_ownership.py: lock requests that wait on the broker hold up neither the consumer's other changes
+nor each other, a pause after a failed start delays that queue alone, a gathered final call that the
+broker refuses whole is asked again queue by queue, a cancelled rider does not take the call down with
+it, and a final call pending when the consumer stops is asked once more with the full request time."""
+
+from __future__ import annotations
+
+import asyncio
+
+from test_ownership import MQ, MQ1, Hooks, ScriptedBroker, ownership
+
+from tidemark.client.consumer import ownership as ownership_module
+from tidemark.client.consumer.queue_state import QueueState
+from tidemark.client.errors import RequestTimeoutError
+from tidemark.client.message import MessageQueue
+
+HELD = MessageQueue("H", "broker-a", 0)
+
+
+class HeldElsewhere(ScriptedBroker):
+    """Queues of topics other than H are held by another client until `released` is set; renewals and
+    H's queue are granted at once. `waiting` counts the lock requests waiting on the broker now."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.released = asyncio.Event()
+        self.waiting = 0
+        self.asked: list[tuple[int, list[MessageQueue]]] = []  # (wait_ms, queues) of each lock request
+
+    async def lock_queues(self, group, client_id, mqs, *, wait_ms=0, renew=False):
+        self.asked.append((wait_ms, sorted(mqs)))
+        if not renew and any(mq.topic != "H" for mq in mqs):
+            self.waiting += 1
+            try:
+                await self.released.wait()
+            finally:
+                self.waiting -= 1
+        self.grant_now = True
+        return await super().lock_queues(group, client_id, mqs, renew=renew)
+
+
+def test_first_lock_requests_that_wait_hold_up_neither_other_topics_nor_renewals(monkeypatch):
+    """The first request of queues that arrive waits on the broker for a release (FIRST_LOCK_WAIT_MS):
+    it ran inside update() under the ownership lock, one topic after the other, so a pass over N topics
+    whose queues nobody released took N waits, and renewals (and lose(), and waiters' grants) waited
+    behind it."""
+    monkeypatch.setattr(ownership_module, "FIRST_LOCK_WAIT_MS", 60_000)  # (only the release ends a wait)
+
+    async def scenario():
+        broker, hooks = HeldElsewhere(), Hooks()
+        own = ownership(broker, hooks, settle=False)
+        await own.update("H", {HELD})
+        await asyncio.wait_for(own.settle(), 5)
+        assert own.get(HELD).state is QueueState.PULLING
+        for i in range(5):  # a pass over five topics whose queues are all held elsewhere
+            await asyncio.wait_for(own.update(f"T{i}", {MessageQueue(f"T{i}", "broker-a", 0)}), 5)
+        while broker.waiting < 5:
+            await asyncio.sleep(0)  # all five first requests wait on the broker at once
+        await asyncio.wait_for(own.renew_locks(), 5)  # not behind them
+        assert own.get(HELD).state is QueueState.PULLING and broker.waiting == 5
+        broker.released.set()
+        await asyncio.wait_for(own.settle(), 5)
+        assert all(own.get(MessageQueue(f"T{i}", "broker-a", 0)).state is QueueState.PULLING for i in range(5))
+        assert [wait for wait, _ in broker.asked if wait] == [60_000] * 6  # one request each, no second
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_a_failed_start_pauses_that_queue_alone(monkeypatch):
+    """A start offset that cannot be read is asked again after LOCK_RETRY_DELAY_S; the sibling asked for
+    in the same request, simply not granted yet (held by its previous owner), waited that pause too
+    instead of having its waiting request go at once."""
+    monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 60.0)  # (the pause never ends here)
+
+    class GrantsMQ(ScriptedBroker):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: list[tuple[int, list[MessageQueue]]] = []
+
+        async def lock_queues(self, group, client_id, mqs, *, wait_ms=0, renew=False):
+            self.asked.append((wait_ms, sorted(mqs)))
+            self.grant_now = True
+            return await super().lock_queues(group, client_id, [mq for mq in mqs if mq == MQ], renew=renew)
+
+    class FailsOnce(Hooks):
+        async def start_offset(self, mq, committed):
+            self.start_attempts += 1
+            if self.start_attempts == 1:
+                raise RequestTimeoutError("max offset: no answer")
+            return 0
+
+    async def scenario():
+        broker, hooks = GrantsMQ(), FailsOnce()
+        own = ownership(broker, hooks)
+        await own.update("T", {MQ, MQ1})  # MQ granted, its start fails; MQ1 held by its previous owner
+        for _ in range(1000):
+            if (ownership_module.LOCK_WAIT_MS, [MQ1]) in broker.asked:
+                break
+            await asyncio.sleep(0)
+        assert broker.asked[1:] == [(ownership_module.LOCK_WAIT_MS, [MQ1])]  # at once, MQ's own retry later
+        assert own.get(MQ).state is QueueState.LOCKING and hooks.start_attempts == 1
+        await own.stop()
+    asyncio.run(scenario())

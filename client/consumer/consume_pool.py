@@ -99,22 +99,28 @@ class ConsumeThreadPool:
             if self._stopped:
                 work.clear()
                 return
-            wanted = min(self._max_threads - (len(self._threads) - len(self._idle)),
-                         -(-len(work) // TASKS_PER_THREAD) - self._waking)
-            if wanted <= 0:
-                return
-            idle = self._idle
-            for _ in range(min(wanted, len(idle))):
-                idle.pop().lock.release()
-                self._waking += 1
-                wanted -= 1
-            new = [threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads) + i + 1}",
-                                    daemon=True)
-                   for i in range(min(wanted, self._max_threads - len(self._threads)))]
-            self._threads.extend(new)
-            self._waking += len(new)
-        for thread in new:  # outside the mutex: a new thread may take work at once
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake (or start) threads for the queued work, one per TASKS_PER_THREAD tasks, besides those on
+        their way (with the mutex held). A thread that fails to start is neither kept nor counted: its
+        error is raised, and the next hand-off tries again."""
+        idle = self._idle
+        wanted = min(self._max_threads - (len(self._threads) - len(idle)),
+                     -(-len(self._work) // TASKS_PER_THREAD) - self._waking)
+        while wanted > 0 and idle:
+            idle.pop().lock.release()
+            self._waking += 1
+            wanted -= 1
+        # Started with the mutex held (a new thread that finds no work waits for it to park): a thread is
+        # in _threads, and counted as on its way, only once its start succeeded, so a failed start ("can't
+        # start new thread") leaves no dead thread counted as on its way, which would wedge the pool.
+        for _ in range(min(wanted, self._max_threads - len(self._threads))):
+            thread = threading.Thread(target=self._worker, name=f"{self._name}_{len(self._threads) + 1}",
+                                      daemon=True)
             thread.start()
+            self._threads.append(thread)
+            self._waking += 1
 
     def run(self, fn: Callable[[], Any]) -> asyncio.Future:
         """Run one function on a consume thread; its result arrives on an asyncio future."""

@@ -314,6 +314,27 @@ def test_a_listener_stuck_in_a_call_does_not_hold_up_work_queued_behind_it():
     asyncio.run(scenario())
 
 
+def test_a_thread_that_fails_to_start_leaves_the_pool_able_to_start_another(monkeypatch):
+    real_start, failures = threading.Thread.start, [RuntimeError("can't start new thread")]
+
+    def start(thread):
+        if thread.name.startswith("t_") and failures:
+            raise failures.pop()
+        real_start(thread)
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+    async def scenario():
+        ran = threading.Event()
+        pool = ConsumeThreadPool(max_threads=4, name="t", loop=asyncio.get_running_loop())
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            pool.submit([ran.set])
+        assert pool._threads == [] and pool._waking == 0  # no dead thread counted as on its way
+        assert await asyncio.wait_for(pool.run(lambda: 42), 5) == 42
+        assert ran.is_set()  # the task queued by the failed hand-off ran too
+        await asyncio.to_thread(pool.shutdown)
+    asyncio.run(scenario())
+
+
 def test_the_parts_of_a_frame_wake_one_thread_not_one_each():
     async def scenario():
         pool = ConsumeThreadPool(max_threads=20, name="t", loop=asyncio.get_running_loop())

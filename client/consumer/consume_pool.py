@@ -164,9 +164,8 @@ class ConsumeThreadPool:
             threads = list(self._threads)
         for parked in idle:
             parked.lock.release()
-        for thread in threads:
-            if thread.ident is not None:  # (a thread submit() made is started right after, outside the mutex)
-                thread.join()
+        for thread in threads:  # (each started: a thread joins _threads once its start succeeded)
+            thread.join()
 
     # -- consume threads ---------------------------------------------------------------------
 

@@ -335,6 +335,55 @@ def test_a_thread_that_fails_to_start_leaves_the_pool_able_to_start_another(monk
     asyncio.run(scenario())
 
 
+def test_a_shutdown_while_a_thread_is_starting_joins_that_thread(monkeypatch):
+    real_start, starting, go = threading.Thread.start, threading.Event(), threading.Event()
+
+    def start(thread):
+        if thread.name.startswith("t_"):
+            starting.set()
+            go.wait(5)
+        real_start(thread)
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+    class Mutex:  # the pool's mutex, telling when shutdown() asks for it
+        def __init__(self):
+            self.lock, self.asked = threading.Lock(), threading.Event()
+
+        def __enter__(self):
+            if threading.current_thread().name == "stopper":
+                self.asked.set()
+            self.lock.acquire()
+
+        def __exit__(self, *exc):
+            self.lock.release()
+
+    async def scenario():
+        pool = ConsumeThreadPool(max_threads=1, name="t", loop=asyncio.get_running_loop())
+        pool._mutex = mutex = Mutex()
+        outcome = []
+
+        def stop():
+            try:
+                pool.shutdown()
+                outcome.append(all(t.ident is not None and not t.is_alive() for t in pool._threads))
+            except BaseException as e:  # e.g. "cannot join thread before it is started"
+                outcome.append(e)
+        stopper = threading.Thread(target=stop, name="stopper")
+
+        def race():  # shutdown() called while the hand-off is starting a thread
+            starting.wait(5)
+            stopper.start()
+            mutex.asked.wait(5)
+            go.set()
+        racer = threading.Thread(target=race)
+        racer.start()
+        pool.submit([lambda: None])
+        await asyncio.to_thread(stopper.join, 5)
+        racer.join()
+        assert len(pool._threads) == 1 and outcome == [True]  # joined, not skipped
+    asyncio.run(scenario())
+
+
 def test_the_parts_of_a_frame_wake_one_thread_not_one_each():
     async def scenario():
         pool = ConsumeThreadPool(max_threads=20, name="t", loop=asyncio.get_running_loop())

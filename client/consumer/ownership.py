@@ -441,8 +441,11 @@ class QueueOwnership:
             oq.transition(QueueState.DRAINING)
             oq.release_task = asyncio.get_running_loop().create_task(self._finish_release(oq),
                                                                      name=f"release:{oq.mq}")
-        if oq.release_task is not None:
-            await asyncio.shield(oq.release_task)
+        task = oq.release_task
+        if task is not None:
+            await asyncio.wait((task,))  # (shielded: a cancelled caller leaves the release running)
+            if not task.cancelled():  # (cancelled by someone else: not this caller's cancellation)
+                task.result()
 
     async def _unlock(self, oq: OwnedQueue) -> None:
         try:
@@ -473,11 +476,16 @@ class QueueOwnership:
         try:
             refused = await self._finals.send(oq.mq, commit, oq.lock_token, bound)
         except (TidemarkError, TimeoutError) as e:
-            log.warning("final commit and unlock failed, asking again",
-                        event="final_commit_failed", group=self._group, queue=oq.mq,
-                        error=str(e) or f"no answer within {bound} s")
-            self._unlock_later(oq.mq, commit, oq.lock_token)
             refused = []
+            if isinstance(e, TidemarkError) and not e.retriable:
+                # Refused for good (asked again it would be refused again): the broker lets the lock expire.
+                log.warning("final commit and unlock refused", event="final_commit_failed", group=self._group,
+                            queue=oq.mq, error=e)
+            else:
+                log.warning("final commit and unlock failed, asking again",
+                            event="final_commit_failed", group=self._group, queue=oq.mq,
+                            error=str(e) or f"no answer within {bound} s")
+                self._unlock_later(oq.mq, commit, oq.lock_token)
         for error in refused:
             if isinstance(error, FencedError):
                 self._lose(oq, f"final commit fenced: {error}")
@@ -537,23 +545,23 @@ class QueueOwnership:
         if not pending:
             return False
         self.unlock_retries += 1
-        try:
-            conn = await self._cluster.connection(broker)
-            refused = await conn.unlock_queues(self._group, self._client_id, list(pending),
-                                               [p.commit for p in pending.values() if p.commit is not None],
-                                               tokens=[p.token for p in pending.values()])
-        except TidemarkError as e:
-            log.info("unlock failed again", event="unlock_retry_failed", group=self._group, broker=broker,
-                     queues=len(pending), error=e)
-            return True
+        outcomes = await self._finals.unlock(broker, list(pending),
+                                             [p.commit for p in pending.values() if p.commit is not None],
+                                             [p.token for p in pending.values()])
         for mq, p in pending.items():
+            outcome = outcomes[mq]
+            if isinstance(outcome, TidemarkError) and outcome.retriable:
+                log.info("unlock failed again", event="unlock_retry_failed", group=self._group, queue=mq,
+                         error=outcome)
+                continue
             if self._unlocks.get(mq) is p:  # (not one that failed again meanwhile, with a newer commit)
                 del self._unlocks[mq]
-        log.info("queues unlocked on a retry", event="unlock_retried", group=self._group, broker=broker,
+            # Fenced: the queue passed on (or came back to us) meanwhile, its offset stands; or refused for good.
+            for error in [outcome] if isinstance(outcome, BaseException) else outcome:
+                log.info("final commit refused on a retry", event="final_commit_refused", group=self._group,
+                         queue=mq, error=error)
+        log.info("unlocks asked again", event="unlock_retried", group=self._group, broker=broker,
                  queues=", ".join(str(mq) for mq in pending))
-        for _, error in refused:  # fenced: the queue passed on (or came back to us) meanwhile; its offset stands
-            log.info("final commit refused on a retry", event="final_commit_refused", group=self._group,
-                     broker=broker, error=error)
         return any(mq.broker_name == broker for mq in self._unlocks)
 
     def _lose(self, oq: OwnedQueue, reason: str) -> None:

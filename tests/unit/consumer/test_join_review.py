@@ -12,7 +12,7 @@ from test_ownership import MQ, MQ1, Hooks, ScriptedBroker, ownership
 
 from tidemark.client.consumer import ownership as ownership_module
 from tidemark.client.consumer.queue_state import QueueState
-from tidemark.client.errors import RequestTimeoutError
+from tidemark.client.errors import PermissionDeniedError, RequestTimeoutError
 from tidemark.client.message import MessageQueue
 
 HELD = MessageQueue("H", "broker-a", 0)
@@ -100,5 +100,54 @@ def test_a_failed_start_pauses_that_queue_alone(monkeypatch):
             await asyncio.sleep(0)
         assert broker.asked[1:] == [(ownership_module.LOCK_WAIT_MS, [MQ1])]  # at once, MQ's own retry later
         assert own.get(MQ).state is QueueState.LOCKING and hooks.start_attempts == 1
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_a_gathered_final_call_refused_whole_is_asked_again_queue_by_queue():
+    """The group may no longer consume topic B (an operator revoked it): the broker refuses any call
+    naming B whole. Released together, A's final commit went down with B's, and at shutdown nothing
+    asked again."""
+    A0, B0 = MessageQueue("A", "broker-a", 0), MessageQueue("B", "broker-a", 0)
+
+    class RefusesB(ScriptedBroker):
+        async def unlock_queues(self, group, client_id, mqs, final_offsets=(), tokens=()):
+            if any(mq.topic == "B" for mq in mqs):
+                self.unlock_calls += 1
+                raise PermissionDeniedError("group g may not consume B")
+            return await super().unlock_queues(group, client_id, mqs, final_offsets, tokens)
+
+    async def scenario():
+        broker = RefusesB()
+        broker.grant_now = True
+        own = ownership(broker, Hooks())
+        await own.update("A", {A0})
+        await own.update("B", {B0})
+        own._store.update_offset(A0, 5, increase_only=True)
+        await own.stop()  # shutdown: stop, then release_all
+        await own.release_all()
+        assert broker.final_offsets == [(A0, 5)] and broker.unlocked == [A0]
+        assert own.pending_unlocks == 0  # B's refusal is for good: not parked to be asked again
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_rider_does_not_cost_the_others_in_its_call_their_final_commit():
+    """The gathered call was sent by the first queue's release task: cancelling that task failed the
+    other queues in the call with CancelledError, left them DRAINING with no unlock and no final commit,
+    and update() raised CancelledError though nobody had cancelled it."""
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        own = ownership(broker, Hooks())
+        await own.update("T", {MQ, MQ1})
+        own._store.update_offset(MQ1, 7, increase_only=True)
+        broker.unlock_gate = asyncio.Event()  # the call is under way at the broker
+        handing_over = asyncio.ensure_future(own.update("T", set()))
+        while broker.unlock_calls == 0:
+            await asyncio.sleep(0)
+        own.get(MQ).release_task.cancel()
+        broker.unlock_gate.set()
+        await asyncio.wait_for(handing_over, 5)
+        assert own.get(MQ1) is None and (MQ1, 7) in broker.final_offsets and MQ1 in broker.unlocked
         await own.stop()
     asyncio.run(scenario())

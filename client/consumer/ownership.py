@@ -268,10 +268,12 @@ class QueueOwnership:
 
     async def stop(self) -> None:
         """Stop waiting for locks and asking again for failed unlocks (before release_all at shutdown;
-        leaving the group then releases every lock this client holds)."""
+        leaving the group then releases every lock this client holds). Unlocks that failed are asked once
+        more, with the full request time: their final commits would be lost otherwise."""
         self._stopping = True
         await self._lock_waiters.close()
         await self._unlock_retries.close()
+        await asyncio.gather(*(self._unlock_pending(broker) for broker in {mq.broker_name for mq in self._unlocks}))
 
     async def renew_locks(self) -> None:
         """Renew every held lock; a queue whose lock was not renewed is lost."""
@@ -474,7 +476,14 @@ class QueueOwnership:
         # Bounded while the consumer runs; at shutdown nothing asks again, so the call gets its full time.
         bound = FINAL_UNLOCK_WAIT_S if oq.lock_token and not self._stopping else None
         try:
-            refused = await self._finals.send(oq.mq, commit, oq.lock_token, bound)
+            try:
+                refused = await self._finals.send(oq.mq, commit, oq.lock_token, bound)
+            except (TidemarkError, TimeoutError) as e:
+                if not self._stopping or bound is None or (isinstance(e, TidemarkError) and not e.retriable):
+                    raise
+                # stop() ran while the bounded call was pending: nothing asks again from now on, so once
+                # more with the full request time (the rule at shutdown).
+                refused = await self._finals.send(oq.mq, commit, oq.lock_token, None)
         except (TidemarkError, TimeoutError) as e:
             refused = []
             if isinstance(e, TidemarkError) and not e.retriable:

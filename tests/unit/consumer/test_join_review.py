@@ -151,3 +151,32 @@ def test_a_cancelled_rider_does_not_cost_the_others_in_its_call_their_final_comm
         assert own.get(MQ1) is None and (MQ1, 7) in broker.final_offsets and MQ1 in broker.unlocked
         await own.stop()
     asyncio.run(scenario())
+
+
+def test_a_bounded_final_call_pending_when_the_consumer_stops_is_asked_again_with_the_full_time(monkeypatch):
+    """A hand-over's final call started during a rebalance with the running bound (FINAL_UNLOCK_WAIT_S),
+    still pending when stop() ran, timed out after it: retries were closed by then, and its final commit
+    was lost."""
+    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
+
+    class BusyOnce(ScriptedBroker):
+        async def unlock_queues(self, *args, **kwargs):
+            if self.unlock_calls == 0:
+                self.unlock_calls += 1
+                await asyncio.Event().wait()  # the first call gets no answer (the bound gives it up)
+            return await super().unlock_queues(*args, **kwargs)
+
+    async def scenario():
+        broker = BusyOnce()
+        broker.grant_now = True
+        own = ownership(broker, Hooks())
+        await own.update("T", {MQ})
+        own._store.update_offset(MQ, 5, increase_only=True)
+        rebalance = asyncio.ensure_future(own.update("T", set()))  # a rebalance hands MQ over...
+        while broker.unlock_calls == 0:
+            await asyncio.sleep(0)
+        await own.stop()  # ...and the consumer shuts down meanwhile
+        await asyncio.wait_for(own.release_all(), 5)
+        await asyncio.wait_for(rebalance, 5)
+        assert broker.final_offsets == [(MQ, 5)] and own.pending_unlocks == 0
+    asyncio.run(scenario())

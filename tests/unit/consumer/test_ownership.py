@@ -125,7 +125,7 @@ def test_a_late_grant_for_a_queue_that_came_back_leaves_the_new_owner_s_lock_alo
     async def scenario():
         broker, hooks = ScriptedBroker(), Hooks()
         own = ownership(broker, hooks)
-        await own.update("T", {MQ})  # refused at once; the lock waiter now waits on the broker
+        await own.update("T", {MQ})  # its first request's short wait runs out; a waiting request follows
         while broker.lock_calls[-1:] != [5000]:
             await asyncio.sleep(0)
         await own.update("T", set())  # the queue goes away while the waiter still waits...
@@ -149,7 +149,7 @@ def test_a_start_offset_that_cannot_be_read_is_retried_after_a_pause_not_at_once
         broker, hooks = ScriptedBroker(), Hooks(fail_start=True)
         broker.release_waiters.set()
         own = ownership(broker, hooks)
-        await own.update("T", {MQ})  # refused at once, then granted to the waiter: the start fails
+        await own.update("T", {MQ})  # granted to the first request (released): the start fails
         while hooks.start_attempts == 0:
             await asyncio.sleep(0)
         for _ in range(100):  # a spinning waiter would try again within a few loop turns

@@ -11,7 +11,10 @@ still on a busy machine while the rows/s move with its load):
   column, and the tidemark streaming read (100,000 per trigger,
   AvailableNow, noop sink) and the same stream with the source's defaults (no
   per-trigger limit, as Spark's Kafka source: one micro-batch under
-  AvailableNow), of --read-rows rows of 200 bytes on 4 queues;
+  AvailableNow; noop sink too, so its ratio to the batch read, which
+  aggregates every column, is no like-for-like figure: the issue's 0.9x
+  target is read against the 100,000-per-trigger stream), of --read-rows rows
+  of 200 bytes on 4 queues;
 - writes (bench/spark_write.py): --write-rows cached rows of 200 bytes in 4
   partitions written with idempotent=true (exactly once) and idempotent=false
   into fresh 4-queue topics, and as JSON lines and Parquet.
@@ -94,11 +97,13 @@ def measure(read_rows: int, write_rows: int, rounds: int, scratch: Path, brokers
                  f"{ratio(reads['batch'].seconds, reads['parquet'].seconds):.2f}x Parquet"),
                 (f"tidemark streaming read, {spark_read.PER_TRIGGER:,} per trigger, micro-batches",
                  rate(read_rows, reads["stream"].seconds),
-                 f"{ratio(reads['stream'].seconds, reads['batch'].seconds):.2f}x the batch read (target 0.9); "
+                 f"{ratio(reads['stream'].seconds, reads['batch'].seconds):.2f}x the batch read (target 0.9, read "
+                 f"against this stream); "
                  f"whole query {ratio(reads['stream'].query_seconds, reads['batch'].seconds):.2f}x"),
-                ("tidemark streaming read, defaults (no per-trigger limit: one micro-batch)",
+                ("tidemark streaming read, defaults (no per-trigger limit: one micro-batch), noop sink",
                  rate(read_rows, reads["defaults"].seconds),
-                 f"{ratio(reads['defaults'].seconds, reads['batch'].seconds):.2f}x the batch read; "
+                 f"{ratio(reads['defaults'].seconds, reads['batch'].seconds):.2f}x the batch read, which aggregates "
+                 f"every column (not the 0.9 target's stream); "
                  f"whole query {ratio(reads['defaults'].query_seconds, reads['batch'].seconds):.2f}x"),
                 ("JSON lines read", rate(read_rows, reads["json"].seconds), ""),
                 ("Parquet read", rate(read_rows, reads["parquet"].seconds), ""),

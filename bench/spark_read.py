@@ -252,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"streaming {PER_TRIGGER // 1000}k/trigger / batch {ratio(s.seconds, b.seconds):.2f} (micro-batches), "
                   f"{ratio(s.query_seconds, b.seconds):.2f} (whole query); "
                   f"streaming defaults / batch {ratio(d.seconds, b.seconds):.2f} (micro-batch), "
-                  f"{ratio(d.query_seconds, b.seconds):.2f} (whole query)")
+                  f"{ratio(d.query_seconds, b.seconds):.2f} (whole query; noop sink against the batch read's "
+                  f"aggregation of every column: the 0.9 target is read against the {PER_TRIGGER // 1000}k/trigger "
+                  f"stream)")
         if args.baseline:
             new, old = formats
             print(f"  tidemark/{old}: batch {ratio(batch[new].seconds, batch[old].seconds):.2f}, streaming "

@@ -13,11 +13,18 @@ Spark tasks keep one reader per Python worker process (`keep_reader`, as
 Spark's Kafka source keeps a consumer pool per executor): a worker runs one
 task after another, and each task's reader cost a connection, a discovery
 call and a fetch stream, 4 to 60 ms, which a 50,000-row micro-batch task
-felt. The kept reader is the worker's only one: a task with other brokers or
-credentials shuts it down and keeps its own instead, a task that fails shuts
-it down, and it ends with the worker process (PySpark's workers end with
-os._exit or SIGKILL, which close their sockets; a SparkSession's workers end
-with its context). Offsets are
+felt. The kept reader is the worker's only one: a task with other brokers,
+credentials or TLS settings shuts it down and keeps its own instead, a task
+that fails shuts it down. Before
+each task the reader asks where each broker it has a stream to is served now
+(and follows the cluster's moves meanwhile): a master replaced, failed over or
+back is read at its current address. An idle reused worker keeps its loop
+thread, connection and fetch stream until Spark reaps the worker (idle
+workers are reaped after a minute) or the SparkContext stops; not when the
+query that used them ends. PySpark's workers end with os._exit or SIGKILL,
+which close their sockets. TLS files and secret files are read when the
+connection is made: a rotation is picked up by the next new connection (a new
+worker, or a reader opened again after a failure). Offsets are
 checked per batch: a gap (retention deleted messages while the task ran) or a
 queue that no longer reaches `end` (re-created) is data loss, handled per
 failOnDataLoss. Tags are filtered here, not by the broker: a broker-side
@@ -41,7 +48,7 @@ import pyarrow.compute as pc
 
 from tidemark.client import Admin
 from tidemark.client.consumer.record_reader import QueueEndedError, RecordChunk, RecordReader
-from tidemark.client.errors import RequestTimeoutError, UnavailableError
+from tidemark.client.errors import RequestTimeoutError, TidemarkError, UnavailableError
 from tidemark.client.message import MessageQueue
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import parse_tag_expression
@@ -225,7 +232,13 @@ class KeptReader:
             return None
         kept_for, reader = slot
         if _same_client(kept_for, settings) and reader.running:
-            return reader
+            try:
+                reader.refresh()  # streams to an address that no longer serves their broker are dropped
+            except TidemarkError as e:  # its loop did not answer in time: a new reader
+                log.warning("the kept reader did not answer; opening another", event="kept_reader_dropped",
+                            error=e)
+            else:
+                return reader
         reader.shutdown()  # other brokers or credentials: this worker now reads for another source
         return None
 

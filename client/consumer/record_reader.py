@@ -19,6 +19,14 @@ reader opens the next range on the same stream (when its broker's stream is
 open), so its first window fills while the caller still converts the current
 one; the next `read` of exactly that range takes it over. A read of another
 range, or `discard_ahead()`, closes it.
+
+Moves: a reader may live long (a Spark worker keeps one from task to task).
+When its cluster learns that another address serves a broker name (a master
+elected or back, a replica standing in), the stream to the old address is
+dropped and the reads on it reopen at the new one (a stream may stand silent
+on a paused or fenced master, which no error would end); `refresh()` asks
+where each broker with a stream is served now and drops the streams whose
+address changed.
 """
 
 from __future__ import annotations
@@ -30,13 +38,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from tidemark.client.errors import ClientStateError, TidemarkError
+from tidemark.client.errors import ClientStateError, TidemarkError, UnavailableError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.streams import FetchStream, QueueEnd
 from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
 from tidemark.client.settings import ClientSettings, build
 from tidemark.common.backoff import Backoff
+from tidemark.common.logs import get_logger
+
+log = get_logger("tidemark.client")
 
 WINDOW_BYTES = 32 * 1024 * 1024
 CREDIT_STEP_BYTES = WINDOW_BYTES // 4
@@ -60,7 +71,7 @@ class _Read:
     """One open handle: where its chunks go, and the range to open once its last records arrived."""
 
     out: queue.Queue
-    broker: str
+    stream: FetchStream
     end: int
     then: tuple[MessageQueue, int, int] | None = None
     received: int = -1  # where the records received so far end
@@ -79,10 +90,17 @@ class RecordReader(BlockingClient):
         self._reads: dict[int, _Read] = {}  # open handles (loop side)
         # A range opened ahead of its read: (mq, start, end) and its handle (loop side).
         self._ahead: tuple[tuple[MessageQueue, int, int], int] | None = None
+        self._closing: set[asyncio.Task] = set()  # streams dropped after a move, closing (loop side)
 
     def start(self) -> RecordReader:
         s = self.settings
-        self._cluster = self._start_core(lambda: BrokerCluster.connect(s), timeout=s.request_timeout_s * 2)
+
+        async def connect() -> BrokerCluster:
+            cluster = await BrokerCluster.connect(s)
+            cluster.moves.listen(self._moved)  # cleared by cluster.close()
+            return cluster
+
+        self._cluster = self._start_core(connect, timeout=s.request_timeout_s * 2)
         return self
 
     @property
@@ -92,7 +110,8 @@ class RecordReader(BlockingClient):
 
     def shutdown(self) -> None:
         async def close() -> None:
-            await asyncio.gather(*(s.close() for s in self._streams.values()), return_exceptions=True)
+            await asyncio.gather(*(s.close() for s in self._streams.values()), *self._closing,
+                                 return_exceptions=True)
             await self._cluster.close()
 
         self._stop_core(close, timeout=self.settings.request_timeout_s + 5)
@@ -151,6 +170,13 @@ class RecordReader(BlockingClient):
                 failures += 1
                 yield from _pause(failures)
 
+    def refresh(self) -> None:
+        """Ask where each broker with a fetch stream is served now (a failed-over master that answers
+        again, a new master named by the name servers) and drop the streams whose address changed: the
+        next read opens its broker's stream where it is served now. A reader kept between tasks calls
+        this before each task."""
+        self._loop.run(self._refresh(), timeout=self.settings.request_timeout_s * 2)
+
     def discard_ahead(self) -> None:
         """Close the range opened ahead of a read that will not come (the caller stopped early)."""
         self._close_soon("", 0)
@@ -183,17 +209,18 @@ class RecordReader(BlockingClient):
         stream = self._streams.get(mq.broker_name)
         if stream is None or not stream.usable:
             conn = await self._cluster.connection(mq.broker_name)
-            broker = mq.broker_name
+            holder: list[FetchStream] = []
             stream = conn.open_fetch_stream(on_records=self._on_records, on_ended=self._on_ended,
-                                            on_broken=lambda error: self._on_broken(broker, error))
-            self._streams[broker] = stream
+                                            on_broken=lambda error: self._on_broken(holder[0], error))
+            holder.append(stream)
+            self._streams[mq.broker_name] = stream
         return self._open_on(stream, mq, start, end, then)
 
     def _open_on(self, stream: FetchStream, mq: MessageQueue, start: int, end: int,
                  then: tuple[MessageQueue, int, int] | None) -> tuple[int, queue.Queue]:
         self._next_handle += 1
         handle = self._next_handle
-        read = _Read(queue.Queue(), mq.broker_name, end, then)
+        read = _Read(queue.Queue(), stream, end, then)
         self._reads[handle] = read
         stream.open_queue(handle, "", mq, start, subscription="*", fence=None,
                           credit_messages=max(end - start, 1), credit_bytes=WINDOW_BYTES,
@@ -225,28 +252,59 @@ class RecordReader(BlockingClient):
         if read is not None:
             read.out.put(end)
 
-    def _on_broken(self, broker: str, error: TidemarkError) -> None:
+    def _on_broken(self, stream: FetchStream, error: TidemarkError) -> None:
         for read in self._reads.values():  # the reads on the stream that broke (one open ahead among them)
-            if read.broker == broker:
+            if read.stream is stream:
                 read.out.put(error)
 
-    def _give_back(self, broker: str, handle: int, nbytes: int) -> None:
+    def _moved(self, broker: str, address: str) -> None:
+        """The cluster learnt that `address` serves `broker` now: a stream elsewhere is dropped."""
         stream = self._streams.get(broker)
-        if stream is not None and stream.usable and handle in self._reads:
-            stream.credit(handle, 0, nbytes)
+        if stream is not None and stream.address != address:
+            self._drop(broker, stream)
+
+    async def _refresh(self) -> None:
+        if not self._streams:
+            return
+        try:
+            if self._cluster.namesrv is not None:
+                await self._cluster.discover(refresh=True)  # a new master named: `_moved` drops its stream
+            for broker, stream in list(self._streams.items()):
+                conn = await self._cluster.connection(broker)  # a failed-over master probed again
+                if conn.address != stream.address and self._streams.get(broker) is stream:
+                    self._drop(broker, stream)
+        except TidemarkError as e:  # nobody to ask now: the reads find out themselves
+            log.debug("fetch streams not checked", event="record_reader_refresh_skipped", error=e)
+
+    def _drop(self, broker: str, stream: FetchStream) -> None:
+        """Another address serves `broker`: its reads reopen there (from where they got), the stream closes."""
+        del self._streams[broker]
+        self._on_broken(stream, UnavailableError(f"broker {broker} is served at another address now; "
+                                                 f"{stream.address} is left"))
+        task = asyncio.get_running_loop().create_task(stream.close(), name=f"record-reader-drop:{stream.address}")
+        self._closing.add(task)
+        task.add_done_callback(self._closed_dropped)
+
+    def _closed_dropped(self, task: asyncio.Task) -> None:
+        self._closing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("a dropped fetch stream failed to close", event="record_reader_drop_failed",
+                        error=task.exception())
+
+    def _give_back(self, broker: str, handle: int, nbytes: int) -> None:
+        read = self._reads.get(handle)
+        if read is not None and read.stream.usable:
+            read.stream.credit(handle, 0, nbytes)
 
     def _close(self, broker: str, handle: int) -> None:
         """Close a read's handle; handle 0: the range opened ahead, if any."""
         if handle == 0:
             if self._ahead is None:
                 return
-            (mq, _, _), handle = self._ahead
-            broker, self._ahead = mq.broker_name, None
-        if self._reads.pop(handle, None) is None:
-            return
-        stream = self._streams.get(broker)
-        if stream is not None and stream.usable:
-            stream.close_queue(handle)
+            handle, self._ahead = self._ahead[1], None
+        read = self._reads.pop(handle, None)
+        if read is not None and read.stream.usable:
+            read.stream.close_queue(handle)
 
 
 def _pause(failures: int) -> Iterator[None]:

@@ -9,9 +9,13 @@ from workload import wait_until
 
 from tidemark.client.consumer import record_reader
 from tidemark.client.consumer.record_reader import RecordReader
+from tidemark.client.security import TlsSettings
+from tidemark.common.auth import Credentials
+from tidemark.spark_connector import fetch
 from tidemark.spark_connector.arrow import records_to_batch
 from tidemark.spark_connector.fetch import BATCH_ROWS, FetchSettings, KeptReader, fetch_range
 from tidemark.spark_connector.offsets import OffsetRange
+from tidemark.spark_connector.options import Security
 
 pytestmark = pytest.mark.spark
 
@@ -118,3 +122,71 @@ def test_a_worker_keeps_one_reader_for_the_same_brokers_and_credentials(kit):
         raise RuntimeError("the task failed")
     assert not second.running and kept._slot is None
     kept.close()
+
+
+def _serve_at(reader: RecordReader, broker: str, address: str, *, tell: bool) -> None:
+    """The reader's cluster learns that `address` serves `broker` now: told (a move, as a takeover named
+    by the name servers) or not (as a failed-over master found answering again by the next look)."""
+    async def move() -> None:
+        cluster = reader._cluster
+        if tell:
+            cluster._adopt(broker, address)
+        else:
+            conn = cluster.connection_at(address)
+            conn.broker_name = broker
+            cluster._by_name[broker] = conn
+
+    reader._loop.run(move(), timeout=10)
+
+
+def test_a_reader_follows_its_broker_to_another_address(kit):
+    """A stream may stand silent on a replaced master: when the cluster says another address serves the
+    broker, the reader drops the old stream and its reads go on there, from where they got."""
+    topic, mqs = kit.topic(1)
+    kit.produce(topic, mqs, [2500])
+    mq = mqs[0]
+    elsewhere = kit.address.replace("127.0.0.1", "localhost")  # the same broker at another address
+    with RecordReader(brokers=kit.address) as reader:
+        reads = reader.read(mq, 0, 2500, poll_timeout_s=10.0)
+        first = next(c for c in reads if c is not None)
+        assert reader._streams[mq.broker_name].address == kit.address
+        _serve_at(reader, mq.broker_name, elsewhere, tell=True)
+        rest = [o for c in reads if c is not None
+                for o in records_to_batch(c.data, c.count, topic=mq.topic, broker=mq.broker_name)
+                .column("queue_offset").to_pylist()]
+        assert rest == list(range(first.next_offset, 2500))
+        assert reader._streams[mq.broker_name].address == elsewhere
+
+
+def test_a_kept_reader_reads_where_its_broker_is_served_now(kit, monkeypatch):
+    topic, mqs = kit.topic(2)
+    kit.produce(topic, mqs, [30, 20])
+    mq = mqs[0]
+    kept = KeptReader()
+    monkeypatch.setattr(fetch, "_KEPT", kept)
+    settings = FetchSettings(brokers=kit.address, fail_on_data_loss=True, poll_timeout_s=10.0)
+    ranges = [OffsetRange(mqs[0], 0, 30), OffsetRange(mqs[1], 0, 20)]
+    try:
+        # A task stopped early (its next range opened ahead): the reader is kept, with nothing open.
+        task = fetch.fetch_ranges(settings, ranges, keep_reader=True)
+        next(task)
+        task.close()
+        reader = kept._slot[1]
+        # The broker is served at another address now, and nobody told the reader: the next task asks.
+        _serve_at(reader, mq.broker_name, kit.address.replace("127.0.0.1", "localhost"), tell=False)
+        assert sum(b.num_rows for b in fetch.fetch_ranges(settings, ranges, keep_reader=True)) == 50
+        assert kept._slot[1] is reader and reader._streams[mq.broker_name].address != kit.address
+    finally:
+        kept.close()
+
+
+def test_a_kept_reader_is_not_reused_for_other_credentials_or_tls(kit):
+    settings = FetchSettings(brokers=kit.address, fail_on_data_loss=True, poll_timeout_s=10.0)
+    others = [Security(credentials=Credentials("reader", "secret")), Security(tls=TlsSettings(server_name="x"))]
+    for security in others:
+        kept = KeptReader()
+        reader = RecordReader(brokers=kit.address).start()
+        kept._keep(settings, reader)
+        assert kept._take(FetchSettings(brokers=kit.address, fail_on_data_loss=True, poll_timeout_s=10.0,
+                                        security=security)) is None
+        assert not reader.running and kept._slot is None

@@ -15,7 +15,7 @@ task after another, and each task's reader cost a connection, a discovery
 call and a fetch stream, 4 to 60 ms, which a 50,000-row micro-batch task
 felt. The kept reader is the worker's only one: a task with other brokers,
 credentials or TLS settings shuts it down and keeps its own instead, a task
-that fails shuts it down. Before
+that fails shuts it down, and so does a task that leaves a read open. Before
 each task the reader asks where each broker it has a stream to is served now
 (and follows the cluster's moves meanwhile): a master replaced, failed over or
 back is read at its current address. An idle reused worker keeps its loop
@@ -243,6 +243,15 @@ class KeptReader:
         return None
 
     def _keep(self, settings: FetchSettings, reader: RecordReader) -> None:
+        # A read left open (a handle whose open completed after its caller gave up waiting) would hold
+        # its window for the worker's life: such a reader is not kept.
+        try:
+            idle = reader.idle()
+        except TidemarkError:
+            idle = False
+        if not idle:
+            reader.shutdown()
+            return
         with self._lock:
             slot, self._slot = self._slot, (settings, reader)
         if slot is not None:

@@ -170,6 +170,13 @@ class RecordReader(BlockingClient):
                 failures += 1
                 yield from _pause(failures)
 
+    def idle(self) -> bool:
+        """No read handle open and no range opened ahead, once the closes asked for so far are done."""
+        async def check() -> bool:  # queued after those closes (the loop runs callbacks in order)
+            return not self._reads and self._ahead is None
+
+        return self._loop.run(check(), timeout=self.settings.request_timeout_s)
+
     def refresh(self) -> None:
         """Ask where each broker with a fetch stream is served now (a failed-over master that answers
         again, a new master named by the name servers) and drop the streams whose address changed: the

@@ -172,12 +172,25 @@ def test_a_kept_reader_reads_where_its_broker_is_served_now(kit, monkeypatch):
         next(task)
         task.close()
         reader = kept._slot[1]
+        assert reader.idle()
         # The broker is served at another address now, and nobody told the reader: the next task asks.
         _serve_at(reader, mq.broker_name, kit.address.replace("127.0.0.1", "localhost"), tell=False)
         assert sum(b.num_rows for b in fetch.fetch_ranges(settings, ranges, keep_reader=True)) == 50
         assert kept._slot[1] is reader and reader._streams[mq.broker_name].address != kit.address
     finally:
         kept.close()
+
+
+def test_a_reader_left_with_an_open_read_is_not_kept(kit):
+    """A handle whose open completed after its caller gave up waiting would hold its window for the
+    worker's life: the task's reader is shut down instead of kept."""
+    topic, mqs = kit.topic(1)
+    kit.produce(topic, mqs, [30])
+    kept = KeptReader()
+    settings = FetchSettings(brokers=kit.address, fail_on_data_loss=True, poll_timeout_s=10.0)
+    with kept.use(settings, OffsetRange(mqs[0], 0, 30)) as reader:
+        reader._loop.run(reader._open(mqs[0], 0, 30, None), timeout=10)
+    assert not reader.running and kept._slot is None
 
 
 def test_a_kept_reader_is_not_reused_for_other_credentials_or_tls(kit):

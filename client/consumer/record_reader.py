@@ -18,7 +18,9 @@ reads next. Once the broker has sent the current range's last records, the
 reader opens the next range on the same stream (when its broker's stream is
 open), so its first window fills while the caller still converts the current
 one; the next `read` of exactly that range takes it over. A read of another
-range, or `discard_ahead()`, closes it.
+range, or `discard_ahead()`, closes it. The range opened ahead gets a quarter of
+a window (AHEAD_WINDOW_BYTES) until its read takes it over, so a reader holds at
+most WINDOW_BYTES + AHEAD_WINDOW_BYTES (40 MiB) of records not taken yet.
 
 Moves: a reader may live long (a Spark worker keeps one from task to task).
 When its cluster learns that another address serves a broker name (a master
@@ -51,6 +53,7 @@ log = get_logger("tidemark.client")
 
 WINDOW_BYTES = 32 * 1024 * 1024
 CREDIT_STEP_BYTES = WINDOW_BYTES // 4
+AHEAD_WINDOW_BYTES = WINDOW_BYTES // 4  # a range opened ahead, until its read takes it over
 # Before opening a queue again after its broker could not be reached or its stream broke.
 REOPEN = Backoff(first_s=0.1, max_s=3.0)
 MAX_RECORDS_PER_FRAME_PART = 1024
@@ -207,6 +210,8 @@ class RecordReader(BlockingClient):
             wanted, handle = ahead
             read = self._reads.get(handle)
             if wanted == (mq, start, end) and read is not None:
+                if read.stream.usable:  # the rest of a whole window, now that the read takes it over
+                    read.stream.credit(handle, 0, WINDOW_BYTES - AHEAD_WINDOW_BYTES)
                 if then is not None and read.received >= end:  # its last records came already
                     self._open_ahead(then)
                 else:
@@ -224,13 +229,13 @@ class RecordReader(BlockingClient):
         return self._open_on(stream, mq, start, end, then)
 
     def _open_on(self, stream: FetchStream, mq: MessageQueue, start: int, end: int,
-                 then: tuple[MessageQueue, int, int] | None) -> tuple[int, queue.Queue]:
+                 then: tuple[MessageQueue, int, int] | None, window: int = WINDOW_BYTES) -> tuple[int, queue.Queue]:
         self._next_handle += 1
         handle = self._next_handle
         read = _Read(queue.Queue(), stream, end, then)
         self._reads[handle] = read
         stream.open_queue(handle, "", mq, start, subscription="*", fence=None,
-                          credit_messages=max(end - start, 1), credit_bytes=WINDOW_BYTES,
+                          credit_messages=max(end - start, 1), credit_bytes=window,
                           batch_size=MAX_RECORDS_PER_FRAME_PART)
         return handle, read.out
 
@@ -241,7 +246,7 @@ class RecordReader(BlockingClient):
         stream = self._streams.get(mq.broker_name)
         if self._ahead is not None or stream is None or not stream.usable or end <= start:
             return
-        handle, _ = self._open_on(stream, mq, start, end, None)
+        handle, _ = self._open_on(stream, mq, start, end, None, AHEAD_WINDOW_BYTES)
         self._ahead = (then, handle)
 
     def _on_records(self, handle: int, count: int, data: bytes, next_offset: int, max_offset: int) -> None:

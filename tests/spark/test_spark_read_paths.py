@@ -9,6 +9,7 @@ from workload import wait_until
 
 from tidemark.client.consumer import record_reader
 from tidemark.client.consumer.record_reader import RecordReader
+from tidemark.client.remoting.streams import FetchStream
 from tidemark.client.security import TlsSettings
 from tidemark.common.auth import Credentials
 from tidemark.spark_connector import fetch
@@ -203,3 +204,30 @@ def test_a_kept_reader_is_not_reused_for_other_credentials_or_tls(kit):
         assert kept._take(FetchSettings(brokers=kit.address, fail_on_data_loss=True, poll_timeout_s=10.0,
                                         security=security)) is None
         assert not reader.running and kept._slot is None
+
+
+def test_a_range_opened_ahead_holds_a_quarter_window_until_its_read_takes_it_over(kit, monkeypatch):
+    """A task holds at most a window for its current range and a quarter of one for the next."""
+    windows: list[int] = []
+    credits: list[int] = []
+    open_queue, credit = FetchStream.open_queue, FetchStream.credit
+
+    def spy_open(self, handle, *args, **kwargs):
+        windows.append(kwargs["credit_bytes"])
+        return open_queue(self, handle, *args, **kwargs)
+
+    def spy_credit(self, handle, messages, nbytes, *args, **kwargs):
+        credits.append(nbytes)
+        return credit(self, handle, messages, nbytes, *args, **kwargs)
+
+    monkeypatch.setattr(FetchStream, "open_queue", spy_open)
+    monkeypatch.setattr(FetchStream, "credit", spy_credit)
+    topic, mqs = kit.topic(2)
+    kit.produce(topic, mqs, [20, 30])
+    with RecordReader(brokers=kit.address) as reader:
+        assert _offsets(reader, mqs[0], 0, 20, then=(mqs[1], 0, 30)) == list(range(20))
+        wait_until(lambda: reader._ahead is not None, 10, "the next range opened ahead")
+        assert _offsets(reader, mqs[1], 0, 30) == list(range(30))
+    full, quarter = record_reader.WINDOW_BYTES, record_reader.AHEAD_WINDOW_BYTES
+    assert quarter == full // 4 and windows == [full, quarter]
+    assert credits == [full - quarter]  # the rest of a window once its read took it over

@@ -80,13 +80,10 @@ class Checked:
     msg_ids: Sequence[str]
     header: np.ndarray | None = None
 
-    @property
-    def end(self) -> int:
-        return int(self.starts[-1]) + int(self.sizes[-1])
-
 
 class MsgIds(Sequence[str]):
-    """The message ids of a checked batch, decoded one by one when asked for (only traces read them all)."""
+    """The message ids of a checked batch, decoded one by one when asked for (only traces read them all).
+    Equal to a list or tuple of the same ids, as a list of them would be."""
 
     __slots__ = ("_data", "_at", "_len")
 
@@ -106,6 +103,16 @@ class MsgIds(Sequence[str]):
         data = self._data.tobytes()
         for at, n in zip(self._at.tolist(), self._len.tolist(), strict=True):
             yield data[at:at + n].decode("utf-8")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, list | tuple | MsgIds):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # (as a list's)
+
+    def __repr__(self) -> str:
+        return f"MsgIds({list(self)!r})"
 
 
 def check_batch(data: bytes | bytearray, count: int, *, topic: str, max_message_size: int,

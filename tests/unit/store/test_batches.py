@@ -197,6 +197,9 @@ def test_msg_ids_decode_on_demand():
     checked = batches.check_batch(raw, n, topic="T", **LIMITS)
     assert len(checked.msg_ids) == n and checked.msg_ids[-1] == f"ID{n - 1}"
     assert list(checked.msg_ids) == [f"ID{i}" for i in range(n)] == checked.msg_ids[:]
+    assert checked.msg_ids == [f"ID{i}" for i in range(n)] == checked.msg_ids  # equal as a list of them is
+    assert checked.msg_ids == tuple(checked.msg_ids) and checked.msg_ids != [f"ID{i}" for i in range(1, n + 1)]
+    assert checked.msg_ids != [f"ID{i}" for i in range(n - 1)] and checked.msg_ids != "ID0"
 
 
 def _counting_seals(monkeypatch) -> list[int]:
@@ -226,7 +229,8 @@ def test_batches_stamped_in_bulk_survive_recovery_across_segment_ends(open_store
         for b in range(8):
             data = bytes(_builder(N + 5, b * (N + 5), tag="t" if b % 2 else "u").buffer)
             put = store.append_records("T", 1, data, N + 5)
-            assert put.first_offset == b * (N + 5) and put.msg_ids[0] == f"ID{b * (N + 5)}"
+            first = b * (N + 5)
+            assert put.first_offset == first and put.msg_ids == [f"ID{i}" for i in range(first, first + N + 5)]
             assert type(put.end) is int and put.end == store.commit_log_max_offset
             sizes.append(len(data))
         other_topic = RecordBatchBuilder("U")

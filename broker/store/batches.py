@@ -28,10 +28,10 @@ import functools
 import struct
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from tidemark.broker.store import codec
 from tidemark.common import records
 from tidemark.common.protocol import PropertyKey
 
@@ -67,18 +67,16 @@ class _Unfit(Exception):
     """The batch breaks a rule: records.check_batch finds which record and says what is wrong."""
 
 
-@dataclass(frozen=True, slots=True)
 class Checked:
-    """A batch that passed the checks: where each record starts, its size and tags code, its message id.
+    """A batch that passed the bulk check: numpy arrays of where each record starts, its size and tags code;
+    its message ids, decoded on demand; each record's gathered header, for stamping. (The per-record check
+    answers with its records.CheckedBatch of lists.)"""
 
-    From the bulk check these are numpy arrays (msg_ids decoded on demand) and `header` holds each
-    record's gathered header, for stamping; from the per-record check, lists and no header."""
+    __slots__ = ("starts", "sizes", "tags_codes", "msg_ids", "header")
 
-    starts: Sequence[int]
-    sizes: Sequence[int]
-    tags_codes: Sequence[int]
-    msg_ids: Sequence[str]
-    header: np.ndarray | None = None
+    def __init__(self, starts: np.ndarray, sizes: np.ndarray, tags_codes: np.ndarray, msg_ids: MsgIds,
+                 header: np.ndarray) -> None:
+        self.starts, self.sizes, self.tags_codes, self.msg_ids, self.header = starts, sizes, tags_codes, msg_ids, header
 
 
 class MsgIds(Sequence[str]):
@@ -116,18 +114,19 @@ class MsgIds(Sequence[str]):
 
 
 def check_batch(data: bytes | bytearray, count: int, *, topic: str, max_message_size: int,
-                max_record_size: int) -> Checked:
+                max_record_size: int) -> Checked | records.CheckedBatch:
     """Check a producer's batch before anything of it is stored, by records.check_batch's rules; raises
-    its RecordError (naming the record and the fault) when one is broken."""
-    topic_bytes = topic.encode("utf-8")
-    if count >= BULK_MIN and len(topic_bytes) <= records.MAX_SHORT_STRING:
-        try:
-            return _check_bulk(data, count, topic_bytes, max_message_size, max_record_size)
-        except _Unfit:
-            pass  # the per-record check below finds the fault and names it
-    checked = records.check_batch(data, count, topic=topic, max_message_size=max_message_size,
-                                  max_record_size=max_record_size)
-    return Checked(checked.starts, checked.sizes, checked.tags_codes, checked.msg_ids)
+    its RecordError (naming the record and the fault) when one is broken. A batch of BULK_MIN records or
+    more is checked in bulk (a Checked), a smaller one by records.check_batch (its CheckedBatch)."""
+    if count >= BULK_MIN:
+        topic_bytes = topic.encode("utf-8")
+        if len(topic_bytes) <= records.MAX_SHORT_STRING:
+            try:
+                return _check_bulk(data, count, topic_bytes, max_message_size, max_record_size)
+            except _Unfit:
+                pass  # the per-record check below finds the fault and names it
+    return records.check_batch(data, count, topic=topic, max_message_size=max_message_size,
+                               max_record_size=max_record_size)
 
 
 def _rows(buf: np.ndarray, width: int) -> np.ndarray:
@@ -331,10 +330,11 @@ def _tag_codes(joined: np.ndarray, at: np.ndarray, length: np.ndarray) -> np.nda
 # -- stamping --------------------------------------------------------------------------------------------
 
 
-def stamp(buf: bytearray, checked: Checked, queue_id: int, first_offset: int, store_timestamp: int) -> None:
-    """Queue id, queue offsets (first_offset, first_offset + 1, ...) and store time, in place."""
-    head = checked.header
-    if head is None:
+def stamp(buf: bytearray, checked: Checked | records.CheckedBatch, queue_id: int, first_offset: int,
+          store_timestamp: int) -> codec.EncodedBatch:
+    """Queue id, queue offsets (first_offset, first_offset + 1, ...) and store time, in place; the batch as
+    the commit log takes it (with its records' starts when it was checked in bulk: it is sealed in bulk)."""
+    if type(checked) is records.CheckedBatch:
         pack_i32, pack_i64 = records.I32.pack_into, records.I64.pack_into
         offset = first_offset
         for start in checked.starts:
@@ -342,13 +342,15 @@ def stamp(buf: bytearray, checked: Checked, queue_id: int, first_offset: int, st
             pack_i64(buf, start + records.QUEUE_OFFSET_OFFSET, offset)
             pack_i64(buf, start + records.STORE_TS_OFFSET, store_timestamp)
             offset += 1
-        return
+        return codec.EncodedBatch(buf, checked.sizes)
+    head = checked.header
     head["queue_id"] = queue_id
     head["queue_offset"] = np.arange(first_offset, first_offset + len(head), dtype=np.int64)
     head["stored"] = store_timestamp
     raw = head.view(np.uint8).reshape(len(head), head.dtype.itemsize)
     target = np.frombuffer(buf, dtype=np.uint8)
-    target[np.asarray(checked.starts)[:, None] + _STAMPED_BYTES] = raw[:, _STAMPED]
+    target[checked.starts[:, None] + _STAMPED_BYTES] = raw[:, _STAMPED]
+    return codec.EncodedBatch(buf, checked.sizes, checked.starts)
 
 
 def seal_all(buf: bytearray, starts: np.ndarray, sizes: np.ndarray, positions: np.ndarray) -> None:

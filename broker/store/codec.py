@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -68,8 +68,7 @@ class CorruptRecordError(ValueError):
     """Bytes at a position are not a well-formed record."""
 
 
-@dataclass(frozen=True, slots=True)
-class EncodedBatch:
+class EncodedBatch(NamedTuple):
     """Records encoded back to back, still missing their physical offset and CRC.
 
     The commit log decides where each record lands (a record never spans
@@ -192,14 +191,14 @@ def encode_record(
 
 
 def queue_entries(positions: Sequence[int], sizes: Sequence[int], tags_codes: Sequence[int]) -> bytes:
-    """The consume-queue entries of records stored at these commit-log offsets: built whole for a batch
-    sealed in bulk (numpy arrays), entry by entry otherwise."""
-    if isinstance(positions, np.ndarray):
-        entries = np.empty(len(positions), dtype=CQ_DTYPE)
-        entries["phys"], entries["size"], entries["tags"] = positions, sizes, tags_codes
-        return entries.tobytes()
-    pack = CQ_ENTRY.pack
-    return b"".join([pack(p, s, t) for p, s, t in zip(positions, sizes, tags_codes, strict=True)])
+    """The consume-queue entries of records stored at these commit-log offsets: entry by entry (lists), or
+    built whole for a batch sealed in bulk (numpy arrays)."""
+    if type(positions) is list:
+        pack = CQ_ENTRY.pack
+        return b"".join([pack(p, s, t) for p, s, t in zip(positions, sizes, tags_codes, strict=True)])
+    entries = np.empty(len(positions), dtype=CQ_DTYPE)
+    entries["phys"], entries["size"], entries["tags"] = positions, sizes, tags_codes
+    return entries.tobytes()
 
 
 def encode_blank(size: int) -> bytes:

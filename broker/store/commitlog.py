@@ -137,7 +137,8 @@ class CommitLog:
                 self._write(segment, view, start)
                 self._write_end = start + len(buf)
                 return positions
-            return self._append_each(segment, buf, view, batch.sizes)
+            # (a batch checked in bulk that crosses a segment end: its positions as ints, as for any other)
+            return self._append_each(segment, buf, view, batch.sizes if batch.starts is None else batch.sizes.tolist())
         except OSError as exc:
             try:
                 self.cut_back(self._write_end)
@@ -145,13 +146,13 @@ class CommitLog:
                 exc.add_note(f"cutting the commit log back to {self._write_end} failed too: {undo}")
             raise StoreError(f"commit log write failed: {exc}") from exc
 
-    def _append_each(self, segment: FileHandle, buf: bytearray, view: memoryview, sizes: Sequence[int]) -> list[int]:
+    def _append_each(self, segment: FileHandle, buf: bytearray, view: memoryview, sizes: list[int]) -> list[int]:
         """append's record-by-record way: a segment end inside the batch, or a batch of the broker's own."""
         positions = []
         pos = chunk_pos = self._write_end
         limit = segment.start + segment.capacity - codec.BLANK_SIZE
         chunk_from = off = 0
-        for size in map(int, sizes):
+        for size in sizes:
             if pos + size > limit:
                 self._write(segment, view[chunk_from:off], chunk_pos)
                 self._seal_segment(segment, pos)

@@ -328,7 +328,7 @@ class MessageStore:
             for i, (pos, size) in enumerate(zip(positions, batch.sizes, strict=True))
         ]
 
-    def check_batch(self, topic: str, data: bytes | bytearray, count: int) -> batches.Checked:
+    def check_batch(self, topic: str, data: bytes | bytearray, count: int) -> batches.Checked | records.CheckedBatch:
         """A producer's batch checked whole, as append_records checks it (InvalidArgumentError)."""
         try:
             return batches.check_batch(data, count, topic=topic, max_message_size=self._config.max_message_size,
@@ -355,11 +355,9 @@ class MessageStore:
         if before_write is not None:
             before_write(base, checked.msg_ids[0])
         store_timestamp = self._clock()
-        buf = bytearray(data)
-        batches.stamp(buf, checked, queue_id, base, store_timestamp)
-        batch = codec.EncodedBatch(buf, checked.sizes, checked.starts if checked.header is not None else None)
+        batch = batches.stamp(bytearray(data), checked, queue_id, base, store_timestamp)
         positions = self._append(topic, queue_id, base, batch, checked.tags_codes)
-        return RecordsPut(base, checked.msg_ids, store_timestamp, int(positions[-1]) + int(checked.sizes[-1]))
+        return RecordsPut(base, checked.msg_ids, store_timestamp, int(positions[-1] + checked.sizes[-1]))
 
     def _append(self, topic: str, queue_id: int, base: int, batch: codec.EncodedBatch,
                 tags_codes: Sequence[int]) -> Sequence[int]:

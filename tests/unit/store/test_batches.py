@@ -192,6 +192,13 @@ def test_a_batch_of_large_properties_is_checked_in_bulk_in_about_its_own_size_of
         f"record {N - 1} of the batch: born host or properties are not valid UTF-8")
 
 
+def test_a_small_batch_gets_the_per_record_checks_answer_as_it_is():
+    raw = bytes(_builder(N - 1, 0).buffer)
+    checked = batches.check_batch(raw, N - 1, topic="T", **LIMITS)
+    assert type(checked) is records.CheckedBatch and checked == records.check_batch(raw, N - 1, topic="T", **LIMITS)
+    assert type(batches.check_batch(raw + bytes(_builder(1, N).buffer), N, topic="T", **LIMITS)) is batches.Checked
+
+
 def test_msg_ids_decode_on_demand():
     raw, n = bytes(_builder(N + 2, 0).buffer), N + 2
     checked = batches.check_batch(raw, n, topic="T", **LIMITS)

@@ -24,7 +24,7 @@ from pathlib import Path
 from tidemark.broker.errors import StoreError, TruncateBelowOldestError
 from tidemark.broker.store import batches, codec, logscan
 from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
-from tidemark.broker.store.logscan import SCAN_CHUNK, SEGMENT_NAME
+from tidemark.broker.store.logscan import SEGMENT_NAME, RecordCallback
 from tidemark.broker.store.model import StoredMessage
 from tidemark.common.logs import get_logger
 
@@ -51,10 +51,6 @@ def _run_intact(data: bytes, offset: int, sizes: list[int]) -> bool:
             return False
         pos += size
     return True
-
-
-# on_record(topic, queue_id, queue_offset, commit_log_offset, size, tags_code)
-RecordCallback = Callable[[str, int, int, int, int, int], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -484,7 +480,7 @@ class CommitLog:
             segment = self._segments[index]
             # Scanned bytes may sit only in the crashed process's page cache.
             self._dirty.add_file(segment)
-            pos, ok = self._scan_segment(segment, pos, on_record)
+            pos, ok = logscan.scan_segment(segment.pread, segment.start, segment.end, pos, on_record)
             if not ok or index + 1 == len(self._segments):
                 break
             if self._starts[index + 1] != pos:
@@ -511,55 +507,6 @@ class CommitLog:
             )
             return segment.start
         return start
-
-    def _scan_segment(
-        self, segment: FileHandle, pos: int, on_record: RecordCallback
-    ) -> tuple[int, bool]:
-        """Scan one segment from `pos`; return (position reached, whether everything was valid)."""
-        data_end = segment.end
-        want = SCAN_CHUNK
-        while pos < data_end:
-            chunk = memoryview(segment.pread(min(want, data_end - pos), pos - segment.start))
-            n = len(chunk)
-            if n == 0:
-                return pos, False
-            want = SCAN_CHUNK
-            off = 0
-            while off + codec.BLANK_SIZE <= n:
-                total, magic = codec.PREFIX.unpack_from(chunk, off)
-                here = pos + off
-                if magic == codec.BLANK_MAGIC:
-                    # Valid only as the last thing in a segment padded to its end.
-                    if total < codec.BLANK_SIZE or here + total != data_end:
-                        return here, False
-                    return data_end, True
-                if (
-                    magic != codec.MESSAGE_MAGIC
-                    or total < codec.MIN_RECORD_SIZE
-                    or here + total > data_end
-                ):
-                    return here, False
-                if off + total > n:
-                    want = max(SCAN_CHUNK, total)  # read again from this record
-                    break
-                if not codec.crc_ok(chunk, off, total):
-                    log.warning("commit log record at %d fails its CRC", here)
-                    return here, False
-                _, _, _, queue_id, _, queue_offset, phys = codec.SCAN_FIELDS.unpack_from(chunk, off)
-                if phys != here:
-                    return here, False
-                (tags_code,) = codec.TAGS_FIELD.unpack_from(chunk, off + codec.TAGS_OFFSET)
-                try:
-                    topic = codec.scan_topic(chunk, off)
-                except (ValueError, UnicodeDecodeError):
-                    return here, False
-                on_record(topic, queue_id, queue_offset, here, total, tags_code)
-                off += total
-            else:
-                if off < n and pos + n == data_end:
-                    return pos + off, False  # fewer bytes left than a record prefix: torn
-            pos += off
-        return pos, True
 
     def _truncate_at(self, index: int, pos: int) -> int:
         segment = self._segments[index]

@@ -1,6 +1,7 @@
 """Reading a commit log's record layout without decoding records: where records start, a record's digest,
-where the files end. What replication compares between two logs (broker/cluster/divergence.py) and what the
-first election ranks by (broker/cluster/controller_mode.py).
+where the files end, and recovery's check of a segment's records (scan_segment). What replication compares
+between two logs (broker/cluster/divergence.py) and what the first election ranks by
+(broker/cluster/controller_mode.py).
 
 The functions read through a `Read` (n bytes at a position in one segment file), so the same walk runs on
 the loop thread through a segment's own fd or in another thread through a duplicate of it
@@ -16,6 +17,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tidemark.broker.store import codec
+from tidemark.common.logs import get_logger
+
+log = get_logger("tidemark.broker.store")
 
 # Walks read segments in chunks this big (a bigger record gets its own read).
 SCAN_CHUNK = 4 * 1024 * 1024
@@ -78,3 +82,55 @@ def record_digest(read: Read, segment_start: int, offset: int) -> int:
     total, magic = codec.PREFIX.unpack_from(read(codec.BLANK_SIZE, pos))
     record = read(codec.BLANK_SIZE if magic == codec.BLANK_MAGIC else total, pos)
     return zlib.crc32(record, zlib.crc32(offset.to_bytes(8, "big")))
+
+
+# on_record(topic, queue_id, queue_offset, commit_log_offset, size, tags_code)
+RecordCallback = Callable[[str, int, int, int, int, int], None]
+
+
+def scan_segment(read: Read, segment_start: int, segment_end: int, pos: int,
+                 on_record: RecordCallback) -> tuple[int, bool]:
+    """Recovery's check of one segment holding [segment_start, segment_end), from `pos` (a record start) on:
+    every record's magic, size, CRC, stated offset and topic, on_record called for each valid one, an
+    end-of-segment marker valid only where it ends the data. Returns (position reached, whether everything
+    was valid)."""
+    data_end = segment_end
+    want = SCAN_CHUNK
+    while pos < data_end:
+        chunk = memoryview(read(min(want, data_end - pos), pos - segment_start))
+        n = len(chunk)
+        if n == 0:
+            return pos, False
+        want = SCAN_CHUNK
+        off = 0
+        while off + codec.BLANK_SIZE <= n:
+            total, magic = codec.PREFIX.unpack_from(chunk, off)
+            here = pos + off
+            if magic == codec.BLANK_MAGIC:
+                # Valid only as the last thing in a segment padded to its end.
+                if total < codec.BLANK_SIZE or here + total != data_end:
+                    return here, False
+                return data_end, True
+            if magic != codec.MESSAGE_MAGIC or total < codec.MIN_RECORD_SIZE or here + total > data_end:
+                return here, False
+            if off + total > n:
+                want = max(SCAN_CHUNK, total)  # read again from this record
+                break
+            if not codec.crc_ok(chunk, off, total):
+                log.warning("commit log record at %d fails its CRC", here)
+                return here, False
+            _, _, _, queue_id, _, queue_offset, phys = codec.SCAN_FIELDS.unpack_from(chunk, off)
+            if phys != here:
+                return here, False
+            (tags_code,) = codec.TAGS_FIELD.unpack_from(chunk, off + codec.TAGS_OFFSET)
+            try:
+                topic = codec.scan_topic(chunk, off)
+            except (ValueError, UnicodeDecodeError):
+                return here, False
+            on_record(topic, queue_id, queue_offset, here, total, tags_code)
+            off += total
+        else:
+            if off < n and pos + n == data_end:
+                return pos + off, False  # fewer bytes left than a record prefix: torn
+        pos += off
+    return pos, True

@@ -374,12 +374,15 @@ class MessageStore:
                 self._pending_cut = (start, queue)  # the probe finishes it before writes resume
             self._fail(exc)
             raise self.guard.refusal() from exc
+        self._dispatched(topic, queue_id)
+        return positions
+
+    def _dispatched(self, topic: str, queue_id: int) -> None:
         for listener in self._listeners:
             try:
                 listener(topic, queue_id)
             except Exception:
                 log.exception("dispatch listener %r failed", listener)
-        return positions
 
     # -- replication (broker/cluster/replication.py) ------------------------------------------
 
@@ -402,11 +405,7 @@ class MessageStore:
 
         self._commitlog.append_replicated(offset, data, index)
         for topic, queue_id in touched:
-            for listener in self._listeners:
-                try:
-                    listener(topic, queue_id)
-                except Exception:
-                    log.exception("dispatch listener %r failed", listener)
+            self._dispatched(topic, queue_id)
         return list(touched)
 
     @property
@@ -536,16 +535,7 @@ class MessageStore:
     def search_offset_by_timestamp(self, topic: str, queue_id: int, timestamp: int) -> int:
         """First offset in [min, max) stored at or after `timestamp`; max when there is none."""
         self._readable()
-        queue = self._queues.get(topic, queue_id)
-        if queue is None:
-            return 0
-        commitlog = self._commitlog
-
-        def stored_at_or_after(entry: tuple[int, int, int]) -> bool:
-            stored = commitlog.read_store_timestamp(entry[0])
-            return stored is not None and stored >= timestamp
-
-        return queue.first_offset_where(queue.min_offset, queue.max_offset, stored_at_or_after)
+        return reads.offset_at_time(self._queues.get(topic, queue_id), self._commitlog, timestamp)
 
     def read_message(self, commit_log_offset: int) -> StoredMessage | None:
         """The message whose record starts at this commit-log offset, if any."""

@@ -1,4 +1,5 @@
-"""Reading a queue: the two scans behind MessageStore.get_messages and read_records.
+"""Reading a queue: the two scans behind MessageStore.get_messages and read_records, and the search by
+store time.
 
 Both walk a consume queue from an offset, skip entries whose commit-log bytes
 retention already deleted, and stop after max_scan entries, so a pull that
@@ -79,6 +80,19 @@ def readable_high(queue: ConsumeQueue | None, limit: int | None) -> int:
     if last is None or last[0] + last[1] <= limit:
         return high
     return queue.first_offset_where(low, high - 1, lambda e: e[0] + e[1] > limit)
+
+
+def offset_at_time(queue: ConsumeQueue | None, commitlog: CommitLog, timestamp: int) -> int:
+    """The queue's first offset in [min, max) stored at or after `timestamp` (a binary search over its
+    entries' store times); max when there is none, 0 without the queue."""
+    if queue is None:
+        return 0
+
+    def stored_at_or_after(entry: tuple[int, int, int]) -> bool:
+        stored = commitlog.read_store_timestamp(entry[0])
+        return stored is not None and stored >= timestamp
+
+    return queue.first_offset_where(queue.min_offset, queue.max_offset, stored_at_or_after)
 
 
 def get_messages(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, max_count: int, *,

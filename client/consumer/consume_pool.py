@@ -20,7 +20,12 @@ wait), and one mutex (a C lock) orders parking against waking. A thread the
 loop woke counts as on its way to the queued work until it takes some:
 without that, each of a frame's parts, handed over before the first woken
 thread got to run, woke (or started) one thread more, and at 5,000 msg/s the
-pool ran all twenty threads for a listener that needs one.
+pool ran all twenty threads for a listener that needs one. Work still queued
+when that thread takes its first task, which may be a listener that gets
+stuck, gets a thread of its own: at the collect when one is due (most often
+the thread on its way takes the rest itself by then; waking one at once cost
+the pool a fifth more CPU per task), at once otherwise (run()'s awaiters,
+the orderly service's queues, wait for their tasks).
 """
 
 from __future__ import annotations
@@ -81,8 +86,8 @@ class ConsumeThreadPool:
         Threads are woken (or started) in proportion to the backlog, one per TASKS_PER_THREAD waiting
         tasks, besides those already busy and those already on their way: a fast listener is served by a
         thread or two taking task after task (no wake-up per message, little GIL contention), a slow one
-        gets more threads as its backlog grows, and a listener stuck in a call never keeps queued work
-        from a free thread.
+        gets more threads as its backlog grows, and a listener stuck in a call keeps queued work from a
+        free thread for COLLECT_S at most (see _worker).
 
         Their completions are collected: the loop takes them when it comes by COLLECT_S later, instead of
         being woken for each task that finishes (below full speed a frame holds a message or two, and a
@@ -140,6 +145,16 @@ class ConsumeThreadPool:
     def _collected(self) -> None:
         # Clear before draining: a thread that finishes after this wakes the loop itself.
         self._collect = None
+        if self._work:  # (only the loop adds work: empty now, it stays empty until the next hand-off)
+            # Still queued COLLECT_S after a hand-off, while the thread that was on its way for it is busy
+            # with other work (a listener stuck in a call, maybe): it gets threads of its own (and from now
+            # on, with no collect due, a thread that takes work with more queued wakes one at once).
+            with self._mutex:
+                if not self._stopped:
+                    try:
+                        self._wake()
+                    except RuntimeError:  # no thread could be started: the busy ones take the work
+                        log.exception("consume thread failed to start", event="consume_thread_start_error")
         self._drain()
 
     def _drain(self) -> None:
@@ -171,29 +186,38 @@ class ConsumeThreadPool:
 
     def _worker(self) -> None:
         work, mutex, done, parked = self._work, self._mutex, self._done, _Parked()
-        on_way = True  # woken or started by submit, counted in _waking until it takes work or parks
+        on_way = True  # woken or started by a hand-off, counted in _waking until it takes work or parks
         while True:
             try:
                 task = work.popleft()
             except IndexError:
                 with mutex:
-                    if on_way:
-                        self._waking -= 1
-                        on_way = False
                     if self._stopped:
                         return
                     if work:
-                        continue  # queued after the popleft above: take it
+                        continue  # queued after the popleft above (still on its way): take it
+                    if on_way:
+                        self._waking -= 1
+                        on_way = False
                     self._idle.append(parked)
-                parked.lock.acquire()  # until submit() (counting this thread in _waking) or shutdown releases it
+                parked.lock.acquire()  # until a hand-off (counting this thread in _waking) or shutdown releases it
                 on_way = True
                 if self._stopped:
                     return
                 continue
             if on_way:
+                # The hand-offs that came while this thread was on its way counted on it for their work: if
+                # some is left, it needs a thread of its own, or it could wait behind this task (a listener
+                # stuck in a call) while other threads idle. A collect due sees to it (by then this thread
+                # most often took the rest itself); without one, it is woken now.
+                on_way = False
                 with mutex:
                     self._waking -= 1
-                on_way = False
+                    if work and self._collect is None and not self._stopped:
+                        try:
+                            self._wake()
+                        except RuntimeError:  # no thread could be started: the busy ones take the work
+                            log.exception("consume thread failed to start", event="consume_thread_start_error")
             try:
                 completion = task()
             except BaseException:  # a consume thread must outlive any task, or its work would hang

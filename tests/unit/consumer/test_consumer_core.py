@@ -384,21 +384,32 @@ def test_a_shutdown_while_a_thread_is_starting_joins_that_thread(monkeypatch):
     asyncio.run(scenario())
 
 
+async def idle_pool(threads: int, *, max_threads: int) -> ConsumeThreadPool:
+    """A pool with this many threads, all parked."""
+    pool = ConsumeThreadPool(max_threads=max_threads, name="t", loop=asyncio.get_running_loop())
+    gate, busy = threading.Event(), []
+    for _ in range(threads):  # this many listener calls stuck at once: as many threads
+        started = threading.Event()
+        busy.append(pool.run(lambda started=started: (started.set(), gate.wait(10))))
+        assert await asyncio.to_thread(started.wait, 5)
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(*busy), 5)
+    await all_parked(pool)
+    assert len(pool._threads) == threads
+    return pool
+
+
+async def all_parked(pool: ConsumeThreadPool) -> None:
+    for _ in range(500):
+        if len(pool._idle) == len(pool._threads):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{len(pool._threads) - len(pool._idle)} consume threads still busy")
+
+
 def test_the_parts_of_a_frame_wake_one_thread_not_one_each():
     async def scenario():
-        pool = ConsumeThreadPool(max_threads=20, name="t", loop=asyncio.get_running_loop())
-        gate, busy = threading.Event(), []
-        for _ in range(8):  # eight listener calls stuck at once: eight threads, then all of them idle
-            started = threading.Event()
-            busy.append(pool.run(lambda started=started: (started.set(), gate.wait(10))))
-            assert await asyncio.to_thread(started.wait, 5)
-        gate.set()
-        await asyncio.wait_for(asyncio.gather(*busy), 5)
-        for _ in range(500):
-            if len(pool._idle) == 8:
-                break
-            await asyncio.sleep(0.01)
-        assert len(pool._threads) == len(pool._idle) == 8
+        pool = await idle_pool(8, max_threads=20)
         results: list[int] = []
         for i in range(16):  # a frame of 16 parts, handed over in one loop turn
             pool.submit([lambda i=i: lambda: results.append(i)])
@@ -408,6 +419,30 @@ def test_the_parts_of_a_frame_wake_one_thread_not_one_each():
         await asyncio.wait_for(pool.run(lambda: None), 5)
         await asyncio.to_thread(pool.shutdown)
         assert sorted(results) == list(range(16))
+    asyncio.run(scenario())
+
+
+def test_work_handed_over_in_the_turn_a_listener_gets_stuck_goes_to_an_idle_thread():
+    async def scenario():
+        pool = await idle_pool(4, max_threads=4)
+        release, ran = threading.Event(), threading.Event()
+        try:
+            # Two frames in one loop turn: the thread woken for the first, whose listener hangs, was on its
+            # way for the second too; when it takes the first, the second gets a thread of its own.
+            pool.submit([lambda: release.wait(10) and None])
+            pool.submit([lambda: ran.set()])
+            assert await asyncio.to_thread(ran.wait, 5)
+            release.set()
+            await all_parked(pool)
+            # The same with run(), as the orderly service hands over two queues' batches.
+            release.clear()
+            slow, other = pool.run(lambda: release.wait(10)), pool.run(lambda: "consumed")
+            assert await asyncio.wait_for(other, 5) == "consumed"
+            assert not slow.done()
+        finally:
+            release.set()
+        await slow
+        await asyncio.to_thread(pool.shutdown)
     asyncio.run(scenario())
 
 

@@ -226,7 +226,12 @@ class LoopThread:
         loop = self.loop
         loop.call_soon_threadsafe(call.start)
         try:
-            if not call.wait(timeout):
+            try:
+                finished = call.wait(timeout)
+            except BaseException:  # the caller interrupted (KeyboardInterrupt): its call ends with it
+                call.cancel(loop)
+                raise
+            if not finished:
                 call.cancel(loop)
                 raise TimeoutError
             return call.result()

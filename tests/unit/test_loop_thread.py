@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 
 import pytest
 
+from tidemark.client import runtime
 from tidemark.client.errors import ClientStateError, RequestTimeoutError
 from tidemark.client.runtime import LoopThread
 
@@ -47,6 +49,26 @@ def test_a_call_past_its_timeout_is_cancelled_on_the_loop(loop_thread):
     loop_thread.run(cancelled.wait(), timeout=5)
     with pytest.raises(RequestTimeoutError):  # a deadline already past, as a concurrent future took it
         loop_thread.run(asyncio.Event().wait(), timeout=-1.5)
+
+
+def test_a_caller_interrupted_while_waiting_cancels_its_call(loop_thread, monkeypatch):
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def send():
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def interrupted(call, timeout):  # Ctrl-C while the caller waits, once the call is under way
+        started.wait(5)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runtime._BlockingCall, "wait", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        loop_thread.run(send(), timeout=5)
+    assert cancelled.wait(5)  # not left to finish (a send going out after the caller gave up)
 
 
 def test_a_coroutine_cancelled_on_the_loop_or_timing_out_itself_is_reported_as_before(loop_thread):

@@ -11,7 +11,7 @@ thread with --threads) around them:
 - `produce-stream`: one record batch on the broker's Produce stream from a bare
   grpc.aio client (the broker's own cost per stream message, no client library);
 - `send`: `Producer.send` (idempotent, the default);
-- `batch`: `Producer.send_batch` of 32 (N / 8 calls).
+- `batch`: `Producer.send_batch` of 32 (N / 4 calls).
 
 Prints each round and the medians: p50/p99 us, client CPU us per call
 (getrusage of the client process) and server CPU us per call.

@@ -117,20 +117,16 @@ class _BlockingCall:
     task as concurrent.futures.CancelledError, an exception as itself.
     """
 
-    __slots__ = ("_coro", "_done", "_task", "_cancelled")
+    __slots__ = ("_coro", "_done", "_task")
 
     def __init__(self, coro: Coroutine[Any, Any, Any]) -> None:
         self._coro = coro
         self._done = threading.Lock()
         self._done.acquire()
         self._task: asyncio.Task | None = None
-        self._cancelled = False
 
     def start(self) -> None:
-        """On the loop: the task (or nothing, when the caller gave up first)."""
-        if self._cancelled:
-            self._coro.close()
-            return
+        """On the loop: the task (scheduled before any cancel() of the waiting thread, so it runs first)."""
         self._task = asyncio.get_running_loop().create_task(self._coro)
         self._task.add_done_callback(self._finished)
 
@@ -152,9 +148,9 @@ class _BlockingCall:
         raise error
 
     def cancel(self, loop: asyncio.AbstractEventLoop) -> None:
-        """From the waiting thread, which stopped waiting: the task is cancelled (or never started)."""
+        """From the waiting thread, which stopped waiting: the task is cancelled (it exists by then, unless
+        its start failed)."""
         def cancel() -> None:
-            self._cancelled = True
             if self._task is not None:
                 self._task.cancel()
         try:

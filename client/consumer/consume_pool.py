@@ -7,9 +7,10 @@ frame's batches with one call, wakes threads in proportion to the backlog,
 and each thread reports back by adding a
 completion to a shared list, which the loop takes in one go (`on_drained`
 then runs once, after all the completions taken, so results can be applied
-per lease rather than per batch): COLLECT_S after a hand-off, or when a
-thread wakes it for a task that outlasted that or for a run() whose caller
-waits. Threads start on demand, up to the maximum, and live until shutdown.
+per lease rather than per batch): at the collect COLLECT_S after a hand-off,
+or when a thread wakes it, for a run() whose caller waits or for a task that
+finished while no collect was due; a completion waits COLLECT_S at most.
+Threads start on demand, up to the maximum, and live until shutdown.
 
 What a hand-off costs is what sets the consumer's CPU per message below full
 speed (every frame of one or two messages is a hand-off), so it is made of
@@ -24,7 +25,7 @@ pool ran all twenty threads for a listener that needs one. Work still queued
 when that thread takes its first task, which may be a listener that gets
 stuck, gets a thread of its own: at the collect when one is due (most often
 the thread on its way takes the rest itself by then; waking one at once cost
-the pool a fifth more CPU per task), at once otherwise (run()'s awaiters,
+the pool a quarter more CPU per task), at once otherwise (run()'s awaiters,
 the orderly service's queues, wait for their tasks).
 """
 
@@ -92,7 +93,9 @@ class ConsumeThreadPool:
         Their completions are collected: the loop takes them when it comes by COLLECT_S later, instead of
         being woken for each task that finishes (below full speed a frame holds a message or two, and a
         wake-up of the loop per frame cost the consumer as much CPU as handing the frame over). A task
-        that takes longer than that wakes the loop when it finishes, as run()'s always do."""
+        that finishes while no collect is due (it outlasted the last one) wakes the loop itself, as
+        run()'s always do; one that finishes while a later hand-off's collect is due waits for that one.
+        Either way a completion waits COLLECT_S at most."""
         if self._collect is None:
             self._collect = self._loop.call_later(COLLECT_S, self._collected)
         self._hand_over(tasks)

@@ -203,9 +203,10 @@ def one_run(address: str, broker_pid: int, topic: str, rate: int, seconds: float
     variants = {"current": None, **({"baseline": baseline} if baseline else {})}
     if swap:
         variants = dict(reversed(variants.items()))
-    consumers = {name: child("consumer", address, topic, kind, str(count), str(seconds + 30), name, package=package)
-                 for name, package in variants.items()}
-    for cons in consumers.values():
+    consumers: dict[str, subprocess.Popen] = {}
+    for name, package in variants.items():  # one after the other: the first is ready before the second starts
+        cons = consumers[name] = child("consumer", address, topic, kind, str(count), str(seconds + 30), name,
+                                       package=package)
         assert cons.stdout is not None
         if cons.stdout.readline().strip() != "ready":
             raise SystemExit("consumer did not start")

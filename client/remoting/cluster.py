@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from tidemark.client.errors import (
@@ -63,8 +63,9 @@ from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.connection import BrokerConnection
 from tidemark.client.remoting.moves import MasterMoves
 from tidemark.client.remoting.namesrv import NameServerClient
+from tidemark.client.remoting.routes import RetryGate, merged_route
 from tidemark.client.security import TlsSettings
-from tidemark.client.types import ClusterBroker, QueueData, TopicRoute
+from tidemark.client.types import ClusterBroker, TopicRoute
 from tidemark.common.auth import Credentials
 from tidemark.common.logs import get_logger
 from tidemark.common.scheduler import cancel_and_wait
@@ -82,58 +83,6 @@ ROUTE_RETRY_INTERVAL_S = 0.25
 SUSPECT_PROBE_S = 0.5
 
 T = TypeVar("T")
-
-
-class RetryGate:
-    """At most one try per key every `interval_s`: how often something urgent is asked again."""
-
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s = interval_s
-        self._clock = clock
-        self._last: dict[object, float] = {}
-
-    def try_now(self, key: object) -> bool:
-        """True (and the try is counted) when the last try of `key` is at least interval_s old."""
-        now = self._clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval_s:
-            return False
-        self._last[key] = now
-        return True
-
-    def wait_s(self, key: object) -> float:
-        """Seconds until `key` may be tried again (0 when it may now)."""
-        last = self._last.get(key)
-        return 0.0 if last is None else max(0.0, self.interval_s - (self._clock() - last))
-
-
-def merged_route(topic: str, answers: Iterable[tuple[str, TopicRoute | BaseException]]) -> TopicRoute:
-    """One route from each listed broker's GetRoute answer ((who, answer or error) pairs). Brokers that
-    could not be asked are left out while others hold queues; when none does, the topic is missing only
-    if every broker answered so, else unknown: a retriable UnavailableError naming who was not reached."""
-    datas: list[QueueData] = []
-    missing: list[str] = []
-    unreachable: list[tuple[str, TidemarkError]] = []
-    for who, answer in answers:
-        if isinstance(answer, NotFoundError):
-            missing.append(who)
-        elif isinstance(answer, UnavailableError) or (isinstance(answer, TidemarkError) and answer.retriable):
-            unreachable.append((who, answer))
-        elif isinstance(answer, BaseException):
-            raise answer
-        else:
-            datas.extend(answer.queue_datas)
-    if datas:
-        return TopicRoute(topic, tuple(sorted(datas, key=lambda d: d.broker_name)))
-    if unreachable:
-        errors = [e for _, e in unreachable]
-        # Every broker refused the same way (a TLS handshake): that kind, not a retriable outage.
-        kinds = {type(e) for e in errors}
-        kind = kinds.pop() if len(kinds) == 1 and not errors[0].retriable else UnavailableError
-        answered = f"; {', '.join(missing)} answered that the topic is not there" if missing else ""
-        raise kind(f"the route of topic {topic!r} is unknown: {', '.join(w for w, _ in unreachable)} could not be "
-                   f"reached ({'; '.join(str(e) for e in errors)}){answered}", code=errors[0].code)
-    raise NotFoundError(f"topic {topic!r} does not exist on any broker ({', '.join(missing)})")
 
 
 class BrokerCluster:

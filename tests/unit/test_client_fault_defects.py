@@ -14,7 +14,8 @@ from tidemark.client.errors import (
     TlsHandshakeError,
     UnavailableError,
 )
-from tidemark.client.remoting.cluster import BrokerCluster, RetryGate, merged_route
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.remoting.routes import RetryGate, merged_route
 from tidemark.client.remoting.rpc_errors import from_rpc_error
 from tidemark.client.types import QueueData, TopicRoute
 

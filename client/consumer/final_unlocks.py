@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from tidemark.client.errors import TidemarkError
+from tidemark.client.errors import ClientStateError, TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.types import OffsetCommit
@@ -69,6 +69,8 @@ class FinalUnlocks:
         key = (mq.broker_name, bound)
         call = self._gathering.get(key)
         if call is None:  # else a call is being gathered: ride along
+            if self._calls.closed:
+                raise ClientStateError(f"{mq}: final commit and unlock after the consumer stopped")
             call = self._gathering[key] = _Call()
             call.task = self._calls.spawn(self._send(key, call, bound), name=f"final-unlock:{mq.broker_name}")
         call.add(mq, commit, token)
@@ -76,6 +78,12 @@ class FinalUnlocks:
         if isinstance(outcome, BaseException):
             raise outcome
         return outcome
+
+    async def close(self) -> None:
+        """Once the calls under way have ended (each within its bound or the request timeout), refuse
+        new ones (shutdown)."""
+        await self._calls.wait()
+        await self._calls.close()
 
     async def _send(self, key: tuple[str, float | None], call: _Call,
                     bound: float | None) -> dict[MessageQueue, Outcome]:

@@ -40,18 +40,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Protocol
 
 from tidemark.client.consumer.final_unlocks import FinalUnlocks
 from tidemark.client.consumer.kept_progress import KeptProgress, resume_offset
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.offset_store import OffsetStore
+from tidemark.client.consumer.pending_unlocks import LOCK_RETRY_DELAY_S, PendingUnlocks
 from tidemark.client.consumer.queue_state import OwnedQueue, QueueState
 from tidemark.client.errors import FencedError, TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
-from tidemark.client.types import OffsetCommit
 from tidemark.common.logs import get_logger
 from tidemark.common.scheduler import TaskSet
 
@@ -63,25 +62,13 @@ LOCK_WAIT_MS = 5_000
 # rebalance pass that took them waits for these answers (all its topics' and brokers' at once, `settle`);
 # past it a waiting request asks on (LOCK_WAIT_MS).
 FIRST_LOCK_WAIT_MS = 100
-# Pause before asking again after a broker could not be asked at all, or a granted queue could not start.
-LOCK_RETRY_DELAY_S = 1.0
-# How long an unlock that failed is asked again: by then the broker has let the lock expire by itself
-# (RocketMQ's REBALANCE_LOCK_MAX_LIVE_TIME, the broker's default lock_expiry_ms).
-LOCK_LIFETIME_S = 60.0
+# (LOCK_RETRY_DELAY_S, from pending_unlocks.py: the pause before asking again after a broker could not be
+# asked at all, or a granted queue could not start.)
 # How long a handover's final commit and unlock may hold up the consumer's other queue changes (a rebalance
 # waits for its releases): to a broker cut off, the call would wait a whole request timeout. Past it the
 # call is asked again outside the ownership lock, where the grant's lock token keeps a late one harmless
 # (a broker without tokens keeps the request timeout: only the lock keeps its late unlocks harmless).
 FINAL_UNLOCK_WAIT_S = 1.0
-
-
-@dataclass(frozen=True)
-class _PendingUnlock:
-    """A queue handed back whose unlock failed: the broker may still hold its lock for us."""
-
-    commit: OffsetCommit | None  # its final commit, sent with the unlock
-    token: int  # the grant released (0: any)
-    until: float  # loop time after which the lock has expired on the broker anyway
 
 
 class OwnershipHooks(Protocol):
@@ -130,20 +117,17 @@ class QueueOwnership:
         self._first: set[asyncio.Task] = set()
         # Progress of queues lost (not handed over), for their next lease: see kept_progress.py.
         self._kept: dict[MessageQueue, KeptProgress] = {}
-        # Queues handed back whose unlock failed (a partition, a timeout): until the broker hears of it,
-        # the next owner waits for the lock to expire (60 s) though we let go. Asked again, per broker.
-        self._unlocks: dict[MessageQueue, _PendingUnlock] = {}
-        self._unlock_retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
-        self._unlocking: set[str] = set()  # brokers with a retry task
-        self._stopping = False  # stop() ran: failed unlocks are not asked again
+        self._stopping = False  # stop() ran: failed unlocks are not asked again in the background
         # Final commits and unlocks of queues leaving together go in one call per broker.
         self._finals = FinalUnlocks(cluster, group, client_id)
+        # Queues handed back whose unlock failed (a partition, a timeout): until the broker hears of it,
+        # the next owner waits for the lock to expire (60 s) though we let go. Asked again, per broker.
+        self._unlocks = PendingUnlocks(self._finals, group, lock=self._lock, ours=self._queues.__contains__)
         # The newest grant to this client seen per queue, (owner epoch, lock token): two lock calls for one
         # queue can both be granted (a waiter asking for a queue that went away and came back, beside the
         # new OwnedQueue's own call), and the broker keeps only the later grant's token (_quote).
         self._grants: dict[MessageQueue, tuple[int, int]] = {}
         self.handovers = 0
-        self.unlock_retries = 0  # UnlockQueues calls asked again
 
     # -- views -----------------------------------------------------------------
 
@@ -151,6 +135,11 @@ class QueueOwnership:
     def pending_unlocks(self) -> int:
         """Queues handed back whose unlock failed and is being asked again."""
         return len(self._unlocks)
+
+    @property
+    def unlock_retries(self) -> int:
+        """UnlockQueues calls asked again."""
+        return self._unlocks.retries
 
     def get(self, mq: MessageQueue) -> OwnedQueue | None:
         return self._queues.get(mq)
@@ -191,7 +180,7 @@ class QueueOwnership:
             if removed:
                 await asyncio.gather(*(self._release(self._queues[mq]) for mq in sorted(removed)))
             for mq in sorted(added):
-                pending = self._unlocks.pop(mq, None)  # ours again: an old unlock must not release the new lock
+                pending = self._unlocks.take(mq)  # ours again: an old unlock must not release the new lock
                 if pending is not None and pending.commit is not None:
                     # ...but its final commit, which the broker may never have had, is this client's
                     # progress: the new lease resumes from it as from a lost queue's (kept_progress.py).
@@ -255,9 +244,14 @@ class QueueOwnership:
         granted, answered = await self._lock_on(broker, asked, wait_ms=wait_ms)
         async with self._lock:
             granted = [oq for oq in granted if self._locking(oq)]
-            # Each start reads the queue's committed offset: do them concurrently.
-            started = await asyncio.gather(*(self._start(oq) for oq in granted))
-        failed = {oq for oq, ok in zip(granted, started, strict=True) if not ok}
+            # Each start reads the queue's committed offset: do them concurrently. (All of them end before
+            # the lock is let go, whatever one raises: a start that raised is asked again after a pause.)
+            started = await asyncio.gather(*(self._start(oq) for oq in granted), return_exceptions=True)
+        for oq, outcome in zip(granted, started, strict=True):
+            if isinstance(outcome, BaseException):
+                log.error("queue start failed", event="queue_start_failed", group=self._group, queue=oq.mq,
+                          exc_info=outcome)
+        failed = {oq for oq, ok in zip(granted, started, strict=True) if ok is not True}
         rest = [oq for oq in asked if self._locking(oq) and oq not in failed]
         # After a first request (its short wait ran out, or its broker could not be asked) the waiting
         # request goes at once.
@@ -272,8 +266,8 @@ class QueueOwnership:
         more, with the full request time: their final commits would be lost otherwise."""
         self._stopping = True
         await self._lock_waiters.close()
-        await self._unlock_retries.close()
-        await asyncio.gather(*(self._unlock_pending(broker) for broker in {mq.broker_name for mq in self._unlocks}))
+        await self._unlocks.close()
+        await self._unlocks.sweep()
 
     async def renew_locks(self) -> None:
         """Renew every held lock; a queue whose lock was not renewed is lost."""
@@ -311,9 +305,20 @@ class QueueOwnership:
             self._lose(oq, reason)
 
     async def release_all(self) -> None:
-        """Hand every queue back; also completes releases a cancelled rebalance had started."""
+        """Hand every queue back; also completes releases a cancelled rebalance had started. After stop()
+        (shutdown), a final call that failed is asked once more with the full request time, as stop()
+        did for the ones before: nothing asks again in the background any more."""
         async with self._lock:
             await asyncio.gather(*(self._release(oq) for oq in list(self._queues.values())))
+        if not self._stopping:
+            return
+        left = await self._unlocks.sweep()
+        if left:
+            # The broker lets these locks expire by itself; the commits are lost, and the queues' next
+            # owners resume from the group's last committed offsets (some messages consumed again).
+            log.warning("final commits and unlocks not delivered at shutdown", event="final_commit_lost",
+                        group=self._group, queues=", ".join(str(mq) for mq in left))
+        await self._finals.close()
 
     # -- internals -------------------------------------------------------------
 
@@ -343,8 +348,11 @@ class QueueOwnership:
             # Given up when the master moves meanwhile: the queues are locked where it is now instead.
             grants = await self._cluster.moves.until(broker, conn.lock_queues(
                 self._group, self._client_id, [oq.mq for oq in oqs], wait_ms=wait_ms))
-        except TidemarkError as e:
-            log.warning("queue lock failed", event="lock_failed", group=self._group, broker=broker, error=e)
+        except Exception as e:  # (not only TidemarkError: whatever it was, the queues are asked again)
+            if isinstance(e, TidemarkError):
+                log.warning("queue lock failed", event="lock_failed", group=self._group, broker=broker, error=e)
+            else:
+                log.error("queue lock failed", event="lock_failed", group=self._group, broker=broker, exc_info=e)
             return [], False
         by_mq = {g.queue: g for g in grants}
         granted: list[OwnedQueue] = []
@@ -376,7 +384,7 @@ class QueueOwnership:
             except TidemarkError as e:
                 log.warning("unlock failed", event="unlock_failed", group=self._group, broker=broker, error=e)
                 for mq, token in stale.items():
-                    self._unlock_later(mq, None, token)
+                    self._unlocks.add(mq, None, token)
         return granted, bool(grants)
 
     async def _start(self, oq: OwnedQueue) -> bool:
@@ -389,9 +397,13 @@ class QueueOwnership:
             self._store.preload(mq, committed, generation)
         try:
             offset = await self._hooks.start_offset(mq, committed)
-        except TidemarkError as e:
-            log.warning("cannot read start offset",
-                        event="start_offset_failed", group=self._group, queue=mq, error=e)
+        except Exception as e:  # (a defect as much as a broker's refusal: the queue must not stay stuck)
+            if isinstance(e, TidemarkError):
+                log.warning("cannot read start offset",
+                            event="start_offset_failed", group=self._group, queue=mq, error=e)
+            else:
+                log.error("cannot read start offset",
+                          event="start_offset_failed", group=self._group, queue=mq, exc_info=e)
             if oq.state is QueueState.ASSIGNED:
                 # Without locks there is nothing to wait for: try again at the next rebalance.
                 oq.transition(QueueState.RELEASED)
@@ -414,7 +426,15 @@ class QueueOwnership:
             self._store.update_offset(mq, resumed, increase_only=False)
         elif self._hooks.commit_start_offset and self._store.read_memory(mq) < 0:
             self._store.update_offset(mq, offset, increase_only=False)
-        await self._hooks.lease_started(lease)
+        try:
+            await self._hooks.lease_started(lease)
+        except Exception as e:
+            # Nothing fetches for the lease: let the queue go (the next rebalance takes it again) rather
+            # than hold it PULLING with nobody reading it.
+            log.error("queue could not start", event="queue_start_failed", group=self._group, queue=mq,
+                      exc_info=e)
+            self._lose(oq, f"start failed: {e!r}")
+            return True
         # A resumed queue, and a queue the broker had no offset for: tell the broker at once. Without
         # the latter, a broker restart before our first timed commit would find no committed offset,
         # and kept progress is never trusted then (kept_progress.py): everything read so far again.
@@ -455,7 +475,7 @@ class QueueOwnership:
             await conn.unlock_queues(self._group, self._client_id, [oq.mq], tokens=[oq.lock_token])
         except TidemarkError as e:
             log.warning("unlock failed", event="unlock_failed", group=self._group, queue=oq.mq, error=e)
-            self._unlock_later(oq.mq, None, oq.lock_token)
+            self._unlocks.add(oq.mq, None, oq.lock_token)
 
     async def _finish_release(self, oq: OwnedQueue) -> None:
         """DRAINING -> RELEASED: stop fetching, drain, commit, unlock."""
@@ -494,7 +514,7 @@ class QueueOwnership:
                 log.warning("final commit and unlock failed, asking again",
                             event="final_commit_failed", group=self._group, queue=oq.mq,
                             error=str(e) or f"no answer within {bound} s")
-                self._unlock_later(oq.mq, commit, oq.lock_token)
+                self._unlocks.add(oq.mq, commit, oq.lock_token)
         for error in refused:
             if isinstance(error, FencedError):
                 self._lose(oq, f"final commit fenced: {error}")
@@ -514,65 +534,6 @@ class QueueOwnership:
             log.warning("offset persist on drop failed",
                         event="drop_persist_failed", group=self._group, queue=oq.mq, error=e)
 
-    def _unlock_later(self, mq: MessageQueue, commit: OffsetCommit | None, token: int) -> None:
-        """Ask again, every LOCK_RETRY_DELAY_S, for a queue we let go of but whose unlock failed: the call
-        may never have reached the broker, which then keeps the lock for us until it expires, while the
-        queue's next owner waits and nobody consumes it (a partition of a few seconds stalled a queue for
-        a minute). Until the broker answers, the lock would have expired, or the queue is ours again."""
-        self._unlocks[mq] = _PendingUnlock(commit, token, asyncio.get_running_loop().time() + LOCK_LIFETIME_S)
-        broker = mq.broker_name
-        if broker not in self._unlocking:
-            if self._unlock_retries.spawn(self._retry_unlocks(broker), name=f"unlock-retry:{broker}") is not None:
-                self._unlocking.add(broker)
-
-    async def _retry_unlocks(self, broker: str) -> None:
-        """Outside the ownership lock: a call to a broker cut off may wait its whole request timeout, and
-        rebalances (of other brokers' queues too) must not wait with it. A queue that comes back to us
-        meanwhile is locked under a new grant, which the token of this unlock cannot release."""
-        try:
-            while True:
-                await asyncio.sleep(LOCK_RETRY_DELAY_S)
-                if any(p.token == 0 for mq, p in self._unlocks.items() if mq.broker_name == broker):
-                    # A broker that names no grants (older than lock tokens): only the ownership lock keeps
-                    # a late unlock from releasing the lock of a queue that came back to us meanwhile.
-                    async with self._lock:
-                        more = await self._unlock_pending(broker)
-                else:
-                    more = await self._unlock_pending(broker)
-                if not more:
-                    return
-        finally:
-            self._unlocking.discard(broker)
-
-    async def _unlock_pending(self, broker: str) -> bool:
-        """One UnlockQueues of the broker's pending queues, with their final commits; whether any is left."""
-        now = asyncio.get_running_loop().time()
-        for mq in [mq for mq, p in self._unlocks.items() if mq.broker_name == broker]:
-            if mq in self._queues or now > self._unlocks[mq].until:
-                del self._unlocks[mq]  # ours again, or the lock expired on the broker meanwhile
-        pending = {mq: p for mq, p in sorted(self._unlocks.items()) if mq.broker_name == broker}
-        if not pending:
-            return False
-        self.unlock_retries += 1
-        outcomes = await self._finals.unlock(broker, list(pending),
-                                             [p.commit for p in pending.values() if p.commit is not None],
-                                             [p.token for p in pending.values()])
-        for mq, p in pending.items():
-            outcome = outcomes[mq]
-            if isinstance(outcome, TidemarkError) and outcome.retriable:
-                log.info("unlock failed again", event="unlock_retry_failed", group=self._group, queue=mq,
-                         error=outcome)
-                continue
-            if self._unlocks.get(mq) is p:  # (not one that failed again meanwhile, with a newer commit)
-                del self._unlocks[mq]
-            # Fenced: the queue passed on (or came back to us) meanwhile, its offset stands; or refused for good.
-            for error in [outcome] if isinstance(outcome, BaseException) else outcome:
-                log.info("final commit refused on a retry", event="final_commit_refused", group=self._group,
-                         queue=mq, error=error)
-        log.info("unlocks asked again", event="unlock_retried", group=self._group, broker=broker,
-                 queues=", ".join(str(mq) for mq in pending))
-        return any(mq.broker_name == broker for mq in self._unlocks)
-
     def _lose(self, oq: OwnedQueue, reason: str) -> None:
         if oq.state in (QueueState.RELEASED, QueueState.LOST):
             return
@@ -582,6 +543,10 @@ class QueueOwnership:
         progress = self._store.read_memory(oq.mq)
         if self.locking and lease is not None and progress >= 0:
             self._kept[oq.mq] = KeptProgress(progress, lease.reset_generation)
+        if oq.state is QueueState.LOCKING and oq.owner_epoch is not None and self.locking:
+            # Granted but not started (its lock request's task has yet to take the ownership lock): the
+            # broker holds the lock for us, and the queue's next owner would wait for it to expire.
+            self._unlocks.add(oq.mq, None, oq.lock_token)
         oq.transition(QueueState.LOST)
         if lease is not None:
             self._hooks.lease_ended(lease)

@@ -9,6 +9,7 @@ import asyncio
 import pytest
 
 from tidemark.client.consumer import ownership as ownership_module
+from tidemark.client.consumer import pending_unlocks
 from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
 from tidemark.client.consumer.ownership import QueueOwnership
 from tidemark.client.consumer.queue_state import QueueState
@@ -243,6 +244,7 @@ def short_first_lock_wait(monkeypatch):
 @pytest.fixture
 def quick_retries(monkeypatch):
     monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 0.01)
+    monkeypatch.setattr(pending_unlocks, "LOCK_RETRY_DELAY_S", 0.01)
 
 
 async def _held_then_released_with_a_failed_unlock(broker: ScriptedBroker, own: QueueOwnership) -> None:
@@ -285,7 +287,7 @@ def test_an_unlock_that_failed_is_asked_again_with_its_final_commit(quick_retrie
         await _held_then_released_with_a_failed_unlock(broker, own)
         assert own.pending_unlocks == 1
         broker.unlock_failures = 2  # still cut off for the first two retries
-        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        await asyncio.wait_for(own._unlocks.wait(), 5)
         assert own.pending_unlocks == 0 and own.unlock_retries == 3
         assert broker.unlocked == [MQ]
         assert broker.final_offsets == [(MQ, 5)]  # the handover keeps its final commit
@@ -318,7 +320,7 @@ def test_a_queue_that_came_back_before_the_unlock_was_asked_again_keeps_its_new_
         await _held_then_released_with_a_failed_unlock(broker, own)
         await own.update("T", {MQ})  # ours again (the same client: the broker renews the same lock)
         assert own.get(MQ).state is QueueState.PULLING
-        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        await asyncio.wait_for(own._unlocks.wait(), 5)
         assert broker.unlocked == [] and broker.final_offsets == []  # neither released nor moved back to 5
         assert own.get(MQ).state is QueueState.PULLING
         await own.stop()
@@ -326,14 +328,14 @@ def test_a_queue_that_came_back_before_the_unlock_was_asked_again_keeps_its_new_
 
 
 def test_unlocks_are_not_asked_again_once_the_lock_expired_on_the_broker(quick_retries, monkeypatch):
-    monkeypatch.setattr(ownership_module, "LOCK_LIFETIME_S", 0.0)
+    monkeypatch.setattr(pending_unlocks, "LOCK_LIFETIME_S", 0.0)
 
     async def scenario():
         broker = ScriptedBroker()
         own = ownership(broker, Hooks())
         await _held_then_released_with_a_failed_unlock(broker, own)
         broker.unlock_failures = 1000  # the broker is never reached again
-        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        await asyncio.wait_for(own._unlocks.wait(), 5)
         assert broker.unlock_failures == 1000  # given up without asking: the broker freed the lock itself
         await own.stop()
     asyncio.run(scenario())
@@ -350,7 +352,7 @@ def test_a_retried_unlock_under_way_does_not_hold_up_changes_of_other_queues(qui
         await asyncio.wait_for(own.update("T", {MQ1}), 1)  # not behind the retry
         assert own.get(MQ1).state is QueueState.PULLING
         broker.unlock_gate.set()
-        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        await asyncio.wait_for(own._unlocks.wait(), 5)
         assert broker.unlocked == [MQ] and broker.final_offsets == [(MQ, 5)]
         await own.stop()
     asyncio.run(scenario())
@@ -368,7 +370,7 @@ def test_a_handover_to_a_broker_cut_off_holds_up_queue_changes_for_the_bound_onl
         await asyncio.wait_for(own.update("T", {MQ1}), 1)  # other queues change meanwhile
         assert own.get(MQ1).state is QueueState.PULLING
         broker.unlock_gate.set()  # reachable again: the retry hands the queue over with its final commit
-        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        await asyncio.wait_for(own._unlocks.wait(), 5)
         assert broker.unlocked == [MQ] and broker.final_offsets == [(MQ, 5)] and own.pending_unlocks == 0
         await own.stop()
     asyncio.run(scenario())
@@ -414,7 +416,7 @@ def test_a_late_unlock_does_not_release_the_lock_taken_again_nor_move_its_offset
         await asyncio.wait_for(own.update("T", {MQ}), 1)  # ...when the queue comes back to us: a new grant
         assert own.get(MQ).state is QueueState.PULLING and broker.tokens[MQ] != old_grant
         broker.unlock_gate.set()  # the retry arrives now, quoting the old grant
-        await asyncio.wait_for(own._unlock_retries.wait(), 5)
+        await asyncio.wait_for(own._unlocks.wait(), 5)
         assert broker.unlocked == [] and broker.final_offsets == []  # neither released nor moved back to 5
         assert broker.tokens[MQ] == own.get(MQ).lock_token
         await own.renew_locks()  # a renewal keeps the grant

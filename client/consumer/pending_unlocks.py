@@ -1,0 +1,142 @@
+"""PendingUnlocks: queues handed back whose unlock failed, asked again until the broker hears of it.
+
+A handover ends with the old owner's final commit and unlock (ownership.py).
+When that call fails (a partition, a timeout) the broker may never have had
+it: it keeps the lock for us until the lock expires (60 s), while the queue's
+next owner waits and nobody consumes the queue. So the call is asked again,
+every LOCK_RETRY_DELAY_S, one UnlockQueues per broker with the final commits
+it carries, until the broker answers, the lock has expired there anyway, or
+the queue is ours again (its new grant is then ours to keep, and an unlock of
+the old grant's token could not release it: the broker keeps the latest).
+
+The retries run outside the ownership lock: a call to a broker cut off waits
+its whole request timeout, and rebalances must not wait with it. Only for a
+broker that names no grants (older than lock tokens) is the ownership lock
+taken around the call: nothing else keeps its late unlock from releasing a
+lock that came back to us meanwhile.
+
+At shutdown nothing asks again in the background (`close`), but what is left
+is asked once more with the full request time (`sweep`): each entry carries a
+final commit that is lost otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tidemark.client.consumer.final_unlocks import FinalUnlocks
+from tidemark.client.errors import TidemarkError
+from tidemark.client.message import MessageQueue
+from tidemark.client.types import OffsetCommit
+from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import TaskSet
+
+log = get_logger("tidemark.client.ownership")
+
+# Pause before asking again.
+LOCK_RETRY_DELAY_S = 1.0
+# How long an unlock that failed is asked again: by then the broker has let the lock expire by itself
+# (RocketMQ's REBALANCE_LOCK_MAX_LIVE_TIME, the broker's default lock_expiry_ms).
+LOCK_LIFETIME_S = 60.0
+
+
+@dataclass(frozen=True)
+class PendingUnlock:
+    """A queue handed back whose unlock failed: the broker may still hold its lock for us."""
+
+    commit: OffsetCommit | None  # its final commit, sent with the unlock
+    token: int  # the grant released (0: any)
+    until: float  # loop time after which the lock has expired on the broker anyway
+
+
+class PendingUnlocks:
+    def __init__(self, finals: FinalUnlocks, group: str, *, lock: asyncio.Lock,
+                 ours: Callable[[MessageQueue], bool]) -> None:
+        self._finals = finals
+        self._group = group
+        self._lock = lock  # the ownership lock (for brokers that name no grants)
+        self._ours = ours  # whether a queue is ours again
+        self._pending: dict[MessageQueue, PendingUnlock] = {}
+        self._retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
+        self._retrying: set[str] = set()  # brokers with a retry task
+        self.retries = 0  # UnlockQueues calls asked again
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def queues(self) -> list[MessageQueue]:
+        return sorted(self._pending)
+
+    def add(self, mq: MessageQueue, commit: OffsetCommit | None, token: int) -> None:
+        """Ask again for `mq`'s unlock (and its final commit) until the broker answers. After close(),
+        only the next sweep() asks."""
+        self._pending[mq] = PendingUnlock(commit, token, asyncio.get_running_loop().time() + LOCK_LIFETIME_S)
+        broker = mq.broker_name
+        if broker not in self._retrying:
+            if self._retries.spawn(self._retry(broker), name=f"unlock-retry:{broker}") is not None:
+                self._retrying.add(broker)
+
+    def take(self, mq: MessageQueue) -> PendingUnlock | None:
+        """The queue is ours again: its old unlock must not go out (it would not release the new grant,
+        but its final commit is news to hand to the new lease)."""
+        return self._pending.pop(mq, None)
+
+    async def wait(self) -> None:
+        """Until the background retries have ended by themselves (each when its broker has nothing
+        pending left)."""
+        await self._retries.wait()
+
+    async def close(self) -> None:
+        """Stop asking in the background (shutdown)."""
+        await self._retries.close()
+
+    async def sweep(self) -> list[MessageQueue]:
+        """Ask once for every pending queue, each broker's at once, with the full request time; the
+        queues still pending after it."""
+        await asyncio.gather(*(self._ask(broker) for broker in {mq.broker_name for mq in self._pending}))
+        return self.queues()
+
+    async def _retry(self, broker: str) -> None:
+        try:
+            while True:
+                await asyncio.sleep(LOCK_RETRY_DELAY_S)
+                if any(p.token == 0 for mq, p in self._pending.items() if mq.broker_name == broker):
+                    async with self._lock:
+                        more = await self._ask(broker)
+                else:
+                    more = await self._ask(broker)
+                if not more:
+                    return
+        finally:
+            self._retrying.discard(broker)
+
+    async def _ask(self, broker: str) -> bool:
+        """One UnlockQueues of the broker's pending queues, with their final commits; whether any is left."""
+        now = asyncio.get_running_loop().time()
+        for mq in [mq for mq, p in self._pending.items() if mq.broker_name == broker]:
+            if self._ours(mq) or now > self._pending[mq].until:
+                del self._pending[mq]  # ours again, or the lock expired on the broker meanwhile
+        pending = {mq: p for mq, p in sorted(self._pending.items()) if mq.broker_name == broker}
+        if not pending:
+            return False
+        self.retries += 1
+        outcomes = await self._finals.unlock(broker, list(pending),
+                                             [p.commit for p in pending.values() if p.commit is not None],
+                                             [p.token for p in pending.values()])
+        for mq, p in pending.items():
+            outcome = outcomes[mq]
+            if isinstance(outcome, TidemarkError) and outcome.retriable:
+                log.info("unlock failed again", event="unlock_retry_failed", group=self._group, queue=mq,
+                         error=outcome)
+                continue
+            if self._pending.get(mq) is p:  # (not one that failed again meanwhile, with a newer commit)
+                del self._pending[mq]
+            # Fenced: the queue passed on (or came back to us) meanwhile, its offset stands; or refused for good.
+            for error in [outcome] if isinstance(outcome, BaseException) else outcome:
+                log.info("final commit refused on a retry", event="final_commit_refused", group=self._group,
+                         queue=mq, error=error)
+        log.info("unlocks asked again", event="unlock_retried", group=self._group, broker=broker,
+                 queues=", ".join(str(mq) for mq in pending))
+        return any(mq.broker_name == broker for mq in self._pending)

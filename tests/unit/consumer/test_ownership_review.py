@@ -1,0 +1,144 @@
+"""Review of the consumer's lock requests and hand-overs, against the scripted broker of test_ownership.py:
+a lock request whose start raises something unexpected does not leave its queues waiting for a lock
+nobody asks for, a queue lost between its grant and its start is unlocked, and a final commit that
+fails during shutdown is asked once more before the consumer lets go of it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from test_ownership import MQ, MQ1, Hooks, ScriptedBroker, ownership
+
+from tidemark.client.consumer import ownership as ownership_module
+from tidemark.client.consumer import pending_unlocks
+from tidemark.client.consumer.final_unlocks import FinalUnlocks
+from tidemark.client.consumer.queue_state import QueueState
+from tidemark.client.errors import ClientStateError
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 0.01)
+    monkeypatch.setattr(pending_unlocks, "LOCK_RETRY_DELAY_S", 0.01)
+
+
+async def _until(predicate, what: str) -> None:
+    async with asyncio.timeout(5):
+        while not predicate():
+            await asyncio.sleep(0.005)
+
+
+def test_a_start_offset_hook_raising_an_unexpected_error_is_asked_again(quick_retries):
+    """The lock request's task died with the OSError: the queue stayed LOCKING, and nothing asked for it
+    again (before lock requests ran in tasks, the rebalance's own wait asked again)."""
+    class RaisesOnce(Hooks):
+        async def start_offset(self, mq, committed):
+            self.start_attempts += 1
+            if self.start_attempts == 1:
+                raise OSError("offset file: I/O error")
+            return 0
+
+    async def scenario():
+        broker, hooks = ScriptedBroker(), RaisesOnce()
+        broker.grant_now = True
+        own = ownership(broker, hooks)
+        await own.update("T", {MQ, MQ1})
+        await _until(lambda: own.get(MQ).state is QueueState.PULLING and own.get(MQ1).state is QueueState.PULLING,
+                     "both queues pulling")
+        assert hooks.start_attempts == 3 and len(hooks.started) == 2
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_a_lease_that_cannot_start_lets_its_queue_go():
+    """lease_started raising left the queue PULLING with nothing fetching it, for good."""
+    class StartRaises(Hooks):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lost = []
+
+        async def lease_started(self, lease):
+            raise RuntimeError("fetcher closed")
+
+        def queue_lost(self, mq):
+            self.lost.append(mq)
+
+    async def scenario():
+        broker, hooks = ScriptedBroker(), StartRaises()
+        broker.grant_now = True
+        own = ownership(broker, hooks)
+        await own.update("T", {MQ})
+        assert own.get(MQ) is None and hooks.lost == [MQ]  # the next rebalance takes it again
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_a_queue_lost_between_its_grant_and_its_start_is_unlocked(quick_retries, monkeypatch):
+    """A commit of an older lease came back fenced (lose(mq)) while the new lease's grant waited for the
+    ownership lock: the queue was forgotten with the broker still holding its lock for us, so its next
+    owner waited for the lock to expire."""
+    monkeypatch.setattr(ownership_module, "FIRST_LOCK_WAIT_MS", 60_000)  # (only the release ends the wait)
+
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks(), settle=False)
+        await own.update("T", {MQ})
+        await _until(lambda: broker.lock_calls, "the first lock request on the broker")
+        await own._lock.acquire()  # (what the lock request's task waits for once granted)
+        lose = asyncio.create_task(own.lose(MQ, "commit fenced"))
+        await asyncio.sleep(0)  # lose() waits for the ownership lock first
+        broker.grant_now = True
+        broker.release_waiters.set()
+        await _until(lambda: own.get(MQ).owner_epoch is not None, "the grant applied")
+        token = own.get(MQ).lock_token
+        own._lock.release()
+        await lose
+        await own.settle()
+        assert own.get(MQ) is None
+        await asyncio.wait_for(own._unlocks.wait(), 5)
+        assert broker.unlocked == [MQ] and MQ not in broker.tokens and token
+        await own.stop()
+    asyncio.run(scenario())
+
+
+def test_a_final_commit_failing_during_shutdown_is_asked_once_more():
+    """release_all after stop(): a final call that failed was parked for a retry task that stop() had
+    closed, so the final commit never went out (the next owner read the queue again from an older
+    offset)."""
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        own = ownership(broker, Hooks())
+        await own.update("T", {MQ})
+        own._store.update_offset(MQ, 5, increase_only=True)
+        await own.stop()
+        broker.unlock_failures = 1  # the full-time call at release fails; the one after it goes through
+        await own.release_all()
+        assert broker.unlock_calls == 2
+        assert broker.final_offsets == [(MQ, 5)] and broker.unlocked == [MQ] and own.pending_unlocks == 0
+    asyncio.run(scenario())
+
+
+def test_a_final_commit_left_undelivered_at_shutdown_is_told(caplog):
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        own = ownership(broker, Hooks())
+        await own.update("T", {MQ})
+        await own.stop()
+        broker.unlock_failures = 2
+        await own.release_all()
+        assert broker.final_offsets == [] and own.pending_unlocks == 1
+    asyncio.run(scenario())
+    assert any("not delivered at shutdown" in r.getMessage() for r in caplog.records)
+
+
+def test_final_unlocks_refuse_calls_once_closed():
+    """A call after close() failed with a TypeError (shield of None) instead of the client's error."""
+    async def scenario():
+        finals = FinalUnlocks(ScriptedBroker(), "g", "c1")
+        await finals.close()
+        with pytest.raises(ClientStateError):
+            await finals.send(MQ, None, 7, None)
+    asyncio.run(scenario())

@@ -114,6 +114,7 @@ class BrokerCluster:
         # three places at once): queued one behind the other, each waited its own request timeout in turn
         # against brokers that do not answer.
         self._discovering: asyncio.Future[dict[str, BrokerConnection]] | None = None
+        self._discoveries = 0  # how many have begun
 
     @classmethod
     def for_settings(cls, s: ClientSettings) -> BrokerCluster:
@@ -207,9 +208,16 @@ class BrokerCluster:
                               else all(c.broker_name is not None for c in self._by_address.values())):
             return dict(self._by_name)  # nothing to ask
         running = self._discovering
+        if running is not None and refresh:
+            # Under way since before this call: it may have asked before what made the caller refresh (a
+            # new master named). Once it ends, a discovery of our own, unless another began meanwhile.
+            began = self._discoveries
+            await asyncio.wait((running,))
+            running = self._discovering if self._discoveries > began else None
         if running is None:
             running = self._discovering = asyncio.ensure_future(
                 self._discover_from_namesrv() if self.namesrv is not None else self._discover_listed())
+            self._discoveries += 1
             running.add_done_callback(self._discovered)
         return dict(await asyncio.shield(running))
 

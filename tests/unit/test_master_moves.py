@@ -64,3 +64,32 @@ def test_a_failed_call_makes_the_cluster_ask_at_once_and_the_move_is_told_with_t
         assert cluster._replicas["broker-a"] == ["other:1"], "the new master is not its own replica"
         assert "broker-a" not in cluster._suspect
     asyncio.run(go())
+
+
+def test_a_refresh_asked_while_a_discovery_is_under_way_asks_again_once_it_ends():
+    """discover(refresh=True) joined a discovery that had asked the name servers before the master moved,
+    and so read the old view (a kept reader went back to the old master's address)."""
+    async def go():
+        cluster = BrokerCluster([], timeout_s=3.0)
+        views = iter(["old:1", "new:1"])  # what the name servers say, ask after ask
+        answer = asyncio.Event()
+        asked: list[str] = []
+
+        class Namesrv:
+            async def cluster(self):
+                address = next(views)
+                asked.append(address)
+                if address == "old:1":
+                    await answer.wait()  # the ask before the move, still under way
+                return [SimpleNamespace(broker_name="broker-a", broker_id=0, address=address)]
+
+        cluster.namesrv = Namesrv()
+        cluster._connect = lambda address: FakeConn(address, answers=True)
+        before = asyncio.ensure_future(cluster.discover())
+        await asyncio.sleep(0)
+        after = asyncio.ensure_future(cluster.discover(refresh=True))  # a new master was named meanwhile
+        await asyncio.sleep(0)
+        answer.set()
+        assert (await before)["broker-a"].address == "old:1"
+        assert (await after)["broker-a"].address == "new:1" and asked == ["old:1", "new:1"]
+    asyncio.run(go())

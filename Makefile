@@ -65,18 +65,21 @@ run: $(RUN_STAMP) $(PROTO_STAMP)
 
 # tests/containers/ need a container engine, the alert-rule test Debian's promtool (package prometheus) and
 # tests/browser/ Debian's chromium: installed here when run as root (CI), else those tests skip saying why.
+# A Debian package a test needs, installed when its command is missing and this runs as root (a fresh CI
+# machine); otherwise the tests that need it skip and say why. $(1): command, $(2): package, $(3): who skips.
+define apt_install
+	@command -v $(1) >/dev/null || [ "$$(id -u)" != 0 ] || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(2) >/dev/null || \
+		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
+		  apt-get install -y -q --no-install-recommends $(2) >/dev/null; } || \
+		echo "$(2) could not be installed: $(3) will skip"
+endef
+
 test: setup
 	$(PY) tools/container_engine.py install
-	@command -v promtool >/dev/null || [ "$$(id -u)" != 0 ] || \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends prometheus >/dev/null || \
-		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
-		  apt-get install -y -q --no-install-recommends prometheus >/dev/null; } || \
-		echo "promtool could not be installed: the alert-rule test will skip"
-	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null || \
-		{ apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive \
-		  apt-get install -y -q --no-install-recommends chromium >/dev/null; } || \
-		echo "chromium could not be installed: the console's browser tests will skip"
+	$(call apt_install,promtool,prometheus,the alert-rule test)
+	$(call apt_install,chromium,chromium,the console's browser tests)
+	$(call apt_install,iptables,iptables,the partition fault run)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Seeded fault runs (tests/faults/, docs/guarantees.md): make torture SCENARIOS=kill,failover RUNS=20 SEED=100
@@ -85,6 +88,7 @@ RUNS ?= 5
 SEED ?= 1
 DURATION ?= 30
 torture: setup
+	$(call apt_install,iptables,iptables,the partition scenario)
 	$(PY) -m tests.faults.torture --runs $(RUNS) --seed $(SEED) --duration $(DURATION) \
 		$(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(MODE),--mode $(MODE))
 

@@ -8,6 +8,7 @@ schedule topic.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -23,6 +24,7 @@ from tidemark.broker.errors import (
     TopicNotFoundError,
 )
 from tidemark.broker.ingest.delays import ScheduleMessageService
+from tidemark.broker.ingest.steering import check_no_steering, delay_from_property
 from tidemark.broker.producers.service import BatchSequence, IdempotenceService
 from tidemark.broker.producers.table import Verdict
 from tidemark.broker.store import MessageRecord, MessageStore, PutResult, RecordsPut
@@ -154,6 +156,7 @@ class SendService:
         next queue round robin."""
         if not messages:
             raise InvalidArgumentError("a send needs at least one message (empty batch)")
+        messages = [delay_from_property(m) for m in messages]
         topic, new = self._resolve_topic(topic_name)  # created once the whole request passed its checks
         now = self._clock_ms()
         queue_id, records, ids = self._checked(topic, queue_id, messages, queue_key, now)
@@ -182,6 +185,7 @@ class SendService:
         rest (none stored: the error is raised). Waits until the stored ones are durable."""
         if not groups or any(not messages for _, messages in groups):
             raise InvalidArgumentError("a send needs at least one message in each message group")
+        groups = [(key, [delay_from_property(m) for m in messages]) for key, messages in groups]
         topic, new = self._resolve_topic(topic_name)
         now = self._clock_ms()
         puts = []
@@ -298,14 +302,17 @@ class SendService:
                 # Stored before (its first answer may have been an unknown outcome): answered, never refused.
                 return RecordsPut(decision.first_offset, [], 0, self._store.commit_log_max_offset, duplicate=True)
         self._check_in_sync()
+        # (a delay level or a transaction's half: SendMessage's, steering.py)
+        vet = functools.partial(check_no_steering, data, count)
         if new:  # an auto-created topic comes into being only for a batch that passed every check
-            self._store.check_batch(topic.name, data, count)
+            vet(self._store.check_batch(topic.name, data, count))
             topic = self._create(topic)
         if sequence is None:
-            return self._store.append_records(topic.name, queue_id, data, count)
+            return self._store.append_records(topic.name, queue_id, data, count, vet=vet)
         return self._producers.append(
             sequence, topic.name, queue_id, count,
-            lambda journal: self._store.append_records(topic.name, queue_id, data, count, before_write=journal))
+            lambda journal: self._store.append_records(topic.name, queue_id, data, count, vet=vet,
+                                                       before_write=journal))
 
     def _check_in_sync(self) -> None:
         """Sync replication stores or refuses a send, never both: refused here, before anything is stored."""

@@ -72,11 +72,19 @@ class Checked:
     its message ids, decoded on demand; each record's gathered header, for stamping. (The per-record check
     answers with its records.CheckedBatch of lists.)"""
 
-    __slots__ = ("starts", "sizes", "tags_codes", "msg_ids", "header")
+    __slots__ = ("starts", "sizes", "tags_codes", "msg_ids", "header", "_pairs")
 
     def __init__(self, starts: np.ndarray, sizes: np.ndarray, tags_codes: np.ndarray, msg_ids: MsgIds,
-                 header: np.ndarray) -> None:
+                 header: np.ndarray, pairs: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
         self.starts, self.sizes, self.tags_codes, self.msg_ids, self.header = starts, sizes, tags_codes, msg_ids, header
+        self._pairs = pairs  # (the property sections end to end, where each pair starts, its \x01)
+
+    def has_key(self, key: bytes) -> bool:
+        """Whether any record has a property named `key`: a few vector operations over the pairs the check
+        found (a substring search of the batch's bytes costs about 0.07 us a record of 200 bytes)."""
+        joined, pair_at, seps = self._pairs
+        candidates = np.flatnonzero(seps - pair_at == len(key))
+        return bool(len(candidates)) and bool(_has_key(joined, pair_at[candidates], seps[candidates], key).any())
 
 
 class MsgIds(Sequence[str]):
@@ -225,7 +233,7 @@ def _check_bulk(data: bytes | bytearray, count: int, topic: bytes, max_message_s
         _require(_all(tags_codes == expected))
     else:
         _require(not tags_codes.any())
-    return Checked(starts, sizes, tags_codes, MsgIds(joined, uniq_at, uniq_len), head)
+    return Checked(starts, sizes, tags_codes, MsgIds(joined, uniq_at, uniq_len), head, (joined, pair_at, seps))
 
 
 def _joined(data: bytes | bytearray, at: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -337,6 +337,7 @@ class MessageStore:
             raise InvalidArgumentError(str(exc)) from None
 
     def append_records(self, topic: str, queue_id: int, data: bytes | bytearray, count: int, *,
+                       vet: Callable[[batches.Checked | records.CheckedBatch], None] | None = None,
                        before_write: Callable[[int, str], None] | None = None) -> RecordsPut:
         """Append a producer's record batch (tidemark.common.records layout) as it came off the wire.
 
@@ -346,11 +347,14 @@ class MessageStore:
         at once; `wait_durable(put.end)` waits for the fsync in SYNC mode.
         `before_write(first queue offset, first msg id)` runs once the batch is
         checked, before it is written (the idempotent producer's journal); if it
-        raises, nothing is stored.
+        raises, nothing is stored. So with `vet(checked)`, which runs first (a
+        rule of the broker's on what a batch may carry).
         """
         self._check_writable()
         _check_queue(topic, queue_id)
         checked = self.check_batch(topic, data, count)
+        if vet is not None:
+            vet(checked)
         base = self.max_offset(topic, queue_id)
         if before_write is not None:
             before_write(base, checked.msg_ids[0])

@@ -1,0 +1,103 @@
+"""Properties that steer how a message is stored, whichever call carried it.
+
+Two property names are not plain user properties but instructions to the
+broker, as in RocketMQ:
+- DELAY: the delay level. RocketMQ 4's Message.setDelayTimeLevel sets exactly
+  this property, so a message that carries it (set by hand, or by a client
+  written against RocketMQ's model) is delayed by that level; the
+  `delay_level` field of a send, when given, wins over it.
+- TRAN_MSG=true: a transaction's prepared half, held until it is committed.
+
+A send (SendMessage, RocketMQ 5's SendMessage) honours both: the message is
+scheduled, or held as a half. A record batch (the Produce stream) is stored
+as its bytes came, without a per-message step, so it cannot: a batch in which
+any record carries one is refused whole, with the record and the property
+named, instead of being stored as plain messages that would be delivered at
+once. Tidemark's producer sends such messages with SendMessage, so only a
+hand-made batch meets the refusal.
+
+Pure: no I/O. Whether a batch carries either name at all is read from the
+store's bulk check of it (its property pairs), or for a small batch from a
+search of its bytes; only then are its records walked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from tidemark.broker.errors import InvalidArgumentError
+from tidemark.broker.store.batches import Checked
+from tidemark.common.protocol import PropertyKey
+from tidemark.common.records import (
+    CheckedBatch,
+    RecordError,
+    property_value,
+    record_spans,
+    variable_fields,
+)
+
+if TYPE_CHECKING:
+    from tidemark.broker.ingest.send import OutgoingMessage
+
+_DELAY = PropertyKey.DELAY.encode() + b"\x01"
+_PREPARED = PropertyKey.TRANSACTION_PREPARED.encode() + b"\x01"
+
+
+def delay_from_property(message: OutgoingMessage) -> OutgoingMessage:
+    """The message with a DELAY property turned into its delay level (the property itself is set again by
+    the schedule when it stores the message delayed)."""
+    value = message.properties.get(PropertyKey.DELAY)
+    if value is None:
+        return message
+    properties = {k: v for k, v in message.properties.items() if k != PropertyKey.DELAY}
+    if message.delay_level:
+        return replace(message, properties=properties)
+    try:
+        level = int(value)
+    except ValueError:
+        raise InvalidArgumentError(f"property DELAY={value!r} must be a delay level (an integer)") from None
+    return replace(message, delay_level=level, properties=properties)
+
+
+def steering_record(data: bytes | memoryview, count: int,
+                    checked: Checked | CheckedBatch | None = None) -> tuple[int, str] | None:
+    """(index, property) of the first record of a batch that sets DELAY (a level above 0) or TRAN_MSG=true;
+    None when none does, or when the batch cannot be walked (its check then says what is wrong). With the
+    store's bulk check of the batch (`checked`), whether either key occurs at all is read from the
+    property pairs it found; else from a search of the bytes (a small batch)."""
+    if isinstance(checked, Checked):
+        if not (checked.has_key(_DELAY[:-1]) or checked.has_key(_PREPARED[:-1])):
+            return None
+    elif _DELAY not in data and _PREPARED not in data:
+        return None
+    try:
+        spans = record_spans(data, count)
+    except RecordError:
+        return None
+    for index, (start, _) in enumerate(spans):
+        try:
+            props_at, props_len = variable_fields(data, start)[4:6]
+            props = bytes(data[props_at:props_at + props_len])
+            delay = property_value(props, _DELAY)
+            prepared = property_value(props, _PREPARED)
+        except (ValueError, IndexError):  # (a malformed record: the batch's check refuses it)
+            return None
+        if delay is not None and delay.strip() not in (b"", b"0"):
+            return index, PropertyKey.DELAY
+        if prepared is not None and prepared.lower() == b"true":
+            return index, PropertyKey.TRANSACTION_PREPARED
+    return None
+
+
+def check_no_steering(data: bytes | memoryview, count: int, checked: Checked | CheckedBatch | None = None) -> None:
+    """Refuse a record batch that carries a property it cannot honour (InvalidArgumentError); `checked`: the
+    store's check of it."""
+    found = steering_record(data, count, checked)
+    if found is None:
+        return
+    index, name = found
+    what = "a delay level" if name == PropertyKey.DELAY else "a transaction's prepared half"
+    raise InvalidArgumentError(
+        f"record {index} of the batch sets {name} ({what}): a record batch stores messages as they came; "
+        f"send such a message with SendMessage, which honours it")

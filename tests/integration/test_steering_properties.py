@@ -1,0 +1,58 @@
+"""Properties that steer how a message is stored (broker/ingest/steering.py), against a real broker: a
+record batch that carries a delay level or a transaction's half is refused with the record named, not
+stored as plain messages delivered at once; RocketMQ 4's DELAY property sent by the producer delays the
+message as its delay_level would."""
+
+from __future__ import annotations
+
+import grpc
+from brokerproc import BrokerStubs
+from workload import create_topic, wait_until
+
+from tidemark.client import Message, Producer
+from tidemark.common.protocol import tag_hash
+from tidemark.common.records import RecordBatchBuilder, encode_properties
+from tidemark.v1 import messaging_pb2, offsets_pb2
+
+
+def batch(*properties: dict[str, str]) -> bytes:
+    b = RecordBatchBuilder("S", "h")
+    for i, extra in enumerate(properties):
+        b.append(b"body-%d" % i, encode_properties({"UNIQ_KEY": f"ID{i}", **extra}), tags_code=tag_hash(""))
+    return bytes(b.buffer)
+
+
+def max_offset(stubs: BrokerStubs, topic: str, queue_id: int) -> int:
+    return stubs.offsets.GetMaxOffset(offsets_pb2.QueueRequest(topic=topic, queue_id=queue_id), timeout=10).offset
+
+
+def test_a_record_batch_that_carries_a_delay_or_a_half_is_refused_whole(broker):
+    create_topic(broker.address, "S", 1)
+    cases = [  # (records' extra properties, the property named in the refusal or "" when stored)
+        (({}, {"DELAY": "2"}, {}), "record 1 of the batch sets DELAY"),
+        (({"TRAN_MSG": "true"},), "record 0 of the batch sets TRAN_MSG"),
+        (({"TRAN_MSG": "TRUE"}, {"DELAY": "3"}), "record 0 of the batch sets TRAN_MSG"),
+        (({"DELAY": "0"}, {"TRAN_MSG": "false"}, {"XDELAY": "4"}), ""),  # no delay, no half: plain
+    ]
+    with BrokerStubs(broker.address) as stubs:
+        requests = [messaging_pb2.ProduceRequest(request_id=i + 1, topic="S", queue_id=0, count=len(props),
+                                                 records=batch(*props))
+                    for i, (props, _) in enumerate(cases)]
+        answers = list(stubs.messaging.Produce(iter(requests), timeout=10))
+        for (props, refusal), answer in zip(cases, answers, strict=True):
+            if refusal:
+                assert answer.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], (props, answer)
+                assert refusal in answer.error and "SendMessage" in answer.error, answer.error
+            else:
+                assert answer.code == 0 and answer.first_queue_offset == 0, answer
+        assert max_offset(stubs, "S", 0) == 3  # the plain batch alone
+
+
+def test_the_delay_property_delays_a_message_as_its_delay_level_would(broker):
+    create_topic(broker.address, "S", 1)
+    with Producer(brokers=broker.address) as producer, BrokerStubs(broker.address) as stubs:
+        producer.send(Message("S", b"later", properties={"DELAY": "1"}))  # RocketMQ 4's setDelayTimeLevel(1)
+        assert max_offset(stubs, "S", 0) == 0  # held by the schedule, not stored plain
+        producer.send(Message("S", b"now"))
+        assert max_offset(stubs, "S", 0) == 1
+        wait_until(lambda: max_offset(stubs, "S", 0) == 2, 30, "the delayed message (level 1: 1 s)")

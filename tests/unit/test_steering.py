@@ -1,0 +1,53 @@
+"""broker/ingest/steering.py: which record of a batch carries a delay level or a transaction's half, read
+the same whether the store checked the batch in bulk or record by record, and RocketMQ 4's DELAY property
+as a send's delay level."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tidemark.broker.errors import InvalidArgumentError
+from tidemark.broker.ingest.send import OutgoingMessage
+from tidemark.broker.ingest.steering import delay_from_property, steering_record
+from tidemark.broker.store import batches
+from tidemark.common.records import RecordBatchBuilder, encode_properties
+
+EXTRA = st.sampled_from([{}, {}, {"DELAY": "2"}, {"DELAY": "0"}, {"DELAY": ""}, {"TRAN_MSG": "true"},
+                         {"TRAN_MSG": "TRUE"}, {"TRAN_MSG": "false"}, {"XDELAY": "3"}, {"TRAN_MSGX": "true"},
+                         {"KEYS": "DELAY\x02"[:-1]}])
+
+
+def expected(extras: list[dict[str, str]]) -> tuple[int, str] | None:
+    for i, extra in enumerate(extras):
+        if extra.get("DELAY", "0").strip() not in ("", "0"):
+            return i, "DELAY"
+        if extra.get("TRAN_MSG", "").lower() == "true":
+            return i, "TRAN_MSG"
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(st.lists(EXTRA, min_size=1, max_size=31), st.lists(EXTRA, min_size=32, max_size=80)),
+       st.binary(max_size=20))
+def test_the_bulk_and_the_per_record_check_name_the_same_record(extras, body):
+    b = RecordBatchBuilder("S", "h")
+    for i, extra in enumerate(extras):  # (bodies that spell a key do not count: only properties)
+        b.append(body + b"DELAY\x01TRAN_MSG\x01", encode_properties({"UNIQ_KEY": f"ID{i}", **extra}))
+    data = bytes(b.buffer)
+    checked = batches.check_batch(data, len(extras), topic="S", max_message_size=1 << 20, max_record_size=1 << 21)
+    assert isinstance(checked, batches.Checked) == (len(extras) >= batches.BULK_MIN)
+    assert steering_record(data, len(extras), checked) == expected(extras)
+    assert steering_record(data, len(extras)) == expected(extras)
+
+
+def test_the_delay_property_is_a_delay_level_unless_the_field_gives_one():
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3", "a": "b"}))
+    assert m.delay_level == 3 and dict(m.properties) == {"a": "b"}
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3"}, delay_level=1))
+    assert m.delay_level == 1 and dict(m.properties) == {}
+    plain = OutgoingMessage(b"x", properties={"a": "b"})
+    assert delay_from_property(plain) is plain
+    with pytest.raises(InvalidArgumentError, match="DELAY='soon' must be a delay level"):
+        delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "soon"}))

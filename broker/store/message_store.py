@@ -48,6 +48,7 @@ from tidemark.broker.store.model import (
     StoreConfig,
     StoredMessage,
 )
+from tidemark.broker.store.recovery import recover
 from tidemark.broker.store.writability import GuardSettings, WriteGuard, describe, free_bytes
 from tidemark.common import records
 from tidemark.common.logs import get_logger
@@ -136,27 +137,7 @@ class MessageStore:
         if not clean:
             log.warning("the store was not shut down cleanly; recovering from the checkpoint",
                         event="store_unclean")
-        checkpoint = self._checkpoint.load()
-        self._commitlog.open()
-        dropped = self._queues.load()
-        tombstones = self._checkpoint.tombstones()
-        redispatched = 0
-
-        def redispatch(
-            topic: str, queue_id: int, queue_offset: int, phys: int, size: int, tags: int
-        ) -> None:
-            nonlocal redispatched
-            if phys < tombstones.get(topic, -1):
-                return  # a record of a deleted topic's earlier life
-            if self._queues.get_or_create(topic, queue_id).ensure_entry(
-                queue_offset, phys, size, tags
-            ):
-                redispatched += 1
-
-        scan = self._commitlog.recover(checkpoint, redispatch)
-        for queue in self._queues:
-            dropped += queue.truncate_from_commit_log_offset(scan.end)
-            queue.correct_min_offset(self._commitlog.min_offset)
+        scan, redispatched, dropped = recover(self._commitlog, self._queues, self._checkpoint)
         cl_job, end = self._commitlog.take_flush_job()
         self._make_durable(cl_job, self._queues.take_flush_job(), end, allow_backwards=True)
         self._abort.create()

@@ -6,7 +6,7 @@ format and crash-safe loading. Pure domain code: no grpc.
 """
 
 from tidemark.broker.offsets.fencing import Fence, OwnershipView
-from tidemark.broker.offsets.manager import ConsumerOffsetManager, PersistReport
+from tidemark.broker.offsets.manager import ConsumerOffsetManager
 from tidemark.broker.offsets.persistence import (
     OFFSET_FILE_NAME,
     DecodeResult,
@@ -16,6 +16,7 @@ from tidemark.broker.offsets.persistence import (
     decode_offset_table,
     encode_offset_table,
 )
+from tidemark.broker.offsets.snapshots import PersistReport
 
 __all__ = [
     "OFFSET_FILE_NAME",

@@ -52,14 +52,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from tidemark.broker.errors import InvalidArgumentError, StoreError
+from tidemark.broker.errors import StoreError
 from tidemark.broker.membership.epoch import EpochSequence
 from tidemark.broker.offsets.fencing import (
     NO_FENCE_STATE,
@@ -79,31 +78,25 @@ from tidemark.broker.offsets.journal import (
 )
 from tidemark.broker.offsets.persistence import (
     OFFSET_FILE_NAME,
-    TOPIC_GROUP_SEPARATOR,
     LoadReport,
     OffsetTable,
     TableKey,
     count_entries,
-    encode_offset_table,
     invalid_names,
     load_offset_file,
     table_key,
-    write_offset_file,
+)
+from tidemark.broker.offsets.snapshots import (
+    PersistReport,
+    SnapshotWriter,
+    check_entry,
+    check_offset,
 )
 from tidemark.broker.offsets.undo import BatchUndo
 from tidemark.broker.store.writability import describe
 from tidemark.common.logs import get_logger
 
 _log = logging.getLogger("tidemark.broker.offsets")
-
-
-@dataclass(frozen=True, slots=True)
-class PersistReport:
-    duration_s: float  # snapshot + encode + write, wall time
-    size_bytes: int
-    entries: int
-    snapshot_s: float = 0.0  # the part spent on the event-loop thread
-    journal_segments_removed: int = 0
 
 
 class ConsumerOffsetManager:
@@ -137,17 +130,14 @@ class ConsumerOffsetManager:
         self._version = 0
         self._persisted_version = 0
         self._persist_lock = asyncio.Lock()
-        # Serialises the file writes themselves: persist_now may run while a
-        # worker thread is still writing an older snapshot (its awaiting task
-        # may even have been cancelled), and the newest snapshot must win.
-        self._write_lock = threading.Lock()
-        self._written_version = -1
         # Nothing is written before load() succeeded: a broker that refuses to
         # start on a damaged file must not replace it with an empty table on its
         # way out (the next start would then silently rewind every group).
         self._loaded = False
         # Without a journal (journal=False) a crash loses the changes since the last snapshot, as in RocketMQ.
         self._journal = OffsetJournal(self._path.parent) if journal else None
+        # Snapshots written in version order, the journal segments each covers then deleted.
+        self._snapshots = SnapshotWriter(self._path, self._journal)
         self._pending: list[bytes] = []  # encoded records of the batch under way, written when it ends
         self._sets = SetEncoder()
         # Called with each batch's records once they hold (journaled, or standing in memory): a master's
@@ -303,8 +293,8 @@ class ConsumerOffsetManager:
           restart a consumer that lost the queue before it may still commit.
         Nothing changes when an error is raised.
         """
-        _check_entry(group, topic, queue_id)
-        _check_offset(offset)
+        check_entry(group, topic, queue_id)
+        check_offset(offset)
         if self._batch_depth:
             return self.commit_checked(group, topic, queue_id, offset, fence, allow_rewind=allow_rewind)
         with self.batch():
@@ -334,7 +324,7 @@ class ConsumerOffsetManager:
     def check_fence(self, group: str, topic: str, queue_id: int, fence: Fence | None) -> None:
         """What commit() would refuse for its fence (FencedError, StaleResetGenerationError), changing
         nothing: a caller with side effects to make first (a group config) refuses before them."""
-        _check_entry(group, topic, queue_id)
+        check_entry(group, topic, queue_id)
         if fence is not None and fence.fenced:
             self._check_fence(group, topic, queue_id, fence, self._fence_state((topic, group), queue_id))
 
@@ -346,8 +336,8 @@ class ConsumerOffsetManager:
         queue owner to fence, and a late call with an older watermark is ignored. The pop journal holds the
         acknowledgements the watermark comes from, so a journal failure keeps the move in memory (for the
         next snapshot) instead of refusing an acknowledgement that happened."""
-        _check_entry(group, topic, queue_id)
-        _check_offset(offset)
+        check_entry(group, topic, queue_id)
+        check_offset(offset)
         if offset <= self.query(group, topic, queue_id):
             return False
         with self.batch(must_journal=False):
@@ -441,8 +431,8 @@ class ConsumerOffsetManager:
         Commits quoting an older generation are rejected from now on; pulls
         quoting one are answered OFFSET_RESET by the gRPC layer.
         """
-        _check_entry(group, topic, queue_id)
-        _check_offset(offset)
+        check_entry(group, topic, queue_id)
+        check_offset(offset)
         key = (topic, group)
         old = self.query(group, topic, queue_id)
         state = self._fence_state(key, queue_id)
@@ -552,15 +542,14 @@ class ConsumerOffsetManager:
             if not (self.dirty or self._journal_error is not None) or not self._loaded:
                 return None
             started = time.perf_counter()
-            version, snapshot, keep_from = self._snapshot()
+            snapshot = self._snapshots.take(self._version, self._offsets, self._generations)
             snapshot_s = time.perf_counter() - started
-            loop = asyncio.get_running_loop()
-            size, removed = await loop.run_in_executor(None, self._write, version, snapshot, keep_from)
-            self._mark_persisted(version)
-            if self._journal_error is not None and version >= self._journal_failed_version:
+            size, removed = await asyncio.get_running_loop().run_in_executor(None, self._snapshots.write, snapshot)
+            self._mark_persisted(snapshot.version)
+            if self._journal_error is not None and snapshot.version >= self._journal_failed_version:
                 self._journal_recovered("no longer needed: a snapshot holds what it missed")
             return PersistReport(
-                time.perf_counter() - started, size, count_entries(snapshot[0]), snapshot_s, removed
+                time.perf_counter() - started, size, count_entries(snapshot.offsets), snapshot_s, removed
             )
 
     def persist_now(self) -> PersistReport | None:
@@ -572,37 +561,13 @@ class ConsumerOffsetManager:
             self._log.warning("consumer offsets were never loaded; leaving %s untouched", self._path)
             return None
         started = time.perf_counter()
-        version, snapshot, keep_from = self._snapshot()
+        snapshot = self._snapshots.take(self._version, self._offsets, self._generations)
         snapshot_s = time.perf_counter() - started
-        size, removed = self._write(version, snapshot, keep_from)
-        self._mark_persisted(version)
+        size, removed = self._snapshots.write(snapshot)
+        self._mark_persisted(snapshot.version)
         return PersistReport(
-            time.perf_counter() - started, size, count_entries(snapshot[0]), snapshot_s, removed
+            time.perf_counter() - started, size, count_entries(snapshot.offsets), snapshot_s, removed
         )
-
-    def _snapshot(self) -> tuple[int, tuple[OffsetTable, OffsetTable], int | None]:
-        """(version, copy of the table and generations, first journal segment the copy does not cover).
-
-        The journal rotates *before* the copy: a change journaled in an older segment was made
-        before the rotation, so the copy has it; one made later lands in the new segment."""
-        keep_from = self._journal.rotate() if self._journal is not None else None
-        # Inner dicts are copied because commits mutate them in place while
-        # the worker thread encodes.
-        return self._version, ({key: queues.copy() for key, queues in self._offsets.items()},
-                               {key: queues.copy() for key, queues in self._generations.items()}), keep_from
-
-    def _write(self, version: int, snapshot: tuple[OffsetTable, OffsetTable],
-               keep_from: int | None) -> tuple[int, int]:
-        """Write the snapshot, then delete the journal segments it covers; (bytes, segments removed)."""
-        data = encode_offset_table(*snapshot, journal_from=keep_from)
-        with self._write_lock:
-            if version >= self._written_version:
-                write_offset_file(self._path, data)
-                self._written_version = version
-            # else a newer snapshot reached the disk first (persist_now while an abandoned worker
-            # write was queued); never overwrite it. It covers these segments too.
-        removed = self._journal.discard_before(keep_from) if keep_from is not None else 0
-        return len(data), removed
 
     def _mark_persisted(self, version: int) -> None:
         self._persisted_version = max(self._persisted_version, version)
@@ -645,24 +610,3 @@ class ConsumerOffsetManager:
             if self.listeners:
                 self._outgoing.append(JournalRecord(Op.SET, key[0], key[1], queue_id, offset))
         return True
-
-
-def _check_entry(group: str, topic: str, queue_id: int) -> None:
-    # Name rules are the gRPC layer's job; these guard the file format itself:
-    # an '@' inside a name would make the "topic@group" key ambiguous.
-    for kind, name in (("topic", topic), ("group", group)):
-        if not name or TOPIC_GROUP_SEPARATOR in name:
-            raise InvalidArgumentError(
-                f"{kind} name {name!r} must be non-empty and must not contain '@'"
-            )
-    if isinstance(queue_id, bool) or not isinstance(queue_id, int) or queue_id < 0:
-        raise InvalidArgumentError(f"queue id must be a non-negative integer, got {queue_id!r}")
-
-
-def _check_offset(offset: int) -> None:
-    if isinstance(offset, bool) or not isinstance(offset, int):
-        raise InvalidArgumentError(f"offset must be an integer, got {offset!r}")
-    if offset < 0:
-        raise InvalidArgumentError(
-            f"offset {offset} is negative; a committed offset is the next offset to consume (>= 0)"
-        )

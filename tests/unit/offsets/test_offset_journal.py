@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tidemark.broker.offsets.manager as manager_module
+import tidemark.broker.offsets.snapshots as snapshots_module
 from tidemark.broker.errors import StaleResetGenerationError, StoreError
 from tidemark.broker.membership.epoch import EpochSequence
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
@@ -210,7 +211,7 @@ def test_a_failed_snapshot_keeps_the_journal(tmp_path, monkeypatch):
     def broken(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(manager_module, "write_offset_file", broken)
+    monkeypatch.setattr(snapshots_module, "write_offset_file", broken)
     with pytest.raises(OSError):
         m.persist_now()
     m.commit("g", "T", 1, 8)

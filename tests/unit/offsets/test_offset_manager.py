@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-import tidemark.broker.offsets.manager as manager_module
+import tidemark.broker.offsets.snapshots as snapshots_module
 from tidemark.broker.errors import ConfigFileError, InvalidArgumentError
 from tidemark.broker.membership.epoch import EpochSequence
 from tidemark.broker.offsets import ConsumerOffsetManager, LoadSource, decode_offset_table
@@ -174,14 +174,14 @@ def test_bak_holds_previous_content_after_two_persists(mgr):
 
 def test_commit_during_write_keeps_table_dirty(mgr, monkeypatch):
     writing, proceed = threading.Event(), threading.Event()
-    real_write = manager_module.write_offset_file
+    real_write = snapshots_module.write_offset_file
 
     def slow_write(path, data):
         writing.set()
         assert proceed.wait(5)
         real_write(path, data)
 
-    monkeypatch.setattr(manager_module, "write_offset_file", slow_write)
+    monkeypatch.setattr(snapshots_module, "write_offset_file", slow_write)
     mgr.commit("g", "t", 0, 1)
 
     async def scenario():
@@ -202,7 +202,7 @@ def test_commit_during_write_keeps_table_dirty(mgr, monkeypatch):
 
 def test_concurrent_persists_never_overlap(mgr, monkeypatch):
     active, overlaps = [0], []
-    real_write = manager_module.write_offset_file
+    real_write = snapshots_module.write_offset_file
     lock = threading.Lock()
 
     def tracking_write(path, data):
@@ -214,7 +214,7 @@ def test_concurrent_persists_never_overlap(mgr, monkeypatch):
         with lock:
             active[0] -= 1
 
-    monkeypatch.setattr(manager_module, "write_offset_file", tracking_write)
+    monkeypatch.setattr(snapshots_module, "write_offset_file", tracking_write)
     mgr.commit("g", "t", 0, 1)
 
     async def scenario():
@@ -228,10 +228,10 @@ def test_concurrent_persists_never_overlap(mgr, monkeypatch):
 def test_older_snapshot_never_overwrites_a_newer_one(mgr):
     # A worker write whose awaiting task was abandoned may run after persist_now.
     mgr.commit("g", "t", 0, 1)
-    old = mgr._snapshot()
+    old = mgr._snapshots.take(mgr._version, mgr._offsets, mgr._generations)
     mgr.commit("g", "t", 0, 2)
     mgr.persist_now()
-    mgr._write(*old)
+    mgr._snapshots.write(old)
     assert _file_table(mgr.path) == {("t", "g"): {0: 2}}
 
 
@@ -273,7 +273,7 @@ def test_failed_write_raises_and_keeps_table_dirty(mgr, monkeypatch):
     def failing_write(path, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(manager_module, "write_offset_file", failing_write)
+    monkeypatch.setattr(snapshots_module, "write_offset_file", failing_write)
     mgr.commit("g", "t", 0, 1)
     with pytest.raises(OSError):
         asyncio.run(mgr.persist_if_dirty())

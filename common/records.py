@@ -33,9 +33,10 @@ from __future__ import annotations
 import re
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from tidemark.common.crc import crc32
 from tidemark.common.protocol import PropertyKey
 
 # RocketMQ's MESSAGE_MAGIC_CODE, so a hex dump looks familiar.
@@ -226,6 +227,7 @@ class CheckedBatch(NamedTuple):
     sizes: list[int]
     tags_codes: list[int]
     msg_ids: list[str]
+    properties: Sequence[bytes] = ()  # each record's property section (the broker's rules read keys in it)
 
 
 def check_batch(data: bytes | bytearray | memoryview, count: int, *, topic: str, max_message_size: int,
@@ -247,6 +249,7 @@ def check_batch(data: bytes | bytearray | memoryview, count: int, *, topic: str,
     sizes: list[int] = []
     tags_codes: list[int] = []
     msg_ids: list[str] = []
+    properties: list[bytes] = []
     unpack_header = HEADER.unpack_from
     u16, u32 = U16.unpack_from, U32.unpack_from
     pos = 0
@@ -309,10 +312,11 @@ def check_batch(data: bytes | bytearray | memoryview, count: int, *, topic: str,
         sizes.append(total)
         tags_codes.append(tags_code)
         msg_ids.append(msg_id.decode("utf-8"))
+        properties.append(props_bytes)
         pos = record_end
     if pos != end:
         raise RecordError(f"the batch holds {end - pos} bytes after its {count} records")
-    return CheckedBatch(starts, sizes, tags_codes, msg_ids)
+    return CheckedBatch(starts, sizes, tags_codes, msg_ids, properties)
 
 
 def _where(index: int) -> str:
@@ -322,12 +326,12 @@ def _where(index: int) -> str:
 def seal(buf: bytearray, view: memoryview, start: int, size: int, physical_offset: int) -> None:
     """Write the record's physical offset and then its CRC, in place."""
     I64.pack_into(buf, start + PHYS_OFFSET_OFFSET, physical_offset)
-    CRC_FIELD.pack_into(buf, start + CRC_OFFSET, zlib.crc32(view[start + 12:start + size]))
+    CRC_FIELD.pack_into(buf, start + CRC_OFFSET, crc32(view[start + 12:start + size]))
 
 
 def crc_ok(buf: bytes | memoryview, start: int, size: int) -> bool:
     (stored,) = CRC_FIELD.unpack_from(buf, start + CRC_OFFSET)
-    return zlib.crc32(memoryview(buf)[start + 12:start + size]) == stored
+    return crc32(memoryview(buf)[start + 12:start + size]) == stored
 
 
 # -- consumer side ---------------------------------------------------------------------------

@@ -29,11 +29,12 @@ import os
 import re
 import struct
 import threading
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
+
+from tidemark.common.crc import crc32
 
 T = TypeVar("T")
 FRAME = struct.Struct("<II")  # body length, crc32 of the body
@@ -44,7 +45,7 @@ class RecordDamage(ValueError):
 
 
 def frame(body: bytes) -> bytes:
-    return FRAME.pack(len(body), zlib.crc32(body)) + body
+    return FRAME.pack(len(body), crc32(body)) + body
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +87,7 @@ def _body_at(view: memoryview, pos: int, min_body: int, max_body: int) -> memory
     if len(view) - start < length:
         raise RecordDamage(f"torn record ({len(view) - start} of {length} bytes)")
     body = view[start:start + length]
-    if zlib.crc32(body) != crc:
+    if crc32(body) != crc:
         raise RecordDamage("checksum mismatch")
     return body
 

@@ -17,8 +17,8 @@ once. Tidemark's producer sends such messages with SendMessage, so only a
 hand-made batch meets the refusal.
 
 Pure: no I/O. Whether a batch carries either name at all is read from the
-store's bulk check of it (its property pairs), or for a small batch from a
-search of its bytes; only then are its records walked.
+store's check of it (the property pairs of its bulk check, or the property
+sections its per-record check cut out); only then are its records walked.
 """
 
 from __future__ import annotations
@@ -64,10 +64,14 @@ def steering_record(data: bytes | memoryview, count: int,
                     checked: Checked | CheckedBatch | None = None) -> tuple[int, str] | None:
     """(index, property) of the first record of a batch that sets DELAY (a level above 0) or TRAN_MSG=true;
     None when none does, or when the batch cannot be walked (its check then says what is wrong). With the
-    store's bulk check of the batch (`checked`), whether either key occurs at all is read from the
-    property pairs it found; else from a search of the bytes (a small batch)."""
+    store's check of the batch (`checked`), whether either key occurs at all is read from the property
+    pairs its bulk check found, or searched in the property sections its per-record check cut out (a
+    search of the whole batch's bytes, bodies included, cost 0.4 ns a byte)."""
     if isinstance(checked, Checked):
         if not (checked.has_key(_DELAY[:-1]) or checked.has_key(_PREPARED[:-1])):
+            return None
+    elif isinstance(checked, CheckedBatch):
+        if not any(_DELAY in props or _PREPARED in props for props in checked.properties):
             return None
     elif _DELAY not in data and _PREPARED not in data:
         return None

@@ -61,13 +61,13 @@ from __future__ import annotations
 import enum
 import os
 import struct
-import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tidemark.broker.disk import segments
 from tidemark.broker.disk.segments import FRAME, DecodedSegment, RecordDamage, SegmentedLog, frame
+from tidemark.common.crc import crc32
 
 JOURNAL_PREFIX = "consumerOffset.journal."
 _HEAD = struct.Struct("<BH")  # op, topic length
@@ -128,7 +128,7 @@ class SetEncoder:
             prefix = self._prefixes[(topic, group)] = b"".join(
                 (_HEAD.pack(Op.SET, len(t)), t, _NAME_LEN.pack(len(g)), g))
         body = prefix + _TAIL.pack(queue_id, offset, 0)
-        return FRAME.pack(len(body), zlib.crc32(body)) + body
+        return FRAME.pack(len(body), crc32(body)) + body
 
 
 def decode_records(data: bytes) -> DecodedSegment[JournalRecord]:

@@ -15,7 +15,6 @@ segment's fd. All methods run on the event-loop thread; flush jobs handed out by
 from __future__ import annotations
 
 import os
-import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from tidemark.broker.store import batches, codec, logscan
 from tidemark.broker.store.flush import DirtySet, FileHandle, FlushJob
 from tidemark.broker.store.logscan import SEGMENT_NAME, RecordCallback
 from tidemark.broker.store.model import StoredMessage
+from tidemark.common.crc import crc32
 from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.store")
@@ -262,7 +262,7 @@ class CommitLog:
         segment = self._segment_for(end - 1)
         last = self._last_message_end(segment, end)
         start = max(segment.start, last - TAIL_DIGEST_BYTES)
-        return zlib.crc32(last.to_bytes(8, "big"), zlib.crc32(segment.pread(last - start, start - segment.start)))
+        return crc32(last.to_bytes(8, "big"), crc32(segment.pread(last - start, start - segment.start)))
 
     def _last_message_end(self, segment: FileHandle, end: int) -> int:
         """The end of the last message record of `segment` ending at or before `end` (its start when none);

@@ -12,11 +12,11 @@ segment readable even when retention deletes it meanwhile.
 from __future__ import annotations
 
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tidemark.broker.store import codec
+from tidemark.common.crc import crc32
 from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.store")
@@ -81,7 +81,7 @@ def record_digest(read: Read, segment_start: int, offset: int) -> int:
     pos = offset - segment_start
     total, magic = codec.PREFIX.unpack_from(read(codec.BLANK_SIZE, pos))
     record = read(codec.BLANK_SIZE if magic == codec.BLANK_MAGIC else total, pos)
-    return zlib.crc32(record, zlib.crc32(offset.to_bytes(8, "big")))
+    return crc32(record, crc32(offset.to_bytes(8, "big")))
 
 
 # on_record(topic, queue_id, queue_offset, commit_log_offset, size, tags_code)

@@ -109,9 +109,11 @@ class ConsumerCore:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    async def start(self, *, assigned: set[MessageQueue] | None = None) -> None:
+    async def start(self, *, assigned: set[MessageQueue] | None = None, cluster: BrokerCluster | None = None) -> None:
+        """Join (or take `assigned`) and start reading. `cluster`: one already connected for these settings
+        (PushConsumer.connect()), which the consumer then owns (it closes it at shutdown or a failed start)."""
         s = self.settings
-        self.cluster = BrokerCluster.for_settings(s)
+        self.cluster = cluster if cluster is not None else BrokerCluster.for_settings(s)
         try:
             await self._start(assigned)
         except BaseException:

@@ -1,0 +1,86 @@
+"""PushConsumer.connect(): the connections opened before start(), without joining the group."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from brokerproc import free_port
+from workload import create_topic, produce, wait_until
+
+from tidemark.client import (
+    Admin,
+    ClientStateError,
+    ConsumeConcurrentlyStatus,
+    PushConsumer,
+    UnavailableError,
+)
+from tidemark.client.runtime import ClientState
+
+
+def loop_threads(group: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"tidemark-push-consumer-{group}" and t.is_alive()]
+
+
+def consumer(address: str, group: str, topic: str, seen: list[str], **settings) -> PushConsumer:
+    c = PushConsumer(group=group, brokers=address, **settings)
+    c.subscribe(topic)
+
+    def listener(msgs, context):
+        seen.extend(m.msg_id for m in msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+    c.register_message_listener(listener)
+    return c
+
+
+def test_connected_consumer_joins_only_at_start_and_consumes_on_the_open_connections(broker):
+    create_topic(broker.address, "Joiners", 2)
+    seen: list[str] = []
+    c = consumer(broker.address, "early-birds", "Joiners", seen)
+    try:
+        assert c.connect() is c and c.connect() is c  # (a second call: a no-op)
+        assert c.state is ClientState.CREATED and len(loop_threads("early-birds")) == 1
+        connected = c._connected
+        assert connected is not None and connected.connections()
+        with Admin(brokers=broker.address) as admin:
+            assert admin.consumer_ids("early-birds") == []  # connected is not joined
+            c.start()
+            assert c._core.cluster is connected  # start() used what connect() opened
+            assert admin.consumer_ids("early-birds") == [c.client_id]
+        ids = produce(broker.address, "Joiners", 20, batch=10)
+        wait_until(lambda: set(seen) >= set(ids), 30, "all consumed")
+    finally:
+        c.shutdown()
+    assert loop_threads("early-birds") == []
+    with pytest.raises(ClientStateError):
+        c.connect()
+
+
+def test_connected_never_started_consumer_shuts_down_without_threads(broker):
+    c = consumer(broker.address, "never-started", "Joiners", [])
+    c.connect()
+    connected = c._connected
+    c.shutdown()
+    assert c.state is ClientState.SHUTDOWN and loop_threads("never-started") == []
+    assert connected._closed
+    with pytest.raises(ClientStateError):
+        c.start()
+
+
+def test_connect_to_no_broker_fails_and_leaves_the_consumer_to_try_again(broker):
+    c = consumer(f"127.0.0.1:{free_port()}", "nobody-home", "Joiners", [], request_timeout_s=1)
+    with pytest.raises(UnavailableError):
+        c.connect()
+    assert c.state is ClientState.CREATED and c._connected is None and loop_threads("nobody-home") == []
+    c.shutdown()
+
+
+def test_connect_after_start_is_a_state_error(broker):
+    create_topic(broker.address, "Joiners", 2)
+    c = consumer(broker.address, "late-connect", "Joiners", [])
+    c.start()
+    try:
+        with pytest.raises(ClientStateError, match="connect"):
+            c.connect()
+    finally:
+        c.shutdown()

@@ -159,17 +159,9 @@ class ConsumeQueue:
         """Up to `count` entries from `offset` (clamped to what the files hold)."""
         return list(CQ_ENTRY.iter_unpack(self._read_raw(offset, count)))
 
-    def read_matching(self, offset: int, count: int, codes: np.ndarray,
-                      min_phys: int) -> tuple[list[tuple[int, int, int]], int]:
-        """Among up to `count` entries from `offset`: (queue offset, commit-log offset, size) of those whose
-        tags code is in `codes` and whose record is still in the commit log (at or past `min_phys`), and
-        how many entries were examined. One vectorised pass: a filtered consumer skips entries by the
-        thousand without a Python object for each."""
-        entries = np.frombuffer(self._read_raw(offset, count), dtype=CQ_DTYPE)
-        hits = np.flatnonzero(np.isin(entries["tags"], codes) & (entries["phys"] >= min_phys))
-        chosen = entries[hits]
-        matches = list(zip((hits + offset).tolist(), chosen["phys"].tolist(), chosen["size"].tolist(), strict=True))
-        return matches, len(entries)
+    def read_array(self, offset: int, count: int) -> np.ndarray:
+        """Up to `count` entries from `offset` as one numpy array (CQ_DTYPE: phys, size, tags)."""
+        return np.frombuffer(self._read_raw(offset, count), dtype=CQ_DTYPE)
 
     def _read_raw(self, offset: int, count: int) -> bytes | memoryview:
         """The bytes of up to `count` whole entries from `offset`."""

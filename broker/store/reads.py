@@ -12,8 +12,9 @@ read, on the event-loop thread.
 
 from __future__ import annotations
 
+import itertools
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -33,6 +34,8 @@ from tidemark.common.records import (
 
 # Consume-queue entries read per pread while scanning for matches.
 ENTRY_READ_BATCH = 256
+# Below this many records a read's runs are found with a Python loop (numpy's calls cost more).
+_SCALAR_RUNS = 16
 # A properties filter reads whole records in runs of at most this many bytes (one pread each).
 RUN_READ_BYTES = 1 << 20
 # A filter on a record's properties (an SQL92 subscription); it only calls their get(name).
@@ -164,31 +167,35 @@ def read_records(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, 
     full = False
     codes = None if tags_codes is None else np.fromiter(tags_codes, dtype=np.int64, count=len(tags_codes))
     while pos < limit and not full:
-        if codes is None:
-            entries = queue.read_entries(pos, min(limit - pos, max(max_count - planned, 32), ENTRY_READ_BATCH))
-            candidates: Iterable[tuple[int, int, int]] = [
-                (pos + i, phys, size) for i, (phys, size, _) in enumerate(entries) if phys >= commit_log_min]
-            scanned = len(entries)
-        else:
-            candidates, scanned = queue.read_matching(pos, limit - pos, codes, commit_log_min)
+        entries = queue.read_array(pos, min(limit - pos, max(max_count - planned, 32), ENTRY_READ_BATCH)
+                                   if codes is None else limit - pos)
+        scanned = len(entries)
         if not scanned:
             break
         end = pos + scanned
-        for queue_offset, phys, size in candidates:
-            if planned and (planned >= max_count or nbytes + size > max_bytes):
-                full = True
-                end = queue_offset  # the first record not taken
-                break
-            if phys != run_end:
+        keep = entries["phys"] >= commit_log_min
+        if codes is not None:
+            keep &= np.isin(entries["tags"], codes)
+        chosen = np.flatnonzero(keep)
+        took, refused = _fitting(entries["size"][chosen], planned, nbytes, max_count, max_bytes)
+        if refused:
+            full = True
+            end = pos + int(chosen[took])  # the first record not taken
+        phys = entries["phys"][chosen[:took]].tolist()
+        sizes = entries["size"][chosen[:took]].tolist()
+        # Runs of records lying back to back, each one pread (the first may continue the last batch's run).
+        for a, b in _run_bounds(entries["phys"][chosen[:took]], entries["size"][chosen[:took]]):
+            if a or phys[0] != run_end:
                 if run_sizes:
                     data, ok = commitlog.read_run(run_start, run_sizes)
                     pieces.append(data)
                     count += ok
-                run_start, run_sizes = phys, []
-            run_sizes.append(size)
-            run_end = phys + size
-            planned += 1
-            nbytes += size
+                run_start, run_sizes = phys[a], []
+            run_sizes.extend(sizes[a:b])
+        if took:
+            run_end = phys[-1] + sizes[-1]
+            planned += took
+            nbytes += sum(sizes)
         pos = end
     if run_sizes:
         data, ok = commitlog.read_run(run_start, run_sizes)
@@ -197,6 +204,39 @@ def read_records(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, 
     data = pieces[0] if len(pieces) == 1 else b"".join(pieces)
     return RawRead(GetStatus.FOUND if count else GetStatus.NO_MATCHED_MESSAGE, data, count, pos, low, high)
 
+
+
+def _fitting(sizes: np.ndarray, planned: int, nbytes: int, max_count: int, max_bytes: int) -> tuple[int, bool]:
+    """How many of these records (in order) a read that holds `planned` records of `nbytes` bytes takes, and
+    whether one was refused: a record goes in unless the read holds one already and is then at max_count,
+    or would pass max_bytes with it (so a read always takes at least one record, however large)."""
+    sizes = sizes[:max(max_count - planned, 1) + 1]  # (past these, the count refuses one anyway)
+    n = len(sizes)
+    if n < _SCALAR_RUNS:  # (numpy's calls cost more than the loop)
+        for i, size in enumerate(sizes.tolist()):
+            if planned + i and (planned + i >= max_count or nbytes + size > max_bytes):
+                return i, True
+            nbytes += size
+        return n, False
+    held = planned + np.arange(n)  # records before each one
+    refused = (held > 0) & ((held >= max_count) | (nbytes + np.cumsum(sizes) > max_bytes))
+    first = int(refused.argmax())
+    return (first, True) if refused[first] else (n, False)
+
+
+def _run_bounds(phys: np.ndarray, sizes: np.ndarray) -> list[tuple[int, int]]:
+    """[a, b) of each run of records lying back to back (phys[i] + sizes[i] == phys[i + 1])."""
+    n = len(phys)
+    if n < _SCALAR_RUNS:
+        bounds, a = [], 0
+        p, z = phys.tolist(), sizes.tolist()
+        for i in range(1, n):
+            if p[i] != p[i - 1] + z[i - 1]:
+                bounds.append((a, i))
+                a = i
+        return [*bounds, (a, n)] if n else []
+    cuts = [0, *(np.flatnonzero(phys[1:] != phys[:-1] + sizes[:-1]) + 1).tolist(), n]
+    return list(itertools.pairwise(cuts))
 
 
 def _read_by_properties(queue: ConsumeQueue, commitlog: CommitLog, offset: int, limit: int, low: int, high: int, *,

@@ -8,12 +8,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from store_testlib import body_for
 
 from tidemark.broker.errors import InvalidArgumentError, StoreError
 from tidemark.broker.store import GetStatus, MessageRecord
+from tidemark.broker.store.codec import PHYS_OFFSET_FIELD
 from tidemark.common.protocol import ExpressionType, parse_filter, parse_tag_expression, tag_hash
 
 
@@ -369,16 +370,76 @@ def test_messages_filtered_by_sql92_properties(open_store):
     assert [m.queue_offset for m in got.messages] == [0, 2]  # 3: 'abc' > 100 fails, so the whole OR does
 
 
-def scan_entry_by_entry(store, first: int, limit: int, wanted, max_count: int, max_bytes: int) -> tuple[list, int]:
+def scan_entry_by_entry(store, first: int, limit: int, wanted, max_count: int, max_bytes: int, *,
+                        skip: int | None = None) -> tuple[list, int]:
     """The reference for read_records: entry by entry from `first` to `limit`, the records `wanted(offset)`
-    takes, the first always, then while count and bytes allow; (records, where the scan stopped)."""
+    takes, the first always, then while count and bytes allow; (records, where the scan stopped). The
+    record at `skip` (damaged) counts as taken but holds no bytes, as a read leaves out a record that is
+    not what its entry says."""
     pos, taken, nbytes = first, [], 0
     while pos < limit:
         if wanted(pos):
-            data = store.read_records("T", 0, pos, max_count=1, max_bytes=1).data
-            if taken and (len(taken) >= max_count or nbytes + len(data) > max_bytes):
+            entry_size = store._queues.get("T", 0).entry_at(pos)[1]
+            if taken and (len(taken) >= max_count or nbytes + entry_size > max_bytes):
                 break
+            data = b"" if pos == skip else store.read_records("T", 0, pos, max_count=1, max_bytes=1).data
             taken.append(data)
-            nbytes += len(data)
+            nbytes += entry_size
         pos += 1
     return taken, pos
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches_=st.lists(st.tuples(st.integers(0, 1), st.integers(1, 80), st.integers(0, 300)), min_size=1,
+                         max_size=12),
+       wanted=st.none() | st.sets(st.sampled_from(["a", "b", "c"]), min_size=1),
+       start=st.floats(0, 1), max_count=st.integers(1, 400), max_bytes=st.integers(1, 60_000),
+       max_scan=st.integers(1, 700), damage=st.none() | st.floats(0, 1))
+@example(batches_=[(0, 80, 100), (1, 3, 10), (0, 70, 50), (0, 40, 0), (1, 1, 0), (0, 60, 200)], wanted=None, start=0.1,
+         max_count=400, max_bytes=60_000, max_scan=700, damage=0.5)
+@example(batches_=[(0, 80, 100), (1, 3, 10), (0, 70, 50)], wanted={"a", "b"}, start=0.0, max_count=90,
+         max_bytes=60_000, max_scan=700, damage=None)
+def test_bulk_raw_reads_of_long_and_interleaved_runs_take_what_a_scan_entry_by_entry_would(
+        open_store, tmp_path, batches_, wanted, start, max_count, max_bytes, max_scan, damage):
+    """read_records over numpy (the records that fit, the runs lying back to back, a run's check in one pass):
+    batches of up to 80 records to queue 0 between batches to queue 1, so that queue 0's records lie in runs
+    of every length, read with and without a tags filter; one record's physical offset field damaged (the
+    run's check then fails and the run is read record by record, the damaged one left out)."""
+    tags = "abc"
+    records, seq = [], 0
+    for queue, n, size in batches_:
+        for _ in range(n):
+            t = tags[seq % 3]
+            records.append(MessageRecord("T", queue, b"x" * size + f"{seq}".encode(), {"TAGS": t},
+                                         tags_code=tag_hash(t)))
+            seq += 1
+    queue0_tags = [r.properties["TAGS"] for r in records if r.queue_id == 0]
+    codes = None if wanted is None else frozenset(tag_hash(t) for t in wanted)
+
+    async def scenario():
+        # (segments that hold long runs: the fixture's 4 KiB ones cut every run short)
+        store, _ = open_store(data_dir=Path(tempfile.mkdtemp(dir=tmp_path)), commitlog_segment_size=1 << 20)
+        await store.start()
+        for r in records:  # one put per record, in order: queue 0's runs break where queue 1's records lie
+            await store.put_messages([r])
+        try:
+            n0 = store.max_offset("T", 0)
+            first = int(start * n0)
+            bad = None
+            if n0 and damage is not None:
+                bad = min(int(damage * n0), n0 - 1)
+                phys = store._queues.get("T", 0).entry_at(bad)[0]
+                store._commitlog._segment_for(phys).pwrite(b"\xff" * 8, phys - store._commitlog._segment_for(
+                    phys).start + PHYS_OFFSET_FIELD)
+            got = store.read_records("T", 0, first, max_count=max_count, max_bytes=max_bytes,
+                                     tags_codes=codes, max_scan=max_scan)
+            taken, pos = scan_entry_by_entry(
+                store, first, min(n0, first + max_scan),
+                lambda p: (wanted is None or queue0_tags[p] in wanted), max_count, max_bytes, skip=bad)
+            return got, taken, pos
+        finally:
+            await store.shutdown()
+
+    got, taken, pos = asyncio.run(scenario())
+    assert got.data == b"".join(taken) and got.count == sum(1 for data in taken if data)
+    assert got.next_offset == pos

@@ -36,10 +36,9 @@ class ProcessQueue:
     """Pulled-but-unfinished messages of one MessageQueue, keyed by queue offset.
 
     Concurrent and orderly consumption both use :meth:`put_messages` and
-    :meth:`remove_messages` (orderly keeps its order per message group in
-    message_groups.py). :meth:`take_messages`, :meth:`commit` and
-    :meth:`make_messages_consume_again` are RocketMQ 4's per-queue orderly
-    cycle, which the push consumer no longer uses. Confined to one event-loop thread.
+    :meth:`remove_messages`: orderly keeps its order per message group in
+    message_groups.py, so RocketMQ 4's per-queue orderly cycle (take, commit,
+    consume again) has no place here. Confined to one event-loop thread.
     """
 
     def __init__(self) -> None:
@@ -54,10 +53,6 @@ class ProcessQueue:
         self._msgs: dict[int, MessageExt] = {}
         self._min_heap: list[int] = []
         self._max_heap: list[int] = []  # negated offsets
-        # Orderly mode: messages handed to the listener and not yet committed.
-        # Kept out of _msgs so a retry can put them back (RocketMQ's
-        # consumingMsgOrderlyTreeMap). Small: at most one batch.
-        self._consuming: dict[int, MessageExt] = {}
         self._msg_count = 0
         self._msg_size = 0
         self._queue_offset_max = -1
@@ -69,7 +64,7 @@ class ProcessQueue:
 
     @property
     def msg_count(self) -> int:
-        """Messages held, including those being consumed orderly."""
+        """Messages held."""
         return self._msg_count
 
     @property
@@ -79,7 +74,7 @@ class ProcessQueue:
 
     @property
     def queue_offset_max(self) -> int:
-        """Largest offset ever put since creation or :meth:`clear`; -1 before that."""
+        """Largest offset ever put; -1 before the first put."""
         return self._queue_offset_max
 
     @property
@@ -87,18 +82,9 @@ class ProcessQueue:
         """The offset to commit once everything held is finished: past every put or skipped offset."""
         return max(self._queue_offset_max + 1, self._scanned)
 
-    def has_temp_message(self) -> bool:
-        """Whether messages are waiting to be consumed (not counting those being consumed)."""
-        return bool(self._msgs)
-
     def min_offset(self) -> int | None:
-        """Smallest unfinished offset, waiting or being consumed; None when there is none."""
-        candidates = []
-        if self._msgs:
-            candidates.append(self._peek_min())
-        if self._consuming:
-            candidates.append(min(self._consuming))
-        return min(candidates) if candidates else None
+        """Smallest unfinished offset; None when there is none."""
+        return self._peek_min() if self._msgs else None
 
     def max_span(self) -> int:
         """Largest minus smallest waiting offset; 0 with fewer than two messages.
@@ -112,29 +98,21 @@ class ProcessQueue:
 
     # -- pull side ----------------------------------------------------------
 
-    def put_messages(self, msgs: Sequence[MessageExt]) -> bool:
+    def put_messages(self, msgs: Sequence[MessageExt]) -> None:
         """Cache pulled messages by queue offset.
 
-        Offsets already held (waiting or being consumed) are ignored, so a
-        re-pulled message is never consumed twice. Returns True when the cache
-        had nothing waiting and now has: the orderly consumer's hint to
-        dispatch a consume task (a running task that loops until
-        :meth:`take_messages` is empty would pick the messages up anyway, so a
-        spare dispatch is harmless where a missed one would stall the queue).
+        Offsets already held are ignored, so a re-pulled message is never
+        consumed twice.
         """
-        was_empty = not self._msgs
-        added = False
         for msg in msgs:
             offset = msg.queue_offset
-            if offset in self._msgs or offset in self._consuming:
+            if offset in self._msgs:
                 continue
             self._insert(msg)
             self._msg_count += 1
             self._msg_size += msg.store_size
             if offset > self._queue_offset_max:
                 self._queue_offset_max = offset
-            added = True
-        return was_empty and added
 
     def advance_to(self, offset: int) -> None:
         """The broker's read position moved to `offset`: what it skipped below matched no subscription.
@@ -170,70 +148,11 @@ class ProcessQueue:
         self._compact()
         return self._peek_min()
 
-    # -- orderly consumption ------------------------------------------------
-
-    def take_messages(self, batch_size: int) -> list[MessageExt]:
-        """Move up to ``batch_size`` smallest waiting messages to "consuming", in offset order."""
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        taken: list[MessageExt] = []
-        while self._msgs and len(taken) < batch_size:
-            offset = self._pop_min()
-            msg = self._msgs.pop(offset)
-            self._consuming[offset] = msg
-            taken.append(msg)
-        self._compact()
-        return taken
-
-    def commit(self) -> int:
-        """Orderly success: forget the consuming messages.
-
-        Returns the offset to commit (largest consuming offset + 1), or -1 when
-        nothing was being consumed.
-        """
-        if not self._consuming:
-            return -1
-        next_offset = max(self._consuming) + 1
-        self._msg_count -= len(self._consuming)
-        self._msg_size -= sum(m.store_size for m in self._consuming.values())
-        self._consuming.clear()
-        if not self._msgs and self._scanned > next_offset:
-            return self._scanned
-        return next_offset
-
-    def make_messages_consume_again(self, msgs: Sequence[MessageExt]) -> None:
-        """Orderly suspend: put consuming messages back so the next take returns them first.
-
-        The given objects are stored, so the caller may pass copies with an
-        incremented ``reconsume_times``. Messages that are not being consumed
-        (e.g. after :meth:`clear`) are ignored: putting them back would
-        resurrect messages the queue no longer owns.
-        """
-        for msg in msgs:
-            previous = self._consuming.pop(msg.queue_offset, None)
-            if previous is None:
-                continue
-            self._insert(msg)
-            self._msg_size += msg.store_size - previous.store_size
-
-    # -- lifecycle ----------------------------------------------------------
-
-    def clear(self) -> None:
-        """Forget every message."""
-        self._msgs.clear()
-        self._consuming.clear()
-        self._min_heap.clear()
-        self._max_heap.clear()
-        self._msg_count = 0
-        self._msg_size = 0
-        self._queue_offset_max = -1
-        self._scanned = 0
-
     def __repr__(self) -> str:
         return (
             f"ProcessQueue(msg_count={self._msg_count}, msg_size={self._msg_size}, "
             f"min_offset={self.min_offset()}, queue_offset_max={self._queue_offset_max}, "
-            f"consuming={len(self._consuming)}, scanned={self._scanned})"
+            f"scanned={self._scanned})"
         )
 
     # -- heap bookkeeping ---------------------------------------------------

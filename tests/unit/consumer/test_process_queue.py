@@ -1,11 +1,10 @@
-"""ProcessQueue: the min-offset commit rule (the smallest unfinished offset), flow-control counters, orderly take/commit."""
+"""ProcessQueue: the min-offset commit rule (the smallest unfinished offset), flow-control counters."""
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tidemark.client.consumer.process_queue import ProcessQueue
 from tidemark.client.message import MessageExt
@@ -60,11 +59,10 @@ def test_remove_of_unknown_offsets_changes_nothing_but_still_reports():
 def test_duplicate_offsets_are_ignored_and_the_first_copy_kept():
     pq = ProcessQueue()
     first = msg(7, b"first")
-    assert pq.put_messages([first, msg(8)]) is True
-    assert pq.put_messages([msg(7, b"a much longer duplicate"), msg(8)]) is False
+    pq.put_messages([first, msg(8)])
+    pq.put_messages([msg(7, b"a much longer duplicate"), msg(8)])
     assert pq.msg_count == 2
     assert pq.msg_size == len(b"first") + 1
-    assert pq.take_messages(1) == [first]
 
 
 def test_counters_track_body_bytes_and_offset_max():
@@ -74,16 +72,6 @@ def test_counters_track_body_bytes_and_offset_max():
     assert (pq.msg_count, pq.msg_size, pq.queue_offset_max) == (3, 13, 10)
     pq.remove_messages([msg(10, b"")])  # size comes from the cached copy, not the argument
     assert (pq.msg_count, pq.msg_size, pq.queue_offset_max) == (2, 3, 10)
-
-
-def test_put_reports_whether_the_cache_was_empty():
-    pq = ProcessQueue()
-    assert pq.put_messages([]) is False
-    assert pq.put_messages(msgs(1, 2)) is True
-    assert pq.put_messages(msgs(3)) is False
-    pq.remove_messages(msgs(1, 2, 3))
-    assert pq.put_messages(msgs(4)) is True
-    assert pq.has_temp_message()
 
 
 def test_max_span_is_largest_minus_smallest_cached_offset():
@@ -170,75 +158,6 @@ def test_commit_offset_never_passes_an_unfinished_message(offsets, data):
     assert committed == offsets[-1] + 1
 
 
-# -- orderly consumption ------------------------------------------------------
-
-
-def test_take_moves_the_smallest_messages_in_offset_order_and_commit_returns_next_offset():
-    pq = ProcessQueue()
-    pq.put_messages(msgs(5, 1, 4, 2, 3))
-    assert [m.queue_offset for m in pq.take_messages(2)] == [1, 2]
-    assert pq.min_offset() == 1  # still in flight, so still uncommittable
-    assert [m.queue_offset for m in pq.take_messages(2)] == [3, 4]
-    assert pq.msg_count == 5  # consuming messages still count for flow control
-    assert pq.commit() == 5
-    assert (pq.msg_count, pq.msg_size) == (1, 1)
-    assert pq.commit() == -1
-    assert [m.queue_offset for m in pq.take_messages(10)] == [5]
-    assert pq.take_messages(10) == []
-    assert pq.commit() == 6
-
-
-def test_consume_again_puts_messages_back_in_front():
-    pq = ProcessQueue()
-    pq.put_messages(msgs(1, 2, 3, 4, 5, 6))
-    taken = pq.take_messages(3)
-    retry = [m.replace(reconsume_times=m.reconsume_times + 1) for m in taken]
-    pq.make_messages_consume_again(retry)
-    assert pq.msg_count == 6 and pq.msg_size == 6
-    again = pq.take_messages(2)
-    assert again == retry[:2]
-    assert [m.reconsume_times for m in again] == [1, 1]
-    assert pq.commit() == 3
-    assert [m.queue_offset for m in pq.take_messages(10)] == [3, 4, 5, 6]
-
-
-def test_consume_again_ignores_messages_that_are_not_being_consumed():
-    pq = ProcessQueue()
-    pq.put_messages(msgs(1, 2))
-    pq.take_messages(1)
-    pq.clear()
-    pq.make_messages_consume_again(msgs(1, 9))
-    assert pq.msg_count == 0 and not pq.has_temp_message()
-
-
-def test_a_re_pulled_message_being_consumed_is_not_cached_twice():
-    pq = ProcessQueue()
-    pq.put_messages(msgs(1, 2))
-    pq.take_messages(1)
-    pq.put_messages(msgs(1, 2, 3))
-    assert pq.msg_count == 3
-    assert [m.queue_offset for m in pq.take_messages(10)] == [2, 3]
-
-
-def test_take_rejects_non_positive_batch_size():
-    with pytest.raises(ValueError, match="batch_size"):
-        ProcessQueue().take_messages(0)
-
-
-# -- lifecycle and timestamps -------------------------------------------------
-
-
-def test_clear():
-    pq = ProcessQueue()
-    pq.put_messages(msgs(1, 2, 3))
-    pq.take_messages(1)
-    pq.advance_to(9)
-    pq.clear()
-    assert (pq.msg_count, pq.msg_size, pq.queue_offset_max, pq.min_offset()) == (0, 0, -1, None)
-    assert pq.commit() == -1
-    assert pq.remove_messages(msgs(2)) == -1
-
-
 def test_filtered_offsets_count_as_consumed_once_the_cache_is_empty():
     """Tags paid, shipped, shipped with a `paid` subscription: the broker delivers offset 0 and says it
     read to 3. The commit must reach 3, not stop at 1 (a lag that never clears)."""
@@ -251,11 +170,6 @@ def test_filtered_offsets_count_as_consumed_once_the_cache_is_empty():
     pq.advance_to(10)
     assert pq.remove_messages(msgs(6)) == 5
     assert pq.remove_messages(msgs(5)) == 10
-    # Orderly: commit() after the last held message also jumps past what was skipped.
-    pq.put_messages(msgs(10))
-    pq.advance_to(12)
-    pq.take_messages(1)
-    assert pq.commit() == 12
 
 
 # -- model-based: any mix of operations keeps the bookkeeping exact -----------
@@ -266,18 +180,12 @@ class ProcessQueueMachine(RuleBasedStateMachine):
         super().__init__()
         self.pq = ProcessQueue()
         self.waiting: dict[int, int] = {}  # offset -> body length
-        self.consuming: dict[int, int] = {}
         self.offset_max = -1
 
     @rule(offsets=st.lists(st.integers(0, 300), max_size=20), size=st.integers(0, 5))
     def put(self, offsets, size):
-        was_empty = not self.waiting
-        new = [
-            o for o in dict.fromkeys(offsets) if o not in self.waiting and o not in self.consuming
-        ]
-        assert self.pq.put_messages([msg(o, b"z" * size) for o in offsets]) == (
-            was_empty and bool(new)
-        )
+        new = [o for o in dict.fromkeys(offsets) if o not in self.waiting]
+        self.pq.put_messages([msg(o, b"z" * size) for o in offsets])
         for o in new:
             self.waiting[o] = size
             self.offset_max = max(self.offset_max, o)
@@ -295,44 +203,15 @@ class ProcessQueueMachine(RuleBasedStateMachine):
         else:
             assert returned == min(self.waiting, default=self.offset_max + 1)
 
-    @rule(batch=st.integers(1, 8))
-    def take(self, batch):
-        expected = sorted(self.waiting)[:batch]
-        assert [m.queue_offset for m in self.pq.take_messages(batch)] == expected
-        for o in expected:
-            self.consuming[o] = self.waiting.pop(o)
-
-    @precondition(lambda self: self.consuming)
-    @rule(data=st.data())
-    def consume_again(self, data):
-        back = data.draw(st.lists(st.sampled_from(sorted(self.consuming)), min_size=1, unique=True))
-        self.pq.make_messages_consume_again([msg(o, b"z" * self.consuming[o]) for o in back])
-        for o in back:
-            self.waiting[o] = self.consuming.pop(o)
-
-    @rule()
-    def commit(self):
-        expected = max(self.consuming) + 1 if self.consuming else -1
-        assert self.pq.commit() == expected
-        self.consuming.clear()
-
-    @rule()
-    def clear(self):
-        self.pq.clear()
-        self.waiting.clear()
-        self.consuming.clear()
-        self.offset_max = -1
-
     @invariant()
     def bookkeeping_matches_the_model(self):
         pq = self.pq
-        assert pq.msg_count == len(self.waiting) + len(self.consuming)
-        assert pq.msg_size == sum(self.waiting.values()) + sum(self.consuming.values())
+        assert pq.msg_count == len(self.waiting)
+        assert pq.msg_size == sum(self.waiting.values())
         assert pq.queue_offset_max == self.offset_max
-        assert pq.min_offset() == min([*self.waiting, *self.consuming], default=None)
+        assert pq.min_offset() == min(self.waiting, default=None)
         span = max(self.waiting) - min(self.waiting) if len(self.waiting) > 1 else 0
         assert pq.max_span() == span
-        assert pq.has_temp_message() == bool(self.waiting)
 
 
 TestProcessQueueModel = ProcessQueueMachine.TestCase

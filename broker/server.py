@@ -13,7 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from tidemark.broker import memory, tls
-from tidemark.broker.auth.guard import AccessGuard
+from tidemark.broker.auth.guard import AccessGuard, retry_topic_owner
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.disk import data_format
@@ -214,7 +214,10 @@ class BrokerServer:
         if not store.has_users():
             log.warning("auth is on and there are no users: every request will be refused; "
                         "set TIDEMARK_INIT_USER=NAME:SECRET to create the first super user", event="auth_no_users")
-        return AccessGuard(store, max_skew_s=self.config.auth_max_skew_s)
+        topics, groups = self.controller.topics, self.controller.groups
+        return AccessGuard(store, max_skew_s=self.config.auth_max_skew_s,
+                           retry_owner=lambda topic: retry_topic_owner(topic, lambda g: groups.get(g) is not None,
+                                                                       lambda t: topics.get(t) is not None))
 
     def _http_health(self) -> tuple[bool, str]:
         """/healthz (read from the metrics thread): what the gRPC health check says, and that the event

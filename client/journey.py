@@ -22,7 +22,6 @@ from typing import Any
 from tidemark.client.errors import (
     InvalidArgumentError,
     NotFoundError,
-    PermissionDeniedError,
     TidemarkError,
 )
 from tidemark.client.group_status import pop_retry_topic
@@ -175,11 +174,6 @@ def _group_facts(admin: Any, group: str, original: MessageExt, found: list[Messa
                 found.extend(admin.query_message_by_id(original.msg_id, copies_topic))
             except NotFoundError:
                 pass
-            except PermissionDeniedError:
-                # Access rules read %RETRY%GROUP_TOPIC as the retry topic of a group named GROUP_TOPIC: a
-                # user with rights on the group alone sees the journey without the pop group's retries.
-                if copies_topic != mine[1]:
-                    raise
     copies = tuple(sorted((m for m in found if m.topic in mine), key=lambda m: (m.store_timestamp, m.queue_offset)))
     committed: dict[tuple[str, str, int], int] = {}
     for topic in {original.topic, *(c.topic for c in copies if is_retry_topic(c.topic))}:

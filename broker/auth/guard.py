@@ -7,8 +7,9 @@ may perform each action the request needs; a request needs several
 (`Requirement`s: a commit needs Sub on its topic and on its group), and each
 requirement is met when any of its actions is allowed (a route lookup: Pub,
 Sub or Get on the topic). Retry and dead-letter topics belong to their group,
-as in RocketMQ (`%RETRY%g` and `%DLQ%g` need rights on Group:g, see `on_topic`), and
-the schedule topic, which holds every topic's delayed messages, is super users'.
+as in RocketMQ (`%RETRY%g` and `%DLQ%g` need rights on Group:g, see `on_topic`; a pop group's
+retry topic `%RETRY%g_T` is g's, see `retry_topic_owner`), and the schedule topic, which holds
+every topic's delayed messages, is super users'.
 
 Refusals are domain errors saying who, what and why; neither the secret nor
 the signature is ever part of a message or a log line. Pure: no grpc; the
@@ -40,6 +41,8 @@ class Requirement:
 
     resource: Resource
     actions: frozenset[Action]
+    # Set when `resource` is the group a %RETRY% topic's name reads as: the guard asks which group owns it.
+    retry_topic: str = ""
 
     def __str__(self) -> str:
         if not self.actions:
@@ -60,10 +63,27 @@ def on_topic(topic: str, *actions: Action) -> Requirement:
     for prefix, mapping in ((RETRY_GROUP_TOPIC_PREFIX, _RETRY_ACTIONS), (DLQ_GROUP_TOPIC_PREFIX, _DLQ_ACTIONS)):
         if topic.startswith(prefix):
             group = Resource(ResourceType.GROUP, topic[len(prefix):])
-            return Requirement(group, frozenset(mapping.get(a, a) for a in actions))
+            retry = topic if prefix == RETRY_GROUP_TOPIC_PREFIX else ""
+            return Requirement(group, frozenset(mapping.get(a, a) for a in actions), retry)
     if topic == SCHEDULE_TOPIC:
         return Requirement(Resource(ResourceType.CLUSTER), frozenset())
     return Requirement(Resource(ResourceType.TOPIC, topic), frozenset(actions))
+
+
+def retry_topic_owner(topic: str, is_group: Callable[[str], bool], is_topic: Callable[[str], bool]) -> str:
+    """The group a %RETRY% topic belongs to. A consumer group X sends its failed messages back to %RETRY%X,
+    while a pop group G keeps its expired deliveries of topic T in %RETRY%G_T (RocketMQ 5's first naming,
+    broker/pop/): the name alone cannot tell the two apart, as group and topic names may hold "_" too.
+    What the broker has can: X is read as G_T when no group X exists but group G and topic T do (the first
+    such split, shortest G first). A group X that exists keeps its own retry topic, as in RocketMQ, so
+    rights on G never reach another group's retries."""
+    name = topic[len(RETRY_GROUP_TOPIC_PREFIX):]
+    if is_group(name):
+        return name
+    for i, c in enumerate(name):
+        if c == "_" and i and is_group(name[:i]) and is_topic(name[i + 1:]):
+            return name[:i]
+    return name
 
 
 def on_group(group: str, *actions: Action) -> Requirement:
@@ -75,11 +95,16 @@ def on_cluster(*actions: Action) -> Requirement:
 
 
 class AccessGuard:
+    """`retry_owner`: the group owning a %RETRY% topic (`retry_topic_owner` over the broker's groups and
+    topics); without it, %RETRY%X is group X's."""
+
     def __init__(self, store: AuthStore, *, max_skew_s: float = signatures.DEFAULT_MAX_SKEW_S,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 retry_owner: Callable[[str], str] | None = None) -> None:
         self._store = store
         self._max_skew_s = max_skew_s
         self._clock = clock
+        self._retry_owner = retry_owner
 
     def authenticate(self, metadata: Mapping[str, str]) -> User:
         """The calling user, or UnauthenticatedError. An unknown access key and a wrong signature get the
@@ -113,6 +138,10 @@ class AccessGuard:
         if user.super_user:
             return
         for need in requirements:
+            if need.retry_topic and self._retry_owner is not None:
+                owner = self._retry_owner(need.retry_topic)
+                if owner != need.resource.name:
+                    need = Requirement(Resource(ResourceType.GROUP, owner), need.actions)
             if not any(self._store.authorize(user, need.resource, action, source_ip) is Decision.ALLOW
                        for action in need.actions):
                 raise PermissionDeniedError(f"user {user.name!r} may not {need} (from {source_ip or 'unknown'})")

@@ -22,9 +22,11 @@ from rpc_fuzzlib import (
     snapshot,
     valid_name,
 )
+from test_rmq5_inflight import give_up, receive, receive_again
 from test_rpc_fuzz import BASELINES, seed
 
 from tests.brokerproc import BrokerProcess, BrokerStubs
+from tests.rmq5lib import Rmq5Stub
 from tidemark.broker.services.access import NEEDS
 from tidemark.client import (
     Admin,
@@ -36,6 +38,7 @@ from tidemark.client import (
     PullConsumer,
     UnauthenticatedError,
 )
+from tidemark.client.journey import trace_message
 from tidemark.common.auth import Credentials, signed_metadata
 from tidemark.v1 import admin_pb2, common_pb2, membership_pb2, messaging_pb2, offsets_pb2
 
@@ -325,3 +328,46 @@ def test_users_and_acls_cannot_be_managed_on_a_broker_without_auth(broker):
     with Admin(brokers=broker.address) as admin:
         with pytest.raises(FailedPreconditionError, match="only on a broker started with --auth"):
             admin.create_user("eve", "eve-secret-1", super_user=True)
+
+
+class _SignedRmq5Stub(Rmq5Stub):
+    """A RocketMQ 5 client signing its calls as `credentials`."""
+
+    def __init__(self, channel: grpc.Channel, credentials: Credentials) -> None:
+        super().__init__(channel)
+        self._credentials = credentials
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return (*super().metadata(), *signed_metadata(self._credentials))
+
+
+def test_a_pop_groups_retries_are_its_own(secured):
+    """A pop group G keeps its expired deliveries of topic T in %RETRY%G_T: rights on Group:G reach them (the
+    rules read it as G's, not as the retry topic of a group named G_T), so a user with Get on the topic and on
+    the group sees the whole journey, retried step included; rights on another group do not reach them."""
+    broker, _ = secured
+    group, topic = "popper", "PopTraced"
+    with Admin(brokers=broker.address, credentials=ROOT) as admin:
+        admin.create_topic(topic, 1)
+        for user in ("tracer-pop", "outsider"):
+            admin.create_user(user, f"{user}-secret")
+            admin.create_acl(user, f"Topic:{topic}", ["Get"], "Allow")
+            admin.create_acl(user, "Cluster", ["List"], "Allow")
+        admin.create_acl("tracer-pop", f"Group:{group}", ["Get"], "Allow")
+        admin.create_acl("outsider", "Group:popper_other", ["Get"], "Allow")
+    with Producer(brokers=broker.address, credentials=ROOT) as producer:
+        msg_id = producer.send(Message(topic, b"once")).msg_id
+    channel = grpc.insecure_channel(broker.address)
+    try:
+        stub = _SignedRmq5Stub(channel, ROOT)
+        [m] = receive(stub, group, topic, 1)
+        give_up(stub, group, topic, m)
+        receive_again(stub, group, topic)
+    finally:
+        channel.close()
+    with Admin(brokers=broker.address, credentials=("tracer-pop", "tracer-pop-secret")) as admin:
+        steps = [(s.step, s.topic) for s in trace_message(admin, msg_id, topic).steps if s.group == group]
+    assert ("retried", f"%RETRY%{group}_{topic}") in steps, steps
+    with Admin(brokers=broker.address, credentials=("outsider", "outsider-secret")) as admin:
+        with pytest.raises(PermissionDeniedError, match=f"Group:{group}"):
+            admin.query_message_by_id(msg_id, f"%RETRY%{group}_{topic}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tidemark.broker.auth import Action
-from tidemark.broker.auth.guard import on_group, on_topic
+from tidemark.broker.auth.guard import on_group, on_topic, retry_topic_owner
 from tidemark.broker.services.access import NEEDS
 from tidemark.v1 import messaging_pb2
 
@@ -52,3 +52,23 @@ def test_rocketmq5_requests_map_to_topic_and_group_rights():
     settings = v2.TelemetryCommand(settings=v2.Settings(publishing=v2.Publishing(topics=[res("A"), res("B")])))
     assert list(NEEDS_V2["Telemetry"](settings)) == [on_topic("A", Action.PUB), on_topic("B", Action.PUB)]
     assert list(NEEDS_V2["Heartbeat"](v2.HeartbeatRequest(client_type=v2.PRODUCER))) == []
+
+
+def test_a_pop_groups_retry_topic_belongs_to_the_pop_group():
+    """%RETRY%G_T is pop group G's retry topic for topic T (broker/pop/), not a group named G_T: read so once
+    G and T exist and no group G_T does; a group that exists keeps its own %RETRY%."""
+    groups, topics = {"pop", "a", "a_b"}, {"Orders", "b", "x_y"}
+
+    def owner(topic: str) -> str:
+        return retry_topic_owner(topic, groups.__contains__, topics.__contains__)
+
+    assert owner("%RETRY%pop_Orders") == "pop"
+    assert owner("%RETRY%pop_x_y") == "pop"  # topic names hold "_" too
+    assert owner("%RETRY%a_b") == "a_b"  # group a_b's own retry topic, not a's retries of topic b
+    assert owner("%RETRY%pop") == "pop"
+    assert owner("%RETRY%pop_Gone") == "pop_Gone"  # no topic Gone: no split to believe
+    assert owner("%RETRY%_Orders") == "_Orders"
+    # The requirement on_topic gives is the name's reading; the guard asks the broker which group owns it.
+    assert on_topic("%RETRY%pop_Orders", Action.SUB).resource.name == "pop_Orders"
+    assert on_topic("%RETRY%pop_Orders", Action.SUB).retry_topic == "%RETRY%pop_Orders"
+    assert on_topic("%DLQ%pop", Action.GET).retry_topic == ""

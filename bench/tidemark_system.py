@@ -114,7 +114,8 @@ class TidemarkServer:
                             "20 listener threads, listener batch 1, offsets piggybacked on credit + persisted "
                             "every 5 s",
                 "commits": "client-streaming CommitOffsets, 64 commits per CommitStream.write (gathered into messages of up to 1,024 while one is on its way), unfenced",
-                "group changes": "zero-duplicate handover (queue locks), AVG allocation, watch push"}
+                "group changes": ("zero-duplicate handover (queue locks), AVG allocation, watch push; the joiner is connected "
+                                  "(PushConsumer.connect()) before the clock, as the peers' workers hold their connection")}
 
     # -- harness-side setup (runs in the harness process) --------------------------------------
 

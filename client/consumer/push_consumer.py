@@ -194,8 +194,9 @@ class PushConsumer(BlockingClient):
         from their process-wide MQClientInstance, already connected when a consumer of the process joins.
 
         The consumer stays CREATED (subscribe and register as before); nobody in the group hears of it
-        until start(). A no-op when connected already. ClientStateError after start(); when no broker can be
-        reached, the discovery's error (as Producer.start()), or RequestTimeoutError after
+        until start(). The routes of the topics subscribed by then are read too (NotFoundError for one that
+        does not exist). A no-op when connected already. ClientStateError after start(); when no broker can
+        be reached, the discovery's error (as Producer.start()), or RequestTimeoutError after
         2 * request_timeout_s, and the consumer is left as before (connect() or start() may be called
         again). shutdown() closes the connections of a consumer connected and never started."""
         self._life.require(ClientState.CREATED, action="connect")
@@ -203,12 +204,23 @@ class PushConsumer(BlockingClient):
             return self
         self._loop.start()
         try:
-            self._connected = self._loop.run(BrokerCluster.connect(self.settings),
+            self._connected = self._loop.run(self._connect(sorted(self._subscriptions)),
                                              timeout=self.settings.request_timeout_s * 2)
         except BaseException:
             self._loop.stop()
             raise
         return self
+
+    async def _connect(self, topics: list[str]) -> BrokerCluster:
+        """The connected cluster with the routes of `topics` read too (kept for route_refresh_interval_s):
+        start()'s heartbeat, which waits for them, then leaves at once."""
+        cluster = await BrokerCluster.connect(self.settings)
+        try:
+            await asyncio.gather(*(cluster.route(topic) for topic in topics))
+        except BaseException:
+            await cluster.close()
+            raise
+        return cluster
 
     def start(self) -> PushConsumer:
         """Join the group and start consuming; returns self (RocketMQ's DefaultMQPushConsumer.start()).

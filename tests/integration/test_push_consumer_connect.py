@@ -12,6 +12,7 @@ from tidemark.client import (
     Admin,
     ClientStateError,
     ConsumeConcurrentlyStatus,
+    NotFoundError,
     PushConsumer,
     UnavailableError,
 )
@@ -57,6 +58,7 @@ def test_connected_consumer_joins_only_at_start_and_consumes_on_the_open_connect
 
 
 def test_connected_never_started_consumer_shuts_down_without_threads(broker):
+    create_topic(broker.address, "Joiners", 2)
     c = consumer(broker.address, "never-started", "Joiners", [])
     c.connect()
     connected = c._connected
@@ -84,3 +86,19 @@ def test_connect_after_start_is_a_state_error(broker):
             c.connect()
     finally:
         c.shutdown()
+
+
+def test_connect_reads_the_subscribed_routes_and_refuses_an_unknown_topic(broker):
+    create_topic(broker.address, "Joiners", 2)
+    c = consumer(broker.address, "route-readers", "Joiners", [])
+    try:
+        c.connect()
+        assert "Joiners" in c._connected._routes  # start()'s heartbeat need not wait for it
+    finally:
+        c.shutdown()
+    missing = consumer(broker.address, "route-readers", "NoSuchTopic", [])
+    with pytest.raises(NotFoundError):
+        missing.connect()
+    assert missing.state is ClientState.CREATED and missing._connected is None
+    assert loop_threads("route-readers") == []
+    missing.shutdown()

@@ -302,8 +302,8 @@ class SendService:
                 # Stored before (its first answer may have been an unknown outcome): answered, never refused.
                 return RecordsPut(decision.first_offset, [], 0, self._store.commit_log_max_offset, duplicate=True)
         self._check_in_sync()
-        # (a delay level or a transaction's half: SendMessage's, steering.py)
-        vet = functools.partial(check_no_steering, data, count)
+        # (a delay level, a delivery time or a transaction's half: SendMessage's, steering.py)
+        vet = functools.partial(check_no_steering, data, count, now_ms=self._clock_ms())
         if new:  # an auto-created topic comes into being only for a batch that passed every check
             vet(self._store.check_batch(topic.name, data, count))
             topic = self._create(topic)

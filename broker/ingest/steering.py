@@ -1,20 +1,25 @@
 """Properties that steer how a message is stored, whichever call carried it.
 
-Two property names are not plain user properties but instructions to the
+Three property names are not plain user properties but instructions to the
 broker, as in RocketMQ:
 - DELAY: the delay level. RocketMQ 4's Message.setDelayTimeLevel sets exactly
   this property, so a message that carries it (set by hand, or by a client
   written against RocketMQ's model) is delayed by that level; the
   `delay_level` field of a send, when given, wins over it.
+- DELIVER_TIMESTAMP: the time (epoch ms) a message is due, which a timed
+  message keeps (broker/ingest/delays.py). A message that carries it without
+  a delay level is delivered at that time, as if the send's `deliver_at_ms`
+  said so (the field, when given, wins); a time already past is due now.
 - TRAN_MSG=true: a transaction's prepared half, held until it is committed.
 
-A send (SendMessage, RocketMQ 5's SendMessage) honours both: the message is
-scheduled, or held as a half. A record batch (the Produce stream) is stored
+A send (SendMessage, RocketMQ 5's SendMessage) honours them all: the message
+is scheduled, or held as a half. A record batch (the Produce stream) is stored
 as its bytes came, without a per-message step, so it cannot: a batch in which
-any record carries one is refused whole, with the record and the property
-named, instead of being stored as plain messages that would be delivered at
-once. Tidemark's producer sends such messages with SendMessage, so only a
-hand-made batch meets the refusal.
+any record carries one (a delivery time still ahead) is refused whole, with
+the record and the property named, instead of being stored as plain messages
+that would be delivered at once. Tidemark's producer sends such messages with
+SendMessage, so only a hand-made batch meets the refusal; a batch that copies
+delivered messages (their DELIVER_TIMESTAMP past) is stored.
 
 Pure: no I/O. Whether a batch carries either name at all is read from the
 store's check of it (the property pairs of its bulk check, or the property
@@ -42,14 +47,15 @@ if TYPE_CHECKING:
 
 _DELAY = PropertyKey.DELAY.encode() + b"\x01"
 _PREPARED = PropertyKey.TRANSACTION_PREPARED.encode() + b"\x01"
+_DELIVER_AT = PropertyKey.DELIVER_TIMESTAMP.encode() + b"\x01"
 
 
 def delay_from_property(message: OutgoingMessage) -> OutgoingMessage:
-    """The message with a DELAY property turned into its delay level (the property itself is set again by
-    the schedule when it stores the message delayed)."""
+    """The message with a DELAY property turned into its delay level, or else a DELIVER_TIMESTAMP property
+    into its delivery time (the schedule sets either property again when it stores the message delayed)."""
     value = message.properties.get(PropertyKey.DELAY)
     if value is None:
-        return message
+        return _deliver_at_from_property(message)
     properties = {k: v for k, v in message.properties.items() if k != PropertyKey.DELAY}
     if message.delay_level:
         return replace(message, properties=properties)
@@ -60,20 +66,34 @@ def delay_from_property(message: OutgoingMessage) -> OutgoingMessage:
     return replace(message, delay_level=level, properties=properties)
 
 
-def steering_record(data: bytes | memoryview, count: int,
-                    checked: Checked | CheckedBatch | None = None) -> tuple[int, str] | None:
-    """(index, property) of the first record of a batch that sets DELAY (a level above 0) or TRAN_MSG=true;
-    None when none does, or when the batch cannot be walked (its check then says what is wrong). With the
+def _deliver_at_from_property(message: OutgoingMessage) -> OutgoingMessage:
+    value = message.properties.get(PropertyKey.DELIVER_TIMESTAMP)
+    if value is None or message.delay_level or message.deliver_at_ms:
+        return message  # (a delay level with it: send's check refuses the two together)
+    try:
+        deliver_at = int(value)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"property DELIVER_TIMESTAMP={value!r} must be a delivery time (epoch milliseconds)") from None
+    properties = {k: v for k, v in message.properties.items() if k != PropertyKey.DELIVER_TIMESTAMP}
+    return replace(message, deliver_at_ms=deliver_at, properties=properties)
+
+
+def steering_record(data: bytes | memoryview, count: int, checked: Checked | CheckedBatch | None = None, *,
+                    now_ms: int = 0) -> tuple[int, str] | None:
+    """(index, property) of the first record of a batch that sets DELAY (a level above 0), TRAN_MSG=true or
+    DELIVER_TIMESTAMP after `now_ms` (a time that is no integer counts: a send would refuse it); None when
+    none does, or when the batch cannot be walked (its check then says what is wrong). With the
     store's check of the batch (`checked`), whether either key occurs at all is read from the property
     pairs its bulk check found, or searched in the property sections its per-record check cut out (a
     search of the whole batch's bytes, bodies included, cost 0.4 ns a byte)."""
     if isinstance(checked, Checked):
-        if not (checked.has_key(_DELAY[:-1]) or checked.has_key(_PREPARED[:-1])):
+        if not any(checked.has_key(key[:-1]) for key in (_DELAY, _PREPARED, _DELIVER_AT)):
             return None
     elif isinstance(checked, CheckedBatch):
-        if not any(_DELAY in props or _PREPARED in props for props in checked.properties):
+        if not any(_DELAY in props or _PREPARED in props or _DELIVER_AT in props for props in checked.properties):
             return None
-    elif _DELAY not in data and _PREPARED not in data:
+    elif _DELAY not in data and _PREPARED not in data and _DELIVER_AT not in data:
         return None
     try:
         spans = record_spans(data, count)
@@ -85,23 +105,35 @@ def steering_record(data: bytes | memoryview, count: int,
             props = bytes(data[props_at:props_at + props_len])
             delay = property_value(props, _DELAY)
             prepared = property_value(props, _PREPARED)
+            deliver_at = property_value(props, _DELIVER_AT)
         except (ValueError, IndexError):  # (a malformed record: the batch's check refuses it)
             return None
         if delay is not None and delay.strip() not in (b"", b"0"):
             return index, PropertyKey.DELAY
         if prepared is not None and prepared.lower() == b"true":
             return index, PropertyKey.TRANSACTION_PREPARED
+        if deliver_at is not None and _ahead(deliver_at, now_ms):
+            return index, PropertyKey.DELIVER_TIMESTAMP
     return None
 
 
-def check_no_steering(data: bytes | memoryview, count: int, checked: Checked | CheckedBatch | None = None) -> None:
+def _ahead(value: bytes, now_ms: int) -> bool:
+    try:
+        return int(value) > now_ms
+    except ValueError:
+        return True
+
+
+def check_no_steering(data: bytes | memoryview, count: int, checked: Checked | CheckedBatch | None = None, *,
+                      now_ms: int = 0) -> None:
     """Refuse a record batch that carries a property it cannot honour (InvalidArgumentError); `checked`: the
-    store's check of it."""
-    found = steering_record(data, count, checked)
+    store's check of it, `now_ms` the time a DELIVER_TIMESTAMP must not be after."""
+    found = steering_record(data, count, checked, now_ms=now_ms)
     if found is None:
         return
     index, name = found
-    what = "a delay level" if name == PropertyKey.DELAY else "a transaction's prepared half"
+    what = {PropertyKey.DELAY: "a delay level", PropertyKey.DELIVER_TIMESTAMP: "a delivery time still ahead"}.get(
+        name, "a transaction's prepared half")
     raise InvalidArgumentError(
         f"record {index} of the batch sets {name} ({what}): a record batch stores messages as they came; "
         f"send such a message with SendMessage, which honours it")

@@ -80,10 +80,12 @@ def check_batch_size(size: int, count: int, max_message_size: int) -> None:
 
 def needs_unary(message: Message) -> bool:
     """Whether a message must go by SendMessage: the broker stores a record batch as it came, so a delay
-    (the field, or RocketMQ 4's DELAY property), a transaction's half and a system topic are SendMessage's
-    (the broker refuses a batch that carries them: broker/ingest/steering.py)."""
+    (the field, or RocketMQ 4's DELAY property), a delivery time (DELIVER_TIMESTAMP), a transaction's half
+    and a system topic are SendMessage's (the broker refuses a batch that carries them:
+    broker/ingest/steering.py)."""
     return (bool(message.delay_level) or is_system_topic(message.topic)
             or PropertyKey.TRANSACTION_PREPARED in message.properties
+            or PropertyKey.DELIVER_TIMESTAMP in message.properties
             or message.properties.get(PropertyKey.DELAY, "0").strip() not in ("", "0"))
 
 

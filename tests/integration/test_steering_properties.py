@@ -5,6 +5,8 @@ message as its delay_level would."""
 
 from __future__ import annotations
 
+import time
+
 import grpc
 from brokerproc import BrokerStubs
 from workload import create_topic, wait_until
@@ -28,11 +30,14 @@ def max_offset(stubs: BrokerStubs, topic: str, queue_id: int) -> int:
 
 def test_a_record_batch_that_carries_a_delay_or_a_half_is_refused_whole(broker):
     create_topic(broker.address, "S", 1)
+    ahead, past = str(int(time.time() * 1000) + 3_600_000), str(int(time.time() * 1000) - 60_000)
     cases = [  # (records' extra properties, the property named in the refusal or "" when stored)
         (({}, {"DELAY": "2"}, {}), "record 1 of the batch sets DELAY"),
         (({"TRAN_MSG": "true"},), "record 0 of the batch sets TRAN_MSG"),
         (({"TRAN_MSG": "TRUE"}, {"DELAY": "3"}), "record 0 of the batch sets TRAN_MSG"),
+        (({}, {"DELIVER_TIMESTAMP": ahead}), "record 1 of the batch sets DELIVER_TIMESTAMP"),
         (({"DELAY": "0"}, {"TRAN_MSG": "false"}, {"XDELAY": "4"}), ""),  # no delay, no half: plain
+        (({"DELIVER_TIMESTAMP": past},), ""),  # a delivered timed message copied: due, stored as it came
     ]
     with BrokerStubs(broker.address) as stubs:
         requests = [messaging_pb2.ProduceRequest(request_id=i + 1, topic="S", queue_id=0, count=len(props),
@@ -44,8 +49,9 @@ def test_a_record_batch_that_carries_a_delay_or_a_half_is_refused_whole(broker):
                 assert answer.code == grpc.StatusCode.INVALID_ARGUMENT.value[0], (props, answer)
                 assert refusal in answer.error and "SendMessage" in answer.error, answer.error
             else:
-                assert answer.code == 0 and answer.first_queue_offset == 0, answer
-        assert max_offset(stubs, "S", 0) == 3  # the plain batch alone
+                assert answer.code == 0, answer
+        assert [a.first_queue_offset for a in answers if not a.code] == [0, 3]
+        assert max_offset(stubs, "S", 0) == 4  # the plain batches alone
 
 
 def test_the_delay_property_delays_a_message_as_its_delay_level_would(broker):
@@ -56,3 +62,14 @@ def test_the_delay_property_delays_a_message_as_its_delay_level_would(broker):
         producer.send(Message("S", b"now"))
         assert max_offset(stubs, "S", 0) == 1
         wait_until(lambda: max_offset(stubs, "S", 0) == 2, 30, "the delayed message (level 1: 1 s)")
+
+
+def test_the_deliver_timestamp_property_holds_a_message_until_then(broker):
+    """A message carrying DELIVER_TIMESTAMP (the property a timed message keeps) is due then, as a send's
+    delivery time would say, whichever call the producer picks for it."""
+    create_topic(broker.address, "T", 1)
+    with Producer(brokers=broker.address) as producer, BrokerStubs(broker.address) as stubs:
+        due = int(time.time() * 1000) + 1_500
+        producer.send(Message("T", b"later", properties={"DELIVER_TIMESTAMP": str(due)}))
+        assert max_offset(stubs, "T", 0) == 0  # held by the schedule, not stored plain
+        wait_until(lambda: max_offset(stubs, "T", 0) == 1, 30, "the message due 1.5 s after its send")

@@ -16,7 +16,10 @@ from tidemark.common.records import RecordBatchBuilder, encode_properties
 
 EXTRA = st.sampled_from([{}, {}, {"DELAY": "2"}, {"DELAY": "0"}, {"DELAY": ""}, {"TRAN_MSG": "true"},
                          {"TRAN_MSG": "TRUE"}, {"TRAN_MSG": "false"}, {"XDELAY": "3"}, {"TRAN_MSGX": "true"},
-                         {"KEYS": "DELAY\x02"[:-1]}])
+                         {"KEYS": "DELAY\x02"[:-1]},
+                         {"DELIVER_TIMESTAMP": "900"}, {"DELIVER_TIMESTAMP": "1100"},
+                         {"DELIVER_TIMESTAMP": "soon"}])
+NOW_MS = 1000
 
 
 def expected(extras: list[dict[str, str]]) -> tuple[int, str] | None:
@@ -25,6 +28,8 @@ def expected(extras: list[dict[str, str]]) -> tuple[int, str] | None:
             return i, "DELAY"
         if extra.get("TRAN_MSG", "").lower() == "true":
             return i, "TRAN_MSG"
+        if extra.get("DELIVER_TIMESTAMP") in ("1100", "soon"):  # ahead of NOW_MS, or no time at all
+            return i, "DELIVER_TIMESTAMP"
     return None
 
 
@@ -38,8 +43,8 @@ def test_the_bulk_and_the_per_record_check_name_the_same_record(extras, body):
     data = bytes(b.buffer)
     checked = batches.check_batch(data, len(extras), topic="S", max_message_size=1 << 20, max_record_size=1 << 21)
     assert isinstance(checked, batches.Checked) == (len(extras) >= batches.BULK_MIN)
-    assert steering_record(data, len(extras), checked) == expected(extras)
-    assert steering_record(data, len(extras)) == expected(extras)
+    assert steering_record(data, len(extras), checked, now_ms=NOW_MS) == expected(extras)
+    assert steering_record(data, len(extras), now_ms=NOW_MS) == expected(extras)
 
 
 def test_the_delay_property_is_a_delay_level_unless_the_field_gives_one():
@@ -51,3 +56,14 @@ def test_the_delay_property_is_a_delay_level_unless_the_field_gives_one():
     assert delay_from_property(plain) is plain
     with pytest.raises(InvalidArgumentError, match="DELAY='soon' must be a delay level"):
         delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "soon"}))
+
+
+def test_the_deliver_timestamp_property_is_a_delivery_time_unless_a_field_gives_one():
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "1700000000000", "a": "b"}))
+    assert m.deliver_at_ms == 1700000000000 and dict(m.properties) == {"a": "b"}
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "5"}, deliver_at_ms=7))
+    assert m.deliver_at_ms == 7
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "5", "DELAY": "2"}))
+    assert (m.delay_level, m.deliver_at_ms) == (2, 0)  # a delay-level message keeps its due time there too
+    with pytest.raises(InvalidArgumentError, match="DELIVER_TIMESTAMP='soon' must be a delivery time"):
+        delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "soon"}))

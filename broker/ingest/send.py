@@ -156,9 +156,9 @@ class SendService:
         next queue round robin."""
         if not messages:
             raise InvalidArgumentError("a send needs at least one message (empty batch)")
-        messages = [delay_from_property(m) for m in messages]
-        topic, new = self._resolve_topic(topic_name)  # created once the whole request passed its checks
         now = self._clock_ms()
+        messages = [delay_from_property(m, now) for m in messages]
+        topic, new = self._resolve_topic(topic_name)  # created once the whole request passed its checks
         queue_id, records, ids = self._checked(topic, queue_id, messages, queue_key, now)
         delay_level, deliver_at = messages[0].delay_level, messages[0].deliver_at_ms
         if not self._transactions.is_half(records[0].properties):
@@ -185,9 +185,9 @@ class SendService:
         rest (none stored: the error is raised). Waits until the stored ones are durable."""
         if not groups or any(not messages for _, messages in groups):
             raise InvalidArgumentError("a send needs at least one message in each message group")
-        groups = [(key, [delay_from_property(m) for m in messages]) for key, messages in groups]
-        topic, new = self._resolve_topic(topic_name)
         now = self._clock_ms()
+        groups = [(key, [delay_from_property(m, now) for m in messages]) for key, messages in groups]
+        topic, new = self._resolve_topic(topic_name)
         puts = []
         for key, messages in groups:
             queue_id, records, ids = self._checked(topic, None, messages, key, now)

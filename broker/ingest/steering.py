@@ -50,12 +50,14 @@ _PREPARED = PropertyKey.TRANSACTION_PREPARED.encode() + b"\x01"
 _DELIVER_AT = PropertyKey.DELIVER_TIMESTAMP.encode() + b"\x01"
 
 
-def delay_from_property(message: OutgoingMessage) -> OutgoingMessage:
+def delay_from_property(message: OutgoingMessage, now_ms: int) -> OutgoingMessage:
     """The message with a DELAY property turned into its delay level, or else a DELIVER_TIMESTAMP property
-    into its delivery time (the schedule sets either property again when it stores the message delayed)."""
+    still ahead of `now_ms` into its delivery time (the schedule sets either property again when it stores
+    the message delayed). A DELIVER_TIMESTAMP already past stays a plain property: a delivered timed
+    message copied (forwarded, or sent on in a batch) is due and goes as it came."""
     value = message.properties.get(PropertyKey.DELAY)
     if value is None:
-        return _deliver_at_from_property(message)
+        return _deliver_at_from_property(message, now_ms)
     properties = {k: v for k, v in message.properties.items() if k != PropertyKey.DELAY}
     if message.delay_level:
         return replace(message, properties=properties)
@@ -66,7 +68,7 @@ def delay_from_property(message: OutgoingMessage) -> OutgoingMessage:
     return replace(message, delay_level=level, properties=properties)
 
 
-def _deliver_at_from_property(message: OutgoingMessage) -> OutgoingMessage:
+def _deliver_at_from_property(message: OutgoingMessage, now_ms: int) -> OutgoingMessage:
     value = message.properties.get(PropertyKey.DELIVER_TIMESTAMP)
     if value is None or message.delay_level or message.deliver_at_ms:
         return message  # (a delay level with it: send's check refuses the two together)
@@ -75,6 +77,8 @@ def _deliver_at_from_property(message: OutgoingMessage) -> OutgoingMessage:
     except ValueError:
         raise InvalidArgumentError(
             f"property DELIVER_TIMESTAMP={value!r} must be a delivery time (epoch milliseconds)") from None
+    if deliver_at <= now_ms:
+        return message
     properties = {k: v for k, v in message.properties.items() if k != PropertyKey.DELIVER_TIMESTAMP}
     return replace(message, deliver_at_ms=deliver_at, properties=properties)
 

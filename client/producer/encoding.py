@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 from tidemark.client.errors import InvalidArgumentError
 from tidemark.client.message import Message
@@ -85,8 +86,19 @@ def needs_unary(message: Message) -> bool:
     broker/ingest/steering.py)."""
     return (bool(message.delay_level) or is_system_topic(message.topic)
             or PropertyKey.TRANSACTION_PREPARED in message.properties
-            or PropertyKey.DELIVER_TIMESTAMP in message.properties
+            or _ahead(message.properties.get(PropertyKey.DELIVER_TIMESTAMP))
             or message.properties.get(PropertyKey.DELAY, "0").strip() not in ("", "0"))
+
+
+def _ahead(deliver_at: str | None) -> bool:
+    """A DELIVER_TIMESTAMP still to come (or no number: the broker says what is wrong with it). One already
+    past, as a delivered timed message carries it, is due: such messages go in batches as they came."""
+    if deliver_at is None:
+        return False
+    try:
+        return int(deliver_at) > time.time() * 1000
+    except ValueError:
+        return True
 
 
 def call_back(callback: SendCallback, future: concurrent.futures.Future) -> None:

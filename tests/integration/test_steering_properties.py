@@ -73,3 +73,16 @@ def test_the_deliver_timestamp_property_holds_a_message_until_then(broker):
         producer.send(Message("T", b"later", properties={"DELIVER_TIMESTAMP": str(due)}))
         assert max_offset(stubs, "T", 0) == 0  # held by the schedule, not stored plain
         wait_until(lambda: max_offset(stubs, "T", 0) == 1, 30, "the message due 1.5 s after its send")
+
+
+def test_delivered_timed_messages_copied_go_on_as_they_came_single_and_in_batches(broker):
+    """A consumer forwarding timed messages it received (their DELIVER_TIMESTAMP past): the producer sent
+    them by SendMessage, which read the property as a delivery time, and refused a send_batch of them as
+    delayed messages in a batch."""
+    create_topic(broker.address, "F", 1)
+    past = str(int(time.time() * 1000) - 60_000)
+    with Producer(brokers=broker.address) as producer, BrokerStubs(broker.address) as stubs:
+        producer.send_batch([Message("F", b"a", properties={"DELIVER_TIMESTAMP": past}),
+                             Message("F", b"b", properties={"DELIVER_TIMESTAMP": past})])
+        producer.send(Message("F", b"c", properties={"DELIVER_TIMESTAMP": past}))
+        assert max_offset(stubs, "F", 0) == 3  # stored at once, as they came

@@ -48,22 +48,32 @@ def test_the_bulk_and_the_per_record_check_name_the_same_record(extras, body):
 
 
 def test_the_delay_property_is_a_delay_level_unless_the_field_gives_one():
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3", "a": "b"}))
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3", "a": "b"}), NOW_MS)
     assert m.delay_level == 3 and dict(m.properties) == {"a": "b"}
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3"}, delay_level=1))
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3"}, delay_level=1), NOW_MS)
     assert m.delay_level == 1 and dict(m.properties) == {}
     plain = OutgoingMessage(b"x", properties={"a": "b"})
-    assert delay_from_property(plain) is plain
+    assert delay_from_property(plain, NOW_MS) is plain
     with pytest.raises(InvalidArgumentError, match="DELAY='soon' must be a delay level"):
-        delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "soon"}))
+        delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "soon"}), NOW_MS)
 
 
 def test_the_deliver_timestamp_property_is_a_delivery_time_unless_a_field_gives_one():
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "1700000000000", "a": "b"}))
-    assert m.deliver_at_ms == 1700000000000 and dict(m.properties) == {"a": "b"}
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "5"}, deliver_at_ms=7))
+    ahead = str(NOW_MS + 5_000)
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": ahead, "a": "b"}), NOW_MS)
+    assert m.deliver_at_ms == NOW_MS + 5_000 and dict(m.properties) == {"a": "b"}
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": ahead}, deliver_at_ms=7), NOW_MS)
     assert m.deliver_at_ms == 7
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "5", "DELAY": "2"}))
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": ahead, "DELAY": "2"}), NOW_MS)
     assert (m.delay_level, m.deliver_at_ms) == (2, 0)  # a delay-level message keeps its due time there too
     with pytest.raises(InvalidArgumentError, match="DELIVER_TIMESTAMP='soon' must be a delivery time"):
-        delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "soon"}))
+        delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "soon"}), NOW_MS)
+
+
+def test_a_deliver_timestamp_already_past_leaves_the_message_plain():
+    """A delivered timed message keeps its DELIVER_TIMESTAMP; copied into a send (forwarded, or several in
+    one send_batch) it was turned into a delivery time, and a batch of them refused as delayed messages."""
+    copied = OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": str(NOW_MS - 1), "a": "b"})
+    assert delay_from_property(copied, NOW_MS) is copied
+    due_now = OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": str(NOW_MS)})
+    assert delay_from_property(due_now, NOW_MS) is due_now

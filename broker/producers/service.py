@@ -89,7 +89,8 @@ class IdempotenceService:
         def sink(events: Sequence[ProducerEvent]) -> None:
             journal(events)
             # Ids given out or forgotten hold once journaled; a batch only once stored (`append`).
-            self._publish([e for e in events if not isinstance(e, Appended)])
+            if self.listeners and not (len(events) == 1 and type(events[0]) is Appended):
+                self._publish([e for e in events if type(e) is not Appended])
 
         table.sink = sink
         self.table = table

@@ -154,6 +154,10 @@ class Forgotten:
 ProducerEvent = Allocated | Appended | Forgotten
 
 
+# check's answer for the next batch (one object for all: Decision is frozen).
+_APPEND = Decision(Verdict.APPEND)
+
+
 def _check_int(name: str, value: int, low: int = 0) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _MAX_INT64:
         raise InvalidArgumentError(f"{name} {value!r} must be an integer in {low}..{_MAX_INT64}")
@@ -209,8 +213,10 @@ class ProducerTable:
         carries the same messages, so another id means the producer reused a sequence for another
         batch, and answering it as a duplicate would acknowledge messages that were never stored. (A
         keyed producer's replay, a restarted Spark task, carries the same rows under new ids.)"""
-        _check_int("epoch", epoch)
-        _check_int("base sequence", base_seq)
+        if not (type(epoch) is int and 0 <= epoch <= _MAX_INT64):  # (the common case without a call)
+            _check_int("epoch", epoch)
+        if not (type(base_seq) is int and 0 <= base_seq <= _MAX_INT64):
+            _check_int("base sequence", base_seq)
         producer = self._producers.get(producer_id)
         if producer is None:
             raise UnknownProducerError(
@@ -222,13 +228,13 @@ class ProducerTable:
                 raise SequenceGapError(
                     f"producer {producer_id} epoch {epoch} on {topic}:{queue_id}: the first batch must have "
                     f"sequence 0, got {base_seq} (the broker holds no sequence for it)")
-            return Decision(Verdict.APPEND)
+            return _APPEND
         if epoch < state.epoch:
             raise ProducerFencedError(
                 f"producer {producer_id} on {topic}:{queue_id}: epoch {epoch} is older than the broker's "
                 f"{state.epoch}")
         if base_seq == state.last_seq + 1:
-            return Decision(Verdict.APPEND)
+            return _APPEND
         last = base_seq + count - 1
         if last <= state.last_seq:
             for batch in state.recent:
@@ -311,6 +317,20 @@ class ProducerTable:
     def apply(self, event: ProducerEvent) -> bool:
         """Apply one event (live or replayed); False when it does not fit the state (skipped)."""
         self.version += 1
+        if type(event) is Appended:  # first: one per stored batch
+            producer = self._producers.get(event.producer_id)
+            if producer is None:
+                return False
+            key = (event.topic, event.queue_id)
+            state = producer.queues.get(key)
+            if state is None or event.epoch > state.epoch:
+                state = producer.queues[key] = QueueSequence(event.epoch, -1)
+            elif event.epoch < state.epoch or event.base_seq <= state.last_seq:
+                return False
+            state.last_seq = event.base_seq + event.count - 1
+            state.recent.append(StoredBatch(event.base_seq, event.count, event.first_offset, event.first_msg_id))
+            self._touch(producer, event.at_ms)
+            return True
         if isinstance(event, Allocated):
             producer = self._producers.get(event.producer_id)
             if producer is None:
@@ -321,29 +341,16 @@ class ProducerTable:
             self._touch(producer, event.at_ms)
             self._last_id = max(self._last_id, event.producer_id)
             return True
-        if isinstance(event, Forgotten):
-            producer = self._producers.pop(event.producer_id, None)
-            if producer is None:
-                return False
-            if producer.key:
-                self._by_key.pop(producer.key, None)
-            return True
-        producer = self._producers.get(event.producer_id)
+        producer = self._producers.pop(event.producer_id, None)  # Forgotten
         if producer is None:
             return False
-        key = (event.topic, event.queue_id)
-        state = producer.queues.get(key)
-        if state is None or event.epoch > state.epoch:
-            state = producer.queues[key] = QueueSequence(event.epoch, -1)
-        elif event.epoch < state.epoch or event.base_seq <= state.last_seq:
-            return False
-        state.last_seq = event.base_seq + event.count - 1
-        state.recent.append(StoredBatch(event.base_seq, event.count, event.first_offset, event.first_msg_id))
-        self._touch(producer, event.at_ms)
+        if producer.key:
+            self._by_key.pop(producer.key, None)
         return True
 
     def _touch(self, producer: ProducerState, now_ms: int) -> None:
-        producer.last_ms = max(producer.last_ms, now_ms)
+        if now_ms > producer.last_ms:
+            producer.last_ms = now_ms
         self._producers.move_to_end(producer.producer_id)
 
     # -- snapshot ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ The synchronous PushConsumer runs the core on its own loop thread.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from tidemark.client import tracing
@@ -137,6 +138,9 @@ class PushConsumer(BlockingClient):
         self._life = Lifecycle("consumer")
         self._core: AsyncPushConsumer | None = None
         self._connected: BrokerCluster | None = None  # connect()'s, until start() hands it to the core
+        # connect() hands its cluster over under it, shutdown() takes it: a shutdown while connect() waits
+        # for the brokers leaves connect() to close what it opened.
+        self._connecting = threading.Lock()
 
     @property
     def client_id(self) -> str:
@@ -204,12 +208,20 @@ class PushConsumer(BlockingClient):
             return self
         self._loop.start()
         try:
-            self._connected = self._loop.run(self._connect(sorted(self._subscriptions)),
-                                             timeout=self.settings.request_timeout_s * 2)
+            cluster = self._loop.run(self._connect(sorted(self._subscriptions)),
+                                     timeout=self.settings.request_timeout_s * 2)
         except BaseException:
             self._loop.stop()
             raise
-        return self
+        with self._connecting:
+            if self._life.state is ClientState.CREATED:
+                self._connected = cluster
+                return self
+        try:  # shut down (on another thread) while it connected
+            self._loop.run(cluster.close(), timeout=self.settings.request_timeout_s + 5)
+        finally:
+            self._loop.stop()
+        raise ClientStateError("the consumer was shut down while connect() ran")
 
     async def _connect(self, topics: list[str]) -> BrokerCluster:
         """The connected cluster with the routes of `topics` read too (kept for route_refresh_interval_s):
@@ -251,19 +263,21 @@ class PushConsumer(BlockingClient):
 
     def shutdown(self) -> None:
         """Graceful: queues are drained, committed and released; idempotent. A consumer connected
-        (connect()) and never started only closes its connections."""
-        cluster, self._connected = self._connected, None
-        if cluster is not None and self._life.state is ClientState.CREATED:
+        (connect()) and never started only closes its connections; one whose connect() is still under way
+        (on another thread) is shut down, and that connect() closes what it opened."""
+        with self._connecting:
+            cluster, self._connected = self._connected, None
+            if cluster is not None and self._life.state is ClientState.CREATED:
+                try:
+                    self._loop.run(cluster.close(), timeout=self.settings.request_timeout_s + 5)
+                finally:
+                    self._loop.stop()
+            core = self._core
             try:
-                self._loop.run(cluster.close(), timeout=self.settings.request_timeout_s + 5)
+                self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
             finally:
-                self._loop.stop()
-        core = self._core
-        try:
-            self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
-        finally:
-            if self._life.state is ClientState.SHUTDOWN:
-                self._core = None
+                if self._life.state is ClientState.SHUTDOWN:
+                    self._core = None
 
     def _running(self, action: str) -> AsyncPushConsumer:
         self._life.require(ClientState.STARTING, ClientState.RUNNING, action=action)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
@@ -102,3 +103,40 @@ def test_connect_reads_the_subscribed_routes_and_refuses_an_unknown_topic(broker
     assert missing.state is ClientState.CREATED and missing._connected is None
     assert loop_threads("route-readers") == []
     missing.shutdown()
+
+
+def test_a_shutdown_while_connect_runs_leaves_no_thread_and_no_connection(broker, monkeypatch):
+    """shutdown() on another thread while connect() waited for the brokers: the consumer went to SHUTDOWN,
+    then connect() kept what it opened, and no later shutdown() closed it (its loop thread stayed)."""
+    create_topic(broker.address, "Joiners", 2)
+    entered, proceed = threading.Event(), threading.Event()
+    opened = []
+    real = PushConsumer._connect
+
+    async def slow_connect(self, topics):
+        cluster = await real(self, topics)
+        opened.append(cluster)
+        entered.set()
+        while not proceed.is_set():  # (the loop thread's coroutine waits for the test's go)
+            await asyncio.sleep(0.01)
+        return cluster
+    monkeypatch.setattr(PushConsumer, "_connect", slow_connect)
+    c = consumer(broker.address, "racing", "Joiners", [])
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            c.connect()
+            outcome.append(None)
+        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
+            outcome.append(e)
+    thread = threading.Thread(target=connect)
+    thread.start()
+    assert entered.wait(10)
+    c.shutdown()
+    assert c.state is ClientState.SHUTDOWN
+    proceed.set()
+    thread.join(10)
+    assert isinstance(outcome[0], ClientStateError), outcome
+    assert opened[0]._closed and c._connected is None
+    wait_until(lambda: loop_threads("racing") == [], 10, "the consumer's loop thread to end")

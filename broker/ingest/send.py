@@ -157,7 +157,8 @@ class SendService:
         if not messages:
             raise InvalidArgumentError("a send needs at least one message (empty batch)")
         now = self._clock_ms()
-        messages = [delay_from_property(m, now) for m in messages]
+        levels = len(self._config.delay_levels_ms)
+        messages = [delay_from_property(m, now, levels) for m in messages]
         topic, new = self._resolve_topic(topic_name)  # created once the whole request passed its checks
         queue_id, records, ids = self._checked(topic, queue_id, messages, queue_key, now)
         delay_level, deliver_at = messages[0].delay_level, messages[0].deliver_at_ms
@@ -186,7 +187,8 @@ class SendService:
         if not groups or any(not messages for _, messages in groups):
             raise InvalidArgumentError("a send needs at least one message in each message group")
         now = self._clock_ms()
-        groups = [(key, [delay_from_property(m, now) for m in messages]) for key, messages in groups]
+        levels = len(self._config.delay_levels_ms)
+        groups = [(key, [delay_from_property(m, now, levels) for m in messages]) for key, messages in groups]
         topic, new = self._resolve_topic(topic_name)
         puts = []
         for key, messages in groups:

@@ -36,8 +36,8 @@ from tidemark.broker.store.batches import Checked
 from tidemark.common.protocol import PropertyKey
 from tidemark.common.records import (
     CheckedBatch,
+    RawProperties,
     RecordError,
-    property_value,
     record_spans,
     variable_fields,
 )
@@ -50,11 +50,20 @@ _PREPARED = PropertyKey.TRANSACTION_PREPARED.encode() + b"\x01"
 _DELIVER_AT = PropertyKey.DELIVER_TIMESTAMP.encode() + b"\x01"
 
 
-def delay_from_property(message: OutgoingMessage, now_ms: int) -> OutgoingMessage:
-    """The message with a DELAY property turned into its delay level, or else a DELIVER_TIMESTAMP property
-    still ahead of `now_ms` into its delivery time (the schedule sets either property again when it stores
-    the message delayed). A DELIVER_TIMESTAMP already past stays a plain property: a delivered timed
-    message copied (forwarded, or sent on in a batch) is due and goes as it came."""
+def delay_level_of(value: str | None) -> int:
+    """A DELAY property's level as RocketMQ reads it: absent or blank is 0; ValueError when it is no
+    integer. (0 or below: not delayed; above the broker's levels: its last level, send's clamp.)"""
+    if value is None or not value.strip():
+        return 0
+    return int(value)
+
+
+def delay_from_property(message: OutgoingMessage, now_ms: int, levels: int) -> OutgoingMessage:
+    """The message with a DELAY property turned into its delay level (at most `levels`, the broker's last, as
+    RocketMQ clamps it; 0 or below: not delayed), or else a DELIVER_TIMESTAMP property still ahead of
+    `now_ms` into its delivery time (the schedule sets either property again when it stores the message
+    delayed). A DELIVER_TIMESTAMP already past stays a plain property: a delivered timed message copied
+    (forwarded, or sent on in a batch) is due and goes as it came."""
     value = message.properties.get(PropertyKey.DELAY)
     if value is None:
         return _deliver_at_from_property(message, now_ms)
@@ -62,10 +71,10 @@ def delay_from_property(message: OutgoingMessage, now_ms: int) -> OutgoingMessag
     if message.delay_level:
         return replace(message, properties=properties)
     try:
-        level = int(value)
+        level = delay_level_of(value)
     except ValueError:
         raise InvalidArgumentError(f"property DELAY={value!r} must be a delay level (an integer)") from None
-    return replace(message, delay_level=level, properties=properties)
+    return replace(message, delay_level=min(max(level, 0), levels), properties=properties)
 
 
 def _deliver_at_from_property(message: OutgoingMessage, now_ms: int) -> OutgoingMessage:
@@ -106,22 +115,31 @@ def steering_record(data: bytes | memoryview, count: int, checked: Checked | Che
     for index, (start, _) in enumerate(spans):
         try:
             props_at, props_len = variable_fields(data, start)[4:6]
-            props = bytes(data[props_at:props_at + props_len])
-            delay = property_value(props, _DELAY)
-            prepared = property_value(props, _PREPARED)
-            deliver_at = property_value(props, _DELIVER_AT)
+            # (a key given twice has its last value, as every decoder of properties reads it)
+            props = RawProperties(bytes(data[props_at:props_at + props_len]))
+            delay = props.get(PropertyKey.DELAY)
+            prepared = props.get(PropertyKey.TRANSACTION_PREPARED)
+            deliver_at = props.get(PropertyKey.DELIVER_TIMESTAMP)
         except (ValueError, IndexError):  # (a malformed record: the batch's check refuses it)
             return None
-        if delay is not None and delay.strip() not in (b"", b"0"):
+        if _delayed(delay):
             return index, PropertyKey.DELAY
-        if prepared is not None and prepared.lower() == b"true":
+        if prepared is not None and prepared.lower() == "true":
             return index, PropertyKey.TRANSACTION_PREPARED
         if deliver_at is not None and _ahead(deliver_at, now_ms):
             return index, PropertyKey.DELIVER_TIMESTAMP
     return None
 
 
-def _ahead(value: bytes, now_ms: int) -> bool:
+def _delayed(value: str | None) -> bool:
+    """Whether a DELAY property delays its message (one that is no integer counts: a send would refuse it)."""
+    try:
+        return delay_level_of(value) > 0
+    except ValueError:
+        return True
+
+
+def _ahead(value: str, now_ms: int) -> bool:
     try:
         return int(value) > now_ms
     except ValueError:

@@ -87,7 +87,18 @@ def needs_unary(message: Message) -> bool:
     return (bool(message.delay_level) or is_system_topic(message.topic)
             or PropertyKey.TRANSACTION_PREPARED in message.properties
             or _ahead(message.properties.get(PropertyKey.DELIVER_TIMESTAMP))
-            or message.properties.get(PropertyKey.DELAY, "0").strip() not in ("", "0"))
+            or _delayed(message.properties.get(PropertyKey.DELAY)))
+
+
+def _delayed(level: str | None) -> bool:
+    """A DELAY property that delays its message, as the broker reads it (blank, 0 or below: not delayed; no
+    integer: the broker says what is wrong with it)."""
+    if level is None or not level.strip():
+        return False
+    try:
+        return int(level) > 0
+    except ValueError:
+        return True
 
 
 def _ahead(deliver_at: str | None) -> bool:

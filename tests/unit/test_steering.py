@@ -18,13 +18,16 @@ EXTRA = st.sampled_from([{}, {}, {"DELAY": "2"}, {"DELAY": "0"}, {"DELAY": ""}, 
                          {"TRAN_MSG": "TRUE"}, {"TRAN_MSG": "false"}, {"XDELAY": "3"}, {"TRAN_MSGX": "true"},
                          {"KEYS": "DELAY\x02"[:-1]},
                          {"DELIVER_TIMESTAMP": "900"}, {"DELIVER_TIMESTAMP": "1100"},
-                         {"DELIVER_TIMESTAMP": "soon"}])
+                         {"DELIVER_TIMESTAMP": "soon"}, {"DELAY": "00"}, {"DELAY": "-1"}, {"DELAY": " "},
+                         {"DELAY": "x"}, {"DELAY": "99"}])
 NOW_MS = 1000
+LEVELS = 18  # the broker's delay levels (its default: 1s 5s ... 2h)
 
 
 def expected(extras: list[dict[str, str]]) -> tuple[int, str] | None:
     for i, extra in enumerate(extras):
-        if extra.get("DELAY", "0").strip() not in ("", "0"):
+        delay = extra.get("DELAY", "0").strip() or "0"
+        if not delay.lstrip("-").isdigit() or int(delay) > 0:  # (no integer: a send would refuse it)
             return i, "DELAY"
         if extra.get("TRAN_MSG", "").lower() == "true":
             return i, "TRAN_MSG"
@@ -48,32 +51,54 @@ def test_the_bulk_and_the_per_record_check_name_the_same_record(extras, body):
 
 
 def test_the_delay_property_is_a_delay_level_unless_the_field_gives_one():
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3", "a": "b"}), NOW_MS)
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3", "a": "b"}), NOW_MS, LEVELS)
     assert m.delay_level == 3 and dict(m.properties) == {"a": "b"}
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3"}, delay_level=1), NOW_MS)
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "3"}, delay_level=1), NOW_MS, LEVELS)
     assert m.delay_level == 1 and dict(m.properties) == {}
     plain = OutgoingMessage(b"x", properties={"a": "b"})
-    assert delay_from_property(plain, NOW_MS) is plain
+    assert delay_from_property(plain, NOW_MS, LEVELS) is plain
     with pytest.raises(InvalidArgumentError, match="DELAY='soon' must be a delay level"):
-        delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "soon"}), NOW_MS)
+        delay_from_property(OutgoingMessage(b"x", properties={"DELAY": "soon"}), NOW_MS, LEVELS)
 
 
 def test_the_deliver_timestamp_property_is_a_delivery_time_unless_a_field_gives_one():
     ahead = str(NOW_MS + 5_000)
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": ahead, "a": "b"}), NOW_MS)
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": ahead, "a": "b"}), NOW_MS, LEVELS)
     assert m.deliver_at_ms == NOW_MS + 5_000 and dict(m.properties) == {"a": "b"}
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": ahead}, deliver_at_ms=7), NOW_MS)
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": ahead}, deliver_at_ms=7), NOW_MS, LEVELS)
     assert m.deliver_at_ms == 7
-    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": ahead, "DELAY": "2"}), NOW_MS)
+    m = delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": ahead, "DELAY": "2"}), NOW_MS, LEVELS)
     assert (m.delay_level, m.deliver_at_ms) == (2, 0)  # a delay-level message keeps its due time there too
     with pytest.raises(InvalidArgumentError, match="DELIVER_TIMESTAMP='soon' must be a delivery time"):
-        delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "soon"}), NOW_MS)
+        delay_from_property(OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": "soon"}), NOW_MS, LEVELS)
 
 
 def test_a_deliver_timestamp_already_past_leaves_the_message_plain():
     """A delivered timed message keeps its DELIVER_TIMESTAMP; copied into a send (forwarded, or several in
     one send_batch) it was turned into a delivery time, and a batch of them refused as delayed messages."""
     copied = OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": str(NOW_MS - 1), "a": "b"})
-    assert delay_from_property(copied, NOW_MS) is copied
+    assert delay_from_property(copied, NOW_MS, LEVELS) is copied
     due_now = OutgoingMessage(b"x", properties={"DELIVER_TIMESTAMP": str(NOW_MS)})
-    assert delay_from_property(due_now, NOW_MS) is due_now
+    assert delay_from_property(due_now, NOW_MS, LEVELS) is due_now
+
+
+def test_delay_values_read_as_rocketmq_reads_them():
+    """A level above the broker's last is its last, 0 or below (or blank) no delay: a send refused DELAY=99
+    and DELAY=-1, and read DELAY="" as an error while a record batch stored it."""
+    levels = [delay_from_property(OutgoingMessage(b"x", properties={"DELAY": v}), NOW_MS, LEVELS).delay_level
+              for v in ("3", "99", "0", "00", "-1", "", " ")]
+    assert levels == [3, LEVELS, 0, 0, 0, 0, 0]
+
+
+def test_a_key_given_twice_is_read_by_its_last_value_as_consumers_read_it():
+    """The batch check read a repeated key's first value (DELAY=0, then DELAY=3): the batch was stored plain
+    and consumers decoded DELAY=3 (and TRAN_MSG=true for false-then-true)."""
+    for props, name in ((b"UNIQ_KEY\x01@\x02DELAY\x010\x02DELAY\x013\x02", "DELAY"),
+                        (b"UNIQ_KEY\x01@\x02TRAN_MSG\x01false\x02TRAN_MSG\x01true\x02", "TRAN_MSG")):
+        for n in (1, 40):  # checked record by record, and in bulk
+            b = RecordBatchBuilder("S", "h")
+            for i in range(n):
+                b.append(b"x", props.replace(b"@", str(i).encode()))
+            data = bytes(b.buffer)
+            checked = batches.check_batch(data, n, topic="S", max_message_size=1 << 20, max_record_size=1 << 21)
+            assert steering_record(data, n, checked, now_ms=NOW_MS) == (0, name), (name, n)

@@ -247,6 +247,33 @@ def parse_delay_levels(text: str) -> tuple[int, ...]:
     return tuple(levels)
 
 
+def delay_level_of(value: str | None) -> int:
+    """A DELAY property's level as RocketMQ reads it: absent or blank is 0; ValueError when it is no
+    integer. (0 or below: not delayed; above the broker's levels: its last level, the send's clamp.)"""
+    if value is None or not value.strip():
+        return 0
+    return int(value)
+
+
+def delays(value: str | None) -> bool:
+    """Whether a DELAY property delays its message; one that is no integer counts (a send refuses it)."""
+    try:
+        return delay_level_of(value) > 0
+    except ValueError:
+        return True
+
+
+def due_later(deliver_at: str | None, now_ms: float) -> bool:
+    """Whether a DELIVER_TIMESTAMP property is still to come at `now_ms`; one that is no number counts (a
+    send refuses it). One already past, as a delivered timed message carries it, is due now."""
+    if deliver_at is None:
+        return False
+    try:
+        return int(deliver_at) > now_ms
+    except ValueError:
+        return True
+
+
 def format_duration_ms(ms: int) -> str:
     for unit in ("d", "h", "m", "s"):
         size = _DURATION_UNITS_MS[unit]

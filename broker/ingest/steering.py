@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 
 from tidemark.broker.errors import InvalidArgumentError
 from tidemark.broker.store.batches import Checked
-from tidemark.common.protocol import PropertyKey
+from tidemark.common.protocol import PropertyKey, delay_level_of, delays, due_later
 from tidemark.common.records import (
     CheckedBatch,
     RawProperties,
@@ -48,14 +48,6 @@ if TYPE_CHECKING:
 _DELAY = PropertyKey.DELAY.encode() + b"\x01"
 _PREPARED = PropertyKey.TRANSACTION_PREPARED.encode() + b"\x01"
 _DELIVER_AT = PropertyKey.DELIVER_TIMESTAMP.encode() + b"\x01"
-
-
-def delay_level_of(value: str | None) -> int:
-    """A DELAY property's level as RocketMQ reads it: absent or blank is 0; ValueError when it is no
-    integer. (0 or below: not delayed; above the broker's levels: its last level, send's clamp.)"""
-    if value is None or not value.strip():
-        return 0
-    return int(value)
 
 
 def delay_from_property(message: OutgoingMessage, now_ms: int, levels: int) -> OutgoingMessage:
@@ -101,7 +93,7 @@ def steering_record(data: bytes | memoryview, count: int, checked: Checked | Che
     pairs its bulk check found, or searched in the property sections its per-record check cut out (a
     search of the whole batch's bytes, bodies included, cost 0.4 ns a byte)."""
     if isinstance(checked, Checked):
-        if not any(checked.has_key(key[:-1]) for key in (_DELAY, _PREPARED, _DELIVER_AT)):
+        if not checked.has_key(_DELAY[:-1], _PREPARED[:-1], _DELIVER_AT[:-1]):
             return None
     elif isinstance(checked, CheckedBatch):
         if not any(_DELAY in props or _PREPARED in props or _DELIVER_AT in props for props in checked.properties):
@@ -122,28 +114,13 @@ def steering_record(data: bytes | memoryview, count: int, checked: Checked | Che
             deliver_at = props.get(PropertyKey.DELIVER_TIMESTAMP)
         except (ValueError, IndexError):  # (a malformed record: the batch's check refuses it)
             return None
-        if _delayed(delay):
+        if delays(delay):
             return index, PropertyKey.DELAY
         if prepared is not None and prepared.lower() == "true":
             return index, PropertyKey.TRANSACTION_PREPARED
-        if deliver_at is not None and _ahead(deliver_at, now_ms):
+        if due_later(deliver_at, now_ms):
             return index, PropertyKey.DELIVER_TIMESTAMP
     return None
-
-
-def _delayed(value: str | None) -> bool:
-    """Whether a DELAY property delays its message (one that is no integer counts: a send would refuse it)."""
-    try:
-        return delay_level_of(value) > 0
-    except ValueError:
-        return True
-
-
-def _ahead(value: str, now_ms: int) -> bool:
-    try:
-        return int(value) > now_ms
-    except ValueError:
-        return True
 
 
 def check_no_steering(data: bytes | memoryview, count: int, checked: Checked | CheckedBatch | None = None, *,

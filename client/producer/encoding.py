@@ -14,6 +14,8 @@ from tidemark.common.protocol import (
     MessageIdGenerator,
     PropertyKey,
     check_topic_name,
+    delays,
+    due_later,
     is_system_topic,
     tag_hash,
 )
@@ -86,30 +88,8 @@ def needs_unary(message: Message) -> bool:
     broker/ingest/steering.py)."""
     return (bool(message.delay_level) or is_system_topic(message.topic)
             or PropertyKey.TRANSACTION_PREPARED in message.properties
-            or _ahead(message.properties.get(PropertyKey.DELIVER_TIMESTAMP))
-            or _delayed(message.properties.get(PropertyKey.DELAY)))
-
-
-def _delayed(level: str | None) -> bool:
-    """A DELAY property that delays its message, as the broker reads it (blank, 0 or below: not delayed; no
-    integer: the broker says what is wrong with it)."""
-    if level is None or not level.strip():
-        return False
-    try:
-        return int(level) > 0
-    except ValueError:
-        return True
-
-
-def _ahead(deliver_at: str | None) -> bool:
-    """A DELIVER_TIMESTAMP still to come (or no number: the broker says what is wrong with it). One already
-    past, as a delivered timed message carries it, is due: such messages go in batches as they came."""
-    if deliver_at is None:
-        return False
-    try:
-        return int(deliver_at) > time.time() * 1000
-    except ValueError:
-        return True
+            or due_later(message.properties.get(PropertyKey.DELIVER_TIMESTAMP), time.time() * 1000)
+            or delays(message.properties.get(PropertyKey.DELAY)))
 
 
 def call_back(callback: SendCallback, future: concurrent.futures.Future) -> None:

@@ -8,19 +8,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_ownership import MQ, MQ1, Hooks, ScriptedBroker, ownership
+from test_ownership import MQ, MQ1, Hooks, ScriptedBroker, ownership, quick_retries  # noqa: F401 - a fixture
 
 from tidemark.client.consumer import ownership as ownership_module
-from tidemark.client.consumer import pending_unlocks
 from tidemark.client.consumer.final_unlocks import FinalUnlocks
 from tidemark.client.consumer.queue_state import QueueState
 from tidemark.client.errors import ClientStateError
-
-
-@pytest.fixture
-def quick_retries(monkeypatch):
-    monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 0.01)
-    monkeypatch.setattr(pending_unlocks, "LOCK_RETRY_DELAY_S", 0.01)
 
 
 async def _until(predicate, what: str) -> None:
@@ -29,7 +22,8 @@ async def _until(predicate, what: str) -> None:
             await asyncio.sleep(0.005)
 
 
-def test_a_start_offset_hook_raising_an_unexpected_error_is_asked_again(quick_retries):
+@pytest.mark.usefixtures("quick_retries")
+def test_a_start_offset_hook_raising_an_unexpected_error_is_asked_again():
     """The lock request's task died with the OSError: the queue stayed LOCKING, and nothing asked for it
     again (before lock requests ran in tasks, the rebalance's own wait asked again)."""
     class RaisesOnce(Hooks):
@@ -74,7 +68,8 @@ def test_a_lease_that_cannot_start_lets_its_queue_go():
     asyncio.run(scenario())
 
 
-def test_a_queue_lost_between_its_grant_and_its_start_is_unlocked(quick_retries, monkeypatch):
+@pytest.mark.usefixtures("quick_retries")
+def test_a_queue_lost_between_its_grant_and_its_start_is_unlocked(monkeypatch):
     """A commit of an older lease came back fenced (lose(mq)) while the new lease's grant waited for the
     ownership lock: the queue was forgotten with the broker still holding its lock for us, so its next
     owner waited for the lock to expire."""

@@ -1,0 +1,204 @@
+"""QueueOwnership against a real broker process whose calls a test makes fail on the client's side (a
+wrapper around the cluster's connections; the broker itself is real and holds the real locks): whatever
+a lock request, a start or a stale grant's unlock raises, no queue is left LOCKING with nobody asking for
+it, none is held on the broker for a lease that never started, and a shutdown against a broker that does
+not answer waits once."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+from brokerproc import BrokerProcess, BrokerStubs
+
+from tidemark.client.consumer import ownership as ownership_module
+from tidemark.client.consumer import pending_unlocks
+from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
+from tidemark.client.consumer.ownership import QueueOwnership
+from tidemark.client.consumer.queue_state import QueueState
+from tidemark.client.message import MessageQueue
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.v1 import admin_pb2
+
+TIMEOUT = 15
+_topics = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    b = BrokerProcess(tmp_path_factory.mktemp("ownership-faults") / "data").start()
+    try:
+        yield b
+    finally:
+        b.kill()
+
+
+@pytest.fixture
+def topic(broker) -> str:
+    """A fresh topic of two queues (each test its own locks and offsets)."""
+    name = f"OwnFaults{next(_topics)}"
+    with BrokerStubs(broker.address) as s:
+        s.admin.CreateTopic(admin_pb2.CreateTopicRequest(name=name, queue_nums=2), timeout=TIMEOUT)
+    return name
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    monkeypatch.setattr(pending_unlocks, "LOCK_RETRY_DELAY_S", 0.05)
+    monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 0.05)
+
+
+class Faults:
+    """The real cluster, with faults a test sets: each entry of `lock_faults` / `unlock_faults` is raised
+    by the next LockQueues / UnlockQueues instead of the call; with `hold` set, a LockQueues the broker
+    answered hands its grants back only once `hold` is set (a waiting request still under way)."""
+
+    def __init__(self, real: BrokerCluster) -> None:
+        self.real = real
+        self.moves = real.moves
+        self.lock_faults: list[BaseException] = []
+        self.unlock_faults: list[BaseException] = []
+        self.hold: asyncio.Event | None = None
+        self.held = asyncio.Event()  # a LockQueues answered and waiting for `hold`
+
+    async def connection(self, broker_name: str) -> FaultyConnection:
+        return FaultyConnection(self, await self.real.connection(broker_name))
+
+
+class FaultyConnection:
+    def __init__(self, faults: Faults, conn) -> None:
+        self._faults, self._conn = faults, conn
+
+    def __getattr__(self, name: str):
+        return getattr(self._conn, name)
+
+    async def lock_queues(self, *args, **kwargs):
+        if self._faults.lock_faults:
+            raise self._faults.lock_faults.pop(0)
+        grants = await self._conn.lock_queues(*args, **kwargs)
+        if self._faults.hold is not None and not kwargs.get("renew"):
+            self._faults.held.set()
+            await self._faults.hold.wait()
+        return grants
+
+    async def unlock_queues(self, *args, **kwargs):
+        if self._faults.unlock_faults:
+            raise self._faults.unlock_faults.pop(0)
+        return await self._conn.unlock_queues(*args, **kwargs)
+
+
+class Hooks:
+    commit_start_offset = True
+
+    def __init__(self) -> None:
+        self.started = []
+        self.lost = []
+        self.lost_event = asyncio.Event()
+        self.start_faults: list[BaseException] = []  # raised by the next lease_started calls
+
+    async def start_offset(self, mq, committed):
+        return max(committed or 0, 0)
+
+    async def lease_started(self, lease):
+        if self.start_faults:
+            raise self.start_faults.pop(0)
+        self.started.append(lease)
+
+    async def lease_draining(self, lease):
+        pass
+
+    def lease_ended(self, lease):
+        pass
+
+    def queue_lost(self, mq):
+        self.lost.append(mq)
+        self.lost_event.set()
+
+
+class FaultyStore(RemoteBrokerOffsetStore):
+    """The real offset store, whose preload raises for the queues in `preload_faults` (once each)."""
+
+    preload_faults: set[MessageQueue]
+
+    def preload(self, mq, offset, generation):
+        if mq in self.preload_faults:
+            self.preload_faults.discard(mq)
+            raise OSError(f"{mq}: offset cache: I/O error")
+        return super().preload(mq, offset, generation)
+
+
+def _ownership(faults: Faults, hooks: Hooks, store_type=RemoteBrokerOffsetStore) -> QueueOwnership:
+    store = store_type(cluster=faults, group="g", client_id="c1", require_fence=True)
+    if store_type is FaultyStore:
+        store.preload_faults = set()
+    return QueueOwnership(cluster=faults, group="g", client_id="c1", offset_store=store, locking=True, hooks=hooks)
+
+
+async def _until(predicate, what: str, timeout: float = 10) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            while not predicate():
+                await asyncio.sleep(0.01)
+    except TimeoutError:
+        raise AssertionError(f"not within {timeout} s: {what}") from None
+
+
+def _pulling(own: QueueOwnership, *mqs: MessageQueue) -> bool:
+    return all(own.get(mq) is not None and own.get(mq).state is QueueState.PULLING for mq in mqs)
+
+
+async def _free(real: BrokerCluster, mq: MessageQueue) -> bool:
+    """Whether another client of the group is granted the queue's lock now (it then holds it)."""
+    conn = await real.connection(mq.broker_name)
+    return bool(await conn.lock_queues("g", "c2", [mq]))
+
+
+def _run(broker, scenario) -> None:
+    async def go():
+        real = BrokerCluster([broker.address], timeout_s=3.0)
+        try:
+            await real.discover()
+            await scenario(real, Faults(real))
+        finally:
+            await real.close()
+    asyncio.run(go())
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_lock_request_raising_an_unexpected_error_is_asked_again(broker, topic):
+    """lock_queues raising OSError (not a TidemarkError) ended the lock request's task: its queues stayed
+    LOCKING and nothing asked for them again."""
+    mqs = [MessageQueue(topic, "broker-a", i) for i in range(2)]
+
+    async def scenario(real, faults):
+        hooks = Hooks()
+        own = _ownership(faults, hooks)
+        faults.lock_faults = [OSError("socket: bad file descriptor")] * 2  # the first and the next request
+        await own.update(topic, set(mqs))
+        await own.settle()
+        await _until(lambda: _pulling(own, *mqs), "both queues pulling once the fault cleared")
+        assert not faults.lock_faults and len(hooks.started) == 2
+        await own.stop()
+        await own.release_all()
+    _run(broker, scenario)
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_start_raising_for_one_queue_does_not_stop_the_others(broker, topic):
+    """The starts of one grant are gathered: an OSError of one queue's start (its offset store's preload)
+    stopped the others' under the ownership lock, and the failing queue was never asked for again."""
+    mqs = [MessageQueue(topic, "broker-a", i) for i in range(2)]
+
+    async def scenario(real, faults):
+        hooks = Hooks()
+        own = _ownership(faults, hooks, FaultyStore)
+        own._store.preload_faults = {mqs[0]}
+        await own.update(topic, set(mqs))
+        await own.settle()
+        assert [lease.mq for lease in hooks.started] == [mqs[1]]  # the other queue started at once
+        await _until(lambda: _pulling(own, *mqs), "the failed queue asked again and started")
+        assert sorted(lease.mq for lease in hooks.started) == mqs
+        await own.stop()
+        await own.release_all()
+    _run(broker, scenario)

@@ -1,8 +1,9 @@
 """Consumer offsets: the committed-offset table with fencing, and consumerOffset.json.
 
 `manager` holds the in-memory table and its rules; `fencing` who may move an
-entry; `journal` every change since the last snapshot; `persistence` the file
-format and crash-safe loading. Pure domain code: no grpc.
+entry; `journal` every change since the last snapshot; `batches` how a batch of
+changes reaches the journal and the replicas (or is refused); `persistence` the
+file format and crash-safe loading. Pure domain code: no grpc.
 """
 
 from tidemark.broker.offsets.fencing import Fence, OwnershipView

@@ -23,25 +23,9 @@ Every change of the table is also appended to the offset journal
 (journal.py) before the call returns, so a broker killed between two 5 s
 snapshots loses no applied commit: load() replays the journal on top of the
 snapshot, and each successful snapshot deletes the journal segments it covers.
-Each public change is one `batch()` (a CommitOffsets message is one too): its
-records go out in one write when the outermost batch ends.
-
-When the journal cannot take that write (a full disk), what the caller asked
-for is refused: every change of the batch is undone and StoreError raised
-(UNAVAILABLE), as a send is refused, so an acknowledged commit is always in the
-journal and a refused one is never applied, not even after a kill -9. (Keeping
-such commits in memory, as RocketMQ does, acknowledged commits a crash before
-the next snapshot lost.) Batches opened with `must_journal=False` are the
-exception: changes that repeat state kept elsewhere (a pop watermark, whose
-acknowledgements the pop journal holds; a deleted topic's entries; a master's
-table mirrored on its replica) stand in memory and reach the next snapshot.
-
-The journal is then *failing*: logged once when it starts and once when it
-ends, shown in `journal_error` and passed to `on_journal_state` (the broker's
-health). It ends with the next append that works, or with a snapshot taken
-after the failure (it holds every change the journal missed, and proves the
-disk takes writes again; the snapshot timer writes one while the journal fails
-even when nothing changed).
+Each public change is one `batch()`; batches.py says how a batch reaches the
+journal and the replicas, and why one the journal cannot take is refused and
+undone (or, for state kept elsewhere, stands in memory).
 
 Threading: every method except the file write runs on the broker's event-loop
 thread. persist_if_dirty copies the table there, then encodes and writes in a
@@ -53,13 +37,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import replace
 from pathlib import Path
 
-from tidemark.broker.errors import StoreError
 from tidemark.broker.membership.epoch import EpochSequence
+from tidemark.broker.offsets.batches import JournaledBatches
 from tidemark.broker.offsets.fencing import (
     NO_FENCE_STATE,
     Fence,
@@ -72,9 +56,7 @@ from tidemark.broker.offsets.journal import (
     OffsetJournal,
     Op,
     ReplayReport,
-    SetEncoder,
     apply_records,
-    encode_record,
 )
 from tidemark.broker.offsets.persistence import (
     OFFSET_FILE_NAME,
@@ -93,7 +75,6 @@ from tidemark.broker.offsets.snapshots import (
     check_offset,
 )
 from tidemark.broker.offsets.undo import BatchUndo
-from tidemark.broker.store.writability import describe
 from tidemark.common.logs import get_logger
 
 _log = logging.getLogger("tidemark.broker.offsets")
@@ -138,20 +119,15 @@ class ConsumerOffsetManager:
         self._journal = OffsetJournal(self._path.parent) if journal else None
         # Snapshots written in version order, the journal segments each covers then deleted.
         self._snapshots = SnapshotWriter(self._path, self._journal)
-        self._pending: list[bytes] = []  # encoded records of the batch under way, written when it ends
-        self._sets = SetEncoder()
         # Called with each batch's records once they hold (journaled, or standing in memory): a master's
         # replicas (broker/cluster/replication.py), which take them within milliseconds instead of at the next mirror.
         self.listeners: list[Callable[[list[JournalRecord]], None]] = []
-        self._outgoing: list[JournalRecord] = []
-        self._batch_depth = 0
-        self._undo: BatchUndo | None = None  # how to undo the batch under way (None: no batch under way)
-        self._must_journal = True  # the outermost batch's: undo and refuse when the journal fails
+        # The batch under way, its one journal write, and the journal's failing state (batches.py).
+        self._batches = JournaledBatches(
+            self._journal, listeners=self.listeners, log=self._log, version=lambda: self._version,
+            undo=lambda: BatchUndo((self._offsets, self._fences, self._generations), self._removed),
+            on_state=self._report_journal_state)
         self.journal_report: ReplayReport | None = None
-        # Why the journal cannot be written (None: it can), and the table version of the last failure:
-        # a snapshot of that version or later holds every change the journal missed.
-        self._journal_error: str | None = None
-        self._journal_failed_version = 0
         self._mirror_skipped: frozenset[TableKey] = frozenset()  # entries of the master's table with bad names
         # Called on the event loop with journal_error whenever the journal starts or stops failing.
         self.on_journal_state: Callable[[str | None], None] | None = None
@@ -163,7 +139,7 @@ class ConsumerOffsetManager:
     @property
     def journal_error(self) -> str | None:
         """Why the offset journal cannot be written now; None when it can (or there is none)."""
-        return self._journal_error
+        return self._batches.error
 
     # -- load ----------------------------------------------------------------
 
@@ -202,73 +178,26 @@ class ConsumerOffsetManager:
             self._log.warning("offset journal %s", problem, event="offsets_journal_damage")
         return apply_records(self._offsets, self._generations, records)
 
-    @contextmanager
-    def batch(self, *, must_journal: bool = True) -> Iterator[None]:
-        """Changes made inside are one unit: they reach the journal in one write when the outermost batch
-        ends. When that write fails, the outermost batch's `must_journal` decides: True, every change of
-        the batch is undone and StoreError raised (the caller refuses what it was asked); False, they stand
-        in memory and reach the next snapshot (see the module docstring)."""
-        outer = self._batch_depth == 0
-        if outer:
-            self._undo = BatchUndo((self._offsets, self._fences, self._generations), self._removed)
-            self._must_journal = must_journal
-        self._batch_depth += 1
-        try:
-            yield
-        finally:
-            self._batch_depth -= 1
-            if outer:
-                undo, self._undo = self._undo, None
-                outgoing, self._outgoing = self._outgoing, []
-                self._flush_journal(undo)  # a refused batch (StoreError) is undone, and told to nobody
-                for listener in self.listeners if outgoing else ():
-                    listener(outgoing)
+    def batch(self, *, must_journal: bool = True) -> AbstractContextManager[None]:
+        """Changes made inside are one unit, journaled in one write when the outermost batch ends; when
+        that write fails, `must_journal` decides whether they are undone (StoreError) or stand in memory
+        (batches.py)."""
+        return self._batches.batch(must_journal=must_journal)
 
     def _journal_change(self, record: JournalRecord) -> None:
         """Queue a record for the write that ends the running batch (every change runs in one)."""
-        if self._journal is not None and self._loaded:
-            self._pending.append(encode_record(record))
-        if self.listeners and self._loaded:
-            self._outgoing.append(record)
+        if self._loaded:
+            self._batches.add(record)
 
-    def _flush_journal(self, undo: BatchUndo) -> None:
-        if not self._pending:
-            return
-        records, self._pending = self._pending, []
-        try:
-            self._journal.append(b"".join(records))
-        except OSError as e:
-            self._journal_failed(e, len(records))
-            if not self._must_journal:
-                return  # stands in memory; the next snapshot takes it (and ends the failing state)
-            undo.restore()  # the version stays moved on: the next snapshot is also the failing state's probe
-            raise StoreError(f"{describe(e)}: the offset journal cannot take the change, so it was not applied; "
-                             f"retry later") from None
-        if self._journal_error is not None:
-            self._journal_recovered("written again")
-
-    def _journal_failed(self, error: OSError, records: int) -> None:
-        self._journal_failed_version = self._version
-        if self._journal_error is None:
-            self._journal_error = f"offset journal: {describe(error)}"
-            self._log.error("cannot append to the offset journal: %s; commits are refused until it can be "
-                            "written", error, event="offsets_journal_failed", records=records)
-            self._report_journal_state()
+    def _report_journal_state(self, error: str | None) -> None:
+        if self.on_journal_state is not None:
+            self.on_journal_state(error)
 
     def _touch(self, key: TableKey) -> None:
         """Call before every change of an entry: a batch the journal refuses puts it back."""
-        if self._undo is not None:
-            self._undo.keep(key)
-
-    def _journal_recovered(self, how: str) -> None:
-        self._journal_error = None
-        self._log.info("offset journal %s after %d failed writes", how, self._journal.write_errors,
-                       event="offsets_journal_recovered")
-        self._report_journal_state()
-
-    def _report_journal_state(self) -> None:
-        if self.on_journal_state is not None:
-            self.on_journal_state(self._journal_error)
+        undo = self._batches.undo
+        if undo is not None:
+            undo.keep(key)
 
     # -- commit / query / reset ---------------------------------------------
 
@@ -295,7 +224,7 @@ class ConsumerOffsetManager:
         """
         check_entry(group, topic, queue_id)
         check_offset(offset)
-        if self._batch_depth:
+        if self._batches.depth:
             return self.commit_checked(group, topic, queue_id, offset, fence, allow_rewind=allow_rewind)
         with self.batch():
             return self.commit_checked(group, topic, queue_id, offset, fence, allow_rewind=allow_rewind)
@@ -539,15 +468,14 @@ class ConsumerOffsetManager:
         async with self._persist_lock:
             # While the journal fails, a snapshot is written even when nothing changed: one that works
             # proves the disk takes writes again, which ends the failing state.
-            if not (self.dirty or self._journal_error is not None) or not self._loaded:
+            if not (self.dirty or self._batches.error is not None) or not self._loaded:
                 return None
             started = time.perf_counter()
             snapshot = self._snapshots.take(self._version, self._offsets, self._generations)
             snapshot_s = time.perf_counter() - started
             size, removed = await asyncio.get_running_loop().run_in_executor(None, self._snapshots.write, snapshot)
             self._mark_persisted(snapshot.version)
-            if self._journal_error is not None and snapshot.version >= self._journal_failed_version:
-                self._journal_recovered("no longer needed: a snapshot holds what it missed")
+            self._batches.snapshot_written(snapshot.version)
             return PersistReport(
                 time.perf_counter() - started, size, count_entries(snapshot.offsets), snapshot_s, removed
             )
@@ -605,8 +533,5 @@ class ConsumerOffsetManager:
         queues[queue_id] = offset
         self._version += 1
         if journal and self._loaded:  # _journal_change's work, with the record encoded the fast way
-            if self._journal is not None:
-                self._pending.append(self._sets.encode(key[0], key[1], queue_id, offset))
-            if self.listeners:
-                self._outgoing.append(JournalRecord(Op.SET, key[0], key[1], queue_id, offset))
+            self._batches.add_set(key[0], key[1], queue_id, offset)
         return True

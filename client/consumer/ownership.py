@@ -241,22 +241,31 @@ class QueueOwnership:
         asked = [oq for oq in oqs if self._locking(oq)]
         if not asked:
             return
-        granted, answered = await self._lock_on(broker, asked, wait_ms=wait_ms)
-        async with self._lock:
-            granted = [oq for oq in granted if self._locking(oq)]
-            # Each start reads the queue's committed offset: do them concurrently. (All of them end before
-            # the lock is let go, whatever one raises: a start that raised is asked again after a pause.)
-            started = await asyncio.gather(*(self._start(oq) for oq in granted), return_exceptions=True)
-        for oq, outcome in zip(granted, started, strict=True):
-            if isinstance(outcome, BaseException):
-                log.error("queue start failed", event="queue_start_failed", group=self._group, queue=oq.mq,
-                          exc_info=outcome)
-        failed = {oq for oq, ok in zip(granted, started, strict=True) if ok is not True}
-        rest = [oq for oq in asked if self._locking(oq) and oq not in failed]
-        # After a first request (its short wait ran out, or its broker could not be asked) the waiting
-        # request goes at once.
-        self._ask(rest, wait_ms=LOCK_WAIT_MS, pause_s=0.0 if answered or first else LOCK_RETRY_DELAY_S)
-        self._ask([oq for oq in failed if self._locking(oq)], wait_ms=LOCK_WAIT_MS, pause_s=LOCK_RETRY_DELAY_S)
+        asked_on = False
+        try:
+            granted, answered = await self._lock_on(broker, asked, wait_ms=wait_ms)
+            async with self._lock:
+                granted = [oq for oq in granted if self._locking(oq)]
+                # Each start reads the queue's committed offset: do them concurrently. (All of them end before
+                # the lock is let go, whatever one raises: a start that raised is asked again after a pause.)
+                started = await asyncio.gather(*(self._start(oq) for oq in granted), return_exceptions=True)
+            for oq, outcome in zip(granted, started, strict=True):
+                if isinstance(outcome, BaseException):
+                    log.error("queue start failed", event="queue_start_failed", group=self._group, queue=oq.mq,
+                              exc_info=outcome)
+            failed = {oq for oq, ok in zip(granted, started, strict=True) if ok is not True}
+            rest = [oq for oq in asked if self._locking(oq) and oq not in failed]
+            # After a first request (its short wait ran out, or its broker could not be asked) the waiting
+            # request goes at once.
+            self._ask(rest, wait_ms=LOCK_WAIT_MS, pause_s=0.0 if answered or first else LOCK_RETRY_DELAY_S)
+            self._ask([oq for oq in failed if self._locking(oq)], wait_ms=LOCK_WAIT_MS, pause_s=LOCK_RETRY_DELAY_S)
+            asked_on = True
+        finally:
+            if not asked_on:
+                # Ended early, whatever by (a defect): this task alone asks for its queues, so those still
+                # LOCKING are asked again after the pause, or nobody would ever ask for them. (Cancelled by
+                # stop(): nothing is asked for any more, _ask spawns nothing.)
+                self._ask([oq for oq in asked if self._locking(oq)], wait_ms=LOCK_WAIT_MS, pause_s=LOCK_RETRY_DELAY_S)
         if not first and any(oq.state is QueueState.PULLING for oq in granted):
             self._on_acquired()  # (a first request's grants are told by the rebalance pass that settles them)
 
@@ -349,10 +358,7 @@ class QueueOwnership:
             grants = await self._cluster.moves.until(broker, conn.lock_queues(
                 self._group, self._client_id, [oq.mq for oq in oqs], wait_ms=wait_ms))
         except Exception as e:  # (not only TidemarkError: whatever it was, the queues are asked again)
-            if isinstance(e, TidemarkError):
-                log.warning("queue lock failed", event="lock_failed", group=self._group, broker=broker, error=e)
-            else:
-                log.error("queue lock failed", event="lock_failed", group=self._group, broker=broker, exc_info=e)
+            _log_failure("queue lock failed", "lock_failed", e, group=self._group, broker=broker)
             return [], False
         by_mq = {g.queue: g for g in grants}
         granted: list[OwnedQueue] = []
@@ -381,8 +387,8 @@ class QueueOwnership:
         if stale:
             try:
                 await conn.unlock_queues(self._group, self._client_id, list(stale), tokens=list(stale.values()))
-            except TidemarkError as e:
-                log.warning("unlock failed", event="unlock_failed", group=self._group, broker=broker, error=e)
+            except Exception as e:  # (whatever it was: asked again, and the queues granted beside start)
+                _log_failure("unlock failed", "unlock_failed", e, group=self._group, broker=broker)
                 for mq, token in stale.items():
                     self._unlocks.add(mq, None, token)
         return granted, bool(grants)
@@ -398,12 +404,7 @@ class QueueOwnership:
         try:
             offset = await self._hooks.start_offset(mq, committed)
         except Exception as e:  # (a defect as much as a broker's refusal: the queue must not stay stuck)
-            if isinstance(e, TidemarkError):
-                log.warning("cannot read start offset",
-                            event="start_offset_failed", group=self._group, queue=mq, error=e)
-            else:
-                log.error("cannot read start offset",
-                          event="start_offset_failed", group=self._group, queue=mq, exc_info=e)
+            _log_failure("cannot read start offset", "start_offset_failed", e, group=self._group, queue=mq)
             if oq.state is QueueState.ASSIGNED:
                 # Without locks there is nothing to wait for: try again at the next rebalance.
                 oq.transition(QueueState.RELEASED)
@@ -473,8 +474,8 @@ class QueueOwnership:
         try:
             conn = await self._cluster.connection(oq.mq.broker_name)
             await conn.unlock_queues(self._group, self._client_id, [oq.mq], tokens=[oq.lock_token])
-        except TidemarkError as e:
-            log.warning("unlock failed", event="unlock_failed", group=self._group, queue=oq.mq, error=e)
+        except Exception as e:  # (whatever it was: asked again)
+            _log_failure("unlock failed", "unlock_failed", e, group=self._group, queue=oq.mq)
             self._unlocks.add(oq.mq, None, oq.lock_token)
 
     async def _finish_release(self, oq: OwnedQueue) -> None:
@@ -574,3 +575,12 @@ def _by_broker(oqs: list[OwnedQueue]) -> dict[str, list[OwnedQueue]]:
     for oq in oqs:
         out.setdefault(oq.mq.broker_name, []).append(oq)
     return out
+
+
+def _log_failure(message: str, event: str, error: Exception, **fields: object) -> None:
+    """A broker's refusal or an outage (TidemarkError) as a warning; anything else, a defect, with its
+    traceback."""
+    if isinstance(error, TidemarkError):
+        log.warning(message, event=event, error=error, **fields)
+    else:
+        log.error(message, event=event, exc_info=error, **fields)

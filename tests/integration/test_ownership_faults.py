@@ -202,3 +202,77 @@ def test_a_start_raising_for_one_queue_does_not_stop_the_others(broker, topic):
         await own.stop()
         await own.release_all()
     _run(broker, scenario)
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_stale_grant_whose_unlock_raises_lets_the_queues_granted_beside_it_start(broker, topic):
+    """One lock request granted two queues, one of which went away while the request waited (a stale
+    grant, unlocked at once). That unlock raising OSError ended the request's task: the other queue,
+    granted, stayed LOCKING and was never asked for again, and the stale lock was kept for us on the
+    broker until it expired."""
+    stale, wanted = (MessageQueue(topic, "broker-a", i) for i in range(2))
+
+    async def scenario(real, faults):
+        hooks = Hooks()
+        own = _ownership(faults, hooks)
+        faults.hold = asyncio.Event()
+        await own.update(topic, {stale, wanted})
+        await asyncio.wait_for(faults.held.wait(), 10)  # the broker granted both; the answer is on its way
+        await own.update(topic, {wanted})  # `stale` goes away meanwhile
+        faults.unlock_faults = [OSError("socket: connection reset")]
+        faults.hold.set()
+        await _until(lambda: _pulling(own, wanted), "the queue granted beside the stale one pulling")
+        await _until(lambda: own.pending_unlocks == 0 and not faults.unlock_faults, "the stale unlock asked again")
+        assert await _free(real, stale), "the stale grant was let go on the broker"
+        await own.stop()
+        await own.release_all()
+    _run(broker, scenario)
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_lock_request_ending_early_asks_again_for_its_queues(broker, topic):
+    """Whatever ends a lock request's task early (here a defect reading a grant), the queues it alone asked
+    for are asked again after the pause instead of staying LOCKING."""
+    mqs = [MessageQueue(topic, "broker-a", i) for i in range(2)]
+
+    async def scenario(real, faults):
+        hooks = Hooks()
+        own = _ownership(faults, hooks)
+        quote, defects = own._quote, [RuntimeError("grant: unexpected field")]
+
+        def defective_quote(*args):
+            if defects:
+                raise defects.pop()
+            return quote(*args)
+        own._quote = defective_quote
+        await own.update(topic, set(mqs))
+        await own.settle()
+        await _until(lambda: _pulling(own, *mqs), "both queues pulling")
+        assert not defects and len(hooks.started) == 2
+        await own.stop()
+        await own.release_all()
+    _run(broker, scenario)
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_granted_queue_let_go_before_it_started_is_unlocked_whatever_the_unlock_raises(broker, topic):
+    """A queue granted whose start offset cannot be read goes away: its unlock raising OSError failed the
+    rebalance's update() and the lock was kept for us on the broker until it expired."""
+    mq = MessageQueue(topic, "broker-a", 0)
+
+    class NoStartOffset(Hooks):
+        async def start_offset(self, mq, committed):
+            raise OSError("offset file: I/O error")
+
+    async def scenario(real, faults):
+        own = _ownership(faults, NoStartOffset())
+        await own.update(topic, {mq})
+        await own.settle()
+        assert own.get(mq).state is QueueState.LOCKING and own.get(mq).owner_epoch is not None
+        faults.unlock_faults = [OSError("socket: connection reset")]
+        await own.update(topic, set())
+        await _until(lambda: own.pending_unlocks == 0 and not faults.unlock_faults, "the unlock asked again")
+        assert await _free(real, mq)
+        await own.stop()
+        await own.release_all()
+    _run(broker, scenario)

@@ -24,6 +24,7 @@ from tidemark.broker.cluster.replication_checkpoint import ReplicationCheckpoint
 from tidemark.broker.cluster.roles import ROLE_FILE_NAME, Role, load_role, save_role
 from tidemark.broker.config import BrokerConfig, FlushDiskType, ReplicationMode, namesrv_addresses
 from tidemark.broker.delivery.fetch import FetchSession
+from tidemark.broker.delivery.handover import HeldQueue, QueueHandover, RefusedOffset
 from tidemark.broker.delivery.pull import PullService, QueueReadAccess
 from tidemark.broker.delivery.queries import MessageQueries
 from tidemark.broker.delivery.waiters import QueueWaiters
@@ -31,7 +32,6 @@ from tidemark.broker.disk.metadata_file import MetadataFile
 from tidemark.broker.errors import (
     BrokerError,
     FailedPreconditionError,
-    FencedError,
     NotFoundError,
     PermissionDeniedError,
     StoreError,
@@ -70,8 +70,6 @@ from tidemark.common.scheduler import Scheduler
 
 log = get_logger("tidemark.broker")
 
-# The longest a LockQueues call may wait for queues held by another client.
-MAX_LOCK_WAIT_MS = 30_000
 RETENTION_CHECK_INTERVAL_S = 600.0
 POP_REVIVE_INTERVAL_S = 0.5
 POP_RENEW_INTERVAL_S = 5.0
@@ -79,23 +77,6 @@ POP_RENEW_INTERVAL_S = 5.0
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class HeldQueue:
-    """A lock grant as the new owner needs it: with where the group stands on the queue."""
-
-    grant: LockGrant
-    consumer_offset: int
-    reset_generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class RefusedOffset:
-    topic: str
-    queue_id: int
-    offset: int
-    error: BrokerError
 
 
 @dataclass(frozen=True)
@@ -150,6 +131,11 @@ class BrokerController:
         self.read_access = QueueReadAccess(topics=self.topics, groups=self.groups, offsets=self.offsets,
                                            locks=self.locks, permission=self.permission,
                                            message_model=lambda group: self.consumers.message_model(group))
+        # Queues changing hands: lock waits, the new owner's starting point, the old one's final commits.
+        self.handover = QueueHandover(locks=self.locks, offsets=self.offsets, commits=self.commits, hold=self.hold,
+                                      popped=lambda group: self.pop.has_group(group),
+                                      on_owners_changed=lambda group, n: self.metrics.ownership_changes.labels(
+                                          group).inc(n))
         self.puller = PullService(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
                                   max_long_polling_ms=config.max_long_polling_ms)
         self.send_back = SendBackService(store=self.store, topics=self.topics, groups=self.groups,
@@ -200,7 +186,7 @@ class BrokerController:
                                           written=self._offsets_written)
         self.consumers = ConsumerManager(expiry_ms=config.channel_expired_timeout_ms,
                                          watch_grace_ms=config.watch_grace_ms, clock_ms=self.clock_ms,
-                                         on_leave=self._on_consumer_leave,
+                                         on_leave=self.handover.client_gone,
                                          on_change=lambda g: self.metrics.membership_changes.labels(g).inc())
         self.scheduler = Scheduler("broker")
         self.registrar = NameServerRegistrar(
@@ -262,7 +248,7 @@ class BrokerController:
         s.every("scan-consumers", 1.0, self.consumers.scan)
         s.every("retry-config-files", 1.0, self._retry_config_files)
         s.every("reload-auth", 2.0, self.auth.reload_if_changed)
-        s.every("expire-queue-locks", 1.0, self._expire_locks)
+        s.every("expire-queue-locks", 1.0, self.handover.expire)
         s.every("delete-expired-commitlog", RETENTION_CHECK_INTERVAL_S, self.store.delete_expired_segments)
         s.every("revive-pop-deliveries", POP_REVIVE_INTERVAL_S, self.pop.revive_expired)
         s.every("renew-pop-deliveries", POP_RENEW_INTERVAL_S, lambda: self.pop.renew(self._live_clients()))
@@ -343,86 +329,23 @@ class BrokerController:
 
     async def lock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
                           wait_ms: int = 0, *, renew: bool = False) -> list[LockGrant]:
-        """Grant or renew queue locks; when none of the queues another client holds is free yet, wait up
-        to wait_ms for the first to be released. A group consumed by pop (RocketMQ 5 clients) has no
-        queue owners: FailedPreconditionError.
-
-        The wait ends the moment one of them is released (unlock, client gone, lock expiry all
-        notify), so a handover costs no polling interval; the caller asks again for the rest. `renew`
-        keeps the lock tokens of locks the client still holds (QueueLockManager.lock)."""
-        if self.pop.has_group(group):
-            raise FailedPreconditionError(f"group {group!r} is consumed by pop (RocketMQ 5 clients); queue "
-                                          f"owners need a group of their own")
-        grants = self._lock(group, client_id, queues, renew)
-        granted = {(g.topic, g.queue_id) for g in grants}
-        missing = [q for q in queues if q not in granted]
-        deadline = asyncio.get_running_loop().time() + min(wait_ms, MAX_LOCK_WAIT_MS) / 1000
-        while missing and not grants:
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0 or not await self.hold.wait_any(missing, remaining):
-                break
-            grants = self._lock(group, client_id, missing, renew)
-        return grants
+        """Grant or renew queue locks, waiting up to wait_ms for a queue another client holds (handover.py)."""
+        return await self.handover.lock_queues(group, client_id, queues, wait_ms, renew=renew)
 
     def held_queue(self, group: str, grant: LockGrant) -> HeldQueue:
-        """A grant with the queue's committed offset and reset generation, read after the grant."""
-        return HeldQueue(grant, self.offsets.query(group, grant.topic, grant.queue_id),
-                         self.offsets.reset_generation(group, grant.topic, grant.queue_id))
+        return self.handover.held_queue(group, grant)
 
     def unlock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
                       final_offsets: list[tuple[str, int, int, Fence | None]] = (),
                       tokens: dict[tuple[str, int], int] | None = None) -> list[RefusedOffset]:
-        """Apply the final commits of queues being handed back, then release their locks.
-
-        A queue whose final commit is fenced stays as it is (it is somebody else's now); any other
-        refusal (an invalid offset) is reported and the queue is still released. `tokens` name the
-        grants being released: a queue locked again since (a late unlock) keeps its new lock, and
-        its final commit is refused (FencedError) so that it cannot move the new lease's offset."""
-        refused: list[RefusedOffset] = []
-        keep: set[tuple[str, int]] = set()
-        for topic, queue_id, offset, fence in final_offsets:
-            token = (tokens or {}).get((topic, queue_id), 0)
-            try:
-                if self.locks.superseded(group, client_id, topic, queue_id, token):
-                    raise FencedError(f"queue {topic}:{queue_id} of group {group!r} was locked again after "
-                                      f"the grant this final commit belongs to (lock token {token})")
-                self.commits.commit(group, topic, queue_id, offset, fence, acknowledged=True)
-            except BrokerError as e:
-                refused.append(RefusedOffset(topic, queue_id, offset, e))
-                if isinstance(e, FailedPreconditionError):
-                    keep.add((topic, queue_id))
-        for topic, queue_id in self.locks.unlock(group, client_id, [q for q in queues if q not in keep], tokens):
-            self.hold.notify(topic, queue_id)
-        return refused
-
-    def _lock(self, group: str, client_id: str, queues: list[tuple[str, int]], renew: bool) -> list[LockGrant]:
-        """Grant or renew queue locks; a queue that changed hands is re-checked by the streams serving it,
-        so its previous owner stops receiving its messages at once."""
-        locks = self.locks
-        before = {q: locks.current_epoch(group, *q) for q in queues}
-        grants = locks.lock(group, client_id, queues, renew=renew)
-        changed = [g for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch]
-        for g in changed:
-            log.info("queue lock granted",
-                     event="lock_grant", group=group, topic=g.topic, queue_id=g.queue_id, client_id=client_id,
-                     owner_epoch=g.owner_epoch)
-            self.hold.notify(g.topic, g.queue_id)
-        if changed:
-            self.metrics.ownership_changes.labels(group).inc(len(changed))
-        return grants
+        """Apply the final commits of queues being handed back, then release their locks (handover.py)."""
+        return self.handover.unlock_queues(group, client_id, queues, final_offsets, tokens)
 
     def fetch_session(self) -> FetchSession:
         """A new streaming-pull session (one per Fetch stream)."""
         commits = self.metrics.offset_commits.labels("fetch")
         return FetchSession(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
                             on_commit=commits.inc)
-
-    def _expire_locks(self) -> None:
-        for lock in self.locks.expire():
-            self.hold.notify(lock.topic, lock.queue_id)
-            log.info("queue lock expired",
-                     event="lock_expire", group=lock.group, topic=lock.topic, queue_id=lock.queue_id,
-                     client_id=lock.client_id, owner_epoch=lock.owner_epoch)
 
     def _on_pop_state(self, reason: str | None) -> None:
         if reason:
@@ -432,14 +355,6 @@ class BrokerController:
 
     def _live_clients(self) -> set[str]:
         return {client_id for group in self.consumers.groups() for client_id in self.consumers.consumer_ids(group)}
-
-    def _on_consumer_leave(self, group: str, client_id: str) -> None:
-        released = self.locks.release_client(group, client_id)
-        for topic, queue_id in released:
-            self.hold.notify(topic, queue_id)
-        if released:
-            log.info("queue locks released",
-                     event="lock_release", group=group, client_id=client_id, queues=len(released))
 
     def _on_store_write_state(self, state: WriteState, reason: str) -> None:
         if state is WriteState.WRITABLE:

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from tidemark.client.errors import (
     BrokerUnreachableError,
+    ClientStateError,
     InvalidArgumentError,
     NotFoundError,
     TidemarkError,
@@ -203,7 +204,9 @@ class BrokerCluster:
 
     async def discover(self, *, refresh: bool = False) -> dict[str, BrokerConnection]:
         """Learn the name of every reachable broker; UnavailableError if none answers. A call made while a
-        discovery is under way has that one's outcome."""
+        discovery is under way has that one's outcome. Once the cluster is closed, ClientStateError: a
+        discovery begun then would open connections nobody closes."""
+        self._check_open()
         if self._by_name and (self._cluster_fresh() and not refresh if self.namesrv is not None
                               else all(c.broker_name is not None for c in self._by_address.values())):
             return dict(self._by_name)  # nothing to ask
@@ -213,13 +216,23 @@ class BrokerCluster:
             # new master named). Once it ends, a discovery of our own, unless another began meanwhile.
             began = self._discoveries
             await asyncio.wait((running,))
+            self._check_open()  # (close() cancelled it)
             running = self._discovering if self._discoveries > began else None
         if running is None:
             running = self._discovering = asyncio.ensure_future(
                 self._discover_from_namesrv() if self.namesrv is not None else self._discover_listed())
             self._discoveries += 1
             running.add_done_callback(self._discovered)
-        return dict(await asyncio.shield(running))
+        try:
+            return dict(await asyncio.shield(running))
+        except asyncio.CancelledError:
+            if running.cancelled():  # close() cancelled the discovery, not this caller's task
+                self._check_open()
+            raise
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClientStateError("the broker cluster is closed: nothing is discovered any more")
 
     def _discovered(self, done: asyncio.Future[dict[str, BrokerConnection]]) -> None:
         if self._discovering is done:

@@ -207,8 +207,12 @@ class QueueOwnership:
         new = lease.successor(offset, reset_generation)
         oq.replace_lease(new)
         self._hooks.lease_ended(lease)
-        self._store.bind(new, offset if record else None)
-        await self._hooks.lease_started(new)
+        try:
+            self._store.bind(new, offset if record else None)
+            await self._hooks.lease_started(new)
+        except Exception as e:
+            await self._not_started(oq, e)
+            return None
         return new
 
     async def settle(self) -> None:
@@ -417,24 +421,20 @@ class QueueOwnership:
         resumed = resume_offset(offset, committed, generation, kept)
         lease = QueueLease(mq, client_id=self._client_id, owner_epoch=oq.owner_epoch,
                            reset_generation=generation, start_offset=resumed)
-        oq.transition(QueueState.PULLING)
-        oq.replace_lease(lease)
-        self._store.bind(lease)
-        if resumed != offset:
-            log.info("queue resumed from this client's own progress",
-                     event="queue_resumed", group=self._group, queue=mq, offset=resumed, broker_offset=offset,
-                     owner_epoch=oq.owner_epoch)
-            self._store.update_offset(mq, resumed, increase_only=False)
-        elif self._hooks.commit_start_offset and self._store.read_memory(mq) < 0:
-            self._store.update_offset(mq, offset, increase_only=False)
         try:
+            oq.transition(QueueState.PULLING)
+            oq.replace_lease(lease)
+            self._store.bind(lease)
+            if resumed != offset:
+                log.info("queue resumed from this client's own progress", event="queue_resumed",
+                         group=self._group, queue=mq, offset=resumed, broker_offset=offset,
+                         owner_epoch=oq.owner_epoch)
+                self._store.update_offset(mq, resumed, increase_only=False)
+            elif self._hooks.commit_start_offset and self._store.read_memory(mq) < 0:
+                self._store.update_offset(mq, offset, increase_only=False)
             await self._hooks.lease_started(lease)
         except Exception as e:
-            # Nothing fetches for the lease: let the queue go (the next rebalance takes it again) rather
-            # than hold it PULLING with nobody reading it.
-            log.error("queue could not start", event="queue_start_failed", group=self._group, queue=mq,
-                      exc_info=e)
-            self._lose(oq, f"start failed: {e!r}")
+            await self._not_started(oq, e)
             return True
         # A resumed queue, and a queue the broker had no offset for: tell the broker at once. Without
         # the latter, a broker restart before our first timed commit would find no committed offset,
@@ -528,6 +528,23 @@ class QueueOwnership:
             self.handovers += 1
             self._forget(oq)
 
+    async def _not_started(self, oq: OwnedQueue, error: Exception) -> None:
+        """Nothing fetches for the queue's new lease (starting it raised): let the queue go rather than hold
+        it PULLING unread, unlock it by its token at once (its next owner need not wait for the lock to
+        expire), and tell the consumer after LOCK_RETRY_DELAY_S, not at once: the same fault again would
+        make a loop of rebalance, lock, start and loss with no pause."""
+        log.error("queue could not start", event="queue_start_failed", group=self._group, queue=oq.mq,
+                  exc_info=error)
+        held = self.locking and oq.state is QueueState.PULLING and oq.owner_epoch is not None
+        self._lose(oq, f"start failed: {error!r}", tell=False)  # (LOCKING: its unlock is asked by _lose)
+        if held:
+            await self._unlock(oq)
+        self._lock_waiters.spawn(self._lost_later(oq.mq), name=f"lost:{oq.mq}")
+
+    async def _lost_later(self, mq: MessageQueue) -> None:
+        await asyncio.sleep(LOCK_RETRY_DELAY_S)
+        self._hooks.queue_lost(mq)
+
     async def _persist_quietly(self, oq: OwnedQueue) -> None:
         try:
             await self._store.persist(oq.mq)
@@ -535,7 +552,7 @@ class QueueOwnership:
             log.warning("offset persist on drop failed",
                         event="drop_persist_failed", group=self._group, queue=oq.mq, error=e)
 
-    def _lose(self, oq: OwnedQueue, reason: str) -> None:
+    def _lose(self, oq: OwnedQueue, reason: str, *, tell: bool = True) -> None:
         if oq.state in (QueueState.RELEASED, QueueState.LOST):
             return
         log.warning("queue ownership lost",
@@ -552,7 +569,8 @@ class QueueOwnership:
         if lease is not None:
             self._hooks.lease_ended(lease)
         self._forget(oq)
-        self._hooks.queue_lost(oq.mq)
+        if tell:
+            self._hooks.queue_lost(oq.mq)
 
     def _quote(self, mq: MessageQueue, owner_epoch: int, token: int) -> int:
         """The lock token to quote for `mq` after a grant of `token`: the newest grant of the same ownership

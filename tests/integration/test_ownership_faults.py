@@ -117,9 +117,16 @@ class Hooks:
 
 
 class FaultyStore(RemoteBrokerOffsetStore):
-    """The real offset store, whose preload raises for the queues in `preload_faults` (once each)."""
+    """The real offset store, whose preload raises for the queues in `preload_faults` (once each), and
+    whose bind raises the entries of `bind_faults`."""
 
     preload_faults: set[MessageQueue]
+    bind_faults: list[BaseException]
+
+    def bind(self, lease, offset=None):
+        if self.bind_faults:
+            raise self.bind_faults.pop(0)
+        return super().bind(lease, offset)
 
     def preload(self, mq, offset, generation):
         if mq in self.preload_faults:
@@ -131,7 +138,7 @@ class FaultyStore(RemoteBrokerOffsetStore):
 def _ownership(faults: Faults, hooks: Hooks, store_type=RemoteBrokerOffsetStore) -> QueueOwnership:
     store = store_type(cluster=faults, group="g", client_id="c1", require_fence=True)
     if store_type is FaultyStore:
-        store.preload_faults = set()
+        store.preload_faults, store.bind_faults = set(), []
     return QueueOwnership(cluster=faults, group="g", client_id="c1", offset_store=store, locking=True, hooks=hooks)
 
 
@@ -273,6 +280,52 @@ def test_a_granted_queue_let_go_before_it_started_is_unlocked_whatever_the_unloc
         await own.update(topic, set())
         await _until(lambda: own.pending_unlocks == 0 and not faults.unlock_faults, "the unlock asked again")
         assert await _free(real, mq)
+        await own.stop()
+        await own.release_all()
+    _run(broker, scenario)
+
+
+@pytest.mark.usefixtures("quick_retries")
+@pytest.mark.parametrize("fault", ["lease_started", "bind"])
+def test_a_lease_that_cannot_start_is_unlocked_and_taken_again_after_a_pause(broker, topic, fault):
+    """A new lease that cannot start (its fetch, or a step between PULLING and it: the offset store's bind)
+    loses its queue. The lock stayed ours on the broker (its next owner waited for it to expire), and the
+    consumer was told at once: its rebalance took the queue again, the same fault lost it again, with no
+    pause. A fault in bind left the queue PULLING with nothing fetching it."""
+    mq = MessageQueue(topic, "broker-a", 0)
+
+    async def scenario(real, faults):
+        hooks = Hooks()
+        own = _ownership(faults, hooks, FaultyStore)
+        (hooks.start_faults if fault == "lease_started" else own._store.bind_faults).append(OSError("closed"))
+        await own.update(topic, {mq})
+        await own.settle()
+        assert own.get(mq) is None and not hooks.started
+        assert hooks.lost == [], "told only after the pause"
+        assert await _free(real, mq), "unlocked at once"
+        await asyncio.wait_for(hooks.lost_event.wait(), 10)
+        assert hooks.lost == [mq]
+        await own.stop()
+        await own.release_all()
+    _run(broker, scenario)
+
+
+@pytest.mark.usefixtures("quick_retries")
+def test_a_restart_whose_lease_cannot_start_lets_the_queue_go(broker, topic):
+    """restart() (a seek, an admin reset) raised what lease_started raised, and left the queue PULLING under
+    a lease nothing fetched for, its lock renewed for good."""
+    mq = MessageQueue(topic, "broker-a", 0)
+
+    async def scenario(real, faults):
+        hooks = Hooks()
+        own = _ownership(faults, hooks)
+        await own.update(topic, {mq})
+        await own.settle()
+        lease = own.get(mq).lease
+        hooks.start_faults.append(OSError("fetcher closed"))
+        assert await own.restart(lease, 0, lease.reset_generation, record=True) is None
+        assert own.get(mq) is None and await _free(real, mq)
+        await asyncio.wait_for(hooks.lost_event.wait(), 10)
         await own.stop()
         await own.release_all()
     _run(broker, scenario)

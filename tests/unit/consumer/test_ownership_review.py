@@ -45,8 +45,10 @@ def test_a_start_offset_hook_raising_an_unexpected_error_is_asked_again():
     asyncio.run(scenario())
 
 
+@pytest.mark.usefixtures("quick_retries")
 def test_a_lease_that_cannot_start_lets_its_queue_go():
-    """lease_started raising left the queue PULLING with nothing fetching it, for good."""
+    """lease_started raising left the queue PULLING with nothing fetching it, for good. (The consumer is
+    told after a pause: tests/integration/test_ownership_faults.py.)"""
     class StartRaises(Hooks):
         def __init__(self) -> None:
             super().__init__()
@@ -63,7 +65,8 @@ def test_a_lease_that_cannot_start_lets_its_queue_go():
         broker.grant_now = True
         own = ownership(broker, hooks)
         await own.update("T", {MQ})
-        assert own.get(MQ) is None and hooks.lost == [MQ]  # the next rebalance takes it again
+        assert own.get(MQ) is None and broker.unlocked == [MQ]
+        await _until(lambda: hooks.lost == [MQ], "the consumer told")  # its next rebalance takes it again
         await own.stop()
     asyncio.run(scenario())
 

@@ -160,13 +160,25 @@ def _check_type(message_type: int, group: str, delivery: bool) -> None:
 
 
 def message_type(m: StoredMessage) -> int:
+    """The type the RocketMQ proxy reports for a stored message (its GrpcConverter), read off what the
+    message carries, in the proxy's order: a half message is TRANSACTION, one with a delay level or a
+    delivery time DELAY, one with a message group FIFO, any other NORMAL.
+
+    So what a message still carries when a consumer receives it decides, as it does there. A delay-level
+    message arrives without DELAY and DELIVER_TIMESTAMP (ingest/delays.py; RocketMQ's schedule service
+    clears them): NORMAL. A message sent for a delivery time keeps DELIVER_TIMESTAMP on its topic, as
+    RocketMQ's timer store keeps TIMER_DELIVER_MS: still DELAY, with its delivery_timestamp, whether it
+    waited or was due at once. A committed transactional message is NORMAL: RocketMQ's commit drops
+    TRAN_MSG; ours keeps it, and the committed copy carries TRAN_HALF_OFFSET, which the half (what a
+    transaction check shows the producer) does not."""
     props = m.properties
-    if PropertyKey.TRANSACTION_PREPARED in props:
+    if props.get(PropertyKey.TRANSACTION_PREPARED, "").lower() == "true" \
+            and PropertyKey.TRANSACTION_HALF_OFFSET not in props:
         return pb.TRANSACTION
-    if MESSAGE_GROUP_KEY in props:
-        return pb.FIFO
     if PropertyKey.DELIVER_TIMESTAMP in props or PropertyKey.DELAY in props:
         return pb.DELAY
+    if MESSAGE_GROUP_KEY in props:
+        return pb.FIFO
     return pb.NORMAL
 
 

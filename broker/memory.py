@@ -1,13 +1,28 @@
-"""Giving memory back after a burst of large requests (glibc's allocator).
+"""The broker's use of glibc's allocator: buffers reused while it serves, memory given back after a burst.
 
 A broker's memory at rest is small, but a burst of requests near
 `max_request_bytes` leaves freed buffers inside the allocator's heaps, where
-they count as the process's memory until reused. Two things return them:
-buffers of 256 KiB and more are served from mmap (`configure`), so each one
-goes back to the OS when freed, and after a burst the request intake calls
-`Trimmer.burst_over`, which runs `malloc_trim(0)` in a thread (at most every
-few seconds) to release the free pages of smaller blocks. Both are no-ops
-where glibc is not the allocator.
+they count as the process's memory until reused. Three settings decide what
+happens to a freed buffer (`configure`):
+
+- Buffers up to the default largest request (`MMAP_THRESHOLD_BYTES`: a
+  4 MiB message plus its framing) come from the heap and are reused. Served
+  from mmap, each one is a fresh mapping that faults in every 4 KiB page on
+  its first write and is unmapped when freed: a fetch frame of 256 KiB and a
+  little more paid 64 page faults, a munmap and a mapping at every frame, and
+  the broker spent half its CPU of a large read on them (docs/benchmarks.md,
+  "Reads, fifth pass").
+- Larger ones (a flood of over-sized requests) still come from mmap and go
+  back to the OS when freed.
+- The heap keeps up to `TRIM_THRESHOLD_BYTES` free at its top instead of
+  glibc's default 128 KiB, so a frame freed at the top is not given back
+  and faulted in again by the next.
+
+After a burst the request intake calls `Trimmer.burst_over`, which runs
+`malloc_trim(0)` in a thread (at most every few seconds) and gives back the
+free pages the heap still holds. Setting the thresholds turns off glibc's
+own moving threshold, which would keep a burst's large blocks in the heap.
+All of it is a no-op where glibc is not the allocator.
 """
 
 from __future__ import annotations
@@ -16,13 +31,16 @@ import asyncio
 import ctypes
 import time
 
+from tidemark.broker.config import REQUEST_OVERHEAD_BYTES
 from tidemark.common.logs import get_logger
+from tidemark.common.protocol import DEFAULT_MAX_MESSAGE_SIZE
 from tidemark.common.scheduler import cancel_and_wait
 
 log = get_logger("tidemark.broker")
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD_BYTES = 256 * 1024
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+MMAP_THRESHOLD_BYTES = DEFAULT_MAX_MESSAGE_SIZE + REQUEST_OVERHEAD_BYTES  # the default largest request
+TRIM_THRESHOLD_BYTES = 4 * 1024 * 1024
 TRIM_INTERVAL_S = 2.0
 
 
@@ -34,11 +52,11 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def configure() -> None:
-    """Serve large buffers from mmap (glibc would otherwise raise its threshold as big blocks are freed
-    and keep them in the heap)."""
+    """Reuse buffers up to a request's size from the heap, serve larger ones from mmap (module doc)."""
     libc = _libc()
     if libc is not None and hasattr(libc, "mallopt"):
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 class Trimmer:

@@ -5,9 +5,10 @@ The scenario of `python -m bench`'s membership workload: a broker, a topic of 8 
 starts (PushConsumer.start(), after connect() before the clock where the package has it) and the time
 to its first message is measured. Each consumer process
 marks the steps of the join as they happen (wall clock, shared by every process on the machine: the
-client's own start, its heartbeat, its rebalance and lock requests, the old owners' push, their final
-commit and unlock, the lock grant, the fetch, the first records, the listener) by wrapping the
-consumer's methods; the broker's log gives the join and the lock grants. Prints each round's figure
+client's own start, its heartbeat, its rebalance and lock requests, the old owners' push, the end of
+their drain, their final commit and unlock, the lock grant, the fetch, the first records, the listener)
+by wrapping the consumer's methods; the broker's log gives the join, the old owners' release and the
+lock grants. Prints each round's figure
 and the median time of every step, from the start() call.
 
 `--baseline DIR` runs every other round's consumers with the `tidemark` package found in DIR (a copy of
@@ -35,9 +36,10 @@ QUEUES, RATE = 8, 2_000
 # (process, mark) pairs printed, in the order a join goes through them.
 STEPS = (
     ("joiner", "start"), ("joiner", "> broker_info"), ("joiner", "< broker_info"), ("joiner", "> heartbeat"),
-    ("broker", "consumer_join"), ("old", "push"), ("old", "> unlock_queues"), ("joiner", "< heartbeat"),
-    ("joiner", "> do_rebalance"), ("joiner", "> lock_queues"), ("old", "< unlock_queues"),
-    ("broker", "lock_grant"), ("joiner", "granted"), ("joiner", "> fetch"), ("joiner", "records"),
+    ("broker", "consumer_join"), ("old", "push"), ("old", "< drain"), ("old", "> unlock_queues"),
+    ("joiner", "< heartbeat"), ("joiner", "> do_rebalance"), ("joiner", "> lock_queues"),
+    ("broker", "lock_release"), ("old", "< unlock_queues"), ("broker", "lock_grant"),
+    ("joiner", "< lock_queues"), ("joiner", "> granted"), ("joiner", "> fetch"), ("joiner", "records"),
     ("joiner", "listener"),
 )
 
@@ -66,6 +68,7 @@ def _instrument() -> None:
     for name in ("broker_info", "heartbeat", "lock_queues", "unlock_queues"):
         around(connection.BrokerConnection, name)
     around(rebalance.RebalanceService, "do_rebalance")
+    around(core.ConsumerCore, "lease_draining", "drain")
     around(ownership.QueueOwnership, "_start", "granted")
     around(fetcher.Fetcher, "start", "fetch")
     members_changed = core.ConsumerCore._members_changed
@@ -155,12 +158,15 @@ def _marks(log: Path, go: float) -> dict[str, float]:
 
 
 def _broker_marks(log: Path, group: str, joiner: str, go: float) -> dict[str, float]:
+    """The joiner's join and first lock grant, and the first release of a lock (by an old owner) after go
+    (the broker logs whole milliseconds)."""
     out: dict[str, float] = {}
     for line in log.read_text().splitlines():
-        if f"group={group} " not in line or f"client_id={joiner}" not in line:
+        if f"group={group} " not in line:
             continue
         t = (datetime.datetime.fromisoformat(line.split(" ", 1)[0].replace("Z", "+00:00")).timestamp() - go) * 1000
-        for event in ("consumer_join", "lock_grant"):
+        events = ("consumer_join", "lock_grant") if f"client_id={joiner}" in line else ("lock_release",) if t >= -1 else ()
+        for event in events:
             if f"event={event} " in line and event not in out:
                 out[event] = t
     return out

@@ -114,8 +114,12 @@ class QueueHandover:
                 refused.append(RefusedOffset(topic, queue_id, offset, e))
                 if isinstance(e, FailedPreconditionError):
                     keep.add((topic, queue_id))
-        for topic, queue_id in self._locks.unlock(group, client_id, [q for q in queues if q not in keep], tokens):
+        released = self._locks.unlock(group, client_id, [q for q in queues if q not in keep], tokens)
+        for topic, queue_id in released:
             self._hold.notify(topic, queue_id)
+        if released:  # (the other end of a handover: the next owner's lock_grant follows)
+            log.info("queue locks released", event="lock_release", group=group, client_id=client_id,
+                     queues=len(released))
         return refused
 
     def expire(self) -> None:

@@ -10,6 +10,10 @@ then runs once, after all the completions taken, so results can be applied
 per lease rather than per batch): at the collect COLLECT_S after a hand-off,
 or when a thread wakes it, for a run() whose caller waits or for a task that
 finished while no collect was due; a completion waits COLLECT_S at most.
+While something waits for completions (`hurried`: a handover's drain, whose
+queue's next owner waits for the final commit), they are taken at once and
+every finished task wakes the loop: the collect would add up to COLLECT_S to
+the handover for nothing.
 Threads start on demand, up to the maximum, and live until shutdown.
 
 What a hand-off costs is what sets the consumer's CPU per message below full
@@ -33,8 +37,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from tidemark.common.logs import get_logger
@@ -78,6 +83,9 @@ class ConsumeThreadPool:
         self._wake_pending = False
         # Set while a drain is due on the loop anyway: a thread that finishes meanwhile does not wake it.
         self._collect: asyncio.TimerHandle | None = None
+        # How many wait for completions now (hurried()): while above 0, a finished task wakes the loop.
+        # Written on the loop, read by the threads (a stale read costs one task a collect's wait).
+        self._hurry = 0
 
     # -- loop side ---------------------------------------------------------------------------
 
@@ -129,6 +137,21 @@ class ConsumeThreadPool:
             thread.start()
             self._threads.append(thread)
             self._waking += 1
+
+    @contextlib.contextmanager
+    def hurried(self) -> Iterator[None]:
+        """While in it, completions reach the loop at once: those waiting for the collect are taken now,
+        and every task that finishes wakes the loop (a handover's drain waits for its queue's batches, and
+        the queue's next owner for the drain; the collect saves a wake-up per frame, not worth a wait of up
+        to COLLECT_S there)."""
+        self._hurry += 1
+        try:
+            if self._collect is not None:
+                self._collect.cancel()
+                self._collected()
+            yield
+        finally:
+            self._hurry -= 1
 
     def run(self, fn: Callable[[], Any]) -> asyncio.Future:
         """Run one function on a consume thread; its result arrives on an asyncio future."""
@@ -229,7 +252,8 @@ class ConsumeThreadPool:
             if completion is not None:
                 done.append(completion)
                 # (after the append: a drain that cleared _collect since takes this completion, or one after)
-                if not self._wake_pending and (self._collect is None or getattr(task, "prompt", False)):
+                if not self._wake_pending and (self._collect is None or self._hurry
+                                               or getattr(task, "prompt", False)):
                     self._wake_pending = True
                     try:
                         self._loop.call_soon_threadsafe(self._drain)

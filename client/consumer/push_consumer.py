@@ -99,7 +99,11 @@ class AsyncPushConsumer(ConsumerCore):
         self.offset_store.update_offset(lease.mq, offset, increase_only=True)
 
     async def drain(self, lease: QueueLease) -> None:
-        if not await lease.wait_idle(self.settings.drain_timeout_s):
+        if not lease.running:
+            return
+        with self.pool.hurried():  # the queue's next owner waits for this: no collect interval in between
+            idle = await lease.wait_idle(self.settings.drain_timeout_s)
+        if not idle:
             log.warning("drain timed out",
                         event="drain_timeout", group=self.settings.group, queue=lease.mq, running=lease.running)
 

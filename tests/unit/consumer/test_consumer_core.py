@@ -461,6 +461,31 @@ def test_run_answers_at_once_while_submitted_completions_wait_to_be_collected(mo
     asyncio.run(scenario())
 
 
+def test_while_hurried_completions_reach_the_loop_at_once_not_at_the_collect(monkeypatch):
+    # A handover's drain waits for its queue's batches; the collect (a minute here) must not add to it.
+    monkeypatch.setattr(consume_pool, "COLLECT_S", 60.0)
+
+    async def scenario():
+        results: list[str] = []
+        gate = threading.Event()
+        pool = ConsumeThreadPool(max_threads=1, name="t", loop=asyncio.get_running_loop())
+        pool.submit([lambda: lambda: results.append("before")])
+        while not pool._done:  # (done by the thread; its completion now waits for the collect)
+            await asyncio.sleep(0.001)
+        pool.submit([lambda: (gate.wait(10), lambda: results.append("inside"))[1]])
+        with pool.hurried():
+            assert results == ["before"]  # what finished already is taken when the wait begins
+            pool.submit([lambda: lambda: results.append("later")])  # (a hand-off: a collect is due again)
+            gate.set()
+            for _ in range(5000):  # what finishes while hurried wakes the loop itself
+                if len(results) == 3:
+                    break
+                await asyncio.sleep(0.001)
+            assert results == ["before", "inside", "later"]
+        await asyncio.to_thread(pool.shutdown)
+    asyncio.run(scenario())
+
+
 def test_a_task_that_outlasts_the_collect_wakes_the_loop_itself(monkeypatch):
     monkeypatch.setattr(consume_pool, "COLLECT_S", 0.01)
 

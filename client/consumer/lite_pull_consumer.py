@@ -17,6 +17,7 @@ from typing import Any
 
 from tidemark.client import tracing
 from tidemark.client.consumer.core import ConsumerCore
+from tidemark.client.consumer.early_connection import EarlyConnection
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
@@ -181,6 +182,7 @@ class PullConsumer(BlockingClient):
         self._loop = LoopThread(f"pull-consumer-{self.settings.group}")
         self._life = Lifecycle("consumer")
         self._core: AsyncLitePullConsumer | None = None
+        self._early = EarlyConnection(self.settings, self._loop, self._life)  # connect()'s, until start()
 
     @property
     def state(self) -> ClientState:
@@ -219,6 +221,20 @@ class PullConsumer(BlockingClient):
         if self._life.state is ClientState.RUNNING:
             self._run(self._require().assign(queues))
 
+    def connect(self) -> PullConsumer:
+        """Open the connections to the brokers (through the name servers when set) before start(); returns
+        self. Optional, as PushConsumer.connect(): start() connects by itself, but then the loop thread,
+        gRPC's first channel and each broker's first answer are part of start()'s time.
+
+        The consumer stays CREATED (subscribe() or assign() as before); a subscribed one's group does not
+        hear of it until start(). The routes of the topics subscribed or assigned by then are read too
+        (NotFoundError for one that does not exist). A no-op when connected already. ClientStateError
+        after start(); when no broker can be reached, the discovery's error, or RequestTimeoutError after
+        2 * request_timeout_s, and the consumer is left as before (connect() or start() may be called
+        again). shutdown() closes the connections of a consumer connected and never started."""
+        self._early.open(self._subscriptions or {q.topic for q in self._assigned or ()})
+        return self
+
     def start(self) -> PullConsumer:
         """Start fetching; returns self (RocketMQ's DefaultLitePullConsumer.start()).
 
@@ -233,8 +249,9 @@ class PullConsumer(BlockingClient):
         if not self._subscriptions and self._assigned is None:
             raise ClientStateError("subscribe() or assign() before start()")
         self._core = core = AsyncLitePullConsumer(self.settings, self._subscriptions)
+        cluster = self._early.take()  # (the core owns it from here: closes it on failure too)
         try:
-            self._start_core(lambda: core.start(assigned=self._assigned),
+            self._start_core(lambda: core.start(assigned=self._assigned, cluster=cluster),
                              timeout=self.settings.request_timeout_s * 4 + 5)
         except BaseException:
             self._core = None
@@ -246,13 +263,16 @@ class PullConsumer(BlockingClient):
 
         Each queue's final commit is what the offset store holds: the offsets poll() reached under auto
         commit, else the last commit() (what was polled since is read again).
-        Batches fetched but not polled are dropped. Never started, the consumer just goes to SHUTDOWN."""
-        core = self._core
-        try:
-            self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
-        finally:
-            if self._life.state is ClientState.SHUTDOWN:
-                self._core = None
+        Batches fetched but not polled are dropped. Never started, the consumer just goes to SHUTDOWN,
+        closing the connections of connect(); one whose connect() is still under way (on another thread)
+        is shut down, and that connect() closes what it opened."""
+        with self._early.closing():
+            core = self._core
+            try:
+                self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
+            finally:
+                if self._life.state is ClientState.SHUTDOWN:
+                    self._core = None
 
     def _require(self) -> AsyncLitePullConsumer:
         self._life.require(ClientState.RUNNING, action="use the consumer")

@@ -11,7 +11,6 @@ The synchronous PushConsumer runs the core on its own loop thread.
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any
 
 from tidemark.client import tracing
@@ -19,6 +18,7 @@ from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurre
 from tidemark.client.consumer.consume_orderly import ConsumeMessageOrderlyService
 from tidemark.client.consumer.consume_pool import ConsumeThreadPool
 from tidemark.client.consumer.core import ConsumerCore
+from tidemark.client.consumer.early_connection import EarlyConnection
 from tidemark.client.consumer.fetcher import FetchLimits
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
@@ -26,7 +26,6 @@ from tidemark.client.consumer.send_back import SendBackService
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.namespacing import Names
-from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
 from tidemark.client.selector import MessageSelector
 from tidemark.client.settings import PushConsumerSettings, build, unique_instance
@@ -141,10 +140,7 @@ class PushConsumer(BlockingClient):
         self._loop = LoopThread(f"push-consumer-{self.settings.group}")
         self._life = Lifecycle("consumer")
         self._core: AsyncPushConsumer | None = None
-        self._connected: BrokerCluster | None = None  # connect()'s, until start() hands it to the core
-        # connect() hands its cluster over under it, shutdown() takes it: a shutdown while connect() waits
-        # for the brokers leaves connect() to close what it opened.
-        self._connecting = threading.Lock()
+        self._early = EarlyConnection(self.settings, self._loop, self._life)  # connect()'s, until start()
 
     @property
     def client_id(self) -> str:
@@ -207,36 +203,8 @@ class PushConsumer(BlockingClient):
         be reached, the discovery's error (as Producer.start()), or RequestTimeoutError after
         2 * request_timeout_s, and the consumer is left as before (connect() or start() may be called
         again). shutdown() closes the connections of a consumer connected and never started."""
-        self._life.require(ClientState.CREATED, action="connect")
-        if self._connected is not None:
-            return self
-        self._loop.start()
-        try:
-            cluster = self._loop.run(self._connect(sorted(self._subscriptions)),
-                                     timeout=self.settings.request_timeout_s * 2)
-        except BaseException:
-            self._loop.stop()
-            raise
-        with self._connecting:
-            if self._life.state is ClientState.CREATED:
-                self._connected = cluster
-                return self
-        try:  # shut down (on another thread) while it connected
-            self._loop.run(cluster.close(), timeout=self.settings.request_timeout_s + 5)
-        finally:
-            self._loop.stop()
-        raise ClientStateError("the consumer was shut down while connect() ran")
-
-    async def _connect(self, topics: list[str]) -> BrokerCluster:
-        """The connected cluster with the routes of `topics` read too (kept for route_refresh_interval_s):
-        start()'s heartbeat, which waits for them, then leaves at once."""
-        cluster = await BrokerCluster.connect(self.settings)
-        try:
-            await asyncio.gather(*(cluster.route(topic) for topic in topics))
-        except BaseException:
-            await cluster.close()
-            raise
-        return cluster
+        self._early.open(self._subscriptions)
+        return self
 
     def start(self) -> PushConsumer:
         """Join the group and start consuming; returns self (RocketMQ's DefaultMQPushConsumer.start()).
@@ -257,7 +225,7 @@ class PushConsumer(BlockingClient):
         # as soon as the first rebalance inside start() hands out a queue.
         self._core = core = AsyncPushConsumer(self.settings, self._subscriptions, self._listener,
                                               orderly=self._orderly)
-        cluster, self._connected = self._connected, None  # (the core owns it from here: closes it on failure too)
+        cluster = self._early.take()  # (the core owns it from here: closes it on failure too)
         try:
             self._start_core(lambda: core.start(cluster=cluster), timeout=self.settings.request_timeout_s * 4 + 5)
         except BaseException:
@@ -269,13 +237,7 @@ class PushConsumer(BlockingClient):
         """Graceful: queues are drained, committed and released; idempotent. A consumer connected
         (connect()) and never started only closes its connections; one whose connect() is still under way
         (on another thread) is shut down, and that connect() closes what it opened."""
-        with self._connecting:
-            cluster, self._connected = self._connected, None
-            if cluster is not None and self._life.state is ClientState.CREATED:
-                try:
-                    self._loop.run(cluster.close(), timeout=self.settings.request_timeout_s + 5)
-                finally:
-                    self._loop.stop()
+        with self._early.closing():
             core = self._core
             try:
                 self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)

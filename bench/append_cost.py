@@ -13,10 +13,15 @@ system, /proc/PID/stat) per row written, and rows/s. In each of --rounds rounds 
 with idempotence on and off, the brokers' order alternating from round to round; medians are
 printed.
 
+--request-rows 512,2048,4096 runs the sink's tasks with that many rows a request (the sink's
+MAX_BATCH_MESSAGES; its byte limit raised to what one request may hold, 4 MiB - 64 KiB), each in turn
+against every broker, in an order alternating from round to round like the brokers'.
+
 --baseline-rev REV builds a copy of the broker (tidemark package) in which the files that decide a
-produce batch's append path (common/records.py, broker/store/, broker/ingest/, broker/producers/)
-are as they were at REV and everything else is this checkout's, and runs it beside this code's
-broker. Prints numbers; asserts nothing.
+produce batch's append path (common/records.py, broker/store/, broker/ingest/, broker/producers/,
+and broker/memory.py, the allocator's settings) are as they were at REV and everything else is this
+checkout's, and runs it beside this code's broker. Prints numbers (the broker's minor page faults a
+row too); asserts nothing.
 
 --stages times the store's stages in this process instead (CPU ns a row of a 512-record sink batch:
 the check, stamping, sealing, consume-queue entries, MessageStore.append_records whole; best of 9),
@@ -46,7 +51,7 @@ from bench.spark_baseline import copy_package
 
 QUEUES = 4
 BATCH_ROWS = 10_000
-APPEND_PATH = ("common/records.py", "broker/store", "broker/ingest", "broker/producers")
+APPEND_PATH = ("common/records.py", "broker/store", "broker/ingest", "broker/producers", "broker/memory.py")
 
 
 def build_baseline(rev: str, out: Path) -> Path:
@@ -83,11 +88,28 @@ def _batches(first: int, rows: int, size: int):
     return out
 
 
-def task(brokers: str, topic: str, idempotent: bool, first: int, rows: int, size: int) -> int:
+_SINK_DEFAULTS: dict[str, int] = {}
+
+
+def set_request_rows(rows: int | None) -> None:
+    """The sink's rows a request (MAX_BATCH_MESSAGES) in this process: `rows`, or the sink's own (None). Its
+    byte limit grows with it, up to what one request may hold (the producer's max_message_size)."""
+    from tidemark.spark_connector import sink
+
+    if not _SINK_DEFAULTS:
+        _SINK_DEFAULTS.update(MAX_BATCH_MESSAGES=sink.MAX_BATCH_MESSAGES, MAX_BATCH_BYTES=sink.MAX_BATCH_BYTES)
+    sink.MAX_BATCH_MESSAGES = rows or _SINK_DEFAULTS["MAX_BATCH_MESSAGES"]
+    sink.MAX_BATCH_BYTES = (_SINK_DEFAULTS["MAX_BATCH_BYTES"] if rows is None
+                            else max(_SINK_DEFAULTS["MAX_BATCH_BYTES"], (4 << 20) - (64 << 10)))
+
+
+def task(brokers: str, topic: str, idempotent: bool, first: int, rows: int, size: int,
+         request_rows: int | None = None) -> int:
     """One sink task (a child process): its share of the rows written through spark_connector.sink."""
     from tidemark.spark_connector.options import parse_write_options
     from tidemark.spark_connector.sink import produce
 
+    set_request_rows(request_rows)
     batches = _batches(first, rows, size)
     options = parse_write_options({"brokers": brokers, "topic": topic, "idempotent": str(idempotent).lower()})
     return produce(options, iter(batches))
@@ -127,25 +149,36 @@ def send_task(brokers: str, topic: str, idempotent: bool, first: int, rows: int,
     return rows
 
 
+def minor_faults(server: Server) -> int:
+    """The broker's minor page faults so far (/proc/PID/stat): a request buffer served from fresh mmap pages
+    faults once a page."""
+    try:
+        return int(Path(f"/proc/{server.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[7])
+    except (OSError, AttributeError):
+        return 0
+
+
 def run_once(pool: ProcessPoolExecutor, server: Server, brokers: str, topic: str, idempotent: bool, rows: int,
-             size: int, tasks: int, workload: str = "sink") -> tuple[float, float]:
+             size: int, tasks: int, workload: str = "sink", request_rows: int | None = None) -> tuple[float, float]:
     """(broker CPU us per row, rows/s) of one write."""
     from tidemark.client import Admin
 
     with Admin(brokers=brokers) as admin:
         admin.create_topic(topic, QUEUES if workload == "sink" else 8)
     share = rows // tasks
-    cpu0, t0 = server.cpu_seconds(), time.perf_counter()
+    cpu0, faults0, t0 = server.cpu_seconds(), minor_faults(server), time.perf_counter()
     fn = {"sink": task, "produce": produce_task, "send": send_task}[workload]
-    futures = [pool.submit(fn, brokers, topic, idempotent, i * share, share, size) for i in range(tasks)]
+    extra = (request_rows,) if workload == "sink" else ()
+    futures = [pool.submit(fn, brokers, topic, idempotent, i * share, share, size, *extra) for i in range(tasks)]
     sent = sum(f.result() for f in futures)
     elapsed, cpu = time.perf_counter() - t0, server.cpu_seconds() - cpu0
+    faults = minor_faults(server) - faults0
     with Admin(brokers=brokers) as admin:
         got = sum(high - low for low, high in admin.offsets(admin.fetch_message_queues(topic)).values())
         admin.delete_topic(topic)
     if got != share * tasks or sent != got:
         raise SystemExit(f"{topic}: the topic holds {got} messages, {sent} sent, expected {share * tasks}")
-    return cpu / got * 1e6, got / elapsed
+    return cpu / got * 1e6, got / elapsed, faults / got
 
 
 def stages(count: int = 512) -> dict[str, float]:
@@ -246,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-rev", default=None, help="also run a broker whose append path is REV's")
     parser.add_argument("--only", choices=("idempotent", "plain"), default=None)
     parser.add_argument("--workload", choices=("sink", "produce", "send"), default="sink")
+    parser.add_argument("--request-rows", default=None, metavar="N,M,...",
+                        help="the sink's rows a request: run each of these against every broker, interleaved")
     parser.add_argument("--stages", action="store_true", help="time the store's stages in-process instead")
     args = parser.parse_args(argv)
     if args.stages:
@@ -265,29 +300,32 @@ def main(argv: list[str] | None = None) -> int:
             server, address = start_broker("base", scratch, base)
             brokers.append((f"base {args.baseline_rev}", server, address))
         modes = [m for m in (True, False) if args.only is None or m == (args.only == "idempotent")]
-        results: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+        sizes = [int(n) for n in args.request_rows.split(",")] if args.request_rows else [None]
+        results: dict[tuple[str, bool], list[tuple[float, float, float]]] = {}
         with ProcessPoolExecutor(args.tasks, mp_context=get_context("spawn")) as pool:
             for _, server, address in brokers:  # warm-up: imports, first connections
                 run_once(pool, server, address, f"warm-{os.getpid()}", True, min(BATCH_ROWS * args.tasks, args.rows), args.size,
                          args.tasks, args.workload)
             for r in range(args.rounds):
                 order = brokers if r % 2 == 0 else brokers[::-1]
-                for idempotent in modes:
-                    for label, server, address in order:
-                        topic = f"append-{os.getpid()}-{r}-{'idem' if idempotent else 'plain'}"
-                        cpu, rate = run_once(pool, server, address, topic, idempotent, args.rows, args.size,
-                                             args.tasks, args.workload)
-                        results.setdefault((label, idempotent), []).append((cpu, rate))
-                        print(f"round {r + 1} {label:>14} idempotent={str(idempotent).lower():5} "
-                              f"broker CPU {cpu:6.2f} us/row  {rate:10,.0f} rows/s  load {os.getloadavg()[0]:.1f}",
+                for idempotent, request_rows in [(m, n) for m in modes for n in (sizes if r % 2 == 0 else sizes[::-1])]:
+                    for name, server, address in order:
+                        label = name if request_rows is None else f"{name} {request_rows}/req"
+                        topic = f"append-{os.getpid()}-{r}-{'idem' if idempotent else 'plain'}-{request_rows}"
+                        cpu, rate, faults = run_once(pool, server, address, topic, idempotent, args.rows, args.size,
+                                             args.tasks, args.workload, request_rows)
+                        results.setdefault((label, idempotent), []).append((cpu, rate, faults))
+                        print(f"round {r + 1} {label:>22} idempotent={str(idempotent).lower():5} "
+                              f"broker CPU {cpu:6.2f} us/row  {rate:10,.0f} rows/s  {faults:5.2f} faults/row  load {os.getloadavg()[0]:.1f}",
                               flush=True)
         what = {"produce": "messages of 1 KiB, send_async", "send": "messages of 1 KiB, one send at a time"}.get(
             args.workload, f"rows of {args.size} B, {args.tasks} sink tasks")
         print(f"\nmedians of {args.rounds} rounds, {args.rows:,} {what}:")
         for (label, idempotent), runs in results.items():
-            print(f"{label:>14} idempotent={str(idempotent).lower():5} broker CPU "
-                  f"{statistics.median(c for c, _ in runs):6.2f} us/row  "
-                  f"{statistics.median(r for _, r in runs):10,.0f} rows/s")
+            print(f"{label:>22} idempotent={str(idempotent).lower():5} broker CPU "
+                  f"{statistics.median(c for c, _, _ in runs):6.2f} us/row  "
+                  f"{statistics.median(r for _, r, _ in runs):10,.0f} rows/s  "
+                  f"{statistics.median(f for _, _, f in runs):5.2f} faults/row")
     finally:
         for _, server, _ in brokers:
             server.stop()

@@ -18,7 +18,7 @@ Every writer runs once first as a warm-up. A tidemark write is checked by the
 topic's message count; with the broker started here, its CPU (user + system)
 per row written is printed too. --baseline-broker REV starts a second broker
 whose append path (common/records.py, broker/store, broker/ingest,
-broker/producers) is REV's (bench.append_cost.build_baseline) and adds the
+broker/producers, broker/memory.py) is REV's (bench.append_cost.build_baseline) and adds the
 same two tidemark writers against it to the rounds. Prints numbers; asserts
 nothing.
 """

@@ -59,9 +59,14 @@ from tidemark.client.errors import InvalidArgumentError, TidemarkError
 from tidemark.spark_connector.encode import RecordEncoder, record_bytes
 from tidemark.spark_connector.options import OptionError, WriteOptions
 
-MAX_BATCH_MESSAGES = 512
+# Rows a request: the broker pays a fixed cost per request (gRPC's intake and answer, the check's and
+# append's numpy calls), so 2,048 rows of 200 bytes (about 540 KB) cost it 5 to 33 % less CPU a row than
+# 512 in the same rounds; 4,096 gained no more (docs/benchmarks.md, issue 33, fifth pass). At most 1 MiB a
+# request, which the broker serves from its heap (broker/memory.py).
+MAX_BATCH_MESSAGES = 2048
 MAX_BATCH_BYTES = 1024 * 1024
-# Batches of a task on their way at once (over the topic's queues; the producer allows 5 per queue).
+# Batches of a task on their way at once (over the topic's queues; the producer allows 5 per queue):
+# at most IN_FLIGHT * MAX_BATCH_BYTES (16 MiB) of a task's records unanswered.
 IN_FLIGHT = 16
 
 _COLUMN_TYPES: dict[str, tuple[tuple[type[DataType], ...], str]] = {

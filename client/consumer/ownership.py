@@ -22,7 +22,7 @@ RocketMQ-style (queue_locking=False): no locks; a leaving queue is dropped at
 once and its offset persisted without waiting for running batches.
 
 What differs between a push and a lite pull consumer is left to its
-OwnershipHooks, as RocketMQ's RebalanceImpl leaves computePullFromWhere,
+OwnershipHooks (ownership_hooks.py), as RocketMQ's RebalanceImpl leaves computePullFromWhere,
 dispatchPullRequest and removeUnnecessaryMessageQueue to its subclasses.
 
 Queue set changes go through one asyncio.Lock, so rebalances, lock grants
@@ -40,12 +40,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
-from typing import Protocol
 
 from tidemark.client.consumer.final_unlocks import FinalUnlocks
 from tidemark.client.consumer.kept_progress import KeptProgress, resume_offset
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.offset_store import OffsetStore
+from tidemark.client.consumer.ownership_hooks import OwnershipHooks
 from tidemark.client.consumer.pending_unlocks import LOCK_RETRY_DELAY_S, PendingUnlocks
 from tidemark.client.consumer.queue_state import OwnedQueue, QueueState
 from tidemark.client.errors import FencedError, TidemarkError
@@ -69,31 +69,6 @@ FIRST_LOCK_WAIT_MS = 100
 # call is asked again outside the ownership lock, where the grant's lock token keeps a late one harmless
 # (a broker without tokens keeps the request timeout: only the lock keeps its late unlocks harmless).
 FINAL_UNLOCK_WAIT_S = 1.0
-
-
-class OwnershipHooks(Protocol):
-    """What a consumer kind decides (RocketMQ's RebalanceImpl hooks)."""
-
-    #: Record the computed start of a queue as its progress (push: a group that owned a queue and
-    #: consumed nothing resumes there; lite pull commits only what the application polled).
-    commit_start_offset: bool
-
-    async def start_offset(self, mq: MessageQueue, committed: int | None) -> int:
-        """computePullFromWhere: where reading a newly owned queue starts (`committed`: the group's
-        offset when the lock grant told it; None: ask the broker)."""
-
-    async def lease_started(self, lease: QueueLease) -> None:
-        """dispatchPullRequest: start fetching the lease from its start offset."""
-
-    async def lease_draining(self, lease: QueueLease) -> None:
-        """removeUnnecessaryMessageQueue: stop fetching; return once the lease's running work is done
-        (bounded by the drain timeout)."""
-
-    def lease_ended(self, lease: QueueLease) -> None:
-        """Forget the lease: stop fetching, drop what is buffered for it."""
-
-    def queue_lost(self, mq: MessageQueue) -> None:
-        """Ownership was taken away: heartbeat and rebalance now rather than at the next timer."""
 
 
 class QueueOwnership:
@@ -276,11 +251,10 @@ class QueueOwnership:
     async def stop(self) -> None:
         """Stop waiting for locks and asking again for failed unlocks (before release_all at shutdown;
         leaving the group then releases every lock this client holds). Unlocks that failed are asked once
-        more, with the full request time: their final commits would be lost otherwise."""
+        more by release_all, beside the final calls: their final commits would be lost otherwise."""
         self._stopping = True
         await self._lock_waiters.close()
         await self._unlocks.close()
-        await self._unlocks.sweep()
 
     async def renew_locks(self) -> None:
         """Renew every held lock; a queue whose lock was not renewed is lost."""
@@ -319,19 +293,21 @@ class QueueOwnership:
 
     async def release_all(self) -> None:
         """Hand every queue back; also completes releases a cancelled rebalance had started. After stop()
-        (shutdown), a final call that failed is asked once more with the full request time, as stop()
-        did for the ones before: nothing asks again in the background any more."""
-        async with self._lock:
-            await asyncio.gather(*(self._release(oq) for oq in list(self._queues.values())))
-        if not self._stopping:
-            return
-        left = await self._unlocks.sweep()
-        if left:
-            # The broker lets these locks expire by itself; the commits are lost, and the queues' next
-            # owners resume from the group's last committed offsets (some messages consumed again).
-            log.warning("final commits and unlocks not delivered at shutdown", event="final_commit_lost",
-                        group=self._group, queues=", ".join(str(mq) for mq in left))
-        await self._finals.close()
+        (shutdown) nothing asks again in the background: the unlocks that failed before are asked beside
+        the final calls, all with the full request time and at once, and what fails then is asked once more
+        (pending_unlocks.py, `last_sweep`), whatever one release raised."""
+        try:
+            async with self._lock:
+                earlier = [self._unlocks.sweep()] if self._stopping else []
+                outcomes = await asyncio.gather(*earlier, *(self._release(oq) for oq in list(self._queues.values())),
+                                                return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    log.error("release failed", event="release_failed", group=self._group, exc_info=outcome)
+        finally:
+            if self._stopping:
+                await self._unlocks.last_sweep()
+                await self._finals.close()
 
     # -- internals -------------------------------------------------------------
 
@@ -394,7 +370,7 @@ class QueueOwnership:
             except Exception as e:  # (whatever it was: asked again, and the queues granted beside start)
                 _log_failure("unlock failed", "unlock_failed", e, group=self._group, broker=broker)
                 for mq, token in stale.items():
-                    self._unlocks.add(mq, None, token)
+                    self._unlocks.add(mq, None, token, e)
         return granted, bool(grants)
 
     async def _start(self, oq: OwnedQueue) -> bool:
@@ -476,7 +452,7 @@ class QueueOwnership:
             await conn.unlock_queues(self._group, self._client_id, [oq.mq], tokens=[oq.lock_token])
         except Exception as e:  # (whatever it was: asked again)
             _log_failure("unlock failed", "unlock_failed", e, group=self._group, queue=oq.mq)
-            self._unlocks.add(oq.mq, None, oq.lock_token)
+            self._unlocks.add(oq.mq, None, oq.lock_token, e)
 
     async def _finish_release(self, oq: OwnedQueue) -> None:
         """DRAINING -> RELEASED: stop fetching, drain, commit, unlock."""
@@ -515,7 +491,7 @@ class QueueOwnership:
                 log.warning("final commit and unlock failed, asking again",
                             event="final_commit_failed", group=self._group, queue=oq.mq,
                             error=str(e) or f"no answer within {bound} s")
-                self._unlocks.add(oq.mq, commit, oq.lock_token)
+                self._unlocks.add(oq.mq, commit, oq.lock_token, e)
         for error in refused:
             if isinstance(error, FencedError):
                 self._lose(oq, f"final commit fenced: {error}")

@@ -16,8 +16,12 @@ taken around the call: nothing else keeps its late unlock from releasing a
 lock that came back to us meanwhile.
 
 At shutdown nothing asks again in the background (`close`), but what is left
-is asked once more with the full request time (`sweep`): each entry carries a
-final commit that is lost otherwise.
+is asked once more with the full request time (`sweep`, beside the final
+calls of the queues handed back then): each entry carries a final commit that
+is lost otherwise. After those calls, what failed is asked once more
+(`last_sweep`), except of a broker that just did not answer within a full
+request time: a broker that does not answer holds a shutdown up for one
+request timeout, not one per round.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tidemark.client.consumer.final_unlocks import FinalUnlocks
-from tidemark.client.errors import TidemarkError
+from tidemark.client.errors import RequestTimeoutError, TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.types import OffsetCommit
 from tidemark.common.logs import get_logger
@@ -40,6 +44,9 @@ LOCK_RETRY_DELAY_S = 1.0
 # How long an unlock that failed is asked again: by then the broker has let the lock expire by itself
 # (RocketMQ's REBALANCE_LOCK_MAX_LIVE_TIME, the broker's default lock_expiry_ms).
 LOCK_LIFETIME_S = 60.0
+# A call that got no answer within its time (the broker paused, cut off, overloaded), not one refused or
+# broken off at once.
+UNANSWERED = (RequestTimeoutError, TimeoutError)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,7 @@ class PendingUnlocks:
         self._retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
         self._retrying: set[str] = set()  # brokers with a retry task
         self.retries = 0  # UnlockQueues calls asked again
+        self._silent: set[str] = set()  # brokers whose last unlock got no answer in time (UNANSWERED)
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -69,9 +77,12 @@ class PendingUnlocks:
     def queues(self) -> list[MessageQueue]:
         return sorted(self._pending)
 
-    def add(self, mq: MessageQueue, commit: OffsetCommit | None, token: int) -> None:
-        """Ask again for `mq`'s unlock (and its final commit) until the broker answers. After close(),
-        only the next sweep() asks."""
+    def add(self, mq: MessageQueue, commit: OffsetCommit | None, token: int,
+            error: BaseException | None = None) -> None:
+        """Ask again for `mq`'s unlock (and its final commit) until the broker answers (`error`: why the
+        call failed). After close(), only the next sweep() asks."""
+        if isinstance(error, UNANSWERED):
+            self._silent.add(mq.broker_name)
         self._pending[mq] = PendingUnlock(commit, token, asyncio.get_running_loop().time() + LOCK_LIFETIME_S)
         broker = mq.broker_name
         if broker not in self._retrying:
@@ -92,11 +103,26 @@ class PendingUnlocks:
         """Stop asking in the background (shutdown)."""
         await self._retries.close()
 
-    async def sweep(self) -> list[MessageQueue]:
-        """Ask once for every pending queue, each broker's at once, with the full request time; the
-        queues still pending after it."""
-        await asyncio.gather(*(self._ask(broker) for broker in {mq.broker_name for mq in self._pending}))
-        return self.queues()
+    async def sweep(self, *, answering: bool = False) -> None:
+        """Ask once for every pending queue, each broker's at once, with the full request time (with
+        `answering`, not of the brokers whose last call got no answer in time)."""
+        brokers = {mq.broker_name for mq in self._pending} - (self._silent if answering else set())
+        await asyncio.gather(*(self._ask(broker) for broker in brokers))
+
+    async def last_sweep(self) -> None:
+        """At shutdown, once every queue's final call is done: what failed is asked once more, unless its
+        broker just did not answer within a full request time (it would hold the shutdown up once more);
+        then the final commits still undelivered are told."""
+        await self.sweep(answering=True)
+        lost = [mq for mq, p in sorted(self._pending.items()) if p.commit is not None]
+        if lost:
+            # The broker lets these locks expire by itself; the commits are lost, and the queues' next
+            # owners resume from the group's last committed offsets (some messages consumed again).
+            log.warning("final commits and unlocks not delivered at shutdown", event="final_commit_lost",
+                        group=self._group, queues=", ".join(str(mq) for mq in lost))
+        if len(lost) < len(self._pending):  # (no commit to lose: their next owners wait for the locks' expiry)
+            log.info("unlocks not delivered at shutdown", event="unlock_lost", group=self._group,
+                     queues=", ".join(str(mq) for mq in sorted(self._pending) if mq not in lost))
 
     async def _retry(self, broker: str) -> None:
         try:
@@ -125,6 +151,10 @@ class PendingUnlocks:
         outcomes = await self._finals.unlock(broker, list(pending),
                                              [p.commit for p in pending.values() if p.commit is not None],
                                              [p.token for p in pending.values()])
+        if any(isinstance(outcome, UNANSWERED) for outcome in outcomes.values()):
+            self._silent.add(broker)
+        else:
+            self._silent.discard(broker)
         for mq, p in pending.items():
             outcome = outcomes[mq]
             if isinstance(outcome, TidemarkError) and outcome.retriable:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
 
 import pytest
 from brokerproc import BrokerProcess, BrokerStubs
@@ -17,9 +19,10 @@ from tidemark.client.consumer import pending_unlocks
 from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
 from tidemark.client.consumer.ownership import QueueOwnership
 from tidemark.client.consumer.queue_state import QueueState
+from tidemark.client.errors import UnavailableError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
-from tidemark.v1 import admin_pb2
+from tidemark.v1 import admin_pb2, common_pb2, messaging_pb2
 
 TIMEOUT = 15
 _topics = itertools.count()
@@ -36,10 +39,14 @@ def broker(tmp_path_factory):
 
 @pytest.fixture
 def topic(broker) -> str:
-    """A fresh topic of two queues (each test its own locks and offsets)."""
+    """A fresh topic of two queues of ten messages each (each test its own locks and offsets)."""
     name = f"OwnFaults{next(_topics)}"
     with BrokerStubs(broker.address) as s:
         s.admin.CreateTopic(admin_pb2.CreateTopicRequest(name=name, queue_nums=2), timeout=TIMEOUT)
+        for queue_id in range(2):
+            s.messaging.SendMessage(messaging_pb2.SendMessageRequest(
+                topic=name, queue_id=queue_id, messages=[common_pb2.Message(body=b"m%d" % i) for i in range(10)]),
+                timeout=TIMEOUT)
     return name
 
 
@@ -59,6 +66,7 @@ class Faults:
         self.moves = real.moves
         self.lock_faults: list[BaseException] = []
         self.unlock_faults: list[BaseException] = []
+        self.unlock_calls = 0
         self.hold: asyncio.Event | None = None
         self.held = asyncio.Event()  # a LockQueues answered and waiting for `hold`
 
@@ -83,6 +91,7 @@ class FaultyConnection:
         return grants
 
     async def unlock_queues(self, *args, **kwargs):
+        self._faults.unlock_calls += 1
         if self._faults.unlock_faults:
             raise self._faults.unlock_faults.pop(0)
         return await self._conn.unlock_queues(*args, **kwargs)
@@ -161,9 +170,9 @@ async def _free(real: BrokerCluster, mq: MessageQueue) -> bool:
     return bool(await conn.lock_queues("g", "c2", [mq]))
 
 
-def _run(broker, scenario) -> None:
+def _run(broker, scenario, *, timeout_s: float = 3.0) -> None:
     async def go():
-        real = BrokerCluster([broker.address], timeout_s=3.0)
+        real = BrokerCluster([broker.address], timeout_s=timeout_s)
         try:
             await real.discover()
             await scenario(real, Faults(real))
@@ -328,4 +337,65 @@ def test_a_restart_whose_lease_cannot_start_lets_the_queue_go(broker, topic):
         await asyncio.wait_for(hooks.lost_event.wait(), 10)
         await own.stop()
         await own.release_all()
+    _run(broker, scenario)
+
+
+def test_a_shutdown_against_a_broker_that_does_not_answer_waits_once(broker, topic, monkeypatch, caplog):
+    """The broker paused (SIGSTOP): stop() asked the unlock that had failed before, with the full request
+    time; release_all then sent the final call, with the full time; and asked it once more, with the full
+    time: three request timeouts, one after the other. Now the earlier unlock and the final call go at once,
+    and a broker that did not answer is not asked again. The warning of lost final commits named the queue
+    whose unlock had no commit to lose, too."""
+    monkeypatch.setattr(pending_unlocks, "LOCK_RETRY_DELAY_S", 3600)  # (no retry in the background)
+    pulled, unstarted = (MessageQueue(topic, "broker-a", i) for i in range(2))
+
+    class NoStartOffsetFor(Hooks):
+        async def start_offset(self, mq, committed):
+            if mq == unstarted:
+                raise OSError("offset file: I/O error")
+            return await super().start_offset(mq, committed)
+
+    async def scenario(real, faults):
+        own = _ownership(faults, NoStartOffsetFor())
+        await own.update(topic, {pulled, unstarted})
+        await own.settle()
+        assert _pulling(own, pulled) and own.get(unstarted).owner_epoch is not None
+        own._store.update_offset(pulled, 5, increase_only=True)
+        faults.unlock_faults = [UnavailableError("connection reset")]
+        await own.update(topic, {pulled})  # the granted, unstarted queue's unlock (no commit) fails
+        assert own.pending_unlocks == 1
+        calls = faults.unlock_calls
+        os.kill(broker.proc.pid, signal.SIGSTOP)
+        try:
+            await own.stop()
+            await own.release_all()
+        finally:
+            os.kill(broker.proc.pid, signal.SIGCONT)
+        assert faults.unlock_calls - calls == 2, "the earlier unlock and the final call, each asked once"
+        assert own.pending_unlocks == 2
+    _run(broker, scenario, timeout_s=1.0)
+    (lost,) = [r for r in caplog.records if getattr(r, "tm_event", None) == "final_commit_lost"]
+    assert lost.tm_fields["queues"] == str(pulled), "only the queue whose final commit is lost"
+
+
+def test_a_release_raising_at_shutdown_leaves_the_others_final_commits_asked_once_more(broker, topic):
+    """One queue's release raising (its drain) ended release_all before its last sweep: another queue's
+    final commit, whose call had failed at once, was never asked again."""
+    kept, failing = (MessageQueue(topic, "broker-a", i) for i in range(2))
+
+    class DrainRaises(Hooks):
+        async def lease_draining(self, lease):
+            if lease.mq == failing:
+                raise OSError("drain: listener pool gone")
+
+    async def scenario(real, faults):
+        own = _ownership(faults, DrainRaises())
+        await own.update(topic, {kept, failing})
+        await own.settle()
+        own._store.update_offset(kept, 7, increase_only=True)
+        faults.unlock_faults = [UnavailableError("connection reset")]  # the final call fails, at once
+        await own.stop()
+        await own.release_all()
+        conn = await real.connection("broker-a")
+        assert (await conn.query_consumer_offset("g", kept))[0] == 7, "the final commit asked once more"
     _run(broker, scenario)

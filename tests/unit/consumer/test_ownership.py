@@ -36,6 +36,7 @@ class ScriptedBroker:
         self.final_offsets: list[tuple[MessageQueue, int]] = []  # final commits of successful unlocks
         self.commits: list[tuple[MessageQueue, int]] = []  # other commits
         self.unlock_failures = 0  # how many unlock calls fail (as when the broker cannot be reached)
+        self.unlock_error = RequestTimeoutError  # how they fail (UnavailableError: at once, not unanswered)
         self.unlock_gate: asyncio.Event | None = None  # unlock calls wait for it (a call under way)
         self.unlock_calls = 0
         self.tokens: dict[MessageQueue, int] = {}  # the latest grant of each queue
@@ -69,7 +70,7 @@ class ScriptedBroker:
             await self.unlock_gate.wait()
         if self.unlock_failures:
             self.unlock_failures -= 1
-            raise RequestTimeoutError("unlock: no answer")
+            raise self.unlock_error("unlock: no answer")
         quoted = dict(zip(mqs, tokens, strict=True)) if tokens else {}
         current = [mq for mq in mqs if quoted.get(mq, 0) in (0, self.tokens.get(mq))]
         for mq in current:

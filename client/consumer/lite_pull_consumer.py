@@ -16,13 +16,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tidemark.client import tracing
+from tidemark.client.consumer.blocking import BlockingConsumer
 from tidemark.client.consumer.core import ConsumerCore
 from tidemark.client.consumer.early_connection import EarlyConnection
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.namespacing import Names
-from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
+from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
 from tidemark.client.selector import MessageSelector
 from tidemark.client.settings import PullConsumerSettings, build, unique_instance
 from tidemark.common.logs import get_logger
@@ -164,7 +165,7 @@ class AsyncLitePullConsumer(ConsumerCore):
             await self.offset_store.persist_all(self.ownership.assigned())
 
 
-class PullConsumer(BlockingClient):
+class PullConsumer(BlockingConsumer):
     """Synchronous lite pull consumer.
 
         with PullConsumer(group="g", brokers="127.0.0.1:10911") as c:   # after subscribe()/assign()

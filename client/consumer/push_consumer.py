@@ -14,6 +14,7 @@ import asyncio
 from typing import Any
 
 from tidemark.client import tracing
+from tidemark.client.consumer.blocking import BlockingConsumer
 from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
 from tidemark.client.consumer.consume_orderly import ConsumeMessageOrderlyService
 from tidemark.client.consumer.consume_pool import ConsumeThreadPool
@@ -26,7 +27,7 @@ from tidemark.client.consumer.send_back import SendBackService
 from tidemark.client.errors import ClientStateError, InvalidArgumentError
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.namespacing import Names
-from tidemark.client.runtime import BlockingClient, ClientState, Lifecycle, LoopThread
+from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
 from tidemark.client.selector import MessageSelector
 from tidemark.client.settings import PushConsumerSettings, build, unique_instance
 from tidemark.common.logs import get_logger
@@ -120,7 +121,7 @@ class AsyncPushConsumer(ConsumerCore):
         await asyncio.to_thread(self.pool.shutdown)
 
 
-class PushConsumer(BlockingClient):
+class PushConsumer(BlockingConsumer):
     """Synchronous push consumer.
 
         consumer = PushConsumer(group="orders", brokers="127.0.0.1:10911")
@@ -141,13 +142,6 @@ class PushConsumer(BlockingClient):
         self._life = Lifecycle("consumer")
         self._core: AsyncPushConsumer | None = None
         self._early = EarlyConnection(self.settings, self._loop, self._life)  # connect()'s, until start()
-
-    @property
-    def client_id(self) -> str:
-        """How the brokers know this consumer in its group (member lists, allocation, queue locks):
-        RocketMQ's clientId, client_ip@instance_name. Without an instance_name each consumer of the
-        process gets its own (pid, pid-2...), so two consumers in one process never share one."""
-        return self.settings.client_id
 
     @property
     def state(self) -> ClientState:

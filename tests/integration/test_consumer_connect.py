@@ -70,7 +70,7 @@ def test_connected_consumer_joins_only_at_start_and_consumes_on_the_open_connect
             c.start()
             assert c._core.cluster is connected  # start() used what connect() opened
             assert c._early.cluster is None
-            assert admin.consumer_ids(group) == [c.settings.client_id]
+            assert admin.consumer_ids(group) == [c.client_id]
         consumed(c, seen, produce(broker.address, "Joiners", 20, batch=10))
     finally:
         c.shutdown()

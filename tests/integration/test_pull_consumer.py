@@ -65,3 +65,25 @@ def test_subscribe_gets_all_queues_and_auto_commits(broker):
         with Admin(brokers=broker.address) as admin:
             wait_until(lambda: all(s.lag == 0 for s in admin.consume_stats("lite-sub", "LiteSub")), 10,
                        "auto commit")
+
+
+def test_two_consumers_in_one_process_are_two_members_known_by_their_client_ids(broker):
+    """client_id is what the brokers know each consumer by: the group's members are exactly the two ids,
+    each owning the queues its consumer was given."""
+    create_topic(broker.address, "LiteSplit", 4)
+    consumers = [PullConsumer(group="lite-split", brokers=broker.address) for _ in range(2)]
+    for c in consumers:
+        c.subscribe("LiteSplit")
+    try:
+        for c in consumers:
+            c.start()
+        first, second = consumers
+        assert first.client_id != second.client_id
+        wait_until(lambda: len(first.assignment()) == len(second.assignment()) == 2, 30, "2 queues each")
+        with Admin(brokers=broker.address) as admin:
+            wait_until(lambda: {m.client_id: {q for q in m.owned_queues if q.topic == "LiteSplit"}
+                                for m in admin.describe_group("lite-split").members}
+                       == {c.client_id: c.assignment() for c in consumers}, 30, "members owning what they read")
+    finally:
+        for c in consumers:
+            c.shutdown()

@@ -51,6 +51,10 @@ class SendBackService:
 
     async def _send_to_retry_topic(self, msg: MessageExt, delay_level: int) -> None:
         props = dict(msg.properties)
+        # A committed transactional message still carries TRAN_MSG=true, as RocketMQ's does: its copy is
+        # a plain retry, not a new half (RocketMQ's sendMessageBack clears it too), which the broker would
+        # refuse on a retry topic.
+        props.pop(PropertyKey.TRANSACTION_PREPARED, None)
         props.setdefault(PropertyKey.RETRY_TOPIC, msg.topic)
         props[PropertyKey.UNIQ_KEY] = msg.msg_id
         props[PropertyKey.RECONSUME_TIME] = str(msg.reconsume_times + 1)

@@ -234,3 +234,35 @@ def test_a_half_sent_again_while_its_first_send_waits_for_fsync_is_stored_once(b
         results = list(pool.map(lambda _: p.send(half), range(6)))  # the same half, six times at once
     assert len({(r.message_queue.queue_id, r.queue_offset) for r in results}) == 1, results
     assert [h.msg_id for h in open_halves(b.address)] == ["7A84E33DDD08000001A21DFBE9C30056"]
+
+
+def test_a_committed_message_sent_back_by_the_consumer_itself_is_a_plain_retry(fast_broker):
+    """The committed copy carries TRAN_MSG=true (as RocketMQ's stored copy does). When the broker cannot
+    take a consumer's send-back, the consumer sends a copy to the retry topic itself; that copy must not
+    be a half message, which the broker refuses on a retry topic: the message was consumed locally again
+    instead of being retried."""
+    import asyncio
+
+    from tidemark.client.consumer.send_back import SendBackService
+    from tidemark.client.remoting.cluster import BrokerCluster
+    from tidemark.common.protocol import PropertyKey
+
+    with producer(fast_broker, Checks(UNKNOW)) as p:
+        p.send_message_in_transaction(Message("Orders", b"paid", keys="o1"), lambda m, a: COMMIT)
+    [committed] = stored_messages(fast_broker.address, "Orders")
+    assert committed.properties[PropertyKey.TRANSACTION_PREPARED] == "true"
+    committed.commit_log_offset += 1 << 30  # nothing there: the broker's send-back fails, the fallback runs
+
+    async def send_back() -> tuple[bool, int]:
+        cluster = BrokerCluster([fast_broker.address])
+        try:
+            service = SendBackService(cluster=cluster, group="billing", client_id="c1", max_reconsume_times=0)
+            return await service.send_back(committed, delay_level=1), service.fallback_sends
+        finally:
+            await cluster.close()
+
+    assert asyncio.run(send_back()) == (True, 1)
+    wait_until(lambda: visible(fast_broker.address, "%RETRY%billing") == [b"paid"], 30, "the retry, after 1 s")
+    [retry] = stored_messages(fast_broker.address, "%RETRY%billing")
+    assert PropertyKey.TRANSACTION_PREPARED not in retry.properties and retry.reconsume_times == 1
+    assert open_halves(fast_broker.address) == []

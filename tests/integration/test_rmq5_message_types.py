@@ -5,8 +5,9 @@ The RocketMQ proxy reads the type off what the message carries (GrpcConverter.bu
 TRAN_MSG "true" is TRANSACTION, then a delay level or a delivery time (TIMER_DELIVER_MS) DELAY, then a
 message group FIFO, else NORMAL. Its broker decides what is left when a consumer gets the message: the
 schedule service drops the delay level (and any delivery time) when it delivers, the timer store keeps
-TIMER_DELIVER_MS, a commit drops TRAN_MSG. A broker controller in this process with a clock driven by
-hand (as test_delivery_time.py), each stored message converted as the RocketMQ 5 adapter hands it out.
+TIMER_DELIVER_MS, a commit keeps TRAN_MSG (the committed copy is stored with the half's properties
+string). A broker controller in this process with a clock driven by hand (as test_delivery_time.py), each
+stored message converted as the RocketMQ 5 adapter hands it out.
 """
 
 from __future__ import annotations
@@ -97,12 +98,12 @@ def test_a_delivery_time_outranks_a_message_group(tmp_path, clock):
     run(tmp_path, scenario)
 
 
-def test_a_committed_transactional_message_is_normal_and_its_half_transaction(tmp_path, clock):
+def test_a_committed_transactional_message_is_transaction_as_its_half(tmp_path, clock):
     async def scenario(b):
         props = {PropertyKey.TRANSACTION_PREPARED: "true", PropertyKey.PRODUCER_GROUP: "P"}
         [half] = await b.sender.send("T", 0, [OutgoingMessage(b"tx", properties=props)])
         # What a transaction check shows the producer: the half message.
         assert received(b, half.msg_id, TRANSACTION_HALF_TOPIC).message_type == pb.TRANSACTION
         assert await b.transactions.end("P", half.msg_id, half.put.queue_offset, Outcome.COMMIT, by="test")
-        assert received(b, half.msg_id).message_type == pb.NORMAL
+        assert received(b, half.msg_id).message_type == pb.TRANSACTION
     run(tmp_path, scenario)

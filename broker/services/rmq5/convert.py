@@ -168,12 +168,11 @@ def message_type(m: StoredMessage) -> int:
     message arrives without DELAY and DELIVER_TIMESTAMP (ingest/delays.py; RocketMQ's schedule service
     clears them): NORMAL. A message sent for a delivery time keeps DELIVER_TIMESTAMP on its topic, as
     RocketMQ's timer store keeps TIMER_DELIVER_MS: still DELAY, with its delivery_timestamp, whether it
-    waited or was due at once. A committed transactional message is NORMAL: RocketMQ's commit drops
-    TRAN_MSG; ours keeps it, and the committed copy carries TRAN_HALF_OFFSET, which the half (what a
-    transaction check shows the producer) does not."""
+    waited or was due at once. A committed transactional message is TRANSACTION, as its half: RocketMQ's
+    commit stores the half's properties string, TRAN_MSG=true included (EndTransactionProcessor clears
+    TRAN_MSG from the property map only after it built that string), and so does ours."""
     props = m.properties
-    if props.get(PropertyKey.TRANSACTION_PREPARED, "").lower() == "true" \
-            and PropertyKey.TRANSACTION_HALF_OFFSET not in props:
+    if props.get(PropertyKey.TRANSACTION_PREPARED, "").lower() == "true":
         return pb.TRANSACTION
     if PropertyKey.DELIVER_TIMESTAMP in props or PropertyKey.DELAY in props:
         return pb.DELAY

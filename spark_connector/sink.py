@@ -155,6 +155,14 @@ def _rows(batch: pa.RecordBatch, topic: str, first_row: int) -> Iterator[tuple[A
         yield target, message, first_row + i
 
 
+def _encoded_size(message: Message) -> int:
+    """A row's bytes as a batch counts them against MAX_BATCH_BYTES: its body and its properties, keys and
+    tags (each `key\x01value\x02` once encoded), so a batch of rows with large properties stays within what
+    one request may hold (the producer's max_message_size), the records' fixed headers taking the rest."""
+    extra = sum(len(k) + len(v) + 2 for k, v in message.properties.items()) if message.properties else 0
+    return len(message.body) + len(message.keys) + len(message.tags) + extra
+
+
 class _Sender:
     """Groups rows into batches per target queue and sends them, up to IN_FLIGHT batches at once."""
 
@@ -206,7 +214,7 @@ class _Sender:
         msgs, rows, size = self._pending.get(target) or ([], [], 0)
         msgs.append(message)
         rows.append(row)
-        size += len(message.body)
+        size += _encoded_size(message)
         self._pending[target] = (msgs, rows, size)
         if len(msgs) >= MAX_BATCH_MESSAGES or size >= MAX_BATCH_BYTES:
             self._flush(target)

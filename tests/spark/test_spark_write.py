@@ -77,3 +77,21 @@ def test_write_stream_from_rate_source(spark, kit, tmp_path):
     assert set(range(done)) <= set(values)
     assert set(values) <= set(range(done + 50))
     assert len(values) == len(set(values))  # no batch ran twice
+
+
+def test_rows_with_large_properties_go_in_requests_the_broker_takes(kit):
+    """The row-by-row path (a properties column) sizes its batches by the properties too: 2,048 rows of
+    small bodies and 2.5 KB of properties each are 5 MB encoded, over a request's 4 MiB."""
+    import pyarrow as pa
+
+    from tidemark.spark_connector.options import parse_write_options
+    from tidemark.spark_connector.sink import produce
+
+    topic, _ = kit.topic(1)
+    n = 2048
+    props = pa.array([[("p", "v" * 2500)]] * n, pa.map_(pa.string(), pa.string()))
+    batch = pa.RecordBatch.from_arrays([pa.array([b"x"] * n, pa.binary()), props], names=["body", "properties"])
+    options = parse_write_options({"brokers": kit.address, "topic": topic})
+    assert produce(options, iter([batch])) == n
+    with kit.admin() as admin:
+        assert sum(high - low for low, high in admin.offsets(admin.fetch_message_queues(topic)).values()) == n

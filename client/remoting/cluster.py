@@ -230,9 +230,9 @@ class BrokerCluster:
                 self._check_open()
             raise
 
-    def _check_open(self) -> None:
+    def _check_open(self, what: str = "nothing is discovered any more") -> None:
         if self._closed:
-            raise ClientStateError("the broker cluster is closed: nothing is discovered any more")
+            raise ClientStateError(f"the broker cluster is closed: {what}")
 
     def _discovered(self, done: asyncio.Future[dict[str, BrokerConnection]]) -> None:
         if self._discovering is done:
@@ -357,7 +357,10 @@ class BrokerCluster:
         return conn
 
     def connection_at(self, address: str) -> BrokerConnection:
-        """The connection to one address, whatever it serves (a replica to promote)."""
+        """The connection to one address, whatever it serves (a replica to promote, a name's new master).
+        Once the cluster is closed, ClientStateError, also to a call that was waiting when close() ran (a
+        route, a master's probe): a connection opened then is one nobody closes, and one it had is closed."""
+        self._check_open("no connection is opened any more")
         conn = self._by_address.get(address)
         if conn is None:
             conn = self._by_address[address] = self._connect(address)
@@ -497,9 +500,8 @@ class BrokerCluster:
             raise
         for d in route.queue_datas:
             if d.broker_name not in self._by_name and d.broker_addr not in self._by_address:
-                conn = self._connect(d.broker_addr)
+                conn = self.connection_at(d.broker_addr)
                 conn.broker_name = d.broker_name
-                self._by_address[d.broker_addr] = conn
                 self._by_name[d.broker_name] = conn
         self._routes[topic] = (time.monotonic(), route)
         return route

@@ -465,7 +465,13 @@ class QueueOwnership:
                 oq.transition(QueueState.RELEASED)
                 self._forget(oq)
             return
-        await self._hooks.lease_draining(lease)
+        try:
+            await self._hooks.lease_draining(lease)
+        except Exception as e:
+            # As a drain that timed out: what was consumed is committed and the lock let go all the same.
+            # Raising here left the queue DRAINING, its lock renewed for good (kept until it expired, at
+            # shutdown) and nothing committed.
+            _log_failure("drain failed", "drain_failed", e, group=self._group, queue=oq.mq)
         if oq.state is not QueueState.DRAINING:
             return  # lost meanwhile (lock renewal failed): nothing of ours to commit
         # The final commit and the unlock in one call: the next owner may start the moment it returns.

@@ -1,6 +1,6 @@
 """QueueOwnership against a real broker process whose calls a test makes fail on the client's side (a
 wrapper around the cluster's connections; the broker itself is real and holds the real locks): whatever
-a lock request, a start or a stale grant's unlock raises, no queue is left LOCKING with nobody asking for
+a lock request, a start, a stale grant's unlock or a drain raises, no queue is left LOCKING with nobody asking for
 it, none is held on the broker for a lease that never started, and a shutdown against a broker that does
 not answer waits once."""
 
@@ -379,17 +379,17 @@ def test_a_shutdown_against_a_broker_that_does_not_answer_waits_once(broker, top
 
 
 def test_a_release_raising_at_shutdown_leaves_the_others_final_commits_asked_once_more(broker, topic):
-    """One queue's release raising (its drain) ended release_all before its last sweep: another queue's
-    final commit, whose call had failed at once, was never asked again."""
+    """One queue's release raising (here its lease_ended) ended release_all before its last sweep: another
+    queue's final commit, whose call had failed at once, was never asked again."""
     kept, failing = (MessageQueue(topic, "broker-a", i) for i in range(2))
 
-    class DrainRaises(Hooks):
-        async def lease_draining(self, lease):
+    class EndRaises(Hooks):
+        def lease_ended(self, lease):
             if lease.mq == failing:
-                raise OSError("drain: listener pool gone")
+                raise OSError("fetcher: closed")
 
     async def scenario(real, faults):
-        own = _ownership(faults, DrainRaises())
+        own = _ownership(faults, EndRaises())
         await own.update(topic, {kept, failing})
         await own.settle()
         own._store.update_offset(kept, 7, increase_only=True)
@@ -399,3 +399,32 @@ def test_a_release_raising_at_shutdown_leaves_the_others_final_commits_asked_onc
         conn = await real.connection("broker-a")
         assert (await conn.query_consumer_offset("g", kept))[0] == 7, "the final commit asked once more"
     _run(broker, scenario)
+
+
+@pytest.mark.parametrize("when", ["shutdown", "rebalance"])
+def test_a_drain_raising_still_commits_and_unlocks_its_queue(broker, topic, caplog, when):
+    """lease_draining raising ended the queue's release before its final call: the queue stayed DRAINING,
+    what it had consumed was never committed, and the broker kept its lock (renewed for good while the
+    consumer ran, until it expired after a shutdown). Now it goes on as after a drain that timed out."""
+    mq = MessageQueue(topic, "broker-a", 0)
+
+    class DrainRaises(Hooks):
+        async def lease_draining(self, lease):
+            raise OSError("drain: listener pool gone")
+
+    async def scenario(real, faults):
+        own = _ownership(faults, DrainRaises())
+        await own.update(topic, {mq})
+        await own.settle()
+        own._store.update_offset(mq, 4, increase_only=True)
+        if when == "rebalance":
+            await own.update(topic, set())  # (raised the drain's OSError)
+        await own.stop()
+        await own.release_all()
+        conn = await real.connection("broker-a")
+        assert (await conn.query_consumer_offset("g", mq))[0] == 4, "what was consumed, committed"
+        assert await _free(real, mq), "the lock released"
+        assert own.get(mq) is None and own.pending_unlocks == 0
+    _run(broker, scenario)
+    assert [str(r.tm_fields["queue"]) for r in caplog.records if getattr(r, "tm_event", None) == "drain_failed"] \
+        == [str(mq)]

@@ -115,12 +115,14 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 # The API reference of the client library and the Spark connector, from the docstrings (pdoc), in
-# build/api/ (open build/api/index.html). Admin's subject modules (client/admin_*.py) are documented
-# too: the Admin page links each method it inherits from them to its entry there.
+# build/api/ (open build/api/index.html). Admin's subject modules (client/admin_*.py) and the consumers'
+# shared base (client/consumer/blocking.py) are documented too: a page links each method its class
+# inherits from them to its entry there.
 docs: setup
 	rm -rf build/api
 	$(PY) -m pdoc -o build/api tidemark.client \
-		$(patsubst client/%.py,tidemark.client.%,$(sort $(wildcard client/admin_*.py))) tidemark.spark_connector
+		$(patsubst client/%.py,tidemark.client.%,$(sort $(wildcard client/admin_*.py))) \
+		tidemark.client.consumer.blocking tidemark.spark_connector
 
 clean:
 	rm -rf $(VENV) $(PROTO_DIR)/tidemark/v1/*_pb2*.py* $(PROTO_DIR)/tidemark/rmq5/v2/*_pb2*.py* $(PROTO_STAMP)

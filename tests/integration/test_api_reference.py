@@ -27,9 +27,10 @@ def public_members(cls: type) -> list[str]:
 
 
 def api_modules() -> list[str]:
-    """What the Makefile's docs target documents: tidemark.client and Admin's subject modules."""
+    """What the Makefile's docs target documents: tidemark.client, Admin's subject modules and the
+    consumers' shared base."""
     admin_parts = sorted(p.stem for p in (ROOT / "client").glob("admin_*.py"))
-    return ["tidemark.client", *(f"tidemark.client.{m}" for m in admin_parts)]
+    return ["tidemark.client", *(f"tidemark.client.{m}" for m in admin_parts), "tidemark.client.consumer.blocking"]
 
 
 def test_every_public_method_and_property_has_a_docstring():

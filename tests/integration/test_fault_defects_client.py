@@ -370,7 +370,7 @@ def test_an_idempotent_batch_in_doubt_never_moves_to_another_queue_of_its_broker
     producer judged its broker down while another broker took writes), starts a new epoch on that queue.
     Sent to any queue of the same broker name (the promoted replica holds what the master stored), it is
     stored a second time. The application must get the doubt instead."""
-    from tidemark.client.producer.producer import AsyncProducer
+    from tidemark.client.producer.async_producer import AsyncProducer
     from tidemark.client.remoting import streams
 
     broker = broker_factory()

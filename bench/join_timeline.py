@@ -6,7 +6,8 @@ starts (PushConsumer.start(), after connect() before the clock where the package
 to its first message is measured. Each consumer process
 marks the steps of the join as they happen (wall clock, shared by every process on the machine: the
 client's own start, its heartbeat, its rebalance and lock requests, the old owners' push, the end of
-their drain, their final commit and unlock, the lock grant, the fetch, the first records, the listener)
+their drain, their final commit and unlock, the lock grant, the fetch, the broker's start of a queue
+opened ahead of its lock, the first records, the listener)
 by wrapping the consumer's methods; the broker's log gives the join, the old owners' release and the
 lock grants. Prints each round's figure
 and the median time of every step, from the start() call.
@@ -39,7 +40,8 @@ STEPS = (
     ("broker", "consumer_join"), ("old", "push"), ("old", "< drain"), ("old", "> unlock_queues"),
     ("joiner", "< heartbeat"), ("joiner", "> do_rebalance"), ("joiner", "> lock_queues"),
     ("broker", "lock_release"), ("old", "< unlock_queues"), ("broker", "lock_grant"),
-    ("joiner", "< lock_queues"), ("joiner", "> granted"), ("joiner", "> fetch"), ("joiner", "records"),
+    ("joiner", "< lock_queues"), ("joiner", "> granted"), ("joiner", "> fetch"), ("joiner", "started ahead"),
+    ("joiner", "records"),
     ("joiner", "listener"),
 )
 
@@ -77,6 +79,19 @@ def _instrument() -> None:
         mark("push")
         members_changed(self)
     core.ConsumerCore._members_changed = pushed
+    take_over = getattr(fetcher.Fetcher, "_take_over", None)
+    if take_over is not None:  # (a package that opens queues ahead of their lock)
+        def taken(self, ahead, reading) -> bool:
+            ok = take_over(self, ahead, reading)
+            mark("taken over" if ok else "not taken over")
+            return ok
+        fetcher.Fetcher._take_over = taken
+        on_started = fetcher.Fetcher._on_started
+
+        def started(self, handle, start) -> None:
+            mark("started ahead")
+            on_started(self, handle, start)
+        fetcher.Fetcher._on_started = started
     on_records = fetcher.Fetcher._on_records
 
     def records(self, handle, count, data, next_offset, max_offset) -> None:

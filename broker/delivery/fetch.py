@@ -16,6 +16,15 @@ lock went to another client (FencedError) or a check fails; the client opens
 it again with a new handle. A commit rides on a credit frame and is fenced
 like a streamed commit: forward only, refused once the owner changed.
 
+A handover's new owner may open a queue before its lock is granted (`after_lock`):
+the handle waits, woken as the queue's lock changes hands, until the client
+holds the lock, then starts at the group's committed offset under the grant's
+fence (QueueStarted, in the frame that carries its first records). The
+records then leave with the grant instead of after the grant's answer, the
+client's open and a second pass here. A queue without a committed offset ends
+the handle (FAILED_PRECONDITION): where it starts is the client's rule
+(consume_from_where), and it opens the queue as usual.
+
 Pure domain module: no grpc. Runs on the event-loop thread.
 """
 
@@ -30,6 +39,7 @@ from tidemark.broker.delivery.pull import QueueReadAccess, is_stale
 from tidemark.broker.delivery.waiters import QueueWaiters
 from tidemark.broker.errors import (
     BrokerError,
+    FailedPreconditionError,
     FencedError,
     InvalidArgumentError,
     StaleResetGenerationError,
@@ -73,6 +83,19 @@ class OpenQueue:
     credit_bytes: int = 0
     batch_size: int = MAX_RECORDS_PER_READ
     expression_type: str = ExpressionType.TAG
+    # Start once the fence's client holds the queue's lock, at the committed offset (`offset` and the
+    # fence's epoch are ignored).
+    after_lock: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStarted:
+    """Where an after_lock handle started: the committed offset and the fence of the grant it serves."""
+
+    handle: int
+    offset: int
+    owner_epoch: int
+    reset_generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +129,10 @@ class QueueEnded:
 class Frame:
     records: list[QueueRecords] = field(default_factory=list)
     ended: list[QueueEnded] = field(default_factory=list)
+    started: list[QueueStarted] = field(default_factory=list)  # (before the records of the same handles)
 
     def __bool__(self) -> bool:
-        return bool(self.records or self.ended)
+        return bool(self.records or self.ended or self.started)
 
 
 @dataclass(eq=False, slots=True)
@@ -130,6 +154,7 @@ class _Served:
     reported: int  # the offset the client last heard of
     ready: bool = True  # may have something to send
     unwatch: Callable[[], None] = lambda: None
+    awaiting: str = ""  # after_lock: the client whose lock starts the reading ("" once started, or never)
 
     def has_credit(self) -> bool:
         return self.credit_messages > 0 and self.credit_bytes > 0
@@ -151,6 +176,7 @@ class FetchSession:
         self._finished = False
         self._cursor = 0  # round-robin start among served queues
         self._scanned = False  # the last build scanned past filtered entries and has more to scan
+        self._started: list[QueueStarted] = []  # the frame being built's (after_lock handles started)
 
     # -- requests from the client ------------------------------------------------------------
 
@@ -164,8 +190,12 @@ class FetchSession:
             if not 1 <= req.batch_size <= MAX_RECORDS_PER_READ:
                 raise InvalidArgumentError(f"batch_size must be between 1 and {MAX_RECORDS_PER_READ}, "
                                            f"got {req.batch_size}")
-            grant = self._access.check(req.group, req.topic, req.queue_id, req.offset, req.subscription,
-                                       req.fence, req.expression_type)
+            if req.after_lock and not (req.group and req.fence is not None and req.fence.client_id):
+                raise InvalidArgumentError("after_lock needs a group and a fence naming the client")
+            # (after_lock: the fence and offset are those of the grant, checked when it starts)
+            grant = self._access.check(req.group, req.topic, req.queue_id, 0 if req.after_lock else req.offset,
+                                       req.subscription, None if req.after_lock else req.fence,
+                                       req.expression_type)
         except BrokerError as e:
             self._end(QueueEnded(req.handle, EndReason.ERROR, error=e))
             return
@@ -175,8 +205,10 @@ class FetchSession:
                          req.fence,
                          min(req.credit_messages, MAX_CREDIT), min(req.credit_bytes, MAX_CREDIT), req.batch_size,
                          req.offset)
+        if req.after_lock:
+            served.fence, served.awaiting = None, req.fence.client_id
         self._served[req.handle] = served
-        if is_stale(req.fence, grant.generation):
+        if not req.after_lock and is_stale(req.fence, grant.generation):
             self._reset(served, grant.generation)
             return
         served.unwatch = self._hold.watch(req.topic, req.queue_id, lambda: self._wake(served))
@@ -193,6 +225,8 @@ class FetchSession:
             return
         served.credit_messages = min(served.credit_messages + messages, MAX_CREDIT)
         served.credit_bytes = min(served.credit_bytes + nbytes, MAX_CREDIT)
+        if served.awaiting:
+            commit_offset = None  # nothing read yet, and no grant's fence to quote
         if commit_offset is not None and served.group and not self._commit(served, commit_offset):
             return
         self._wake(served)
@@ -239,6 +273,7 @@ class FetchSession:
     def _build(self) -> Frame:
         frame = Frame(ended=self._ended)
         self._ended = []
+        self._started = frame.started
         if self._finished:
             return frame
         # Passes over the ready queues, each reading up to its batch size, until the frame is full or
@@ -274,6 +309,8 @@ class FetchSession:
         return frame
 
     def _serve(self, q: _Served, budget: int) -> QueueRecords | None:
+        if q.awaiting and not self._lock_started(q):
+            return None
         try:
             generation = self._access.recheck(q.group, q.topic, q.queue_id, q.fence)
         except BrokerError as e:
@@ -312,6 +349,23 @@ class FetchSession:
         return None
 
     # -- helpers -----------------------------------------------------------------------------
+
+    def _lock_started(self, q: _Served) -> bool:
+        """An after_lock queue: start it if its client holds the lock now (else wait for the next change)."""
+        start = self._access.lock_start(q.group, q.topic, q.queue_id, q.awaiting)
+        if start is None:
+            q.ready = False  # woken again when the queue's lock changes hands (or records arrive)
+            return False
+        offset, fence = start
+        if offset < 0:
+            self._drop(q, QueueEnded(q.handle, EndReason.ERROR, error=FailedPreconditionError(
+                f"queue {q.topic}:{q.queue_id} of group {q.group!r} has no committed offset: where it starts "
+                f"is the client's rule; open it with an offset")))
+            return False
+        q.offset = q.reported = offset
+        q.fence, q.awaiting = fence, ""
+        self._started.append(QueueStarted(q.handle, offset, fence.owner_epoch, fence.reset_generation))
+        return True
 
     def _commit(self, q: _Served, offset: int) -> bool:
         """Apply a piggybacked commit; False when it ended the queue."""

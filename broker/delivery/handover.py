@@ -144,13 +144,16 @@ class QueueHandover:
         so its previous owner stops receiving its messages at once."""
         locks = self._locks
         before = {q: locks.current_epoch(group, *q) for q in queues}
+        held = {q for q in queues if locks.holder(group, *q) == client_id}
         grants = locks.lock(group, client_id, queues, renew=renew)
         changed = [g for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch]
         for g in changed:
             log.info("queue lock granted",
                      event="lock_grant", group=group, topic=g.topic, queue_id=g.queue_id, client_id=client_id,
                      owner_epoch=g.owner_epoch)
-            self._hold.notify(g.topic, g.queue_id)
+        for g in grants:
+            if (g.topic, g.queue_id) not in held:  # (also a fetch stream waiting for this client's lock)
+                self._hold.notify(g.topic, g.queue_id)
         if changed:
             self._on_owners_changed(group, len(changed))
         return grants

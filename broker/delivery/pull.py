@@ -153,6 +153,17 @@ class QueueReadAccess:
     def generation(self, group: str, topic: str, queue_id: int) -> int:
         return self._offsets.reset_generation(group, topic, queue_id)
 
+    def lock_start(self, group: str, topic: str, queue_id: int, client_id: str) -> tuple[int, Fence] | None:
+        """Where a queue's reading starts for `client_id` once it holds the queue's live lock: the group's
+        committed offset (-1: none) and the grant's fence; None while another client (or nobody) holds
+        it. The previous owner's final commit came before its release, and a commit quoting an older epoch
+        is refused, so this is the offset the grant's LockQueues answer carries."""
+        if self._locks.holder(group, topic, queue_id) != client_id:
+            return None
+        fence = Fence(client_id, self._locks.current_epoch(group, topic, queue_id),
+                      self._offsets.reset_generation(group, topic, queue_id))
+        return self._offsets.query(group, topic, queue_id), fence
+
     def reset_offset(self, group: str, topic: str, queue_id: int) -> int:
         """Where a consumer continues after an admin reset: the group's committed offset."""
         return max(self._offsets.query(group, topic, queue_id), 0)

@@ -143,6 +143,9 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
                                          next_offset=part.next_offset, max_offset=part.max_offset)
                 for end in frame.ended:
                     response.ended.append(_ended_pb(end))
+                for start in frame.started:
+                    response.started.add(handle=start.handle, offset=start.offset, owner_epoch=start.owner_epoch,
+                                         reset_generation=start.reset_generation)
                 ops.fetched(frame)
                 await write(context, response)
             if failure:
@@ -268,7 +271,7 @@ def _open_queue(pb) -> OpenQueue:
                      subscription=pb.subscription, fence=fence_from_pb(pb.fence, pb.HasField("fence")),
                      credit_messages=pb.credit_messages, credit_bytes=pb.credit_bytes,
                      batch_size=pb.batch_size or MAX_RECORDS_PER_READ,
-                     expression_type=expression_type(pb.expression_type))
+                     expression_type=expression_type(pb.expression_type), after_lock=pb.after_lock)
 
 
 def _ended_pb(end: QueueEnded) -> messaging_pb2.FetchEnded:

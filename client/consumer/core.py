@@ -34,6 +34,7 @@ from tidemark.client.consumer.offset_store import (
     RemoteBrokerOffsetStore,
 )
 from tidemark.client.consumer.ownership import QueueOwnership
+from tidemark.client.consumer.queue_state import QueueState
 from tidemark.client.consumer.rebalance import RebalanceService
 from tidemark.client.errors import FencedError, TidemarkError
 from tidemark.client.message import MessageExt, MessageModel, MessageQueue
@@ -67,6 +68,7 @@ class ConsumerCore:
         self.scheduler = Scheduler(f"consumer:{settings.group}")
         self.membership: GroupMembership | None = None
         self._tasks = TaskSet("consumer_task_failed", "consumer task failed", log, group=settings.group)
+        self._granted: dict[MessageQueue, int | None] = {}  # per queue starting: the committed offset its grant told
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -142,7 +144,7 @@ class ConsumerCore:
                 cluster=self.cluster, group=s.group, client_id=self.client_id, model=s.message_model,
                 strategy=self.strategy, ownership=self.ownership, topics=lambda: sorted(self.subscriptions),
                 on_change=lambda: sched.trigger("heartbeat"), on_not_member=lambda: sched.trigger("heartbeat"),
-                known_members=lambda broker: self.membership.members(broker))
+                known_members=lambda broker: self.membership.members(broker), on_allocated=self._open_ahead)
             self.membership = GroupMembership(cluster=self.cluster, group=s.group, client_id=self.client_id,
                                               data=self._heartbeat_data, on_change=self._members_changed)
             # Jobs are registered before the first heartbeat opens the watch: a membership push arriving
@@ -204,6 +206,14 @@ class ConsumerCore:
             self.scheduler.trigger("heartbeat")
             self.scheduler.trigger("rebalance")
 
+    def _open_ahead(self, topic: str, mine: set[MessageQueue]) -> None:
+        """With locks, the queues of a topic's share that this client is about to lock (or still asks for)
+        are opened on the fetch streams ahead: the broker starts each the moment its lock is ours, and the
+        first records of a handover come with the grant (fetcher.py)."""
+        if self.ownership.locking:
+            self.fetcher.open_ahead(topic, {mq for mq in mine if (oq := self.ownership.get(mq)) is None
+                                            or oq.state is QueueState.LOCKING}, self.client_id)
+
     def _members_changed(self) -> None:
         self.rebalance.members_changed()
         self.scheduler.trigger("rebalance")
@@ -247,13 +257,18 @@ class ConsumerCore:
 
     async def start_offset(self, mq: MessageQueue, committed: int | None) -> int:
         s = self.settings
+        self._granted[mq] = committed  # (for lease_started: whether the broker starts a handle opened ahead)
         return await compute_pull_from_where(mq, where=s.consume_from_where,
                                              consume_timestamp_ms=s.consume_timestamp_ms,
                                              offset_store=self.offset_store, cluster=self.cluster,
                                              committed=committed)
 
     async def lease_started(self, lease: QueueLease) -> None:
-        await self.fetcher.start(lease, lease.start_offset)
+        # A handle opened ahead is started by the broker at the committed offset the grant told, if any: a
+        # lease that starts elsewhere (kept progress, consume_from_where) opens its queue at once.
+        committed = self._granted.pop(lease.mq, None)
+        await self.fetcher.start(lease, lease.start_offset,
+                                 ahead=committed is not None and committed == lease.start_offset)
 
     async def lease_draining(self, lease: QueueLease) -> None:
         self.fetcher.stop(lease)

@@ -31,22 +31,35 @@ next reopen: a stream that broke or failed to open makes its broker name
 suspect, the cluster asks the name servers at once, and an elected master
 gets the stream's leases as soon as they name it, even from a stream that
 stands silent on a paused master or while its leases wait out a backoff.
+
+A queue this consumer is about to lock (a handover: the previous owner is
+draining it) is opened ahead (`open_ahead`), before its lease exists: the
+broker starts it the moment the lock is ours, from the group's committed
+offset under that grant's fence, and its first records travel beside the
+grant's answer instead of after it and a second open. When the lease starts,
+it takes the handle over only if the broker started exactly where the lease
+starts, under the lease's fence (the broker says where, before the records);
+anything else (a start elsewhere: this client's kept progress; a queue with
+no committed offset; a broker that does not know the request) closes the
+handle, and the lease opens its queue as usual. Records that came ahead are
+delivered when the lease takes over.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.offset_store import OffsetStore
 from tidemark.client.errors import TidemarkError
-from tidemark.client.message import MessageExt
+from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
-from tidemark.client.remoting.streams import FetchStream, QueueEnd
+from tidemark.client.remoting.streams import FetchStream, QueueEnd, QueueStart
 from tidemark.client.selector import MessageSelector
+from tidemark.client.types import Fence
 from tidemark.common.backoff import Backoff
 from tidemark.common.logs import get_logger
 from tidemark.common.scheduler import TaskSet
@@ -87,6 +100,18 @@ class _Reading:
     idle_flush: asyncio.TimerHandle | None = None  # an idle queue's credit, due soon
 
 
+@dataclass(eq=False, slots=True)
+class _Ahead:
+    """A queue opened before its lease (open_ahead): where the broker started it, what it sent since."""
+
+    mq: MessageQueue
+    handle: int
+    stream: FetchStream
+    start: QueueStart | None = None
+    frames: list[tuple[int, bytes, int, int]] = field(default_factory=list)  # count, data, next, max
+    waiting: _Reading | None = None  # the lease started before the broker said where it started
+
+
 class Fetcher:
     def __init__(self, *, cluster: BrokerCluster, group: str, subscription: Callable[[str], MessageSelector | str],
                  limits: FetchLimits, sink: FetchSink, offset_store: OffsetStore | None,
@@ -109,6 +134,9 @@ class Fetcher:
         self._tasks = TaskSet("fetch_task_failed", "fetcher task failed", log)
         self._next_handle = 0
         self._closed = False
+        self._ahead: dict[MessageQueue, _Ahead] = {}  # queues opened ahead whose lease has not started
+        self._ahead_by_handle: dict[int, _Ahead] = {}
+        self.taken_over = 0  # leases read on a handle opened ahead
 
     # -- leases ------------------------------------------------------------------------------
 
@@ -129,11 +157,42 @@ class Fetcher:
                     log.debug("no fetch stream opened ahead", event="fetch_prepare_skipped", broker=broker,
                               error=e)
 
-    async def start(self, lease: QueueLease, offset: int) -> None:
-        """Start reading a lease's queue at `offset`."""
+    async def start(self, lease: QueueLease, offset: int, *, ahead: bool = False) -> None:
+        """Start reading a lease's queue at `offset`; `ahead`: on the handle opened ahead for it when the
+        broker starts that handle there under the lease's fence (the lease starts at the committed offset
+        its grant told: else the broker starts it elsewhere or not at all, and waiting for its word would
+        only delay the open)."""
         reading = _Reading(lease, 0, MessageSelector.of(self._subscription(lease.mq.topic)), offset)
         self._readings[lease] = reading
+        opened = self._ahead.pop(lease.mq, None)
+        if opened is not None and not ahead:
+            self._close_ahead(opened)
+        elif opened is not None:
+            if opened.start is None and self._streams.get(lease.mq.broker_name) is opened.stream:
+                opened.waiting = reading  # the broker's start (or the handle's end) decides: _on_started
+                return
+            if self._take_over(opened, reading):
+                return
         await self._open(reading)
+
+    def open_ahead(self, topic: str, mqs: set[MessageQueue], client_id: str) -> None:
+        """Open these queues of `topic` (this client asks for their locks) to start when their locks are ours;
+        close those of the topic opened ahead before and no longer wanted. Only on streams already open."""
+        for mq in [mq for mq in self._ahead if mq.topic == topic and mq not in mqs]:
+            self._close_ahead(self._ahead.pop(mq))
+        for mq in sorted(mqs - self._ahead.keys()):
+            stream = self._streams.get(mq.broker_name)
+            if self._closed or stream is None or not stream.usable:
+                continue
+            selector = MessageSelector.of(self._subscription(topic))
+            self._next_handle += 1
+            ahead = self._ahead[mq] = _Ahead(mq, self._next_handle, stream)
+            self._ahead_by_handle[ahead.handle] = ahead
+            limits = self._limits
+            stream.open_queue(ahead.handle, self._group, mq, 0, subscription=selector.expression,
+                              fence=Fence(client_id, None, None), credit_messages=limits.messages,
+                              credit_bytes=limits.bytes, batch_size=limits.batch_size,
+                              expression_type=selector.expression_type, after_lock=True)
 
     def stop(self, lease: QueueLease) -> None:
         """Stop reading a lease (what the broker already sent for it is dropped on arrival)."""
@@ -177,6 +236,46 @@ class Fetcher:
         await asyncio.gather(*(s.close() for s in streams), return_exceptions=True)
         self._readings.clear()
         self._by_handle.clear()
+        self._ahead.clear()
+        self._ahead_by_handle.clear()
+
+    def _take_over(self, ahead: _Ahead, reading: _Reading) -> bool:
+        """Read a lease on the handle opened ahead for its queue, when the broker started that handle where
+        the lease starts, under its fence, on the stream still in use; else close the handle (False: the
+        lease opens its queue as usual). Records that came ahead are delivered now."""
+        self._ahead_by_handle.pop(ahead.handle, None)
+        lease, start = reading.lease, ahead.start
+        if self._readings.get(lease) is not reading or not lease.counts:
+            self._close_ahead(ahead)
+            return True  # stopped meanwhile: nothing to open
+        if start is None or self._streams.get(lease.mq.broker_name) is not ahead.stream \
+                or (start.offset, start.owner_epoch, start.reset_generation) != (
+                    reading.next_offset, lease.owner_epoch, lease.reset_generation):
+            self._close_ahead(ahead)
+            return False
+        reading.handle = ahead.handle
+        self._by_handle[ahead.handle] = reading
+        self.taken_over += 1
+        for frame in ahead.frames:
+            if self._by_handle.get(ahead.handle) is not reading:
+                break  # (dropped by a frame that did not decode: reopened from where it stood)
+            self._on_records(ahead.handle, *frame)
+        return True
+
+    def _close_ahead(self, ahead: _Ahead) -> None:
+        self._ahead_by_handle.pop(ahead.handle, None)
+        if ahead.stream.usable:
+            ahead.stream.close_queue(ahead.handle)
+
+    def _drop_ahead(self, broker: str, *, reopen: bool) -> None:
+        """A stream of `broker` broke or moved: its handles opened ahead are gone; a lease that waited on one
+        opens its queue as usual (`reopen`: now; else the caller reopens every lease of the broker)."""
+        for ahead in [a for a in self._ahead_by_handle.values() if a.mq.broker_name == broker]:
+            del self._ahead_by_handle[ahead.handle]
+            if self._ahead.get(ahead.mq) is ahead:
+                del self._ahead[ahead.mq]
+            if ahead.waiting is not None and reopen:
+                self._tasks.spawn(self._reopen_later(ahead.waiting, 0.0), f"fetch-reopen:{ahead.mq}")
 
     # -- credit ------------------------------------------------------------------------------
 
@@ -256,7 +355,7 @@ class Fetcher:
             self._move(broker, stream)
         holder: list[FetchStream] = []
         stream = conn.open_fetch_stream(
-            on_records=self._on_records, on_ended=self._on_ended,
+            on_records=self._on_records, on_ended=self._on_ended, on_started=self._on_started,
             on_broken=lambda error: self._on_broken(broker, holder[0] if holder else None, error))
         holder.append(stream)
         self._streams[broker] = stream
@@ -267,6 +366,7 @@ class Fetcher:
         queues still read from the old stream reopen at the new one, where their locks and commits are
         taken, and the old stream closes."""
         del self._streams[broker]
+        self._drop_ahead(broker, reopen=True)
         readings = [r for r in self._readings.values()
                     if r.lease.mq.broker_name == broker and self._by_handle.get(r.handle) is r]
         for reading in readings:
@@ -309,10 +409,21 @@ class Fetcher:
 
     # -- stream callbacks --------------------------------------------------------------------
 
+    def _on_started(self, handle: int, start: QueueStart) -> None:
+        ahead = self._ahead_by_handle.get(handle)
+        if ahead is None:
+            return  # closed meanwhile
+        ahead.start = start
+        if ahead.waiting is not None and not self._take_over(ahead, ahead.waiting):
+            self._tasks.spawn(self._open(ahead.waiting), f"fetch-open:{ahead.mq}")
+
     def _on_records(self, handle: int, count: int, data: bytes, next_offset: int, max_offset: int) -> None:
         reading = self._by_handle.get(handle)
         if reading is None:
-            return  # closed meanwhile
+            ahead = self._ahead_by_handle.get(handle)
+            if ahead is not None:  # its lease has not started yet
+                ahead.frames.append((count, data, next_offset, max_offset))
+            return  # (else closed meanwhile)
         lease = reading.lease
         if not lease.counts:
             return
@@ -360,6 +471,13 @@ class Fetcher:
         return msgs
 
     def _on_ended(self, handle: int, end: QueueEnd) -> None:
+        ahead = self._ahead_by_handle.pop(handle, None)
+        if ahead is not None:  # not started ahead (no committed offset, an older broker): opened as usual
+            if self._ahead.get(ahead.mq) is ahead:
+                del self._ahead[ahead.mq]
+            if ahead.waiting is not None:
+                self._tasks.spawn(self._open(ahead.waiting), f"fetch-open:{ahead.mq}")
+            return
         reading = self._by_handle.pop(handle, None)
         if reading is None or not reading.lease.counts:
             return
@@ -371,6 +489,7 @@ class Fetcher:
         if self._closed or self._streams.get(broker) is not stream:
             return
         del self._streams[broker]
+        self._drop_ahead(broker, reopen=False)
         readings = [r for r in self._readings.values() if r.lease.mq.broker_name == broker]
         for reading in readings:
             self._by_handle.pop(reading.handle, None)

@@ -31,7 +31,8 @@ class RebalanceService:
                  strategy: AllocateMessageQueueStrategy, ownership: QueueOwnership,
                  topics: Callable[[], list[str]], on_change: Callable[[], None] = lambda: None,
                  on_not_member: Callable[[], None] = lambda: None,
-                 known_members: Callable[[str], list[str] | None] = lambda broker: None) -> None:
+                 known_members: Callable[[str], list[str] | None] = lambda broker: None,
+                 on_allocated: Callable[[str, set[MessageQueue]], None] = lambda topic, mine: None) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
@@ -45,6 +46,8 @@ class RebalanceService:
         self._on_not_member = on_not_member
         # The member list a broker last pushed (None: ask it).
         self._known_members = known_members
+        # Called with a topic's share before the ownership takes it on (the fetcher opens new queues ahead).
+        self._on_allocated = on_allocated
         self._pushed = False
         self.rebalances = 0
         self.changes = 0
@@ -120,6 +123,7 @@ class RebalanceService:
                      event="rebalance_not_member", group=self._group, topic=topic)
             self._on_not_member()
             return False
+        self._on_allocated(topic, mine)
         if not await self._ownership.update(topic, mine):
             return False
         self.changes += 1

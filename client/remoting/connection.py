@@ -31,6 +31,7 @@ from tidemark.client.remoting.streams import (
     OnBroken,
     OnEnded,
     OnRecords,
+    OnStarted,
     ProduceStream,
 )
 from tidemark.client.security import TlsSettings
@@ -135,9 +136,10 @@ class BrokerConnection:
             self._produce = ProduceStream(self._messaging.Produce(), self.address, error=self.error)
         return self._produce
 
-    def open_fetch_stream(self, *, on_records: OnRecords, on_ended: OnEnded, on_broken: OnBroken) -> FetchStream:
+    def open_fetch_stream(self, *, on_records: OnRecords, on_ended: OnEnded, on_broken: OnBroken,
+                          on_started: OnStarted = lambda handle, start: None) -> FetchStream:
         return FetchStream(self._messaging.Fetch(), self.address, error=self.error, on_records=on_records,
-                           on_ended=on_ended, on_broken=on_broken)
+                           on_ended=on_ended, on_broken=on_broken, on_started=on_started)
 
     def error(self, e: grpc.RpcError) -> TidemarkError:
         """The client exception for a failed call or stream on this connection (a refused TLS handshake says

@@ -156,8 +156,18 @@ class QueueEnd:
     error: TidemarkError | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class QueueStart:
+    """Where a queue opened after_lock started: the group's committed offset under the grant's fence."""
+
+    offset: int
+    owner_epoch: int
+    reset_generation: int
+
+
 OnRecords = Callable[[int, int, bytes, int, int], None]  # handle, count, records, next_offset, max_offset
 OnEnded = Callable[[int, QueueEnd], None]
+OnStarted = Callable[[int, QueueStart], None]
 OnBroken = Callable[[TidemarkError], None]
 
 
@@ -169,12 +179,14 @@ class FetchStream:
     """
 
     def __init__(self, call: Any, address: str, *, on_records: OnRecords, on_ended: OnEnded,
-                 on_broken: OnBroken, error: Callable[[grpc.RpcError], TidemarkError] | None = None) -> None:
+                 on_broken: OnBroken, error: Callable[[grpc.RpcError], TidemarkError] | None = None,
+                 on_started: OnStarted = lambda handle, start: None) -> None:
         self._call = call
         self._address = address
         self._error = error or (lambda e: from_rpc_error(e, address=address))  # as ProduceStream's
         self._on_records = on_records
         self._on_ended = on_ended
+        self._on_started = on_started
         self._on_broken = on_broken
         self._outbox: asyncio.Queue[messaging_pb2.FetchRequest | None] = asyncio.Queue()
         self._broken = False
@@ -193,9 +205,12 @@ class FetchStream:
 
     def open_queue(self, handle: int, group: str, mq: MessageQueue, offset: int, *, subscription: str,
                    fence: Fence | None, credit_messages: int, credit_bytes: int, batch_size: int,
-                   expression_type: str = ExpressionType.TAG) -> None:
+                   expression_type: str = ExpressionType.TAG, after_lock: bool = False) -> None:
         """Start reading a queue; `subscription` is read as `expression_type` says (TAG, or SQL92: the broker
-        then sends only the records whose properties satisfy it, and no client-side check is needed)."""
+        then sends only the records whose properties satisfy it, and no client-side check is needed).
+        `after_lock`: once the fence's client holds the queue's lock, from the committed offset (on_started
+        says where and under which grant, before the records); `offset` is ignored, and the fence goes
+        with owner epoch 0, so that a broker that does not know after_lock refuses it as fenced."""
         request = messaging_pb2.FetchRequest()
         o = request.open
         o.handle, o.group, o.topic, o.queue_id, o.offset = handle, group, mq.topic, mq.queue_id, offset
@@ -203,6 +218,9 @@ class FetchStream:
         o.batch_size = batch_size
         if expression_type == ExpressionType.SQL92:
             o.expression_type = common_pb2.SQL92
+        if after_lock and fence is not None:
+            o.after_lock = True
+            fence = Fence(fence.client_id, 0, None)
         if fence is not None:
             o.fence.CopyFrom(_fence_pb(fence))
         self._open.add(handle)
@@ -238,6 +256,9 @@ class FetchStream:
             async for response in self._call:
                 if self._broken:
                     continue  # closing: what was on its way is not wanted any more
+                for start in response.started:  # (before the records: a handle's first ones may be here)
+                    self._on_started(start.handle, QueueStart(start.offset, start.owner_epoch,
+                                                              start.reset_generation))
                 for part in response.records:
                     self._on_records(part.handle, part.count, part.records, part.next_offset, part.max_offset)
                 for end in response.ended:

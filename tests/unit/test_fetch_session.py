@@ -9,7 +9,12 @@ import pytest
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.delivery.fetch import MAX_SCAN, MAX_SCAN_PROPERTIES, EndReason, OpenQueue
-from tidemark.broker.errors import FencedError, InvalidArgumentError, NotFoundError
+from tidemark.broker.errors import (
+    FailedPreconditionError,
+    FencedError,
+    InvalidArgumentError,
+    NotFoundError,
+)
 from tidemark.broker.offsets import Fence
 from tidemark.broker.offsets.commits import ResetKind, ResetTarget
 from tidemark.common.protocol import tag_hash
@@ -213,4 +218,69 @@ def test_commits_ride_on_credit_and_a_stale_owner_cannot_commit(tmp_path):
                              credit_bytes=10**6))
         f = await frame(other)
         assert isinstance(f.ended[0].error, FencedError) and b.offsets.query("g", "T", 0) == 4
+    run(scenario)(tmp_path)
+
+
+def test_a_queue_opened_after_lock_starts_at_the_committed_offset_once_its_client_holds_the_lock(tmp_path):
+    # A handover's new owner opens the queue ahead of its lock: nothing is served while the old owner
+    # holds it, nor once it let go; with the grant, the committed offset (the old owner's final commit)
+    # under the grant's fence, before the records.
+    async def scenario(b):
+        send(b, 0, 10)
+        (old,) = await b.lock_queues("G", "c1", [("T", 0)])
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "G", "T", 0, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
+                         after_lock=True))
+        waiting = asyncio.ensure_future(s.next_frame())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # held by another client
+        assert not b.unlock_queues("G", "c1", [("T", 0)], [("T", 0, 4, Fence("c1", old.owner_epoch))])
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # free, but not c2's
+        (grant,) = await b.lock_queues("G", "c2", [("T", 0)])
+        f = await asyncio.wait_for(waiting, 2)
+        assert [(st.handle, st.offset, st.owner_epoch, st.reset_generation) for st in f.started] == [
+            (1, 4, grant.owner_epoch, 0)]
+        assert offsets_of(f.records[0]) == list(range(4, 10))
+        # Served under the grant's fence: once the queue goes to another client, the handle ends fenced.
+        b.unlock_queues("G", "c2", [("T", 0)])
+        await b.lock_queues("G", "c3", [("T", 0)])
+        send(b, 0, 1, start=10)
+        f = await frame(s)
+        assert [e.handle for e in f.ended] == [1] and isinstance(f.ended[0].error, FencedError)
+    run(scenario)(tmp_path)
+
+
+def test_a_queue_opened_after_lock_without_a_committed_offset_ends_for_the_client_to_open(tmp_path):
+    async def scenario(b):
+        send(b, 1, 3)
+        await b.lock_queues("G", "c2", [("T", 1)])
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "G", "T", 1, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
+                         after_lock=True))
+        s.open(OpenQueue(2, "G", "T", 1, 0, credit_messages=100, credit_bytes=10**6, after_lock=True))
+        f = await frame(s)
+        assert not f.records and not f.started
+        ended = {e.handle: e.error for e in f.ended}
+        assert isinstance(ended[1], FailedPreconditionError) and not isinstance(ended[1], FencedError)
+        assert isinstance(ended[2], InvalidArgumentError)  # no fence naming the client
+    run(scenario)(tmp_path)
+
+
+def test_a_queue_opened_after_lock_starts_when_its_client_takes_the_lock_back_under_the_same_epoch(tmp_path):
+    # Released and locked again with nobody in between keeps the owner epoch: still a new grant, which
+    # starts the waiting handle at once (not at the next record stored).
+    async def scenario(b):  # (nothing stored: no record's notify wakes the handle)
+        (first,) = await b.lock_queues("G", "c2", [("T", 0)])
+        b.unlock_queues("G", "c2", [("T", 0)], [("T", 0, 0, Fence("c2", first.owner_epoch))])
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "G", "T", 0, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
+                         after_lock=True))
+        waiting = asyncio.ensure_future(s.next_frame())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        (again,) = await b.lock_queues("G", "c2", [("T", 0)])
+        assert again.owner_epoch == first.owner_epoch
+        f = await asyncio.wait_for(waiting, 2)
+        assert [(st.offset, st.owner_epoch) for st in f.started] == [(0, first.owner_epoch)]
     run(scenario)(tmp_path)

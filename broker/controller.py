@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from tidemark.broker import memory
 from tidemark.broker.auth import AuthStore
 from tidemark.broker.cluster.offset_authority import OffsetAuthority
 from tidemark.broker.cluster.permission import BrokerPermission
@@ -194,6 +195,8 @@ class BrokerController:
             fingerprint=lambda: (self.topics.version, self.permission.readable, self.permission.writable,
                                  self.config.broker_id, self.epoch),
             tls_ca_file=config.peer_tls_ca, on_fenced=self.permission.fence, credentials=self._peer_credentials())
+        # Gives the allocator's free pages back after bursts of large requests and answers (broker/memory.py).
+        self.trimmer = memory.Trimmer()
         self.operations = Operations(self)  # what the protocol adapters call
         self.started_ms = self.clock_ms()
         self._promoting = False
@@ -282,7 +285,7 @@ class BrokerController:
         self.ready = False
         self.hold.close()
         steps = [("scheduler", self.scheduler.stop), ("schedule", self.schedule.shutdown)] if self._started else []
-        steps += [("name server registration", self.registrar.stop)]
+        steps += [("name server registration", self.registrar.stop), ("memory trims", self.trimmer.close)]
         if self.replica is not None:
             steps += [("replication", self.replica.stop)]
         steps += [("replication checkpoint", self._checkpoint_replication),

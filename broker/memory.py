@@ -18,9 +18,14 @@ happens to a freed buffer (`configure`):
   glibc's default 128 KiB, so a frame freed at the top is not given back
   and faulted in again by the next.
 
-After a burst the request intake calls `Trimmer.burst_over`, which runs
-`malloc_trim(0)` in a thread (at most every few seconds) and gives back the
-free pages the heap still holds. Setting the thresholds turns off glibc's
+Buffers freed inside the heap stay the process's memory until reused, so
+after a burst `malloc_trim(0)` gives back the free pages the heap still holds
+(`Trimmer`, in a thread, at most every few seconds): after a burst of large
+requests, when the request intake has none left (`burst_over`), and after a
+burst of large answers (fetch frames: `answered`), once answers have been
+quiet for a few seconds. A read that goes on is not trimmed under its feet
+(its frames would fault their pages in again); one that ends gives back what
+its streams held at their peak. Setting the thresholds turns off glibc's
 own moving threshold, which would keep a burst's large blocks in the heap.
 All of it is a no-op where glibc is not the allocator.
 """
@@ -30,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import time
+from collections.abc import Callable
 
 from tidemark.broker.config import REQUEST_OVERHEAD_BYTES
 from tidemark.common.logs import get_logger
@@ -42,6 +48,8 @@ M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
 MMAP_THRESHOLD_BYTES = DEFAULT_MAX_MESSAGE_SIZE + REQUEST_OVERHEAD_BYTES  # the default largest request
 TRIM_THRESHOLD_BYTES = 4 * 1024 * 1024
 TRIM_INTERVAL_S = 2.0
+# This many bytes of answers make a burst, after which (once answers are quiet) freed memory is given back.
+ANSWER_BURST_BYTES = 32 * 1024 * 1024
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -62,13 +70,32 @@ def configure() -> None:
 class Trimmer:
     """Runs malloc_trim(0) off the event loop after a burst, at most once per TRIM_INTERVAL_S."""
 
-    def __init__(self, clock=time.monotonic) -> None:
+    def __init__(self, clock=time.monotonic, trim: Callable[[int], int] | None = None) -> None:
         libc = _libc()
-        self._trim = getattr(libc, "malloc_trim", None) if libc is not None else None
+        self._trim = trim or (getattr(libc, "malloc_trim", None) if libc is not None else None)
         self._clock = clock
         self._last = -TRIM_INTERVAL_S
         self._task: asyncio.Task | None = None
+        self._answered = 0  # bytes of answers since the last trim
+        self._last_answer = 0.0
+        self._quiet: asyncio.Task | None = None  # waits for answers to be quiet, then trims
         self.trims = 0
+
+    def answered(self, size: int) -> None:
+        """Called on the event loop for every answer of `size` bytes sent (a fetch frame): after
+        ANSWER_BURST_BYTES of them, a trim once no answer was sent for TRIM_INTERVAL_S."""
+        if self._trim is None:
+            return
+        self._answered += size
+        self._last_answer = self._clock()
+        if self._answered >= ANSWER_BURST_BYTES and (self._quiet is None or self._quiet.done()):
+            self._quiet = asyncio.get_running_loop().create_task(self._when_quiet(), name="malloc-trim-answers")
+
+    async def _when_quiet(self) -> None:
+        while (wait := self._last_answer + TRIM_INTERVAL_S - self._clock()) > 0:
+            await asyncio.sleep(wait)
+        self._answered = 0
+        self.burst_over()
 
     def burst_over(self) -> None:
         """Called on the event loop when the requests of a burst are all done."""
@@ -86,4 +113,5 @@ class Trimmer:
         log.debug("memory trimmed after a burst", event="malloc_trim", released=bool(released))
 
     async def close(self) -> None:
+        await cancel_and_wait(self._quiet)
         await cancel_and_wait(self._task)

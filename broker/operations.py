@@ -265,8 +265,9 @@ class Operations:
     def fetched(self, frame: Frame) -> None:
         """Count a frame a fetch stream is about to send."""
         metrics = self.broker.metrics
-        now = 0
+        now = size = 0
         for part in frame.records:
+            size += len(part.data)
             if part.count:
                 metrics.messages_out.labels(part.topic).inc(part.count)
                 metrics.bytes_out.labels(part.topic, part.group).inc(len(part.data))
@@ -274,6 +275,8 @@ class Operations:
                 self.deliveries.record(part.topic, part.queue_id, part.group, part.client_id, part.first_offset,
                                        part.next_offset, now)
         metrics.fetch_frames.inc()
+        if size:
+            self.broker.trimmer.answered(size)
 
     def close_fetch(self, session: FetchSession) -> None:
         self.broker.metrics.fetch_streams.dec()

@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from tidemark.broker import memory, tls
+from tidemark.broker import tls
 from tidemark.broker.auth.guard import AccessGuard, retry_topic_owner
 from tidemark.broker.config import BrokerConfig
 from tidemark.broker.controller import BrokerController
@@ -110,7 +110,6 @@ class BrokerServer:
         self._metrics_server = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._data_dir_lock = DataDirLock(config.data_dir)
-        self._trimmer = memory.Trimmer()
 
     async def start(self) -> int:
         """Lock the data dir, recover, then serve; returns the bound port. Health turns SERVING once
@@ -135,7 +134,7 @@ class BrokerServer:
                  skipped=len(o.skipped))
         guard = await self._access_guard() if self.config.auth else None
         self.intake = RequestIntake(RequestBudget(self.config.max_inflight_request_bytes,
-                                                  on_burst_over=self._trimmer.burst_over), guard,
+                                                  on_burst_over=self.controller.trimmer.burst_over), guard,
                                     refusal_answers=rmq5.refusal_answers)
         server = grpc.aio.server(interceptors=[self.intake], options=[
             ("grpc.max_receive_message_length", self.config.request_limit_bytes),
@@ -266,7 +265,6 @@ class BrokerServer:
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
-        await self._trimmer.close()
         if self._data_dir_lock.held:
             try:
                 await self.controller.shutdown()

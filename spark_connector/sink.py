@@ -56,6 +56,8 @@ from pyspark.sql.types import (
 
 from tidemark.client import Message, MessageQueue, MessageQueueSelector, Producer
 from tidemark.client.errors import InvalidArgumentError, TidemarkError
+from tidemark.common.protocol import MessageIdGenerator, PropertyKey
+from tidemark.common.records import RecordBatchBuilder, encode_properties
 from tidemark.spark_connector.encode import RecordEncoder, record_bytes
 from tidemark.spark_connector.options import OptionError, WriteOptions
 
@@ -155,12 +157,36 @@ def _rows(batch: pa.RecordBatch, topic: str, first_row: int) -> Iterator[tuple[A
         yield target, message, first_row + i
 
 
-def _encoded_size(message: Message) -> int:
-    """A row's bytes as a batch counts them against MAX_BATCH_BYTES: its body and its properties, keys and
-    tags (each `key\x01value\x02` once encoded), so a batch of rows with large properties stays within what
-    one request may hold (the producer's max_message_size), the records' fixed headers taking the rest."""
-    extra = sum(len(k) + len(v) + 2 for k, v in message.properties.items()) if message.properties else 0
-    return len(message.body) + len(message.keys) + len(message.tags) + extra
+_PAIR = 2  # a property's separators: `key\x01value\x02`
+_TAGS_PAIR = len(PropertyKey.TAGS) + _PAIR
+_KEYS_PAIR = len(PropertyKey.KEYS) + _PAIR
+
+
+def _utf8_size(text: str) -> int:
+    """A str's size in UTF-8, as the record holds it: its length when ASCII (str.isascii reads a flag the
+    str keeps, no copy), else encoded (an emoji is 4 bytes, 1 character)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def _record_fixed_size(topic: str, born_host: str) -> int:
+    """The bytes every record of the topic holds whatever its row: the header, born host and topic, the
+    parts' lengths and the UNIQ_KEY property, sized by the client's own encoder (one empty record)."""
+    uniq = encode_properties({PropertyKey.UNIQ_KEY: MessageIdGenerator().next()})
+    return RecordBatchBuilder(topic, born_host).append(b"", uniq)
+
+
+def _row_size(message: Message) -> int:
+    """A row's bytes in its record beyond the fixed part, in UTF-8 as encoded: the body and its tags, keys
+    and properties (each a `key\x01value\x02` pair), so a batch of rows with large or non-ASCII properties
+    stays within MAX_BATCH_BYTES as the producer encodes it."""
+    size = len(message.body)  # bytes: Message encodes a str body
+    if message.tags:
+        size += _TAGS_PAIR + _utf8_size(message.tags)
+    if message.keys:
+        size += _KEYS_PAIR + _utf8_size(message.keys)
+    if message.properties:
+        size += sum(_utf8_size(k) + _utf8_size(v) + _PAIR for k, v in message.properties.items())
+    return size
 
 
 class _Sender:
@@ -174,6 +200,7 @@ class _Sender:
         self._pending: dict[Any, tuple[list[Message], list[int], int]] = {}
         self._in_flight: collections.deque[tuple[concurrent.futures.Future, int, int]] = collections.deque()
         self._queues: list[MessageQueue] | None = None
+        self._record_fixed = _record_fixed_size(topic, producer.settings.client_ip)
         self.sent = 0
 
     # -- whole record batches, encoded column by column ---------------------------------------------
@@ -211,10 +238,18 @@ class _Sender:
     # -- row by row (properties, queue_id) ----------------------------------------------------------
 
     def add(self, target: Any, message: Message, row: int) -> None:
+        """Add a row to its target's batch. A batch that the row would take past MAX_BATCH_BYTES is sent
+        first (a batch always has one row at least), as send_encoded cuts before the row that would
+        overflow: appending first and sending at 1 MiB could add a whole row of up to max_message_size to
+        1 MiB less a byte, more than a request may hold."""
         msgs, rows, size = self._pending.get(target) or ([], [], 0)
+        record = self._record_fixed + _row_size(message)
+        if msgs and size + record > MAX_BATCH_BYTES:
+            self._flush(target)
+            msgs, rows, size = [], [], 0
         msgs.append(message)
         rows.append(row)
-        size += _encoded_size(message)
+        size += record
         self._pending[target] = (msgs, rows, size)
         if len(msgs) >= MAX_BATCH_MESSAGES or size >= MAX_BATCH_BYTES:
             self._flush(target)

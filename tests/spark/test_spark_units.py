@@ -414,3 +414,23 @@ def test_fixed_schema_and_append_only():
         ds.reader(StructType([StructField("body", StringType())]))
     with pytest.raises(OptionError, match="append"):
         ds.writer(StructType([StructField("body", StringType())]), True)
+
+
+_TEXT = st.text(st.characters(blacklist_characters="\x01\x02|", blacklist_categories=("Cs",)), max_size=12)
+
+
+@given(body=st.binary(min_size=1, max_size=64), tags=_TEXT, keys=_TEXT,
+       properties=st.dictionaries(_TEXT.filter(bool), _TEXT, max_size=4))
+def test_a_row_is_counted_in_the_bytes_the_producer_encodes(body, tags, keys, properties):
+    """The row-by-row sink sizes a batch by its records as the client encodes them, in UTF-8 bytes (an
+    emoji is 4 bytes, not 1 character), header included."""
+    from tidemark.client import Message
+    from tidemark.client.producer.encoding import encode_message
+    from tidemark.common.protocol import MessageIdGenerator
+    from tidemark.common.records import RecordBatchBuilder
+    from tidemark.spark_connector.sink import _record_fixed_size, _row_size
+
+    message = Message(topic="orders", body=body, tags=tags, keys=keys, properties=properties)
+    _, props, _ = encode_message(message, MessageIdGenerator())
+    encoded = RecordBatchBuilder(message.topic, "10.0.0.1").append(body, props)
+    assert _record_fixed_size(message.topic, "10.0.0.1") + _row_size(message) == encoded

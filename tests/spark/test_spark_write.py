@@ -95,3 +95,25 @@ def test_rows_with_large_properties_go_in_requests_the_broker_takes(kit):
     assert produce(options, iter([batch])) == n
     with kit.admin() as admin:
         assert sum(high - low for low, high in admin.offsets(admin.fetch_message_queues(topic)).values()) == n
+
+
+def test_a_large_row_after_a_smaller_one_goes_in_its_own_request(spark, kit):
+    """A batch is sent before the row that would take it past 1 MiB: a 1.0 MB row then a 3.5 MB row (each
+    one a request the broker takes) are two requests, not one of 4.5 MB over max_message_size (4 MiB)."""
+    topic, _ = kit.topic(1)
+    rows = [("a" * 1_000_000, {"row": "a"}), ("b" * 3_500_000, {"row": "b"})]
+    _write(kit, spark.createDataFrame(rows, "body string, properties map<string,string>").coalesce(1), topic)
+    back = kit.read(spark, topic).collect()
+    assert sorted((r.properties["row"], len(r.body)) for r in back) == [("a", 1_000_000), ("b", 3_500_000)]
+
+
+def test_rows_with_non_ascii_properties_are_counted_in_bytes(spark, kit):
+    """A batch counts UTF-8 bytes, not characters: 105 rows of 10,000 emoji (40,000 bytes) each are
+    about 1 MB counted by characters and 4.2 MB encoded, over a request's 4 MiB."""
+    topic, _ = kit.topic(1)
+    n, emoji = 105, "\N{GRINNING FACE}" * 10_000
+    rows = [(f"m{i}", {"e": emoji}) for i in range(n)]
+    _write(kit, spark.createDataFrame(rows, "body string, properties map<string,string>").coalesce(1), topic)
+    back = kit.read(spark, topic).collect()
+    assert sorted(bytes(r.body).decode() for r in back) == sorted(b for b, _ in rows)
+    assert all(r.properties["e"] == emoji for r in back)

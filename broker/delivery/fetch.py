@@ -23,7 +23,12 @@ fence (QueueStarted, in the frame that carries its first records). The
 records then leave with the grant instead of after the grant's answer, the
 client's open and a second pass here. A queue without a committed offset ends
 the handle (FAILED_PRECONDITION): where it starts is the client's rule
-(consume_from_where), and it opens the queue as usual.
+(consume_from_where), and it opens the queue as usual. Whether it starts is
+decided at the grant (the waiters call back as the lock changes hands), where
+and under which fence at the next frame: a client that let the lock go by then
+(a quick rebalance back, a lease that could not start) gets the handle's end
+(FencedError) instead of a handle that waits for a lock it already had, for as
+long as the stream lasts. While it waits, records stored do not wake the stream.
 
 Pure domain module: no grpc. Runs on the event-loop thread.
 """
@@ -155,6 +160,7 @@ class _Served:
     ready: bool = True  # may have something to send
     unwatch: Callable[[], None] = lambda: None
     awaiting: str = ""  # after_lock: the client whose lock starts the reading ("" once started, or never)
+    granted: bool = False  # after_lock: its client was granted the lock (it starts, or ends, at the next frame)
 
     def has_credit(self) -> bool:
         return self.credit_messages > 0 and self.credit_bytes > 0
@@ -205,10 +211,13 @@ class FetchSession:
                          req.fence,
                          min(req.credit_messages, MAX_CREDIT), min(req.credit_bytes, MAX_CREDIT), req.batch_size,
                          req.offset)
+        self._served[req.handle] = served
         if req.after_lock:
             served.fence, served.awaiting = None, req.fence.client_id
-        self._served[req.handle] = served
-        if not req.after_lock and is_stale(req.fence, grant.generation):
+            served.unwatch = self._hold.watch(req.topic, req.queue_id, lambda: self._lock_changed(served))
+            self._lock_changed(served)  # (the grant may have come first)
+            return
+        if is_stale(req.fence, grant.generation):
             self._reset(served, grant.generation)
             return
         served.unwatch = self._hold.watch(req.topic, req.queue_id, lambda: self._wake(served))
@@ -309,7 +318,8 @@ class FetchSession:
         return frame
 
     def _serve(self, q: _Served, budget: int) -> QueueRecords | None:
-        if q.awaiting and not self._lock_started(q):
+        if q.awaiting and not (q.granted and self._lock_started(q)):
+            q.ready = False  # (credit came while it waits) woken by its grant: _lock_changed
             return None
         try:
             generation = self._access.recheck(q.group, q.topic, q.queue_id, q.fence)
@@ -350,11 +360,24 @@ class FetchSession:
 
     # -- helpers -----------------------------------------------------------------------------
 
+    def _lock_changed(self, q: _Served) -> None:
+        """An after_lock queue changed (a record stored, its lock changing hands): while it waits, only a
+        grant to its client wakes it, and marks it to start at the next frame, whoever holds the lock by
+        then (a grant let go before the stream started it must not leave the handle waiting)."""
+        if q.awaiting and not q.granted:
+            if self._access.lock_start(q.group, q.topic, q.queue_id, q.awaiting) is None:
+                return
+            q.granted = True
+        self._wake(q)
+
     def _lock_started(self, q: _Served) -> bool:
-        """An after_lock queue: start it if its client holds the lock now (else wait for the next change)."""
+        """An after_lock queue its client was granted: start it if the client holds the lock still, at the
+        committed offset and under the fence of its grant now; else end it (the lock was let go)."""
         start = self._access.lock_start(q.group, q.topic, q.queue_id, q.awaiting)
         if start is None:
-            q.ready = False  # woken again when the queue's lock changes hands (or records arrive)
+            self._drop(q, QueueEnded(q.handle, EndReason.ERROR, error=FencedError(
+                f"queue {q.topic}:{q.queue_id} of group {q.group!r}: client {q.awaiting!r} was granted its lock "
+                f"and let it go before this stream started it; lock it again and open it")))
             return False
         offset, fence = start
         if offset < 0:

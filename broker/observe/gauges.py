@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 def take_snapshot(b: BrokerController) -> StateSnapshot:
     state = StateSnapshot(store_bytes=b.store.store_size_bytes(), schedule_pending=b.schedule.pending(),
                           offset_entries=b.offsets.entry_count(), long_polls_waiting=b.hold.waiting(),
+                          fetch_queues=b.hold.watching(),
                           job_runs={name: runs for name, _interval, runs in b.scheduler.jobs()})
     if b.replica is not None:
         state.replica_lag = (b.replica.lag_bytes, b.replica.lag_ms)

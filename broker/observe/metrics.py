@@ -104,6 +104,7 @@ class StateSnapshot:
     schedule_pending: int = 0
     offset_entries: int = 0
     long_polls_waiting: int = 0
+    fetch_queues: int = 0
     job_runs: dict[str, int] = field(default_factory=dict)
     # (group, topic, queue id, committed offset, seconds since the oldest unconsumed message was stored)
     progress: list[tuple[str, str, int, int, float]] = field(default_factory=list)
@@ -175,6 +176,8 @@ class BrokerStateCollector(Collector):
                                 value=state.offset_entries)
         yield GaugeMetricFamily(f"{PREFIX}_long_polls_waiting", "Unary pulls parked at the end of their queue",
                                 value=state.long_polls_waiting)
+        yield GaugeMetricFamily(f"{PREFIX}_fetch_queues", "Queues open on fetch streams (handles the broker serves "
+                                "or keeps waiting for a lock)", value=state.fetch_queues)
         if state.replica_lag is not None:
             yield GaugeMetricFamily(f"{PREFIX}_replica_lag_bytes", "Commit-log bytes this replica is behind its master",
                                     value=state.replica_lag[0])

@@ -138,6 +138,11 @@ class Fetcher:
         self._ahead_by_handle: dict[int, _Ahead] = {}
         self.taken_over = 0  # leases read on a handle opened ahead
 
+    @property
+    def opened_ahead(self) -> int:
+        """Handles opened ahead that no lease took over yet and nothing closed (each open at the broker)."""
+        return len(self._ahead_by_handle)
+
     # -- leases ------------------------------------------------------------------------------
 
     async def prepare(self) -> None:
@@ -195,11 +200,16 @@ class Fetcher:
                               expression_type=selector.expression_type, after_lock=True)
 
     def stop(self, lease: QueueLease) -> None:
-        """Stop reading a lease (what the broker already sent for it is dropped on arrival)."""
+        """Stop reading a lease (what the broker already sent for it is dropped on arrival). A lease still
+        waiting for the broker to start its handle opened ahead closes that handle: the broker may never
+        start it (the lock went back before the grant reached the stream), and it would wait there, and
+        here, for as long as the stream lasts."""
         reading = self._readings.pop(lease, None)
         if reading is not None:
             self._cancel_idle_flush(reading)
             self._drop_handle(reading)
+            for ahead in [a for a in self._ahead_by_handle.values() if a.waiting is reading]:
+                self._close_ahead(ahead)
 
     def _drop_handle(self, reading: _Reading) -> None:
         if self._by_handle.pop(reading.handle, None) is not None:
@@ -264,6 +274,8 @@ class Fetcher:
 
     def _close_ahead(self, ahead: _Ahead) -> None:
         self._ahead_by_handle.pop(ahead.handle, None)
+        if self._ahead.get(ahead.mq) is ahead:
+            del self._ahead[ahead.mq]
         if ahead.stream.usable:
             ahead.stream.close_queue(ahead.handle)
 

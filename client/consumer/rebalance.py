@@ -80,6 +80,7 @@ class RebalanceService:
                 except NotFoundError as e:
                     # The topic is gone (deleted) or not created yet: hand back whatever we held of it.
                     log.debug("rebalance skipped", event="rebalance_skip", group=self._group, topic=topic, reason=e)
+                    self._on_allocated(topic, set())  # (its queues opened ahead of their locks are closed)
                     if await self._ownership.update(topic, set()):
                         self.changes += 1
                         changed = True

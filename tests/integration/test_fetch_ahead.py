@@ -1,14 +1,16 @@
 """A handover's first records come with the lock grant (issue 30): the joining consumer opens the queues it
 asks locks for on its fetch stream ahead of the grant (FetchOpen.after_lock), the broker starts each there
 from the old owner's final commit the moment the lock is the joiner's, and the joiner's lease reads on
-that handle. A real broker process and two consumers; every message consumed exactly once."""
+that handle. A real broker process and two consumers; every message consumed exactly once, and nothing
+opened ahead is left open once the queues settled (at the client, nor at the broker: one handle per lease)."""
 
 from __future__ import annotations
 
 import collections
 import threading
 
-from workload import create_topic, produce, wait_until
+from brokerproc import free_port
+from workload import create_topic, metric, produce, wait_until
 
 from tidemark.client import ConsumeConcurrentlyStatus, PushConsumer
 
@@ -25,7 +27,9 @@ def consumer(address: str, group: str, topic: str, seen: list[str], lock: thread
     return c
 
 
-def test_a_joiner_reads_handed_over_queues_on_the_handles_it_opened_ahead_with_no_duplicates(broker):
+def test_a_joiner_reads_handed_over_queues_on_the_handles_it_opened_ahead_with_no_duplicates(broker_factory):
+    port = free_port()
+    broker = broker_factory(args=("--metrics-port", str(port)))
     create_topic(broker.address, "Ahead", 4)
     seen: list[str] = []
     lock = threading.Lock()
@@ -46,6 +50,11 @@ def test_a_joiner_reads_handed_over_queues_on_the_handles_it_opened_ahead_with_n
             counts = collections.Counter(seen)
         assert set(counts) == set(ids)
         assert not {k: v for k, v in counts.items() if v > 1}, "messages delivered more than once"
+        consumers = (first._core, second._core)
+        wait_until(lambda: not any(c.fetcher.opened_ahead for c in consumers), 30,
+                   "every handle opened ahead taken over or closed at the client")
+        wait_until(lambda: metric(port, "tidemark_fetch_queues") == sum(len(c.ownership.pulling()) for c in consumers),
+                   30, "the broker to serve one handle per lease, none left waiting for a lock")
     finally:
         second.shutdown()
         first.shutdown()

@@ -284,3 +284,23 @@ def test_a_queue_opened_after_lock_starts_when_its_client_takes_the_lock_back_un
         f = await asyncio.wait_for(waiting, 2)
         assert [(st.offset, st.owner_epoch) for st in f.started] == [(0, first.owner_epoch)]
     run(scenario)(tmp_path)
+
+
+def test_a_queue_opened_after_lock_whose_client_let_the_lock_go_before_the_stream_started_it_ends(tmp_path):
+    # Granted and let go before the stream's next frame (a quick rebalance back, a lease that could not
+    # start): the handle must not wait for a lock its client already had, woken by every record stored,
+    # for as long as the stream lasts. It ends, fenced; the client opens the queue again if it wants it.
+    async def scenario(b):
+        send(b, 0, 3)
+        (old,) = await b.lock_queues("G", "c1", [("T", 0)])
+        assert not b.unlock_queues("G", "c1", [("T", 0)], [("T", 0, 2, Fence("c1", old.owner_epoch))])
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "G", "T", 0, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
+                         after_lock=True))
+        await b.lock_queues("G", "c2", [("T", 0)])  # (the stream builds no frame in between)
+        b.unlock_queues("G", "c2", [("T", 0)])
+        f = await frame(s)
+        assert not f.started and not f.records
+        assert [e.handle for e in f.ended] == [1] and isinstance(f.ended[0].error, FencedError)
+        assert s.open_queues == 0 and b.hold.watching() == 0
+    run(scenario)(tmp_path)

@@ -201,6 +201,22 @@ def test_a_lease_that_starts_before_the_broker_says_where_it_started_waits_for_i
     run(scenario)
 
 
+def test_a_lease_stopped_while_it_waits_for_the_broker_s_word_closes_the_handle_opened_ahead():
+    # Handed back (or lost) before the broker started the handle: the broker will not start it for this
+    # lease now, and nothing else would close it, here or there, before the stream ends.
+    async def scenario(fetcher, stream, sink):
+        fetcher.open_ahead("T", {MQ1}, "c1")
+        (handle,) = stream.ahead
+        lease = granted(MQ1, 5)
+        await fetcher.start(lease, 5, ahead=True)
+        fetcher.stop(lease)
+        assert stream.closed == [handle] and fetcher.opened_ahead == 0
+        stream.on_started(handle, QueueStart(5, 7, 0))  # (late: dropped)
+        stream.on_records(handle, 1, records("paid"), 6, 6)
+        assert sink.delivered == [] and len(stream.opens) == 1 and fetcher.taken_over == 0
+    run(scenario)
+
+
 def test_a_lease_that_does_not_start_at_its_grant_s_committed_offset_opens_at_once():
     # No committed offset (consume_from_where decides), or this client's kept progress: the broker would
     # end the handle or start it elsewhere, and waiting for its word would only delay the queue.

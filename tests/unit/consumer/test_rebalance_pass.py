@@ -55,10 +55,11 @@ class RecordingOwnership:
         pass
 
 
-def service(cluster, ownership, topics) -> RebalanceService:
+def service(cluster, ownership, topics, on_allocated=lambda topic, mine: None) -> RebalanceService:
     return RebalanceService(cluster=cluster, group="g", client_id="c1", model=MessageModel.CLUSTERING,
                             strategy=AllocateMessageQueueAveragely(), ownership=ownership,
-                            topics=lambda: list(topics), known_members=lambda broker: ["c1", "c2"])
+                            topics=lambda: list(topics), known_members=lambda broker: ["c1", "c2"],
+                            on_allocated=on_allocated)
 
 
 def test_a_topic_is_rebalanced_while_another_topic_s_route_is_still_on_its_way():
@@ -79,8 +80,12 @@ def test_a_topic_is_rebalanced_while_another_topic_s_route_is_still_on_its_way()
 def test_a_missing_topic_hands_its_queues_back_and_the_pass_goes_on():
     async def scenario():
         cluster, ownership = ScriptedCluster(), RecordingOwnership()
-        await service(cluster, ownership, ["Gone", "T"]).do_rebalance(fast=True)
+        allocated: list[tuple[str, set]] = []
+        await service(cluster, ownership, ["Gone", "T"],
+                      lambda topic, mine: allocated.append((topic, {mq.queue_id for mq in mine}))).do_rebalance(
+                          fast=True)
         assert ownership.updates == [("Gone", set()), ("T", {0, 1})]
+        assert allocated == [("Gone", set()), ("T", {0, 1})]  # (the fetcher closes what it opened ahead)
     asyncio.run(scenario())
 
 

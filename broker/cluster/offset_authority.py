@@ -6,7 +6,13 @@ lower than one already read, and no commit is taken where the next master will n
   their progress meanwhile. Without a controller a replica also takes its consumers' commits while its
   master is away, and hands them back to it (ReplicaSync).
 - Queries: anywhere but a replica that has not copied its master's offsets since it started following it
-  (a restart's file, or a replaced master's own table, may be older than what the master answered).
+  (a restart's file, or a replaced master's own table, may be older than what the master answered). In
+  controller mode, also not at a replica whose stream from its master is down: its copy stops where the
+  stream broke, and the master (or the same broker back under a new epoch, which the replica follows at the
+  same address) may have taken and answered commits since; the fault checker's controller scenario saw
+  such a replica answer 484 for an offset its master had answered 489 a second before, the master killed
+  meanwhile. Without a controller the replica stands in for its master while it is away (it takes its
+  consumers' commits), so it keeps answering.
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ class OffsetAuthority:
     def check_query(self) -> None:
         """NotCurrentError while this replica's offsets may be older than its master's."""
         replica = self._replica()
-        if replica is not None and not replica.offsets_copied:
+        if replica is None:
+            return
+        if not replica.offsets_copied:
             raise NotCurrentError(f"replica {self._name()} has not copied the consumer offsets of its master "
                                   f"{replica.master} yet; ask the master")
+        if self._controller_mode and not replica.offsets_streamed:
+            raise NotCurrentError(f"replica {self._name()} is not copying the consumer offsets of its master "
+                                  f"{replica.master} right now (its stream is down), and the master may have "
+                                  f"taken commits since; ask the master etcd elects")

@@ -103,6 +103,10 @@ class ReplicaSync:
         # Whether the offsets here are a copy of this master's: not until the first mirror after start or
         # a follow (before, they are what this broker had: a restart's file, a replaced master's own).
         self.offsets_copied = False
+        # Whether they are kept current now: the running stream brought the master's whole table (its first
+        # chunk does) and brings every change since. Not while the stream is down: the master, or the same
+        # master restarted under a new epoch, may take commits this copy never sees.
+        self.offsets_streamed = False
 
     @property
     def lag_bytes(self) -> int:
@@ -129,7 +133,7 @@ class ReplicaSync:
             return
         log.warning("following a new master: %s (was %s)", master, self.master, event="replica_follows",
                     master=master)
-        self.master, self.offsets_copied = master, False
+        self.master, self.offsets_copied, self.offsets_streamed = master, False, False
         await cancel_and_wait(self._task)
         old, self._channel = self._channel, tls.peer_channel(master, self._tls_ca_file, _MASTER_CHANNEL_OPTIONS)
         self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
@@ -160,7 +164,7 @@ class ReplicaSync:
                     self._error = why
             except Exception:
                 log.exception("replication failed", event="replication_failed", master=self.master)
-            self.connected = False
+            self.connected = self.offsets_streamed = False
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
@@ -217,6 +221,7 @@ class ReplicaSync:
         if chunk.offset_table:  # (offsets_copied waits for the first mirror: it brings the topics too)
             offsets = decode_offsets(chunk.offset_table)
             self._offsets.mirror(offsets.table, offsets.reset_generations)
+            self.offsets_streamed = True
         if chunk.offset_records:
             self._offsets.mirror_records(decode_records(chunk.offset_records).items)
 

@@ -8,8 +8,9 @@ import time
 import urllib.request
 
 import pytest
-from brokerproc import free_port
+from brokerproc import BrokerProcess, free_port
 from faults.controller import in_sync
+from faults.proxy import FaultProxy
 from workload import create_topic, wait_until
 
 from tidemark.client import (
@@ -141,6 +142,42 @@ def _committed_or_none(address: str) -> int | None:
         return committed(address)
     except UnavailableError:  # a replica answers once it copied its master's offsets
         return None
+
+
+def test_a_replica_whose_stream_from_its_master_is_down_answers_no_offset_query(etcd, broker_factory, tmp_path):
+    """A group's offset never reads lower than one already read. Found by the fault checker (controller
+    scenario, replication sync): the master came back under a new epoch at the same address and took
+    commits before its replica reconnected, was killed, and the replica, which clients read from while
+    the master is away, answered the offsets it had copied before (484 after the master's 489). A
+    controller-mode replica takes no commits, so its copy is current only while its stream runs."""
+    port = free_port()
+    link = FaultProxy(f"127.0.0.1:{port}", name="replica-link")  # the master's address in etcd: the replica's way
+    args = ("--controller", etcd.url, "--controller-lease-s", str(LEASE_S))
+    first = BrokerProcess(tmp_path / "first", port=port, args=(*args, "--advertise-addr", link.address))
+    try:
+        first.start()
+        second = broker_factory(args=args, data_dir=tmp_path / "second")
+        assert status(second.address).master_addr == link.address
+        create_topic(first.address, TOPIC, 1)
+        with Producer(brokers=first.address) as producer:
+            for i in range(10):
+                producer.send(Message(TOPIC, b"m%d" % i))
+        commit(first.address, 7)
+        wait_until(lambda: _committed_or_none(second.address) == 7, 15, "the replica to copy the master's offsets")
+
+        link.refuse(True)
+        link.reset()  # the replica's stream ends, and its next ones are refused
+        wait_until(lambda: "event=replication_interrupted" in second.log_text(), 15, "the replica's stream to end")
+        commit(first.address, 9)
+        assert committed(first.address) == 9  # read: no later read may see less
+        with pytest.raises(UnavailableError, match="is not copying the consumer offsets"):
+            committed(second.address)
+
+        link.refuse(False)
+        wait_until(lambda: _committed_or_none(second.address) == 9, 15, "the replica to copy the master's offsets again")
+    finally:
+        first.kill()
+        link.close()
 
 
 def test_a_broker_waiting_for_etcd_to_decide_its_role_stops_on_sigterm(etcd, tmp_path):

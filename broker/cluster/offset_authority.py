@@ -7,7 +7,8 @@ lower than one already read, and no commit is taken where the next master will n
   master is away, and hands them back to it (ReplicaSync).
 - Queries: anywhere but a replica that has not copied its master's offsets since it started following it
   (a restart's file, or a replaced master's own table, may be older than what the master answered). In
-  controller mode, also not at a replica whose stream from its master is down: its copy stops where the
+  controller mode, also not at a replica whose stream from its master is down, or silent for a few
+  heartbeats (ReplicaSync.offsets_current: a link that drops packets ends no stream): its copy stops where the
   stream broke, and the master (or the same broker back under a new epoch, which the replica follows at the
   same address) may have taken and answered commits since; the fault checker's controller scenario saw
   such a replica answer 484 for an offset its master had answered 489 a second before, the master killed
@@ -47,7 +48,7 @@ class OffsetAuthority:
         if not replica.offsets_copied:
             raise NotCurrentError(f"replica {self._name()} has not copied the consumer offsets of its master "
                                   f"{replica.master} yet; ask the master")
-        if self._controller_mode and not replica.offsets_streamed:
+        if self._controller_mode and not replica.offsets_current:
             raise NotCurrentError(f"replica {self._name()} is not copying the consumer offsets of its master "
-                                  f"{replica.master} right now (its stream is down), and the master may have "
+                                  f"{replica.master} right now (its stream is down or silent), and the master may have "
                                   f"taken commits since; ask the master etcd elects")

@@ -17,13 +17,19 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
 
 from tidemark.broker import tls
 from tidemark.broker.cluster.divergence import record_digests
-from tidemark.broker.cluster.replication import MAX_RECEIVE_BYTES, decode_offsets, now_ms
+from tidemark.broker.cluster.replication import (
+    HEARTBEAT_S,
+    MAX_RECEIVE_BYTES,
+    decode_offsets,
+    now_ms,
+)
 from tidemark.broker.errors import StoreError
 from tidemark.broker.ingest.delays import ScheduleMessageService
 from tidemark.broker.membership.groups import SubscriptionGroupManager
@@ -57,6 +63,22 @@ _MASTER_CHANNEL_OPTIONS = (
 )
 
 
+# A master sends a chunk at least once a HEARTBEAT_S (an empty one when idle): a stream silent for three is
+# taken as down, though no reset ended it (a link that drops packets keeps a TCP connection open for minutes).
+SILENCE_S = 3 * HEARTBEAT_S
+
+
+def copy_is_current(streamed: bool, last_chunk_at: float, now: float, silence_s: float = SILENCE_S) -> bool:
+    """Whether a replica's copy of its master's offsets is current: the running stream brought the master's
+    whole table (`streamed`) and has brought a chunk within `silence_s` (monotonic seconds).
+
+    A stream that ended is not enough to watch for: one whose link went silent without a reset never ends by
+    itself, and the master behind it may take commits, answer them and die while the replica still holds the
+    copy from before the silence. Heartbeats bound how long a live stream stays quiet, so silence past a few
+    of them means the copy may be behind whatever the master answered since."""
+    return streamed and now - last_chunk_at < silence_s
+
+
 class State(enum.Enum):
     NEW = "new"
     RUNNING = "running"
@@ -71,7 +93,7 @@ class ReplicaSync:
                  pop: PopService, producers: IdempotenceService, broker_name: str, broker_id: int, segment_size: int, after_mirror: Callable[[], Awaitable[None]],
                  on_topic_gone: Callable[[str], Awaitable[None]], tls_ca_file: str = "",
                  credentials: Credentials | None = None, clock_ms: Callable[[], int] = now_ms,
-                 hand_back: bool = True) -> None:
+                 hand_back: bool = True, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.master = master
         self._store = store
         self._topics, self._groups, self._offsets, self._schedule = topics, groups, offsets, schedule
@@ -107,6 +129,13 @@ class ReplicaSync:
         # chunk does) and brings every change since. Not while the stream is down: the master, or the same
         # master restarted under a new epoch, may take commits this copy never sees.
         self.offsets_streamed = False
+        self._monotonic = monotonic
+        self._last_chunk_at = monotonic()  # when the master's last chunk came (offsets_current)
+
+    @property
+    def offsets_current(self) -> bool:
+        """Whether the offsets here are the master's as of a few heartbeats ago at most (copy_is_current says why)."""
+        return copy_is_current(self.offsets_streamed, self._last_chunk_at, self._monotonic())
 
     @property
     def lag_bytes(self) -> int:
@@ -185,7 +214,7 @@ class ReplicaSync:
         if digest is not None:
             hello.tail_crc = digest
         await call.write(hello)
-        async for chunk in call:
+        while (chunk := await self._next_chunk(call)) is not None:
             if chunk.probe:  # the master looks for where the logs part (divergence.py)
                 await call.write(replication_pb2.ReplicaProgress(
                     commit_log_end=end, probe_crc=record_digests(store.commit_log, chunk.probe), **self._hello))
@@ -208,6 +237,23 @@ class ReplicaSync:
                 self._caught_up_ms = self._clock_ms()
             await call.write(replication_pb2.ReplicaProgress(commit_log_end=store.commit_log_max_offset,
                                                              **self._hello))
+
+    async def _next_chunk(self, call) -> replication_pb2.ReplicationChunk | None:
+        """The master's next chunk; None when the stream ended, or went silent past SILENCE_S (the read's end
+        cancels the call, and _run opens another, which goes on the same link once it carries bytes again)."""
+        try:
+            chunk = await asyncio.wait_for(call.read(), SILENCE_S)
+        except TimeoutError:
+            why = f"no chunk from the master for {SILENCE_S:g} s"
+            if why != self._error:
+                log.warning("replication from %s interrupted: %s", self.master, why,
+                            event="replication_interrupted", master=self.master)
+                self._error = why
+            return None
+        if chunk is grpc.aio.EOF:
+            return None
+        self._last_chunk_at = self._monotonic()
+        return chunk
 
     def _follow_state(self, chunk: replication_pb2.ReplicationChunk) -> None:
         """The master's producer table and offset changes that came with the chunk (before its records)."""

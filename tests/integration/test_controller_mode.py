@@ -180,6 +180,49 @@ def test_a_replica_whose_stream_from_its_master_is_down_answers_no_offset_query(
         link.close()
 
 
+def test_a_replica_whose_stream_from_its_master_went_silent_answers_no_offset_query(etcd, broker_factory, tmp_path):
+    """Review of the test above's mend: a link that drops packets, rather than resetting, ends no stream by
+    itself, so the replica kept answering the copy from before the silence while its master took commits
+    (7 after the master's 9). A stream counts as current only while the master's chunks keep coming (one a
+    heartbeat at least), and is refused a few heartbeats into the silence."""
+    port = free_port()
+    link = FaultProxy(f"127.0.0.1:{port}", name="replica-link")  # the master's address in etcd: the replica's way
+    args = ("--controller", etcd.url, "--controller-lease-s", str(LEASE_S))
+    first = BrokerProcess(tmp_path / "first", port=port, args=(*args, "--advertise-addr", link.address))
+    try:
+        first.start()
+        second = broker_factory(args=args, data_dir=tmp_path / "second")
+        assert status(second.address).master_addr == link.address
+        create_topic(first.address, TOPIC, 1)
+        with Producer(brokers=first.address) as producer:
+            for i in range(10):
+                producer.send(Message(TOPIC, b"m%d" % i))
+        commit(first.address, 7)
+        wait_until(lambda: _committed_or_none(second.address) == 7, 15, "the replica to copy the master's offsets")
+
+        link.blackhole(True)  # nothing moves and nothing ends: no reset, no refusal
+        commit(first.address, 9)
+        assert committed(first.address) == 9  # read: no later read may see less
+        wait_until(lambda: _query_refused(second.address), 10, "the replica to refuse queries a few heartbeats in")
+        with pytest.raises(UnavailableError, match="its stream is down or silent"):
+            committed(second.address)
+
+        link.blackhole(False)
+        wait_until(lambda: _committed_or_none(second.address) == 9, 15, "the replica to copy the master's offsets again")
+    finally:
+        first.kill()
+        link.close()
+
+
+def _query_refused(address: str) -> bool:
+    try:
+        answer = committed(address)
+    except UnavailableError:
+        return True
+    assert answer == 7, f"the replica answered {answer}: it cannot have copied 9 through a silent link"
+    return False
+
+
 def test_a_broker_waiting_for_etcd_to_decide_its_role_stops_on_sigterm(etcd, tmp_path):
     """Regression (review): while its role was being decided (here: no master, and this broker not in the
     last in-sync set, so it waits for one that is) SIGTERM was ignored until a SIGKILL."""

@@ -213,11 +213,13 @@ class ReplicaSync:
                                                 **self._hello)
         if digest is not None:
             hello.tail_crc = digest
-        await call.write(hello)
+        if not await self._send(call, hello):
+            return
         while (chunk := await self._next_chunk(call)) is not None:
             if chunk.probe:  # the master looks for where the logs part (divergence.py)
-                await call.write(replication_pb2.ReplicaProgress(
-                    commit_log_end=end, probe_crc=record_digests(store.commit_log, chunk.probe), **self._hello))
+                if not await self._send(call, replication_pb2.ReplicaProgress(
+                        commit_log_end=end, probe_crc=record_digests(store.commit_log, chunk.probe), **self._hello)):
+                    return
                 continue
             if not self.connected:
                 self.connected, self._error, self._hand_back_due = True, None, self._hand_back
@@ -235,8 +237,22 @@ class ReplicaSync:
             self.master_epoch = max(self.master_epoch, chunk.master_epoch)
             if store.commit_log_max_offset >= self.master_end:
                 self._caught_up_ms = self._clock_ms()
-            await call.write(replication_pb2.ReplicaProgress(commit_log_end=store.commit_log_max_offset,
-                                                             **self._hello))
+            if not await self._send(call, replication_pb2.ReplicaProgress(
+                    commit_log_end=store.commit_log_max_offset, **self._hello)):
+                return
+
+    async def _send(self, call, progress: replication_pb2.ReplicaProgress) -> bool:
+        """Send progress to the master; False when the call ended under the write (a link reset between the
+        last read and this write), which ends the copy as a broken stream does: logged as an interruption,
+        and _run opens another call."""
+        if await send_on(call, progress):
+            return True
+        why = "the stream ended under a write"
+        if why != self._error:
+            log.warning("replication from %s interrupted: %s", self.master, why,
+                        event="replication_interrupted", master=self.master)
+            self._error = why
+        return False
 
     async def _next_chunk(self, call) -> replication_pb2.ReplicationChunk | None:
         """The master's next chunk; None when the stream ended, or went silent past SILENCE_S (the read's end
@@ -305,3 +321,14 @@ class ReplicaSync:
         self._offsets.mirror(offsets.table, offsets.reset_generations)
         self.offsets_copied = True
         await self._after_mirror()
+
+
+async def send_on(call, message) -> bool:
+    """Write one message on a grpc.aio stream; False when the call had already ended (grpc.aio raises
+    InvalidStateError, "RPC already finished", for a call that a reset link or a cancellation ended between
+    the caller's last read and this write: the stream's end, not a defect)."""
+    try:
+        await call.write(message)
+    except asyncio.InvalidStateError:
+        return False
+    return True

@@ -199,3 +199,27 @@ def test_a_replica_level_with_the_log_is_not_in_sync_before_it_acknowledged_the_
     replica.has_state = True
     assert s.in_sync_replicas() == [1]
     s.check_in_sync()
+
+
+# -- a write on a replication stream that a reset ended under it --------------------------------------------
+
+class _EndedCall:
+    """A grpc.aio stream call whose link was reset after the replica's last read."""
+
+    def __init__(self, ended: bool) -> None:
+        self.ended, self.sent = ended, []
+
+    async def write(self, message) -> None:
+        if self.ended:
+            raise asyncio.InvalidStateError("RPC already finished.")
+        self.sent.append(message)
+
+
+def test_a_write_on_an_ended_stream_reads_as_the_streams_end_not_a_defect():
+    from tidemark.broker.cluster.replica_sync import send_on
+
+    async def scenario():
+        live, ended = _EndedCall(False), _EndedCall(True)
+        assert await send_on(live, "progress") is True and live.sent == ["progress"]
+        assert await send_on(ended, "progress") is False and ended.sent == []
+    asyncio.run(scenario())

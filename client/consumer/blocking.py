@@ -8,14 +8,27 @@ question and gets the same kind of answer.
 
 from __future__ import annotations
 
-from tidemark.client.runtime import BlockingClient
+from tidemark.client.runtime import BlockingClient, ClientState
 from tidemark.client.settings import ConsumerSettings
 
 
 class BlockingConsumer(BlockingClient):
-    """A blocking consumer: a subclass sets `settings` (and BlockingClient's `_loop` and `_life`)."""
+    """A blocking consumer: a subclass sets `settings`, `_early` (its EarlyConnection) and `_core` (its
+    asyncio core, None until start()), and BlockingClient's `_loop` and `_life`."""
 
     settings: ConsumerSettings
+
+    def _shut_down(self) -> None:
+        """Both consumers' shutdown(): the core's own shutdown within its drain time, or, never started,
+        only what connect() opened (EarlyConnection.closing settles a connect() under way on another
+        thread); the core is let go once the consumer is SHUTDOWN."""
+        with self._early.closing():
+            core = self._core
+            try:
+                self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
+            finally:
+                if self._life.state is ClientState.SHUTDOWN:
+                    self._core = None
 
     @property
     def client_id(self) -> str:

@@ -267,13 +267,7 @@ class PullConsumer(BlockingConsumer):
         Batches fetched but not polled are dropped. Never started, the consumer just goes to SHUTDOWN,
         closing the connections of connect(); one whose connect() is still under way (on another thread)
         is shut down, and that connect() closes what it opened."""
-        with self._early.closing():
-            core = self._core
-            try:
-                self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
-            finally:
-                if self._life.state is ClientState.SHUTDOWN:
-                    self._core = None
+        self._shut_down()
 
     def _require(self) -> AsyncLitePullConsumer:
         self._life.require(ClientState.RUNNING, action="use the consumer")

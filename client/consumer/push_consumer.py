@@ -231,13 +231,7 @@ class PushConsumer(BlockingConsumer):
         """Graceful: queues are drained, committed and released; idempotent. A consumer connected
         (connect()) and never started only closes its connections; one whose connect() is still under way
         (on another thread) is shut down, and that connect() closes what it opened."""
-        with self._early.closing():
-            core = self._core
-            try:
-                self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
-            finally:
-                if self._life.state is ClientState.SHUTDOWN:
-                    self._core = None
+        self._shut_down()
 
     def _running(self, action: str) -> AsyncPushConsumer:
         self._life.require(ClientState.STARTING, ClientState.RUNNING, action=action)

@@ -2,7 +2,8 @@
 
 Each Producer/PushConsumer/PullConsumer owns one; nothing is shared between
 components by accident. stop() cancels what is left on the loop and joins the
-thread, so no thread or channel outlives shutdown(). The stopped loop is closed
+thread, so no thread or channel outlives shutdown(); a call already cancelled
+(past its timeout) first finishes its cleanup. The stopped loop is closed
 a little later, not at once: grpc.aio's process-wide poller thread may still
 hand it the completions of calls its channels cancelled (most often when a
 connection was blackholed), and a closed loop answers with "RuntimeError: Event
@@ -160,6 +161,8 @@ class _BlockingCall:
 
 
 class LoopThread:
+    CLEANUP_GRACE_S = 10.0  # how long stop() lets a cancelled call finish its cleanup (_let_cancelled_finish)
+
     def __init__(self, name: str) -> None:
         self._name = name
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -191,6 +194,7 @@ class LoopThread:
         try:
             loop.run_forever()
         finally:
+            self._let_cancelled_finish(loop)
             pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
             for task in pending:
                 task.cancel()
@@ -198,6 +202,20 @@ class LoopThread:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
             _CLOSER.close_later(loop)
+
+    def _let_cancelled_finish(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The stopped loop runs on until the tasks cancelled before the stop have ended, up to
+        CLEANUP_GRACE_S, before every other task is cancelled. Such a task is a call whose caller gave
+        up (a start() past its timeout) and which is still in its cleanup, closing the channels and tasks
+        it opened: cancelled a second time half-way, it would leave the rest open. The other tasks still
+        run meanwhile, as the cleanup may wait for them."""
+        cancelled = [t for t in asyncio.all_tasks(loop) if t.cancelling() and not t.done()]
+        if not cancelled:
+            return
+        _, stuck = loop.run_until_complete(asyncio.wait(cancelled, timeout=self.CLEANUP_GRACE_S))
+        for task in stuck:
+            log.warning("a cancelled task did not end before its loop stopped",
+                        event="loop_cleanup_stuck", loop=self._name, task=task.get_name())
 
     @property
     def on_own_thread(self) -> bool:

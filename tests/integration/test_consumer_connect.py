@@ -18,9 +18,12 @@ from tidemark.client import (
     NotFoundError,
     PullConsumer,
     PushConsumer,
+    RequestTimeoutError,
     UnavailableError,
 )
 from tidemark.client.consumer.early_connection import EarlyConnection
+from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.remoting.connection import BrokerConnection
 from tidemark.client.runtime import ClientState
 
 KINDS = ("push", "pull")
@@ -193,3 +196,30 @@ def test_a_shutdown_while_connect_runs_leaves_no_thread_and_no_connection(broker
     assert isinstance(outcome[0], ClientStateError), outcome
     assert opened[0]._closed and c._early.cluster is None
     wait_until(lambda: loop_threads(kind, "racing") == [], 10, "the consumer's loop thread to end")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_connect_past_its_timeout_closes_every_connection_it_opened(broker, monkeypatch, kind):
+    """connect() waits 2 * request_timeout_s for the routes, then gives up and stops the loop thread it
+    started: the cancelled connect's cleanup, closing the connections (each a few turns of the loop), runs
+    to its end first, rather than being cancelled half-way by the loop's stop."""
+    create_topic(broker.address, "Joiners", 2)
+    closing, closed = [], []
+    real_close = BrokerConnection.close
+
+    async def never_answered(self, topic, **kwargs):
+        await asyncio.Event().wait()
+
+    async def slow_close(self):
+        closing.append(self)
+        await asyncio.sleep(0.2)  # (a channel's close taking a while: the loop is stopped meanwhile)
+        await real_close(self)
+        closed.append(self)
+    monkeypatch.setattr(BrokerCluster, "route", never_answered)
+    monkeypatch.setattr(BrokerConnection, "close", slow_close)
+    c = consumer(kind, broker.address, "slow-routes", "Joiners", [], request_timeout_s=0.5)
+    with pytest.raises(RequestTimeoutError):
+        c.connect()
+    assert closing and closed == closing
+    assert c.state is ClientState.CREATED and loop_threads(kind, "slow-routes") == []
+    c.shutdown()

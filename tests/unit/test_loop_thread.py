@@ -99,3 +99,30 @@ def test_a_blocking_call_from_the_loop_itself_or_a_stopped_loop_is_refused():
     thread.stop()
     with pytest.raises(ClientStateError, match="not running"):
         thread.run(asyncio.sleep(0))
+
+
+def test_a_call_that_timed_out_finishes_its_cleanup_before_the_loop_stops():
+    """A start() past its timeout is cancelled, then the loop stopped: the cancelled coroutine's cleanup
+    (closing the channels it opened, which takes a few turns of the loop and tasks of its own) runs to
+    its end, instead of being cancelled a second time half-way by the loop's stop."""
+    thread = LoopThread("cleanup")
+    thread.start()
+    closing, closed = threading.Event(), threading.Event()
+
+    async def close_channels():
+        closing.set()
+        await asyncio.sleep(0.2)  # (a channel's close: round trips on the loop)
+        closed.set()
+
+    async def start():
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.gather(close_channels())  # (a task of its own, which the stop must not cancel either)
+            raise
+
+    with pytest.raises(RequestTimeoutError):
+        thread.run(start(), timeout=0.05)
+    assert closing.wait(5)  # (the stop comes while the cleanup runs, as it does after a consumer's start)
+    thread.stop()
+    assert closed.is_set()

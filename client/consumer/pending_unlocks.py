@@ -69,7 +69,11 @@ class PendingUnlocks:
         self._retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
         self._retrying: set[str] = set()  # brokers with a retry task
         self.retries = 0  # UnlockQueues calls asked again
-        self._silent: set[str] = set()  # brokers whose last unlock got no answer in time (UNANSWERED)
+        # Brokers whose last unlock got no answer in time (UNANSWERED). Every failed call tells, a final
+        # call's (add) as a retry's (_ask): a retry may find nothing left to ask (the queue ours again) or
+        # never run (shutdown), and a silence it did not clear kept last_sweep from asking once more a
+        # broker that had refused at once since (its final commit lost).
+        self._silent: set[str] = set()
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -83,6 +87,8 @@ class PendingUnlocks:
         call failed). After close(), only the next sweep() asks."""
         if isinstance(error, UNANSWERED):
             self._silent.add(mq.broker_name)
+        elif error is not None:  # refused or broken off at once: it answers
+            self._silent.discard(mq.broker_name)
         self._pending[mq] = PendingUnlock(commit, token, asyncio.get_running_loop().time() + LOCK_LIFETIME_S)
         broker = mq.broker_name
         if broker not in self._retrying:

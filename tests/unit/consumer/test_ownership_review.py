@@ -1,16 +1,26 @@
 """Review of the consumer's lock requests and hand-overs, against the scripted broker of test_ownership.py:
 a lock request whose start raises something unexpected does not leave its queues waiting for a lock
-nobody asks for, a queue lost between its grant and its start is unlocked, and a final commit that
-fails during shutdown is asked once more before the consumer lets go of it."""
+nobody asks for, a queue lost between its grant and its start is unlocked, a final commit that
+fails during shutdown is asked once more before the consumer lets go of it (also of a broker that once did
+not answer)."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from test_ownership import MQ, MQ1, Hooks, ScriptedBroker, ownership, quick_retries  # noqa: F401 - a fixture
+from test_ownership import (  # noqa: F401 - a fixture
+    MQ,
+    MQ1,
+    Hooks,
+    ScriptedBroker,
+    _held_then_released_with_a_failed_unlock,
+    ownership,
+    quick_retries,
+)
 
 from tidemark.client.consumer import ownership as ownership_module
+from tidemark.client.consumer import pending_unlocks
 from tidemark.client.consumer.final_unlocks import FinalUnlocks
 from tidemark.client.consumer.queue_state import QueueState
 from tidemark.client.errors import ClientStateError, UnavailableError
@@ -141,3 +151,29 @@ def test_final_unlocks_refuse_calls_once_closed():
         with pytest.raises(ClientStateError):
             await finals.send(MQ, None, 7, None)
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("retried", [True, False])
+def test_a_broker_that_once_did_not_answer_is_asked_once_more_at_shutdown(monkeypatch, retried):
+    """A broker was marked silent (its unlock got no answer) and only a retry's call could clear the mark.
+    The queue was ours again before that call: the retry found nothing to ask (or, `retried` False, shutdown
+    came first), so the mark stayed, and at shutdown a final call that the broker refused at once was not
+    asked once more; its final commit was lost."""
+    if retried:
+        monkeypatch.setattr(pending_unlocks, "LOCK_RETRY_DELAY_S", 0.01)
+
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        await _held_then_released_with_a_failed_unlock(broker, own)  # no answer in time: silent
+        await own.update("T", {MQ})  # ours again
+        if retried:
+            await asyncio.wait_for(own._unlocks.wait(), 5)  # (which found nothing to ask)
+        assert own.get(MQ).state is QueueState.PULLING
+        own._store.update_offset(MQ, 7, increase_only=True)
+        await own.stop()
+        broker.unlock_failures, broker.unlock_error = 1, UnavailableError  # refused at once, then through
+        await own.release_all()
+        assert broker.final_offsets == [(MQ, 7)] and own.pending_unlocks == 0
+    asyncio.run(scenario())
+

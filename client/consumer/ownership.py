@@ -459,7 +459,7 @@ class QueueOwnership:
         lease = oq.lease
         if not self.locking:
             # RocketMQ-style: persist what is known now; running batches are not waited for.
-            self._hooks.lease_ended(lease)
+            self._lease_ended(lease)
             await self._persist_quietly(oq)
             if oq.state is QueueState.DRAINING:
                 oq.transition(QueueState.RELEASED)
@@ -506,9 +506,18 @@ class QueueOwnership:
                         event="final_commit_failed", group=self._group, queue=oq.mq, error=error)
         if oq.state is QueueState.DRAINING:
             oq.transition(QueueState.RELEASED)
-            self._hooks.lease_ended(lease)
+            self._lease_ended(lease)
             self.handovers += 1
             self._forget(oq)
+
+    def _lease_ended(self, lease: QueueLease) -> None:
+        """A release's lease_ended: a hook that raises (a defect) is logged, and the release goes on. Raising
+        out of it left the queue RELEASED (or DRAINING) among the owned ones: no rebalance took it again, and
+        each one that let it go raised once more."""
+        try:
+            self._hooks.lease_ended(lease)
+        except Exception:
+            log.exception("lease_ended failed", event="lease_ended_failed", group=self._group, queue=lease.mq)
 
     async def _not_started(self, oq: OwnedQueue, error: Exception) -> None:
         """Nothing fetches for the queue's new lease (starting it raised): let the queue go rather than hold

@@ -2,7 +2,7 @@
 a lock request whose start raises something unexpected does not leave its queues waiting for a lock
 nobody asks for, a queue lost between its grant and its start is unlocked, a final commit that
 fails during shutdown is asked once more before the consumer lets go of it (also of a broker that once did
-not answer)."""
+not answer), and a lease_ended hook that raises does not leave its queue half released."""
 
 from __future__ import annotations
 
@@ -177,3 +177,28 @@ def test_a_broker_that_once_did_not_answer_is_asked_once_more_at_shutdown(monkey
         assert broker.final_offsets == [(MQ, 7)] and own.pending_unlocks == 0
     asyncio.run(scenario())
 
+
+@pytest.mark.parametrize("locking", [True, False])
+def test_a_lease_ended_hook_that_raises_does_not_leave_the_queue_half_released(caplog, locking):
+    """lease_ended raised inside the release: the queue stayed RELEASED (or DRAINING) among the owned
+    ones, so no later rebalance could take it again, and each one that let it go raised once more."""
+    class EndRaises(Hooks):
+        def lease_ended(self, lease):
+            raise RuntimeError("fetcher closed")
+
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        own = ownership(broker, EndRaises())
+        own.locking = locking
+        await own.update("T", {MQ})
+        own._store.update_offset(MQ, 5, increase_only=True)
+        await own.update("T", set())
+        assert own.get(MQ) is None
+        if locking:
+            assert broker.final_offsets == [(MQ, 5)] and own.handovers == 1
+        await own.update("T", {MQ})  # taken again
+        assert own.get(MQ).state is QueueState.PULLING
+        await own.stop()
+    asyncio.run(scenario())
+    assert any("lease_ended failed" in r.getMessage() for r in caplog.records)

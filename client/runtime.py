@@ -41,7 +41,7 @@ class ClientState(enum.Enum):
 
 _NEXT: dict[ClientState, frozenset[ClientState]] = {
     ClientState.CREATED: frozenset({ClientState.STARTING, ClientState.SHUTDOWN}),
-    ClientState.STARTING: frozenset({ClientState.RUNNING, ClientState.SHUTDOWN}),
+    ClientState.STARTING: frozenset({ClientState.RUNNING, ClientState.STOPPING, ClientState.SHUTDOWN}),
     ClientState.RUNNING: frozenset({ClientState.STOPPING}),
     ClientState.STOPPING: frozenset({ClientState.SHUTDOWN}),
     ClientState.SHUTDOWN: frozenset(),
@@ -51,23 +51,63 @@ _NEXT: dict[ClientState, frozenset[ClientState]] = {
 class Lifecycle:
     """One component's state, the one place it changes, and the errors users see for a wrong state.
 
-    Thread-safe: a listener thread may ask for the state while start() runs.
+    Thread-safe: a listener thread may ask for the state while start() runs, and a shutdown() on another
+    thread may come while start() runs (`begin_shutdown`: the start gives up, see BlockingClient).
     """
 
     def __init__(self, what: str) -> None:
         self._what = what
         self._state = ClientState.CREATED
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()
+        self._abort: Callable[[], None] | None = None  # while STARTING: how the start under way gives up
+
+    @property
+    def what(self) -> str:
+        return self._what
 
     @property
     def state(self) -> ClientState:
         return self._state
 
     def to(self, new: ClientState) -> None:
-        with self._lock:
+        with self._changed:
             if new not in _NEXT[self._state]:
                 raise ClientStateError(f"{self._what} is {self._state.value}; cannot go to {new.value}")
             self._state = new
+            self._abort = None
+            self._changed.notify_all()
+
+    def on_abort(self, abort: Callable[[], None]) -> None:
+        """While STARTING: how the start under way gives up when a shutdown() comes (`begin_shutdown`);
+        called at once when one came already."""
+        with self._changed:
+            if self._state is ClientState.STARTING:
+                self._abort = abort
+                return
+            came = self._state is ClientState.STOPPING
+        if came:
+            abort()
+
+    def begin_shutdown(self) -> ClientState:
+        """shutdown()'s step, in one move whatever other threads do: the state it found. CREATED goes
+        to SHUTDOWN; RUNNING to STOPPING; STARTING to STOPPING too, and the start under way is told to give
+        up (on_abort): start() then ends the lifecycle (`wait(SHUTDOWN)`). STOPPING and SHUTDOWN stay."""
+        with self._changed:
+            found = self._state
+            if found is ClientState.CREATED:
+                self._state = ClientState.SHUTDOWN
+            elif found in (ClientState.STARTING, ClientState.RUNNING):
+                self._state = ClientState.STOPPING
+            abort, self._abort = self._abort, None
+            self._changed.notify_all()
+        if found is ClientState.STARTING and abort is not None:
+            abort()
+        return found
+
+    def wait(self, state: ClientState) -> None:
+        """Until the component is in `state` (another thread moves it there)."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._state is state)
 
     def require(self, *states: ClientState, action: str = "do this") -> None:
         """ClientStateError unless in one of `states`, worded for the user."""
@@ -149,11 +189,13 @@ class _BlockingCall:
         raise error
 
     def cancel(self, loop: asyncio.AbstractEventLoop) -> None:
-        """From the waiting thread, which stopped waiting: the task is cancelled (it exists by then, unless
-        its start failed)."""
+        """From the waiting thread, which stopped waiting, or a shutdown() giving a start up: the task is
+        cancelled (it exists by then, unless its start failed)."""
         def cancel() -> None:
             if self._task is not None:
-                self._task.cancel()
+                # A turn later: a task not started yet runs its first step first, into the try that cleans
+                # up after it (a consumer's start closing the connections connect() handed it).
+                loop.call_soon(self._task.cancel)
         try:
             loop.call_soon_threadsafe(cancel)
         except RuntimeError:  # the loop closed meanwhile: nothing runs any more
@@ -208,7 +250,9 @@ class LoopThread:
         CLEANUP_GRACE_S, before every other task is cancelled. Such a task is a call whose caller gave
         up (a start() past its timeout) and which is still in its cleanup, closing the channels and tasks
         it opened: cancelled a second time half-way, it would leave the rest open. The other tasks still
-        run meanwhile, as the cleanup may wait for them."""
+        run meanwhile, as the cleanup may wait for them. (A turn of the loop first: a cancel that
+        _BlockingCall.cancel deferred may still be waiting in it.)"""
+        loop.run_until_complete(asyncio.sleep(0))
         cancelled = [t for t in asyncio.all_tasks(loop) if t.cancelling() and not t.done()]
         if not cancelled:
             return
@@ -228,8 +272,11 @@ class LoopThread:
             raise ClientStateError(f"{self._name} is not running")
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run a coroutine on the loop and wait for its result (from any other thread)."""
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None, *,
+            cancel_with: Callable[[Callable[[], None]], None] | None = None) -> T:
+        """Run a coroutine on the loop and wait for its result (from any other thread). `cancel_with` is
+        given what cancels the call (for another thread: a shutdown() giving a start up), which the caller
+        then gets as concurrent.futures.CancelledError once the coroutine has ended."""
         if self.on_own_thread:
             coro.close()
             raise ClientStateError(f"{self._name}: blocking call made from its own event loop thread")
@@ -239,6 +286,8 @@ class LoopThread:
         call = _BlockingCall(coro)
         loop = self.loop
         loop.call_soon_threadsafe(call.start)
+        if cancel_with is not None:
+            cancel_with(lambda: call.cancel(loop))
         try:
             try:
                 finished = call.wait(timeout)
@@ -286,7 +335,8 @@ class LoopThread:
 class BlockingClient:
     """What the blocking clients (Producer, PushConsumer, PullConsumer, RecordReader) share: an asyncio
     core on their own LoopThread, started and stopped through their one Lifecycle. A subclass sets
-    `_loop` and `_life`, and its start() and shutdown() call `_start_core` and `_stop_core`."""
+    `_loop` and `_life` and defines `_core_stop`, and its start() and shutdown() call `_start_core` and
+    `_stop_core`."""
 
     _loop: LoopThread
     _life: Lifecycle
@@ -294,30 +344,49 @@ class BlockingClient:
     def _start_core(self, start: Callable[[], Coroutine[Any, Any, T]], timeout: float) -> T:
         """CREATED -> STARTING -> RUNNING, running `start()` on the loop thread; its result. A failure (or
         RequestTimeoutError after `timeout`) stops the loop and leaves the client SHUTDOWN: it cannot be
-        started again."""
+        started again. So does a shutdown() meanwhile (on another thread): the start's coroutine is
+        cancelled and cleans up after itself (or, finished already, the core is stopped as shutdown()
+        stops it), then ClientStateError."""
         self._life.to(ClientState.STARTING)
         self._loop.start()
         try:
-            result = self._loop.run(start(), timeout=timeout)
-        except BaseException:
+            result = self._loop.run(start(), timeout=timeout, cancel_with=self._life.on_abort)
+        except BaseException as e:
             self._loop.stop()
+            shut_down = self._life.state is ClientState.STOPPING  # (only begin_shutdown moves STARTING there)
             self._life.to(ClientState.SHUTDOWN)
+            if shut_down:
+                raise self._shut_down_while_starting() from e
             raise
-        self._life.to(ClientState.RUNNING)
+        try:
+            self._life.to(ClientState.RUNNING)
+        except ClientStateError:  # shut down just as the start finished: the core is stopped here instead
+            self._stop_running()
+            raise self._shut_down_while_starting() from None
         return result
 
-    def _stop_core(self, stop: Callable[[], Coroutine[Any, Any, Any]], timeout: float) -> None:
-        """RUNNING -> STOPPING -> SHUTDOWN, running `stop()` on the loop thread, then stopping the loop
-        (also when `stop()` failed or timed out). Idempotent; a client never started just goes to
-        SHUTDOWN; one still starting (on another thread) cannot be shut down yet."""
-        state = self._life.state
-        if state in (ClientState.SHUTDOWN, ClientState.STOPPING):
-            return
-        if state is ClientState.CREATED:
-            self._life.to(ClientState.SHUTDOWN)
-            return
-        self._life.require(ClientState.RUNNING, action="shut down")
-        self._life.to(ClientState.STOPPING)
+    def _shut_down_while_starting(self) -> ClientStateError:
+        return ClientStateError(f"the {self._life.what} was shut down while start() ran")
+
+    def _core_stop(self) -> tuple[Callable[[], Coroutine[Any, Any, Any]], float]:
+        """What stops the started core, and how long it may take: each client's own."""
+        raise NotImplementedError
+
+    def _stop_core(self) -> ClientState:
+        """shutdown(): RUNNING -> STOPPING -> SHUTDOWN, running `_core_stop()` on the loop thread, then
+        stopping the loop (also when it failed or timed out). Idempotent; a client never started just goes
+        to SHUTDOWN; one still starting (start() on another thread) has its start give up, and this returns
+        once start() has left it SHUTDOWN. The state shutdown() found."""
+        found = self._life.begin_shutdown()
+        if found is ClientState.STARTING:
+            self._life.wait(ClientState.SHUTDOWN)
+        elif found is ClientState.RUNNING:
+            self._stop_running()
+        return found
+
+    def _stop_running(self) -> None:
+        """STOPPING -> SHUTDOWN for a started core."""
+        stop, timeout = self._core_stop()
         try:
             self._loop.run(stop(), timeout=timeout)
         finally:

@@ -8,6 +8,9 @@ question and gets the same kind of answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Coroutine
+from typing import Any
+
 from tidemark.client.runtime import BlockingClient, ClientState
 from tidemark.client.settings import ConsumerSettings
 
@@ -20,15 +23,19 @@ class BlockingConsumer(BlockingClient):
 
     def _shut_down(self) -> None:
         """Both consumers' shutdown(): the core's own shutdown within its drain time, or, never started,
-        only what connect() opened (EarlyConnection.closing settles a connect() under way on another
-        thread); the core is let go once the consumer is SHUTDOWN."""
-        with self._early.closing():
-            core = self._core
-            try:
-                self._stop_core(lambda: core.shutdown(), timeout=self.settings.drain_timeout_s + 30)
-            finally:
-                if self._life.state is ClientState.SHUTDOWN:
-                    self._core = None
+        only what connect() opened (EarlyConnection.close; a connect() under way on another thread closes
+        its own), or, still starting, the start given up (BlockingClient._start_core); the core is let go
+        once the consumer is SHUTDOWN."""
+        try:
+            if self._stop_core() is ClientState.CREATED:
+                self._early.close()
+        finally:
+            if self._life.state is ClientState.SHUTDOWN:
+                self._core = None
+
+    def _core_stop(self) -> tuple[Callable[[], Coroutine[Any, Any, Any]], float]:
+        core = self._core
+        return (lambda: core.shutdown()), self.settings.drain_timeout_s + 30
 
     @property
     def client_id(self) -> str:

@@ -229,8 +229,9 @@ class PullConsumer(BlockingConsumer):
 
         The consumer stays CREATED (subscribe() or assign() as before); a subscribed one's group does not
         hear of it until start(). The routes of the topics subscribed or assigned by then are read too
-        (NotFoundError for one that does not exist). A no-op when connected already. ClientStateError
-        after start(); when no broker can be reached, the discovery's error, or RequestTimeoutError after
+        (NotFoundError for one that does not exist). A no-op when connected already, also by a connect()
+        under way on another thread, which it waits for (as start() does). ClientStateError after start();
+        when no broker can be reached, the discovery's error, or RequestTimeoutError after
         2 * request_timeout_s, and the consumer is left as before (connect() or start() may be called
         again). shutdown() closes the connections of a consumer connected and never started."""
         self._early.open(self._subscriptions or {q.topic for q in self._assigned or ()})
@@ -245,18 +246,19 @@ class PullConsumer(BlockingConsumer):
         assigned queues. When start() returns, the queues it could take (their lock granted, when
         locking) have their start offsets, and fetching fills poll()'s buffer. On any error, or
         RequestTimeoutError after 4 * request_timeout_s + 5 s, the consumer is shut down and cannot be
-        started again: a new PullConsumer is needed."""
+        started again: a new PullConsumer is needed. A shutdown() on another thread meanwhile gives the
+        start up: what it opened is closed, and start() raises ClientStateError."""
         self._life.require(ClientState.CREATED, action="start")
         if not self._subscriptions and self._assigned is None:
             raise ClientStateError("subscribe() or assign() before start()")
         self._core = core = AsyncLitePullConsumer(self.settings, self._subscriptions)
-        cluster = self._early.take()  # (the core owns it from here: closes it on failure too)
-        try:
-            self._start_core(lambda: core.start(assigned=self._assigned, cluster=cluster),
-                             timeout=self.settings.request_timeout_s * 4 + 5)
-        except BaseException:
-            self._core = None
-            raise
+        with self._early.starting():  # (the core owns what connect() opened: closes it on failure too)
+            try:
+                self._start_core(lambda: core.start(assigned=self._assigned, cluster=self._early.take()),
+                                 timeout=self.settings.request_timeout_s * 4 + 5)
+            except BaseException:
+                self._core = None
+                raise
         return self
 
     def shutdown(self) -> None:
@@ -266,7 +268,8 @@ class PullConsumer(BlockingConsumer):
         commit, else the last commit() (what was polled since is read again).
         Batches fetched but not polled are dropped. Never started, the consumer just goes to SHUTDOWN,
         closing the connections of connect(); one whose connect() is still under way (on another thread)
-        is shut down, and that connect() closes what it opened."""
+        is shut down, and that connect() closes what it opened; one whose start() is under way has its start
+        given up, and is SHUTDOWN when this returns."""
         self._shut_down()
 
     def _require(self) -> AsyncLitePullConsumer:

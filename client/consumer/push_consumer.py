@@ -193,10 +193,11 @@ class PushConsumer(BlockingConsumer):
 
         The consumer stays CREATED (subscribe and register as before); nobody in the group hears of it
         until start(). The routes of the topics subscribed by then are read too (NotFoundError for one that
-        does not exist). A no-op when connected already. ClientStateError after start(); when no broker can
-        be reached, the discovery's error (as Producer.start()), or RequestTimeoutError after
-        2 * request_timeout_s, and the consumer is left as before (connect() or start() may be called
-        again). shutdown() closes the connections of a consumer connected and never started."""
+        does not exist). A no-op when connected already, also by a connect() under way on another thread,
+        which it waits for (as start() does). ClientStateError after start(); when no broker can be reached,
+        the discovery's error (as Producer.start()), or RequestTimeoutError after 2 * request_timeout_s, and
+        the consumer is left as before (connect() or start() may be called again). shutdown() closes the
+        connections of a consumer connected and never started."""
         self._early.open(self._subscriptions)
         return self
 
@@ -209,7 +210,9 @@ class PushConsumer(BlockingConsumer):
         take (their lock granted, when locking) have their start offsets, and the listener may have
         been called already (on the consume threads). Clustering consumers also subscribe to the
         group's retry topic. On any error, or RequestTimeoutError after 4 * request_timeout_s + 5 s,
-        the consumer is shut down and cannot be started again: a new PushConsumer is needed."""
+        the consumer is shut down and cannot be started again: a new PushConsumer is needed. A shutdown() on
+        another thread meanwhile gives the start up: what it opened is closed, and start() raises
+        ClientStateError."""
         self._life.require(ClientState.CREATED, action="start")
         if self._listener is None:
             raise ClientStateError("register a message listener before start()")
@@ -219,18 +222,20 @@ class PushConsumer(BlockingConsumer):
         # as soon as the first rebalance inside start() hands out a queue.
         self._core = core = AsyncPushConsumer(self.settings, self._subscriptions, self._listener,
                                               orderly=self._orderly)
-        cluster = self._early.take()  # (the core owns it from here: closes it on failure too)
-        try:
-            self._start_core(lambda: core.start(cluster=cluster), timeout=self.settings.request_timeout_s * 4 + 5)
-        except BaseException:
-            self._core = None
-            raise
+        with self._early.starting():  # (the core owns what connect() opened: closes it on failure too)
+            try:
+                self._start_core(lambda: core.start(cluster=self._early.take()),
+                                 timeout=self.settings.request_timeout_s * 4 + 5)
+            except BaseException:
+                self._core = None
+                raise
         return self
 
     def shutdown(self) -> None:
         """Graceful: queues are drained, committed and released; idempotent. A consumer connected
         (connect()) and never started only closes its connections; one whose connect() is still under way
-        (on another thread) is shut down, and that connect() closes what it opened."""
+        (on another thread) is shut down, and that connect() closes what it opened; one whose start() is
+        under way (on another thread) has its start given up, and is SHUTDOWN when this returns."""
         self._shut_down()
 
     def _running(self, action: str) -> AsyncPushConsumer:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,12 +98,12 @@ class RecordReader(BlockingClient):
     def start(self) -> RecordReader:
         s = self.settings
 
-        async def connect() -> BrokerCluster:
+        async def connect() -> None:
             cluster = await BrokerCluster.connect(s)
             cluster.moves.listen(self._moved)  # cleared by cluster.close()
-            return cluster
+            self._cluster = cluster  # (shutdown's to close, once started)
 
-        self._cluster = self._start_core(connect, timeout=s.request_timeout_s * 2)
+        self._start_core(connect, timeout=s.request_timeout_s * 2)
         return self
 
     @property
@@ -112,12 +112,15 @@ class RecordReader(BlockingClient):
         return self._life.state is ClientState.RUNNING
 
     def shutdown(self) -> None:
+        self._stop_core()
+
+    def _core_stop(self) -> tuple[Callable[[], Coroutine[Any, Any, Any]], float]:
         async def close() -> None:
             await asyncio.gather(*(s.close() for s in self._streams.values()), *self._closing,
                                  return_exceptions=True)
             await self._cluster.close()
 
-        self._stop_core(close, timeout=self.settings.request_timeout_s + 5)
+        return close, self.settings.request_timeout_s + 5
 
     def read(self, mq: MessageQueue, start: int, end: int, *, poll_timeout_s: float,
              then: tuple[MessageQueue, int, int] | None = None) -> Iterator[RecordChunk | None]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from tidemark.client import tracing
@@ -82,8 +82,11 @@ class Producer(BlockingClient):
 
     def shutdown(self) -> None:
         """Sends what send_async/send_oneway still hold (bounded by send_msg_timeout_s), then closes."""
+        self._stop_core()
+
+    def _core_stop(self) -> tuple[Callable[[], Coroutine[Any, Any, Any]], float]:
         wait = self.settings.send_msg_timeout_s
-        self._stop_core(lambda: self._core.shutdown(wait), timeout=wait + self.settings.request_timeout_s + 5)
+        return (lambda: self._core.shutdown(wait)), wait + self.settings.request_timeout_s + 5
 
     def fetch_publish_message_queues(self, topic: str) -> list[MessageQueue]:
         """The topic's writable queues on every broker, sorted."""

@@ -4,6 +4,7 @@ group (client/consumer/early_connection.py, which both use)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 
 import pytest
@@ -22,6 +23,7 @@ from tidemark.client import (
     UnavailableError,
 )
 from tidemark.client.consumer.early_connection import EarlyConnection
+from tidemark.client.consumer.membership import GroupMembership
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.connection import BrokerConnection
 from tidemark.client.runtime import ClientState
@@ -223,3 +225,126 @@ def test_a_connect_past_its_timeout_closes_every_connection_it_opened(broker, mo
     assert closing and closed == closing
     assert c.state is ClientState.CREATED and loop_threads(kind, "slow-routes") == []
     c.shutdown()
+
+
+def held_connect(monkeypatch) -> tuple[threading.Event, threading.Event, list]:
+    """EarlyConnection._connect connects, then waits for the test's go: (entered, proceed, clusters opened)."""
+    entered, proceed = threading.Event(), threading.Event()
+    opened = []
+    real = EarlyConnection._connect
+
+    async def slow_connect(self, topics):
+        cluster = await real(self, topics)
+        opened.append(cluster)
+        entered.set()
+        while not proceed.is_set():  # (the loop thread's coroutine waits for the test's go)
+            await asyncio.sleep(0.01)
+        return cluster
+    monkeypatch.setattr(EarlyConnection, "_connect", slow_connect)
+    return entered, proceed, opened
+
+
+def in_thread(fn) -> tuple[threading.Thread, list]:
+    """fn() on a thread of its own; what it returned or raised lands in the list."""
+    outcome: list = []
+
+    def run() -> None:
+        try:
+            outcome.append(fn())
+        except BaseException as e:  # noqa: BLE001 - the test looks at what it was
+            outcome.append(e)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def waiting_in(thread: threading.Thread, function: str) -> bool:
+    """Whether the thread's innermost Python frame is `function` (blocked there, on a lock)."""
+    frame = sys._current_frames().get(thread.ident)
+    return frame is not None and frame.f_code.co_name == function
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_connect_while_another_runs_waits_for_it_and_shares_its_connections(broker, monkeypatch, kind):
+    """Two connect() in parallel each opened a cluster; the second replaced the first, which nothing
+    closed any more."""
+    create_topic(broker.address, "Joiners", 2)
+    entered, proceed, opened = held_connect(monkeypatch)
+    c = consumer(kind, broker.address, "twice", "Joiners", [])
+    first, first_outcome = in_thread(c.connect)
+    assert entered.wait(10)
+    second, second_outcome = in_thread(c.connect)
+    wait_until(lambda: waiting_in(second, "open") or len(opened) == 2, 10, "the second connect() to wait or connect")
+    proceed.set()
+    first.join(10)
+    second.join(10)
+    try:
+        assert first_outcome == [c] and second_outcome == [c]
+        assert len(opened) == 1 and c._early.cluster is opened[0]
+        assert len(loop_threads(kind, "twice")) == 1
+    finally:
+        c.shutdown()
+    assert all(cluster._closed for cluster in opened) and loop_threads(kind, "twice") == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_start_while_connect_runs_waits_for_it_and_uses_its_connections(broker, monkeypatch, kind):
+    """start() beside a connect() under way opened a cluster of its own; the connect(), finding the consumer
+    started, closed its cluster and stopped the loop thread the started consumer ran on."""
+    create_topic(broker.address, "Joiners", 2)
+    entered, proceed, opened = held_connect(monkeypatch)
+    c = consumer(kind, broker.address, "connect-then-start", "Joiners", [])
+    connecting, connected = in_thread(c.connect)
+    assert entered.wait(10)
+    starting, started = in_thread(c.start)
+    wait_until(lambda: waiting_in(starting, "starting") or c.state is not ClientState.CREATED, 10,
+               "start() to wait or begin")
+    proceed.set()
+    connecting.join(10)
+    starting.join(30)
+    try:
+        assert connected == [c] and started == [c]
+        assert c.state is ClientState.RUNNING and c._core.cluster is opened[0]
+        assert len(loop_threads(kind, "connect-then-start")) == 1
+    finally:
+        c.shutdown()
+    assert opened[0]._closed and loop_threads(kind, "connect-then-start") == []
+
+
+@pytest.mark.parametrize("connected", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_shutdown_while_start_runs_gives_the_start_up_and_leaves_nothing_open(broker, monkeypatch, kind,
+                                                                                connected):
+    """shutdown() on another thread while start() waited for the group's first answer raised ClientStateError
+    ("the consumer is starting") and left the start to go on. Now the start gives up: what it opened is
+    closed (connect()'s connections too), shutdown() returns with the consumer SHUTDOWN, and start() raises
+    ClientStateError."""
+    create_topic(broker.address, "Joiners", 2)
+    joining = threading.Event()
+    clusters = []
+    real_for_settings = BrokerCluster.for_settings.__func__
+
+    def recorded(cls, s):
+        cluster = real_for_settings(cls, s)
+        clusters.append(cluster)
+        return cluster
+
+    async def unanswered_heartbeat(self):
+        joining.set()
+        await asyncio.Event().wait()
+    monkeypatch.setattr(BrokerCluster, "for_settings", classmethod(recorded))
+    monkeypatch.setattr(GroupMembership, "heartbeat", unanswered_heartbeat)
+    c = consumer(kind, broker.address, "stopped-starting", "Joiners", [])
+    if connected:
+        c.connect()
+    starting, started = in_thread(c.start)
+    assert joining.wait(10)
+    c.shutdown()
+    assert c.state is ClientState.SHUTDOWN
+    starting.join(10)
+    assert len(started) == 1 and isinstance(started[0], ClientStateError), started
+    assert "shut down while start() ran" in str(started[0])
+    assert len(clusters) == 1 and clusters[0]._closed and clusters[0].connections() == []
+    assert loop_threads(kind, "stopped-starting") == [] and c._core is None
+    with pytest.raises(ClientStateError):
+        c.start()

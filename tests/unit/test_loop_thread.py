@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 import threading
 
 import pytest
+from workload import wait_until
 
 from tidemark.client import runtime
 from tidemark.client.errors import ClientStateError, RequestTimeoutError
@@ -126,3 +128,45 @@ def test_a_call_that_timed_out_finishes_its_cleanup_before_the_loop_stops():
     assert closing.wait(5)  # (the stop comes while the cleanup runs, as it does after a consumer's start)
     thread.stop()
     assert closed.is_set()
+
+
+def test_a_call_cancelled_and_stopped_before_it_ran_still_runs_its_cleanup():
+    """The loop was busy while the call, its cancel (past the timeout) and the stop all reached it: the
+    coroutine was cancelled before its first step, so none of its cleanup ran (a consumer's start never
+    closed the connections connect() had handed it)."""
+    thread = LoopThread("unstarted")
+    thread.start()
+    hold, held = threading.Event(), threading.Event()
+    events: list[str] = []
+
+    def busy() -> None:
+        held.set()
+        hold.wait(10)
+
+    async def start():
+        try:
+            events.append("started")
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0)  # (a cleanup of a few turns)
+            events.append("cleaned up")
+
+    thread.loop.call_soon_threadsafe(busy)
+    assert held.wait(5)
+    with pytest.raises(RequestTimeoutError):
+        thread.run(start(), timeout=0.05)
+    stopping = threading.Thread(target=thread.stop)
+    stopping.start()
+    wait_until(lambda: any(f.f_code.co_name == "join" for f in _frames(stopping)), 5,
+               "stop() to wait for the loop thread (its stop on the loop's queue)", interval=0.001)
+    hold.set()
+    stopping.join(10)
+    assert events == ["started", "cleaned up"]
+
+
+def _frames(thread: threading.Thread) -> list:
+    frame, frames = sys._current_frames().get(thread.ident), []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return frames

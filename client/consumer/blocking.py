@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.runtime import BlockingClient, ClientState
 from tidemark.client.settings import ConsumerSettings
 
@@ -20,6 +21,24 @@ class BlockingConsumer(BlockingClient):
     asyncio core, None until start()), and BlockingClient's `_loop` and `_life`."""
 
     settings: ConsumerSettings
+
+    def _start_with(self, core: Any, start: Callable[[BrokerCluster | None], Coroutine[Any, Any, Any]]) -> None:
+        """Both consumers' start() once their core is built: `start(cluster)` on the loop thread, with what
+        connect() opened (or None). The core becomes the consumer's only once this start() took the
+        consumer to STARTING: a second start() beside it is refused then, and must not replace (nor, failing,
+        drop) the core of the one that runs. It is reachable before start() returns: the listener may run
+        (and call suspend()) as soon as the first rebalance inside start() hands out a queue."""
+        def starting() -> Coroutine[Any, Any, Any]:
+            self._core = core
+            return start(self._early.take())  # (the core owns it from here: closes it on failure too)
+
+        with self._early.starting():
+            try:
+                self._start_core(starting, timeout=self.settings.request_timeout_s * 4 + 5)
+            except BaseException:
+                if self._core is core:
+                    self._core = None
+                raise
 
     def _shut_down(self) -> None:
         """Both consumers' shutdown(): the core's own shutdown within its drain time, or, never started,

@@ -251,14 +251,8 @@ class PullConsumer(BlockingConsumer):
         self._life.require(ClientState.CREATED, action="start")
         if not self._subscriptions and self._assigned is None:
             raise ClientStateError("subscribe() or assign() before start()")
-        self._core = core = AsyncLitePullConsumer(self.settings, self._subscriptions)
-        with self._early.starting():  # (the core owns what connect() opened: closes it on failure too)
-            try:
-                self._start_core(lambda: core.start(assigned=self._assigned, cluster=self._early.take()),
-                                 timeout=self.settings.request_timeout_s * 4 + 5)
-            except BaseException:
-                self._core = None
-                raise
+        core = AsyncLitePullConsumer(self.settings, self._subscriptions)
+        self._start_with(core, lambda cluster: core.start(assigned=self._assigned, cluster=cluster))
         return self
 
     def shutdown(self) -> None:

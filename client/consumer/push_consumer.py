@@ -218,17 +218,8 @@ class PushConsumer(BlockingConsumer):
             raise ClientStateError("register a message listener before start()")
         if not self._subscriptions:
             raise ClientStateError("subscribe to at least one topic before start()")
-        # The core is reachable before start() returns: the listener may run (and call suspend())
-        # as soon as the first rebalance inside start() hands out a queue.
-        self._core = core = AsyncPushConsumer(self.settings, self._subscriptions, self._listener,
-                                              orderly=self._orderly)
-        with self._early.starting():  # (the core owns what connect() opened: closes it on failure too)
-            try:
-                self._start_core(lambda: core.start(cluster=self._early.take()),
-                                 timeout=self.settings.request_timeout_s * 4 + 5)
-            except BaseException:
-                self._core = None
-                raise
+        core = AsyncPushConsumer(self.settings, self._subscriptions, self._listener, orderly=self._orderly)
+        self._start_with(core, lambda cluster: core.start(cluster=cluster))
         return self
 
     def shutdown(self) -> None:

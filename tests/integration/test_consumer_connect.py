@@ -26,7 +26,7 @@ from tidemark.client.consumer.early_connection import EarlyConnection
 from tidemark.client.consumer.membership import GroupMembership
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.connection import BrokerConnection
-from tidemark.client.runtime import ClientState
+from tidemark.client.runtime import ClientState, Lifecycle
 
 KINDS = ("push", "pull")
 
@@ -348,3 +348,34 @@ def test_a_shutdown_while_start_runs_gives_the_start_up_and_leaves_nothing_open(
     assert loop_threads(kind, "stopped-starting") == [] and c._core is None
     with pytest.raises(ClientStateError):
         c.start()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_second_start_beside_the_first_is_refused_and_leaves_the_first_one_s_consumer(broker, monkeypatch, kind):
+    """Both start() calls passed the CREATED check; the second replaced the consumer's core with one of its
+    own before it was refused, then dropped it: the started consumer had no core (its shutdown() failed,
+    its loop thread and connections stayed)."""
+    create_topic(broker.address, "Joiners", 2)
+    c = consumer(kind, broker.address, "started-twice", "Joiners", [])
+    at_starting, go_on = threading.Event(), threading.Event()
+    to = Lifecycle.to
+
+    def held_at_starting(life, new):  # the first start() waits here until the second one waits too
+        if new is ClientState.STARTING and not at_starting.is_set():
+            at_starting.set()
+            go_on.wait(10)
+        to(life, new)
+    monkeypatch.setattr(Lifecycle, "to", held_at_starting)
+    first, first_outcome = in_thread(c.start)
+    assert at_starting.wait(10)
+    second, second_outcome = in_thread(c.start)
+    wait_until(lambda: waiting_in(second, "starting") or not second.is_alive(), 10, "the second start() to wait")
+    go_on.set()
+    first.join(30)
+    second.join(30)
+    try:
+        assert first_outcome == [c] and isinstance(second_outcome[0], ClientStateError), second_outcome
+        assert c.state is ClientState.RUNNING and c._core is not None and c._core.cluster.connections()
+    finally:
+        c.shutdown()
+    assert c.state is ClientState.SHUTDOWN and loop_threads(kind, "started-twice") == []

@@ -16,7 +16,11 @@ move with the load):
   3. JSON lines and 4. Parquet into a fresh directory.
 Every writer runs once first as a warm-up. A tidemark write is checked by the
 topic's message count; with the broker started here, its CPU (user + system)
-per row written is printed too. --baseline-broker REV starts a second broker
+per row written is printed too, and for every writer the CPU per row of the
+Spark side: the JVM and the Python workers (every process under the JVM,
+/proc stat; a worker reaped by its parent counts in the parent's children's
+time), read once both have gone quiet after the write (pyspark's worker runs
+a full gc.collect() after each task, after the write has returned). --baseline-broker REV starts a second broker
 whose append path (common/records.py, broker/store, broker/ingest,
 broker/producers, broker/memory.py) is REV's (bench.append_cost.build_baseline) and adds the
 same two tidemark writers against it to the rounds. Prints numbers; asserts
@@ -49,6 +53,67 @@ class Writer:
     run: Callable[[], float]
     seconds: list[float] = field(default_factory=list)
     broker_cpu_us: list[float] = field(default_factory=list)  # per row written, when the broker is ours
+    jvm_cpu_us: list[float] = field(default_factory=list)  # per row written
+    workers_cpu_us: list[float] = field(default_factory=list)  # the Python workers', per row written
+
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, str, float, float]:
+    """(parent pid, command name, own CPU seconds, reaped children's CPU seconds) of a process."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    name, rest = text[text.index("(") + 1:text.rindex(")")], text.rsplit(")", 1)[1].split()
+    return int(rest[1]), name, (int(rest[11]) + int(rest[12])) / _TICK, (int(rest[13]) + int(rest[14])) / _TICK
+
+
+def spark_cpu(jvm_pid: int) -> tuple[float, float]:
+    """(the JVM's CPU seconds, its Python workers' CPU seconds) so far: the workers are every process under
+    the JVM, with the time of their reaped children (a worker that exited counts in its parent's)."""
+    stats = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stats[int(entry)] = _stat(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, *_rest) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    jvm = stats[jvm_pid][2] + 0.0
+    workers, todo = 0.0, list(children.get(jvm_pid, ()))
+    while todo:
+        pid = todo.pop()
+        _, _, own, reaped = stats[pid]
+        workers += own + reaped
+        todo.extend(children.get(pid, ()))
+    return jvm, workers
+
+
+def jvm_pid(spark) -> int:
+    """The SparkSession's JVM: the java process among this process's children."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid, name, _, _ = _stat(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == os.getpid() and name == "java":
+                return int(entry)
+    raise SystemExit("no JVM among this process's children")
+
+
+def quiet_cpu(jvm: int, settle_s: float = 0.1, limit_s: float = 3.0) -> tuple[float, float]:
+    """spark_cpu once the Python workers have stopped using CPU (two readings settle_s apart within a clock
+    tick of each other), or after limit_s."""
+    last, deadline = spark_cpu(jvm), time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        time.sleep(settle_s)
+        now = spark_cpu(jvm)
+        if now[1] - last[1] <= 1.5 / _TICK:
+            return now
+        last = now
+    return last
 
 
 def rate(rows: int, seconds: list[float]) -> float:
@@ -121,14 +186,19 @@ def writers(spark, df, brokers: str, rows: int, scratch: Path, formats: list[str
     return out
 
 
-def run_rounds(all_writers: dict[str, Writer], rounds: int, out=print) -> None:
+def run_rounds(all_writers: dict[str, Writer], rounds: int, rows: int, jvm: int, out=print) -> None:
     for writer in all_writers.values():
         writer.run()  # warm-up: Python workers, the JVM's code, the broker's first segment
     for writer in all_writers.values():
         writer.broker_cpu_us.clear()
     for r in range(rounds):
+        cpu = quiet_cpu(jvm)
         for writer in all_writers.values():
             writer.seconds.append(writer.run())
+            after = quiet_cpu(jvm)
+            writer.jvm_cpu_us.append((after[0] - cpu[0]) / rows * 1e6)
+            writer.workers_cpu_us.append((after[1] - cpu[1]) / rows * 1e6)
+            cpu = after
         out(f"  round {r + 1}: " + ", ".join(f"{w.label} {w.seconds[-1]:.2f}s" for w in all_writers.values()))
 
 
@@ -136,7 +206,9 @@ def summary(all_writers: dict[str, Writer], rows: int, formats: list[str]) -> li
     lines = [f"{'writer':<34} {'rows/s':>12}   (median of {len(next(iter(all_writers.values())).seconds)})"]
     for w in all_writers.values():
         cpu = f"   broker CPU {statistics.median(w.broker_cpu_us):.2f} us/row" if w.broker_cpu_us else ""
-        lines.append(f"{w.label:<34} {rate(rows, w.seconds):>12,.0f}{cpu}")
+        spark = (f"   JVM {statistics.median(w.jvm_cpu_us):.2f}, Python workers "
+                 f"{statistics.median(w.workers_cpu_us):.2f} us/row" if w.jvm_cpu_us else "")
+        lines.append(f"{w.label:<34} {rate(rows, w.seconds):>12,.0f}{spark}{cpu}")
     json_s = all_writers["json lines"].seconds
     parquet_s = all_writers["parquet"].seconds
     lines.append("ratios (median of the rounds' ratios):")
@@ -193,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      base_broker.cpu_seconds)
         print(f"Spark {spark.version}, local[2]; {args.rows:,} rows x {args.size} B in {args.partitions} partitions "
               f"(cached), {QUEUES} queues; {args.rounds} rounds, writers in turn", flush=True)
-        run_rounds(all_writers, args.rounds, out=lambda line: print(line, flush=True))
+        run_rounds(all_writers, args.rounds, args.rows, jvm_pid(spark), out=lambda line: print(line, flush=True))
         print()
         print("\n".join(summary(all_writers, args.rows, formats)))
         if base_broker is not None:

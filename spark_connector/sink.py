@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import gc
 import random
 import uuid
 from collections.abc import Iterator, Sequence
@@ -325,12 +326,35 @@ def produce(options: WriteOptions, batches: Iterator[pa.RecordBatch], write_id: 
         producer.shutdown()
 
 
+_frozen = False
+
+
+def spare_the_workers_gc() -> None:
+    """Take what a Spark Python worker holds when its first write starts out of the cyclic GC's walks.
+
+    Spark's Python worker runs a full gc.collect() after every task (pyspark/daemon.py, to keep a reused
+    worker small), and a full collection walks every object the process tracks: pyspark's, pyarrow's,
+    numpy's, gRPC's and this package's modules, about 65,000 once the sink is imported, 20 to 35 ms a
+    walk on this machine (more under load). A write task of 125,000 rows paid that once: a quarter of
+    the worker's CPU in a Spark write (docs/benchmarks.md, issue 33, sixth pass). gc.freeze() moves the
+    objects tracked now to the permanent generation, which collections skip, once per worker process (a
+    worker is reused for many tasks, and each later one finds them frozen already), so the walk after a
+    task covers what tasks made since. Frozen objects are still freed by reference counting; only a
+    cycle among them that turns into garbage later stays (they are mostly modules, which live as long as
+    the worker)."""
+    global _frozen
+    if not _frozen:
+        _frozen = True
+        gc.freeze()
+
+
 class TidemarkWriter(DataSourceArrowWriter):
     def __init__(self, options: WriteOptions) -> None:
         self.options = options
         self.write_id = uuid.uuid4().hex  # made on the driver: every attempt of a task shares it
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TidemarkCommitMessage:
+        spare_the_workers_gc()
         return TidemarkCommitMessage(produce(self.options, iterator, self.write_id))
 
 
@@ -339,6 +363,7 @@ class TidemarkStreamWriter(DataSourceStreamArrowWriter):
         self.options = options
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TidemarkCommitMessage:
+        spare_the_workers_gc()
         return TidemarkCommitMessage(produce(self.options, iterator))
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803

@@ -434,3 +434,32 @@ def test_a_row_is_counted_in_the_bytes_the_producer_encodes(body, tags, keys, pr
     _, props, _ = encode_message(message, MessageIdGenerator())
     encoded = RecordBatchBuilder(message.topic, "10.0.0.1").append(body, props)
     assert _record_fixed_size(message.topic, "10.0.0.1") + _row_size(message) == encoded
+
+
+def test_a_workers_first_write_freezes_what_it_holds_once():
+    """The objects a Python worker holds when its first write starts leave the cyclic GC's walks (the full
+    gc.collect() pyspark runs after every task); a later write freezes nothing more. In a process of its
+    own: freezing is for the whole process."""
+    import subprocess
+    import sys
+
+    script = """
+import gc
+from tidemark.spark_connector.sink import TidemarkWriter
+from tidemark.spark_connector.options import parse_write_options
+writer = TidemarkWriter(parse_write_options({"brokers": "127.0.0.1:1", "topic": "t"}))
+before = gc.get_freeze_count()
+for _ in range(2):
+    try:
+        writer.write(iter(()))
+    except Exception:
+        pass  # no broker: the freeze comes first
+    print(gc.get_freeze_count(), flush=True)
+    made_since = [[] for _ in range(1000)]  # tracked objects the second write must not freeze
+print(before)
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    first, second, before = (int(n) for n in out.stdout.split())
+    assert before == 0
+    assert first > 10_000  # pyarrow's, gRPC's, the connector's objects
+    assert second < first + 1000  # (a frozen object freed by its last reference leaves the count)

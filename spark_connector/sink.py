@@ -59,7 +59,7 @@ from tidemark.client import Message, MessageQueue, MessageQueueSelector, Produce
 from tidemark.client.errors import InvalidArgumentError, TidemarkError
 from tidemark.common.protocol import MessageIdGenerator, PropertyKey
 from tidemark.common.records import RecordBatchBuilder, encode_properties
-from tidemark.spark_connector.encode import RecordEncoder, record_bytes
+from tidemark.spark_connector.encode import RecordEncoder, record_view
 from tidemark.spark_connector.options import OptionError, WriteOptions
 
 # Rows a request: the broker pays a fixed cost per request (gRPC's intake and answer, the check's and
@@ -219,7 +219,7 @@ class _Sender:
                 end = max(start + 1, int(offsets.searchsorted(offsets[start] + MAX_BATCH_BYTES, "right")) - 1)
             queue = self._round_robin.select(self._queues, None, None)  # type: ignore[arg-type]
             try:
-                future = self._producer.send_encoded_async(self._topic, record_bytes(records, offsets, start, end),
+                future = self._producer.send_encoded_async(self._topic, record_view(records, offsets, start, end),
                                                            end - start, queue=queue)
             except TidemarkError as e:
                 raise self._failed(first_row + start, first_row + end - 1, e) from e

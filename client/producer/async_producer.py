@@ -107,7 +107,7 @@ class AsyncProducer:
                                                  first=first, timeout=timeout, prefer=prefer)
         return [SendResult(msg_id, target, offset + i if offset >= 0 else -1) for i, msg_id in enumerate(msg_ids)]
 
-    async def send_encoded(self, topic: str, data: bytes, count: int, *,
+    async def send_encoded(self, topic: str, data: bytes | memoryview, count: int, *,
                            queue: MessageQueue | None, selector: MessageQueueSelector | None, arg: Any,
                            first: Message | None, timeout: float | None,
                            prefer: MessageQueue | None = None) -> tuple[MessageQueue, int]:

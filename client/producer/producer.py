@@ -154,12 +154,14 @@ class Producer(BlockingClient):
             topic, bytes(builder.buffer), msg_ids, queue=queue, selector=selector, arg=arg, first=messages[0],
             timeout=timeout), timeout=wait)]
 
-    def send_encoded_async(self, topic: str, data: bytes, count: int, *, queue: MessageQueue | None = None,
+    def send_encoded_async(self, topic: str, data: bytes | memoryview, count: int, *, queue: MessageQueue | None = None,
                            selector: MessageQueueSelector | None = None,
                            arg: Any = None) -> concurrent.futures.Future[tuple[MessageQueue, int]]:
         """Send `count` records encoded by the caller (tidemark.common.records, topic as stored: no
         namespace) as one batch, without waiting: the future gets (queue, first offset). For writers that
-        encode whole columns at once (the Spark sink); the same sending rules as send_batch's."""
+        encode whole columns at once (the Spark sink); the same sending rules as send_batch's. `data` may be
+        any bytes-like object (a view of the caller's buffer: it is copied once, into the request), left
+        unchanged until the future is done."""
         self._life.require(ClientState.RUNNING, action="send")
         if self.settings.namespace:
             raise InvalidArgumentError("send_encoded_async takes records of a stored topic name: not with a namespace")

@@ -33,6 +33,7 @@ from tidemark.client.remoting.streams import (
     OnRecords,
     OnStarted,
     ProduceStream,
+    produce_call,
 )
 from tidemark.client.security import TlsSettings
 from tidemark.client.types import (
@@ -120,6 +121,7 @@ class BrokerConnection:
         self._offsets = offsets_pb2_grpc.OffsetServiceStub(self._channel)
         self._membership = membership_pb2_grpc.MembershipServiceStub(self._channel)
         self._admin = admin_pb2_grpc.AdminServiceStub(self._channel)
+        self._produce_call = produce_call(self._channel)  # requests as their wire bytes (streams.produce_request)
         self._produce: ProduceStream | None = None
 
     async def close(self) -> None:
@@ -133,7 +135,7 @@ class BrokerConnection:
     def produce_stream(self) -> ProduceStream:
         """The connection's Produce stream, opened (again) when there is none or it broke."""
         if self._produce is None or not self._produce.usable:
-            self._produce = ProduceStream(self._messaging.Produce(), self.address, error=self.error)
+            self._produce = ProduceStream(self._produce_call(), self.address, error=self.error)
         return self._produce
 
     def open_fetch_stream(self, *, on_records: OnRecords, on_ended: OnEnded, on_broken: OnBroken,

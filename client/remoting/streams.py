@@ -50,6 +50,43 @@ CLOSE_GRACE_S = 2.0
 _LOCAL_FAILURE = "Internal error from Core"
 
 
+# The Produce call takes requests as their wire bytes (produce_request), not as messages to serialize.
+PRODUCE_METHOD = "/tidemark.v1.MessagingService/Produce"
+_RECORDS_TAG = bytes([5 << 3 | 2])  # ProduceRequest.records: field 5, length-delimited
+
+
+def produce_call(channel: grpc.aio.Channel) -> Any:
+    """The Produce stream's multi-callable: requests go out as the bytes given (produce_request)."""
+    return channel.stream_stream(PRODUCE_METHOD, request_serializer=None,
+                                 response_deserializer=messaging_pb2.ProduceResponse.FromString,
+                                 _registered_method=True)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def produce_request(request_id: int, topic: str, queue_id: int, count: int, records: bytes | memoryview,
+                    sequence: tuple[int, int, int] | None = None) -> bytes:
+    """A ProduceRequest's wire bytes, with the batch's records copied into them once.
+
+    Built as a message, the records were copied twice more: into the message (protobuf keeps its own
+    copy of a bytes field) and into the bytes SerializeToString returns, each up to 1 MiB a request
+    (docs/benchmarks.md, issue 33, sixth pass). A message's fields may come in any order on the wire, so
+    protobuf serializes the small fields and the records field follows, written here: its tag, its
+    length as a varint, the bytes. Parsed, it is the message the same arguments would build."""
+    head = messaging_pb2.ProduceRequest(request_id=request_id, topic=topic, queue_id=queue_id, count=count)
+    if sequence is not None:
+        head.producer_id, head.producer_epoch, head.base_sequence = sequence
+        head.sequence_gaps = True  # this producer recovers from a gap by sending the missing batch first
+    return b"".join((head.SerializeToString(), _RECORDS_TAG, _varint(memoryview(records).nbytes), records))
+
+
 def _fence_pb(fence: Fence) -> common_pb2.CommitFence:
     pb = common_pb2.CommitFence(client_id=fence.client_id)
     if fence.owner_epoch is not None:
@@ -60,7 +97,8 @@ def _fence_pb(fence: Fence) -> common_pb2.CommitFence:
 
 
 class ProduceStream:
-    """Record batches to one broker; `send` answers with the first queue offset of the batch."""
+    """Record batches to one broker; `send` answers with the first queue offset of the batch. The call is
+    produce_call's: it takes each request as its wire bytes."""
 
     def __init__(self, call: Any, address: str,
                  error: Callable[[grpc.RpcError], TidemarkError] | None = None) -> None:
@@ -79,21 +117,18 @@ class ProduceStream:
     def usable(self) -> bool:
         return self._broken is None
 
-    async def send(self, topic: str, queue_id: int, count: int, data: bytes, timeout: float,
+    async def send(self, topic: str, queue_id: int, count: int, data: bytes | memoryview, timeout: float,
                    sequence: tuple[int, int, int] | None = None) -> int:
         """The batch's first queue offset (an idempotent producer's duplicate: the original's, or -1).
-        `sequence` is (producer id, epoch, base sequence) for an idempotent producer's batch."""
+        `data` is the records (any bytes-like object); `sequence` is (producer id, epoch, base sequence)
+        for an idempotent producer's batch."""
         if self._broken is not None:
             raise self._broken
         self._next_id += 1
         request_id = self._next_id
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = future
-        request = messaging_pb2.ProduceRequest(request_id=request_id, topic=topic, queue_id=queue_id,
-                                               count=count, records=data)
-        if sequence is not None:
-            request.producer_id, request.producer_epoch, request.base_sequence = sequence
-            request.sequence_gaps = True  # this producer recovers from a gap by sending the missing batch first
+        request = produce_request(request_id, topic, queue_id, count, data, sequence)
         try:
             async with asyncio.timeout(timeout):
                 async with self._write_lock:

@@ -40,7 +40,7 @@ from typing import Any
 
 import aetcd
 
-from tidemark.broker.cluster.etcd_members import MEMBER_FAILURES
+from tidemark.broker.cluster.etcd_members import MEMBER_FAILURES, end_watch
 from tidemark.broker.errors import FailedPreconditionError, InvalidArgumentError
 from tidemark.common.logs import get_logger
 from tidemark.common.protocol import split_host_port
@@ -328,10 +328,7 @@ class Election:
                 kind = getattr(event, "kind", None)
                 yield None if kind == aetcd.rtypes.EventKind.DELETE else Master.decode(event.kv.value)
         finally:
-            try:
-                await watch.cancel()
-            except Exception as e:  # its member was left behind meanwhile: the closed client took the watch
-                log.debug("cancelling a watch of a closed etcd client: %r", e)  # (aetcd: AttributeError)
+            await end_watch(watch)
 
     async def _revoke(self, lease_id: int) -> None:
         try:

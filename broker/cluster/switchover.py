@@ -40,7 +40,7 @@ from typing import Any
 import aetcd
 
 from tidemark.broker.cluster.election import Election
-from tidemark.broker.cluster.etcd_members import MEMBER_FAILURES
+from tidemark.broker.cluster.etcd_members import MEMBER_FAILURES, end_watch
 from tidemark.broker.errors import SwitchoverError
 from tidemark.common.backoff import Backoff
 from tidemark.common.logs import get_logger
@@ -212,10 +212,7 @@ class Switchover:
                 else:
                     yield event.kv.value, event.kv.lease
         finally:
-            try:
-                await watch.cancel()
-            except Exception as e:  # its member was left behind meanwhile: the closed client took the watch
-                log.debug("cancelling a watch of a closed etcd client: %r", e)
+            await end_watch(watch)
 
     async def _answer_request(self, broker, request: Request, raw: bytes, lease: int) -> str:
         """Hand over to the request's successor, or refuse it; why this broker is no longer the master

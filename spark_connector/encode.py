@@ -35,9 +35,9 @@ _HEADER = np.dtype([("total", ">i4"), ("magic", ">i4"), ("crc", ">u4"), ("queue_
                     ("store", ">i8"), ("reconsume", ">i4"), ("tags_code", ">i8")])
 assert _HEADER.itemsize == HEADER_SIZE
 _HEX = np.frombuffer(b"0123456789ABCDEF", np.uint8)
-_UNIQ = PropertyKey.UNIQ_KEY + "\x01"
-_TAGS = "\x02" + PropertyKey.TAGS + "\x01"
-_KEYS = "\x02" + PropertyKey.KEYS + "\x01"
+_UNIQ = (PropertyKey.UNIQ_KEY + "\x01").encode()
+_TAGS = ("\x02" + PropertyKey.TAGS + "\x01").encode()
+_KEYS = ("\x02" + PropertyKey.KEYS + "\x01").encode()
 
 
 class BulkIds:
@@ -55,15 +55,16 @@ class BulkIds:
         ids[:, :28] = stem
         for digit in range(4):
             ids[:, 28 + digit] = _HEX[(counters >> (12 - 4 * digit)) & 0xF]
-        return pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n, [None, pa.py_buffer(ids.tobytes())]) \
-            .cast(pa.binary())
+        return _fixed(ids, 32)
 
 
 def _fixed(data: np.ndarray, width: int) -> pa.Array:
-    """A numpy array of `width`-byte items as an Arrow binary column (one value per item)."""
+    """A numpy array of `width`-byte items as an Arrow binary column (one value per item), over the array's
+    own memory: the offsets are every width-th byte, so neither the items nor a fixed-size column's cast
+    to binary are copied."""
     n = len(data)
-    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), n, [None, pa.py_buffer(data.tobytes())]) \
-        .cast(pa.binary())
+    offsets = np.arange(0, (n + 1) * width, width, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(data))])
 
 
 def _lengths(column: pa.Array) -> np.ndarray:
@@ -78,16 +79,38 @@ def _text(batch: pa.RecordBatch, name: str) -> pa.Array | None:
     return pc.fill_null(column, "") if column.null_count else column
 
 
-def _segment(prefix: str, values: pa.Array | None) -> pa.Array | None:
-    """prefix + value for the rows with a non-empty value, "" for the others."""
-    if values is None:
-        return None
-    joined = pc.binary_join_element_wise(pa.scalar(prefix), values, pa.scalar(""))
-    return pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar("", pa.string()), joined)
+def _segment(prefix: bytes, values: pa.Array) -> tuple[list[pa.Array | pa.Scalar], np.ndarray]:
+    """(the parts that join into prefix + value for the rows with a non-empty value and into b"" for the
+    others; their lengths), as binary. When every row has a value (the usual case) the prefix and the
+    values themselves are the parts: no column is built for them before the records' join."""
+    values = values.cast(pa.binary())
+    lengths = _lengths(values)
+    if not len(lengths) or lengths.min() > 0:
+        return [pa.scalar(prefix), values], lengths + len(prefix)
+    joined = pc.binary_join_element_wise(pa.scalar(prefix), values, pa.scalar(b""))
+    return [pc.if_else(pa.array(lengths == 0), pa.scalar(b""), joined)], np.where(lengths == 0, 0, lengths + len(prefix))
+
+
+def _value_bytes(values: pa.Array) -> np.ndarray:
+    """The bytes of a string or binary column's values, back to back: a view of its data buffer."""
+    _, offsets, data = values.buffers()
+    if data is None or not len(values):
+        return np.empty(0, np.uint8)
+    large = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
+    dtype = np.dtype(np.int64 if large else np.int32)
+    bounds = np.frombuffer(offsets, dtype, len(values) + 1, values.offset * dtype.itemsize)
+    return np.frombuffer(data, np.uint8, int(bounds[-1] - bounds[0]), int(bounds[0]))
 
 
 def _check_text(name: str, values: pa.Array, first_row: int, forbidden: tuple[str, ...]) -> None:
+    """Refuse a column whose values hold one of `forbidden`. The property section's separators (\x01,
+    \x02) are looked for in one numpy pass over the values' bytes, and Arrow's substring search (which
+    names the row) runs for them only when that finds one."""
+    data = _value_bytes(values)
+    separator = bool(((data - np.uint8(1)) < 2).any())  # a byte 1 or 2 (uint8 wraps: 0 - 1 is 255)
     for bad in forbidden:
+        if bad in ("\x01", "\x02") and not separator:
+            continue
         hits = pc.match_substring(values, bad)
         if pc.any(hits).as_py():
             row = first_row + pc.index(hits, True).as_py()
@@ -139,13 +162,16 @@ class RecordEncoder:
             _check_text("keys", keys, first_row, ("\x01", "\x02"))
         if tags is not None:
             _check_text("tags", tags, first_row, ("\x01", "\x02", "||"))
-        parts = [pa.scalar(_UNIQ), self._ids.column(n).cast(pa.string())]
-        for segment in (_segment(_TAGS, tags), _segment(_KEYS, keys)):
-            if segment is not None:
-                parts.append(segment)
-        parts += [pa.scalar("\x02"), pa.scalar("")]
-        props = pc.binary_join_element_wise(*parts).cast(pa.binary())
-        props_len = _lengths(props)
+        # The property section, UNIQ_KEY\x01id[\x02TAGS\x01tags][\x02KEYS\x01keys]\x02, is joined into the
+        # records with the rest; its length is summed from its parts'.
+        props = [pa.scalar(_UNIQ), self._ids.column(n)]
+        props_len = np.full(n, len(_UNIQ) + 32 + 1, np.int64)
+        for prefix, values in ((_TAGS, tags), (_KEYS, keys)):
+            if values is not None:
+                parts, length = _segment(prefix, values)
+                props += parts
+                props_len += length
+        props.append(pa.scalar(b"\x02"))
 
         header = np.zeros(n, _HEADER)
         header["total"] = HEADER_SIZE + len(self._constant) + 8 + props_len + body_len
@@ -154,7 +180,7 @@ class RecordEncoder:
         if tags is not None:
             header["tags_code"] = _tags_codes(tags)
         records = pc.binary_join_element_wise(
-            _fixed(header, HEADER_SIZE), pa.scalar(self._constant), _fixed(props_len.astype(">u4"), 4), props,
+            _fixed(header, HEADER_SIZE), pa.scalar(self._constant), _fixed(props_len.astype(">u4"), 4), *props,
             _fixed(body_len.astype(">u4"), 4), body, pa.scalar(b""))
         offsets = np.concatenate([[0], np.cumsum(header["total"].astype(np.int64))])
         return records, offsets

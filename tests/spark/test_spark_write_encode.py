@@ -80,6 +80,8 @@ def test_string_bodies_are_their_utf8_bytes_and_a_sliced_batch_encodes_its_own_r
     ([(b"x" * 2000, None, None)], "row 10: message body is 2000 bytes; max_message_size is 1024"),
     ([(b"x", "a\x01b", None)], "row 10: keys must not contain"),
     ([(b"x", None, "a||b")], "row 10: tags must not contain '||'"),
+    ([(b"x", "k", "t"), (b"y", "k", "a\x02")], "row 11: tags must not contain '.x02'"),
+    ([(b"x", "k\x02", None)], "row 10: keys must not contain '.x02'"),
 ])
 def test_bad_rows_are_refused_with_their_row_number(rows, error):
     batch = pa.RecordBatch.from_arrays(
@@ -87,3 +89,16 @@ def test_bad_rows_are_refused_with_their_row_number(rows, error):
          pa.array([t for _, _, t in rows], pa.string())], names=["body", "keys", "tags"])
     with pytest.raises(InvalidArgumentError, match=error.replace("|", r"\|")):
         RecordEncoder("T", "", 1024).encode(batch, first_row=10)
+
+
+@pytest.mark.parametrize("text_type", [pa.string(), pa.large_string()])
+def test_a_separator_is_found_in_the_rows_of_a_slice_only(text_type):
+    """The separator check reads the values' bytes of the batch's own rows, in either offset width: a
+    slice's neighbours do not count, and its own rows are all read."""
+    keys = pa.array(["a", "b", "c", "d", "e\x02"], text_type)
+    batch = pa.RecordBatch.from_arrays([pa.array([b"x"] * 5, pa.binary()), keys], names=["body", "keys"])
+    encoder = RecordEncoder("T", "", 1024)
+    encoder.encode(batch.slice(0, 2), first_row=0)
+    encoder.encode(batch.slice(2, 2), first_row=0)
+    with pytest.raises(InvalidArgumentError, match="row 21: keys must not contain"):
+        encoder.encode(batch.slice(3), first_row=20)

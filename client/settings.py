@@ -301,11 +301,19 @@ class PushConsumerSettings(ConsumerSettings):
                                             "unlimited local retries for orderly")
     suspend_current_queue_time_ms: int = _setting(1000, "Orderly: wait before retrying a suspended batch (it holds back its message group)")
     local_retry_delay_s: float = _setting(5.0, "Re-consume locally after this when the send-back failed")
+    await_termination_ms_when_shutdown: int = _setting(
+        0, "shutdown() without queue locks: wait up to this long for the listener batches already fetched, so "
+           "the offsets persisted count them (RocketMQ's awaitTerminationMillisWhenShutdown; 0: not waited "
+           "for, and delivered again after a restart). With locks every queue handed back waits for its own "
+           "(drain_timeout_s)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive(self, "consume_thread_max", "consume_message_batch_max_size",
                   "consume_concurrently_max_span", "suspend_current_queue_time_ms", "local_retry_delay_s")
+        if self.await_termination_ms_when_shutdown < 0:
+            raise InvalidArgumentError(f"await_termination_ms_when_shutdown must be >= 0, got "
+                                       f"{self.await_termination_ms_when_shutdown}")
         if self.max_reconsume_times < -1:
             raise InvalidArgumentError("max_reconsume_times must be -1 (default) or >= 0")
 

@@ -106,6 +106,10 @@ class ConsumerCore:
     def assemble(self) -> None:
         """Build the kind's own parts once the shared ones exist."""
 
+    async def finish_running(self) -> None:
+        """shutdown(), before the queues are handed back: what the kind lets finish first (nothing by
+        default)."""
+
     async def stop_parts(self) -> None:
         """Stop the kind's own parts (after queues were handed back)."""
 
@@ -236,6 +240,7 @@ class ConsumerCore:
         await self.scheduler.stop()
         await self._tasks.wait()
         await self.ownership.stop()
+        await self.finish_running()
         await self.ownership.release_all()
         if not self.clustering:
             await self.offset_store.persist_all(self.offset_store.clone_offset_table())

@@ -107,6 +107,23 @@ class AsyncPushConsumer(ConsumerCore):
             log.warning("drain timed out",
                         event="drain_timeout", group=self.settings.group, queue=lease.mq, running=lease.running)
 
+    async def finish_running(self) -> None:
+        """Without locks, with await_termination_ms_when_shutdown: fetching stops and the batches already
+        fetched finish (their completions taken at once), up to that long, so that the offsets release_all
+        persists count them. (With locks, each queue handed back drains its own.)"""
+        wait_s = self.settings.await_termination_ms_when_shutdown / 1000
+        if wait_s <= 0 or self.ownership.locking:
+            return
+        leases = self.ownership.leases()
+        for lease in leases:
+            self.fetcher.stop(lease)
+        with self.pool.hurried():
+            idle = await asyncio.gather(*(lease.wait_idle(wait_s) for lease in leases))
+        if not all(idle):
+            log.warning("listener batches still running at shutdown",
+                        event="shutdown_wait_timeout", group=self.settings.group,
+                        queues=[str(lease.mq) for lease, done in zip(leases, idle, strict=True) if not done])
+
     def _consume_task_died(self, lease: QueueLease, error: BaseException) -> None:
         self.ownership.lose_lease(lease, f"consume task died: {error!r}")
 

@@ -146,7 +146,9 @@ def test_existing_offset_wins_over_consume_from_where(broker):
 def test_broadcasting_every_consumer_gets_everything_and_offsets_survive_restart(broker, offset_dir):
     create_topic(broker.address, "Config", 2)
     a, b = Collector(), Collector()
-    settings = dict(message_model=MessageModel.BROADCASTING,
+    # (waiting at shutdown for batches already fetched: a listener call that recorded a message and had not
+    # returned yet when shutdown() came would otherwise be read again after the restart)
+    settings = dict(message_model=MessageModel.BROADCASTING, await_termination_ms_when_shutdown=30_000,
                     consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
     ca = start_consumer(broker.address, "edge", "Config", a, instance_name="a", **settings)
     cb = start_consumer(broker.address, "edge", "Config", b, instance_name="b", **settings)
@@ -166,6 +168,44 @@ def test_broadcasting_every_consumer_gets_everything_and_offsets_survive_restart
     finally:
         ca2.shutdown()
     assert set(again.seen) == set(newer), "the restarted broadcast consumer re-read old messages"
+
+
+def test_shutdown_waits_for_running_batches_when_told(broker, offset_dir):
+    """RocketMQ's awaitTerminationMillisWhenShutdown: a consumer without queue locks (broadcasting) shut down
+    while its listener runs a batch waits for it, so the offset persisted counts it and a restart does not
+    read it again. (Not waited for, 0 by default, it would be read again: RocketMQ's at-least-once.)"""
+    create_topic(broker.address, "Slow", 1)
+    entered = threading.Event()
+    finished: list[str] = []
+
+    def slow(msgs, context):
+        entered.set()
+        time.sleep(2.0)  # a slow listener: shutdown() comes while it runs
+        finished.extend(m.msg_id for m in msgs)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+    settings = dict(message_model=MessageModel.BROADCASTING, instance_name="s",
+                    consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+    consumer = start_consumer(broker.address, "patient", "Slow", slow, await_termination_ms_when_shutdown=30_000,
+                              **settings)
+    try:
+        (first,) = produce(broker.address, "Slow", 1)
+        assert entered.wait(30), "the listener never ran"
+    finally:
+        consumer.shutdown()
+    assert finished == [first]  # shutdown() returned after the batch
+    again = Collector()
+    restarted = start_consumer(broker.address, "patient", "Slow", again, **settings)
+    try:
+        newer = produce(broker.address, "Slow", 3, prefix="n")
+        wait_until(lambda: set(newer) <= set(again.seen), 30, "the new messages")
+    finally:
+        restarted.shutdown()
+    assert first not in again.seen, "the batch shutdown() waited for was read again"
+
+
+def test_await_termination_must_not_be_negative():
+    with pytest.raises(InvalidArgumentError, match="await_termination_ms_when_shutdown must be >= 0, got -1"):
+        PushConsumer(group="g", brokers="127.0.0.1:1", await_termination_ms_when_shutdown=-1)
 
 
 def test_bad_input_gives_clear_errors(broker, caplog):

@@ -198,6 +198,13 @@ class ConsumeThreadPool:
 
     def shutdown(self) -> None:
         """Stop taking work, let running listeners finish, join the threads (call off the loop or at exit)."""
+        for thread in self.stop():  # (each started: a thread joins _threads once its start succeeded)
+            thread.join()
+
+    def stop(self) -> list[threading.Thread]:
+        """Stop taking work and wake the parked threads to end; running listeners end after their call.
+        Returns the threads without joining them (the loop may stop the pool this way even when a listener
+        is the caller it would wait for)."""
         with self._mutex:
             self._stopped = True
             self._work.clear()
@@ -205,8 +212,7 @@ class ConsumeThreadPool:
             threads = list(self._threads)
         for parked in idle:
             parked.lock.release()
-        for thread in threads:  # (each started: a thread joins _threads once its start succeeded)
-            thread.join()
+        return threads
 
     # -- consume threads ---------------------------------------------------------------------
 

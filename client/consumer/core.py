@@ -113,6 +113,10 @@ class ConsumerCore:
     async def stop_parts(self) -> None:
         """Stop the kind's own parts (after queues were handed back)."""
 
+    async def abandon_parts(self) -> None:
+        """After a failed start: stop the kind's own parts without waiting for a listener call to end (the
+        start may have been given up by a shutdown() a listener made)."""
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, *, assigned: set[MessageQueue] | None = None, cluster: BrokerCluster | None = None) -> None:
@@ -197,6 +201,7 @@ class ConsumerCore:
             fetcher = getattr(self, "fetcher", None)
             if fetcher is not None:
                 await fetcher.close()
+            await self.abandon_parts()
         finally:
             await self.cluster.close()
 

@@ -137,6 +137,13 @@ class AsyncPushConsumer(ConsumerCore):
         await self.consume_service.shutdown()
         await asyncio.to_thread(self.pool.shutdown)
 
+    async def abandon_parts(self) -> None:
+        # (the parts exist once assemble() ran: a start may fail before)
+        if hasattr(self, "consume_service"):
+            await self.consume_service.shutdown()
+        if hasattr(self, "pool"):
+            self.pool.stop()
+
 
 class PushConsumer(BlockingConsumer):
     """Synchronous push consumer.

@@ -15,6 +15,7 @@ from tidemark.client import (
     Admin,
     ClientStateError,
     ConsumeConcurrentlyStatus,
+    ConsumeFromWhere,
     MessageQueue,
     NotFoundError,
     PullConsumer,
@@ -27,6 +28,7 @@ from tidemark.client.consumer.membership import GroupMembership
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.client.remoting.connection import BrokerConnection
 from tidemark.client.runtime import ClientState, Lifecycle
+from tidemark.common.scheduler import Scheduler
 
 KINDS = ("push", "pull")
 
@@ -348,6 +350,34 @@ def test_a_shutdown_while_start_runs_gives_the_start_up_and_leaves_nothing_open(
     assert loop_threads(kind, "stopped-starting") == [] and c._core is None
     with pytest.raises(ClientStateError):
         c.start()
+
+
+def test_a_start_given_up_after_the_listener_ran_leaves_no_consume_thread(broker, monkeypatch):
+    """A push consumer's start given up (a shutdown() while it ran) after its first rebalance had handed
+    messages to the listener: the consume threads that ran it were left parked for the process's life."""
+    create_topic(broker.address, "Joiners", 1)
+    ids = produce(broker.address, "Joiners", 3)
+    seen: list[str] = []
+    scheduling = threading.Event()
+
+    async def never_scheduled(self):
+        scheduling.set()
+        await asyncio.Event().wait()
+    monkeypatch.setattr(Scheduler, "start", never_scheduled)  # start() waits here, after its first rebalance
+    c = consumer("push", broker.address, "given-up", "Joiners", seen,
+                 consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET)
+    starting, started = in_thread(c.start)
+    assert scheduling.wait(10)
+    wait_until(lambda: set(seen) >= set(ids), 30, "the listener to run")
+    assert consume_threads("given-up")
+    c.shutdown()
+    starting.join(10)
+    assert len(started) == 1 and isinstance(started[0], ClientStateError), started
+    wait_until(lambda: not consume_threads("given-up"), 10, "the consume threads to end")
+
+
+def consume_threads(group: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(f"ConsumeMessageThread_{group}_") and t.is_alive()]
 
 
 @pytest.mark.parametrize("kind", KINDS)

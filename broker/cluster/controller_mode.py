@@ -170,7 +170,8 @@ class ControllerMode:
                 in_sync = frozenset({self.member_id, *broker.replication.in_sync_replicas()})
                 if in_sync != published and not broker.permission.handing_over:
                     try:  # (writes do not wait for this: each asks the lease itself)
-                        await asyncio.wait_for(election.publish_in_sync(in_sync), timeout=election.ttl_s)
+                        async with asyncio.timeout(election.ttl_s):  # (not wait_for: see Election.keep)
+                            await election.publish_in_sync(in_sync)
                         published = in_sync
                     except FailedPreconditionError as e:  # the key is no longer this broker's
                         self._on_lost(str(e))

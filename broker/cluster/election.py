@@ -293,7 +293,11 @@ class Election:
         failing = False
         while True:
             try:
-                alive = await asyncio.wait_for(self.renew(), timeout=self.ttl_s)  # a call etcd never answers
+                # A call etcd never answers ends within a TTL. asyncio.timeout, not wait_for: Python 3.11's
+                # wait_for returns a renewal that finished as this task was cancelled and loses the
+                # cancellation, and the keeper went on renewing while its broker's stop waited for it.
+                async with asyncio.timeout(self.ttl_s):
+                    alive = await self.renew()
             except Exception as e:  # unreachable, refused, a timeout: try again; the deadline guards writes
                 if not failing:
                     log.warning("master lease renewal failed: %r; writes wait once the lease is uncertain", e,

@@ -289,7 +289,8 @@ class ReplicaSync:
         """The master's next chunk; None when the stream ended, or went silent past SILENCE_S (the read's end
         cancels the call, and _run opens another, which goes on the same link once it carries bytes again)."""
         try:
-            chunk = await asyncio.wait_for(call.read(), SILENCE_S)
+            async with asyncio.timeout(SILENCE_S):  # (not wait_for: it can lose stop()'s cancellation, Election.keep)
+                chunk = await call.read()
         except TimeoutError:
             why = f"no chunk from the master for {SILENCE_S:g} s"
             if why != self._error:

@@ -73,7 +73,8 @@ class EtcdMembers:
                 self._next += 1
                 client = aetcd.Client(host, port, username=self._user, password=self._password)
                 try:  # a member that just started may take a while to answer its first call
-                    await asyncio.wait_for(self._greet(client), max(self._timeout, CONNECT_TIMEOUT_S))
+                    async with asyncio.timeout(max(self._timeout, CONNECT_TIMEOUT_S)):
+                        await self._greet(client)
                 except MEMBER_FAILURES as e:
                     errors.append(f"{host}:{port}: {e or type(e).__name__}")
                     await _close_quietly(client)
@@ -104,7 +105,8 @@ class EtcdMembers:
         client = await self._current()
         endpoint = self._endpoint
         try:
-            return await asyncio.wait_for(getattr(client, name)(*args, **kw), self._timeout)
+            async with asyncio.timeout(self._timeout):
+                return await getattr(client, name)(*args, **kw)
         except MEMBER_FAILURES as e:
             if isinstance(e, _MEMBER_DOWN) or "leader" in str(e):  # (no leader, leader changed: its quorum)
                 await self._failed(client, endpoint, e)

@@ -340,7 +340,8 @@ class ReplicationSource:
         future = asyncio.get_running_loop().create_future()
         self._waiters.append((end, future))
         try:
-            await asyncio.wait_for(future, self._timeout_s)
+            async with asyncio.timeout(self._timeout_s):
+                await future
         except TimeoutError:
             who = "no replica" if self._min_replicas == 1 else f"fewer than {self._min_replicas} replicas"
             raise ReplicationTimeoutError(
@@ -492,7 +493,8 @@ class ReplicationSource:
 
 async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
     try:
-        await asyncio.wait_for(event.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
         return True
     except TimeoutError:
         return False

@@ -165,7 +165,8 @@ class Switchover:
             elif now.refused:
                 raise SwitchoverError(now.refused)
             try:
-                await asyncio.wait_for(took_over.wait(), ANSWER_POLL_S)
+                async with asyncio.timeout(ANSWER_POLL_S):
+                    await took_over.wait()
             except TimeoutError:
                 pass
         raise SwitchoverError(f"no answer from the master within {self.timeout_s + self._election.ttl_s:g} s: "

@@ -178,7 +178,8 @@ class Rmq5Servicer:
         checks = _TransactionChecks(self._ops.watch_transactions, client_id)
         try:
             try:
-                command = await asyncio.wait_for(anext(commands, None), SETTINGS_TIMEOUT_S)
+                async with asyncio.timeout(SETTINGS_TIMEOUT_S):
+                    command = await anext(commands, None)
             except TimeoutError:
                 raise InvalidArgumentError(
                     f"no settings within {SETTINGS_TIMEOUT_S:.0f} s of opening the telemetry stream") from None

@@ -72,7 +72,7 @@ class EtcdMembers:
                 host, port = self._endpoints[self._next % len(self._endpoints)]
                 self._next += 1
                 client = aetcd.Client(host, port, username=self._user, password=self._password)
-                try:  # a member that just started may take a while to answer its first call
+                try:  # a member that just started may take a while to answer its first call (not wait_for: _call)
                     async with asyncio.timeout(max(self._timeout, CONNECT_TIMEOUT_S)):
                         await self._greet(client)
                 except MEMBER_FAILURES as e:
@@ -105,8 +105,8 @@ class EtcdMembers:
         client = await self._current()
         endpoint = self._endpoint
         try:
-            async with asyncio.timeout(self._timeout):
-                return await getattr(client, name)(*args, **kw)
+            async with asyncio.timeout(self._timeout):  # (not wait_for: see below)
+                answer = await getattr(client, name)(*args, **kw)
         except MEMBER_FAILURES as e:
             if isinstance(e, _MEMBER_DOWN) or "leader" in str(e):  # (no leader, leader changed: its quorum)
                 await self._failed(client, endpoint, e)
@@ -119,6 +119,15 @@ class EtcdMembers:
             # on it: to this caller that is a failed call, not its own cancellation.
             raise aetcd.exceptions.ConnectionFailedError(f"etcd member {endpoint} was left "
                                                          f"behind during the call") from None
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Python 3.11's asyncio.wait_for, which aetcd waits with (a watch's creation, a connection),
+            # returns a call that finished as its caller was cancelled and loses the cancellation: it is
+            # delivered here. A stopping master's switchover task, cancelled as etcd answered, went on
+            # watching a member left behind, and the stop's cancel_and_wait waited for it until the fault
+            # checker killed the broker 30 s later (controller scenario, seed 19700).
+            raise asyncio.CancelledError
+        return answer
 
     async def status(self) -> Any:
         return await self._call("status")

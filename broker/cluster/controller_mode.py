@@ -175,7 +175,9 @@ class ControllerMode:
         try:
             while not lost.done():
                 in_sync = frozenset({self.member_id, *broker.replication.in_sync_replicas()})
-                if in_sync != published and not broker.permission.handing_over:
+                if in_sync == published:
+                    failed = False  # (back to what etcd holds: nothing to write, so nothing failing)
+                elif not broker.permission.handing_over:
                     try:  # (writes do not wait for this: each asks the lease itself)
                         async with asyncio.timeout(election.ttl_s):  # (not wait_for: see Election.keep)
                             await election.publish_in_sync(in_sync)

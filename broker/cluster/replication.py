@@ -343,6 +343,8 @@ class ReplicationSource:
             async with asyncio.timeout(self._timeout_s):
                 await future
         except TimeoutError:
+            if future.done() and not future.cancelled():  # answered in the loop turn the timer fired in
+                return future.result()
             who = "no replica" if self._min_replicas == 1 else f"fewer than {self._min_replicas} replicas"
             raise ReplicationTimeoutError(
                 f"{who} of broker {self._broker_name} acknowledged the message within {self._timeout_s:.1f} s; "
@@ -467,19 +469,26 @@ class ReplicationSource:
         while not reader.done():
             if offset - replica.acked > self._window_bytes:  # far enough ahead: wait for acknowledgements
                 replica.progress.clear()
-                await _wait(replica.progress, HEARTBEAT_S)
-                continue
-            appended.clear()
-            # The state changes first: a batch's producer event is published before its records are read.
-            state = feed.take() if feed.pending() else {}
-            data = store.replication_chunk(offset, self._chunk_bytes)
-            if data or state or not await _wait(appended, HEARTBEAT_S):
-                master_end = store.commit_log_max_offset
-                replica.catch_up.sent(offset + len(data), master_end, self._clock())
-                replica.sent += 1
-                yield replication_pb2.ReplicationChunk(offset=offset, data=data, master_end=master_end,
-                                                       master_epoch=self._epoch(), **state)
-                offset += len(data)
+                if await _wait(replica.progress, HEARTBEAT_S):
+                    continue
+                # None for a heartbeat (a slow replica): a chunk without records all the same. A stream
+                # silent for SILENCE_S is one the replica gives up and opens again, and on a connection that
+                # carries no data its keepalive pings count as abuse (gRPC's ping policy: GOAWAY
+                # too_many_pings after two inside the server's keepalive_min_interval_ms).
+                state, data = {}, b""
+            else:
+                appended.clear()
+                # The state changes first: a batch's producer event is published before its records are read.
+                state = feed.take() if feed.pending() else {}
+                data = store.replication_chunk(offset, self._chunk_bytes)
+                if not (data or state) and await _wait(appended, HEARTBEAT_S):
+                    continue  # appended meanwhile: read it
+            master_end = store.commit_log_max_offset
+            replica.catch_up.sent(offset + len(data), master_end, self._clock())
+            replica.sent += 1
+            yield replication_pb2.ReplicationChunk(offset=offset, data=data, master_end=master_end,
+                                                   master_epoch=self._epoch(), **state)
+            offset += len(data)
 
     def metadata(self, topics: TopicConfigManager, groups: SubscriptionGroupManager,
                  offsets: ConsumerOffsetManager, schedule: ScheduleMessageService,
@@ -497,4 +506,4 @@ async def _wait(event: asyncio.Event, timeout_s: float) -> bool:
             await event.wait()
         return True
     except TimeoutError:
-        return False
+        return event.is_set()  # (set in the loop turn the timer fired in)

@@ -147,7 +147,7 @@ class RecordEncoder:
         if body.null_count:
             row = first_row + pc.index(pc.is_null(body), True).as_py()
             raise InvalidArgumentError(f"tidemark sink: row {row} has a null body")
-        if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
+        if not pa.types.is_binary(body.type):  # string, large_string, large_binary (Arrow's large var types)
             body = body.cast(pa.binary())
         body_len = _lengths(body)
         if n and body_len.min() == 0:

@@ -165,7 +165,11 @@ class Producer(BlockingClient):
         self._life.require(ClientState.RUNNING, action="send")
         if self.settings.namespace:
             raise InvalidArgumentError("send_encoded_async takes records of a stored topic name: not with a namespace")
-        check_batch_size(len(data), count, self.settings.max_message_size)
+        try:
+            data = memoryview(data).cast("B")  # (bytes, not items: a view of an array of ints counts its bytes)
+        except TypeError as e:
+            raise InvalidArgumentError(f"send_encoded_async takes a contiguous bytes-like object: {e}") from None
+        check_batch_size(data.nbytes, count, self.settings.max_message_size)
         return self._loop.submit(self._core.send_encoded(topic, data, count, queue=queue, selector=selector, arg=arg,
                                                          first=None, timeout=None))
 

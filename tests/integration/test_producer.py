@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import threading
 
 import pytest
@@ -110,6 +111,11 @@ def test_bad_input_and_lifecycle(broker):
         producer.send(Message("bad topic", b"x"))
     with pytest.raises(TypeError):
         Message("Q1", 12345)
+    # Encoded records are counted in bytes, not in a view's items, and must lie in one piece.
+    with pytest.raises(InvalidArgumentError, match="max_message_size"):
+        producer.send_encoded_async("Q1", memoryview(array.array("q", [0] * 200)), 2)
+    with pytest.raises(InvalidArgumentError, match="contiguous"):
+        producer.send_encoded_async("Q1", memoryview(bytes(4000))[::2], 1)
     producer.shutdown()
     producer.shutdown()
     with pytest.raises(ClientStateError, match="shut down"):

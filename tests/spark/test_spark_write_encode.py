@@ -74,6 +74,18 @@ def test_string_bodies_are_their_utf8_bytes_and_a_sliced_batch_encodes_its_own_r
     assert bodies == [b"bb", b"ccc"]
 
 
+@pytest.mark.parametrize("body_type", [pa.large_binary(), pa.large_string()])
+def test_bodies_of_arrow_s_large_types_encode_as_binary_ones(body_type):
+    """spark.sql.execution.arrow.useLargeVarTypes hands the sink large_binary and large_string columns."""
+    rows = [(b"a" * 5, "k", None), (b"bb", None, "t")]
+    binary = batch_of(rows)
+    large = pa.RecordBatch.from_arrays([binary.column(0).cast(body_type), binary.column(1), binary.column(2)],
+                                       names=["body", "keys", "tags"])
+    data = [record_bytes(*RecordEncoder("T", "", 1024).encode(b, first_row=0), 0, 2) for b in (binary, large)]
+    bodies = [bytes(data[1][a:a + n]) for s, _ in record_spans(data[1]) for *_, a, n in [variable_fields(data[1], s)]]
+    assert bodies == [b"a" * 5, b"bb"]
+
+
 @pytest.mark.parametrize(("rows", "error"), [
     ([(b"x", None, None), (None, None, None)], "row 11 has a null body"),
     ([(b"x", None, None), (b"", None, None)], "row 11: message body must not be empty"),

@@ -18,6 +18,7 @@ import enum
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Coroutine
 from typing import Any, Self, TypeVar
 
@@ -147,6 +148,9 @@ class _LoopCloser:
 
 
 _CLOSER = _LoopCloser()
+# The tasks of blocking calls whose caller gave up (_BlockingCall.cancel): a loop's stop lets them finish
+# their cleanup first (LoopThread._let_cancelled_finish), and no other cancelled task.
+_GIVEN_UP: weakref.WeakSet[asyncio.Task] = weakref.WeakSet()
 
 
 class _BlockingCall:
@@ -193,6 +197,7 @@ class _BlockingCall:
         cancelled (it exists by then, unless its start failed)."""
         def cancel() -> None:
             if self._task is not None:
+                _GIVEN_UP.add(self._task)
                 # A turn later: a task not started yet runs its first step first, into the try that cleans
                 # up after it (a consumer's start closing the connections connect() handed it).
                 loop.call_soon(self._task.cancel)
@@ -250,10 +255,11 @@ class LoopThread:
         CLEANUP_GRACE_S, before every other task is cancelled. Such a task is a call whose caller gave
         up (a start() past its timeout) and which is still in its cleanup, closing the channels and tasks
         it opened: cancelled a second time half-way, it would leave the rest open. The other tasks still
-        run meanwhile, as the cleanup may wait for them. (A turn of the loop first: a cancel that
-        _BlockingCall.cancel deferred may still be waiting in it.)"""
+        run meanwhile, as the cleanup may wait for them. Only such calls: other tasks cancelled and not
+        awaited yet (a producer's late sends) are cancelled with the rest. (A turn of the loop first: a
+        cancel that _BlockingCall.cancel deferred may still be waiting in it.)"""
         loop.run_until_complete(asyncio.sleep(0))
-        cancelled = [t for t in asyncio.all_tasks(loop) if t.cancelling() and not t.done()]
+        cancelled = [t for t in asyncio.all_tasks(loop) if t in _GIVEN_UP and not t.done()]
         if not cancelled:
             return
         _, stuck = loop.run_until_complete(asyncio.wait(cancelled, timeout=self.CLEANUP_GRACE_S))
@@ -377,6 +383,9 @@ class BlockingClient:
         stopping the loop (also when it failed or timed out). Idempotent; a client never started just goes
         to SHUTDOWN; one still starting (start() on another thread) has its start give up, and this returns
         once start() has left it SHUTDOWN. The state shutdown() found."""
+        if self._loop.on_own_thread:  # (a send_async callback): it would wait for itself, and stay STOPPING
+            raise ClientStateError(f"shutdown() of the {self._life.what} cannot run on its own event loop thread "
+                                   f"(a callback): call it from another thread")
         found = self._life.begin_shutdown()
         if found is ClientState.STARTING:
             self._life.wait(ClientState.SHUTDOWN)

@@ -191,6 +191,8 @@ class ConsumerCore:
         members would hand queues over to a client that never reads them, until it expires; a client that
         never sent it has nothing to leave, and asking brokers that did not answer would only wait again),
         close what was opened."""
+        # Each step whatever the one before did (a leave cut short by a second cancel, a close that raised):
+        # a step skipped leaves its streams or threads behind.
         try:
             if self.membership is not None and self.membership.joined:
                 try:
@@ -198,12 +200,16 @@ class ConsumerCore:
                 except TidemarkError as e:
                     log.warning("leaving the group after a failed start failed",
                                 event="consumer_start_abandon_failed", group=self.settings.group, error=e)
-            fetcher = getattr(self, "fetcher", None)
-            if fetcher is not None:
-                await fetcher.close()
-            await self.abandon_parts()
         finally:
-            await self.cluster.close()
+            try:
+                fetcher = getattr(self, "fetcher", None)
+                if fetcher is not None:
+                    await fetcher.close()
+            finally:
+                try:
+                    await self.abandon_parts()
+                finally:
+                    await self.cluster.close()
 
     def _master_moved(self, broker: str, address: str) -> None:
         """Another address serves a broker name (an elected master): the fetcher moves its streams by

@@ -57,6 +57,7 @@ class EarlyConnection:
         which this waits for); ClientStateError unless the consumer is CREATED; the discovery's error (or
         a route's, NotFoundError for a topic no broker has), or RequestTimeoutError after
         2 * request_timeout_s, leaving the consumer as it was."""
+        self._life.require(ClientState.CREATED, action="connect")  # (refused at once beside a start under way)
         with self._connecting:
             self._life.require(ClientState.CREATED, action="connect")
             if self._cluster is None:

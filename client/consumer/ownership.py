@@ -181,7 +181,7 @@ class QueueOwnership:
             return None
         new = lease.successor(offset, reset_generation)
         oq.replace_lease(new)
-        self._hooks.lease_ended(lease)
+        self._lease_ended(lease)
         try:
             self._store.bind(new, offset if record else None)
             await self._hooks.lease_started(new)
@@ -558,7 +558,7 @@ class QueueOwnership:
             self._unlocks.add(oq.mq, None, oq.lock_token)
         oq.transition(QueueState.LOST)
         if lease is not None:
-            self._hooks.lease_ended(lease)
+            self._lease_ended(lease)
         self._forget(oq)
         if tell:
             self._hooks.queue_lost(oq.mq)

@@ -122,3 +122,26 @@ def test_bad_input_and_lifecycle(broker):
         producer.send(Message("Q1", b"x"))
     with pytest.raises(ClientStateError):
         producer.start()
+
+
+def test_shutdown_from_a_send_callback_is_refused_and_leaves_the_producer_running(broker):
+    """A send_async callback runs on the producer's loop thread: a shutdown() there would wait for that
+    thread, and it was left STOPPING for good (every later shutdown() returned at once, nothing closed)."""
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("CB", 1)
+    producer = Producer(brokers=broker.address).start()
+    errors, done = [], threading.Event()
+
+    def callback(result, error):
+        try:
+            producer.shutdown()
+        except ClientStateError as e:
+            errors.append(e)
+        done.set()
+    producer.send_async(Message("CB", b"x"), callback=callback)
+    assert done.wait(10)
+    assert len(errors) == 1 and "own event loop thread" in str(errors[0])
+    assert producer.send(Message("CB", b"still running")).queue_offset >= 0
+    producer.shutdown()
+    with pytest.raises(ClientStateError, match="shut down"):
+        producer.send(Message("CB", b"x"))

@@ -202,3 +202,23 @@ def test_a_lease_ended_hook_that_raises_does_not_leave_the_queue_half_released(c
         await own.stop()
     asyncio.run(scenario())
     assert any("lease_ended failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_lease_ended_hook_that_raises_does_not_keep_a_lost_queue():
+    """lease_ended raised as a fenced lease lost its queue: the entry stayed LOST among the owned ones, and
+    no later rebalance took the queue again (update() counted it as current)."""
+    class EndRaises(Hooks):
+        def lease_ended(self, lease):
+            raise RuntimeError("fetcher closed")
+
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        own = ownership(broker, EndRaises())
+        await own.update("T", {MQ})
+        own.lose_lease(own.get(MQ).lease, "fenced")
+        assert own.get(MQ) is None
+        await own.update("T", {MQ})  # taken again
+        assert own.get(MQ).state is QueueState.PULLING
+        await own.stop()
+    asyncio.run(scenario())

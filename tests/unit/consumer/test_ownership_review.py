@@ -178,14 +178,17 @@ def test_a_broker_that_once_did_not_answer_is_asked_once_more_at_shutdown(monkey
     asyncio.run(scenario())
 
 
+class EndRaises(Hooks):
+    """A lease_ended hook with a defect."""
+
+    def lease_ended(self, lease):
+        raise RuntimeError("fetcher closed")
+
+
 @pytest.mark.parametrize("locking", [True, False])
 def test_a_lease_ended_hook_that_raises_does_not_leave_the_queue_half_released(caplog, locking):
     """lease_ended raised inside the release: the queue stayed RELEASED (or DRAINING) among the owned
     ones, so no later rebalance could take it again, and each one that let it go raised once more."""
-    class EndRaises(Hooks):
-        def lease_ended(self, lease):
-            raise RuntimeError("fetcher closed")
-
     async def scenario():
         broker = ScriptedBroker()
         broker.grant_now = True
@@ -207,10 +210,6 @@ def test_a_lease_ended_hook_that_raises_does_not_leave_the_queue_half_released(c
 def test_a_lease_ended_hook_that_raises_does_not_keep_a_lost_queue():
     """lease_ended raised as a fenced lease lost its queue: the entry stayed LOST among the owned ones, and
     no later rebalance took the queue again (update() counted it as current)."""
-    class EndRaises(Hooks):
-        def lease_ended(self, lease):
-            raise RuntimeError("fetcher closed")
-
     async def scenario():
         broker = ScriptedBroker()
         broker.grant_now = True

@@ -4,6 +4,7 @@ acknowledged is lost, and the old master comes back as a replica of the new one.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.request
 
@@ -150,21 +151,7 @@ def test_a_replica_whose_stream_from_its_master_is_down_answers_no_offset_query(
     commits before its replica reconnected, was killed, and the replica, which clients read from while
     the master is away, answered the offsets it had copied before (484 after the master's 489). A
     controller-mode replica takes no commits, so its copy is current only while its stream runs."""
-    port = free_port()
-    link = FaultProxy(f"127.0.0.1:{port}", name="replica-link")  # the master's address in etcd: the replica's way
-    args = ("--controller", etcd.url, "--controller-lease-s", str(LEASE_S))
-    first = BrokerProcess(tmp_path / "first", port=port, args=(*args, "--advertise-addr", link.address))
-    try:
-        first.start()
-        second = broker_factory(args=args, data_dir=tmp_path / "second")
-        assert status(second.address).master_addr == link.address
-        create_topic(first.address, TOPIC, 1)
-        with Producer(brokers=first.address) as producer:
-            for i in range(10):
-                producer.send(Message(TOPIC, b"m%d" % i))
-        commit(first.address, 7)
-        wait_until(lambda: _committed_or_none(second.address) == 7, 15, "the replica to copy the master's offsets")
-
+    with _master_and_replica_behind_a_link(etcd, broker_factory, tmp_path) as (first, second, link):
         link.refuse(True)
         link.reset()  # the replica's stream ends, and its next ones are refused
         wait_until(lambda: "event=replication_interrupted" in second.log_text(), 15, "the replica's stream to end")
@@ -175,9 +162,6 @@ def test_a_replica_whose_stream_from_its_master_is_down_answers_no_offset_query(
 
         link.refuse(False)
         wait_until(lambda: _committed_or_none(second.address) == 9, 15, "the replica to copy the master's offsets again")
-    finally:
-        first.kill()
-        link.close()
 
 
 def test_a_replica_whose_stream_from_its_master_went_silent_answers_no_offset_query(etcd, broker_factory, tmp_path):
@@ -185,6 +169,22 @@ def test_a_replica_whose_stream_from_its_master_went_silent_answers_no_offset_qu
     itself, so the replica kept answering the copy from before the silence while its master took commits
     (7 after the master's 9). A stream counts as current only while the master's chunks keep coming (one a
     heartbeat at least), and is refused a few heartbeats into the silence."""
+    with _master_and_replica_behind_a_link(etcd, broker_factory, tmp_path) as (first, second, link):
+        link.blackhole(True)  # nothing moves and nothing ends: no reset, no refusal
+        commit(first.address, 9)
+        assert committed(first.address) == 9  # read: no later read may see less
+        wait_until(lambda: _query_refused(second.address), 10, "the replica to refuse queries a few heartbeats in")
+        with pytest.raises(UnavailableError, match="its stream is down or silent"):
+            committed(second.address)
+
+        link.blackhole(False)
+        wait_until(lambda: _committed_or_none(second.address) == 9, 15, "the replica to copy the master's offsets again")
+
+
+@contextlib.contextmanager
+def _master_and_replica_behind_a_link(etcd, broker_factory, tmp_path):
+    """A controller-mode master whose replica reaches it through a fault proxy (the address it advertises in
+    etcd), a topic of 10 messages, and the group's offset 7 committed and copied by the replica."""
     port = free_port()
     link = FaultProxy(f"127.0.0.1:{port}", name="replica-link")  # the master's address in etcd: the replica's way
     args = ("--controller", etcd.url, "--controller-lease-s", str(LEASE_S))
@@ -199,16 +199,7 @@ def test_a_replica_whose_stream_from_its_master_went_silent_answers_no_offset_qu
                 producer.send(Message(TOPIC, b"m%d" % i))
         commit(first.address, 7)
         wait_until(lambda: _committed_or_none(second.address) == 7, 15, "the replica to copy the master's offsets")
-
-        link.blackhole(True)  # nothing moves and nothing ends: no reset, no refusal
-        commit(first.address, 9)
-        assert committed(first.address) == 9  # read: no later read may see less
-        wait_until(lambda: _query_refused(second.address), 10, "the replica to refuse queries a few heartbeats in")
-        with pytest.raises(UnavailableError, match="its stream is down or silent"):
-            committed(second.address)
-
-        link.blackhole(False)
-        wait_until(lambda: _committed_or_none(second.address) == 9, 15, "the replica to copy the master's offsets again")
+        yield first, second, link
     finally:
         first.kill()
         link.close()

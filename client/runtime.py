@@ -382,12 +382,13 @@ class BlockingClient:
         """shutdown(): RUNNING -> STOPPING -> SHUTDOWN, running `_core_stop()` on the loop thread, then
         stopping the loop (also when it failed or timed out). Idempotent; a client never started just goes
         to SHUTDOWN; one still starting (start() on another thread) has its start give up, and this returns
-        once start() has left it SHUTDOWN. The state shutdown() found."""
+        once start() has left it SHUTDOWN; one another thread is stopping, once that stop is over. The
+        state shutdown() found."""
         if self._loop.on_own_thread:  # (a send_async callback): it would wait for itself, and stay STOPPING
             raise ClientStateError(f"shutdown() of the {self._life.what} cannot run on its own event loop thread "
                                    f"(a callback): call it from another thread")
         found = self._life.begin_shutdown()
-        if found is ClientState.STARTING:
+        if found in (ClientState.STARTING, ClientState.STOPPING):  # (another thread stops it)
             self._life.wait(ClientState.SHUTDOWN)
         elif found is ClientState.RUNNING:
             self._stop_running()

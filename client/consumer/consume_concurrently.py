@@ -23,6 +23,7 @@ succeed waits for resume() or for the queue's next owner.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -59,15 +60,38 @@ def for_listener(msg: MessageExt) -> MessageExt:
 SKIPPED = object()
 
 
-def call_listener(listener, msgs: Sequence[MessageExt], context) -> object:
+class _Calling(threading.local):
+    """The lease whose batch this consume thread's listener call runs (None outside a call)."""
+
+    lease: QueueLease | None = None
+
+
+_calling = _Calling()
+
+
+def call_listener(listener, msgs: Sequence[MessageExt], context, lease: QueueLease) -> object:
     """Run a user listener on a consume thread; anything it raises counts as a failure, like RocketMQ's
     catch of Throwable (even SystemExit: on a consume thread there is nobody else to handle it)."""
+    _calling.lease = lease
     try:
         return listener(list(msgs), context)  # a copy: the listener may keep or change its list
     except BaseException:
         log.exception("listener raised, the batch will be retried",
                       event="listener_error", queue=context.message_queue, size=len(msgs))
         return None
+    finally:
+        _calling.lease = None
+
+
+def calling_lease() -> QueueLease | None:
+    """Inside a listener call: the lease of the batch that this consume thread runs (a shutdown() the
+    listener makes lets go of it, see PushConsumer.shutdown); None on any other thread."""
+    return _calling.lease
+
+
+def forget_calling_lease() -> None:
+    """The listener call's batch was let go of: a second shutdown() from it has nothing to let go."""
+    _calling.lease = None
 
 
 def checked_status(result: object, mq: object) -> ConsumeConcurrentlyStatus:
@@ -203,5 +227,5 @@ class ConsumeMessageConcurrentlyService:
             return partial(self._done, lease, batch, SKIPPED, None)
         context = ConsumeConcurrentlyContext(message_queue=lease.mq)
         view = [for_listener(m) for m in batch] if is_retry_topic(lease.mq.topic) else batch
-        result = call_listener(self._listener, view, context)
+        result = call_listener(self._listener, view, context, lease)
         return partial(self._done, lease, batch, result, context)

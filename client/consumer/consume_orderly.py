@@ -122,7 +122,7 @@ class ConsumeMessageOrderlyService:
         if not lease.active or self._suspended():
             return SKIPPED
         view = [for_listener(m) for m in batch] if is_retry_topic(lease.mq.topic) else batch
-        return call_listener(self._listener, view, context)
+        return call_listener(self._listener, view, context, lease)
 
     async def _consume_group(self, lease: QueueLease, group: str) -> None:
         """One group's worker: its batches in offset order until it has none waiting."""

@@ -76,6 +76,7 @@ class ConsumeThreadPool:
         # Orders a thread's decision to park against submit's look at the idle threads.
         self._mutex = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._excused: set[threading.Thread] = set()  # threads shutdown() does not join (excuse())
         self._idle: list[_Parked] = []  # parked threads, the last parked woken first (its cache is warm)
         self._waking = 0  # threads woken or started that have not taken work yet
         self._stopped = False
@@ -197,9 +198,20 @@ class ConsumeThreadPool:
         self._on_drained()
 
     def shutdown(self) -> None:
-        """Stop taking work, let running listeners finish, join the threads (call off the loop or at exit)."""
+        """Stop taking work, let running listeners finish, join the threads (call off the loop or at exit),
+        but those excused."""
         for thread in self.stop():  # (each started: a thread joins _threads once its start succeeded)
-            thread.join()
+            if thread not in self._excused:
+                thread.join()
+
+    def excuse(self, thread: threading.Thread) -> bool:
+        """Whether `thread` is one of the pool's; if so, shutdown() will not wait for it. For a listener
+        that shuts its consumer down: its call ends only after that shutdown, which must not wait for it."""
+        with self._mutex:
+            if thread not in self._threads:
+                return False
+            self._excused.add(thread)
+            return True
 
     def stop(self) -> list[threading.Thread]:
         """Stop taking work and wake the parked threads to end; running listeners end after their call.

@@ -11,11 +11,16 @@ The synchronous PushConsumer runs the core on its own loop thread.
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 from tidemark.client import tracing
 from tidemark.client.consumer.blocking import BlockingConsumer
-from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
+from tidemark.client.consumer.consume_concurrently import (
+    ConsumeMessageConcurrentlyService,
+    calling_lease,
+    forget_calling_lease,
+)
 from tidemark.client.consumer.consume_orderly import ConsumeMessageOrderlyService
 from tidemark.client.consumer.consume_pool import ConsumeThreadPool
 from tidemark.client.consumer.core import ConsumerCore
@@ -123,6 +128,18 @@ class AsyncPushConsumer(ConsumerCore):
             log.warning("listener batches still running at shutdown",
                         event="shutdown_wait_timeout", group=self.settings.group,
                         queues=[str(lease.mq) for lease, done in zip(leases, idle, strict=True) if not done])
+
+    def let_go(self, lease: QueueLease, thread: threading.Thread) -> bool:
+        """Loop thread: a listener on `thread`, one of this consumer's consume threads, shuts the consumer
+        down from inside its call on `lease`. The drains and the pool's shutdown stop waiting for that
+        batch, which ends only once the shutdown has returned: uncommitted, as one that outlived
+        drain_timeout_s. False when `thread` is not this consumer's (a listener of another consumer)."""
+        if not self.pool.excuse(thread):
+            return False
+        lease.batch_finished()
+        log.info("a listener shuts its consumer down: its batch is not waited for",
+                 event="shutdown_from_listener", group=self.settings.group, queue=lease.mq)
+        return True
 
     def _consume_task_died(self, lease: QueueLease, error: BaseException) -> None:
         self.ownership.lose_lease(lease, f"consume task died: {error!r}")
@@ -247,11 +264,30 @@ class PushConsumer(BlockingConsumer):
         return self
 
     def shutdown(self) -> None:
-        """Graceful: queues are drained, committed and released; idempotent. A consumer connected
-        (connect()) and never started only closes its connections; one whose connect() is still under way
-        (on another thread) is shut down, and that connect() closes what it opened; one whose start() is
-        under way (on another thread) has its start given up, and is SHUTDOWN when this returns."""
+        """Graceful: queues are drained, committed and released; idempotent, and SHUTDOWN when it returns,
+        also beside another thread's shutdown(). A consumer connected (connect()) and never started only
+        closes its connections; one whose connect() is still under way (on another thread) is shut down,
+        and that connect() closes what it opened; one whose start() is under way (on another thread) has
+        its start given up.
+
+        A listener may call it from inside its call (consume until something, then stop). Its own batch
+        is then not waited for, since it ends only after this returns: it is not committed, and its
+        messages go to whoever reads the queue next, as those of a batch that outlives drain_timeout_s."""
+        self._let_go_of_caller()
         self._shut_down()
+
+    def _let_go_of_caller(self) -> None:
+        """On a consume thread of this consumer, inside a listener call: that batch is let go of (see
+        shutdown())."""
+        lease, core = calling_lease(), self._core
+        if lease is None or core is None or not self._loop.running:
+            return
+        thread = threading.current_thread()
+        try:
+            if self._loop.call(lambda: core.let_go(lease, thread), timeout=5):
+                forget_calling_lease()
+        except ClientStateError:  # the loop stopped meanwhile: another thread's shutdown is over
+            pass
 
     def _running(self, action: str) -> AsyncPushConsumer:
         self._life.require(ClientState.STARTING, ClientState.RUNNING, action=action)

@@ -263,6 +263,7 @@ class BrokerServer:
             self._metrics_server = None
         self.controller.hold.close()
         if self._server is not None:
+            self.intake.streams.stop()  # they would hold the stop for the whole grace (services/streams.py)
             await self._server.stop(grace_s)
             self._server = None
         if self._data_dir_lock.held:

@@ -53,6 +53,7 @@ from tidemark.broker.auth.guard import AccessGuard
 from tidemark.broker.errors import BrokerError, InvalidArgumentError
 from tidemark.broker.services.access import SUPER_ONLY, Caller, MethodAccess, needs_for
 from tidemark.broker.services.errors import status_for
+from tidemark.broker.services.streams import OpenStreams
 from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.rpc")
@@ -159,8 +160,11 @@ class RequestIntake(grpc.aio.ServerInterceptor):
     """Decode requests inside the call (bad bytes: INVALID_ARGUMENT) and hold them within a byte budget."""
 
     def __init__(self, budget: RequestBudget, guard: AccessGuard | None = None,
-                 refusal_answers: Callable[[str], Callable[[BrokerError], Any] | None] = lambda method: None) -> None:
+                 refusal_answers: Callable[[str], Callable[[BrokerError], Any] | None] = lambda method: None,
+                 streams: OpenStreams | None = None) -> None:
         self.budget = budget
+        # The streams' handlers (coroutines that write) run through it, to end when the broker stops.
+        self.streams = streams if streams is not None else OpenStreams()
         self.guard = guard  # None: authentication and authorization are off
         # method path -> how its calls answer an access refusal in the response (None: they abort)
         self._refusal_answers = refusal_answers
@@ -193,7 +197,7 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                            None if access is None or access.open else access,
                            closed=self.guard is None and needs_for(method) is SUPER_ONLY,
                            refusal=self._refusal_answers(method) if answerable else None)
-        budget = self.budget
+        budget, streams = self.budget, self.streams
         if h.request_streaming:
             inner = h.stream_stream if h.response_streaming else h.stream_unary
 
@@ -204,7 +208,7 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                 caller = await unpack.caller(context)
                 async with contextlib.aclosing(unpack.stream(requests, context, caller)) as stream:
                     try:
-                        return await inner(stream, context)
+                        return await streams.run(inner(stream, context), context)
                     except BrokerError as e:
                         await context.abort(status_for(e), str(e))
 
@@ -244,7 +248,7 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                             request = await unpack.one(raw, context, caller)
                     finally:
                         budget.give(size)
-                    return await inner(request, context)
+                    return await streams.run(inner(request, context), context)
                 try:
                     request = unpack.checked(raw, caller)
                     if request is _FAILED:

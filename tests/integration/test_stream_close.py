@@ -27,6 +27,8 @@ from tidemark.client.consumer.record_reader import RecordReader
 from tidemark.common.records import RecordBatchBuilder, encode_properties
 from tidemark.rmq5.v2 import messaging_pb2 as pb
 from tidemark.v1 import (
+    membership_pb2,
+    membership_pb2_grpc,
     messaging_pb2,
     messaging_pb2_grpc,
     offsets_pb2,
@@ -358,10 +360,19 @@ def test_client_streams_end_quietly_on_the_client_and_the_broker(broker, tmp_pat
 
 
 def test_streams_open_when_the_broker_stops_end_quietly(broker):
-    """A graceful stop under a parked Produce and a parked Fetch ends them without an error logged. (A
-    reader that sees the server stop, grpc.aio's "Server already stopped", is the end of its call too; the
-    controller fault scenario met it once, this test's timing does not reach it.)"""
+    """A graceful stop under a parked Produce, a parked Fetch and a membership watch ends them without an
+    error logged, and at once: each gets UNAVAILABLE "the broker is stopping" (rather than grpc.aio's
+    CANCELLED "Cancelling all calls" once the stop's grace has passed). (A reader that sees the server
+    stop, grpc.aio's "Server already stopped", is the end of its call too; the controller fault scenario
+    met it once, this test's timing does not reach it.)"""
     create_topic(broker.address, TOPIC, 1)
+
+    async def ended(call) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.aio.AioRpcError) as raised:
+            while True:
+                if await call.read() is grpc.aio.EOF:
+                    break
+        return raised.value.code(), raised.value.details()
 
     async def scenario() -> None:
         async with grpc.aio.insecure_channel(broker.address) as channel:
@@ -372,7 +383,15 @@ def test_streams_open_when_the_broker_stops_end_quietly(broker):
             fetch = stub.Fetch()
             await fetch.write(fetch_open(1, 0, 0, credit=1))
             assert (await fetch.read()).records[0].count == 1
-            assert await asyncio.to_thread(broker.stop) == 0
+            watch = membership_pb2_grpc.MembershipServiceStub(channel).WatchConsumerIds(
+                membership_pb2.WatchConsumerIdsRequest(group="watchers", client_id="w1"))
+            await watch.wait_for_connection()
+            stopping = asyncio.create_task(asyncio.to_thread(broker.stop))
+            unavailable = (grpc.StatusCode.UNAVAILABLE, "the broker is stopping")
+            assert await ended(produce) == unavailable
+            assert await ended(fetch) == unavailable
+            assert await ended(watch) == unavailable
+            assert await stopping == 0
     asyncio.run(scenario())
     found = noisy(broker.log_text(), BROKER_NOISE)
     assert found == [], "the broker logged errors for streams open at its stop:\n" + "\n".join(found[:20])

@@ -29,7 +29,7 @@ from tidemark.client.consumer.fetcher import FetchLimits
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.listener import MessageListenerConcurrently, MessageListenerOrderly
 from tidemark.client.consumer.send_back import SendBackService
-from tidemark.client.errors import ClientStateError, InvalidArgumentError
+from tidemark.client.errors import ClientStateError, InvalidArgumentError, RequestTimeoutError
 from tidemark.client.message import MessageExt, MessageQueue
 from tidemark.client.namespacing import Names
 from tidemark.client.runtime import ClientState, Lifecycle, LoopThread
@@ -288,6 +288,9 @@ class PushConsumer(BlockingConsumer):
                 forget_calling_lease()
         except ClientStateError:  # the loop stopped meanwhile: another thread's shutdown is over
             pass
+        except RequestTimeoutError:  # a loop that busy: the shutdown goes on, waiting for the batch
+            log.warning("a listener's shutdown() could not let go of its batch", event="shutdown_let_go_timeout",
+                        group=self.settings.group, queue=lease.mq)
 
     def _running(self, action: str) -> AsyncPushConsumer:
         self._life.require(ClientState.STARTING, ClientState.RUNNING, action=action)

@@ -54,10 +54,8 @@ assert _HEAD.fields["queue_offset"][1] == records.QUEUE_OFFSET_OFFSET
 assert _HEAD.fields["stored"][1] == records.STORE_TS_OFFSET and _HEAD.fields["tags_code"][1] == records.TAGS_OFFSET
 # The header bytes the broker stamps before the commit log: queue id .. store timestamp.
 _STAMPED = slice(records.QUEUE_ID_OFFSET, records.STORE_TS_OFFSET + 8)
-_PHYS_BYTES = np.arange(records.PHYS_OFFSET_OFFSET, records.PHYS_OFFSET_OFFSET + 8)
-_CRC_BYTES = np.arange(records.CRC_OFFSET, records.CRC_OFFSET + 4)
-_STAMPED_BYTES = np.arange(_STAMPED.start, _STAMPED.stop)
 
+_MAGIC = np.frombuffer(records.I32.pack(records.MESSAGE_MAGIC), dtype=np.uint8)
 _NAME_VALUE = ord(records.NAME_VALUE_SEPARATOR)
 _PAIR_END = ord(records.PROPERTY_SEPARATOR)
 _UNIQ = PropertyKey.UNIQ_KEY.encode()
@@ -154,6 +152,14 @@ def _rows(buf: np.ndarray, width: int) -> np.ndarray:
     return np.ndarray((max(len(buf) - width + 1, 0), width), dtype=np.uint8, buffer=buf, strides=(1, 1))
 
 
+def _runs(buf: np.ndarray, dtype: np.dtype | str) -> np.ndarray:
+    """The item of `dtype` at every position of buf, one per start position (a view: nothing is copied);
+    runs[positions] reads the items at those positions in one call, and runs[positions] = items writes
+    them. (Three times as fast as _rows for the same bytes: one item per position, not `width` bytes.)"""
+    dtype = np.dtype(dtype)  # (not a structured one: numpy copies those field by field)
+    return np.ndarray((max(len(buf) - dtype.itemsize + 1, 0),), dtype=dtype, buffer=buf, strides=(1,))
+
+
 _all = np.logical_and.reduce
 _min = np.minimum.reduce
 _max = np.maximum.reduce
@@ -177,6 +183,9 @@ def _walk(data: bytes | bytearray, count: int) -> np.ndarray:
     positions)."""
     if count > len(data) // records.MIN_RECORD_SIZE:
         raise _Unfit  # (also bounds the walk below)
+    bounds = _walk_by_magic(data, count)
+    if bounds is not None:
+        return bounds
     bounds = [0] * (count + 1)
     unpack = records.I32.unpack_from
     pos = 0
@@ -187,6 +196,41 @@ def _walk(data: bytes | bytearray, count: int) -> np.ndarray:
     except struct.error:
         raise _Unfit from None
     return np.array(bounds, dtype=np.int64)
+
+
+def _walk_by_magic(data: bytes | bytearray, count: int) -> np.ndarray | None:
+    """_walk's answer without a Python step per record, when it can be had: None when not (then the walk
+    goes record by record).
+
+    Every record has the magic number at byte 4, so every start is among the positions p with the magic
+    at p + 4: found with one byte comparison over the batch (the 8-byte words that hold a hit are found
+    first, so only they are looked into: numpy's nonzero over a byte each costs 5 times the comparison).
+    If those positions are exactly a chain, the first at 0 and each the one before plus its size field,
+    they are what the walk from 0 would find, and its last bound is the last one plus its size. A body
+    that holds the magic's bytes adds a position out of the chain, and the walk goes record by record.
+    (Over 2,048 sink records of 360 bytes: about 20 ns a record, the walk 70.)"""
+    if count < 1:
+        return None
+    buf = np.frombuffer(data, dtype=np.uint8)
+    n = len(buf) - 4  # the magic's first byte for a start p is at p + 4
+    hits = np.empty(-(-n // 8) * 8, dtype=np.bool_)
+    np.equal(buf[4:], _MAGIC[0], out=hits[:n])
+    hits[n:] = False
+    words = hits.view(np.uint64)
+    held = np.flatnonzero(words != 0)
+    if len(held) > 2 * count:  # (bodies full of the magic's first byte: not worth following)
+        return None
+    within = np.flatnonzero(words[held].view(np.bool_))
+    at = held[within >> 3] * 8 + (within & 7)
+    at = at[at <= len(buf) - 8]  # (the whole magic, and the size before it, inside the batch)
+    ints = _runs(buf, ">i4")
+    at = at[ints[at + 4] == records.MESSAGE_MAGIC]
+    if len(at) != count or at[0] != 0:
+        return None
+    ends = at + ints[at]
+    if not _all(ends[:-1] == at[1:]):
+        return None
+    return np.append(at, ends[-1])
 
 
 def _check_bulk(data: bytes | bytearray, count: int, topic: bytes, max_message_size: int,
@@ -211,12 +255,12 @@ def _check_bulk(data: bytes | bytearray, count: int, topic: bytes, max_message_s
     _require(smallest >= width + 4)  # room for the prefix and every length field in each record
     starts, ends = bounds[:-1], bounds[1:]
     buf = np.frombuffer(data, dtype=np.uint8)
-    head = _rows(buf, width)[starts].view(layout).reshape(-1)
+    head = _runs(buf, f"V{width}")[starts].view(layout)  # (gathered as raw bytes: 15 times as fast)
     props_len = head["props_len"].astype(np.int64)
     props_at = starts + width
     body_len_at = props_at + props_len
     # (read where it cannot be when the properties run past the record: the sum below is then too big)
-    body_len = _rows(buf, 4)[np.minimum(body_len_at, len(buf) - 4)].view(">u4").reshape(-1).astype(np.int64)
+    body_len = _runs(buf, ">u4")[np.minimum(body_len_at, len(buf) - 4)].astype(np.int64)
     ok = head["prefix"] == np.void(prefix)
     ok &= head["magic"] == records.MESSAGE_MAGIC
     ok &= head["born"] >= 0
@@ -297,11 +341,11 @@ def _has_key(joined: np.ndarray, pair_at: np.ndarray, seps: np.ndarray, key: byt
     if len(joined) < len(key):
         return np.zeros(len(pair_at), dtype=bool)
     # (a pair too near the end to hold the key is read from further back: its length differs anyway)
-    runs = _rows(joined, len(key))[np.minimum(pair_at, len(joined) - len(key))]
+    at = np.minimum(pair_at, len(joined) - len(key))
     if len(key) in (1, 2, 4, 8):
-        same = runs.view(f"<u{len(key)}").reshape(-1) == int.from_bytes(key, "little")
+        same = _runs(joined, f"<u{len(key)}")[at] == int.from_bytes(key, "little")
     else:
-        same = (runs == np.frombuffer(key, np.uint8)).all(axis=1)
+        same = _runs(joined, f"V{len(key)}")[at] == np.void(key)
     return same & (seps - pair_at == len(key))
 
 
@@ -368,15 +412,15 @@ def stamp(buf: bytearray, checked: Checked | records.CheckedBatch, queue_id: int
     head["stored"] = store_timestamp
     raw = head.view(np.uint8).reshape(len(head), head.dtype.itemsize)
     target = np.frombuffer(buf, dtype=np.uint8)
-    target[checked.starts[:, None] + _STAMPED_BYTES] = raw[:, _STAMPED]
+    _runs(target, f"V{_STAMPED.stop - _STAMPED.start}")[checked.starts + _STAMPED.start] = (
+        raw[:, _STAMPED].copy().view(f"V{_STAMPED.stop - _STAMPED.start}").reshape(-1))
     return codec.EncodedBatch(buf, checked.sizes, checked.starts)
 
 
 def seal_all(buf: bytearray, starts: np.ndarray, sizes: np.ndarray, positions: np.ndarray) -> None:
     """records.seal for every record: its physical offset, then its CRC, in place."""
     target = np.frombuffer(buf, dtype=np.uint8)
-    n = len(starts)
-    target[starts[:, None] + _PHYS_BYTES] = positions.astype(">i8").view(np.uint8).reshape(n, 8)
+    _runs(target, ">i8")[starts + records.PHYS_OFFSET_OFFSET] = positions
     view = memoryview(buf)
     crcs = [crc32(view[a:b]) for a, b in zip((starts + 12).tolist(), (starts + sizes).tolist(), strict=True)]
-    target[starts[:, None] + _CRC_BYTES] = np.array(crcs, dtype=">u4").view(np.uint8).reshape(n, 4)
+    _runs(target, ">u4")[starts + records.CRC_OFFSET] = crcs

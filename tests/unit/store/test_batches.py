@@ -199,6 +199,30 @@ def test_a_small_batch_gets_the_per_record_checks_answer_as_it_is():
     assert type(batches.check_batch(raw + bytes(_builder(1, N).buffer), N, topic="T", **LIMITS)) is batches.Checked
 
 
+def test_the_walk_by_magic_finds_the_size_walks_starts_or_leaves_the_walk_to_it():
+    """The records' starts found by their magic are taken only when they are exactly the size fields' chain:
+    a body holding a record's first bytes (a size, the magic) is not a start, and the walk goes record by
+    record; so is a batch in which as many bodies hold the magic as records have lost theirs."""
+    builder = _builder(N, 0)
+    clean = bytes(builder.buffer)
+    assert batches._walk_by_magic(clean, N).tolist() == _walked(clean)
+    builder.append(struct.pack(">ii", 40, records.MESSAGE_MAGIC), records.encode_properties(
+        {"UNIQ_KEY": "IDX", "TAGS": "t"}), tags_code=zlib.crc32(b"t"), born_timestamp=1)
+    decoy = bytes(builder.buffer)
+    assert batches._walk_by_magic(decoy, N + 1) is None
+    assert batches._walk(decoy, N + 1).tolist() == _walked(decoy)
+    assert _bulk(decoy, N + 1) == _per_record(decoy, N + 1)
+    lost = bytearray(decoy)
+    struct.pack_into(">i", lost, _walked(decoy)[5] + 4, 7)  # one magic less, one in a body: as many as records
+    assert batches._walk_by_magic(bytes(lost), N + 1) is None
+    assert batches._walk(bytes(lost), N + 1).tolist() == _walked(decoy)
+    assert _bulk(bytes(lost), N + 1) == _per_record(bytes(lost), N + 1) == "record 5 of the batch: bad magic 0x7"
+
+
+def _walked(data: bytes) -> list[int]:
+    return [start for start, _ in records.record_spans(data)] + [len(data)]
+
+
 def test_msg_ids_decode_on_demand():
     raw, n = bytes(_builder(N + 2, 0).buffer), N + 2
     checked = batches.check_batch(raw, n, topic="T", **LIMITS)

@@ -203,20 +203,34 @@ def test_the_walk_by_magic_finds_the_size_walks_starts_or_leaves_the_walk_to_it(
     """The records' starts found by their magic are taken only when they are exactly the size fields' chain:
     a body holding a record's first bytes (a size, the magic) is not a start, and the walk goes record by
     record; so is a batch in which as many bodies hold the magic as records have lost theirs."""
-    builder = _builder(N, 0)
+    n = batches._MAGIC_WALK_MIN  # (fewer records are walked one by one)
+    builder = _builder(n, 0)
     clean = bytes(builder.buffer)
-    assert batches._walk_by_magic(clean, N).tolist() == _walked(clean)
+    assert batches._walk_by_magic(clean, n).tolist() == _walked(clean)
     builder.append(struct.pack(">ii", 40, records.MESSAGE_MAGIC), records.encode_properties(
         {"UNIQ_KEY": "IDX", "TAGS": "t"}), tags_code=zlib.crc32(b"t"), born_timestamp=1)
     decoy = bytes(builder.buffer)
-    assert batches._walk_by_magic(decoy, N + 1) is None
-    assert batches._walk(decoy, N + 1).tolist() == _walked(decoy)
-    assert _bulk(decoy, N + 1) == _per_record(decoy, N + 1)
+    assert batches._walk_by_magic(decoy, n + 1) is None
+    assert batches._walk(decoy, n + 1).tolist() == _walked(decoy)
+    assert _bulk(decoy, n + 1) == _per_record(decoy, n + 1)
     lost = bytearray(decoy)
     struct.pack_into(">i", lost, _walked(decoy)[5] + 4, 7)  # one magic less, one in a body: as many as records
-    assert batches._walk_by_magic(bytes(lost), N + 1) is None
-    assert batches._walk(bytes(lost), N + 1).tolist() == _walked(decoy)
-    assert _bulk(bytes(lost), N + 1) == _per_record(bytes(lost), N + 1) == "record 5 of the batch: bad magic 0x7"
+    assert batches._walk_by_magic(bytes(lost), n + 1) is None
+    assert batches._walk(bytes(lost), n + 1).tolist() == _walked(decoy)
+    assert _bulk(bytes(lost), n + 1) == _per_record(bytes(lost), n + 1) == "record 5 of the batch: bad magic 0x7"
+
+
+@settings(max_examples=50, deadline=None)
+@given(batch())
+def test_the_walk_by_magic_over_many_records_is_the_size_walk_or_nothing(drawn):
+    """Batches of drawn records (bodies holding the magic's bytes among them), repeated to the walk by
+    magic's size: it finds the size walk's starts or leaves the walk to it, and the check's verdict stands."""
+    data, n = drawn
+    copies = -(-batches._MAGIC_WALK_MIN // n)
+    data, n = data * copies, n * copies
+    found = batches._walk_by_magic(data, n)
+    assert found is None or found.tolist() == _walked(data)
+    assert _bulk(data, n) == _per_record(data, n)
 
 
 def _walked(data: bytes) -> list[int]:

@@ -76,7 +76,11 @@ class ConsumeThreadPool:
         # Orders a thread's decision to park against submit's look at the idle threads.
         self._mutex = threading.Lock()
         self._threads: list[threading.Thread] = []
-        self._excused: set[threading.Thread] = set()  # threads shutdown() does not join (excuse())
+        self._excused: set[threading.Thread] = set()  # threads shutdown() does not wait for (excuse())
+        self._ended: set[threading.Thread] = set()  # threads whose work loop returned
+        # Notified as a thread ends or is excused: what shutdown() waits on (a join could not be interrupted
+        # by an excuse that comes while it waits).
+        self._exits = threading.Condition()
         self._idle: list[_Parked] = []  # parked threads, the last parked woken first (its cache is warm)
         self._waking = 0  # threads woken or started that have not taken work yet
         self._stopped = False
@@ -97,7 +101,7 @@ class ConsumeThreadPool:
         tasks, besides those already busy and those already on their way: a fast listener is served by a
         thread or two taking task after task (no wake-up per message, little GIL contention), a slow one
         gets more threads as its backlog grows, and a listener stuck in a call keeps queued work from a
-        free thread for COLLECT_S at most (see _worker).
+        free thread for COLLECT_S at most (see _serve).
 
         Their completions are collected: the loop takes them when it comes by COLLECT_S later, instead of
         being woken for each task that finishes (below full speed a frame holds a message or two, and a
@@ -199,19 +203,28 @@ class ConsumeThreadPool:
 
     def shutdown(self) -> None:
         """Stop taking work, let running listeners finish, join the threads (call off the loop or at exit),
-        but those excused."""
-        for thread in self.stop():  # (each started: a thread joins _threads once its start succeeded)
-            if thread not in self._excused:
-                thread.join()
+        but those excused, also while it waits already: a listener may shut its consumer down from its call
+        when another thread's shutdown is at this wait, which must then stop waiting for it."""
+        threads = self.stop()  # (each started: a thread joins _threads once its start succeeded)
+        with self._exits:
+            self._exits.wait_for(lambda: all(t in self._ended or t in self._excused for t in threads))
+        for thread in threads:
+            if thread in self._ended:
+                thread.join()  # (its last steps)
 
     def excuse(self, thread: threading.Thread) -> bool:
         """Whether `thread` is one of the pool's; if so, shutdown() will not wait for it. For a listener
-        that shuts its consumer down: its call ends only after that shutdown, which must not wait for it."""
+        that shuts its consumer down: its call ends only after that shutdown, which must not wait for it.
+        Once per thread: False when excused already (the lease stopped counting its batch then)."""
         with self._mutex:
             if thread not in self._threads:
                 return False
+        with self._exits:
+            if thread in self._excused:
+                return False
             self._excused.add(thread)
-            return True
+            self._exits.notify_all()
+        return True
 
     def stop(self) -> list[threading.Thread]:
         """Stop taking work and wake the parked threads to end; running listeners end after their call.
@@ -229,6 +242,14 @@ class ConsumeThreadPool:
     # -- consume threads ---------------------------------------------------------------------
 
     def _worker(self) -> None:
+        try:
+            self._serve()
+        finally:
+            with self._exits:
+                self._ended.add(threading.current_thread())
+                self._exits.notify_all()
+
+    def _serve(self) -> None:
         work, mutex, done, parked = self._work, self._mutex, self._done, _Parked()
         on_way = True  # woken or started by a hand-off, counted in _waking until it takes work or parks
         while True:

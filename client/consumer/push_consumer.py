@@ -133,7 +133,8 @@ class AsyncPushConsumer(ConsumerCore):
         """Loop thread: a listener on `thread`, one of this consumer's consume threads, shuts the consumer
         down from inside its call on `lease`. The drains and the pool's shutdown stop waiting for that
         batch, which ends only once the shutdown has returned: uncommitted, as one that outlived
-        drain_timeout_s. False when `thread` is not this consumer's (a listener of another consumer)."""
+        drain_timeout_s. False when `thread` is not this consumer's (a listener of another consumer), or
+        was let go of already (a second shutdown() after one whose call to the loop timed out, but ran)."""
         if not self.pool.excuse(thread):
             return False
         lease.batch_finished()

@@ -141,3 +141,36 @@ def test_a_second_shutdown_returns_once_the_first_is_over(broker):
     first.join(60)
     assert returned.wait(30), "the second shutdown() did not return once the first was over"
     assert after == [ClientState.SHUTDOWN]
+
+
+def test_a_listener_shuts_down_its_consumer_whose_stop_already_waits_for_the_listener(broker):
+    """A shutdown() under way on another thread has reached the consume pool's join of the threads (no
+    locks, no await_termination: it does not wait for the batches first) while a listener is in its call;
+    the listener then shuts the consumer down too (a main thread's stop and a listener's "consume until
+    something" meeting). Both return: the join does not wait for the thread whose listener waits for it."""
+    create_topic(broker.address, "Joined", 1)
+    entered, release = threading.Event(), threading.Event()
+    returned: list[ClientState] = []
+    consumer: PushConsumer | None = None
+
+    def listener(msgs, context):
+        entered.set()
+        release.wait(60)
+        consumer.shutdown()
+        returned.append(consumer.state)
+        return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+    consumer = consumer_for(broker.address, "joiners", "Joined", listener, orderly=False, queue_locking=False)
+    consumer.start()
+    pool = consumer._core.pool
+    first = threading.Thread(target=consumer.shutdown, name="first-shutdown")
+    try:
+        produce(broker.address, "Joined", 1)
+        assert entered.wait(30), "the listener never ran"
+        first.start()
+        wait_until(lambda: pool._stopped, 30, "the first shutdown at the pool's join")
+    finally:
+        release.set()
+    first.join(DRAIN_TIMEOUT_S)
+    assert not first.is_alive(), "the first shutdown() waited for the listener that waited for it"
+    wait_until(lambda: returned, 30, "the listener's shutdown() returned")
+    assert returned == [ClientState.SHUTDOWN]

@@ -2,8 +2,10 @@
 
 `records.check_batch` states the rules of a record batch one record at a time,
 in Python (about 2 us a record). Here the same rules are applied to every
-record of a batch at once: one walk over the size fields (the only step per
-record, ~60 ns), then magic, sizes, topic, timestamps and size limits compared
+record of a batch at once: the records' starts found by their magic numbers
+and checked against their size fields (in a batch of 256 records or more; in a
+smaller one a walk over the size fields, a step per record of ~70 ns), then
+magic, sizes, topic, timestamps and size limits compared
 over the gathered headers; the property sections laid end to end and checked
 as one string (UTF-8, the "key\\x01value\\x02" pairs, found by their separator
 bytes); UNIQ_KEY and TAGS found among the pairs' keys, the tags code compared
@@ -16,7 +18,8 @@ holds them to it on random and corrupted batches).
 Stamping is whole-batch too: queue id, queue offsets and store time go into
 the gathered headers and back into the buffer with one scatter, and the commit
 log's physical offsets and CRCs with two more (the CRCs themselves are one
-zlib call per record: a record's CRC covers fields the broker writes).
+ISA-L call per record, the one Python step per record left, ~90 ns: a record's
+CRC covers fields the broker writes).
 
 Batches of fewer than BULK_MIN records take the per-record path, which costs
 less than numpy's fixed overhead there (a send at low load is a batch of one).

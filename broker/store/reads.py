@@ -172,19 +172,24 @@ def read_records(queue: ConsumeQueue | None, commitlog: CommitLog, offset: int, 
         scanned = len(entries)
         if not scanned:
             break
-        end = pos + scanned
-        keep = entries["phys"] >= commit_log_min
-        if codes is not None:
-            keep &= np.isin(entries["tags"], codes)
-        chosen = np.flatnonzero(keep)
-        took, refused = _fitting(entries["size"][chosen], planned, nbytes, max_count, max_bytes)
-        if refused:
-            full = True
-            end = pos + int(chosen[took])  # the first record not taken
-        phys = entries["phys"][chosen[:took]].tolist()
-        sizes = entries["size"][chosen[:took]].tolist()
+        if codes is None and scanned < _SCALAR_RUNS:  # (a round's read: a few records; numpy's calls cost more)
+            cut, phys, sizes = _fitting_rows(entries.tolist(), commit_log_min, planned, nbytes, max_count, max_bytes)
+            took, refused = len(phys), cut < scanned
+            bounds = _row_run_bounds(phys, sizes)
+        else:
+            keep = entries["phys"] >= commit_log_min
+            if codes is not None:
+                keep &= np.isin(entries["tags"], codes)
+            chosen = np.flatnonzero(keep)
+            took, refused = _fitting(entries["size"][chosen], planned, nbytes, max_count, max_bytes)
+            cut = int(chosen[took]) if refused else scanned  # the first record not taken
+            taken_phys, taken_sizes = entries["phys"][chosen[:took]], entries["size"][chosen[:took]]
+            phys, sizes = taken_phys.tolist(), taken_sizes.tolist()
+            bounds = _run_bounds(taken_phys, taken_sizes)
+        end = pos + cut
+        full = refused
         # Runs of records lying back to back, each one pread (the first may continue the last batch's run).
-        for a, b in _run_bounds(entries["phys"][chosen[:took]], entries["size"][chosen[:took]]):
+        for a, b in bounds:
             if a or phys[0] != run_end:
                 if run_sizes:
                     data, ok = commitlog.read_run(run_start, run_sizes)
@@ -224,17 +229,43 @@ def _fitting(sizes: np.ndarray, planned: int, nbytes: int, max_count: int, max_b
     return (first, True) if refused[first] else (n, False)
 
 
+def _fitting_rows(rows: list[tuple[int, int, int]], commit_log_min: int, planned: int, nbytes: int, max_count: int,
+                  max_bytes: int) -> tuple[int, list[int], list[int]]:
+    """_fitting over a few consume-queue entries as Python tuples (phys, size, tags), skipping those whose
+    bytes retention deleted: the index of the first entry refused (len(rows) if none was), and the commit-log
+    positions and sizes of the records taken. The same rule as _fitting, without a numpy call (each costs
+    more than this loop over the 4 records of a round)."""
+    phys: list[int] = []
+    sizes: list[int] = []
+    held = planned
+    for i, (p, size, _) in enumerate(rows):
+        if p < commit_log_min:
+            continue
+        if held and (held >= max_count or nbytes + size > max_bytes):
+            return i, phys, sizes
+        phys.append(p)
+        sizes.append(size)
+        held += 1
+        nbytes += size
+    return len(rows), phys, sizes
+
+
+def _row_run_bounds(p: list[int], z: list[int]) -> list[tuple[int, int]]:
+    """_run_bounds of positions and sizes as lists."""
+    n = len(p)
+    bounds, a = [], 0
+    for i in range(1, n):
+        if p[i] != p[i - 1] + z[i - 1]:
+            bounds.append((a, i))
+            a = i
+    return [*bounds, (a, n)] if n else []
+
+
 def _run_bounds(phys: np.ndarray, sizes: np.ndarray) -> list[tuple[int, int]]:
     """[a, b) of each run of records lying back to back (phys[i] + sizes[i] == phys[i + 1])."""
     n = len(phys)
     if n < _SCALAR_RUNS:
-        bounds, a = [], 0
-        p, z = phys.tolist(), sizes.tolist()
-        for i in range(1, n):
-            if p[i] != p[i - 1] + z[i - 1]:
-                bounds.append((a, i))
-                a = i
-        return [*bounds, (a, n)] if n else []
+        return _row_run_bounds(phys.tolist(), sizes.tolist())
     cuts = [0, *(np.flatnonzero(phys[1:] != phys[:-1] + sizes[:-1]) + 1).tolist(), n]
     return list(itertools.pairwise(cuts))
 

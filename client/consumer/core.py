@@ -166,15 +166,22 @@ class ConsumerCore:
         # NotFoundError for an unknown topic), then the first heartbeat, which
         # is the join (the group's members hear of this client and start handing queues over; the broker
         # creates the group's config and retry topic, so it goes only once every topic is known to exist);
-        # meanwhile the offsets file and the fetch streams (open before any queue is ours: the first lock
-        # grant's queue is read with one frame on a stream already there). A start that fails after the
-        # heartbeat leaves the group again (_abandon).
+        # meanwhile the offsets file. A start that fails after the heartbeat leaves the group again
+        # (_abandon).
+        # The join leaves first: after connect() the routes are known (no call, no loop turn), and the
+        # fetch streams are opened only once the heartbeat is answered. Opened beside it, as they were, their
+        # setup went ahead of the heartbeat in this loop (it left 1.3 ms after start() on an idle machine,
+        # 0.8 now) and, opened just after it, their setup delayed its handling at the broker
+        # (docs/benchmarks.md, "Fifth pass"). They are still open before any queue is ours (the first
+        # rebalance follows): the first lock grant's queue is read with one frame on a stream already there.
         async def routes_then_join() -> None:
-            await asyncio.gather(*(self.cluster.route(topic) for topic in user_topics))
+            if not all(self.cluster.route_known(topic) for topic in user_topics):
+                await asyncio.gather(*(self.cluster.route(topic) for topic in user_topics))
             if assigned is None:
                 await self.membership.heartbeat()
+            await self.fetcher.prepare()
 
-        steps = [self.cluster.discover(), routes_then_join(), self.offset_store.load(), self.fetcher.prepare()]
+        steps = [routes_then_join(), self.cluster.discover(), self.offset_store.load()]
         for outcome in await asyncio.gather(*steps, return_exceptions=True):
             if isinstance(outcome, BaseException):
                 raise outcome

@@ -475,6 +475,11 @@ class BrokerCluster:
         names = self._by_name or await self.discover()
         return next(iter(names.values()))
 
+    def route_known(self, topic: str) -> bool:
+        """Whether route(topic) would answer from the cache now (read within the route TTL), without a call."""
+        cached = self._routes.get(topic)
+        return cached is not None and time.monotonic() - cached[0] < self._route_ttl
+
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         cached = self._routes.get(topic)
         if cached is not None and not refresh and time.monotonic() - cached[0] < self._route_ttl:

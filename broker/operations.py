@@ -166,8 +166,7 @@ class Operations:
                                            for m, s in zip(messages, sent, strict=False)], begun, time.time_ns())
         metrics = b.metrics
         metrics.send_latency.observe(time.perf_counter() - started)
-        metrics.messages_in.labels(topic).inc(len(sent))
-        metrics.bytes_in.labels(topic).inc(sum(s.put.store_size for s in sent))
+        metrics.stored(topic, len(sent), sum(s.put.store_size for s in sent))
         return sent
 
     async def send_groups(self, topic: str, groups: Sequence[tuple[str, Sequence[OutgoingMessage]]]) -> GroupsSent:
@@ -184,8 +183,7 @@ class Operations:
         metrics = b.metrics
         metrics.send_latency.observe(time.perf_counter() - started)
         stored = [s for group in result.sent for s in group]
-        metrics.messages_in.labels(topic).inc(len(stored))
-        metrics.bytes_in.labels(topic).inc(sum(s.put.store_size for s in stored))
+        metrics.stored(topic, len(stored), sum(s.put.store_size for s in stored))
         return result
 
     def append(self, topic: str, queue_id: int, records: bytes, count: int,
@@ -203,8 +201,7 @@ class Operations:
         if put.duplicate:
             metrics.duplicate_batches.inc()
         else:
-            metrics.messages_in.labels(topic).inc(count)
-            metrics.bytes_in.labels(topic).inc(len(records))  # stored as they came
+            metrics.stored(topic, count, len(records))  # bytes as they came, as stored
         if b.sender.acknowledges_at_once and not b.configs_dirty:
             metrics.send_latency.observe(time.perf_counter() - started)
             return Appended(put, None)
@@ -269,8 +266,7 @@ class Operations:
         for part in frame.records:
             size += len(part.data)
             if part.count:
-                metrics.messages_out.labels(part.topic).inc(part.count)
-                metrics.bytes_out.labels(part.topic, part.group).inc(len(part.data))
+                metrics.served(part.topic, part.group, part.count, len(part.data))
                 now = now or self.broker.clock_ms()
                 self.deliveries.record(part.topic, part.queue_id, part.group, part.client_id, part.first_offset,
                                        part.next_offset, now)
@@ -449,6 +445,4 @@ class Operations:
 
     def _delivered(self, topic: str, group: str, messages: Sequence[StoredMessage]) -> None:
         if messages:
-            metrics = self.broker.metrics
-            metrics.messages_out.labels(topic).inc(len(messages))
-            metrics.bytes_out.labels(topic, group).inc(sum(m.store_size for m in messages))
+            self.broker.metrics.served(topic, group, len(messages), sum(m.store_size for m in messages))

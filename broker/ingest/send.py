@@ -299,7 +299,8 @@ class SendService:
                 f"queue id {queue_id} is out of range for topic {topic.name!r} "
                 f"(write queues 0..{topic.write_queue_nums - 1})")
         if sequence is not None:
-            decision = self._producers.check(sequence, topic.name, queue_id, count, first_msg_id(data))
+            decision = self._producers.check(sequence, topic.name, queue_id, count,
+                                             functools.partial(first_msg_id, data))  # (read if a duplicate)
             if decision.verdict is Verdict.DUPLICATE:
                 # Stored before (its first answer may have been an unknown outcome): answered, never refused.
                 return RecordsPut(decision.first_offset, [], 0, self._store.commit_log_max_offset, duplicate=True)

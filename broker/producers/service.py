@@ -151,7 +151,8 @@ class IdempotenceService:
             raise StoreError(f"producer id not given out: the producer journal cannot be written "
                              f"({e.strerror or e})") from None
 
-    def check(self, seq: BatchSequence, topic: str, queue_id: int, count: int, first_msg_id: str = "") -> Decision:
+    def check(self, seq: BatchSequence, topic: str, queue_id: int, count: int,
+              first_msg_id: str | Callable[[], str] = "") -> Decision:
         try:
             return self.table.check(seq.producer_id, seq.epoch, topic, queue_id, seq.base_seq, count, first_msg_id)
         except SequenceGapError as e:

@@ -206,13 +206,15 @@ class ProducerTable:
         return self._last_id
 
     def check(self, producer_id: int, epoch: int, topic: str, queue_id: int, base_seq: int,
-              count: int, first_msg_id: str = "") -> Decision:
+              count: int, first_msg_id: str | Callable[[], str] = "") -> Decision:
         """What a batch is (APPEND or DUPLICATE), or the error that refuses it. Changes nothing.
 
         A duplicate of an unkeyed producer must also start with the stored batch's message id: a retry
         carries the same messages, so another id means the producer reused a sequence for another
         batch, and answering it as a duplicate would acknowledge messages that were never stored. (A
-        keyed producer's replay, a restarted Spark task, carries the same rows under new ids.)"""
+        keyed producer's replay, a restarted Spark task, carries the same rows under new ids.) The id
+        may come as a function that reads it: only a possible duplicate needs it, and reading it out of
+        the batch is a few us of every append's."""
         if not (type(epoch) is int and 0 <= epoch <= _MAX_INT64):  # (the common case without a call)
             _check_int("epoch", epoch)
         if not (type(base_seq) is int and 0 <= base_seq <= _MAX_INT64):
@@ -239,11 +241,11 @@ class ProducerTable:
         if last <= state.last_seq:
             for batch in state.recent:
                 if batch.base_seq == base_seq and batch.count == count:
-                    if (not producer.key and first_msg_id and batch.first_msg_id
-                            and first_msg_id != batch.first_msg_id):
+                    mine = first_msg_id() if callable(first_msg_id) else first_msg_id
+                    if not producer.key and mine and batch.first_msg_id and mine != batch.first_msg_id:
                         raise OutOfOrderSequenceError(
                             f"producer {producer_id} on {topic}:{queue_id}: sequences {base_seq}..{last} hold "
-                            f"another batch (first message {batch.first_msg_id}, this one {first_msg_id}); "
+                            f"another batch (first message {batch.first_msg_id}, this one {mine}); "
                             f"nothing stored")
                     return Decision(Verdict.DUPLICATE, batch.first_offset)
             if base_seq > state.last_seq - _window_span(state):

@@ -253,6 +253,13 @@ class BrokerServer:
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING if ok
                                    else health_pb2.HealthCheckResponse.NOT_SERVING)
 
+    async def _settled(self) -> None:
+        """What a stop waits for before it cuts the replicas' streams: the sends waiting for the disk or a
+        replica are answered, and the replicas hold the log's end."""
+        await self.controller.sender.settled()
+        if self.controller.replication is not None:
+            await self.controller.replication.wait_replicas_hold_all()
+
     async def stop(self, grace_s: float = 3.0) -> None:
         """Stop accepting calls, let in-flight ones finish (bounded), then flush offsets and store."""
         self._serving = False
@@ -263,7 +270,8 @@ class BrokerServer:
             self._metrics_server = None
         self.controller.hold.close()
         if self._server is not None:
-            self.intake.streams.stop()  # they would hold the stop for the whole grace (services/streams.py)
+            # Before the server's stop, whose grace they would hold to its end (services/streams.py).
+            await self.intake.streams.stop(self._settled, grace_s)
             await self._server.stop(grace_s)
             self._server = None
         if self._data_dir_lock.held:

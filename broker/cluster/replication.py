@@ -141,7 +141,7 @@ class ReplicationSource:
         self._appended: set[asyncio.Event] = set()  # one per open stream, set on every append
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._feeds: set[_Feed] = set()  # one per open stream
-        self._acked: set[asyncio.Event] = set()  # set on every acknowledgement (wait_holds_all)
+        self._acked: set[asyncio.Event] = set()  # set on every acknowledgement or change of replicas (_until_acked)
         self._producers: IdempotenceService | None = None
         self._offsets: ConsumerOffsetManager | None = None
         # What `min_replicas` replicas acknowledged, as _replicated_end says (None: no replica since start),
@@ -295,16 +295,27 @@ class ReplicationSource:
 
     async def wait_holds_all(self, broker_id: int, timeout_s: float) -> bool:
         """Until `holds_all(broker_id)`; False once `timeout_s` passed first."""
-        acked = asyncio.Event()
-        self._acked.add(acked)
         try:
             async with asyncio.timeout(timeout_s):
-                while not self.holds_all(broker_id):
-                    acked.clear()
-                    await acked.wait()
+                await self._until_acked(lambda: self.holds_all(broker_id))
             return True
         except TimeoutError:
             return False
+
+    async def wait_replicas_hold_all(self) -> None:
+        """Until every connected replica holds everything this master has (a stop lets them copy the log's
+        end); the caller bounds the wait."""
+        await self._until_acked(lambda: all(r.holds_all(self._store.commit_log_max_offset)
+                                            for r in self._replicas.values()))
+
+    async def _until_acked(self, done: Callable[[], bool]) -> None:
+        """Until `done()`, asked again at each acknowledgement of a replica."""
+        acked = asyncio.Event()
+        self._acked.add(acked)
+        try:
+            while not done():
+                acked.clear()
+                await acked.wait()
         finally:
             self._acked.discard(acked)
 
@@ -357,12 +368,13 @@ class ReplicationSource:
         replica.acked = max(replica.acked, end)
         replica.catch_up.acknowledged(replica.acked)
         replica.progress.set()
-        for event in self._acked:
-            event.set()
         self._on_replicas_changed()
 
     def _on_replicas_changed(self) -> None:
-        """A replica acknowledged, connected or went: move the read bound, answer the sends now held."""
+        """A replica acknowledged, connected or went: move the read bound, answer the sends now held, wake
+        those waiting for what the replicas hold."""
+        for event in self._acked:
+            event.set()
         end = self._replicated_end()
         if end is None:
             return
@@ -453,6 +465,8 @@ class ReplicationSource:
         """This stream's replica is gone; a newer stream of the same replica (same key) stays."""
         if self._replicas.get(replica.key) is replica:
             del self._replicas[replica.key]
+            for event in self._acked:  # (a stop waiting for every replica to hold all waits for one less)
+                event.set()
 
     async def _read_acks(self, requests: AsyncIterator[replication_pb2.ReplicaProgress], replica: _Replica) -> None:
         try:

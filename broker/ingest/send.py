@@ -8,6 +8,7 @@ schedule topic.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import zlib
 from collections.abc import Mapping, Sequence
@@ -124,6 +125,8 @@ class SendService:
         self._ids = ids
         self._clock_ms = clock_ms
         self._next_queue: dict[str, int] = {}
+        self._durable_waits = 0  # sends waiting for the disk or a replica (wait_durable)
+        self._settled: asyncio.Event | None = None  # set when that falls to 0 while a stop waits (settled)
 
     def _resolve_topic(self, name: str) -> tuple[TopicConfig, bool]:
         """The topic to send to, and whether it is still to be created (where the broker allows it): nothing
@@ -330,9 +333,25 @@ class SendService:
     async def wait_durable(self, put: RecordsPut) -> None:
         """Until the batch is as safe as the config promises: fsynced (sync flush), on a replica (sync
         replication; ReplicationTimeoutError, an unknown outcome, when none acknowledges in time)."""
-        await self._store.wait_durable(put.end)
-        if self.sync_replication is not None:
-            await self.sync_replication.wait_replicated(put.end)
+        self._durable_waits += 1
+        try:
+            await self._store.wait_durable(put.end)
+            if self.sync_replication is not None:
+                await self.sync_replication.wait_replicated(put.end)
+        finally:
+            self._durable_waits -= 1
+            if not self._durable_waits and self._settled is not None:
+                self._settled.set()
+
+    async def settled(self) -> None:
+        """Until no send waits for its durability (a stop answers those first); the caller bounds it."""
+        self._settled = asyncio.Event()
+        try:
+            while self._durable_waits:
+                self._settled.clear()
+                await self._settled.wait()
+        finally:
+            self._settled = None
 
     def _retry_or_dlq(self, retry: str, records: list[MessageRecord]) -> tuple[list[MessageRecord], str | None]:
         """A consumer's direct send to its retry topic (the send-back fallback), as RocketMQ's

@@ -34,7 +34,7 @@ from tidemark.broker.services.convert import (
     message_ext,
 )
 from tidemark.broker.services.errors import rpc, status_for
-from tidemark.broker.services.streams import call_ended, write
+from tidemark.broker.services.streams import call_ended, ends_when_asked, write
 from tidemark.common.logs import get_logger
 from tidemark.common.scheduler import cancel_and_wait
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
@@ -79,6 +79,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
 
         failure: list[BaseException] = []
         reader = _reader(request_iterator, take, lambda: answers.put_nowait(None), failure, "produce")
+        ends_when_asked(reader.cancel)  # a stop: no request more, the batches taken are answered (then None)
         try:
             while (answer := await answers.get()) is not None:
                 if isinstance(answer, asyncio.Task):

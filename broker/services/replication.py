@@ -9,7 +9,7 @@ import grpc
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import BrokerError, FailedPreconditionError
 from tidemark.broker.services.errors import rpc, status_for
-from tidemark.broker.services.streams import write
+from tidemark.broker.services.streams import ends_last, write
 from tidemark.common.logs import get_logger
 from tidemark.v1 import replication_pb2, replication_pb2_grpc
 
@@ -31,6 +31,7 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
         """A replica's copy of the log. A coroutine that writes its chunks (services/streams.py says why) and
         closes the master's side of the stream, whose task reads the replica's acknowledgements, before it
         returns, however the stream ends."""
+        ends_last()  # a stop lets it copy the log's end and answer sync replication's waits first
         try:
             chunks = self._source().serve(request_iterator, context.peer() or "")
         except BrokerError as e:

@@ -25,19 +25,32 @@ lets the calls under way finish within a grace period, then cancels them; a
 stream or a watch never finishes by itself, so every stop with a client
 connected took the whole grace (3 s), in a failover's old master and in
 every restart. The handlers that write (all of Tidemark's and RocketMQ 5's
-Telemetry) run in a task of their own, which the stop cancels as a client
-that went away would (their cleanup runs as then), and the call ends with
-UNAVAILABLE "the broker is stopping", which clients take as a reason to try
-again elsewhere or later. Unary calls keep their grace.
+Telemetry) run in a task of their own, and the stop ends them in an order,
+before the server's stop (whose grace only unary calls use now):
+- a stream that owes answers says how it ends by itself (`ends_when_asked`:
+  a Produce stream stops reading and answers the batches it took, once they
+  are as durable as the configuration says);
+- the others (fetches, watches) are cancelled at once, as a client that went
+  away would cancel them: their cleanup runs as then;
+- the streams that others' answers wait for (`ends_last`: a replica's copy
+  of the log, which sync replication's answers need) go once the asked ones
+  have ended and the broker says it is settled, within the grace.
+Each call ends with UNAVAILABLE "the broker is stopping", which clients take
+as a reason to try again elsewhere or later.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import contextvars
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
+
+from tidemark.common.logs import get_logger
+
+log = get_logger("tidemark.broker.rpc")
 
 STOPPING = "the broker is stopping"
 
@@ -60,11 +73,41 @@ def call_ended(error: BaseException) -> bool:
     return isinstance(error, grpc.aio.BaseError) and not isinstance(error, grpc.aio.AbortError)
 
 
-class OpenStreams:
-    """The stream handlers under way (coroutines that write), ended together when the broker stops."""
+class _Call:
+    """How one stream's handler ends when the broker stops (see the module doc)."""
+
+    __slots__ = ("finish", "last", "asked")
 
     def __init__(self) -> None:
-        self._handlers: set[asyncio.Task] = set()
+        self.finish: Callable[[], None] | None = None
+        self.last = False
+        self.asked = False
+
+
+_call: contextvars.ContextVar[_Call | None] = contextvars.ContextVar("stream_call", default=None)
+
+
+def ends_when_asked(finish: Callable[[], None]) -> None:
+    """In a stream's handler: when the broker stops, call `finish` and let the handler end by itself (it
+    answers what it owes first) instead of cancelling it."""
+    call = _call.get()
+    if call is not None:
+        call.finish = finish
+
+
+def ends_last() -> None:
+    """In a stream's handler: the broker's other answers may wait for this stream (a replica's copy of the
+    log): at a stop it is cancelled only after the others, once the broker is settled."""
+    call = _call.get()
+    if call is not None:
+        call.last = True
+
+
+class OpenStreams:
+    """The stream handlers under way (coroutines that write), ended in order when the broker stops."""
+
+    def __init__(self) -> None:
+        self._calls: dict[asyncio.Task, _Call] = {}
         self.stopping = False
 
     async def run(self, handler: Coroutine[Any, Any, Any], context: grpc.aio.ServicerContext) -> Any:
@@ -73,20 +116,48 @@ class OpenStreams:
         if self.stopping:
             handler.close()
             await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
-        task = asyncio.get_running_loop().create_task(handler)
-        self._handlers.add(task)
+        call = _Call()
+        token = _call.set(call)  # (the handler's task starts with a copy of this context)
         try:
-            return await task
+            task = asyncio.get_running_loop().create_task(handler)
+        finally:
+            _call.reset(token)
+        self._calls[task] = call
+        try:
+            result = await task
         except asyncio.CancelledError:
             # The handler's own cancellation, by stop(), and not the call's (cancelling() counts those).
             if self.stopping and not asyncio.current_task().cancelling():
                 await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
             raise
         finally:
-            self._handlers.discard(task)
+            del self._calls[task]
+        if call.asked:  # it ended as the stop asked: the client learns why
+            await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
+        return result
 
-    def stop(self) -> None:
-        """End every stream under way, and those opened from now on, at once (before the server's stop)."""
+    async def stop(self, settled: Callable[[], Awaitable[None]], grace_s: float) -> None:
+        """End every stream under way, and refuse those opened from now on (before the server's stop): the
+        asked ones end by themselves and the others are cancelled at once; the last ones once the asked
+        have ended and `settled()` returned, or `grace_s` passed."""
         self.stopping = True
-        for task in self._handlers:
+        asked = []
+        for task, call in self._calls.items():
+            if call.last:
+                continue
+            if call.finish is None:
+                task.cancel()
+                continue
+            call.asked = True
+            call.finish()
+            asked.append(task)
+        try:
+            async with asyncio.timeout(grace_s):
+                if asked:
+                    await asyncio.wait(asked)
+                await settled()
+        except TimeoutError:
+            log.warning("streams still owed answers when the stop's grace ended", event="stop_unsettled",
+                        grace_s=grace_s, streams=sum(1 for t in asked if not t.done()))
+        for task in self._calls:
             task.cancel()

@@ -46,7 +46,8 @@ async def _serve(config: broker_config.BrokerConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    while not stop.is_set() and await _serve_once(config, stop):
+    fenced = False
+    while not stop.is_set() and (fenced := await _serve_once(config, stop, after_fence=fenced)):
         # Controller mode, and etcd said this master's lease expired (it was paused, or cut off from etcd,
         # past its lease): another broker may be master now. The broker stops as on SIGTERM and starts
         # again in this process, so that it rejoins as the new master's replica as a restart would (the
@@ -54,15 +55,16 @@ async def _serve(config: broker_config.BrokerConfig) -> None:
         log.warning("replaced as master: restarting to rejoin as a replica", event="controller_rejoin")
 
 
-async def _serve_once(config: broker_config.BrokerConfig, stop: asyncio.Event) -> bool:
+async def _serve_once(config: broker_config.BrokerConfig, stop: asyncio.Event, *, after_fence: bool = False) -> bool:
     """One life of the broker until `stop`; True when controller mode ended it instead (fenced for good:
-    it must rejoin)."""
+    it must rejoin). `after_fence`: the life before ended so (the role's decision lets the others go
+    first, ControllerMode)."""
     from tidemark.broker.server import BrokerServer
 
     mode = controlled = None
     if config.controller:  # etcd decides the role (broker/cluster/controller_mode.py)
         from tidemark.broker.cluster.controller_mode import ControllerMode
-        mode = ControllerMode(config)
+        mode = ControllerMode(config, after_fence=after_fence)
         deciding = asyncio.ensure_future(mode.decide())
         stopping = asyncio.ensure_future(stop.wait())
         try:  # deciding may wait long (for an in-sync broker, for its own old key): a SIGTERM ends it

@@ -54,8 +54,10 @@ IN_SYNC_POLL_S = 0.1
 
 
 class ControllerMode:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, after_fence: bool = False) -> None:
         self._config = config
+        # This broker's last life ended fenced (its master lease expired): see _decide.
+        self._after_fence = after_fence
         self._endpoints = parse_controller(config.controller)
         self._client: EtcdMembers | None = None
         self.election: Election | None = None
@@ -104,8 +106,18 @@ class ControllerMode:
 
     async def _decide(self, role: Role | None) -> BrokerConfig:
         c = self._config
+        # A master whose lease expired (paused, or cut off from etcd) comes back from a fault that the
+        # brokers in sync with it did not have: for one lease it lets them take over before it campaigns
+        # itself. Else it would most often win again at once (its log is the longest, and its restart is
+        # quicker than their campaign), and the fault would move nothing. Without another broker in sync,
+        # or once the lease has passed, it campaigns.
+        let_others_until = asyncio.get_running_loop().time() + c.controller_lease_s if self._after_fence else 0.0
         while True:
             view = await self.election.view()
+            if (view.master is None and view.in_sync - {self.member_id}
+                    and asyncio.get_running_loop().time() < let_others_until):
+                await asyncio.sleep(0.1)
+                continue
             if view.master is None:  # (its log as the files say: brokers that start together are ranked by it)
                 log_end = await asyncio.to_thread(end_on_disk, Path(c.data_dir) / "commitlog")
                 won = await self.election.campaign(epoch_floor=role.epoch if role is not None else 0,

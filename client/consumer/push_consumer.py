@@ -289,8 +289,9 @@ class PushConsumer(BlockingConsumer):
                 forget_calling_lease()
         except ClientStateError:  # the loop stopped meanwhile: another thread's shutdown is over
             pass
-        except RequestTimeoutError:  # a loop that busy: the shutdown goes on, waiting for the batch
-            log.warning("a listener's shutdown() could not let go of its batch", event="shutdown_let_go_timeout",
+        except RequestTimeoutError:  # a loop that busy: let_go most likely ran all the same (its first step)
+            log.warning("a listener's shutdown() had no answer in 5 s on letting go of its batch; if it was not "
+                        "let go of, the shutdown waits for it (drain_timeout_s)", event="shutdown_let_go_timeout",
                         group=self.settings.group, queue=lease.mq)
 
     def _running(self, action: str) -> AsyncPushConsumer:

@@ -79,7 +79,15 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
 
         failure: list[BaseException] = []
         reader = _reader(request_iterator, take, lambda: answers.put_nowait(None), failure, "produce")
-        ends_when_asked(reader.cancel)  # a stop: no request more, the batches taken are answered (then None)
+
+        def finish() -> None:
+            # A stop: no request more, the batches taken are answered, then the end. The end is put here and
+            # not left to the reader's own: a reader cancelled before its first step never runs its finally.
+            # (Cancelled, it takes no request more, so every answer owed is queued before this end.)
+            reader.cancel()
+            answers.put_nowait(None)
+
+        ends_when_asked(finish)
         try:
             while (answer := await answers.get()) is not None:
                 if isinstance(answer, asyncio.Task):

@@ -241,6 +241,39 @@ def test_a_duplicate_must_carry_the_stored_batch_s_messages():
     assert table.check(keyed, 0, "T", 0, 0, 2, "id-y").verdict is Verdict.DUPLICATE
 
 
+
+def _outcome(table: ProducerTable, *args) -> tuple:
+    try:
+        decision = table.check(*args)
+    except (OutOfOrderSequenceError, SequenceGapError, ProducerFencedError) as e:
+        return type(e), str(e)
+    return decision.verdict, decision.first_offset
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.integers(0, 12), st.integers(1, 3),
+                          st.sampled_from(["", "id-0", "id-1", "id-2"]), st.booleans()), max_size=30))
+def test_the_first_id_read_on_demand_gives_the_verdicts_of_the_id_given(plan):
+    """The batch's first message id as a function (read only when the batch may be a duplicate) against
+    the id itself: the same verdict, offset or error for keyed and unkeyed producers, retries of stored
+    batches, batches matching a stored one's sequences with another first id, and new batches; the function
+    called at most once, and never for a batch to append."""
+    table = ProducerTable()
+    pids = {False: table.allocate("", 0), True: table.allocate("spark:q:0", 0)}
+    for keyed, epoch, seq, count, first_id, store_it in plan:
+        args = (pids[keyed], epoch, "T", 0, seq, count)
+        calls = []
+
+        def read(first_id=first_id, calls=calls) -> str:
+            calls.append(first_id)
+            return first_id
+
+        given_id = _outcome(table, *args, first_id)
+        assert _outcome(table, *args, read) == given_id
+        assert len(calls) <= 1 and not (calls and given_id[0] is Verdict.APPEND)
+        if given_id[0] is Verdict.APPEND and store_it:
+            table.will_append(*args, 100 * seq, first_id, 1)
+
 _ints = st.integers(min_value=0, max_value=2**63 - 1)
 _texts = st.text(max_size=40)
 _events = st.lists(st.one_of(

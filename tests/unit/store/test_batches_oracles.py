@@ -72,7 +72,8 @@ def _large_batch(draw) -> tuple[bytearray, int, list[int]]:
 @given(_large_batch(), st.data())
 def test_the_walk_is_the_size_fields_walk_on_any_large_batch(drawn, data):
     """Clean, or with a size field lying (into a body that looks like a record, by a few bytes, to the end),
-    a magic lost, the batch cut or extended, or the count off: the walk's answer is the one-by-one walk's."""
+    a magic lost, the batch cut or extended, or the count off: the walk's answer is the one-by-one walk's,
+    and the bulk check's verdict (the records, or the error's message) the per-record check's."""
     raw, n, starts = drawn
     for _ in range(data.draw(st.integers(0, 3))):
         kind = data.draw(st.sampled_from(["size", "into_body", "magic", "zero"]))
@@ -96,6 +97,17 @@ def test_the_walk_is_the_size_fields_walk_on_any_large_batch(drawn, data):
     data_bytes = bytes(raw)
     assert _walk(data_bytes, n) == _walk_oracle(data_bytes, n)
     assert _walk(raw, n) == _walk_oracle(data_bytes, n)  # (a bytearray, as the broker's buffers are)
+    assert _verdict(batches.check_batch, data_bytes, n) == _verdict(records.check_batch, data_bytes, n)
+
+
+def _verdict(check, data: bytes, count: int):
+    """The records located (starts, sizes, tags codes, ids), or the RecordError's message."""
+    try:
+        checked = check(data, count, topic="T", **LIMITS)
+    except records.RecordError as e:
+        return str(e)
+    return ([int(s) for s in checked.starts], [int(s) for s in checked.sizes], [int(t) for t in checked.tags_codes],
+            list(checked.msg_ids))
 
 
 def test_a_batch_of_exactly_the_walk_by_magics_bounds_is_walked_by_magic():

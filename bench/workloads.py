@@ -13,6 +13,7 @@ import os
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 MESSAGE_SIZE = 1024
@@ -111,17 +112,23 @@ def percentile(values: list[float], q: float) -> float:
 class Pacer:
     """Fixed-rate sending: how many messages are due now, never bursting more than `max_burst`.
 
-    Messages carry the time they were due (`stamp`), not the time they left: a sender that falls
-    behind shows up as latency instead of silently sending later (no coordinated omission).
+    Message `seq` falls due `seq / rate` seconds after the start, and carries that time (`stamp`), not
+    the time it left: a sender that falls behind shows up as latency instead of silently sending later
+    (no coordinated omission). Between messages the sender sleeps until the next one falls due, so at a
+    rate it can keep up with, every message leaves alone and on time.
     """
 
-    def __init__(self, rate: float, total: int, max_burst: int = 64) -> None:
+    def __init__(self, rate: float, total: int, max_burst: int = 64, *,
+                 clock_ns: Callable[[], int] = time.monotonic_ns,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
         self.rate = rate
         self.total = total
         self.max_burst = max_burst
         self.sent = 0
         self.publish_us: list[float] = []  # due -> acknowledged, past the first half second
-        self.started_ns = time.monotonic_ns()
+        self._clock_ns = clock_ns
+        self._sleep = sleep
+        self.started_ns = clock_ns()
         self.started = self.started_ns / 1e9
 
     def stamp(self, seq: int) -> int:
@@ -133,30 +140,42 @@ class Pacer:
         self.sent += 1
         return body
 
+    def _due_now(self) -> tuple[int, float]:
+        """(messages due now, seconds until the next one falls due), by the stamps themselves (integer
+        nanoseconds), so that a sleep of exactly the wait always finds the next message due."""
+        now = self._clock_ns()
+        next_due = self.stamp(self.sent)
+        if now < next_due:
+            return 0, (next_due - now) / 1e9
+        should = min(self.total, int((now - self.started_ns) * self.rate / 1e9) + 1)
+        while should < self.total and self.stamp(should) <= now:
+            should += 1
+        while should > self.sent + 1 and self.stamp(should - 1) > now:
+            should -= 1
+        return min(should - self.sent, self.max_burst), 0.0
+
     def due(self) -> int:
         """Messages to send now (0 when done); sleeps until at least one is due."""
         while self.sent < self.total:
-            should = min(self.total, int((time.monotonic() - self.started) * self.rate) + 1)
-            n = should - self.sent
+            n, wait = self._due_now()
             if n > 0:
-                return min(n, self.max_burst)
-            time.sleep(max(0.0, (self.sent + 1) / self.rate - (time.monotonic() - self.started)))
+                return n
+            self._sleep(wait)
         return 0
 
     async def adue(self) -> int:
         import asyncio
         while self.sent < self.total:
-            should = min(self.total, int((time.monotonic() - self.started) * self.rate) + 1)
-            n = should - self.sent
+            n, wait = self._due_now()
             if n > 0:
-                return min(n, self.max_burst)
-            await asyncio.sleep(max(0.0, (self.sent + 1) / self.rate - (time.monotonic() - self.started)))
+                return n
+            await asyncio.sleep(wait)
         return 0
 
     def acked(self, seq: int) -> None:
         """Message `seq` was acknowledged now (any thread): its publish latency, counted from its due time."""
         if seq >= self.rate / 2:
-            self.publish_us.append((time.monotonic_ns() - self.stamp(seq)) / 1000)
+            self.publish_us.append((self._clock_ns() - self.stamp(seq)) / 1000)
 
     def result(self) -> dict:
         elapsed = time.monotonic() - self.started

@@ -178,7 +178,7 @@ class Pacer:
             self.publish_us.append((self._clock_ns() - self.stamp(seq)) / 1000)
 
     def result(self) -> dict:
-        elapsed = time.monotonic() - self.started
+        elapsed = self._clock_ns() / 1e9 - self.started
         out = {"sent": self.sent, "elapsed_s": elapsed, "achieved_rate": self.sent / elapsed if elapsed else 0.0}
         if self.publish_us:
             out.update({f"publish_{k}_us": percentile(self.publish_us, q) for k, q in PERCENTILES})

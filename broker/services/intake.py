@@ -53,7 +53,7 @@ from tidemark.broker.auth.guard import AccessGuard
 from tidemark.broker.errors import BrokerError, InvalidArgumentError
 from tidemark.broker.services.access import SUPER_ONLY, Caller, MethodAccess, needs_for
 from tidemark.broker.services.errors import status_for
-from tidemark.broker.services.streams import OpenStreams
+from tidemark.broker.services.streams import OpenStreams, marked_last
 from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.rpc")
@@ -200,6 +200,7 @@ class RequestIntake(grpc.aio.ServerInterceptor):
         budget, streams = self.budget, self.streams
         if h.request_streaming:
             inner = h.stream_stream if h.response_streaming else h.stream_unary
+            last = marked_last(inner)
 
             # A servicer that is not Tidemark's (reflection) lets the stream's refusal of a message (bad
             # bytes: logged once per interval by `bad_request`; access) escape: answered here with its
@@ -208,7 +209,7 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                 caller = await unpack.caller(context)
                 async with contextlib.aclosing(unpack.stream(requests, context, caller)) as stream:
                     try:
-                        return await streams.run(inner(stream, context), context)
+                        return await streams.run(inner(stream, context), context, last=last)
                     except BrokerError as e:
                         await context.abort(status_for(e), str(e))
 

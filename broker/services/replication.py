@@ -27,11 +27,11 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
                                           f"{self._b.config.master}")
         return self._b.replication
 
+    @ends_last  # a stop lets it copy the log's end and answer sync replication's waits first
     async def Replicate(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
         """A replica's copy of the log. A coroutine that writes its chunks (services/streams.py says why) and
         closes the master's side of the stream, whose task reads the replica's acknowledgements, before it
         returns, however the stream ends."""
-        ends_last()  # a stop lets it copy the log's end and answer sync replication's waits first
         try:
             chunks = self._source().serve(request_iterator, context.peer() or "")
         except BrokerError as e:

@@ -32,9 +32,11 @@ before the server's stop (whose grace only unary calls use now):
   are as durable as the configuration says);
 - the others (fetches, watches) are cancelled at once, as a client that went
   away would cancel them: their cleanup runs as then;
-- the streams that others' answers wait for (`ends_last`: a replica's copy
-  of the log, which sync replication's answers need) go once the asked ones
-  have ended and the broker says it is settled, within the grace.
+- the streams that others' answers wait for (handlers marked `ends_last`: a
+  replica's copy of the log, which sync replication's answers need) go once
+  the asked ones have ended and the broker says it is settled, within the
+  grace. The mark is read when the call is accepted, so a stream whose
+  handler has not yet run its first step ends in its place too.
 Each call ends with UNAVAILABLE "the broker is stopping", which clients take
 as a reason to try again elsewhere or later.
 """
@@ -95,12 +97,21 @@ def ends_when_asked(finish: Callable[[], None]) -> None:
         call.finish = finish
 
 
-def ends_last() -> None:
-    """In a stream's handler: the broker's other answers may wait for this stream (a replica's copy of the
-    log): at a stop it is cancelled only after the others, once the broker is settled."""
-    call = _call.get()
-    if call is not None:
-        call.last = True
+_ENDS_LAST = "_tidemark_ends_last"
+
+
+def ends_last(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a stream's handler whose stream the broker's other answers may wait for (a replica's copy of
+    the log): at a stop it is cancelled only after the others, once the broker is settled. A mark on the
+    handler, read when the call is accepted (`OpenStreams.run`), not a call inside it: a stop that comes
+    before the handler's first step must already know."""
+    setattr(handler, _ENDS_LAST, True)
+    return handler
+
+
+def marked_last(handler: Callable[..., Any]) -> bool:
+    """Whether `handler` (a function or a bound method) is marked with `ends_last`."""
+    return bool(getattr(handler, _ENDS_LAST, False))
 
 
 class OpenStreams:
@@ -110,13 +121,16 @@ class OpenStreams:
         self._calls: dict[asyncio.Task, _Call] = {}
         self.stopping = False
 
-    async def run(self, handler: Coroutine[Any, Any, Any], context: grpc.aio.ServicerContext) -> Any:
+    async def run(self, handler: Coroutine[Any, Any, Any], context: grpc.aio.ServicerContext, *,
+                  last: bool = False) -> Any:
         """Run a stream's handler in a task of its own until it ends; UNAVAILABLE once the broker stops.
-        A cancellation of the call (its client went away) reaches the handler through the await."""
+        A cancellation of the call (its client went away) reaches the handler through the await. `last`:
+        the handler is marked `ends_last`."""
         if self.stopping:
             handler.close()
             await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
         call = _Call()
+        call.last = last
         token = _call.set(call)  # (the handler's task starts with a copy of this context)
         try:
             task = asyncio.get_running_loop().create_task(handler)

@@ -108,6 +108,9 @@ class BrokerConfig:
     force_empty_offsets: bool = _setting(False, "Start with an empty offset table if consumerOffset.json and its .bak are both unreadable")
     channel_expired_timeout_ms: int = _setting(120_000, "A consumer silent this long is removed from its group")
     watch_grace_ms: int = _setting(5000, "A broken watch stream counts as a leave after this grace")
+    stop_grace_ms: int = _setting(3000, "A graceful stop (SIGTERM) waits this long at most for the answers it "
+                                  "owes (sends waiting for the disk or a replica, unary calls) before it cuts "
+                                  "the calls still open")
     lock_expiry_ms: int = _setting(60_000, "Queue ownership lock lifetime without renewal")
     max_long_polling_ms: int = _setting(30_000, "Upper bound on a pull's suspend timeout")
     keepalive_min_interval_ms: int = _setting(10_000, "Shortest keepalive ping interval a client's idle connection "
@@ -232,7 +235,7 @@ def _problems(c: BrokerConfig):
                  "max_open_consume_queue_files",
                  "max_message_size", "default_topic_queue_nums", "retry_queue_nums", "producer_id_expiry_ms",
                  "max_idempotent_producers", "transaction_timeout_ms", "transaction_check_interval_ms",
-                 "transaction_check_max", "keepalive_min_interval_ms"):
+                 "transaction_check_max", "keepalive_min_interval_ms", "stop_grace_ms"):
         if getattr(c, name) <= 0:
             yield f"{name} must be > 0, got {getattr(c, name)}"
     if c.max_request_bytes < 0:

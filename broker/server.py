@@ -260,8 +260,11 @@ class BrokerServer:
         if self.controller.replication is not None:
             await self.controller.replication.wait_replicas_hold_all()
 
-    async def stop(self, grace_s: float = 3.0) -> None:
-        """Stop accepting calls, let in-flight ones finish (bounded), then flush offsets and store."""
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop accepting calls, let in-flight ones finish within `grace_s` (default: stop_grace_ms), then
+        flush offsets and store."""
+        if grace_s is None:
+            grace_s = self.config.stop_grace_ms / 1000
         self._serving = False
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         if self._metrics_server is not None:
@@ -270,9 +273,13 @@ class BrokerServer:
             self._metrics_server = None
         self.controller.hold.close()
         if self._server is not None:
-            # Before the server's stop, whose grace they would hold to its end (services/streams.py).
-            await self.intake.streams.stop(self._settled, grace_s)
-            await self._server.stop(grace_s)
+            # Before the server's stop, whose grace they would hold to its end (services/streams.py). Both
+            # share the one grace: what the ordered stop used up, the unary calls no longer get (they had
+            # it already: the sends owed were what it waited for).
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + grace_s
+            await self.intake.streams.stop(self._settled, deadline)
+            await self._server.stop(max(0.0, deadline - loop.time()))
             self._server = None
         if self._data_dir_lock.held:
             try:

@@ -34,9 +34,11 @@ before the server's stop (whose grace only unary calls use now):
   away would cancel them: their cleanup runs as then;
 - the streams that others' answers wait for (handlers marked `ends_last`: a
   replica's copy of the log, which sync replication's answers need) go once
-  the asked ones have ended and the broker says it is settled, within the
-  grace. The mark is read when the call is accepted, so a stream whose
-  handler has not yet run its first step ends in its place too.
+  the asked ones have ended and the broker says it is settled. The mark is
+  read when the call is accepted, so a stream whose handler has not yet run
+  its first step ends in its place too.
+The whole of it, and the server's own stop after it, fit in one grace: a stop
+whose replica never acknowledges ends after the grace, not after two.
 Each call ends with UNAVAILABLE "the broker is stopping", which clients take
 as a reason to try again elsewhere or later.
 """
@@ -150,10 +152,10 @@ class OpenStreams:
             await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
         return result
 
-    async def stop(self, settled: Callable[[], Awaitable[None]], grace_s: float) -> None:
+    async def stop(self, settled: Callable[[], Awaitable[None]], deadline: float) -> None:
         """End every stream under way, and refuse those opened from now on (before the server's stop): the
         asked ones end by themselves and the others are cancelled at once; the last ones once the asked
-        have ended and `settled()` returned, or `grace_s` passed."""
+        have ended and `settled()` returned, or at `deadline` (the loop's clock) at the latest."""
         self.stopping = True
         asked = []
         for task, call in self._calls.items():
@@ -166,12 +168,12 @@ class OpenStreams:
             call.finish()
             asked.append(task)
         try:
-            async with asyncio.timeout(grace_s):
+            async with asyncio.timeout_at(deadline):
                 if asked:
                     await asyncio.wait(asked)
                 await settled()
         except TimeoutError:
             log.warning("streams still owed answers when the stop's grace ended", event="stop_unsettled",
-                        grace_s=grace_s, streams=sum(1 for t in asked if not t.done()))
+                        streams=sum(1 for t in asked if not t.done()))
         for task in self._calls:
             task.cancel()

@@ -7,11 +7,16 @@ Produce stream's batch wait for it; the master is stopped; the replica resumes d
 sends are answered OK (cut at once, the replica could not acknowledge them and they ended CANCELLED, an
 unknown outcome that a non-idempotent sender stores twice), and the Produce stream then ends with
 UNAVAILABLE "the broker is stopping".
+
+What is owed may never come (a replica that stays paused): the stop then ends after its one grace
+(`stop_grace_ms`), the ordered end of the streams and grpc.aio's own stop together, and says what it cut
+(`stop_unsettled`).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -89,3 +94,45 @@ def test_sends_waiting_for_the_replica_at_a_stop_are_answered(broker_factory):
     assert code == [0]
     assert outcome["unary"] == "OK"
     assert outcome["stream"] == ([0], "UNAVAILABLE: the broker is stopping")
+
+
+GRACE_S = 8.0
+
+
+def test_a_stop_whose_replica_never_acknowledges_ends_within_one_grace(broker_factory):
+    """The send waits for the paused replica past the whole stop (replication timeout 60 s): the ordered
+    end of the streams waits for it until the grace is over, and grpc.aio's stop then cuts the calls at
+    once, having no grace of its own left (before: a second grace, 2 x 8 s, the unary send still waiting).
+    The bound is the grace plus 5 s: the defect is a whole second grace, not a speed."""
+    master = broker_factory("broker-a", args=("--replication", "sync", "--replication-timeout-ms", "60000",
+                                              "--stop-grace-ms", str(int(GRACE_S * 1000))))
+    replica = replica_of(broker_factory, master)
+    create_topic(master.address, TOPIC, 2)
+    wait_in_sync(master)
+    replica.pause()
+    outcome: list[str] = []
+
+    def unary() -> None:
+        with grpc.insecure_channel(master.address) as channel:
+            try:
+                messaging_pb2_grpc.MessagingServiceStub(channel).SendMessage(messaging_pb2.SendMessageRequest(
+                    topic=TOPIC, queue_id=0, messages=[common_pb2.Message(body=b"unary")]), timeout=120)
+                outcome.append("OK")
+            except grpc.RpcError as e:
+                outcome.append(e.code().name)
+
+    sender = threading.Thread(target=unary)
+    try:
+        end = commit_log_end(master.address)
+        sender.start()
+        wait_until(lambda: commit_log_end(master.address) > end, 15, "the send stored")
+        began = time.monotonic()
+        code = master.stop(timeout=60)  # SIGTERM, then until the process exits
+        took = time.monotonic() - began
+    finally:
+        replica.resume()
+    sender.join(60)
+    assert code == 0
+    assert "event=stop_unsettled" in master.log_text()
+    assert outcome and outcome != ["OK"]  # never acknowledged: cut at the stop
+    assert took < GRACE_S + 5, f"the stop took {took:.1f} s with a grace of {GRACE_S} s"

@@ -10,8 +10,10 @@ from tidemark.client import Admin
 def test_consumer_kill_9_redelivers_only_after_last_commit(broker, tmp_path):
     create_topic(broker.address, "Payments", 4)
     ids = produce(broker.address, "Payments", 4000)
+    # 0-40 ms a message on its 20 listener threads: about 1,000 msg/s, so the 2,500 left after the first
+    # 1,500 take seconds, not the quarter second (0-4 ms) that a loaded machine's poll and kill could miss.
     first = ConsumerProcess(tmp_path / "first.txt", "--brokers", broker.address, "--group", "pay",
-                            "--topic", "Payments", "--delay-ms", "4", "--persist-interval", "0.5").start()
+                            "--topic", "Payments", "--delay-ms", "40", "--persist-interval", "0.5").start()
     wait_until(lambda: len(first.records()) >= 1500, 60, "the first consumer to get going")
     first.kill()
     seen_first = first.records()

@@ -53,7 +53,7 @@ from tidemark.broker.auth.guard import AccessGuard
 from tidemark.broker.errors import BrokerError, InvalidArgumentError
 from tidemark.broker.services.access import SUPER_ONLY, Caller, MethodAccess, needs_for
 from tidemark.broker.services.errors import status_for
-from tidemark.broker.services.streams import OpenStreams, marked_last
+from tidemark.broker.services.streams import STOPPING, OpenStreams, marked_last, marked_long_poll
 from tidemark.common.logs import get_logger
 
 log = get_logger("tidemark.broker.rpc")
@@ -231,8 +231,11 @@ class RequestIntake(grpc.aio.ServerInterceptor):
             # request) runs without a coroutine of its own per step: a unary call's intake is on the
             # critical path of every synchronous request.
             identifies = unpack.identifies
+            polls = marked_long_poll(inner)  # refused once the broker stops (services/streams.py)
 
             async def call(raw, context):
+                if polls and streams.stopping:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
                 caller = None
                 if identifies:
                     try:
@@ -261,6 +264,8 @@ class RequestIntake(grpc.aio.ServerInterceptor):
                     budget.give(size)
 
             async def call_streaming(raw, context):
+                if polls and streams.stopping:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
                 try:
                     caller = await unpack.caller(context) if identifies else None
                     size = await unpack.admit(raw, context)

@@ -34,7 +34,7 @@ from tidemark.broker.services.convert import (
     message_ext,
 )
 from tidemark.broker.services.errors import rpc, status_for
-from tidemark.broker.services.streams import call_ended, ends_when_asked, write
+from tidemark.broker.services.streams import call_ended, ends_when_asked, long_poll, write
 from tidemark.common.logs import get_logger
 from tidemark.common.scheduler import cancel_and_wait
 from tidemark.v1 import messaging_pb2, messaging_pb2_grpc
@@ -195,6 +195,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         finally:
             checks.close()
 
+    @long_poll  # with a suspend
     @rpc
     async def PullMessage(self, request, context: grpc.aio.ServicerContext):
         outcome = await self._ops.pull(PullRequest(

@@ -41,6 +41,19 @@ The whole of it, and the server's own stop after it, fit in one grace: a stop
 whose replica never acknowledges ends after the grace, not after two.
 Each call ends with UNAVAILABLE "the broker is stopping", which clients take
 as a reason to try again elsewhere or later.
+
+The long polls (a pull with a suspend, RocketMQ 5's ReceiveMessage and
+PullMessage: handlers marked `long_poll`) are not streams that write; the
+stop releases those under way before anything else (the queue waiters
+close), and each answers what it has, "nothing new" (nothing was popped for
+it), at once. From then on a poll would answer "nothing" without waiting,
+and a client that polls again as soon as it hears nothing (RocketMQ 5's push
+consumer does) would loop on the broker for as long as the stop lasts: while
+it waited for a paused replica (8 s of grace), one client's receives were
+answered 3,600 times and one client's pulls 9,400 times. So a long poll
+accepted once the broker is stopping is refused with UNAVAILABLE "the broker
+is stopping" too: the client backs off (the push consumer for 3 s) or goes
+elsewhere.
 """
 
 from __future__ import annotations
@@ -114,6 +127,22 @@ def ends_last(handler: Callable[..., Any]) -> Callable[..., Any]:
 def marked_last(handler: Callable[..., Any]) -> bool:
     """Whether `handler` (a function or a bound method) is marked with `ends_last`."""
     return bool(getattr(handler, _ENDS_LAST, False))
+
+
+_LONG_POLL = "_tidemark_long_poll"
+
+
+def long_poll(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks a handler that may wait for messages (a long poll): the request intake refuses its calls
+    with UNAVAILABLE once the broker is stopping (see the module doc). A mark on the handler, as
+    `ends_last` is, read when the call is accepted."""
+    setattr(handler, _LONG_POLL, True)
+    return handler
+
+
+def marked_long_poll(handler: Callable[..., Any]) -> bool:
+    """Whether `handler` (a function or a bound method) is marked with `long_poll`."""
+    return bool(getattr(handler, _LONG_POLL, False))
 
 
 class OpenStreams:

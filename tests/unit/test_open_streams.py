@@ -1,17 +1,21 @@
 """OpenStreams at a broker's stop: a replica's stream (a handler marked `ends_last`) ends after the others
 and after the broker is settled, even when the stop comes before its handler has run a single step (the
-mark is read when the call is accepted, not inside the handler)."""
+mark is read when the call is accepted, not inside the handler). The long polls, which the request intake
+refuses once the broker is stopping, are marked `long_poll` as registered with gRPC."""
 
 from __future__ import annotations
 
 import asyncio
+import types
 
 import grpc
 import pytest
 
+from tidemark.broker.services.messaging import MessagingServicer
 from tidemark.broker.services.replication import ReplicationServicer
-from tidemark.broker.services.streams import STOPPING, OpenStreams, marked_last
-from tidemark.v1 import replication_pb2_grpc
+from tidemark.broker.services.rmq5 import service as rmq5
+from tidemark.broker.services.streams import STOPPING, OpenStreams, marked_last, marked_long_poll
+from tidemark.v1 import messaging_pb2_grpc, replication_pb2_grpc
 
 WAIT_S = 10  # a bound on waits for events, so that a failure fails instead of hanging
 
@@ -104,3 +108,25 @@ def test_the_replicas_stream_is_marked_as_registered_with_grpc():
     replication_pb2_grpc.add_ReplicationServiceServicer_to_server(ReplicationServicer(broker=None), Server())
     assert marked_last(captured["Replicate"].stream_stream)
     assert not marked_last(captured["GetMetadata"].unary_unary)
+
+
+def test_the_long_polls_are_marked_as_registered_with_grpc():
+    captured = {}
+
+    class Server:
+        def add_generic_rpc_handlers(self, handlers) -> None:
+            pass
+
+        def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+            captured.update(handlers)
+    broker = types.SimpleNamespace(operations=None)
+    messaging_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(broker), Server())
+    assert marked_long_poll(captured["PullMessage"].unary_unary)
+    assert not marked_long_poll(captured["SendMessage"].unary_unary)
+    table = rmq5.handlers(rmq5.Rmq5Servicer(broker))
+
+    def registered(name: str) -> grpc.RpcMethodHandler:
+        return table.service(types.SimpleNamespace(method=f"/{rmq5.SERVICE}/{name}"))
+    assert marked_long_poll(registered("ReceiveMessage").unary_stream)
+    assert marked_long_poll(registered("PullMessage").unary_stream)
+    assert not marked_long_poll(registered("QueryRoute").unary_unary)

@@ -49,7 +49,7 @@ from tidemark.broker.services.rmq5.telemetry import (
     client_id_of,
     filter_expression,
 )
-from tidemark.broker.services.streams import write
+from tidemark.broker.services.streams import long_poll, write
 from tidemark.common.logs import get_logger
 from tidemark.common.scheduler import cancel_and_wait
 from tidemark.rmq5.v2 import messaging_pb2 as pb
@@ -265,6 +265,7 @@ class Rmq5Servicer:
                                 accept_message_types=ACCEPTED_TYPES)
         return pb.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=queue)])
 
+    @long_poll
     async def ReceiveMessage(self, request, context: grpc.aio.ServicerContext):
         """A stream: the status, the messages, then the time of delivery (also after an error)."""
         b = self._b
@@ -359,6 +360,7 @@ class Rmq5Servicer:
 
     # ---- queue-offset consumption (the Java PullConsumer) -----------------------------------------------
 
+    @long_poll
     async def PullMessage(self, request, context: grpc.aio.ServicerContext):
         """A stream: the status, the messages, then the next offset; onto the offset manager's pull."""
         b = self._b

@@ -195,7 +195,7 @@ class MessagingServicer(messaging_pb2_grpc.MessagingServiceServicer):
         finally:
             checks.close()
 
-    @long_poll  # with a suspend
+    @long_poll  # (refused at a stop whether it suspends or not: a stopping broker serves no reads)
     @rpc
     async def PullMessage(self, request, context: grpc.aio.ServicerContext):
         outcome = await self._ops.pull(PullRequest(

@@ -18,6 +18,9 @@ split; e2e percentiles are exact. `--consumer raw` reads with a bare FetchStream
 the consumer's event loop (no PushConsumer, no listener threads), which
 isolates the push consumer's own hop. Also prints the CPU each process used
 per message (/proc/PID/stat) and the producer's acknowledgement latency.
+`--consumer relay` runs, in the same rounds, a bare grpc.aio relay with the
+same hops and no broker (bench/relay_floor.py): the floor that Python gRPC
+sets under each process's CPU per message and under the latency.
 
 `--baseline DIR` adds, to every run, a second consumer group whose consumer
 process imports the `tidemark` package found in DIR (a copy of an older
@@ -27,6 +30,7 @@ moment, so their latency and CPU compare side by side under the same load
 
     python -m bench.latency_split --rates 1000,5000 --rounds 3 --consumer push,raw
     python -m bench.latency_split --rates 5000 --rounds 6 --consumer push --baseline /tmp/old
+    python -m bench.latency_split --rates 5000,20000 --rounds 3 --consumer push,raw,relay
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import relay_floor
 from bench.broker_bench import start_broker
 from bench.procs import REPO, child_env, orphan_safe
 
@@ -234,7 +239,10 @@ def main() -> None:
     ap.add_argument("--rates", default="1000,5000", help="comma list of msg/s")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--consumer", default="push,raw", help="comma list: push (PushConsumer), raw (FetchStream)")
+    ap.add_argument("--consumer", default="push,raw",
+                    help="comma list: push (PushConsumer), raw (FetchStream), relay (no broker: bench.relay_floor)")
+    ap.add_argument("--relay-batching", choices=("natural", "none"), default="natural",
+                    help="the relay's producer: natural batching, as Tidemark's producer, or a request a message")
     ap.add_argument("--baseline", help="a directory holding another `tidemark` package: every run also has a "
                                        "consumer group of that package's consumer beside the current one (A/B)")
     a = ap.parse_args()
@@ -254,8 +262,11 @@ def main() -> None:
         for rnd in range(a.rounds):
             for rate in (int(r) for r in a.rates.split(",")):
                 for kind in a.consumer.split(","):
-                    for row in one_run(address, server.proc.pid, f"split_{rnd}_{rate}_{kind}", rate, a.seconds, kind,
-                                       a.baseline, swap=rnd % 2 == 1):
+                    runs = ([{"rate": rate, "consumer": kind, "variant": "current",
+                              **relay_floor.one_run(rate, a.seconds, a.relay_batching == "natural")}]
+                            if kind == "relay" else one_run(address, server.proc.pid, f"split_{rnd}_{rate}_{kind}", rate, a.seconds, kind,
+                                       a.baseline, swap=rnd % 2 == 1))
+                    for row in runs:
                         rows.append(row)
                         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),
                               flush=True)
@@ -269,6 +280,8 @@ def main() -> None:
         for kind in a.consumer.split(","):
             for variant in ("current", "baseline") if a.baseline else ("current",):
                 mine = [r for r in rows if r["rate"] == rate and r["consumer"] == kind and r["variant"] == variant]
+                if not mine:  # (the relay has no baseline)
+                    continue
                 print(f"{rate} {kind} {variant} " + " ".join(f"{statistics.median(r[k] for r in mine):.2f}"
                                                               for k in keys))
 

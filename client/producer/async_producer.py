@@ -70,7 +70,7 @@ class AsyncProducer:
         wakeup = self._wakeup = asyncio.Event()
         self.accumulator = RecordAccumulator(batch_size=s.batch_size, linger_s=s.linger_ms / 1000,
                                              born_host=s.client_ip, max_batch_bytes=s.max_message_size,
-                                             wake=lambda: loop.call_soon_threadsafe(wakeup.set))
+                                             wake=lambda: loop.call_soon_threadsafe(wakeup.set), busy=self._busy)
         self._sender = loop.create_task(self._send_accumulated(), name="producer-sender")
 
     async def shutdown(self, timeout_s: float) -> None:

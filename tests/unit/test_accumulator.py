@@ -20,11 +20,11 @@ class Clock:
         return self.now
 
 
-def accumulator(batch_size: int = 16 * 1024, linger_s: float = 0.0):
+def accumulator(batch_size: int = 16 * 1024, linger_s: float = 0.0, busy: set[str] | None = None):
     wakes: list[int] = []
     clock = Clock()
     acc = RecordAccumulator(batch_size=batch_size, linger_s=linger_s, born_host="127.0.0.1",
-                            wake=lambda: wakes.append(1), clock=clock)
+                            wake=lambda: wakes.append(1), clock=clock, busy=set() if busy is None else busy)
     return acc, wakes, clock
 
 
@@ -50,6 +50,41 @@ def test_a_batch_gathers_messages_while_its_broker_has_a_request_in_flight():
     put(acc, A0, 5)
     [batch] = acc.drain(5, set())  # the answer came
     assert batch.count == 10
+
+
+def test_a_new_batch_of_a_busy_broker_does_not_wake_the_sender():
+    # The answer in flight wakes the sender, which then drains the batch: a wake-up now is a hop to the
+    # loop thread that finds the batch waiting.
+    busy: set[str] = {"broker-a"}
+    acc, wakes, _ = accumulator(busy=busy)
+    put(acc, A0, 3)
+    assert wakes == []
+    put(acc, B0)  # broker-b is idle: its batch leaves at once
+    assert wakes == [1]
+    assert [b.mq for b in acc.drain(5, busy)] == [B0]
+    busy.clear()  # the answer came (the sender marks the broker idle, then drains)
+    [batch] = acc.drain(5, busy)
+    assert (batch.mq, batch.count) == (A0, 3)
+    put(acc, A0)  # the broker idle now: a new batch wakes the sender again
+    assert len(wakes) == 2
+
+
+def test_whichever_comes_second_of_a_new_batch_and_the_answer_sees_the_other():
+    # The answer's side marks the broker idle before it drains; the new batch's side looks at the broker
+    # after its batch is in place. Either the drain takes the batch, or the batch wakes the sender.
+    for answer_first in (False, True):
+        busy: set[str] = {"broker-a"}
+        acc, wakes, _ = accumulator(busy=busy)
+        if answer_first:
+            busy.clear()
+            assert acc.drain(5, busy) == []
+            put(acc, A0)
+            assert wakes == [1]
+        else:
+            put(acc, A0)
+            assert wakes == []
+            busy.clear()
+            assert [b.mq for b in acc.drain(5, busy)] == [A0]
 
 
 def test_only_the_busy_broker_waits():

@@ -262,10 +262,12 @@ def main() -> None:
         for rnd in range(a.rounds):
             for rate in (int(r) for r in a.rates.split(",")):
                 for kind in a.consumer.split(","):
-                    runs = ([{"rate": rate, "consumer": kind, "variant": "current",
-                              **relay_floor.one_run(rate, a.seconds, a.relay_batching == "natural")}]
-                            if kind == "relay" else one_run(address, server.proc.pid, f"split_{rnd}_{rate}_{kind}", rate, a.seconds, kind,
-                                       a.baseline, swap=rnd % 2 == 1))
+                    if kind == "relay":
+                        runs = [{"rate": rate, "consumer": kind, "variant": "current",
+                                 **relay_floor.one_run(rate, a.seconds, a.relay_batching == "natural")}]
+                    else:
+                        runs = one_run(address, server.proc.pid, f"split_{rnd}_{rate}_{kind}", rate, a.seconds, kind,
+                                       a.baseline, swap=rnd % 2 == 1)
                     for row in runs:
                         rows.append(row)
                         print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}),

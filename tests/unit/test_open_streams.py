@@ -96,31 +96,32 @@ def test_a_stream_stopped_before_its_first_step_ends_in_its_place(last):
         assert context.status == (grpc.StatusCode.UNAVAILABLE, STOPPING)
 
 
+class Registered:
+    """A stand-in for grpc.aio's server that keeps the method handlers a generated add_*_to_server gives it."""
+
+    def __init__(self) -> None:
+        self.handlers: dict = {}
+
+    def add_generic_rpc_handlers(self, handlers) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
+        self.handlers.update(handlers)
+
+
 def test_the_replicas_stream_is_marked_as_registered_with_grpc():
-    captured = {}
-
-    class Server:
-        def add_generic_rpc_handlers(self, handlers) -> None:
-            pass
-
-        def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
-            captured.update(handlers)
-    replication_pb2_grpc.add_ReplicationServiceServicer_to_server(ReplicationServicer(broker=None), Server())
+    server = Registered()
+    replication_pb2_grpc.add_ReplicationServiceServicer_to_server(ReplicationServicer(broker=None), server)
+    captured = server.handlers
     assert marked_last(captured["Replicate"].stream_stream)
     assert not marked_last(captured["GetMetadata"].unary_unary)
 
 
 def test_the_long_polls_are_marked_as_registered_with_grpc():
-    captured = {}
-
-    class Server:
-        def add_generic_rpc_handlers(self, handlers) -> None:
-            pass
-
-        def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
-            captured.update(handlers)
+    server = Registered()
     broker = types.SimpleNamespace(operations=None)
-    messaging_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(broker), Server())
+    messaging_pb2_grpc.add_MessagingServiceServicer_to_server(MessagingServicer(broker), server)
+    captured = server.handlers
     assert marked_long_poll(captured["PullMessage"].unary_unary)
     assert not marked_long_poll(captured["SendMessage"].unary_unary)
     table = rmq5.handlers(rmq5.Rmq5Servicer(broker))

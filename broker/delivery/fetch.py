@@ -18,8 +18,9 @@ like a streamed commit: forward only, refused once the owner changed.
 
 A handover's new owner may open a queue before its lock is granted (`after_lock`):
 the handle waits, woken as the queue's lock changes hands, until the client
-holds the lock, then starts at the group's committed offset under the grant's
-fence (QueueStarted, in the frame that carries its first records). The
+holds the lock, then starts at the group's committed offset as of the grant
+(the one its LockQueues answer told), under the grant's fence (QueueStarted,
+in the frame that carries its first records). The
 records then leave with the grant instead of after the grant's answer, the
 client's open and a second pass here. A queue without a committed offset ends
 the handle (FAILED_PRECONDITION): where it starts is the client's rule
@@ -161,6 +162,7 @@ class _Served:
     unwatch: Callable[[], None] = lambda: None
     awaiting: str = ""  # after_lock: the client whose lock starts the reading ("" once started, or never)
     granted: bool = False  # after_lock: its client was granted the lock (it starts, or ends, at the next frame)
+    granted_offset: int = -1  # after_lock: the group's committed offset at the grant (where it starts)
 
     def has_credit(self) -> bool:
         return self.credit_messages > 0 and self.credit_bytes > 0
@@ -365,21 +367,28 @@ class FetchSession:
         grant to its client wakes it, and marks it to start at the next frame, whoever holds the lock by
         then (a grant let go before the stream started it must not leave the handle waiting)."""
         if q.awaiting and not q.granted:
-            if self._access.lock_start(q.group, q.topic, q.queue_id, q.awaiting) is None:
+            start = self._access.lock_start(q.group, q.topic, q.queue_id, q.awaiting)
+            if start is None:
                 return
-            q.granted = True
+            q.granted, q.granted_offset = True, start[0]
         self._wake(q)
 
     def _lock_started(self, q: _Served) -> bool:
-        """An after_lock queue its client was granted: start it if the client holds the lock still, at the
-        committed offset and under the fence of its grant now; else end it (the lock was let go)."""
+        """An after_lock queue its client was granted: start it if the client holds the lock still, under the
+        fence of its grant now, at the committed offset as of the grant; else end it (the lock was let go).
+
+        As of the grant, not as of this frame: that offset is the one the LockQueues answer told the client,
+        whose lease takes this handle over only if it starts there. The new owner may commit before this
+        frame (a queue without a committed offset: its start offset, told at once, on a unary call that
+        can reach the broker before the fetch stream's close of this handle); started at that commit, the
+        handle served a queue the client then read again on a handle of its own."""
         start = self._access.lock_start(q.group, q.topic, q.queue_id, q.awaiting)
         if start is None:
             self._drop(q, QueueEnded(q.handle, EndReason.ERROR, error=FencedError(
                 f"queue {q.topic}:{q.queue_id} of group {q.group!r}: client {q.awaiting!r} was granted its lock "
                 f"and let it go before this stream started it; lock it again and open it")))
             return False
-        offset, fence = start
+        offset, fence = q.granted_offset, start[1]
         if offset < 0:
             self._drop(q, QueueEnded(q.handle, EndReason.ERROR, error=FailedPreconditionError(
                 f"queue {q.topic}:{q.queue_id} of group {q.group!r} has no committed offset: where it starts "

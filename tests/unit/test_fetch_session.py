@@ -267,6 +267,26 @@ def test_a_queue_opened_after_lock_without_a_committed_offset_ends_for_the_clien
     run(scenario)(tmp_path)
 
 
+def test_a_queue_opened_after_lock_starts_where_the_grant_said_whatever_was_committed_since(tmp_path):
+    # The grant told the new owner "no committed offset"; the owner starts by its own rule and tells the
+    # broker that start at once, on a unary call that may come before the fetch stream's next frame and
+    # before its close of this handle. Started at that commit, the handle would serve a queue the client
+    # reads again on a handle of its own: it ends, as it would have at the grant.
+    async def scenario(b):
+        send(b, 0, 3)
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "G", "T", 0, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
+                         after_lock=True))
+        (grant,) = await b.lock_queues("G", "c2", [("T", 0)])
+        b.commits.commit("G", "T", 0, 0, Fence("c2", grant.owner_epoch))  # (ownership.py's _recommit)
+        assert b.offsets.query("G", "T", 0) == 0
+        f = await frame(s)
+        assert not f.records and not f.started
+        [end] = f.ended
+        assert isinstance(end.error, FailedPreconditionError) and not isinstance(end.error, FencedError)
+    run(scenario)(tmp_path)
+
+
 def test_a_queue_opened_after_lock_starts_when_its_client_takes_the_lock_back_under_the_same_epoch(tmp_path):
     # Released and locked again with nobody in between keeps the owner epoch: still a new grant, which
     # starts the waiting handle at once (not at the next record stored).

@@ -83,7 +83,7 @@ def test_sends_waiting_for_the_replica_at_a_stop_are_answered(broker_factory):
         for sender in senders:  # one after the other, each stored (readers see neither before the replica)
             end = commit_log_end(master.address)
             sender.start()
-            wait_until(lambda: commit_log_end(master.address) > end, 15, f"{sender.name} stored")
+            wait_until(lambda end=end: commit_log_end(master.address) > end, 15, f"{sender.name} stored")
         stopper.start()
         wait_until(lambda: stopping(master.address), 15, "the master stopping")
     finally:

@@ -6,7 +6,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tidemark.broker.store.codec import CQ_DTYPE
-from tidemark.broker.store.reads import RUN_READ_BYTES, _fitting, _fitting_rows, _row_run_bounds, _run_bounds, _runs
+from tidemark.broker.store.reads import (
+    RUN_READ_BYTES,
+    _fitting,
+    _fitting_rows,
+    _row_run_bounds,
+    _run_bounds,
+    _runs,
+)
 
 
 def test_back_to_back_records_are_read_in_runs_of_bounded_size():

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import struct
 import subprocess
@@ -49,7 +48,7 @@ from pathlib import Path
 
 from bench import relay_floor
 from bench.broker_bench import start_broker
-from bench.procs import REPO, child_env, orphan_safe
+from bench.procs import REPO, child_env, orphan_safe, own_cpu_s
 
 HEAD = struct.Struct("<dq")  # send time (time.time()), sequence
 QUEUES = 16
@@ -63,11 +62,6 @@ def pct(values: list[float], q: float) -> float:
 def cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def own_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def producer(address: str, topic: str, rate: int, seconds: float) -> dict:

@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -31,6 +32,12 @@ _LAUNCHER = (
     "os.getppid() == int(sys.argv[1]) or os._exit(1); "
     "os.execv(sys.argv[2], sys.argv[2:])"
 )
+
+
+def own_cpu_s() -> float:
+    """CPU seconds (user and system) this process has used."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def orphan_safe(command: list[str]) -> list[str]:

@@ -27,22 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import resource
 import struct
 import subprocess
 import sys
 import time
 
-from bench.procs import REPO, child_env, free_port, orphan_safe
+from bench.procs import REPO, child_env, free_port, orphan_safe, own_cpu_s
 
 HEAD = struct.Struct("<qq")  # due time (time.time_ns()), sequence
 SIZE = 1024
 SERVICE = "bench.Relay"
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _pct(values: list[int], q: float) -> float:
@@ -66,12 +60,12 @@ def serve(port: int) -> None:
         async def read() -> None:
             async for request in requests:
                 if stats["first_cpu_s"] is None:
-                    stats["first_cpu_s"] = _cpu_s()
+                    stats["first_cpu_s"] = own_cpu_s()
                 answers.put_nowait(b"".join(request[i:i + HEAD.size] for i in range(0, len(request), SIZE)))
                 for q in subscribers:
                     q.put_nowait(request)
                 stats["messages"] += len(request) // SIZE
-                stats["cpu_s"] = _cpu_s() - stats["first_cpu_s"]
+                stats["cpu_s"] = own_cpu_s() - stats["first_cpu_s"]
             answers.put_nowait(None)
 
         reader = asyncio.get_running_loop().create_task(read())
@@ -140,7 +134,7 @@ def produce(address: str, rate: int, seconds: float, natural: bool) -> dict:
                         await send(batch)
 
             reader = asyncio.get_running_loop().create_task(read_answers())
-            cpu = _cpu_s()
+            cpu = own_cpu_s()
             start = time.time_ns() + 200_000_000
             for i in range(count):
                 due = start + i * 1_000_000_000 // rate
@@ -153,7 +147,7 @@ def produce(address: str, rate: int, seconds: float, natural: bool) -> dict:
                 else:
                     await send([message])
             await reader
-            cpu = _cpu_s() - cpu
+            cpu = own_cpu_s() - cpu
             await call.done_writing()
         return {"ack_p50_ms": _pct(acks, 0.5), "ack_p99_ms": _pct(acks, 0.99), "cpu_us_per_msg": cpu / count * 1e6,
                 "messages_per_request": count / requests}
@@ -176,12 +170,12 @@ def subscribe(address: str, count: int, seconds: float) -> dict:
             deadline = time.monotonic() + seconds
             while (frame := await call.read()) is not grpc.aio.EOF:
                 if cpu is None:
-                    cpu = _cpu_s()
+                    cpu = own_cpu_s()
                 now = time.time_ns()
                 latencies.extend(now - HEAD.unpack_from(frame, i)[0] for i in range(0, len(frame), SIZE))
                 if len(latencies) >= count or time.monotonic() > deadline:
                     break
-            cpu = _cpu_s() - (cpu or _cpu_s())
+            cpu = own_cpu_s() - cpu if cpu is not None else 0.0
             call.cancel()
         return {"received": len(latencies), "e2e_p50_ms": _pct(latencies, 0.5), "e2e_p99_ms": _pct(latencies, 0.99),
                 "cpu_us_per_msg": cpu / max(1, len(latencies)) * 1e6}

@@ -137,6 +137,7 @@ class BrokerStatus:
     replication_mode: str  # async or sync
     replica_lag_bytes: int
     replicas: int  # replicas streaming from this master
+    in_sync_replicas: tuple[int, ...]  # of those, the ones it counts in sync (broker ids)
     consumer_clients: int  # distinct clients with a live consumer heartbeat
     fetch_streams: int
     topics: int

@@ -29,7 +29,11 @@ class BrokerStatus:
     master_addr: str
     replication_mode: str
     replica_lag_bytes: int
-    replicas: int
+    replicas: int  # connected
+    # Of those, the broker ids in sync (ReplicationSource.in_sync_replicas, as the name servers get them):
+    # connected says nothing of what a replica holds; in sync, that it acknowledged the master's state and
+    # its log (an async master bounds its readers only while one is).
+    in_sync_replicas: tuple[int, ...]
     consumer_clients: int
     fetch_streams: int
     topics: int
@@ -52,6 +56,7 @@ def broker_status(b: BrokerController, version: str) -> BrokerStatus:
         master_addr=c.master if c.broker_id else "", replication_mode=c.replication.value,
         replica_lag_bytes=b.replica.lag_bytes if b.replica is not None else 0,
         replicas=len(b.replication.replicas()) if b.replication is not None else 0,
+        in_sync_replicas=tuple(b.replication.in_sync_replicas()) if b.replication is not None else (),
         consumer_clients=b.consumers.client_count(), fetch_streams=int(streams),
         topics=len(topics) - system, system_topics=system, groups=len(b.known_groups()),
         readable=b.permission.readable, writable=b.permission.writable)

@@ -72,7 +72,8 @@ def status(args: argparse.Namespace) -> int:
     rows = [{"broker": s.broker_name, "id": s.broker_id, "address": s.broker_addr, "version": s.version,
              "uptime": _duration(s.uptime_ms), "store": _size(s.store_size_bytes), "flush": s.flush_mode,
              "role": s.role.lower() + (f" of {s.master_addr}" if s.master_addr else
-                                       f" ({s.replication_mode}, {s.replicas} replica(s))"),
+                                       f" ({s.replication_mode}, {s.replicas} replica(s), in sync: "
+                                       f"{','.join(map(str, s.in_sync_replicas)) or 'none'})"),
              "clients": s.consumer_clients, "fetch_streams": s.fetch_streams, "topics": s.topics,
              "groups": s.groups, "perm": ("R" if s.readable else "-") + ("W" if s.writable else "-")}
             for s in found]

@@ -61,6 +61,7 @@ def overview(admin: Admin) -> dict[str, Any]:
             row.update(name=s.broker_name, id=s.broker_id, version=s.version, uptime_ms=s.uptime_ms,
                        store_bytes=s.store_size_bytes, flush_mode=s.flush_mode, readable=s.readable,
                        writable=s.writable, replication=s.replication_mode, replicas=s.replicas,
+                       in_sync=list(s.in_sync_replicas),
                        lag_bytes=s.replica_lag_bytes, clients=s.consumer_clients, topics=s.topics,
                        groups=s.groups)
         row["role"] = "master" if row["id"] == 0 else "replica"

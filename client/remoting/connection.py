@@ -450,7 +450,9 @@ class BrokerConnection:
 
     async def broker_status(self) -> BrokerStatus:
         pb = await self._call(self._admin.GetBrokerStatus, admin_pb2.GetBrokerStatusRequest())
-        return BrokerStatus(**{name: getattr(pb, name) for name in BrokerStatus.__slots__})
+        fields = {name: getattr(pb, name) for name in BrokerStatus.__slots__}
+        # (a repeated field: a tuple, so the frozen status compares and hashes; empty from an older broker)
+        return BrokerStatus(**fields | {"in_sync_replicas": tuple(pb.in_sync_replicas)})
 
     async def query_message_by_id(self, msg_id: str, topic: str = "") -> list[MessageExt]:
         pb = await self._call(self._admin.QueryMessageById,

@@ -14,15 +14,19 @@ import time
 import grpc
 import pytest
 from brokerproc import BrokerProcess, BrokerStubs
+from faults.proxy import FaultProxy
 from workload import create_topic, produce, wait_until
 
 from tidemark.client import (
     Admin,
     ConsumeConcurrentlyStatus,
     ConsumeFromWhere,
+    Message,
     MessageQueue,
     NotFoundError,
+    Producer,
     PushConsumer,
+    RequestTimeoutError,
 )
 from tidemark.client.cli import main as cli
 from tidemark.client.message import MessageModel
@@ -172,23 +176,48 @@ def test_broker_status_shows_version_uptime_store_role_clients_and_counts(broker
     assert "master" in line and broker.address in line
 
 
-def test_broker_status_shows_a_replica_with_its_master(broker_factory, monkeypatch, capsys):
-    master = broker_factory("broker-a", args=("--replication", "sync"))
-    replica = broker_factory("broker-a", args=("--broker-id", "1", "--master", master.address))
-    create_topic(master.address, "Replicated", 1)
-    produce(master.address, "Replicated", 3)
-    monkeypatch.setattr("tidemark.client.cli.main.setup_logging", lambda *a, **k: None)
+def test_broker_status_shows_a_replica_with_its_master_and_whether_it_is_in_sync(broker_factory, monkeypatch,
+                                                                                  capsys):
+    master = broker_factory("broker-a", args=("--replication", "sync", "--replication-timeout-ms", "1000"))
+    link = FaultProxy(master.address, name="replica-link")  # the replica's way to its master
+    try:
+        replica = broker_factory("broker-a", args=("--broker-id", "1", "--master", link.address))
+        create_topic(master.address, "Replicated", 1)
+        monkeypatch.setattr("tidemark.client.cli.main.setup_logging", lambda *a, **k: None)
 
-    def status() -> dict[int, dict]:
-        assert cli.main(["broker", "status", "--json", "--broker", f"{master.address},{replica.address}"]) == 0
-        return {row["broker_id"]: row for row in json.loads(capsys.readouterr().out)}
-    wait_until(lambda: status()[0]["replicas"] == 1, 30, "the replica streaming from its master")
-    rows = status()
-    assert (rows[0]["role"], rows[0]["replication_mode"], rows[0]["master_addr"]) == ("MASTER", "sync", "")
-    assert (rows[1]["role"], rows[1]["master_addr"], rows[1]["broker_addr"]) == ("REPLICA", master.address,
-                                                                                 replica.address)
-    wait_until(lambda: status()[1]["commit_log_max_offset"] == rows[0]["commit_log_max_offset"], 30,
-               "the replica to catch up")
+        def status() -> dict[int, dict]:
+            assert cli.main(["broker", "status", "--json", "--broker", f"{master.address},{replica.address}"]) == 0
+            return {row["broker_id"]: row for row in json.loads(capsys.readouterr().out)}
+
+        def role() -> str:  # the master's, as the table shows it
+            assert cli.main(["broker", "status", "--broker", master.address]) == 0
+            return capsys.readouterr().out.splitlines()[1]
+        wait_until(lambda: status()[0]["in_sync_replicas"] == [1], 30, "the replica in sync with its master")
+        produce(master.address, "Replicated", 3)  # (a sync master refuses sends before)
+        rows = status()
+        assert (rows[0]["role"], rows[0]["replication_mode"], rows[0]["master_addr"]) == ("MASTER", "sync", "")
+        assert (rows[1]["role"], rows[1]["master_addr"], rows[1]["broker_addr"]) == ("REPLICA", link.address,
+                                                                                     replica.address)
+        assert (rows[0]["replicas"], rows[1]["in_sync_replicas"]) == (1, [])  # (a replica has none)
+        wait_until(lambda: status()[1]["commit_log_max_offset"] == rows[0]["commit_log_max_offset"], 30,
+                   "the replica to catch up")
+        assert "master (sync, 1 replica(s), in sync: 1)" in role()
+
+        # Connected is not in sync: a replica that acknowledges nothing leaves the set once it lags past
+        # max(replication timeout, 2 s), and is back in it once it caught up.
+        link.blackhole(True)
+        try:
+            with Producer(brokers=master.address, retry_times_when_send_failed=0) as producer, \
+                    pytest.raises(RequestTimeoutError):  # stored on the master, not acknowledged
+                producer.send(Message("Replicated", b"not-copied"))
+            wait_until(lambda: (s := status()[0])["in_sync_replicas"] == [] and s["replicas"] == 1, 15,
+                       "the silent replica out of sync, still connected")
+            assert "master (sync, 1 replica(s), in sync: none)" in role()
+        finally:
+            link.heal()
+        wait_until(lambda: status()[0]["in_sync_replicas"] == [1], 30, "the replica in sync again")
+    finally:
+        link.close()
 
 
 # -- group update and its enforcement -------------------------------------------------------------------------

@@ -213,6 +213,8 @@ def test_overview_of_a_cluster_lists_replicas_and_brokers_that_died(namesrv_fact
     other = broker_factory("broker-b", args=common)
     with Admin(namesrv=(ns.address,)) as admin:
         wait_until(lambda: len(admin.cluster_list()) == 3, 15, "three brokers registered")
+        wait_until(lambda: admin.broker_status_at(master.address).in_sync_replicas == (1,), 15,
+                   "the replica in sync")
     with Console(ClientSettings(namesrv=(ns.address,)), ConsoleSettings(port=0)) as c:
         status, doc = call(c, "/api/overview")
         assert status == 200
@@ -221,6 +223,7 @@ def test_overview_of_a_cluster_lists_replicas_and_brokers_that_died(namesrv_fact
             {("broker-a", "master", "SERVING"), ("broker-a", "replica", "SERVING"), ("broker-b", "master", "SERVING")}
         assert rows[replica.address]["lag_bytes"] >= 0 and rows[master.address]["uptime_ms"] > 0
         assert rows[master.address]["replicas"] == 1 and rows[master.address]["store_bytes"] >= 0
+        assert (rows[master.address]["in_sync"], rows[replica.address]["in_sync"]) == ([1], [])
         other.kill()
         status, doc = call(c, "/api/overview")
         assert status == 200

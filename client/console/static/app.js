@@ -64,7 +64,9 @@ async function overviewPage(page) {
   page.replaceChildren(h("h1", {}, "Brokers"),
     h("div", { class: "cards" }, card("brokers", doc.brokers.length), card("serving", serving.length, "serving"),
       card("stored", fmtBytes(doc.brokers.reduce((sum, b) => sum + (b.store_bytes || 0), 0)))),
-    table([["name", "name"], ["role", (b) => (b.role === "master" && b.replicas ? `master (${b.replication}, ${b.replicas} replica)` : b.role)],
+    table([["name", "name"],
+           ["role", (b) => (b.role === "master" && b.replicas
+             ? `master (${b.replication}, ${b.replicas} replica, in sync: ${b.in_sync.join(",") || "none"})` : b.role)],
            ["address", "address"],
            ["health", (b) => h("span", { class: `badge ${b.health === "SERVING" ? "ok" : "bad"}`, title: b.error || "" },
                                b.health)],

@@ -26,10 +26,12 @@ client's open and a second pass here. A queue without a committed offset ends
 the handle (FAILED_PRECONDITION): where it starts is the client's rule
 (consume_from_where), and it opens the queue as usual. Whether it starts is
 decided at the grant (the waiters call back as the lock changes hands), where
-and under which fence at the next frame: a client that let the lock go by then
-(a quick rebalance back, a lease that could not start) gets the handle's end
-(FencedError) instead of a handle that waits for a lock it already had, for as
-long as the stream lasts. While it waits, records stored do not wake the stream.
+and under which fence at the next frame, from the grant the client holds then
+(the broker keeps each live grant's offset: handover.py): a client that let the
+lock go by then (a quick rebalance back, a lease that could not start) gets the
+handle's end (FencedError) instead of a handle that waits for a lock it already
+had, for as long as the stream lasts. While it waits, records stored do not
+wake the stream.
 
 Pure domain module: no grpc. Runs on the event-loop thread.
 """
@@ -162,7 +164,6 @@ class _Served:
     unwatch: Callable[[], None] = lambda: None
     awaiting: str = ""  # after_lock: the client whose lock starts the reading ("" once started, or never)
     granted: bool = False  # after_lock: its client was granted the lock (it starts, or ends, at the next frame)
-    granted_offset: int = -1  # after_lock: the group's committed offset at the grant (where it starts)
 
     def has_credit(self) -> bool:
         return self.credit_messages > 0 and self.credit_bytes > 0
@@ -367,28 +368,30 @@ class FetchSession:
         grant to its client wakes it, and marks it to start at the next frame, whoever holds the lock by
         then (a grant let go before the stream started it must not leave the handle waiting)."""
         if q.awaiting and not q.granted:
-            start = self._access.lock_start(q.group, q.topic, q.queue_id, q.awaiting)
-            if start is None:
+            if self._access.lock_start(q.group, q.topic, q.queue_id, q.awaiting) is None:
                 return
-            q.granted, q.granted_offset = True, start[0]
+            q.granted = True
         self._wake(q)
 
     def _lock_started(self, q: _Served) -> bool:
         """An after_lock queue its client was granted: start it if the client holds the lock still, under the
-        fence of its grant now, at the committed offset as of the grant; else end it (the lock was let go).
+        fence of the grant it holds now, at the committed offset as of that grant; else end it (the lock was
+        let go).
 
-        As of the grant, not as of this frame: that offset is the one the LockQueues answer told the client,
-        whose lease takes this handle over only if it starts there. The new owner may commit before this
-        frame (a queue without a committed offset: its start offset, told at once, on a unary call that
-        can reach the broker before the fetch stream's close of this handle); started at that commit, the
-        handle served a queue the client then read again on a handle of its own."""
+        As of the grant, not as of this frame (QueueReadAccess.lock_start): that offset is the one the
+        LockQueues answer told the client, whose lease takes this handle over only if it starts there. The
+        new owner may commit before this frame, or before this handle's open reaches the broker (a queue
+        without a committed offset: its start offset, told at once, on a unary call); started at that
+        commit, the handle served a queue the client then read again on a handle of its own. And the grant
+        it holds now, not the first one this handle saw: let go and granted again under the same epoch,
+        the client was told the second grant's offset."""
         start = self._access.lock_start(q.group, q.topic, q.queue_id, q.awaiting)
         if start is None:
             self._drop(q, QueueEnded(q.handle, EndReason.ERROR, error=FencedError(
                 f"queue {q.topic}:{q.queue_id} of group {q.group!r}: client {q.awaiting!r} was granted its lock "
                 f"and let it go before this stream started it; lock it again and open it")))
             return False
-        offset, fence = q.granted_offset, start[1]
+        offset, fence = start
         if offset < 0:
             self._drop(q, QueueEnded(q.handle, EndReason.ERROR, error=FailedPreconditionError(
                 f"queue {q.topic}:{q.queue_id} of group {q.group!r} has no committed offset: where it starts "

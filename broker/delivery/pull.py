@@ -102,8 +102,12 @@ class QueueReadAccess:
 
     def __init__(self, *, topics: TopicConfigManager, groups: SubscriptionGroupManager,
                  offsets: ConsumerOffsetManager, locks: QueueLockManager, permission: BrokerPermission,
-                 message_model: Callable[[str], str | None] = lambda group: "CLUSTERING") -> None:
+                 message_model: Callable[[str], str | None] = lambda group: "CLUSTERING",
+                 grant_offset: Callable[[str, str, int, int | None], int | None] = lambda *grant: None) -> None:
         self._message_model = message_model  # of a group's live members (ConsumerManager.message_model)
+        # (group, topic, queue id, lock token) -> the committed offset when that grant was made
+        # (QueueHandover.grant_offset; None: not the live grant)
+        self._grant_offset = grant_offset
         self._topics = topics
         self._groups = groups
         self._offsets = offsets
@@ -155,14 +159,16 @@ class QueueReadAccess:
 
     def lock_start(self, group: str, topic: str, queue_id: int, client_id: str) -> tuple[int, Fence] | None:
         """Where a queue's reading starts for `client_id` once it holds the queue's live lock: the group's
-        committed offset (-1: none) and the grant's fence; None while another client (or nobody) holds
-        it. The previous owner's final commit came before its release, and a commit quoting an older epoch
-        is refused, so this is the offset the grant's LockQueues answer carries."""
+        committed offset (-1: none) as of the grant it holds, the offset that grant's LockQueues answer
+        carried (the previous owner's final commit came before its release), and the grant's fence; None
+        while another client (or nobody) holds it. As of the grant, not as of now: the new owner may have
+        committed since (its own start, when the grant said none)."""
         if self._locks.holder(group, topic, queue_id) != client_id:
             return None
         fence = Fence(client_id, self._locks.current_epoch(group, topic, queue_id),
                       self._offsets.reset_generation(group, topic, queue_id))
-        return self._offsets.query(group, topic, queue_id), fence
+        offset = self._grant_offset(group, topic, queue_id, self._locks.live_token(group, topic, queue_id))
+        return self._offsets.query(group, topic, queue_id) if offset is None else offset, fence
 
     def reset_offset(self, group: str, topic: str, queue_id: int) -> int:
         """Where a consumer continues after an admin reset: the group's committed offset."""

@@ -217,6 +217,13 @@ class QueueLockManager:
             return current.client_id
         return None
 
+    def live_token(self, group: str, topic: str, queue_id: int) -> int | None:
+        """The lock token of the queue's live grant (which grant its holder is under), or None."""
+        current = self._get(group, topic, queue_id)
+        if current is not None and current.is_live(self._clock()):
+            return current.token
+        return None
+
     def check_owner(
         self, group: str, client_id: str, topic: str, queue_id: int, owner_epoch: int
     ) -> None:

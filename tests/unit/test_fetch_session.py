@@ -324,3 +324,43 @@ def test_a_queue_opened_after_lock_whose_client_let_the_lock_go_before_the_strea
         assert [e.handle for e in f.ended] == [1] and isinstance(f.ended[0].error, FencedError)
         assert s.open_queues == 0 and b.hold.watching() == 0
     run(scenario)(tmp_path)
+
+
+def test_a_queue_opened_after_lock_once_its_client_holds_the_lock_starts_where_the_grant_said(tmp_path):
+    # The open ahead and the LockQueues call travel apart (a stream frame, a unary call): the grant, and the
+    # new owner's commit of its own start (a queue without a committed offset: ownership.py's _recommit), can
+    # reach the broker before the open. The grant said "no committed offset": the client reads the queue on
+    # a handle of its own, so this one must end, not serve the queue a second time from that commit.
+    async def scenario(b):
+        send(b, 0, 3)
+        (grant,) = await b.lock_queues("G", "c2", [("T", 0)])
+        b.commits.commit("G", "T", 0, 0, Fence("c2", grant.owner_epoch))
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "G", "T", 0, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
+                         after_lock=True))
+        f = await frame(s)
+        assert not f.records and not f.started
+        [end] = f.ended
+        assert isinstance(end.error, FailedPreconditionError) and not isinstance(end.error, FencedError)
+    run(scenario)(tmp_path)
+
+
+def test_a_queue_opened_after_lock_starts_at_the_latest_grant_s_offset(tmp_path):
+    # Granted, let go with a final commit and granted again under the same epoch before the stream's next
+    # frame: the second grant's answer told the client the final commit, and the handle starts there.
+    async def scenario(b):
+        send(b, 0, 10)
+        await b.lock_queues("G", "c1", [("T", 0)])
+        b.unlock_queues("G", "c1", [("T", 0)], [("T", 0, 2, None)])
+        s = b.fetch_session()
+        s.open(OpenQueue(1, "G", "T", 0, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
+                         after_lock=True))
+        (first,) = await b.lock_queues("G", "c2", [("T", 0)])  # (the stream builds no frame in between)
+        assert b.held_queue("G", first).consumer_offset == 2
+        b.unlock_queues("G", "c2", [("T", 0)], [("T", 0, 5, Fence("c2", first.owner_epoch))])
+        (again,) = await b.lock_queues("G", "c2", [("T", 0)])
+        assert again.owner_epoch == first.owner_epoch and b.held_queue("G", again).consumer_offset == 5
+        f = await frame(s)
+        assert [(st.offset, st.owner_epoch) for st in f.started] == [(5, again.owner_epoch)]
+        assert offsets_of(f.records[0]) == list(range(5, 10))
+    run(scenario)(tmp_path)

@@ -8,9 +8,10 @@ a master, so every one gets them, the replicas too. SECRET_FILE holds the secret
 peer_user file). A user that exists gets that secret and loses any super-user flag; a rule that exists is
 kept, as are rules given by hand. Running it again changes nothing, so `docker-compose start` may.
 
-Then it waits until every master that replicates synchronously has a replica streaming from it: the
-replicas sign as `broker`, which exists only from now on, and such a master refuses every send until one
-is there, so what starts after this service (the job) finds the stack writable.
+Then it waits until every master that replicates synchronously counts a replica in sync (streaming from
+it and holding all it has): the replicas sign as `broker`, which exists only from now on, and such a master
+refuses every send until one is in sync, so what starts after this service (the job) finds the stack
+writable. A replica that is connected but still catching up is not enough.
 
 Exits 0 once every broker has every user and rule and the replicas are there; otherwise 1 with one line
 saying which broker and why.
@@ -66,8 +67,8 @@ def _apply(admin: Admin, users: dict[str, str], rules: list[tuple[str, str, list
 
 
 def wait_for_replicas(addresses: list[str]) -> None:
-    """Until every synchronous master among `addresses` has a replica streaming from it (UnavailableError
-    after WAIT_S). A broker that does not answer is not waited for: it is no master anyone writes to."""
+    """Until every synchronous master among `addresses` counts a replica in sync (UnavailableError after
+    WAIT_S). A broker that does not answer is not waited for: it is no master anyone writes to."""
     deadline = time.monotonic() + WAIT_S
     with Admin(brokers=addresses[0], tls=tls_from_env(), credentials=credentials_from_env()) as admin:
         while True:
@@ -77,12 +78,12 @@ def wait_for_replicas(addresses: list[str]) -> None:
                     status = admin.broker_status_at(address)
                 except UnavailableError:
                     continue
-                if status.role == "MASTER" and status.replication_mode == "sync" and status.replicas < 1:
+                if status.role == "MASTER" and status.replication_mode == "sync" and not status.in_sync_replicas:
                     waiting.append(f"{address} ({status.broker_name})")
             if not waiting:
                 return
             if time.monotonic() > deadline:
-                raise UnavailableError(f"no replica streams from {', '.join(waiting)} after {WAIT_S:.0f} s")
+                raise UnavailableError(f"no replica in sync with {', '.join(waiting)} after {WAIT_S:.0f} s")
             time.sleep(0.5)
 
 

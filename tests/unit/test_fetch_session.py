@@ -267,19 +267,27 @@ def test_a_queue_opened_after_lock_without_a_committed_offset_ends_for_the_clien
     run(scenario)(tmp_path)
 
 
-def test_a_queue_opened_after_lock_starts_where_the_grant_said_whatever_was_committed_since(tmp_path):
+@pytest.mark.parametrize("open_first", [True, False], ids=["opened-before-the-grant", "opened-after-the-commit"])
+def test_a_queue_opened_after_lock_starts_where_the_grant_said_whatever_was_committed_since(tmp_path, open_first):
     # The grant told the new owner "no committed offset"; the owner starts by its own rule and tells the
     # broker that start at once, on a unary call that may come before the fetch stream's next frame and
-    # before its close of this handle. Started at that commit, the handle would serve a queue the client
-    # reads again on a handle of its own: it ends, as it would have at the grant.
+    # before its close of this handle; and the open ahead itself, a stream frame, may reach the broker only
+    # after the grant and that commit (nothing orders the two). Started at that commit, the handle would
+    # serve a queue the client reads again on a handle of its own: it ends, as it would have at the grant.
     async def scenario(b):
         send(b, 0, 3)
         s = b.fetch_session()
-        s.open(OpenQueue(1, "G", "T", 0, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
-                         after_lock=True))
+
+        def open_ahead() -> None:
+            s.open(OpenQueue(1, "G", "T", 0, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
+                             after_lock=True))
+        if open_first:
+            open_ahead()
         (grant,) = await b.lock_queues("G", "c2", [("T", 0)])
         b.commits.commit("G", "T", 0, 0, Fence("c2", grant.owner_epoch))  # (ownership.py's _recommit)
         assert b.offsets.query("G", "T", 0) == 0
+        if not open_first:
+            open_ahead()
         f = await frame(s)
         assert not f.records and not f.started
         [end] = f.ended
@@ -323,25 +331,6 @@ def test_a_queue_opened_after_lock_whose_client_let_the_lock_go_before_the_strea
         assert not f.started and not f.records
         assert [e.handle for e in f.ended] == [1] and isinstance(f.ended[0].error, FencedError)
         assert s.open_queues == 0 and b.hold.watching() == 0
-    run(scenario)(tmp_path)
-
-
-def test_a_queue_opened_after_lock_once_its_client_holds_the_lock_starts_where_the_grant_said(tmp_path):
-    # The open ahead and the LockQueues call travel apart (a stream frame, a unary call): the grant, and the
-    # new owner's commit of its own start (a queue without a committed offset: ownership.py's _recommit), can
-    # reach the broker before the open. The grant said "no committed offset": the client reads the queue on
-    # a handle of its own, so this one must end, not serve the queue a second time from that commit.
-    async def scenario(b):
-        send(b, 0, 3)
-        (grant,) = await b.lock_queues("G", "c2", [("T", 0)])
-        b.commits.commit("G", "T", 0, 0, Fence("c2", grant.owner_epoch))
-        s = b.fetch_session()
-        s.open(OpenQueue(1, "G", "T", 0, 0, fence=Fence("c2", 0), credit_messages=100, credit_bytes=10**6,
-                         after_lock=True))
-        f = await frame(s)
-        assert not f.records and not f.started
-        [end] = f.ended
-        assert isinstance(end.error, FailedPreconditionError) and not isinstance(end.error, FencedError)
     run(scenario)(tmp_path)
 
 

@@ -161,6 +161,7 @@ def _rows(batch: pa.RecordBatch, topic: str, first_row: int) -> Iterator[tuple[A
 _PAIR = 2  # a property's separators: `key\x01value\x02`
 _TAGS_PAIR = len(PropertyKey.TAGS) + _PAIR
 _KEYS_PAIR = len(PropertyKey.KEYS) + _PAIR
+_UNIQ_SIZE = len(MessageIdGenerator().next())  # a generated id, ASCII hex, one length
 
 
 def _utf8_size(text: str) -> int:
@@ -179,15 +180,25 @@ def _record_fixed_size(topic: str, born_host: str) -> int:
 def _row_size(message: Message) -> int:
     """A row's bytes in its record beyond the fixed part, in UTF-8 as encoded: the body and its tags, keys
     and properties (each a `key\x01value\x02` pair), so a batch of rows with large or non-ASCII properties
-    stays within MAX_BATCH_BYTES as the producer encodes it."""
+    stays within MAX_BATCH_BYTES as the producer encodes it. Counted as `encode_message` merges them: the
+    tags and keys fields replace a TAGS or KEYS property, and a UNIQ_KEY property replaces the generated
+    id the fixed part counts."""
     size = len(message.body)  # bytes: Message encodes a str body
+    if not message.properties:
+        if message.tags:
+            size += _TAGS_PAIR + _utf8_size(message.tags)
+        if message.keys:
+            size += _KEYS_PAIR + _utf8_size(message.keys)
+        return size
+    merged = dict(message.properties)
     if message.tags:
-        size += _TAGS_PAIR + _utf8_size(message.tags)
+        merged[PropertyKey.TAGS] = message.tags
     if message.keys:
-        size += _KEYS_PAIR + _utf8_size(message.keys)
-    if message.properties:
-        size += sum(_utf8_size(k) + _utf8_size(v) + _PAIR for k, v in message.properties.items())
-    return size
+        merged[PropertyKey.KEYS] = message.keys
+    uniq = merged.pop(PropertyKey.UNIQ_KEY, "")
+    if uniq:
+        size += _utf8_size(uniq) - _UNIQ_SIZE
+    return size + sum(_utf8_size(k) + _utf8_size(v) + _PAIR for k, v in merged.items())
 
 
 class _Sender:

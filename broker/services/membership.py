@@ -16,7 +16,7 @@ from tidemark.broker.services.convert import (
     queue,
 )
 from tidemark.broker.services.errors import rpc, status_for
-from tidemark.broker.services.streams import write
+from tidemark.broker.services.streams import ends_when_asked, write
 from tidemark.common.protocol import (
     ExpressionType,
     InvalidNameError,
@@ -93,9 +93,18 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
             await context.abort(status_for(e), str(e))
         consumers = self._b.consumers
         updates = consumers.watch(request.group, request.client_id)
+
+        def finish() -> None:
+            # A stop ends the watch after the write under way, never inside it: a handler cancelled in the
+            # middle of grpc.aio's write could not send its status, and the call waited for the end of the
+            # stop's grace to be cut ("Cancelling all calls" instead of "the broker is stopping").
+            while not updates.empty():
+                updates.get_nowait()
+            updates.put_nowait(None)
+
+        ends_when_asked(finish)
         try:
-            while True:
-                ids = await updates.get()
+            while (ids := await updates.get()) is not None:
                 await write(context, membership_pb2.ConsumerIdsChanged(group=request.group, client_ids=ids))
         finally:
             # A client that unregistered first is no longer a member, so this only starts a grace for crashes.

@@ -29,9 +29,11 @@ Telemetry) run in a task of their own, and the stop ends them in an order,
 before the server's stop (whose grace only unary calls use now):
 - a stream that owes answers says how it ends by itself (`ends_when_asked`:
   a Produce stream stops reading and answers the batches it took, once they
-  are as durable as the configuration says);
-- the others (fetches, watches) are cancelled at once, as a client that went
-  away would cancel them: their cleanup runs as then;
+  are as durable as the configuration says; a membership watch ends after
+  the write under way, as a handler cancelled inside grpc.aio's write could
+  not send its status and its call waited for the end of the grace);
+- the others (fetches) are cancelled at once, as a client that went away
+  would cancel them: their cleanup runs as then;
 - the streams that others' answers wait for (handlers marked `ends_last`: a
   replica's copy of the log, which sync replication's answers need) go once
   the asked ones have ended and the broker says it is settled. The mark is

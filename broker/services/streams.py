@@ -175,7 +175,12 @@ class OpenStreams:
         except asyncio.CancelledError:
             # The handler's own cancellation, by stop(), and not the call's (cancelling() counts those).
             if self.stopping and not asyncio.current_task().cancelling():
-                await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
+                try:
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, STOPPING)
+                except grpc.aio.UsageError:
+                    # "Abort already called!": the stop cut the handler in its own abort (a refusal on its
+                    # way out), whose status stands. The call ends as a cancelled one, not with this error.
+                    pass
             raise
         finally:
             del self._calls[task]

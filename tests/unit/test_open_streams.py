@@ -131,3 +131,46 @@ def test_the_long_polls_are_marked_as_registered_with_grpc():
     assert marked_long_poll(registered("ReceiveMessage").unary_stream)
     assert marked_long_poll(registered("PullMessage").unary_stream)
     assert not marked_long_poll(registered("QueryRoute").unary_unary)
+
+
+class AbortingContext(Context):
+    """grpc.aio's abort as the stop may meet it: the first call waits while its status goes out, a second
+    one raises UsageError "Abort already called!"."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aborting = asyncio.Event()
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        if self.status is not None:
+            raise grpc.aio.UsageError("Abort already called!")
+        self.status = (code, details)
+        self.aborting.set()
+        await asyncio.Event().wait()  # the status on its way: the stop's cancellation comes in here
+
+
+def test_a_handler_stopped_in_its_own_abort_ends_as_a_cancelled_call():
+    """Regression (controller fault run, seed 21911: a master fenced as it stopped logged "Unexpected
+    [UsageError] raised by servicer method [CommitOffsets]"). A stream handler refusing a commit with an
+    abort was cancelled by the stop inside that abort, and the stop's own abort (UNAVAILABLE "the broker is
+    stopping") raised "Abort already called!" out of the servicer. The handler's status stands and the
+    call ends as a cancelled one."""
+    async def scenario() -> AbortingContext:
+        streams, context = OpenStreams(), AbortingContext()
+
+        async def refusing() -> None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no longer the master")
+
+        call = asyncio.create_task(streams.run(refusing(), context))
+        await asyncio.wait_for(context.aborting.wait(), WAIT_S)
+
+        async def settled() -> None:
+            pass
+
+        await streams.stop(settled, asyncio.get_running_loop().time() + WAIT_S)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(call, WAIT_S)
+        return context
+
+    context = asyncio.run(scenario())
+    assert context.status == (grpc.StatusCode.FAILED_PRECONDITION, "no longer the master")

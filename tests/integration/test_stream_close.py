@@ -385,9 +385,8 @@ def test_streams_open_when_the_broker_stops_end_quietly(broker):
             assert (await fetch.read()).records[0].count == 1
             watch = membership_pb2_grpc.MembershipServiceStub(channel).WatchConsumerIds(
                 membership_pb2.WatchConsumerIdsRequest(group="watchers", client_id="w1"))
-            # Parked in its handler: the watch's first answer (the group's members) comes from there. (Its
-            # wait_for_connection says only that the request left: under load the stop could come first,
-            # and a call the server had not started yet ends with its stop's "Cancelling all calls".)
+            # Parked in its handler before the stop: the watch's first answer (the group's members) comes
+            # from there (its wait_for_connection says only that the request left).
             assert (await watch.read()).group == "watchers"
             stopping = asyncio.create_task(asyncio.to_thread(broker.stop))
             unavailable = (grpc.StatusCode.UNAVAILABLE, "the broker is stopping")

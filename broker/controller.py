@@ -131,8 +131,7 @@ class BrokerController:
                                            guard=authority.check_change, read_guard=authority.check_query)
         self.read_access = QueueReadAccess(topics=self.topics, groups=self.groups, offsets=self.offsets,
                                            locks=self.locks, permission=self.permission,
-                                           message_model=lambda group: self.consumers.message_model(group),
-                                           grant_offset=lambda *grant: self.handover.grant_offset(*grant))
+                                           message_model=lambda group: self.consumers.message_model(group))
         # Queues changing hands: lock waits, the new owner's starting point, the old one's final commits.
         self.handover = QueueHandover(locks=self.locks, offsets=self.offsets, commits=self.commits, hold=self.hold,
                                       popped=lambda group: self.pop.has_group(group),

@@ -63,12 +63,6 @@ class QueueHandover:
         self._hold = hold
         self._popped = popped  # (group) -> whether pop consumes it (RocketMQ 5 clients): it has no queue owners
         self._on_owners_changed = on_owners_changed  # (group, queues that changed hands): the metric
-        # Where the group stood on each queue when its live grant was made: (group, topic, queue id) ->
-        # (lock token, committed offset). The grant's LockQueues answer tells the new owner this offset, and a
-        # fetch handle opened ahead of the lock starts there (fetch.py), however late its open or its next
-        # frame reaches the broker: by then the new owner may have committed (its own start, when the grant
-        # said none), and the lock may have been let go and granted again (same epoch, another answer).
-        self._grant_offsets: dict[tuple[str, str, int], tuple[int, int]] = {}
 
     async def lock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
                           wait_ms: int = 0, *, renew: bool = False) -> list[LockGrant]:
@@ -94,16 +88,11 @@ class QueueHandover:
         return grants
 
     def held_queue(self, group: str, grant: LockGrant) -> HeldQueue:
-        """A grant with the queue's committed offset as of the grant, and its reset generation."""
-        offset = self.grant_offset(group, grant.topic, grant.queue_id, grant.lock_token)
+        """A grant with the queue's committed offset as of the grant (kept with it: `_lock`), and its reset
+        generation."""
+        offset = self._locks.start_offset(group, grant.topic, grant.queue_id, grant.lock_token)
         return HeldQueue(grant, self._offsets.query(group, grant.topic, grant.queue_id) if offset is None else offset,
                          self._offsets.reset_generation(group, grant.topic, grant.queue_id))
-
-    def grant_offset(self, group: str, topic: str, queue_id: int, token: int | None) -> int | None:
-        """The group's committed offset (-1: none) when the grant named by lock `token` was made; None when
-        that grant is not the queue's live one."""
-        recorded = self._grant_offsets.get((group, topic, queue_id))
-        return recorded[1] if recorded is not None and token is not None and recorded[0] == token else None
 
     def unlock_queues(self, group: str, client_id: str, queues: list[tuple[str, int]],
                       final_offsets: list[tuple[str, int, int, Fence | None]] = (),
@@ -129,7 +118,6 @@ class QueueHandover:
                     keep.add((topic, queue_id))
         released = self._locks.unlock(group, client_id, [q for q in queues if q not in keep], tokens)
         for topic, queue_id in released:
-            self._grant_offsets.pop((group, topic, queue_id), None)
             self._hold.notify(topic, queue_id)
         if released:  # (the other end of a handover: the next owner's lock_grant follows)
             log.info("queue locks released", event="lock_release", group=group, client_id=client_id,
@@ -139,7 +127,6 @@ class QueueHandover:
     def expire(self) -> None:
         """The timer's job: drop the locks nobody renewed in time."""
         for lock in self._locks.expire():
-            self._grant_offsets.pop((lock.group, lock.topic, lock.queue_id), None)
             self._hold.notify(lock.topic, lock.queue_id)
             log.info("queue lock expired",
                      event="lock_expire", group=lock.group, topic=lock.topic, queue_id=lock.queue_id,
@@ -149,7 +136,6 @@ class QueueHandover:
         """A member left the group (or stopped sending heartbeats): its queues are free at once."""
         released = self._locks.release_client(group, client_id)
         for topic, queue_id in released:
-            self._grant_offsets.pop((group, topic, queue_id), None)
             self._hold.notify(topic, queue_id)
         if released:
             log.info("queue locks released",
@@ -161,13 +147,14 @@ class QueueHandover:
         locks = self._locks
         before = {q: locks.current_epoch(group, *q) for q in queues}
         held = {q for q in queues if locks.holder(group, *q) == client_id}
-        grants = locks.lock(group, client_id, queues, renew=renew)
+        # Each new grant keeps where the group stood on its queue: the grant's LockQueues answer tells the new
+        # owner this offset, and a fetch handle opened ahead of the lock starts there (fetch.py), however late
+        # its open or its next frame reaches the broker: by then the new owner may have committed (its own
+        # start, when the grant said none), and the lock may have been let go and granted again (same epoch,
+        # another answer). Kept before the notifies below, which wake the handles waiting for the grant.
+        grants = locks.lock(group, client_id, queues, renew=renew,
+                            start_offset=lambda topic, queue_id: self._offsets.query(group, topic, queue_id))
         changed = [g for g in grants if before.get((g.topic, g.queue_id)) != g.owner_epoch]
-        for g in grants:  # (before the notifies below: a fetch handle waiting for this grant reads it)
-            key = (group, g.topic, g.queue_id)
-            recorded = self._grant_offsets.get(key)
-            if recorded is None or recorded[0] != g.lock_token:  # a new grant (a renewal keeps its token)
-                self._grant_offsets[key] = (g.lock_token, self._offsets.query(group, g.topic, g.queue_id))
         for g in changed:
             log.info("queue lock granted",
                      event="lock_grant", group=group, topic=g.topic, queue_id=g.queue_id, client_id=client_id,

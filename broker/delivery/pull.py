@@ -102,12 +102,8 @@ class QueueReadAccess:
 
     def __init__(self, *, topics: TopicConfigManager, groups: SubscriptionGroupManager,
                  offsets: ConsumerOffsetManager, locks: QueueLockManager, permission: BrokerPermission,
-                 message_model: Callable[[str], str | None] = lambda group: "CLUSTERING",
-                 grant_offset: Callable[[str, str, int, int | None], int | None] = lambda *grant: None) -> None:
+                 message_model: Callable[[str], str | None] = lambda group: "CLUSTERING") -> None:
         self._message_model = message_model  # of a group's live members (ConsumerManager.message_model)
-        # (group, topic, queue id, lock token) -> the committed offset when that grant was made
-        # (QueueHandover.grant_offset; None: not the live grant)
-        self._grant_offset = grant_offset
         self._topics = topics
         self._groups = groups
         self._offsets = offsets
@@ -167,7 +163,7 @@ class QueueReadAccess:
             return None
         fence = Fence(client_id, self._locks.current_epoch(group, topic, queue_id),
                       self._offsets.reset_generation(group, topic, queue_id))
-        offset = self._grant_offset(group, topic, queue_id, self._locks.live_token(group, topic, queue_id))
+        offset = self._locks.start_offset(group, topic, queue_id)  # kept with the grant (handover.py)
         return self._offsets.query(group, topic, queue_id) if offset is None else offset, fence
 
     def reset_offset(self, group: str, topic: str, queue_id: int) -> int:

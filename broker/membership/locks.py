@@ -73,6 +73,9 @@ class _QueueLock:
     held: bool  # False once released or reaped by expire(); the record stays as history
     expires_at: float  # on the injected monotonic clock, seconds
     expire_timestamp: int  # wall clock ms, reported only
+    # Where the group stood on the queue when this grant was made (its committed offset, -1: none), as the
+    # grant's answer told its holder; None when the caller did not say (`lock`'s start_offset).
+    start_offset: int | None = None
 
     def is_live(self, now: float) -> bool:
         return self.held and now < self.expires_at
@@ -109,7 +112,8 @@ class QueueLockManager:
     # -- grant and release -------------------------------------------------
 
     def lock(
-        self, group: str, client_id: str, queues: Iterable[tuple[str, int]], *, renew: bool = False
+        self, group: str, client_id: str, queues: Iterable[tuple[str, int]], *, renew: bool = False,
+        start_offset: Callable[[str, int], int] | None = None,
     ) -> list[LockGrant]:
         """Grant or renew locks; return only the queues now held by `client_id`.
 
@@ -118,6 +122,8 @@ class QueueLockManager:
         another client is left out of the answer, as RocketMQ's lockBatchMQ does.
         A grant keeps its lock token only when `renew` and `client_id` still
         holds the lock; otherwise it is a new grant with a new token.
+        `start_offset(topic, queue_id)`, read once per new grant (a renewal keeps
+        its grant's), is kept with the grant (`start_offset` below).
         """
         now = self._clock()
         expires_at = now + self._expiry_ms / 1000.0
@@ -138,12 +144,13 @@ class QueueLockManager:
             else:
                 epoch = self._epochs.next()
             if renew and current is not None and current.client_id == client_id and current.held:
-                token = current.token
+                token, start = current.token, current.start_offset
             else:
                 token = self._tokens.next()
+                start = start_offset(topic, queue_id) if start_offset is not None else None
             if table is None:
                 table = self._groups.setdefault(group, {})
-            table[key] = _QueueLock(client_id, epoch, token, True, expires_at, expire_timestamp)
+            table[key] = _QueueLock(client_id, epoch, token, True, expires_at, expire_timestamp, start)
             grants.append(LockGrant(topic, queue_id, epoch, expire_timestamp, token))
         return grants
 
@@ -217,12 +224,13 @@ class QueueLockManager:
             return current.client_id
         return None
 
-    def live_token(self, group: str, topic: str, queue_id: int) -> int | None:
-        """The lock token of the queue's live grant (which grant its holder is under), or None."""
+    def start_offset(self, group: str, topic: str, queue_id: int, token: int | None = None) -> int | None:
+        """The committed offset kept with the queue's live grant (the one named by `token`, when given);
+        None when there is no such grant or nothing was kept with it."""
         current = self._get(group, topic, queue_id)
-        if current is not None and current.is_live(self._clock()):
-            return current.token
-        return None
+        if current is None or not current.is_live(self._clock()) or (token is not None and current.token != token):
+            return None
+        return current.start_offset
 
     def check_owner(
         self, group: str, client_id: str, topic: str, queue_id: int, owner_epoch: int

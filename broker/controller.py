@@ -164,7 +164,7 @@ class BrokerController:
                                    broker_id=config.broker_id, segment_size=config.commitlog_segment_size,
                                    after_mirror=self.flush_configs, on_topic_gone=self._remove_topic_data,
                                    tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials(),
-                                   hand_back=not config.controller) \
+                                   hand_back=not config.controller, on_connected=self.handover.master_reached) \
             if config.broker_id else None
         self.transactions = TransactionService(
             store=self.store, topics=self.topics, permission=self.permission, clock_ms=self.clock_ms,

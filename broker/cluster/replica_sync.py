@@ -6,10 +6,11 @@ for where the two logs part, truncates when told to, then
 stores the master's records at the same offsets and acknowledges its new end;
 with them it takes the master's producer table and consumer offsets (whole in
 the first chunk, then every change). Every second it also mirrors topics,
-groups, delay and pop progress (`mirror_metadata`), and on each connection it
+groups, delay and pop progress (`mirror_metadata`). On each connection it
 hands the commits its consumers made here while the master was away back to
-it (not in controller mode, where a replica takes none). The master's side,
-and the rules both follow, are in replication.py.
+it (not in controller mode, where a replica takes none), and gives up the
+queue locks it granted them meanwhile. The master's side, and the rules both
+follow, are in replication.py.
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ class ReplicaSync:
                  pop: PopService, producers: IdempotenceService, broker_name: str, broker_id: int, segment_size: int, after_mirror: Callable[[], Awaitable[None]],
                  on_topic_gone: Callable[[str], Awaitable[None]], tls_ca_file: str = "",
                  credentials: Credentials | None = None, clock_ms: Callable[[], int] = now_ms,
-                 hand_back: bool = True, monotonic: Callable[[], float] = time.monotonic) -> None:
+                 hand_back: bool = True, on_connected: Callable[[], None] = lambda: None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.master = master
         self._store = store
         self._topics, self._groups, self._offsets, self._schedule = topics, groups, offsets, schedule
@@ -153,6 +155,9 @@ class ReplicaSync:
         # what the new master holds.
         self._hand_back = hand_back
         self._hand_back_due = False
+        # Told on every (re)connection, as the hand-back is due: the queue locks granted here meanwhile go
+        # (QueueHandover.master_reached).
+        self._on_connected = on_connected
         # Whether the offsets here are a copy of this master's: not until the first mirror after start or
         # a follow (before, they are what this broker had: a restart's file, a replaced master's own).
         self.offsets_copied = False
@@ -256,6 +261,7 @@ class ReplicaSync:
                 self.connected, self._error, self._hand_back_due = True, None, self._hand_back
                 log.info("replicating from master", event="replication_connected", master=self.master,
                          offset=store.commit_log_max_offset)
+                self._on_connected()
             if chunk.HasField("truncate_to"):
                 await store.truncate_to(chunk.truncate_to)
                 return  # and ask again from there

@@ -192,20 +192,30 @@ class QueueLockManager:
         mine = sorted(key for key, lk in table.items() if lk.held and lk.client_id == client_id)
         return self.unlock(group, client_id, mine)
 
+    def release_all(self) -> list[LockInfo]:
+        """Release every held lock, of every group, and return them (for the waiters and the log): a replica
+        whose master is back gives up the grants it made while standing in (QueueHandover.master_reached).
+        The epoch history is kept, so each holder stays the owner until the queue is granted to another."""
+        return self._release(lambda lk, now: True)
+
     def expire(self) -> list[LockInfo]:
         """Drop locks whose time ran out and return them (for logging).
 
         Only the "held" mark goes: the last holder and epoch stay as history.
         """
+        return self._release(lambda lk, now: not lk.is_live(now))
+
+    def _release(self, which: Callable[[_QueueLock, float], bool]) -> list[LockInfo]:
+        """Release the held locks `which` picks (given the clock's now); return them, sorted."""
         now = self._clock()
-        dropped: list[LockInfo] = []
+        released: list[LockInfo] = []
         for group, table in self._groups.items():
             for key, current in table.items():
-                if current.held and not current.is_live(now):
+                if current.held and which(current, now):
                     table[key] = replace(current, held=False)
-                    dropped.append(self._info(group, key, current, now))
-        dropped.sort(key=lambda i: (i.group, i.topic, i.queue_id))
-        return dropped
+                    released.append(self._info(group, key, current, now))
+        released.sort(key=lambda i: (i.group, i.topic, i.queue_id))
+        return released
 
     # -- queries -----------------------------------------------------------
 

@@ -210,6 +210,23 @@ def test_expire_returns_expired_locks_once_and_keeps_history(locks, clock):
     assert [(i.client_id, i.queue_id, i.live) for i in locks.locks()] == [("c2", 1, True)]
 
 
+def test_release_all_frees_every_group_keeps_each_holder_the_owner_and_its_epoch(locks, clock):
+    e0 = locks.lock(G, "c1", [Q0])[0].owner_epoch
+    locks.lock(G, "c2", [Q1])
+    eb = locks.lock("group-b", "c1", [Q0])[0].owner_epoch
+    clock.advance(61)
+    locks.lock(G, "c3", [("other", 0)])  # live; Q0 and Q1 of G expired but not reaped: released too
+    released = locks.release_all()
+    assert [(i.group, i.topic, i.queue_id, i.client_id) for i in released] == [
+        (G, "other", 0, "c3"), (G, T, 0, "c1"), (G, T, 1, "c2"), ("group-b", T, 0, "c1")]
+    assert locks.locks() == [] and locks.release_all() == []
+    locks.check_owner(G, "c1", T, 0, e0)  # nobody was granted the queue since: c1 still owns it
+    assert locks.lock("group-b", "c1", [Q0], renew=True)[0].owner_epoch == eb  # its renewal takes it again
+    assert locks.lock(G, "c4", [Q0])[0].owner_epoch != e0  # or another client does, under a new epoch
+    with pytest.raises(FencedError):
+        locks.check_owner(G, "c1", T, 0, e0)
+
+
 def test_locks_lists_expired_but_not_reaped_as_not_live(locks, clock):
     locks.lock(G, "c1", [Q0])
     clock.advance(61)

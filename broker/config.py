@@ -113,9 +113,10 @@ class BrokerConfig:
                                   "the calls still open")
     lock_expiry_ms: int = _setting(60_000, "Queue ownership lock lifetime without renewal")
     max_long_polling_ms: int = _setting(30_000, "Upper bound on a pull's suspend timeout")
-    keepalive_min_interval_ms: int = _setting(10_000, "Shortest keepalive ping interval a client's idle connection "
-                                              "may use (Tidemark's clients ping every 30 s; faster pingers are "
-                                              "sent away with GOAWAY too_many_pings, gRPC's default is 5 min)")
+    keepalive_min_interval_ms: int = _setting(1_000, "Shortest keepalive ping interval a client's idle connection "
+                                              "may use (Tidemark's clients ping every 3 s to find a silent "
+                                              "connection; faster pingers are sent away with GOAWAY "
+                                              "too_many_pings, gRPC's default is 5 min)")
     delay_levels: str = _setting(DEFAULT_DELAY_LEVELS, "Delay levels for scheduled and retried messages")
     retry_queue_nums: int = _setting(1, "Queues of an auto-created %RETRY% topic")
     max_reconsume_times: int = _setting(16, "Default retries before a message goes to %DLQ%")

@@ -76,11 +76,24 @@ from tidemark.v1 import (
 )
 
 MAX_GRPC_MESSAGE_BYTES = 64 * 1024 * 1024
+KEEPALIVE_MS = 3_000  # a client's keepalive ping interval; a broker's keepalive_min_interval_ms must allow it
 _CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_GRPC_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_GRPC_MESSAGE_BYTES),
-    ("grpc.keepalive_time_ms", 30_000),
+    # A partition that drops packets leaves the TCP connection open while TCP retransmits, on a timer that
+    # doubles (the fault checker's partition runs: sends got through 3 to 6 s after a partition of a few
+    # seconds healed, 13 s after a longer one): every call and stream waits out its timeout, then is tried
+    # again on the same silent connection. A ping every 3 s, unanswered for 3 s, closes it and the channel
+    # dials anew for the next call (RocketMQ closes a channel whose call timed out). Idle connections ping
+    # too (a consumer's fetch stream sends nothing while it waits for records); the broker allows pings
+    # this often (keepalive_min_interval_ms, 1 s). gRPC 1.85 times a ping out by ping_timeout_ms
+    # (broker/cluster/replica_sync.py does the same for a replica's link). An older broker (10 s) answers
+    # GOAWAY too_many_pings, and gRPC doubles the interval until it is allowed (3, 6, then 12 s).
+    ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", 3_000),
+    ("grpc.http2.ping_timeout_ms", 3_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
     # A restarted broker is found again within a couple of seconds (gRPC's default backoff grows to
     # two minutes), and each connection dials on its own: a channel made after a broker came back does
     # not inherit the backoff of a process-wide subchannel that saw it die.

@@ -14,6 +14,9 @@ resetting TCP proxy, each pinned by real broker, name server and replica process
 5. A queue handed over while its old owner is cut off from the broker goes to its new owner within
    moments of the network healing: the old owner asks again for the unlock (and final commit) that
    failed, instead of leaving the broker's lock to expire a minute later.
+6. A connection that goes silent (a partition dropping packets: no reset, no refusal) is given up by the
+   client within seconds, so that once the network heals its calls go on a new connection instead of
+   waiting for TCP to retransmit on the old one.
 
 Every wait polls observable state against a deadline.
 """
@@ -456,3 +459,36 @@ def test_a_queue_whose_unlock_failed_reaches_its_next_owner_once_the_network_hea
             if new is not None:
                 new.shutdown()
             old.shutdown()
+
+
+# -- 6. a silent connection is given up ------------------------------------------------------------
+
+
+def test_a_client_gives_up_a_silent_connection_and_sends_again_once_the_network_heals(broker_factory):
+    """Regression (partition runs of the fault checker, seeds 21900-21905: in half the windows between two
+    partitions no send got through, and sends resumed 3 to 6 s after the last one healed). Over a network that drops packets the client's TCP connection stays
+    open while TCP retransmits on a timer that doubles; a send timed out and went again on the same silent
+    connection (gRPC's keepalive pinged every 30 s and waited 20 s for the answer). The client's keepalive
+    (a ping every 3 s, 3 s to answer) now closes it within seconds and the channel dials anew."""
+    broker = broker_factory()
+    with Admin(brokers=broker.address) as admin:
+        admin.create_topic("Silent", 1)
+    with FaultProxy(broker.address) as proxy, Producer(brokers=proxy.address) as producer:
+        producer.send(Message("Silent", b"before"))
+        assert proxy.open_connections() == 1
+        proxy.blackhole(True)  # nothing moves and nothing ends: no reset, no refusal
+
+        def given_up() -> bool:
+            # A closed connection is dialled anew only for a call: the application goes on sending (each
+            # send times out while the network is silent).
+            try:
+                producer.send(Message("Silent", b"during"))
+            except TidemarkError:
+                pass
+            # The proxy holds the old connection's bytes and its FIN too (nothing crosses a dead link): that
+            # the client gave it up shows as a second connection it dials through the proxy.
+            return proxy.open_connections() == 2
+
+        wait_until(given_up, 20, "the client to give the silent connection up (before: not within 30 s)")
+        proxy.heal()
+        assert producer.send(Message("Silent", b"after")).queue_offset >= 1  # sent once the network healed

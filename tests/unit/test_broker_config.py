@@ -82,3 +82,12 @@ def test_help_lists_every_setting():
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--retry-queue-nums" in out.stdout and "%RETRY%" in out.stdout
+
+
+def test_the_broker_lets_its_clients_ping_as_often_as_they_do():
+    """A client pings every KEEPALIVE_MS to find a silent connection (a partition that drops packets); a
+    broker whose ping policy allowed fewer would send its idle connections away (GOAWAY too_many_pings)
+    and cut their streams."""
+    from tidemark.client.remoting.connection import KEEPALIVE_MS
+
+    assert BrokerConfig().keepalive_min_interval_ms < KEEPALIVE_MS

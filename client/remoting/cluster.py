@@ -38,7 +38,8 @@ and the name servers are asked where its master is now, every ROUTE_RETRY_INTERV
 request timeout, at once and in the background (`_resolve`, one look at a time per name). Whenever a
 name's serving address changes, by that look or by any route or cluster refresh, `moves` tells those
 listening (moves.py: a consumer's fetch streams and membership move there at once): nobody waits for
-a periodic refresh, a rebalance or a reconnect back-off to find the new master.
+a periodic refresh, a rebalance or a reconnect back-off to find the new master. A failover to a replica and
+the failback to the master are such changes too.
 
 **Unreachable is not missing**: NotFoundError only when a broker (or a name
 server) that answered says the topic does not exist; when the brokers that
@@ -153,6 +154,7 @@ class BrokerCluster:
             self._down[name] = time.monotonic()
             log.warning("master of %s at %s is unreachable; reading from its replica %s", name, conn.address,
                         self._replicas[name][0], event="broker_failover", broker=name)
+            self.moves.tell(name, self._replicas[name][0])
 
     @property
     def addresses(self) -> list[str]:
@@ -464,6 +466,10 @@ class BrokerCluster:
                 self._down.pop(name, None)
                 log.info("master of %s at %s answers again", name, master.address, event="broker_failback",
                          broker=name)
+                # Told like any other change of the serving address: a fetch stream left on the replica would
+                # keep the queues this client locks on the master from now on waiting there for a lock the
+                # replica never grants (the fault checker's controller scenario, seed 21912).
+                self.moves.tell(name, master.address)
                 return master
         if not self._replicas.get(name):
             return master  # no replica known (any more): the master's own errors say why

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from tidemark.client.errors import RequestTimeoutError, UnavailableError
-from tidemark.client.remoting.cluster import BrokerCluster
+from tidemark.client.remoting.cluster import PROBE_INTERVAL_S, BrokerCluster
 from tidemark.client.remoting.moves import MasterMoves
 
 
@@ -92,4 +92,30 @@ def test_a_refresh_asked_while_a_discovery_is_under_way_asks_again_once_it_ends(
         answer.set()
         assert (await before)["broker-a"].address == "old:1"
         assert (await after)["broker-a"].address == "new:1" and asked == ["old:1", "new:1"]
+    asyncio.run(go())
+
+
+def test_a_failover_to_the_replica_and_the_failback_to_the_master_are_told_as_moves():
+    """The failback was not told (the fault checker's controller scenario, seed 21912): a consumer kept its
+    fetch stream on the replica, opened there the queues it then locked on the master, and they waited for
+    a lock the replica never grants, unread until shutdown."""
+    async def go():
+        cluster = BrokerCluster([], timeout_s=3.0)
+        master, replica = FakeConn("master:1", answers=False), FakeConn("replica:1", answers=True)
+        cluster._by_name["broker-a"] = cluster._by_address["master:1"] = master
+        cluster._by_address["replica:1"] = replica
+        cluster._replicas["broker-a"] = ["replica:1"]
+        heard: list[tuple[str, str]] = []
+        cluster.moves.listen(lambda name, address: heard.append((name, address)))
+
+        cluster._unavailable(master)  # a call found the master unreachable
+        assert heard == [("broker-a", "replica:1")]
+        assert await cluster.connection("broker-a") is replica
+        cluster._down["broker-a"] -= PROBE_INTERVAL_S  # probed again: still away
+        assert await cluster.connection("broker-a") is replica and len(heard) == 1
+
+        master.answers = True
+        cluster._down["broker-a"] -= PROBE_INTERVAL_S
+        assert await cluster.connection("broker-a") is master  # it answers again
+        assert heard == [("broker-a", "replica:1"), ("broker-a", "master:1")]
     asyncio.run(go())

@@ -24,6 +24,7 @@ from tidemark.client import (
     Message,
     MessageQueue,
     NotFoundError,
+    NotMasterError,
     Producer,
     PushConsumer,
     RequestTimeoutError,
@@ -529,12 +530,21 @@ def test_deleted_offsets_do_not_come_back_when_a_replica_reconnects(broker_facto
         admin.delete_group_offsets("gone", "Kept")
     replica.kill()
     wait_until(lambda: streaming() == 0, 30, "the master to see its replica gone")
-    replica.start()
     def hand_backs() -> int:
         return master.log_text().count("event=offsets_handed_back")
 
-    before = hand_backs()
+    before = hand_backs()  # (counted before the start: the replica hands its table back as it connects)
+    replica.start()
     wait_until(lambda: streaming() == 1, 30, "the replica back")
     wait_until(lambda: hand_backs() > before, 30, "the replica's table handed back to the master")
+
+    def copied() -> bool:  # (it answers offset queries once its first mirror copied the master's)
+        try:
+            on_replica("gone")
+        except NotMasterError:
+            return False
+        return True
+
+    wait_until(copied, 30, "the replica to answer offset queries")
     assert on_replica("gone") == {0: 3}, "the replica still held the deleted entry when it handed its table back"
     assert committed(master.address, "gone", "Kept") == {0: -1}

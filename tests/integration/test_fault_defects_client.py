@@ -466,10 +466,11 @@ def test_a_queue_whose_unlock_failed_reaches_its_next_owner_once_the_network_hea
 
 def test_a_client_gives_up_a_silent_connection_and_sends_again_once_the_network_heals(broker_factory):
     """Regression (partition runs of the fault checker, seeds 21900-21905: in half the windows between two
-    partitions no send got through, and sends resumed 3 to 6 s after the last one healed). Over a network that drops packets the client's TCP connection stays
-    open while TCP retransmits on a timer that doubles; a send timed out and went again on the same silent
-    connection (gRPC's keepalive pinged every 30 s and waited 20 s for the answer). The client's keepalive
-    (a ping every 3 s, 3 s to answer) now closes it within seconds and the channel dials anew."""
+    partitions no send got through, and sends resumed 3 to 6 s after the last one healed). Over a network
+    that drops packets the client's TCP connection stays open while TCP retransmits on a timer that
+    doubles; a send timed out and went again on the same silent connection (gRPC's keepalive pinged every
+    30 s and waited 20 s for the answer). The client's keepalive (a ping every 3 s, 3 s to answer) now
+    closes it within seconds and the channel dials anew."""
     broker = broker_factory()
     with Admin(brokers=broker.address) as admin:
         admin.create_topic("Silent", 1)

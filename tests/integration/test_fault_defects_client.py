@@ -487,8 +487,10 @@ def test_a_client_gives_up_a_silent_connection_and_sends_again_once_the_network_
             except TidemarkError:
                 pass
             # The proxy holds the old connection's bytes and its FIN too (nothing crosses a dead link): that
-            # the client gave it up shows as a second connection it dials through the proxy.
-            return proxy.open_connections() == 2
+            # the client gave it up shows as another connection it dials through the proxy. (Not exactly one
+            # more: a new connection cannot finish its handshake through the blackhole either, and under load a
+            # send that waits out its retries may outlast its being given up too.)
+            return proxy.open_connections() >= 2
 
         wait_until(given_up, 20, "the client to give the silent connection up (before: not within 30 s)")
         proxy.heal()

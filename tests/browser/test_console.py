@@ -358,8 +358,11 @@ def test_copies_of_a_message_carry_distinct_titles_and_requeues_show(auth_broker
         admin.create_topic("Tasks", 1)
         (msg_id,) = send(auth_broker.address, "Tasks", ["task-1"])
         (original,) = admin.query_message_by_id(msg_id, "Tasks")
-        admin.send_back("doers", original, delay_level=1)  # a retry copy on %RETRY%doers after 100 ms
+        # The dead-letter copy first: stored before the retry copy is even asked for, whose delay then makes it
+        # the newest. (Asked the other way round, a dead-letter call slower than the delay, under load, was
+        # stored after the retry copy: the fresh clone's failure.)
         admin.send_back("doers", original, delay_level=-1)  # a dead-letter copy on %DLQ%doers
+        admin.send_back("doers", original, delay_level=1)  # a retry copy on %RETRY%doers after 100 ms
         wait_until(lambda: len(admin.query_message_by_id(msg_id)) == 3, 20, "the retry copy stored")
     console = console_factory(auth_broker.address)
     sign_in(page, console, f"#/messages?msg_id={msg_id}")

@@ -15,9 +15,10 @@ PROTO_STAMP := $(PROTO_DIR)/tidemark/v1/.generated
 # added, removed or renamed, which changes the list in $(FILES).
 STRICT := --config-settings editable_mode=strict
 FILES := $(VENV)/.tidemark-files
-$(shell mkdir -p $(VENV) && find common broker client spark_connector proto -type f ! -path '*/__pycache__/*' \
-	! -path '*.egg-info/*' ! -name '*_pb2*' ! -name .generated | LC_ALL=C sort > $(FILES).new; \
-	cmp -s $(FILES).new $(FILES) || mv $(FILES).new $(FILES); rm -f $(FILES).new)
+# (A temporary file of its own per make: `make test` runs two makes at once.)
+$(shell mkdir -p $(VENV) && t=$(FILES).new.$$$$ && find common broker client spark_connector proto -type f \
+	! -path '*/__pycache__/*' ! -path '*.egg-info/*' ! -name '*_pb2*' ! -name .generated | LC_ALL=C sort > $$t; \
+	cmp -s $$t $(FILES) || mv $$t $(FILES); rm -f $$t)
 DATA_DIR ?= ./data
 PORT ?= 10911
 # The suite runs on pytest-xdist workers; tests/conftest.py keeps tests that share a heavy resource
@@ -27,7 +28,7 @@ PORT ?= 10911
 PYTEST_WORKERS ?= 4
 PYTEST_ARGS ?= --durations=30 -n $(PYTEST_WORKERS) --dist loadscope
 
-.PHONY: setup gen run test torture lint lock bench bench-client bench-rmq5 demo images docs clean
+.PHONY: setup gen run test test-tools torture lint lock bench bench-client bench-rmq5 demo images docs clean
 
 setup: $(STAMP) $(PROTO_STAMP)
 
@@ -75,12 +76,20 @@ define apt_install
 		echo "$(2) could not be installed: $(3) will skip"
 endef
 
-test: setup
-	$(PY) tools/container_engine.py install
+# The virtualenv and the system packages are set up side by side (pip and apt-get download and unpack
+# at once on a fresh machine; `setup` itself stays in order), then the suite runs.
+test:
+	@$(MAKE) --no-print-directory test-tools & tools=$$!; $(MAKE) --no-print-directory setup; \
+		setup=$$?; wait $$tools && [ $$setup = 0 ]
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# System packages only tests use (the standard library's Python runs the engine's installer: the venv
+# may not exist yet).
+test-tools:
+	$(PYTHON) tools/container_engine.py install
 	$(call apt_install,promtool,prometheus,the alert-rule test)
 	$(call apt_install,chromium,chromium,the console's browser tests)
 	$(call apt_install,iptables,iptables,the partition fault run)
-	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Seeded fault runs (tests/faults/, docs/guarantees.md): make torture SCENARIOS=kill,failover RUNS=20 SEED=100
 # MODE=flush=sync DURATION=30. Prints each run, the command that repeats a failing one, and a table.

@@ -16,6 +16,12 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 # before exec ("epoll_wait error: Bad file descriptor", then JAVA_GATEWAY_EXITED; grpc/grpc#43055, open
 # in grpcio 1.81-1.85). No test uses gRPC across a fork: the handlers stay off (read at gRPC's import).
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+# Every JVM the tests start (Spark's driver and executors, a standalone cluster, the README's Spark
+# example) compiles with C1 only and collects with one thread: they run small queries for seconds,
+# where C2's compilations and the parallel collector's threads cost more CPU than they save (31 Spark
+# tests on one session: the JVM's CPU 30 s -> 17 s, the same wall time). The suite is CPU bound on
+# 2 cores, so that CPU is the other workers' time. JVMs print one line to stderr saying they took it.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 
 # Property tests check behaviour, not speed (bench/ measures that): hypothesis' 200 ms deadline per
 # example fails them on a loaded machine (one example of a pure journal test took 320 ms once, 1.4 ms when

@@ -44,10 +44,11 @@ def committed(address: str) -> int:
 
 
 def holds_log_of(replica: str, master: str) -> bool:
-    """Whether `replica` holds the whole log of `master`, which counts it connected. Not the replica's lag
-    figure alone: that is what the master last told it, and reads 0 from its connection until the master's
-    first chunk comes (a kill 0.3 s after the connection lost 300 acknowledged sends that way on a loaded
-    machine, as async replication allows)."""
+    """Whether `replica` holds the whole log of `master` (and the master counts it connected). Not the
+    replica's lag figure: that is the master's log end as of the last chunk the replica took, so what the
+    master stored since is not in it, and it reads 0 while those sends are still on their way (a kill 0.3 s
+    after the replica connected lost 300 acknowledged sends that way on a loaded machine, as async
+    replication allows)."""
     m, r = status(master), status(replica)
     return m.replicas == 1 and r.commit_log_max_offset == m.commit_log_max_offset
 

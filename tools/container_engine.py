@@ -1,6 +1,8 @@
 """A container engine for tests/containers/: Debian's docker.io, docker-compose and debootstrap.
 
-    .venv/bin/python tools/container_engine.py install    # `make test` runs this first
+    python3 tools/container_engine.py install    # `make test` runs this beside the venv's setup
+
+It runs on the system's Python (the venv may not exist yet): the standard library only.
 
 `install` installs the three packages with apt-get when they are missing and this runs as root (a CI
 machine); otherwise it says in one line why not and exits 0, and the container tests skip with that

@@ -266,7 +266,8 @@ class ConsumerSettings(ClientSettings):
     heartbeat_interval_s: float = _setting(30.0, "Heartbeat to every broker")
     queue_locking: bool = _setting(True, "Zero-duplicate handover with queue locks (False: RocketMQ's behaviour)")
     drain_timeout_s: float = _setting(10.0, "Wait for in-flight messages of a queue that moves away")
-    lock_renew_interval_s: float = _setting(20.0, "Queue lock renewal (locks expire after 60 s)")
+    lock_renew_interval_s: float = _setting(
+        20.0, "Queue lock renewal (a broker keeps a lock 60 s; an orderly queue waits once none was answered for 30)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -63,6 +63,8 @@ class QueueLockGrant:
     reset_generation: int = 0
     # Names this grant: the unlock quoting it cannot release a later grant of the queue (0: unknown).
     lock_token: int = 0
+    # How long the broker keeps the lock without a renewal (0: the broker did not say).
+    lock_expiry_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)

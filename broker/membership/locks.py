@@ -48,6 +48,7 @@ class LockGrant:
     owner_epoch: int
     expire_timestamp: int  # wall clock, ms since the epoch; for the client and for logs
     lock_token: int  # this grant's name, for its unlock
+    expiry_ms: int = DEFAULT_LOCK_EXPIRY_MS  # how long the lock lives without a renewal
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +152,7 @@ class QueueLockManager:
             if table is None:
                 table = self._groups.setdefault(group, {})
             table[key] = _QueueLock(client_id, epoch, token, True, expires_at, expire_timestamp, start)
-            grants.append(LockGrant(topic, queue_id, epoch, expire_timestamp, token))
+            grants.append(LockGrant(topic, queue_id, epoch, expire_timestamp, token, self._expiry_ms))
         return grants
 
     def unlock(

@@ -143,7 +143,7 @@ class MembershipServicer(membership_pb2_grpc.MembershipServiceServicer):
             membership_pb2.QueueLock(queue=queue(h.grant.topic, name, h.grant.queue_id),
                                      owner_epoch=h.grant.owner_epoch, expire_timestamp=h.grant.expire_timestamp,
                                      consumer_offset=h.consumer_offset, reset_generation=h.reset_generation,
-                                     lock_token=h.grant.lock_token)
+                                     lock_token=h.grant.lock_token, lock_expiry_ms=h.grant.expiry_ms)
             for h in held])
 
     @rpc

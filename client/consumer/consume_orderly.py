@@ -1,7 +1,10 @@
 """ConsumeMessageOrderlyService: a lease's messages in order per message group, under the queue's lock.
 
 A queue is consumed only while this client holds its broker lock (its lease
-is ACTIVE). Within the queue, order is kept per message group (RocketMQ 5
+is ACTIVE, and its LockHold has not lapsed: a consume thread that finds the
+lock possibly expired on the broker, unrenewed for half the broker's expiry,
+puts the batch back, and the queue's workers wait for `on_lock_lapsed` to
+have the lock renewed; lock_hold.py). Within the queue, order is kept per message group (RocketMQ 5
 FIFO; message_groups.py has the rule): each group with messages waiting has
 one worker task taking its batches in offset order, and workers of different
 groups run side by side on the consume threads. Messages without a group form
@@ -42,11 +45,15 @@ from tidemark.common.protocol import is_retry_topic
 
 log = get_logger("tidemark.client.consume")
 
+# A consume thread's answer instead of the listener's: the queue's lock may have expired on the broker.
+LAPSED = object()
+
 
 class ConsumeMessageOrderlyService:
     def __init__(self, *, listener: MessageListenerOrderly, settings: PushConsumerSettings,
                  pool: ConsumeThreadPool, offset_store: OffsetStore, send_back: SendBackService, fetcher: Fetcher,
-                 suspended: Callable[[], bool], on_death: Callable[[QueueLease, BaseException], None]) -> None:
+                 suspended: Callable[[], bool], on_death: Callable[[QueueLease, BaseException], None],
+                 on_lock_lapsed: Callable[[QueueLease], None]) -> None:
         self._listener = listener
         self._settings = settings
         self._pool = pool
@@ -55,6 +62,8 @@ class ConsumeMessageOrderlyService:
         self._fetcher = fetcher
         self._suspended = suspended
         self._on_death = on_death
+        # Have the lease's lock renewed, then resume() (a task beside the queue's workers, which end).
+        self._on_lock_lapsed = on_lock_lapsed
         self._groups: dict[QueueLease, MessageGroups] = {}
         self._running: dict[tuple[QueueLease, str], asyncio.Task] = {}  # one worker per (lease, group)
         self.consumed_ok = 0
@@ -76,9 +85,10 @@ class ConsumeMessageOrderlyService:
             self._start(lease, group)
 
     def resume(self) -> None:
-        """Workers put their batch back and ended while the consumer was suspended: start them again."""
+        """Workers put their batch back and ended while the consumer was suspended, or while their queue's
+        lock was lapsed: start them again (those of queues whose lock is still lapsed wait for its renewal)."""
         for lease, groups in list(self._groups.items()):
-            if lease.active:
+            if lease.active and not _lapsed(lease):
                 for group in groups.unclaimed():
                     self._start(lease, group)
 
@@ -113,14 +123,17 @@ class ConsumeMessageOrderlyService:
             log.error("orderly consume task died",
                       event="consume_task_died", queue=lease.mq, group=group, exc_info=error)
             self._on_death(lease, error)
-        elif waiting and lease.active and not self._suspended() and groups.claim(group):
+        elif waiting and lease.active and not self._suspended() and not _lapsed(lease) and groups.claim(group):
             # Messages arrived after its last take, or it skipped its batch while the consumer was suspended.
             self._start(lease, group)
 
     def _call(self, lease: QueueLease, batch: list[MessageExt], context: ConsumeOrderlyContext) -> object:
-        """On a consume thread: skip when the lease stopped being active or the consumer is suspended."""
+        """On a consume thread: skip when the lease stopped being active or the consumer is suspended, hold
+        back when the queue's lock may have expired on the broker."""
         if not lease.active or self._suspended():
             return SKIPPED
+        if _lapsed(lease):
+            return LAPSED
         view = [for_listener(m) for m in batch] if is_retry_topic(lease.mq.topic) else batch
         return call_listener(self._listener, view, context, lease)
 
@@ -137,6 +150,10 @@ class ConsumeMessageOrderlyService:
                 groups.put_back(group, batch)
                 if lease.active and not self._suspended():
                     continue  # resumed while the batch waited for a thread
+                return
+            if status is LAPSED:
+                groups.put_back(group, batch)
+                self._on_lock_lapsed(lease)
                 return
             if not lease.counts:
                 return
@@ -175,3 +192,7 @@ class ConsumeMessageOrderlyService:
         log.warning("orderly messages moved to DLQ",
                     event="orderly_dlq", queue=batch[0].message_queue, count=len(batch))
         return True
+
+
+def _lapsed(lease: QueueLease) -> bool:
+    return lease.lock is not None and lease.lock.lapsed()

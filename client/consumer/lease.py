@@ -16,7 +16,8 @@ Every fetched batch and every batch handed to a listener carries its lease, so
 "is this still valid" is one look at that lease, from any thread (the status
 is a plain attribute written on the event loop). The lease also holds its
 generation's working set: a ProcessQueue of its own (a new lease starts with
-an empty one) and the count of listener batches running.
+an empty one) and the count of listener batches running. Under a broker lock
+it carries the ownership's LockHold (lock_hold.py), which its successors share.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import enum
 
+from tidemark.client.consumer.lock_hold import LockHold
 from tidemark.client.consumer.process_queue import ProcessQueue
 from tidemark.client.message import MessageQueue
 from tidemark.client.types import Fence
@@ -37,13 +39,14 @@ class LeaseStatus(enum.Enum):
 
 class QueueLease:
     __slots__ = ("mq", "client_id", "owner_epoch", "reset_generation", "start_offset", "pq", "status",
-                 "running", "_idle")
+                 "running", "_idle", "lock")
 
     def __init__(self, mq: MessageQueue, *, client_id: str, owner_epoch: int | None,
-                 reset_generation: int | None, start_offset: int) -> None:
+                 reset_generation: int | None, start_offset: int, lock: LockHold | None = None) -> None:
         self.mq = mq
         self.client_id = client_id
         self.owner_epoch = owner_epoch  # from the broker's lock grant; None without locking
+        self.lock = lock  # how long the broker lock may be counted on; None without locking
         self.reset_generation = reset_generation  # the admin reset this lease has seen
         self.start_offset = start_offset
         self.pq = ProcessQueue()
@@ -54,7 +57,7 @@ class QueueLease:
     def successor(self, start_offset: int, reset_generation: int | None) -> QueueLease:
         """The next generation of the same ownership (same owner epoch): after a seek, reset or illegal offset."""
         return QueueLease(self.mq, client_id=self.client_id, owner_epoch=self.owner_epoch,
-                          reset_generation=reset_generation, start_offset=start_offset)
+                          reset_generation=reset_generation, start_offset=start_offset, lock=self.lock)
 
     @property
     def fence(self) -> Fence:

@@ -39,15 +39,17 @@ others' handovers): lock tokens, not the lock, keep them from undoing a grant.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable
 
 from tidemark.client.consumer.final_unlocks import FinalUnlocks
 from tidemark.client.consumer.kept_progress import KeptProgress, resume_offset
 from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.consumer.lock_renewal import LockRenewal
 from tidemark.client.consumer.offset_store import OffsetStore
 from tidemark.client.consumer.ownership_hooks import OwnershipHooks
 from tidemark.client.consumer.pending_unlocks import LOCK_RETRY_DELAY_S, PendingUnlocks
-from tidemark.client.consumer.queue_state import OwnedQueue, QueueState
+from tidemark.client.consumer.queue_state import OwnedQueue, QueueState, by_broker
 from tidemark.client.errors import FencedError, TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
@@ -102,6 +104,9 @@ class QueueOwnership:
         # queue can both be granted (a waiter asking for a queue that went away and came back, beside the
         # new OwnedQueue's own call), and the broker keeps only the later grant's token (_quote).
         self._grants: dict[MessageQueue, tuple[int, int]] = {}
+        self._renewal = LockRenewal(cluster=cluster, group=group, client_id=client_id, lock=self._lock,
+                                    queues=self._queues, lose=self._lose, quote=self._quote,
+                                    stopping=lambda: self._stopping)
         self.handovers = 0
 
     # -- views -----------------------------------------------------------------
@@ -198,7 +203,7 @@ class QueueOwnership:
 
     def _ask(self, oqs: Iterable[OwnedQueue], *, wait_ms: int, pause_s: float = 0.0, first: bool = False) -> None:
         """Ask for LOCKING queues (after `pause_s`): one task per broker, which owns them until granted."""
-        for broker, group in _by_broker(list(oqs)).items():
+        for broker, group in by_broker(list(oqs)).items():
             task = self._lock_waiters.spawn(self._ask_on(broker, group, wait_ms, pause_s, first=first),
                                             name=f"lock:{broker}")
             if task is not None and first:  # (None: stopped, nothing is asked for any more)
@@ -257,27 +262,13 @@ class QueueOwnership:
         await self._unlocks.close()
 
     async def renew_locks(self) -> None:
-        """Renew every held lock; a queue whose lock was not renewed is lost."""
-        if not self.locking:
-            return
-        async with self._lock:
-            held = [oq for oq in self._queues.values() if oq.state in (QueueState.PULLING, QueueState.DRAINING)]
-            for broker, oqs in _by_broker(held).items():
-                try:
-                    conn = await self._cluster.connection(broker)
-                    # Given up when the master moves meanwhile: it holds every other change of queues.
-                    grants = {g.queue: g for g in await self._cluster.moves.until(
-                        broker, conn.lock_queues(self._group, self._client_id, [oq.mq for oq in oqs], renew=True))}
-                except TidemarkError as e:
-                    log.warning("lock renewal failed",
-                                event="lock_renew_failed", group=self._group, broker=broker, error=e)
-                    continue
-                for oq in oqs:
-                    grant = grants.get(oq.mq)
-                    if grant is None or grant.owner_epoch != oq.owner_epoch:
-                        self._lose(oq, "lock not renewed")
-                    else:  # a new grant when the lock had lapsed meanwhile
-                        oq.lock_token = self._quote(oq.mq, grant.owner_epoch, grant.lock_token)
+        """Renew every held lock; a queue whose lock was not renewed is lost (lock_renewal.py)."""
+        if self.locking:
+            await self._renewal.renew()
+
+    async def confirm_lock(self, lease: QueueLease) -> None:
+        """An orderly batch found its queue's lock lapsed on this client's clock: see LockRenewal.confirm."""
+        await self._renewal.confirm(lease)
 
     async def lose(self, mq: MessageQueue, reason: str) -> None:
         async with self._lock:
@@ -332,6 +323,7 @@ class QueueOwnership:
                        wait_ms: int) -> tuple[list[OwnedQueue], bool]:
         """Lock queues of one broker: the granted ones still wanted (owner epoch set), and whether the
         broker granted anything at all."""
+        sent_at = time.monotonic()
         try:
             conn = await self._cluster.connection(broker)
             # Given up when the master moves meanwhile: the queues are locked where it is now instead.
@@ -357,9 +349,11 @@ class QueueOwnership:
                     stale[oq.mq] = token
                 elif current.owner_epoch == grant.owner_epoch:
                     current.lock_token = token
+                    current.hold.confirm(sent_at, grant.lock_expiry_ms)
                 continue
             oq.owner_epoch = grant.owner_epoch
             oq.lock_token = token
+            oq.hold.confirm(sent_at, grant.lock_expiry_ms)
             oq.granted_at = (grant.consumer_offset, grant.reset_generation)
             log.info("queue lock granted",
                      event="lock_grant", group=self._group, queue=oq.mq, owner_epoch=grant.owner_epoch)
@@ -396,7 +390,7 @@ class QueueOwnership:
         kept = self._kept.pop(mq, None)
         resumed = resume_offset(offset, committed, generation, kept)
         lease = QueueLease(mq, client_id=self._client_id, owner_epoch=oq.owner_epoch,
-                           reset_generation=generation, start_offset=resumed)
+                           reset_generation=generation, start_offset=resumed, lock=oq.hold if self.locking else None)
         try:
             oq.transition(QueueState.PULLING)
             oq.replace_lease(lease)
@@ -577,13 +571,6 @@ class QueueOwnership:
         self._store.remove_offset(oq.mq)
         if self._queues.get(oq.mq) is oq:
             del self._queues[oq.mq]
-
-
-def _by_broker(oqs: list[OwnedQueue]) -> dict[str, list[OwnedQueue]]:
-    out: dict[str, list[OwnedQueue]] = {}
-    for oq in oqs:
-        out.setdefault(oq.mq.broker_name, []).append(oq)
-    return out
 
 
 def _log_failure(message: str, event: str, error: Exception, **fields: object) -> None:

@@ -57,6 +57,7 @@ class AsyncPushConsumer(ConsumerCore):
         self.orderly = orderly
         # Set by PushConsumer.suspend() from any thread; read by the fetcher and the consume threads.
         self.suspended = False
+        self._confirming: set[QueueLease] = set()  # orderly leases whose lapsed lock is being renewed
 
     @property
     def locking(self) -> bool:
@@ -87,7 +88,8 @@ class AsyncPushConsumer(ConsumerCore):
         common = dict(listener=self._listener, settings=s, pool=self.pool, offset_store=self.offset_store,
                       send_back=self.send_back, fetcher=self.fetcher, suspended=lambda: self.suspended)
         self.consume_service: ConsumeMessageConcurrentlyService | ConsumeMessageOrderlyService = (
-            ConsumeMessageOrderlyService(**common, on_death=self._consume_task_died) if self.orderly
+            ConsumeMessageOrderlyService(**common, on_death=self._consume_task_died,
+                                         on_lock_lapsed=self._lock_lapsed) if self.orderly
             else ConsumeMessageConcurrentlyService(**common, clustering=self.clustering))
         log.info("consumer starting",
                  event="consumer_start", group=s.group, client_id=self.client_id, model=s.message_model.value,
@@ -144,6 +146,20 @@ class AsyncPushConsumer(ConsumerCore):
 
     def _consume_task_died(self, lease: QueueLease, error: BaseException) -> None:
         self.ownership.lose_lease(lease, f"consume task died: {error!r}")
+
+    def _lock_lapsed(self, lease: QueueLease) -> None:
+        if lease not in self._confirming:  # (each of the queue's message groups' workers stops for it)
+            self._confirming.add(lease)
+            self.spawn(self._confirm_lock(lease), name=f"confirm-lock:{lease.mq}")
+
+    async def _confirm_lock(self, lease: QueueLease) -> None:
+        """An orderly queue's workers stopped for its lapsed lock: have it renewed, then start them again."""
+        try:
+            await self.ownership.confirm_lock(lease)
+        finally:
+            self._confirming.discard(lease)
+        if not self.suspended:
+            self.consume_service.resume()
 
     def resume(self) -> None:
         """Loop thread: undo suspend(), hand held batches to the listener and held credit to the brokers."""

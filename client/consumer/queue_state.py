@@ -12,16 +12,19 @@ and fenced, or the broker refused a commit); nothing more is committed.
 
 The queue's current QueueLease follows the state: it is created on entering
 PULLING (and replaced, within PULLING, by a seek or reset), drains with the
-queue, and ends when the queue is released or lost.
+queue, and ends when the queue is released or lost. Its LockHold (lock_hold.py)
+says how long this client may still count on the broker lock; the leases of
+the queue share it, and whoever waits on it is woken when the queue leaves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.consumer.lock_hold import LockHold
 from tidemark.client.errors import TidemarkError
 from tidemark.client.message import MessageQueue
 
@@ -59,6 +62,7 @@ class OwnedQueue:
     # The lock grant's view of the group's progress: (committed offset, reset generation).
     granted_at: tuple[int, int] | None = None
     lease: QueueLease | None = None
+    hold: LockHold = field(default_factory=LockHold)
     # DRAINING -> RELEASED runs as its own task, so cancelling whoever started it cannot skip the
     # final commit and unlock.
     release_task: asyncio.Task | None = None
@@ -67,6 +71,8 @@ class OwnedQueue:
         if to not in _ALLOWED[self.state]:
             raise IllegalTransition(f"{self.mq}: {self.state.value} -> {to.value} is not allowed")
         self.state = to
+        if to in (QueueState.DRAINING, QueueState.RELEASED, QueueState.LOST):
+            self.hold.wake()  # a batch waiting for the lock's renewal must not hold up the queue's leaving
         lease = self.lease
         if lease is not None:
             if to is QueueState.DRAINING:
@@ -90,3 +96,11 @@ class OwnedQueue:
     def current(self, lease: QueueLease) -> bool:
         """Whether `lease` is this queue's lease and still counts."""
         return lease is self.lease and lease.counts
+
+
+def by_broker(oqs: list[OwnedQueue]) -> dict[str, list[OwnedQueue]]:
+    """Queues grouped by their broker name (each broker is asked once for its own)."""
+    out: dict[str, list[OwnedQueue]] = {}
+    for oq in oqs:
+        out.setdefault(oq.mq.broker_name, []).append(oq)
+    return out

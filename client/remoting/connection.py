@@ -317,7 +317,7 @@ class BrokerConnection:
             group=group, client_id=client_id, queues=[convert.queue_pb(q) for q in mqs], wait_ms=wait_ms,
             renew=renew), self._timeout + wait_ms / 1000)
         return [QueueLockGrant(convert.queue_from_pb(g.queue), g.owner_epoch, g.expire_timestamp, g.consumer_offset,
-                               g.reset_generation, g.lock_token) for g in pb.locked]
+                               g.reset_generation, g.lock_token, g.lock_expiry_ms) for g in pb.locked]
 
     async def unlock_queues(self, group: str, client_id: str, mqs: Sequence[MessageQueue],
                             final_offsets: Sequence[OffsetCommit] = (),

@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from faults.proxy import FaultProxy
 from workload import ConsumerProcess, create_topic, wait_until
 
 from tidemark.client import Admin, Message, Producer
@@ -136,6 +137,49 @@ def test_paused_consumer_cannot_move_offsets_of_queues_it_lost(broker_factory, t
     assert all(s == {0: 200, 1: 200} for s in samples), "a stale owner moved an offset back"
     log = (tmp_path / "a.txt.log").read_text()
     assert "event=queue_lost" in log, log[-2000:]
+
+
+def batches(consumer: ConsumerProcess) -> list[tuple[int, int, int]]:
+    """(queue id, monotonic ns the listener call started, ns it ended) per consumed message."""
+    return [(int(q), int(start), int(end)) for _, q, _, _, start, end in
+            (line.split(" ") for line in consumer.out.read_text().splitlines())]
+
+
+def test_an_orderly_consumer_cut_off_from_the_broker_stops_before_its_lock_can_pass_on(broker_factory, tmp_path):
+    """An orderly consumer keeps consuming what it fetched while the broker cannot reach it, but only for
+    half the broker's lock expiry after its last renewal (lock_hold.py, RocketMQ's client-side lock
+    lifetime): once the broker lets the lock go, the queue's next owner is the only one calling a listener
+    with its messages. Without that, the cut-off consumer went on through its buffer beside the new owner."""
+    broker = broker_factory(args=("--channel-expired-timeout-ms", "3000", "--lock-expiry-ms", "3000"))
+    create_topic(broker.address, TOPIC, 1)
+    with Producer(brokers=broker.address) as p:
+        for _ in range(4):
+            p.send_batch([Message(TOPIC, b"x") for _ in range(250)])
+    common = ("--group", "cut", "--topic", TOPIC, "--orderly", "--heartbeat-interval", "1", "--rebalance-interval",
+              "1", "--lock-renew-interval", "1", "--persist-interval", "0.3", "--delay-ms", "20")
+    with FaultProxy(broker.address) as proxy:
+        a = ConsumerProcess(tmp_path / "a.txt", "--brokers", proxy.address, *common, "--instance", "a").start()
+        b = None
+        try:
+            wait_until(lambda: len(a.records()) >= 20, 30, "a consuming")
+            proxy.blackhole(True)  # a hears nothing more, and it has hundreds of messages fetched
+            cut = time.monotonic_ns()
+            b = ConsumerProcess(tmp_path / "b.txt", "--brokers", broker.address, *common, "--instance", "b").start()
+            wait_until(lambda: len(b.records()) >= 50, 60, "b taking the queue over and consuming")
+            healed = time.monotonic_ns()  # (then a is back in the group, and the queue may pass back to it)
+            proxy.heal()
+            wait_until(lambda: "event=queue_lost" in a.log_tail(20_000), 30, "a learning that it lost the queue")
+        finally:
+            for c in (a, b):
+                if c is not None:
+                    c.stop()
+    b_first = min(start for _, start, _ in batches(b))
+    a_after_cut = [start for _, start, _ in batches(a) if cut < start < healed]
+    late = [start for start in a_after_cut if start >= b_first]
+    assert not late, (f"a started {len(late)} batches after b's first, up to {(max(late) - b_first) / 1e6:.0f} ms "
+                      f"after it; {len(a_after_cut)} while cut off")
+    # It did go on while the lock was surely its own: the stop is the lock's, not the partition's.
+    assert a_after_cut, "a consumed nothing while cut off"
 
 
 def test_orderly_consumption_keeps_per_queue_order_across_rebalance(broker, tmp_path):

@@ -63,7 +63,9 @@ def _held_by_another(stubs, queue_id: int) -> bool:
 def test_a_late_unlock_of_an_earlier_grant_keeps_the_new_lock_and_its_offset(stubs):
     first = _lock(stubs, 0)
     assert first.lock_token > 0
-    assert _lock(stubs, 0, renew=True).lock_token == first.lock_token  # a renewal is the same grant
+    renewal = _lock(stubs, 0, renew=True)
+    assert renewal.lock_token == first.lock_token  # a renewal is the same grant
+    assert first.lock_expiry_ms == renewal.lock_expiry_ms == 60_000  # the broker's expiry, for the holder's clock
     second = _lock(stubs, 0)  # taken again by its holder: a new grant, the same epoch
     assert second.lock_token != first.lock_token and second.owner_epoch == first.owner_epoch
     late = _unlock(stubs, 0, first.lock_token, 7, first.owner_epoch)

@@ -14,6 +14,7 @@ from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurre
 from tidemark.client.consumer.consume_orderly import ConsumeMessageOrderlyService
 from tidemark.client.consumer.consume_pool import ConsumeThreadPool
 from tidemark.client.consumer.lease import LeaseStatus, QueueLease
+from tidemark.client.consumer.lock_hold import LockHold
 from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
 from tidemark.client.consumer.queue_state import IllegalTransition, OwnedQueue, QueueState
 from tidemark.client.errors import InvalidArgumentError
@@ -508,7 +509,7 @@ def test_an_orderly_task_that_dies_drops_its_lease():
         service = ConsumeMessageOrderlyService(
             listener=lambda m, c: ConsumeOrderlyStatus.SUCCESS, settings=PushConsumerSettings(group="g"), pool=pool,
             offset_store=FakeStore(), send_back=FakeSendBack(), fetcher=FakeFetcher(), suspended=lambda: False,
-            on_death=lambda le, e: died.append((le, e)))
+            on_death=lambda le, e: died.append((le, e)), on_lock_lapsed=lambda le: None)
         le = lease()
         le.pq.put_messages([msg(0)])
 
@@ -522,6 +523,39 @@ def test_an_orderly_task_that_dies_drops_its_lease():
             await asyncio.sleep(0.01)
         assert died and died[0][0] is le and isinstance(died[0][1], RuntimeError)
         assert le.running == 0
+        await asyncio.to_thread(pool.shutdown)
+    asyncio.run(scenario())
+
+
+def test_an_orderly_batch_of_a_queue_whose_lock_lapsed_waits_for_its_renewal_outside_the_listener():
+    async def scenario():
+        called, lapsed = [], []
+        pool = ConsumeThreadPool(max_threads=1, name="t", loop=asyncio.get_running_loop())
+        service = ConsumeMessageOrderlyService(
+            listener=lambda m, c: called.append([x.queue_offset for x in m]) or ConsumeOrderlyStatus.SUCCESS,
+            settings=PushConsumerSettings(group="g"), pool=pool, offset_store=FakeStore(), send_back=FakeSendBack(),
+            fetcher=FakeFetcher(), suspended=lambda: False, on_death=lambda le, e: None,
+            on_lock_lapsed=lapsed.append)
+        hold = LockHold()  # nothing confirmed: lapsed
+        le = QueueLease(MQ, client_id="c1", owner_epoch=7, reset_generation=0, start_offset=0, lock=hold)
+        le.pq.put_messages([msg(0), msg(1)])
+        service.submit(le, [msg(0), msg(1)])
+        for _ in range(500):
+            if lapsed and le.running == 0:
+                break
+            await asyncio.sleep(0.01)
+        # Told once, the batch put back, the worker ended: a handover draining the queue waits for nothing.
+        assert lapsed == [le] and le.running == 0 and called == []
+        service.resume()  # (a resume while the lock is still lapsed starts nothing)
+        await asyncio.sleep(0.05)
+        assert called == [] and lapsed == [le]
+        hold.confirm(sent_at=time.monotonic(), expiry_ms=60_000)  # renewed
+        service.resume()
+        for _ in range(500):
+            if len(called) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert called == [[0], [1]]  # in order, from the batch put back
         await asyncio.to_thread(pool.shutdown)
     asyncio.run(scenario())
 

@@ -42,12 +42,18 @@ class ScriptedBroker:
         self.tokens: dict[MessageQueue, int] = {}  # the latest grant of each queue
         self.names_grants = True  # False: a broker older than lock tokens (every grant's token 0)
         self.moves = MasterMoves()  # BrokerCluster's: the broker never moves here
+        self.lock_expiry_ms = 0  # what grants say of the broker's lock expiry (0: not said)
+        self.lock_error: Exception | None = None  # LockQueues fails so (the broker cut off)
+        self.taken: set[MessageQueue] = set()  # queues another client holds now: renewals do not grant them
 
     async def connection(self, broker_name):
         return self
 
     async def lock_queues(self, group, client_id, mqs, *, wait_ms=0, renew=False):
         self.lock_calls.append(wait_ms)
+        if self.lock_error is not None:
+            raise self.lock_error
+        mqs = [mq for mq in mqs if mq not in self.taken]
         if wait_ms and not self.grant_now:
             try:  # (a waiter's wait, 5 s, lasts until told here)
                 await asyncio.wait_for(self.release_waiters.wait(), None if wait_ms >= 5000 else wait_ms / 1000)
@@ -59,7 +65,8 @@ class ScriptedBroker:
         for mq in mqs:
             if not renew or mq not in self.tokens:
                 self.tokens[mq] = max(self.tokens.values(), default=100) + 1
-        return [QueueLockGrant(mq, 9, 0, 0, 0, self.tokens[mq] if self.names_grants else 0) for mq in mqs]
+        return [QueueLockGrant(mq, 9, 0, 0, 0, self.tokens[mq] if self.names_grants else 0, self.lock_expiry_ms)
+                for mq in mqs]
 
     async def update_consumer_offset(self, commit):  # a resumed queue commits its start at once
         self.commits.append((commit.queue, commit.offset))
@@ -442,4 +449,76 @@ def test_against_a_broker_without_lock_tokens_a_retry_under_way_holds_queue_chan
         await asyncio.wait_for(back, 5)
         assert own.get(MQ).state is QueueState.PULLING and broker.unlocked == [MQ]  # released, then locked again
         await own.stop()
+    asyncio.run(scenario())
+
+
+# -- the lock's hold on this client's clock (lock_hold.py) -------------------------------------------
+
+
+async def _lapsed_lease(broker: ScriptedBroker, own: QueueOwnership):
+    """MQ granted with a lock the broker keeps 20 ms: its hold lapses 10 ms after the asking."""
+    broker.grant_now, broker.lock_expiry_ms = True, 20
+    await own.update("T", {MQ})
+    lease = own.get(MQ).lease
+    assert lease.lock is own.get(MQ).hold and not lease.lock.lapsed()
+    while not lease.lock.lapsed():
+        await asyncio.sleep(0.005)
+    return lease
+
+
+def test_a_renewal_the_broker_answers_confirms_the_lock_and_one_it_refuses_loses_the_queue():
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        lease = await _lapsed_lease(broker, own)
+        broker.lock_expiry_ms = 60_000
+        await own.renew_locks()
+        assert not lease.lock.lapsed() and lease.active  # 30 s from the renewal's asking
+        broker.lock_expiry_ms = 20
+        await own.renew_locks()
+        assert not lease.lock.lapsed()  # an answer never shortens what an earlier one confirmed
+
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        lease = await _lapsed_lease(broker, own)
+        broker.taken = {MQ}  # the lock expired on the broker and went to another member
+        await own.confirm_lock(lease)
+        assert not lease.active and own.get(MQ) is None
+    asyncio.run(scenario())
+
+
+def test_confirming_a_lapsed_lock_asks_again_while_the_broker_cannot_be_reached(monkeypatch):
+    monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 0.01)
+
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        lease = await _lapsed_lease(broker, own)
+        broker.lock_error = RequestTimeoutError("LockQueues: no answer")
+        calls = len(broker.lock_calls)
+        confirming = asyncio.create_task(own.confirm_lock(lease))
+        while len(broker.lock_calls) < calls + 3:  # asked again, after a pause each time
+            await asyncio.sleep(0.005)
+        assert not confirming.done() and lease.active
+        broker.lock_error, broker.lock_expiry_ms = None, 60_000
+        await asyncio.wait_for(confirming, 5)
+        assert not lease.lock.lapsed() and lease.active
+    asyncio.run(scenario())
+
+
+def test_a_queue_leaving_ends_the_wait_for_its_lapsed_lock_at_once(monkeypatch):
+    monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 30.0)  # only the queue's leaving ends it
+
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        lease = await _lapsed_lease(broker, own)
+        broker.lock_error = RequestTimeoutError("LockQueues: no answer")
+        confirming = asyncio.create_task(own.confirm_lock(lease))
+        while not broker.lock_calls or broker.lock_calls[-1] != 0 or len(broker.lock_calls) < 2:
+            await asyncio.sleep(0.005)
+        broker.lock_error = None
+        await own.update("T", set())  # handed over: drained (nothing runs), committed, unlocked
+        await asyncio.wait_for(confirming, 5)
+        assert not lease.active and MQ in broker.unlocked
     asyncio.run(scenario())

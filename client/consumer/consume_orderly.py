@@ -1,12 +1,13 @@
 """ConsumeMessageOrderlyService: a lease's messages in order per message group, under the queue's lock.
 
-A queue is consumed only while this client holds its broker lock (its lease
-is ACTIVE, and its LockHold has not lapsed: a consume thread that finds the
-lock possibly expired on the broker, unrenewed for half the broker's expiry,
-puts the batch back, and the queue's workers wait for `on_lock_lapsed` to
-have the lock renewed; lock_hold.py). Within the queue, order is kept per message group (RocketMQ 5
-FIFO; message_groups.py has the rule): each group with messages waiting has
-one worker task taking its batches in offset order, and workers of different
+A queue is consumed only while this client holds its broker lock: its lease
+is ACTIVE and its LockHold has not lapsed (lock_hold.py). A consume thread
+that finds the lock unconfirmed for half the broker's expiry (it may have
+passed to another member) puts the batch back; the queue's workers end, and
+`on_lock_lapsed` has the lock renewed, then resume() starts them again.
+Within the queue, order is kept per message group (RocketMQ 5 FIFO;
+message_groups.py has the rule): each group with messages waiting has one
+worker task taking its batches in offset order, and workers of different
 groups run side by side on the consume threads. Messages without a group form
 one group per queue, so a queue of them is consumed as before: one task,
 strictly in offset order.
@@ -62,7 +63,7 @@ class ConsumeMessageOrderlyService:
         self._fetcher = fetcher
         self._suspended = suspended
         self._on_death = on_death
-        # Have the lease's lock renewed, then resume() (a task beside the queue's workers, which end).
+        # Has the lease's lapsed lock renewed, then calls resume() (beside the queue's workers, which end).
         self._on_lock_lapsed = on_lock_lapsed
         self._groups: dict[QueueLease, MessageGroups] = {}
         self._running: dict[tuple[QueueLease, str], asyncio.Task] = {}  # one worker per (lease, group)

@@ -13,6 +13,10 @@ Zero-duplicate handover (CLUSTERING with queue_locking, the default):
 These remove both causes of duplicates in RocketMQ's rebalance: two owners reading at once,
 and a new owner reading an offset the old one had not committed yet.
 
+A held lock is renewed every lock_renew_interval_s and counted on for half
+the broker's lock expiry after each answered request (lock_renewal.py,
+lock_hold.py): an orderly queue starts no batch past that.
+
 A broker restart takes every lock away (the lock table is in memory): the
 queues are LOST and locked again, and each resumes from its own progress when
 that is further along than the broker's committed offset (the broker must have

@@ -8,7 +8,7 @@ import time
 
 import pytest
 from faults.proxy import FaultProxy
-from workload import ConsumerProcess, create_topic, wait_until
+from workload import ConsumerProcess, create_topic, produce, wait_until
 
 from tidemark.client import Admin, Message, Producer
 
@@ -180,6 +180,29 @@ def test_an_orderly_consumer_cut_off_from_the_broker_stops_before_its_lock_can_p
                       f"after it; {len(a_after_cut)} while cut off")
     # It did go on while the lock was surely its own: the stop is the lock's, not the partition's.
     assert a_after_cut, "a consumed nothing while cut off"
+
+
+def test_an_orderly_consumer_whose_lock_lapsed_goes_on_once_the_broker_renews_it(broker_factory, tmp_path):
+    """Cut off longer than half the broker's lock expiry but shorter than the expiry: the consumer stops
+    calling its listener, and once the broker can be reached its renewal is granted (the lock is still its
+    own) and it consumes the rest, the queue never lost."""
+    broker = broker_factory(args=("--channel-expired-timeout-ms", "20000", "--lock-expiry-ms", "10000"))
+    create_topic(broker.address, TOPIC, 1)
+    ids = produce(broker.address, TOPIC, 1_500, batch=250)
+    with FaultProxy(broker.address) as proxy:
+        a = ConsumerProcess(tmp_path / "a.txt", "--brokers", proxy.address, "--group", "lapse", "--topic", TOPIC,
+                            "--orderly", "--lock-renew-interval", "1", "--delay-ms", "20", "--instance", "a").start()
+        try:
+            wait_until(lambda: len(a.records()) >= 20, 30, "a consuming")
+            proxy.blackhole(True)
+            wait_until(lambda: "event=lock_lapsed" in a.log_tail(20_000), 30, "a's hold lapsing (5 s)")
+            stalled = len(a.records())
+            proxy.heal()  # within 10 s of its last renewal: the broker still holds the lock for a
+            wait_until(lambda: {r[0] for r in a.records()} >= set(ids), 60, "a consuming the rest")
+        finally:
+            a.stop()
+    assert stalled < len(ids)  # (it was cut off with messages left)
+    assert "event=queue_lost" not in a.log_tail(100_000), a.log_tail()
 
 
 def test_orderly_consumption_keeps_per_queue_order_across_rebalance(broker, tmp_path):

@@ -6,8 +6,9 @@ LockQueues(renew) per broker. A queue the broker does not renew for the same
 ownership (owner epoch) is lost. Each answered renewal confirms the queue's
 LockHold from the moment it was asked (lock_hold.py). An orderly queue whose
 hold lapsed (a renewal late or unanswered, the process paused) asks for a
-renewal at once (`confirm`), and again every LOCK_RETRY_DELAY_S, until the
-lock is confirmed or the queue leaves.
+renewal at once (`lapsed`: a task of this object's, which QueueOwnership.stop
+cancels, so a consumer cut off from its broker still shuts down), and again
+every LOCK_RETRY_DELAY_S, until the lock is confirmed or the queue leaves.
 
 A renewal can lose queues, so it runs under QueueOwnership's lock, as
 rebalances and lock grants do; QueueOwnership hands over that lock, its
@@ -27,6 +28,7 @@ from tidemark.client.errors import TidemarkError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.cluster import BrokerCluster
 from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import TaskSet
 
 log = get_logger("tidemark.client.ownership")
 
@@ -44,6 +46,27 @@ class LockRenewal:
         self._quote = quote
         self._stopping = stopping
         self._done = 0  # renewals done: callers that wanted one at the same moment need only one
+        self._confirming: set[QueueLease] = set()  # leases whose lapsed lock is being confirmed
+        self._tasks = TaskSet("lock_confirm_failed", "lock confirmation failed", log, group=group)
+
+    def lapsed(self, lease: QueueLease, then: Callable[[], None]) -> None:
+        """An orderly batch found the lease's lock lapsed and was put back (each of the queue's message
+        groups' workers may say so): confirm the lock in the background, then call `then` (which starts the
+        queue's workers again), once per lease at a time."""
+        if lease not in self._confirming:
+            self._confirming.add(lease)
+            self._tasks.spawn(self._confirm_then(lease, then), name=f"confirm-lock:{lease.mq}")
+
+    async def close(self) -> None:
+        """Stop confirming (the consumer stops; it hands its queues back next)."""
+        await self._tasks.close()
+
+    async def _confirm_then(self, lease: QueueLease, then: Callable[[], None]) -> None:
+        try:
+            await self.confirm(lease)
+        finally:
+            self._confirming.discard(lease)
+        then()
 
     async def renew(self) -> None:
         """Renew every held lock."""

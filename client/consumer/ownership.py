@@ -262,6 +262,7 @@ class QueueOwnership:
         leaving the group then releases every lock this client holds). Unlocks that failed are asked once
         more by release_all, beside the final calls: their final commits would be lost otherwise."""
         self._stopping = True
+        await self._renewal.close()
         await self._lock_waiters.close()
         await self._unlocks.close()
 
@@ -270,9 +271,10 @@ class QueueOwnership:
         if self.locking:
             await self._renewal.renew()
 
-    async def confirm_lock(self, lease: QueueLease) -> None:
-        """An orderly batch found its queue's lock lapsed on this client's clock: see LockRenewal.confirm."""
-        await self._renewal.confirm(lease)
+    def lock_lapsed(self, lease: QueueLease, then: Callable[[], None]) -> None:
+        """An orderly batch found its queue's lock lapsed on this client's clock: have it confirmed in the
+        background, then call `then` (LockRenewal.lapsed)."""
+        self._renewal.lapsed(lease, then)
 
     async def lose(self, mq: MessageQueue, reason: str) -> None:
         async with self._lock:

@@ -57,7 +57,6 @@ class AsyncPushConsumer(ConsumerCore):
         self.orderly = orderly
         # Set by PushConsumer.suspend() from any thread; read by the fetcher and the consume threads.
         self.suspended = False
-        self._confirming: set[QueueLease] = set()  # orderly leases whose lapsed lock is being renewed
 
     @property
     def locking(self) -> bool:
@@ -148,16 +147,10 @@ class AsyncPushConsumer(ConsumerCore):
         self.ownership.lose_lease(lease, f"consume task died: {error!r}")
 
     def _lock_lapsed(self, lease: QueueLease) -> None:
-        if lease not in self._confirming:  # (each of the queue's message groups' workers stops for it)
-            self._confirming.add(lease)
-            self.spawn(self._confirm_lock(lease), name=f"confirm-lock:{lease.mq}")
-
-    async def _confirm_lock(self, lease: QueueLease) -> None:
         """An orderly queue's workers stopped for its lapsed lock: have it renewed, then start them again."""
-        try:
-            await self.ownership.confirm_lock(lease)
-        finally:
-            self._confirming.discard(lease)
+        self.ownership.lock_lapsed(lease, self._consume_again)
+
+    def _consume_again(self) -> None:
         if not self.suspended:
             self.consume_service.resume()
 

@@ -205,6 +205,24 @@ def test_an_orderly_consumer_whose_lock_lapsed_goes_on_once_the_broker_renews_it
     assert "event=queue_lost" not in a.log_tail(100_000), a.log_tail()
 
 
+def test_an_orderly_consumer_cut_off_with_its_lock_lapsed_still_shuts_down(broker_factory, tmp_path):
+    """Regression: the renewal a lapsed lock asks for went on every second while the broker could not be
+    reached, and the consumer's shutdown waited for it until its own bound ran out (40 s, exit code 1)."""
+    broker = broker_factory(args=("--channel-expired-timeout-ms", "20000", "--lock-expiry-ms", "4000"))
+    create_topic(broker.address, TOPIC, 1)
+    produce(broker.address, TOPIC, 1_500, batch=250)
+    with FaultProxy(broker.address) as proxy:
+        a = ConsumerProcess(tmp_path / "a.txt", "--brokers", proxy.address, "--group", "lapse", "--topic", TOPIC,
+                            "--orderly", "--lock-renew-interval", "1", "--delay-ms", "20", "--instance", "a").start()
+        try:
+            wait_until(lambda: len(a.records()) >= 20, 30, "a consuming")
+            proxy.blackhole(True)
+            wait_until(lambda: "event=lock_lapsed" in a.log_tail(20_000), 30, "a's hold lapsing (2 s)")
+        finally:
+            code = a.stop()
+    assert code == 0, a.log_tail()
+
+
 def test_orderly_consumption_keeps_per_queue_order_across_rebalance(broker, tmp_path):
     create_topic(broker.address, TOPIC, 4)
     ids: list[str] = []

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from tidemark.client.consumer import lock_renewal, pending_unlocks
 from tidemark.client.consumer import ownership as ownership_module
-from tidemark.client.consumer import pending_unlocks
 from tidemark.client.consumer.offset_store import RemoteBrokerOffsetStore
 from tidemark.client.consumer.ownership import QueueOwnership
 from tidemark.client.consumer.queue_state import QueueState
@@ -452,7 +452,7 @@ def test_against_a_broker_without_lock_tokens_a_retry_under_way_holds_queue_chan
     asyncio.run(scenario())
 
 
-# -- the lock's hold on this client's clock (lock_hold.py) -------------------------------------------
+# -- the lock's hold on this client's clock (lock_hold.py, lock_renewal.py) ---------------------------
 
 
 async def _lapsed_lease(broker: ScriptedBroker, own: QueueOwnership):
@@ -460,10 +460,18 @@ async def _lapsed_lease(broker: ScriptedBroker, own: QueueOwnership):
     broker.grant_now, broker.lock_expiry_ms = True, 20
     await own.update("T", {MQ})
     lease = own.get(MQ).lease
-    assert lease.lock is own.get(MQ).hold and not lease.lock.lapsed()
+    assert lease.lock is own.get(MQ).hold and lease.lock.valid_until > float("-inf")  # the grant confirmed it
     while not lease.lock.lapsed():
         await asyncio.sleep(0.005)
     return lease
+
+
+def _confirming(own: QueueOwnership, lease) -> asyncio.Event:
+    """Tell ownership the lease's lock lapsed; the event is set once it was confirmed (or the lease ended)."""
+    done = asyncio.Event()
+    own.lock_lapsed(lease, done.set)
+    own.lock_lapsed(lease, done.set)  # (a second worker of the queue saying so changes nothing)
+    return done
 
 
 def test_a_renewal_the_broker_answers_confirms_the_lock_and_one_it_refuses_loses_the_queue():
@@ -482,13 +490,15 @@ def test_a_renewal_the_broker_answers_confirms_the_lock_and_one_it_refuses_loses
         own = ownership(broker, Hooks())
         lease = await _lapsed_lease(broker, own)
         broker.taken = {MQ}  # the lock expired on the broker and went to another member
-        await own.confirm_lock(lease)
+        calls = len(broker.lock_calls)
+        await asyncio.wait_for(_confirming(own, lease).wait(), 5)
         assert not lease.active and own.get(MQ) is None
+        assert len(broker.lock_calls) == calls + 1  # one renewal for both workers' word
     asyncio.run(scenario())
 
 
 def test_confirming_a_lapsed_lock_asks_again_while_the_broker_cannot_be_reached(monkeypatch):
-    monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 0.01)
+    monkeypatch.setattr(lock_renewal, "LOCK_RETRY_DELAY_S", 0.01)
 
     async def scenario():
         broker = ScriptedBroker()
@@ -496,29 +506,47 @@ def test_confirming_a_lapsed_lock_asks_again_while_the_broker_cannot_be_reached(
         lease = await _lapsed_lease(broker, own)
         broker.lock_error = RequestTimeoutError("LockQueues: no answer")
         calls = len(broker.lock_calls)
-        confirming = asyncio.create_task(own.confirm_lock(lease))
+        confirmed = _confirming(own, lease)
         while len(broker.lock_calls) < calls + 3:  # asked again, after a pause each time
             await asyncio.sleep(0.005)
-        assert not confirming.done() and lease.active
+        assert not confirmed.is_set() and lease.active
         broker.lock_error, broker.lock_expiry_ms = None, 60_000
-        await asyncio.wait_for(confirming, 5)
+        await asyncio.wait_for(confirmed.wait(), 5)
         assert not lease.lock.lapsed() and lease.active
     asyncio.run(scenario())
 
 
 def test_a_queue_leaving_ends_the_wait_for_its_lapsed_lock_at_once(monkeypatch):
-    monkeypatch.setattr(ownership_module, "LOCK_RETRY_DELAY_S", 30.0)  # only the queue's leaving ends it
+    monkeypatch.setattr(lock_renewal, "LOCK_RETRY_DELAY_S", 30.0)  # only the queue's leaving ends it
 
     async def scenario():
         broker = ScriptedBroker()
         own = ownership(broker, Hooks())
         lease = await _lapsed_lease(broker, own)
         broker.lock_error = RequestTimeoutError("LockQueues: no answer")
-        confirming = asyncio.create_task(own.confirm_lock(lease))
-        while not broker.lock_calls or broker.lock_calls[-1] != 0 or len(broker.lock_calls) < 2:
+        calls = len(broker.lock_calls)
+        confirmed = _confirming(own, lease)
+        while len(broker.lock_calls) == calls:
             await asyncio.sleep(0.005)
         broker.lock_error = None
         await own.update("T", set())  # handed over: drained (nothing runs), committed, unlocked
-        await asyncio.wait_for(confirming, 5)
+        await asyncio.wait_for(confirmed.wait(), 5)
         assert not lease.active and MQ in broker.unlocked
+    asyncio.run(scenario())
+
+
+def test_stopping_ends_a_confirmation_the_broker_does_not_answer(monkeypatch):
+    monkeypatch.setattr(lock_renewal, "LOCK_RETRY_DELAY_S", 30.0)
+
+    async def scenario():
+        broker = ScriptedBroker()
+        own = ownership(broker, Hooks())
+        lease = await _lapsed_lease(broker, own)
+        broker.lock_error = RequestTimeoutError("LockQueues: no answer")
+        calls = len(broker.lock_calls)
+        confirmed = _confirming(own, lease)
+        while len(broker.lock_calls) == calls:
+            await asyncio.sleep(0.005)
+        await asyncio.wait_for(own.stop(), 5)  # (the consumer's shutdown: its queues are handed back next)
+        assert not confirmed.is_set()  # nothing was confirmed: nothing consumes on
     asyncio.run(scenario())

@@ -505,6 +505,8 @@ class Fetcher:
         readings = [r for r in self._readings.values() if r.lease.mq.broker_name == broker]
         for reading in readings:
             self._by_handle.pop(reading.handle, None)
+            if reading.lease.lock is not None:
+                reading.lease.lock.lapse()  # the broker may be restarting, its locks gone (lock_hold.py)
         if error.retriable:
             self._cluster.suspect(broker)  # its master may have been replaced: ask where it is now
         if not readings:

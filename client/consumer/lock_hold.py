@@ -16,6 +16,12 @@ whatever the request's delay, and a clock step cannot move it (monotonic).
                                          (no new orderly batch starts;   (the holder stopped half an expiry
                                           a renewal is asked at once)     before)
 
+The broker keeps its locks in memory: a broker that restarts grants them to
+whoever asks first. A holder whose fetch stream to the broker breaks (a
+restart breaks every connection) so stops counting on its locks there at
+once (`lapse`) until a renewal confirms them; after a restart the renewal is
+refused and the queue is lost and locked again.
+
 `lapsed()` is read by consume threads right before they call an orderly
 listener; everything else runs on the consumer's event loop. One hold
 belongs to one OwnedQueue (one ownership): the leases of that ownership
@@ -51,6 +57,10 @@ class LockHold:
         held_s = (expiry_ms if expiry_ms > 0 else DEFAULT_BROKER_LOCK_EXPIRY_MS) * HELD_SHARE / 1000
         self.valid_until = max(self.valid_until, sent_at + held_s)
         self.wake()
+
+    def lapse(self) -> None:
+        """Count on nothing until the broker confirms the lock again (it may have restarted and forgotten it)."""
+        self.valid_until = float("-inf")
 
     def lapsed(self) -> bool:
         """Whether the broker may have let the lock go by now (half its expiry since it last confirmed it)."""

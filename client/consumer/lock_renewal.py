@@ -3,7 +3,10 @@
 Every lock_renew_interval_s (20 s; a broker keeps a lock 60 s by default)
 the consumer renews the locks of the queues it reads or drains: one
 LockQueues(renew) per broker. A queue the broker does not renew for the same
-ownership (owner epoch) is lost. Each answered renewal confirms the queue's
+ownership (owner epoch) is lost; when the broker granted it anew instead (it
+restarted and forgot the lock, so the epoch is a new one) that grant is
+unlocked at once, for whoever the group gives the queue to next. Each
+answered renewal confirms the queue's
 LockHold from the moment it was asked (lock_hold.py). An orderly queue whose
 hold lapsed (a renewal late or unanswered, the process paused) asks for a
 renewal at once (`lapsed`: a task of this object's, which QueueOwnership.stop
@@ -12,14 +15,16 @@ every LOCK_RETRY_DELAY_S, until the lock is confirmed or the queue leaves.
 
 A renewal can lose queues, so it runs under QueueOwnership's lock, as
 rebalances and lock grants do; QueueOwnership hands over that lock, its
-table of queues and the two changes a renewal makes (`lose`, `quote`).
+table of queues and the changes a renewal makes (`lose`, `quote`,
+`release_stale`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.pending_unlocks import LOCK_RETRY_DELAY_S
@@ -36,7 +41,9 @@ log = get_logger("tidemark.client.ownership")
 class LockRenewal:
     def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, lock: asyncio.Lock,
                  queues: dict[MessageQueue, OwnedQueue], lose: Callable[[OwnedQueue, str], None],
-                 quote: Callable[[MessageQueue, int, int], int], stopping: Callable[[], bool]) -> None:
+                 quote: Callable[[MessageQueue, int, int], int],
+                 release_stale: Callable[[Any, str, dict[MessageQueue, int]], Awaitable[None]],
+                 stopping: Callable[[], bool]) -> None:
         self._cluster = cluster
         self._group = group
         self._client_id = client_id
@@ -44,6 +51,7 @@ class LockRenewal:
         self._queues = queues
         self._lose = lose
         self._quote = quote
+        self._release_stale = release_stale
         self._stopping = stopping
         self._done = 0  # renewals done: callers that wanted one at the same moment need only one
         self._confirming: set[QueueLease] = set()  # leases whose lapsed lock is being confirmed
@@ -105,11 +113,15 @@ class LockRenewal:
                 log.warning("lock renewal failed",
                             event="lock_renew_failed", group=self._group, broker=broker, error=e)
                 continue
+            stale: dict[MessageQueue, int] = {}
             for oq in oqs:
                 grant = grants.get(oq.mq)
                 if grant is None or grant.owner_epoch != oq.owner_epoch:
                     self._lose(oq, "lock not renewed")
+                    if grant is not None:  # granted anew, under another epoch: not the ownership we had
+                        stale[oq.mq] = grant.lock_token
                 else:  # (a new token when the lock had lapsed meanwhile)
                     oq.lock_token = self._quote(oq.mq, grant.owner_epoch, grant.lock_token)
                     oq.hold.confirm(sent_at, grant.lock_expiry_ms)
+            await self._release_stale(conn, broker, stale)
         self._done += 1

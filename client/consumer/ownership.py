@@ -110,7 +110,7 @@ class QueueOwnership:
         self._grants: dict[MessageQueue, tuple[int, int]] = {}
         self._renewal = LockRenewal(cluster=cluster, group=group, client_id=client_id, lock=self._lock,
                                     queues=self._queues, lose=self._lose, quote=self._quote,
-                                    stopping=lambda: self._stopping)
+                                    release_stale=self._release_stale, stopping=lambda: self._stopping)
         self.handovers = 0
 
     # -- views -----------------------------------------------------------------
@@ -364,14 +364,20 @@ class QueueOwnership:
             log.info("queue lock granted",
                      event="lock_grant", group=self._group, queue=oq.mq, owner_epoch=grant.owner_epoch)
             granted.append(oq)
-        if stale:
-            try:
-                await conn.unlock_queues(self._group, self._client_id, list(stale), tokens=list(stale.values()))
-            except Exception as e:  # (whatever it was: asked again, and the queues granted beside start)
-                _log_failure("unlock failed", "unlock_failed", e, group=self._group, broker=broker)
-                for mq, token in stale.items():
-                    self._unlocks.add(mq, None, token, e)
+        await self._release_stale(conn, broker, stale)
         return granted, bool(grants)
+
+    async def _release_stale(self, conn, broker: str, stale: dict[MessageQueue, int]) -> None:
+        """Unlock grants made to this client that it does not want (queue -> lock token), so that the
+        queue's next owner need not wait for them to expire."""
+        if not stale:
+            return
+        try:
+            await conn.unlock_queues(self._group, self._client_id, list(stale), tokens=list(stale.values()))
+        except Exception as e:  # (whatever it was: asked again, and the queues granted beside start)
+            _log_failure("unlock failed", "unlock_failed", e, group=self._group, broker=broker)
+            for mq, token in stale.items():
+                self._unlocks.add(mq, None, token, e)
 
     async def _start(self, oq: OwnedQueue) -> bool:
         """Start reading a queue from its start offset; False when that offset could not be read."""

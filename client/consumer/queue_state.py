@@ -72,7 +72,7 @@ class OwnedQueue:
             raise IllegalTransition(f"{self.mq}: {self.state.value} -> {to.value} is not allowed")
         self.state = to
         if to in (QueueState.DRAINING, QueueState.RELEASED, QueueState.LOST):
-            self.hold.wake()  # a batch waiting for the lock's renewal must not hold up the queue's leaving
+            self.hold.wake()  # a lapsed lock's confirmation, waiting to ask again, ends at once
         lease = self.lease
         if lease is not None:
             if to is QueueState.DRAINING:

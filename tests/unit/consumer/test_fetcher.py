@@ -5,10 +5,13 @@ skipped."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tidemark.client.consumer import fetcher as fetcher_module
 from tidemark.client.consumer.fetcher import Fetcher, FetchLimits
 from tidemark.client.consumer.lease import QueueLease
+from tidemark.client.consumer.lock_hold import LockHold
+from tidemark.client.errors import UnavailableError
 from tidemark.client.message import MessageQueue
 from tidemark.client.remoting.moves import MasterMoves
 from tidemark.client.remoting.streams import QueueEnd, QueueStart
@@ -27,6 +30,7 @@ class ScriptedStream:
         self.on_records = on_records
         self.on_ended = on_ended
         self.on_started = on_started
+        self.on_broken = on_broken
         self.opens: list[tuple[int, int]] = []  # (handle, offset)
         self.ahead: list[int] = []  # handles opened after_lock
         self.credits: list[tuple[int, int, int]] = []
@@ -229,3 +233,23 @@ def test_a_lease_that_does_not_start_at_its_grant_s_committed_offset_opens_at_on
         stream.on_records(handle, 1, records("paid"), 1, 1)
         assert sink.delivered == [] and fetcher.taken_over == 0
     run(scenario)
+
+
+def test_a_broken_stream_lapses_the_locks_of_its_broker_s_queues():
+    """A broker restart breaks the stream and forgets the locks: count on none until renewed (lock_hold.py)."""
+    async def main():
+        cluster = ScriptedCluster()
+        fetcher = Fetcher(cluster=cluster, group="g", subscription=lambda topic: "*", sink=Sink(),
+                          limits=FetchLimits(messages=100, bytes=10**6, max_span=None, batch_size=32),
+                          offset_store=None)
+        hold = LockHold()
+        hold.confirm(sent_at=time.monotonic(), expiry_ms=60_000)
+        lease = QueueLease(MQ, client_id="c1", owner_epoch=1, reset_generation=0, start_offset=0, lock=hold)
+        await fetcher.start(lease, 0)
+        try:
+            assert not hold.lapsed()
+            cluster.stream.on_broken(UnavailableError("broker-a: connection reset"))
+            assert hold.lapsed()
+        finally:
+            await fetcher.close()
+    asyncio.run(main())

@@ -40,6 +40,16 @@ def test_a_broker_that_does_not_say_is_taken_for_the_default_expiry():
     assert hold.lapsed()
 
 
+def test_a_lapse_counts_on_nothing_until_the_next_confirmation():
+    clock = Clock()
+    hold = LockHold(clock)
+    hold.confirm(sent_at=100.0, expiry_ms=60_000)
+    hold.lapse()  # (its broker's stream broke: the broker may have restarted and forgotten the lock)
+    assert hold.lapsed()
+    hold.confirm(sent_at=100.0, expiry_ms=60_000)
+    assert not hold.lapsed()
+
+
 # (sent_at, expiry_ms) of answered requests, in any order: answers can come back out of order.
 confirms = st.lists(st.tuples(st.floats(0, 1_000), st.integers(1, 120_000)), min_size=1, max_size=8)
 

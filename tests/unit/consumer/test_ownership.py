@@ -45,6 +45,7 @@ class ScriptedBroker:
         self.lock_expiry_ms = 0  # what grants say of the broker's lock expiry (0: not said)
         self.lock_error: Exception | None = None  # LockQueues fails so (the broker cut off)
         self.taken: set[MessageQueue] = set()  # queues another client holds now: renewals do not grant them
+        self.epoch = 9  # the owner epoch of every grant (a restarted broker grants under a new one)
 
     async def connection(self, broker_name):
         return self
@@ -65,7 +66,8 @@ class ScriptedBroker:
         for mq in mqs:
             if not renew or mq not in self.tokens:
                 self.tokens[mq] = max(self.tokens.values(), default=100) + 1
-        return [QueueLockGrant(mq, 9, 0, 0, 0, self.tokens[mq] if self.names_grants else 0, self.lock_expiry_ms)
+        return [QueueLockGrant(mq, self.epoch, 0, 0, 0, self.tokens[mq] if self.names_grants else 0,
+                               self.lock_expiry_ms)
                 for mq in mqs]
 
     async def update_consumer_offset(self, commit):  # a resumed queue commits its start at once
@@ -494,6 +496,20 @@ def test_a_renewal_the_broker_answers_confirms_the_lock_and_one_it_refuses_loses
         await asyncio.wait_for(_confirming(own, lease).wait(), 5)
         assert not lease.active and own.get(MQ) is None
         assert len(broker.lock_calls) == calls + 1  # one renewal for both workers' word
+    asyncio.run(scenario())
+
+
+def test_a_renewal_a_restarted_broker_grants_anew_is_let_go_of_for_the_group_s_next_owner():
+    async def scenario():
+        broker = ScriptedBroker()
+        broker.grant_now = True
+        own = ownership(broker, Hooks())
+        await own.update("T", {MQ})
+        lease = own.get(MQ).lease
+        broker.epoch, broker.tokens = 10, {}  # restarted: no lock known, a new epoch for every grant
+        await own.renew_locks()
+        assert not lease.active and own.get(MQ) is None  # not the ownership it had: lost
+        assert MQ in broker.unlocked and MQ not in broker.tokens  # and the new grant released at once
     asyncio.run(scenario())
 
 

@@ -6,10 +6,10 @@ LockQueues(renew) per broker. A queue the broker does not renew for the same
 ownership (owner epoch) is lost; when the broker granted it anew instead (it
 restarted and forgot the lock, so the epoch is a new one) that grant is
 unlocked at once, for whoever the group gives the queue to next. Each
-answered renewal confirms the queue's
-LockHold from the moment it was asked (lock_hold.py). An orderly queue whose
-hold lapsed (a renewal late or unanswered, the process paused) asks for a
-renewal at once (`lapsed`: a task of this object's, which QueueOwnership.stop
+answered renewal confirms the queue's LockHold from the moment it was asked
+(lock_hold.py). An orderly queue whose hold lapsed (a renewal late or
+unanswered, the process paused, its fetch stream broken) asks for a renewal
+at once (`lapsed`: a task of this object's, which QueueOwnership.stop
 cancels, so a consumer cut off from its broker still shuts down), and again
 every LOCK_RETRY_DELAY_S, until the lock is confirmed or the queue leaves.
 

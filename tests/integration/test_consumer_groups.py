@@ -152,9 +152,7 @@ def test_an_orderly_consumer_cut_off_from_the_broker_stops_before_its_lock_can_p
     with its messages. Without that, the cut-off consumer went on through its buffer beside the new owner."""
     broker = broker_factory(args=("--channel-expired-timeout-ms", "3000", "--lock-expiry-ms", "3000"))
     create_topic(broker.address, TOPIC, 1)
-    with Producer(brokers=broker.address) as p:
-        for _ in range(4):
-            p.send_batch([Message(TOPIC, b"x") for _ in range(250)])
+    produce(broker.address, TOPIC, 1_000, batch=250)
     common = ("--group", "cut", "--topic", TOPIC, "--orderly", "--heartbeat-interval", "1", "--rebalance-interval",
               "1", "--lock-renew-interval", "1", "--persist-interval", "0.3", "--delay-ms", "20")
     with FaultProxy(broker.address) as proxy:
@@ -226,9 +224,9 @@ def test_an_orderly_consumer_cut_off_with_its_lock_lapsed_still_shuts_down(broke
 def test_an_orderly_consumer_stops_when_its_broker_restarts_and_forgets_the_locks(broker_factory, tmp_path):
     """A broker keeps its locks in memory: restarted, it grants a queue to the first member that asks. The
     queue's holder, which had messages fetched, stops as its fetch stream breaks (lock_hold.py) until a
-    renewal confirms the lock. After the restart the broker cannot: it grants the renewal anew, under a new
-    epoch, and the holder lets that grant go at once, so the member the group now gives the queue to gets
-    it without waiting for it to expire (60 s)."""
+    renewal confirms the lock, which the restarted broker cannot: the lock is lost, and only the member
+    the group now gives the queue to consumes it. (Should the broker grant that renewal anew, under a new
+    epoch, the holder lets the grant go at once: tests/unit/consumer/test_ownership.py.)"""
     broker = broker_factory()
     create_topic(broker.address, TOPIC, 1)
     produce(broker.address, TOPIC, 1_500, batch=250)

@@ -180,6 +180,21 @@ def test_an_orderly_consumer_cut_off_from_the_broker_stops_before_its_lock_can_p
     assert a_after_cut, "a consumed nothing while cut off"
 
 
+def lapsed_behind(proxy: FaultProxy, tmp_path, *, delay_ms: int) -> ConsumerProcess:
+    """An orderly consumer of TOPIC's one queue through `proxy`, cut off once it consumed some, returned
+    when its lock's hold lapsed (its log says so); stopped if that does not come."""
+    a = ConsumerProcess(tmp_path / "a.txt", "--brokers", proxy.address, "--group", "lapse", "--topic", TOPIC,
+                        "--orderly", "--lock-renew-interval", "1", "--delay-ms", str(delay_ms), "--instance", "a").start()
+    try:
+        wait_until(lambda: len(a.records()) >= 20, 30, "a consuming")
+        proxy.blackhole(True)
+        wait_until(lambda: "event=lock_lapsed" in a.log_tail(20_000), 30, "a's hold lapsing")
+    except BaseException:
+        a.stop()
+        raise
+    return a
+
+
 def test_an_orderly_consumer_whose_lock_lapsed_goes_on_once_the_broker_renews_it(broker_factory, tmp_path):
     """Cut off longer than half the broker's lock expiry but shorter than the expiry: the consumer stops
     calling its listener, and once the broker can be reached its renewal is granted (the lock is still its
@@ -188,12 +203,8 @@ def test_an_orderly_consumer_whose_lock_lapsed_goes_on_once_the_broker_renews_it
     create_topic(broker.address, TOPIC, 1)
     ids = produce(broker.address, TOPIC, 300, batch=150)
     with FaultProxy(broker.address) as proxy:
-        a = ConsumerProcess(tmp_path / "a.txt", "--brokers", proxy.address, "--group", "lapse", "--topic", TOPIC,
-                            "--orderly", "--lock-renew-interval", "1", "--delay-ms", "50", "--instance", "a").start()
+        a = lapsed_behind(proxy, tmp_path, delay_ms=50)  # (3 s after its last renewal)
         try:
-            wait_until(lambda: len(a.records()) >= 20, 30, "a consuming")
-            proxy.blackhole(True)
-            wait_until(lambda: "event=lock_lapsed" in a.log_tail(20_000), 30, "a's hold lapsing (3 s)")
             stalled = len(a.records())
             proxy.heal()  # within 6 s of its last renewal: the broker still holds the lock for a
             wait_until(lambda: {r[0] for r in a.records()} >= set(ids), 60, "a consuming the rest")
@@ -210,14 +221,8 @@ def test_an_orderly_consumer_cut_off_with_its_lock_lapsed_still_shuts_down(broke
     create_topic(broker.address, TOPIC, 1)
     produce(broker.address, TOPIC, 1_500, batch=250)
     with FaultProxy(broker.address) as proxy:
-        a = ConsumerProcess(tmp_path / "a.txt", "--brokers", proxy.address, "--group", "lapse", "--topic", TOPIC,
-                            "--orderly", "--lock-renew-interval", "1", "--delay-ms", "20", "--instance", "a").start()
-        try:
-            wait_until(lambda: len(a.records()) >= 20, 30, "a consuming")
-            proxy.blackhole(True)
-            wait_until(lambda: "event=lock_lapsed" in a.log_tail(20_000), 30, "a's hold lapsing (2 s)")
-        finally:
-            code = a.stop()
+        a = lapsed_behind(proxy, tmp_path, delay_ms=20)  # (2 s after its last renewal)
+        code = a.stop()
     assert code == 0, a.log_tail()
 
 

@@ -513,18 +513,25 @@ def test_a_renewal_a_restarted_broker_grants_anew_is_let_go_of_for_the_group_s_n
     asyncio.run(scenario())
 
 
+async def _unanswered_confirmation(asks: int = 1):
+    """MQ's lock lapsed and confirmed against a broker that does not answer, once it was asked `asks`
+    times: (broker, ownership, lease, the event set once the lock is confirmed or the lease ended)."""
+    broker = ScriptedBroker()
+    own = ownership(broker, Hooks())
+    lease = await _lapsed_lease(broker, own)
+    broker.lock_error = RequestTimeoutError("LockQueues: no answer")
+    calls = len(broker.lock_calls)
+    confirmed = _confirming(own, lease)
+    while len(broker.lock_calls) < calls + asks:
+        await asyncio.sleep(0.005)
+    return broker, own, lease, confirmed
+
+
 def test_confirming_a_lapsed_lock_asks_again_while_the_broker_cannot_be_reached(monkeypatch):
     monkeypatch.setattr(lock_renewal, "LOCK_RETRY_DELAY_S", 0.01)
 
     async def scenario():
-        broker = ScriptedBroker()
-        own = ownership(broker, Hooks())
-        lease = await _lapsed_lease(broker, own)
-        broker.lock_error = RequestTimeoutError("LockQueues: no answer")
-        calls = len(broker.lock_calls)
-        confirmed = _confirming(own, lease)
-        while len(broker.lock_calls) < calls + 3:  # asked again, after a pause each time
-            await asyncio.sleep(0.005)
+        broker, own, lease, confirmed = await _unanswered_confirmation(asks=3)  # again, after a pause each time
         assert not confirmed.is_set() and lease.active
         broker.lock_error, broker.lock_expiry_ms = None, 60_000
         await asyncio.wait_for(confirmed.wait(), 5)
@@ -536,14 +543,7 @@ def test_a_queue_leaving_ends_the_wait_for_its_lapsed_lock_at_once(monkeypatch):
     monkeypatch.setattr(lock_renewal, "LOCK_RETRY_DELAY_S", 30.0)  # only the queue's leaving ends it
 
     async def scenario():
-        broker = ScriptedBroker()
-        own = ownership(broker, Hooks())
-        lease = await _lapsed_lease(broker, own)
-        broker.lock_error = RequestTimeoutError("LockQueues: no answer")
-        calls = len(broker.lock_calls)
-        confirmed = _confirming(own, lease)
-        while len(broker.lock_calls) == calls:
-            await asyncio.sleep(0.005)
+        broker, own, lease, confirmed = await _unanswered_confirmation()
         broker.lock_error = None
         await own.update("T", set())  # handed over: drained (nothing runs), committed, unlocked
         await asyncio.wait_for(confirmed.wait(), 5)
@@ -555,14 +555,7 @@ def test_stopping_ends_a_confirmation_the_broker_does_not_answer(monkeypatch):
     monkeypatch.setattr(lock_renewal, "LOCK_RETRY_DELAY_S", 30.0)
 
     async def scenario():
-        broker = ScriptedBroker()
-        own = ownership(broker, Hooks())
-        lease = await _lapsed_lease(broker, own)
-        broker.lock_error = RequestTimeoutError("LockQueues: no answer")
-        calls = len(broker.lock_calls)
-        confirmed = _confirming(own, lease)
-        while len(broker.lock_calls) == calls:
-            await asyncio.sleep(0.005)
+        _, own, _, confirmed = await _unanswered_confirmation()
         await asyncio.wait_for(own.stop(), 5)  # (the consumer's shutdown: its queues are handed back next)
         assert not confirmed.is_set()  # nothing was confirmed: nothing consumes on
     asyncio.run(scenario())

@@ -70,11 +70,6 @@ LOCK_WAIT_MS = 5_000
 FIRST_LOCK_WAIT_MS = 100
 # (LOCK_RETRY_DELAY_S, from pending_unlocks.py: the pause before asking again after a broker could not be
 # asked at all, or a granted queue could not start.)
-# How long a handover's final commit and unlock may hold up the consumer's other queue changes (a rebalance
-# waits for its releases): to a broker cut off, the call would wait a whole request timeout. Past it the
-# call is asked again outside the ownership lock, where the grant's lock token keeps a late one harmless
-# (a broker without tokens keeps the request timeout: only the lock keeps its late unlocks harmless).
-FINAL_UNLOCK_WAIT_S = 1.0
 
 
 class QueueOwnership:
@@ -103,7 +98,8 @@ class QueueOwnership:
         self._finals = FinalUnlocks(cluster, group, client_id)
         # Queues handed back whose unlock failed (a partition, a timeout): until the broker hears of it,
         # the next owner waits for the lock to expire (60 s) though we let go. Asked again, per broker.
-        self._unlocks = PendingUnlocks(self._finals, group, lock=self._lock, ours=self._queues.__contains__)
+        self._unlocks = PendingUnlocks(self._finals, group, lock=self._lock, ours=self._queues.__contains__,
+                                       stopping=lambda: self._stopping)
         # The newest grant to this client seen per queue, (owner epoch, lock token): two lock calls for one
         # queue can both be granted (a waiter asking for a queue that went away and came back, beside the
         # new OwnedQueue's own call), and the broker keeps only the later grant's token (_quote).
@@ -481,29 +477,7 @@ class QueueOwnership:
         if oq.state is not QueueState.DRAINING:
             return  # lost meanwhile (lock renewal failed): nothing of ours to commit
         # The final commit and the unlock in one call: the next owner may start the moment it returns.
-        commit = self._store.commit_for(oq.mq)
-        # Bounded while the consumer runs; at shutdown nothing asks again, so the call gets its full time.
-        bound = FINAL_UNLOCK_WAIT_S if oq.lock_token and not self._stopping else None
-        try:
-            try:
-                refused = await self._finals.send(oq.mq, commit, oq.lock_token, bound)
-            except (TidemarkError, TimeoutError) as e:
-                if not self._stopping or bound is None or (isinstance(e, TidemarkError) and not e.retriable):
-                    raise
-                # stop() ran while the bounded call was pending: nothing asks again from now on, so once
-                # more with the full request time (the rule at shutdown).
-                refused = await self._finals.send(oq.mq, commit, oq.lock_token, None)
-        except (TidemarkError, TimeoutError) as e:
-            refused = []
-            if isinstance(e, TidemarkError) and not e.retriable:
-                # Refused for good (asked again it would be refused again): the broker lets the lock expire.
-                log.warning("final commit and unlock refused", event="final_commit_failed", group=self._group,
-                            queue=oq.mq, error=e)
-            else:
-                log.warning("final commit and unlock failed, asking again",
-                            event="final_commit_failed", group=self._group, queue=oq.mq,
-                            error=str(e) or f"no answer within {bound} s")
-                self._unlocks.add(oq.mq, commit, oq.lock_token, e)
+        refused = await self._unlocks.hand_back(oq.mq, self._store.commit_for(oq.mq), oq.lock_token)
         for error in refused:
             if isinstance(error, FencedError):
                 self._lose(oq, f"final commit fenced: {error}")

@@ -1,9 +1,10 @@
 """PendingUnlocks: queues handed back whose unlock failed, asked again until the broker hears of it.
 
-A handover ends with the old owner's final commit and unlock (ownership.py).
-When that call fails (a partition, a timeout) the broker may never have had
-it: it keeps the lock for us until the lock expires (60 s), while the queue's
-next owner waits and nobody consumes the queue. So the call is asked again,
+A handover ends with the old owner's final commit and unlock (`hand_back`,
+bounded while the consumer runs: FINAL_UNLOCK_WAIT_S). When that call fails
+(a partition, a timeout) the broker may never have had it: it keeps the lock
+for us until the lock expires (60 s), while the queue's next owner waits and
+nobody consumes the queue. So the call is asked again,
 every LOCK_RETRY_DELAY_S, one UnlockQueues per broker with the final commits
 it carries, until the broker answers, the lock has expired there anyway, or
 the queue is ours again (its new grant is then ours to keep, and an unlock of
@@ -44,6 +45,11 @@ LOCK_RETRY_DELAY_S = 1.0
 # How long an unlock that failed is asked again: by then the broker has let the lock expire by itself
 # (RocketMQ's REBALANCE_LOCK_MAX_LIVE_TIME, the broker's default lock_expiry_ms).
 LOCK_LIFETIME_S = 60.0
+# How long a handover's final commit and unlock may hold up the consumer's other queue changes (a rebalance
+# waits for its releases): to a broker cut off, the call would wait a whole request timeout. Past it the
+# call is asked again here, outside the ownership lock, where the grant's lock token keeps a late one
+# harmless (a broker without tokens keeps the request timeout: only the lock keeps its late unlocks harmless).
+FINAL_UNLOCK_WAIT_S = 1.0
 # A call that got no answer within its time (the broker paused, cut off, overloaded), not one refused or
 # broken off at once.
 UNANSWERED = (RequestTimeoutError, TimeoutError)
@@ -60,11 +66,12 @@ class PendingUnlock:
 
 class PendingUnlocks:
     def __init__(self, finals: FinalUnlocks, group: str, *, lock: asyncio.Lock,
-                 ours: Callable[[MessageQueue], bool]) -> None:
+                 ours: Callable[[MessageQueue], bool], stopping: Callable[[], bool]) -> None:
         self._finals = finals
         self._group = group
         self._lock = lock  # the ownership lock (for brokers that name no grants)
         self._ours = ours  # whether a queue is ours again
+        self._stopping = stopping  # whether the consumer is shutting down (nothing asks again then)
         self._pending: dict[MessageQueue, PendingUnlock] = {}
         self._retries = TaskSet("unlock_retry_task_failed", "unlock retry failed", log, group=group)
         self._retrying: set[str] = set()  # brokers with a retry task
@@ -94,6 +101,32 @@ class PendingUnlocks:
         if broker not in self._retrying:
             if self._retries.spawn(self._retry(broker), name=f"unlock-retry:{broker}") is not None:
                 self._retrying.add(broker)
+
+    async def hand_back(self, mq: MessageQueue, commit: OffsetCommit | None, token: int) -> list[TidemarkError]:
+        """A leaving queue's final commit and unlock (FinalUnlocks.send): the refusals of its commit. Bounded
+        by FINAL_UNLOCK_WAIT_S while the consumer runs, and asked again here when it fails; at shutdown
+        nothing asks again, so the call gets its full time. Refused for good, the broker lets the lock
+        expire."""
+        bound = FINAL_UNLOCK_WAIT_S if token and not self._stopping() else None
+        try:
+            try:
+                return await self._finals.send(mq, commit, token, bound)
+            except (TidemarkError, TimeoutError) as e:
+                if not self._stopping() or bound is None or (isinstance(e, TidemarkError) and not e.retriable):
+                    raise
+                # stop() ran while the bounded call was pending: nothing asks again from now on, so once
+                # more with the full request time (the rule at shutdown).
+                return await self._finals.send(mq, commit, token, None)
+        except (TidemarkError, TimeoutError) as e:
+            if isinstance(e, TidemarkError) and not e.retriable:
+                # Refused for good (asked again it would be refused again): the broker lets the lock expire.
+                log.warning("final commit and unlock refused", event="final_commit_failed", group=self._group,
+                            queue=mq, error=e)
+            else:
+                log.warning("final commit and unlock failed, asking again", event="final_commit_failed",
+                            group=self._group, queue=mq, error=str(e) or f"no answer within {bound} s")
+                self.add(mq, commit, token, e)
+            return []
 
     def take(self, mq: MessageQueue) -> PendingUnlock | None:
         """The queue is ours again: its old unlock must not go out (it would not release the new grant,

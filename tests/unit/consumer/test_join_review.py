@@ -11,6 +11,7 @@ import asyncio
 from test_ownership import MQ, MQ1, Hooks, ScriptedBroker, ownership
 
 from tidemark.client.consumer import ownership as ownership_module
+from tidemark.client.consumer import pending_unlocks
 from tidemark.client.consumer.queue_state import QueueState
 from tidemark.client.errors import PermissionDeniedError, RequestTimeoutError
 from tidemark.client.message import MessageQueue
@@ -157,7 +158,7 @@ def test_a_bounded_final_call_pending_when_the_consumer_stops_is_asked_again_wit
     """A hand-over's final call started during a rebalance with the running bound (FINAL_UNLOCK_WAIT_S),
     still pending when stop() ran, timed out after it: retries were closed by then, and its final commit
     was lost."""
-    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
+    monkeypatch.setattr(pending_unlocks, "FINAL_UNLOCK_WAIT_S", 0.05)
 
     class BusyOnce(ScriptedBroker):
         async def unlock_queues(self, *args, **kwargs):

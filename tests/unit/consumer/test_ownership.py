@@ -268,7 +268,7 @@ async def _held_then_released_with_a_failed_unlock(broker: ScriptedBroker, own: 
 
 @pytest.fixture
 def short_final_unlock(monkeypatch):
-    monkeypatch.setattr(ownership_module, "FINAL_UNLOCK_WAIT_S", 0.05)
+    monkeypatch.setattr(pending_unlocks, "FINAL_UNLOCK_WAIT_S", 0.05)
 
 
 async def _held_to_5_as_unlocks_hang(broker: ScriptedBroker, hooks: Hooks) -> QueueOwnership:

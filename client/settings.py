@@ -265,7 +265,9 @@ class ConsumerSettings(ClientSettings):
     rebalance_interval_s: float = _setting(20.0, "Periodic rebalance (also on start and membership change)")
     heartbeat_interval_s: float = _setting(30.0, "Heartbeat to every broker")
     queue_locking: bool = _setting(True, "Zero-duplicate handover with queue locks (False: RocketMQ's behaviour)")
-    drain_timeout_s: float = _setting(10.0, "Wait for in-flight messages of a queue that moves away")
+    drain_timeout_s: float = _setting(
+        10.0, "Wait for in-flight messages of a queue that moves away (an orderly queue stays locked until its "
+              "listener call returns; at shutdown this long)")
     lock_renew_interval_s: float = _setting(
         20.0, "Queue lock renewal (a broker keeps a lock 60 s; an orderly queue waits once none was answered for 30)")
 

@@ -1,7 +1,9 @@
 """A push consumer in its own process, for tests that need real separate consumers.
 
 Each consumed message is appended to --out as "msg_id queue_id queue_offset client_id start_ns end_ns"
-(flushed at once). Prints READY when started; SIGTERM shuts down gracefully.
+(flushed at once). Prints READY when started; SIGTERM shuts down gracefully. With --hold-file, a listener
+call that starts while that file exists logs "listener held" and lasts until the file is gone (a listener
+stuck on something outside, as long as the test says).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ def main() -> int:
     p.add_argument("--rebalance-interval", type=float, default=20.0)
     p.add_argument("--heartbeat-interval", type=float, default=30.0)
     p.add_argument("--lock-renew-interval", type=float, default=20.0)
+    p.add_argument("--drain-timeout", type=float, default=10.0)
+    p.add_argument("--hold-file", type=Path)
     p.add_argument("--strategy", default="AVG")
     p.add_argument("--log-level", default="INFO", help="of the client's log on stderr (the test's <out>.log)")
     args = p.parse_args()
@@ -52,7 +56,7 @@ def main() -> int:
         consume_from_where=ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET, queue_locking=not args.no_locking,
         persist_consumer_offset_interval_s=args.persist_interval, rebalance_interval_s=args.rebalance_interval,
         heartbeat_interval_s=args.heartbeat_interval, lock_renew_interval_s=args.lock_renew_interval,
-        allocate_strategy=args.strategy)
+        drain_timeout_s=args.drain_timeout, allocate_strategy=args.strategy)
     client_id = consumer.client_id
 
     def record(msgs, started):
@@ -62,6 +66,10 @@ def main() -> int:
                 out.write(f"{m.msg_id} {m.queue_id} {m.queue_offset} {client_id} {started} {ended}\n")
 
     def work():
+        if args.hold_file is not None and args.hold_file.exists():
+            print("listener held", file=sys.stderr, flush=True)
+            while args.hold_file.exists():
+                time.sleep(0.01)
         if args.delay_ms:
             time.sleep(random.uniform(0, args.delay_ms) / 1000)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from tidemark.client.consumer.lease import QueueLease
 from tidemark.client.consumer.pending_unlocks import LOCK_RETRY_DELAY_S
@@ -42,7 +41,7 @@ class LockRenewal:
     def __init__(self, *, cluster: BrokerCluster, group: str, client_id: str, lock: asyncio.Lock,
                  queues: dict[MessageQueue, OwnedQueue], lose: Callable[[OwnedQueue, str], None],
                  quote: Callable[[MessageQueue, int, int], int],
-                 release_stale: Callable[[Any, str, dict[MessageQueue, int]], Awaitable[None]],
+                 release_stale: Callable[[str, dict[MessageQueue, int]], Awaitable[None]],
                  stopping: Callable[[], bool]) -> None:
         self._cluster = cluster
         self._group = group
@@ -123,5 +122,5 @@ class LockRenewal:
                 else:  # (a new token when the lock had lapsed meanwhile)
                     oq.lock_token = self._quote(oq.mq, grant.owner_epoch, grant.lock_token)
                     oq.hold.confirm(sent_at, grant.lock_expiry_ms)
-            await self._release_stale(conn, broker, stale)
+            await self._release_stale(broker, stale)
         self._done += 1

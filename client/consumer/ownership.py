@@ -5,7 +5,9 @@ Zero-duplicate handover (CLUSTERING with queue_locking, the default):
   starting from the committed offset read *after* the lock was granted (the
   previous owner committed before releasing, so that offset is fresh);
 - a queue that leaves stops fetching, lets running batches finish (bounded by
-  drain_timeout_s), commits synchronously with its owner epoch, then unlocks;
+  drain_timeout_s; an orderly queue stays locked until its listener call
+  returns, as in RocketMQ, without holding up the rebalance), commits
+  synchronously with its owner epoch, then unlocks;
   an unlock that failed (the broker unreachable) is asked again until the
   broker answers, or its next owner would wait for the lock to expire. Each
   unlock names the grant it releases (its lock token): one that arrives late,
@@ -96,6 +98,8 @@ class QueueOwnership:
         self._stopping = False  # stop() ran: failed unlocks are not asked again in the background
         # Final commits and unlocks of queues leaving together go in one call per broker.
         self._finals = FinalUnlocks(cluster, group, client_id)
+        # Releases of orderly queues kept past the drain while their listener calls run (_release_when_idle).
+        self._keepers = TaskSet("release_failed", "release of a kept queue failed", log, group=group)
         # Queues handed back whose unlock failed (a partition, a timeout): until the broker hears of it,
         # the next owner waits for the lock to expire (60 s) though we let go. Asked again, per broker.
         self._unlocks = PendingUnlocks(self._finals, group, lock=self._lock, ours=self._queues.__contains__,
@@ -299,6 +303,7 @@ class QueueOwnership:
                     log.error("release failed", event="release_failed", group=self._group, exc_info=outcome)
         finally:
             if self._stopping:
+                await self._keepers.close()  # (waited for above: cancels only what a failure left)
                 await self._unlocks.last_sweep()
                 await self._finals.close()
 
@@ -360,15 +365,16 @@ class QueueOwnership:
             log.info("queue lock granted",
                      event="lock_grant", group=self._group, queue=oq.mq, owner_epoch=grant.owner_epoch)
             granted.append(oq)
-        await self._release_stale(conn, broker, stale)
+        await self._release_stale(broker, stale)
         return granted, bool(grants)
 
-    async def _release_stale(self, conn, broker: str, stale: dict[MessageQueue, int]) -> None:
+    async def _release_stale(self, broker: str, stale: dict[MessageQueue, int]) -> None:
         """Unlock grants made to this client that it does not want (queue -> lock token), so that the
-        queue's next owner need not wait for them to expire."""
+        queues' next owner need not wait for them to expire; asked again when that fails."""
         if not stale:
             return
         try:
+            conn = await self._cluster.connection(broker)
             await conn.unlock_queues(self._group, self._client_id, list(stale), tokens=list(stale.values()))
         except Exception as e:  # (whatever it was: asked again, and the queues granted beside start)
             _log_failure("unlock failed", "unlock_failed", e, group=self._group, broker=broker)
@@ -436,25 +442,20 @@ class QueueOwnership:
             oq.transition(QueueState.RELEASED)
             self._forget(oq)
             if had_lock:  # granted, but starting failed: do not leave the next owner waiting for expiry
-                await self._unlock(oq)
+                await self._release_stale(oq.mq.broker_name, {oq.mq: oq.lock_token})
             return
         if oq.state is QueueState.PULLING:
             oq.transition(QueueState.DRAINING)
             oq.release_task = asyncio.get_running_loop().create_task(self._finish_release(oq),
                                                                      name=f"release:{oq.mq}")
-        task = oq.release_task
-        if task is not None:
+        while (task := oq.release_task) is not None:
+            if oq.kept and not self._stopping:
+                return  # handed back when its orderly listener call returns (_release_when_idle)
             await asyncio.wait((task,))  # (shielded: a cancelled caller leaves the release running)
             if not task.cancelled():  # (cancelled by someone else: not this caller's cancellation)
                 task.result()
-
-    async def _unlock(self, oq: OwnedQueue) -> None:
-        try:
-            conn = await self._cluster.connection(oq.mq.broker_name)
-            await conn.unlock_queues(self._group, self._client_id, [oq.mq], tokens=[oq.lock_token])
-        except Exception as e:  # (whatever it was: asked again)
-            _log_failure("unlock failed", "unlock_failed", e, group=self._group, queue=oq.mq)
-            self._unlocks.add(oq.mq, None, oq.lock_token, e)
+            if oq.release_task is task:  # (else kept past the drain: at shutdown, waited for too)
+                return
 
     async def _finish_release(self, oq: OwnedQueue) -> None:
         """DRAINING -> RELEASED: stop fetching, drain, commit, unlock."""
@@ -467,13 +468,47 @@ class QueueOwnership:
                 oq.transition(QueueState.RELEASED)
                 self._forget(oq)
             return
+        drained = await self._drain(oq, lease)
+        if drained and lease.running and self._hooks.orderly and oq.state is QueueState.DRAINING \
+                and not self._stopping:
+            # RocketMQ's rule for orderly queues: kept while a listener call runs, or the next owner would
+            # call its listener with the queue's messages beside it. The wait goes on outside this task, so
+            # that the rebalance waiting for it goes on too (and renewals, which keep the lock, with it).
+            oq.kept = True
+            oq.release_task = self._keepers.spawn(self._release_when_idle(oq, lease), name=f"kept:{oq.mq}")
+            return
+        await self._hand_back(oq, lease)
+
+    async def _release_when_idle(self, oq: OwnedQueue, lease: QueueLease) -> None:
+        """An orderly queue whose listener call outlived drain_timeout_s: drained again and again (each
+        round up to drain_timeout_s; at shutdown one more round at most), then handed back under the
+        ownership lock, as a rebalance does, and the consumer rebalances (the queue may have come back)."""
+        log.warning("an orderly listener call outlived the drain: its queue stays locked until it returns",
+                    event="drain_kept", group=self._group, queue=oq.mq, owner_epoch=oq.owner_epoch)
+        while lease.running and oq.state is QueueState.DRAINING and not self._stopping:
+            if not await self._drain(oq, lease):
+                break
+        if self._stopping:  # (nothing changes queues after stop() but release_all, which waits for this)
+            await self._hand_back(oq, lease)
+            return
+        async with self._lock:
+            await self._hand_back(oq, lease)
+        self._hooks.queue_lost(oq.mq)
+
+    async def _drain(self, oq: OwnedQueue, lease: QueueLease) -> bool:
+        """One drain (up to drain_timeout_s); False when the hook raised (a defect). That is taken as a drain
+        that timed out: what was consumed is committed and the lock let go all the same. Raising out of the
+        release left the queue DRAINING, its lock renewed for good (kept until it expired, at shutdown) and
+        nothing committed."""
         try:
             await self._hooks.lease_draining(lease)
+            return True
         except Exception as e:
-            # As a drain that timed out: what was consumed is committed and the lock let go all the same.
-            # Raising here left the queue DRAINING, its lock renewed for good (kept until it expired, at
-            # shutdown) and nothing committed.
             _log_failure("drain failed", "drain_failed", e, group=self._group, queue=oq.mq)
+            return False
+
+    async def _hand_back(self, oq: OwnedQueue, lease: QueueLease) -> None:
+        """A drained queue's final commit and unlock: RELEASED, or LOST when the commit was fenced."""
         if oq.state is not QueueState.DRAINING:
             return  # lost meanwhile (lock renewal failed): nothing of ours to commit
         # The final commit and the unlock in one call: the next owner may start the moment it returns.
@@ -509,7 +544,7 @@ class QueueOwnership:
         held = self.locking and oq.state is QueueState.PULLING and oq.owner_epoch is not None
         self._lose(oq, f"start failed: {error!r}", tell=False)  # (LOCKING: its unlock is asked by _lose)
         if held:
-            await self._unlock(oq)
+            await self._release_stale(oq.mq.broker_name, {oq.mq: oq.lock_token})
         self._lock_waiters.spawn(self._lost_later(oq.mq), name=f"lost:{oq.mq}")
 
     async def _lost_later(self, mq: MessageQueue) -> None:

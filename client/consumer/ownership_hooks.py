@@ -22,6 +22,10 @@ class OwnershipHooks(Protocol):
     #: consumed nothing resumes there; lite pull commits only what the application polled).
     commit_start_offset: bool
 
+    #: A leaving queue is kept, locked, until its running listener calls return, however long past the
+    #: drain timeout (orderly push: RocketMQ's rule); otherwise it is handed back at the timeout.
+    orderly: bool
+
     async def start_offset(self, mq: MessageQueue, committed: int | None) -> int:
         """computePullFromWhere: where reading a newly owned queue starts (`committed`: the group's
         offset when the lock grant told it; None: ask the broker)."""
@@ -31,11 +35,12 @@ class OwnershipHooks(Protocol):
 
     async def lease_draining(self, lease: QueueLease) -> None:
         """removeUnnecessaryMessageQueue: stop fetching; return once the lease's running work is done
-        (bounded by the drain timeout)."""
+        (bounded by the drain timeout; called again while an orderly lease's work runs)."""
 
     def lease_ended(self, lease: QueueLease) -> None:
         """Forget the lease: stop fetching, drop what is buffered for it."""
 
     def queue_lost(self, mq: MessageQueue) -> None:
-        """Ownership was taken away (or, after a pause, a lease could not start): heartbeat and rebalance
-        now rather than at the next timer."""
+        """Ownership was taken away (or, after a pause, a lease could not start; or a kept orderly queue
+        was handed back, and may have come back meanwhile): heartbeat and rebalance now rather than at the
+        next timer."""

@@ -66,6 +66,9 @@ class OwnedQueue:
     # DRAINING -> RELEASED runs as its own task, so cancelling whoever started it cannot skip the
     # final commit and unlock.
     release_task: asyncio.Task | None = None
+    # DRAINING past the drain timeout: an orderly listener call still runs, and the queue stays locked
+    # (and renewed) until it returns; the release goes on without holding up the rebalance that began it.
+    kept: bool = False
 
     def transition(self, to: QueueState) -> None:
         if to not in _ALLOWED[self.state]:

@@ -257,6 +257,45 @@ def test_an_orderly_consumer_stops_when_its_broker_restarts_and_forgets_the_lock
     assert not beside, f"a started {len(beside)} batches while b consumed the queue"
 
 
+def test_an_orderly_queue_stays_with_its_member_until_a_listener_call_past_the_drain_timeout_returns(
+        broker, tmp_path):
+    """RocketMQ keeps an orderly queue while its listener runs: a handover waits for it, however long past
+    drain_timeout_s, or the next owner calls its listener with the queue's messages beside the call still
+    running. Before, the queue was let go at the timeout (0.5 s here) and b consumed beside a's stuck call.
+    The rebalance that began the handover is not held up (a renews the lock meanwhile, or it would lapse)."""
+    create_topic(broker.address, TOPIC, 1)
+    ids = produce(broker.address, TOPIC, 300, batch=150)
+    hold = tmp_path / "hold"
+    common = ("--brokers", broker.address, "--group", "kept", "--topic", TOPIC, "--orderly", "--drain-timeout",
+              "0.5", "--heartbeat-interval", "0.5", "--rebalance-interval", "0.5", "--lock-renew-interval", "1",
+              "--delay-ms", "5")
+    a = ConsumerProcess(tmp_path / "a.txt", *common, "--hold-file", str(hold), "--instance", "z").start()
+    b = None
+    try:
+        wait_until(lambda: len(a.records()) >= 20, 30, "a consuming")
+        hold.touch()
+        wait_until(lambda: "listener held" in a.log_tail(20_000), 30, "a's listener call held")
+        b = ConsumerProcess(tmp_path / "b.txt", *common, "--instance", "a").start()  # AVG: the queue is b's
+        wait_until(lambda: a.log_tail(50_000).count("event=drain_timeout") >= 3 or b.records(), 30,
+                   "a keeping the queue through three drain timeouts (or b consuming beside it)")
+        held = len(b.records())
+        hold.unlink()
+        wait_until(lambda: {r[0] for c in (a, b) for r in c.records()} >= set(ids), 60, "b consuming the rest")
+    finally:
+        for c in (a, b):
+            if c is not None:
+                c.stop()
+    assert held == 0, f"b consumed {held} messages while a's listener call ran"
+    assert "event=drain_kept" in a.log_tail(100_000)
+    a_last_end = max(end for _, _, end in batches(a))
+    b_first = min(start for _, start, _ in batches(b))
+    assert b_first >= a_last_end, f"b started {(a_last_end - b_first) / 1e6:.0f} ms before a's last call ended"
+    consumed = [r[0] for c in (a, b) for r in c.records()]
+    assert len(consumed) == len(set(consumed)), "a message consumed twice across the handover"
+    offsets = [r[2] for c in (a, b) for r in c.records()]
+    assert offsets == sorted(offsets)
+
+
 def test_orderly_consumption_keeps_per_queue_order_across_rebalance(broker, tmp_path):
     create_topic(broker.address, TOPIC, 4)
     ids: list[str] = []

@@ -91,6 +91,7 @@ class ScriptedBroker:
 
 class Hooks:
     commit_start_offset = True
+    orderly = False
 
     def __init__(self, fail_start: bool = False) -> None:
         self.fail_start = fail_start

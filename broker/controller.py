@@ -13,6 +13,7 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from tidemark.broker import memory
 from tidemark.broker.auth import AuthStore
@@ -42,6 +43,7 @@ from tidemark.broker.ingest.send import SendService
 from tidemark.broker.ingest.send_back import SendBackService
 from tidemark.broker.membership.epoch import EpochSequence
 from tidemark.broker.membership.groups import SubscriptionGroupManager, check_group
+from tidemark.broker.membership.lock_file import LOCK_FILE_NAME, LockFile
 from tidemark.broker.membership.locks import LockGrant, QueueLockManager
 from tidemark.broker.membership.members import ConsumerInfo, ConsumerManager
 from tidemark.broker.observe.gauges import take_snapshot
@@ -116,6 +118,8 @@ class BrokerController:
         self.auth = AuthStore(config_dir)
         self.epochs = EpochSequence()
         self.locks = QueueLockManager(epochs=self.epochs, expiry_ms=config.lock_expiry_ms)
+        self.lock_file = LockFile(Path(config_dir) / LOCK_FILE_NAME, self.locks,
+                                  fsync=config.flush is FlushDiskType.SYNC)
         self.offsets = ConsumerOffsetManager(config_dir, epochs=self.epochs, ownership=self.locks,
                                              allow_empty_on_corruption=config.force_empty_offsets)
         self.permission = BrokerPermission(config.broker_name, replica_of=config.master)
@@ -136,7 +140,7 @@ class BrokerController:
         self.handover = QueueHandover(locks=self.locks, offsets=self.offsets, commits=self.commits, hold=self.hold,
                                       popped=lambda group: self.pop.has_group(group),
                                       on_owners_changed=lambda group, n: self.metrics.ownership_changes.labels(
-                                          group).inc(n))
+                                          group).inc(n), saved=self.lock_file)
         self.puller = PullService(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
                                   max_long_polling_ms=config.max_long_polling_ms)
         self.send_back = SendBackService(store=self.store, topics=self.topics, groups=self.groups,
@@ -212,6 +216,7 @@ class BrokerController:
         groups = self.groups.load()
         self.auth.load()
         offsets = self.offsets.load()
+        self.lock_file.load()
         self.schedule.load()
         self.pop.load()
         self.producers.load()
@@ -289,7 +294,8 @@ class BrokerController:
         if self.replica is not None:
             steps += [("replication", self.replica.stop)]
         steps += [("replication checkpoint", self._checkpoint_replication),
-                  ("consumer offsets", self.offset_upkeep.final), ("pop state", self.pop.shutdown),
+                  ("consumer offsets", self.offset_upkeep.final), ("queue locks", self.lock_file.close),
+                  ("pop state", self.pop.shutdown),
                   ("producer state", self.producers.shutdown),
                   ("transaction state", self.transactions.persist_if_dirty),
                   ("config files", self.flush_configs),

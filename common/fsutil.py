@@ -15,13 +15,16 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, *, keep_backup: bool = False, mode: int | None = None) -> None:
+def atomic_write(path: Path, data: bytes, *, keep_backup: bool = False, mode: int | None = None,
+                 sync: bool = True) -> None:
     """Replace `path` with `data` so that a crash leaves either the old or the new file.
 
     Writes a temp file beside it, fsyncs it, optionally keeps the previous file as
     `<name>.bak` (a hard link, so the old content stays reachable at every instant),
     renames the temp file into place and fsyncs the directory. `mode` (e.g. 0o600
-    for files holding secrets) is set before the first byte is written.
+    for files holding secrets) is set before the first byte is written. Without
+    `sync` nothing is fsynced: a process that dies still leaves the old or the new
+    file, a machine that crashes may leave neither.
     """
     path = Path(path)
     directory = path.parent
@@ -32,7 +35,8 @@ def atomic_write(path: Path, data: bytes, *, keep_backup: bool = False, mode: in
             os.fchmod(f.fileno(), mode)  # the umask, or a temp file left by a crash, would decide otherwise
         f.write(data)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
     if keep_backup and path.exists():
         bak = backup_path(path)
         bak_tmp = directory / f".{bak.name}.tmp"
@@ -41,7 +45,8 @@ def atomic_write(path: Path, data: bytes, *, keep_backup: bool = False, mode: in
         os.link(path, bak_tmp)
         os.replace(bak_tmp, bak)
     os.replace(tmp, path)
-    fsync_dir(directory)
+    if sync:
+        fsync_dir(directory)
 
 
 def backup_path(path: Path) -> Path:

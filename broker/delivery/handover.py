@@ -10,6 +10,10 @@ go, so that nothing it consumed is read again; and every change of holder
 lock request is answered at once and a fetch stream serving the queue
 re-checks its owner and stops feeding one that lost it.
 
+The lock table is kept on disk across restarts (membership/lock_file.py): a
+LockQueues call that made a grant is answered once the table with it is
+saved; releases are saved soon after, unawaited.
+
 Apart from the controller because these rules are about one thing, who may
 read a queue and from where, and need only the locks, the commits, the
 waiters and whether pop consumes the group; the controller builds it and
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 from tidemark.broker.delivery.waiters import QueueWaiters
 from tidemark.broker.errors import BrokerError, FailedPreconditionError, FencedError
+from tidemark.broker.membership.lock_file import LockFile
 from tidemark.broker.membership.locks import LockGrant, QueueLockManager
 from tidemark.broker.offsets import ConsumerOffsetManager, Fence
 from tidemark.broker.offsets.commits import OffsetCommitService
@@ -56,8 +61,9 @@ class RefusedOffset:
 class QueueHandover:
     def __init__(self, *, locks: QueueLockManager, offsets: ConsumerOffsetManager, commits: OffsetCommitService,
                  hold: QueueWaiters, popped: Callable[[str], bool],
-                 on_owners_changed: Callable[[str, int], None]) -> None:
+                 on_owners_changed: Callable[[str, int], None], saved: LockFile | None = None) -> None:
         self._locks = locks
+        self._saved = saved  # the lock table on disk (None: kept in memory only)
         self._offsets = offsets
         self._commits = commits
         self._hold = hold
@@ -85,6 +91,8 @@ class QueueHandover:
             if remaining <= 0 or not await self._hold.wait_any(missing, remaining):
                 break
             grants = self._lock(group, client_id, missing, renew)
+        if self._saved is not None:
+            await self._saved.save()  # (a grant the broker would forget on a restart is not answered)
         return grants
 
     def held_queue(self, group: str, grant: LockGrant) -> HeldQueue:
@@ -117,8 +125,7 @@ class QueueHandover:
                 if isinstance(e, FailedPreconditionError):
                     keep.add((topic, queue_id))
         released = self._locks.unlock(group, client_id, [q for q in queues if q not in keep], tokens)
-        for topic, queue_id in released:
-            self._hold.notify(topic, queue_id)
+        self._released(released)
         if released:  # (the other end of a handover: the next owner's lock_grant follows)
             log.info("queue locks released", event="lock_release", group=group, client_id=client_id,
                      queues=len(released))
@@ -126,8 +133,9 @@ class QueueHandover:
 
     def expire(self) -> None:
         """The timer's job: drop the locks nobody renewed in time."""
-        for lock in self._locks.expire():
-            self._hold.notify(lock.topic, lock.queue_id)
+        expired = self._locks.expire()
+        self._released([(lock.topic, lock.queue_id) for lock in expired])
+        for lock in expired:
             log.info("queue lock expired",
                      event="lock_expire", group=lock.group, topic=lock.topic, queue_id=lock.queue_id,
                      client_id=lock.client_id, owner_epoch=lock.owner_epoch)
@@ -142,8 +150,7 @@ class QueueHandover:
         a push queue unread for the lock's minute). Released, not forgotten: a client still reading here
         stays the owner (the epoch rule) and renews, unless another client is granted the queue first."""
         released = self._locks.release_all()
-        for lock in released:
-            self._hold.notify(lock.topic, lock.queue_id)
+        self._released([(lock.topic, lock.queue_id) for lock in released])
         if released:
             log.info("queue locks granted while the master was away released", event="lock_release_stand_in",
                      groups=len({lock.group for lock in released}), queues=len(released))
@@ -151,11 +158,17 @@ class QueueHandover:
     def client_gone(self, group: str, client_id: str) -> None:
         """A member left the group (or stopped sending heartbeats): its queues are free at once."""
         released = self._locks.release_client(group, client_id)
-        for topic, queue_id in released:
-            self._hold.notify(topic, queue_id)
+        self._released(released)
         if released:
             log.info("queue locks released",
                      event="lock_release", group=group, client_id=client_id, queues=len(released))
+
+    def _released(self, queues: list[tuple[str, int]]) -> None:
+        """Locks let go: their waiters are woken, and the table is saved soon (nobody waits for that)."""
+        for topic, queue_id in queues:
+            self._hold.notify(topic, queue_id)
+        if queues and self._saved is not None:
+            self._saved.save_soon()
 
     def _lock(self, group: str, client_id: str, queues: list[tuple[str, int]], renew: bool) -> list[LockGrant]:
         """Grant or renew queue locks; a queue that changed hands is re-checked by the streams serving it,

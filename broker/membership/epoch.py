@@ -1,10 +1,9 @@
 """Broker-wide source of owner epochs and offset reset generations.
 
-Neither owner epochs (broker/membership/locks.py) nor reset generations (broker/offsets)
-are persisted: after a restart every queue must be locked again and every reset
-generation starts from "never reset". Fencing still needs them to stay
-monotonic across restarts, because a consumer that survived the restart may
-still carry a value issued by the previous broker process. Seeding the counter
+Owner epochs are kept with the lock table (broker/membership/lock_file.py) and
+reset generations with the offsets, but a new value must still be larger than
+any an earlier broker process issued, including ones whose file is gone, because
+a consumer that survived the restart may still carry one. Seeding the counter
 with the wall clock in microseconds at startup makes every value this process
 issues larger than any value an earlier process issued, as long as the earlier
 process issued fewer than one value per microsecond of its uptime (it cannot

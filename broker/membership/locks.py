@@ -20,6 +20,12 @@ second. So every acquisition draws a new token, a renewal (`renew=True`, the
 holder extending its own live lock) keeps it, and an unlock quoting a token
 releases only that grant.
 
+The table outlives a restart (lock_file.py keeps it in queueLocks.json):
+`snapshot` gives every queue's last grant, `restore` takes them back at start,
+each lock that was held held again for half the expiry (see `restore`), and
+`changes` counts what a saved table must follow (grants and releases, not
+renewals of a live grant).
+
 Pure domain module: no grpc, no I/O. Called from the broker's event-loop thread.
 """
 
@@ -62,6 +68,20 @@ class LockInfo:
     owner_epoch: int
     expire_timestamp: int
     live: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SavedLock:
+    """One queue's last grant as a lock file keeps it (no clock: a restored lock's time starts anew)."""
+
+    group: str
+    topic: str
+    queue_id: int
+    client_id: str
+    owner_epoch: int
+    token: int
+    held: bool
+    start_offset: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +129,7 @@ class QueueLockManager:
         self._clock = clock
         self._wall_clock_ms = wall_clock_ms
         self._groups: dict[str, dict[QueueKey, _QueueLock]] = {}
+        self.changes = 0  # grants and releases so far (a renewal of a live grant is none): what a saved table follows
 
     # -- grant and release -------------------------------------------------
 
@@ -149,6 +170,7 @@ class QueueLockManager:
             else:
                 token = self._tokens.next()
                 start = start_offset(topic, queue_id) if start_offset is not None else None
+                self.changes += 1
             if table is None:
                 table = self._groups.setdefault(group, {})
             table[key] = _QueueLock(client_id, epoch, token, True, expires_at, expire_timestamp, start)
@@ -176,6 +198,7 @@ class QueueLockManager:
                     and not _superseded(current, tokens.get(key, 0) if tokens else 0):
                 table[key] = replace(current, held=False)
                 released.append(key)
+        self.changes += len(released)
         return released
 
     def superseded(self, group: str, client_id: str, topic: str, queue_id: int, token: int) -> bool:
@@ -215,8 +238,34 @@ class QueueLockManager:
                 if current.held and which(current, now):
                     table[key] = replace(current, held=False)
                     released.append(self._info(group, key, current, now))
+        self.changes += len(released)
         released.sort(key=lambda i: (i.group, i.topic, i.queue_id))
         return released
+
+    # -- kept across restarts (lock_file.py) ---------------------------------
+
+    def snapshot(self) -> list[SavedLock]:
+        """Every queue's last grant, held or not (the epoch history goes with it), sorted."""
+        return [SavedLock(group, topic, queue_id, lk.client_id, lk.owner_epoch, lk.token, lk.held, lk.start_offset)
+                for group in sorted(self._groups) for (topic, queue_id), lk in sorted(self._groups[group].items())]
+
+    @property
+    def expiry_ms(self) -> int:
+        return self._expiry_ms
+
+    def restore(self, saved: Iterable[SavedLock], *, earlier_expiry_ms: int = 0) -> None:
+        """Take back the table an earlier broker process saved (at start, before any request). A lock that
+        was held is held again for half the expiry from now (the earlier process's, if it was longer): a
+        client counts on a lock for at most half the expiry it was told after it asked for the last renewal
+        that process answered (client/consumer/lock_hold.py), so no queue goes to another client while a
+        grant of the earlier process may still be counted on; a holder still alive renews it meanwhile and
+        goes on under the same epoch and token. Released grants come back as history, for the epoch rule."""
+        now = self._clock()
+        half_ms = max(self._expiry_ms, earlier_expiry_ms) // 2
+        half_s, wall_ms = half_ms / 1000.0, self._wall_clock_ms() + half_ms
+        for lk in saved:
+            self._groups.setdefault(lk.group, {})[(lk.topic, lk.queue_id)] = _QueueLock(
+                lk.client_id, lk.owner_epoch, lk.token, lk.held, now + half_s, wall_ms, lk.start_offset)
 
     # -- queries -----------------------------------------------------------
 
@@ -291,12 +340,14 @@ class QueueLockManager:
             table = self._groups[group]
             for key in [k for k in table if k[0] == topic]:
                 del table[key]
+                self.changes += 1
             if not table:
                 del self._groups[group]
 
     def forget_group(self, group: str) -> None:
         """Drop locks and epoch history of a deleted group."""
-        self._groups.pop(group, None)
+        if self._groups.pop(group, None) is not None:
+            self.changes += 1
 
     # -- helpers -----------------------------------------------------------
 

@@ -506,7 +506,7 @@ class Fetcher:
         for reading in readings:
             self._by_handle.pop(reading.handle, None)
             if reading.lease.lock is not None:
-                reading.lease.lock.lapse()  # the broker may be restarting, its locks gone (lock_hold.py)
+                reading.lease.lock.lapse()  # the broker may be failing over, its locks gone (lock_hold.py)
         if error.retriable:
             self._cluster.suspect(broker)  # its master may have been replaced: ask where it is now
         if not readings:

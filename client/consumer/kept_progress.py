@@ -1,8 +1,10 @@
-"""Where a consumer resumes a queue it owned until its broker restarted.
+"""Where a consumer resumes a queue it lost, not handed over.
 
-A broker keeps queue locks in memory: when it restarts, every consumer loses
-its queues (the next fetch or lock renewal is fenced), re-locks them under a
-new owner epoch and reads the group's committed offset again. That offset is
+A broker that has none of the locks it granted (a replica that took over; a
+broker whose lock file, broker/membership/lock_file.py, was lost or damaged)
+makes every consumer lose its queues (the next fetch or lock renewal is
+fenced): each re-locks them under a new owner epoch and reads the group's
+committed offset again. That offset is
 only as fresh as the consumer's last commit that reached the broker (commits
 ride on credit frames every few hundred messages and on a 5 s timer), while the
 consumer's own progress (the smallest offset not yet consumed) is further

@@ -4,8 +4,9 @@ Every lock_renew_interval_s (20 s; a broker keeps a lock 60 s by default)
 the consumer renews the locks of the queues it reads or drains: one
 LockQueues(renew) per broker. A queue the broker does not renew for the same
 ownership (owner epoch) is lost; when the broker granted it anew instead (it
-restarted and forgot the lock, so the epoch is a new one) that grant is
-unlocked at once, for whoever the group gives the queue to next. Each
+has none of the locks granted before it, as a replica that took over, so the
+epoch is a new one) that grant is unlocked at once, for whoever the group
+gives the queue to next. Each
 answered renewal confirms the queue's LockHold from the moment it was asked
 (lock_hold.py). An orderly queue whose hold lapsed (a renewal late or
 unanswered, the process paused, its fetch stream broken) asks for a renewal

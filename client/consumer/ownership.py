@@ -19,10 +19,11 @@ A held lock is renewed every lock_renew_interval_s and counted on for half
 the broker's lock expiry after each answered request (lock_renewal.py,
 lock_hold.py): an orderly queue starts no batch past that.
 
-A broker restart takes every lock away (the lock table is in memory): the
-queues are LOST and locked again, and each resumes from its own progress when
-that is further along than the broker's committed offset (the broker must have
-one) and no admin reset came in between (kept_progress.py).
+A broker restart keeps the locks (its lock file); a broker without them (a
+replica that took over) makes the queues LOST, locked again, and each resumes
+from its own progress when that is further along than the broker's committed
+offset (the broker must have one) and no admin reset came in between
+(kept_progress.py).
 
 RocketMQ-style (queue_locking=False): no locks; a leaving queue is dropped at
 once and its offset persisted without waiting for running batches.

@@ -226,15 +226,16 @@ def test_an_orderly_consumer_cut_off_with_its_lock_lapsed_still_shuts_down(broke
     assert code == 0, a.log_tail()
 
 
-def test_an_orderly_consumer_stops_when_its_broker_restarts_and_forgets_the_locks(broker_factory, tmp_path):
-    """A broker keeps its locks in memory: restarted, it grants a queue to the first member that asks. The
-    queue's holder, which had messages fetched, stops as its fetch stream breaks (lock_hold.py) until a
-    renewal confirms the lock, which the restarted broker cannot: the lock is lost, and only the member
-    the group now gives the queue to consumes it. (Should the broker grant that renewal anew, under a new
-    epoch, the holder lets the grant go at once: tests/unit/consumer/test_ownership.py.)"""
+def test_an_orderly_holder_keeps_its_queue_across_a_broker_restart_and_hands_it_over_after(broker_factory,
+                                                                                        tmp_path):
+    """A broker keeps its lock table on disk (queueLocks.json): restarted (kill -9), it holds each lock
+    for its holder, which renews it under the same epoch and goes on, the queue never lost. A member that
+    joins then gets the queue by a handover, and only one of them consumes it at a time. (Before, the
+    restarted broker had forgotten the locks: every holder lost its queues, and, had it been cut off, the
+    next member was granted them at once: the test below.)"""
     broker = broker_factory()
     create_topic(broker.address, TOPIC, 1)
-    produce(broker.address, TOPIC, 1_500, batch=250)
+    ids = produce(broker.address, TOPIC, 1_500, batch=250)
     common = ("--brokers", broker.address, "--group", "restart", "--topic", TOPIC, "--orderly",
               "--persist-interval", "0.3", "--delay-ms", "20")
     a = ConsumerProcess(tmp_path / "a.txt", *common, "--instance", "z").start()
@@ -242,19 +243,61 @@ def test_an_orderly_consumer_stops_when_its_broker_restarts_and_forgets_the_lock
     try:
         wait_until(lambda: len(a.records()) >= 50, 30, "a consuming")
         broker.kill()
-        broker.start()  # the same port and data: no member and no lock until they come again
+        broker.start()  # the same port and data
+        consumed = len(a.records())
+        wait_until(lambda: len(a.records()) >= consumed + 50, 30, "a going on after the restart")
         # AVG gives the one queue to the first client id: b's once the broker knows both.
         b = ConsumerProcess(tmp_path / "b.txt", *common, "--heartbeat-interval", "0.5", "--rebalance-interval",
                             "0.5", "--instance", "a").start()
-        wait_until(lambda: len(b.records()) >= 20, 30, "b taking the queue after the restart")
+        wait_until(lambda: len(b.records()) >= 20, 30, "b taking the queue over")
+        wait_until(lambda: {r[0] for c in (a, b) for r in c.records()} >= set(ids), 60, "all consumed")
     finally:
         for c in (a, b):
             if c is not None:
                 c.stop()
+    assert "event=queue_lost" not in a.log_tail(200_000), a.log_tail()
+    assert "event=locks_restored held=2" in broker.log_text()  # (the queue and the group's retry queue)
     b_batches = batches(b)
     b_first, b_last = min(start for _, start, _ in b_batches), max(end for _, _, end in b_batches)
     beside = [start for _, start, _ in batches(a) if b_first <= start <= b_last]
     assert not beside, f"a started {len(beside)} batches while b consumed the queue"
+
+
+def test_an_orderly_consumer_cut_off_when_its_broker_restarts_stops_before_the_queue_passes_on(broker_factory,
+                                                                                            tmp_path):
+    """A member cut off from the broker when the broker restarts sees no broken stream: it goes on through
+    what it fetched for half the lock expiry after its last renewal. The restarted broker holds its lock
+    that long (restored from queueLocks.json), so the member the group gives the queue to meanwhile
+    starts only after. Before, the restarted broker granted it at once, beside the cut-off member."""
+    broker = broker_factory(args=("--channel-expired-timeout-ms", "20000", "--lock-expiry-ms", "6000"))
+    create_topic(broker.address, TOPIC, 1)
+    produce(broker.address, TOPIC, 1_500, batch=250)
+    common = ("--group", "cut-restart", "--topic", TOPIC, "--orderly", "--lock-renew-interval", "1",
+              "--persist-interval", "0.3", "--delay-ms", "20")
+    with FaultProxy(broker.address) as proxy:
+        a = ConsumerProcess(tmp_path / "a.txt", "--brokers", proxy.address, *common, "--instance", "z").start()
+        b = None
+        try:
+            wait_until(lambda: len(a.records()) >= 20, 30, "a consuming")
+            proxy.blackhole(True)
+            cut = time.monotonic_ns()
+            broker.kill()
+            broker.start()
+            b = ConsumerProcess(tmp_path / "b.txt", "--brokers", broker.address, *common, "--heartbeat-interval",
+                                "0.5", "--rebalance-interval", "0.5", "--instance", "a").start()
+            wait_until(lambda: len(b.records()) >= 20, 60, "b taking the queue after the restart")
+            proxy.heal()
+            wait_until(lambda: "event=queue_lost" in a.log_tail(50_000), 30, "a learning that it lost the queue")
+        finally:
+            for c in (a, b):
+                if c is not None:
+                    c.stop()
+    b_first = min(start for _, start, _ in batches(b))
+    a_after_cut = [start for _, start, _ in batches(a) if start > cut]
+    late = [start for start in a_after_cut if start >= b_first]
+    assert not late, (f"a started {len(late)} batches after b's first, up to {(max(late) - b_first) / 1e6:.0f} ms "
+                      f"after it; {len(a_after_cut)} after the cut")
+    assert a_after_cut, "a consumed nothing after the cut"  # (it went on while the lock was its own)
 
 
 def test_an_orderly_queue_stays_with_its_member_until_a_listener_call_past_the_drain_timeout_returns(

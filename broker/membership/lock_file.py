@@ -1,0 +1,165 @@
+"""queueLocks.json: the queue locks a broker granted, kept across its restarts.
+
+A client counts on a queue lock for half the broker's lock expiry after it
+asked for the last renewal the broker answered (client/consumer/lock_hold.py).
+A broker that forgot its locks when it restarted granted a queue at once to
+the next member that asked, while a holder cut off from it (no broken stream
+to tell it the broker had gone) went on calling its listener with the queue's
+messages for the rest of that half: two members consuming one orderly queue.
+With the table on disk, a restarted broker holds each lock that was held for
+half its expiry more (QueueLockManager.restore), and the holder still alive
+renews it and goes on under the same owner epoch and lock token: no re-lock,
+no re-read, its commits not fenced.
+
+When it is written (QueueHandover):
+- a LockQueues call that made a new grant is answered once a table with that
+  grant is on disk (`save`; the calls of one moment share a write, in a
+  worker thread); renewals of a live grant change nothing here and wait for
+  nothing;
+- releases (unlocks, expiries, members gone) are written soon after, not
+  waited for (`save_soon`): one not yet on disk when the broker dies costs
+  its queue's next owner half an expiry after the restart, no more.
+A write that fails (a full disk) is logged and the grant answered all the
+same: the broker is then as it was without the file, and the next change
+writes the whole table again.
+
+The file is replaced atomically (a temp file renamed into place) and fsynced
+when the broker flushes messages synchronously (flush=sync), as its messages
+are: a machine that crashes with async flush loses what the page cache had,
+and restarting takes longer than half an expiry anyway. Damaged, it is set
+aside (`.damaged`) and the broker starts with no locks, as before the file
+existed.
+
+    {"version": 1, "lockExpiryMs": 60000, "locks": [{"group": "g", "topic": "t", "queueId": 0, "clientId": "c",
+      "ownerEpoch": 17, "lockToken": 18, "held": true, "startOffset": 42}, ...]}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+
+from tidemark.broker.membership.locks import QueueLockManager, SavedLock
+from tidemark.common.fsutil import atomic_write
+from tidemark.common.logs import get_logger
+from tidemark.common.scheduler import TaskSet
+
+log = get_logger("tidemark.broker")
+
+LOCK_FILE_NAME = "queueLocks.json"
+VERSION = 1
+_FIELDS = (("group", str), ("topic", str), ("queueId", int), ("clientId", str), ("ownerEpoch", int),
+           ("lockToken", int), ("held", bool))
+
+
+def encode_locks(saved: list[SavedLock], expiry_ms: int) -> bytes:
+    """The file's bytes for a table (QueueLockManager.snapshot) and the lock expiry its grants were told."""
+    return json.dumps({"version": VERSION, "lockExpiryMs": expiry_ms, "locks": [
+        {"group": lk.group, "topic": lk.topic, "queueId": lk.queue_id, "clientId": lk.client_id,
+         "ownerEpoch": lk.owner_epoch, "lockToken": lk.token, "held": lk.held, "startOffset": lk.start_offset}
+        for lk in saved]}, separators=(",", ":")).encode()
+
+
+def decode_locks(data: bytes) -> tuple[list[SavedLock], int]:
+    """The table in a file's bytes and the lock expiry its grants were told; ValueError naming what is
+    wrong (every entry must be whole: a table with a lock missing would hand that queue to the next
+    member that asks)."""
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"not JSON: {e}") from None
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("locks"), list):
+        raise ValueError(f"not a version {VERSION} lock table")
+    expiry_ms = doc.get("lockExpiryMs")
+    if not isinstance(expiry_ms, int) or isinstance(expiry_ms, bool) or expiry_ms <= 0:
+        raise ValueError(f"lockExpiryMs is {expiry_ms!r}")
+    out: list[SavedLock] = []
+    for i, entry in enumerate(doc["locks"]):
+        if not isinstance(entry, dict):
+            raise ValueError(f"entry {i} is not an object")
+        values = []
+        for name, kind in _FIELDS:
+            value = entry.get(name)
+            # (bool is an int in Python: a count must not be true, a flag must be a flag)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ValueError(f"entry {i}: {name} is {value!r}, not {kind.__name__}")
+            values.append(value)
+        start = entry.get("startOffset")
+        if start is not None and (not isinstance(start, int) or isinstance(start, bool)):
+            raise ValueError(f"entry {i}: startOffset is {start!r}")
+        out.append(SavedLock(*values, start_offset=start))
+    return out, expiry_ms
+
+
+class LockFile:
+    """Keeps a QueueLockManager's table in `path`: loaded at start, saved as it changes."""
+
+    def __init__(self, path: Path, locks: QueueLockManager, *, fsync: bool) -> None:
+        self.path = Path(path)
+        self._locks = locks
+        self._fsync = fsync
+        self._covered = 0  # the changes counted when the last write ended began (written or failed)
+        self._written = 0  # the changes counted when the last successful write began
+        self._writing: asyncio.Task | None = None
+        self._soon = TaskSet("lock_file_write_failed", "queue lock table write failed", log)
+
+    def load(self) -> int:
+        """Restore the saved table (QueueLockManager.restore); the number of locks held again. No file: none
+        (a new broker). A damaged file is set aside and logged, and nothing is restored."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        try:
+            saved, expiry_ms = decode_locks(data)
+        except ValueError as e:
+            aside = self.path.with_name(self.path.name + ".damaged")
+            try:
+                os.replace(self.path, aside)
+            except OSError:
+                aside = self.path  # (left where it is: the next write replaces it)
+            log.warning("queue lock table damaged: starting with no locks (a member cut off when the broker "
+                        "stopped may still consume what it fetched, beside the queue's next owner)",
+                        event="lock_file_damaged", path=str(aside), error=str(e))
+            return 0
+        self._locks.restore(saved, earlier_expiry_ms=expiry_ms)
+        self._covered = self._written = self._locks.changes
+        held = sum(1 for lk in saved if lk.held)
+        log.info("queue locks restored", event="locks_restored", held=held, history=len(saved) - held)
+        return held
+
+    async def save(self) -> None:
+        """Until a write that began after the table's latest change has ended (written, or its failure
+        logged). Callers at one moment share one write; nothing to write returns at once."""
+        wanted = self._locks.changes
+        while self._covered < wanted:
+            if self._writing is None:
+                self._writing = asyncio.get_running_loop().create_task(self._write(), name="queue-lock-file")
+            await asyncio.shield(self._writing)
+
+    def save_soon(self) -> None:
+        """Write the table's latest changes in the background (releases: nobody waits for them)."""
+        if self._covered < self._locks.changes:
+            self._soon.spawn(self.save(), name="queue-lock-file-soon")
+
+    async def close(self) -> None:
+        """At shutdown: what is not on disk yet (a failed write included) is written once more."""
+        await self._soon.close()
+        self._covered = self._written
+        await self.save()
+
+    async def _write(self) -> None:
+        began = self._locks.changes
+        data = encode_locks(self._locks.snapshot(), self._locks.expiry_ms)
+        try:
+            await asyncio.to_thread(atomic_write, self.path, data, sync=self._fsync)
+            self._written = began
+        except OSError as e:
+            log.warning("queue lock table not written: a restart before the next write forgets the locks "
+                        "granted since", event="lock_file_write_failed", path=str(self.path),
+                        error=e.strerror or str(e))
+        finally:
+            self._covered = max(self._covered, began)
+            self._writing = None

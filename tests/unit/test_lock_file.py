@@ -1,0 +1,194 @@
+"""The queue lock table across broker restarts: QueueLockManager.snapshot/restore, and queueLocks.json
+(broker/membership/lock_file.py): its format, its damage, and when it is written."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_locks import Q0, Q1, FakeClock, G, T
+
+from tidemark.broker.membership import lock_file
+from tidemark.broker.membership.epoch import EpochSequence
+from tidemark.broker.membership.lock_file import LockFile, decode_locks, encode_locks
+from tidemark.broker.membership.locks import QueueLockManager, SavedLock
+
+EXPIRY_MS = 60_000
+
+
+def manager(clock: FakeClock, epochs: int = 1000, tokens: int = 5000) -> QueueLockManager:
+    return QueueLockManager(epochs=EpochSequence(seed=epochs), tokens=EpochSequence(seed=tokens),
+                            expiry_ms=EXPIRY_MS, clock=clock, wall_clock_ms=clock.wall)
+
+
+def restarted(before: QueueLockManager) -> tuple[QueueLockManager, FakeClock]:
+    """A new broker process (its own clock and, as the wall clock seeds them, larger epochs and tokens)
+    that restored what `before` saved, through the file's bytes."""
+    clock = FakeClock()
+    after = manager(clock, epochs=10**9, tokens=10**9)
+    saved, expiry_ms = decode_locks(encode_locks(before.snapshot(), before.expiry_ms))
+    after.restore(saved, earlier_expiry_ms=expiry_ms)
+    return after, clock
+
+
+_names = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=12)
+_saved = st.builds(SavedLock, _names, _names, st.integers(0, 2**31), _names, st.integers(0, 2**62),
+                   st.integers(0, 2**62), st.booleans(), st.none() | st.integers(-1, 2**62))
+
+
+@given(st.lists(_saved, max_size=20), st.integers(1, 2**31))
+def test_the_file_gives_back_every_entry_as_written(saved, expiry_ms):
+    assert decode_locks(encode_locks(saved, expiry_ms)) == (saved, expiry_ms)
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"{not json", "not JSON"),
+    (b'{"version": 2, "lockExpiryMs": 60000, "locks": []}', "version 1"),
+    (b'{"version": 1, "locks": []}', "lockExpiryMs is None"),
+    (b'{"version": 1, "lockExpiryMs": 60000, "locks": [{"group": "g"}]}', "entry 0: topic"),
+    (b'{"version": 1, "lockExpiryMs": 60000, "locks": [{"group": "g", "topic": "t", "queueId": true, '
+     b'"clientId": "c", "ownerEpoch": 1, "lockToken": 2, "held": true}]}', "queueId is True"),
+    (b'{"version": 1, "lockExpiryMs": 60000, "locks": [{"group": "g", "topic": "t", "queueId": 0, '
+     b'"clientId": "c", "ownerEpoch": 1, "lockToken": 2, "held": 1}]}', "held is 1"),
+    (b'{"version": 1, "lockExpiryMs": 60000, "locks": [7]}', "entry 0 is not an object"),
+])
+def test_a_damaged_file_is_refused_whole_saying_what_is_wrong(data, says):
+    with pytest.raises(ValueError, match=says):
+        decode_locks(data)
+
+
+def test_a_restored_lock_is_its_holder_s_for_half_the_expiry_and_renewed_as_it_was():
+    clock = FakeClock()
+    before = manager(clock)
+    first = before.lock(G, "c1", [Q0])[0]
+    after, clock = restarted(before)
+    assert after.lock(G, "c2", [Q0]) == []  # no other member gets it while c1 may count on its grant
+    renewal = after.lock(G, "c1", [Q0], renew=True)[0]  # c1 goes on: same epoch, same token
+    assert (renewal.owner_epoch, renewal.lock_token) == (first.owner_epoch, first.lock_token)
+    after.check_owner(G, "c1", T, 0, first.owner_epoch)  # its commits are not fenced
+
+    after, clock = restarted(before)
+    clock.advance(EXPIRY_MS / 2000 - 0.001)
+    assert after.lock(G, "c2", [Q0]) == []
+    clock.advance(0.002)  # half the expiry after the restart: c1 counts on it no more
+    taken = after.lock(G, "c2", [Q0])[0]
+    assert taken.owner_epoch > first.owner_epoch and taken.lock_token > first.lock_token
+
+
+def test_a_broker_restarted_with_a_shorter_expiry_holds_a_lock_for_half_the_one_its_grant_told():
+    clock = FakeClock()
+    before = manager(clock)  # 60 s: the holder counts on its grant for 30 s
+    before.lock(G, "c1", [Q0])
+    clock = FakeClock()
+    after = QueueLockManager(epochs=EpochSequence(seed=10**9), tokens=EpochSequence(seed=10**9), expiry_ms=10_000,
+                             clock=clock, wall_clock_ms=clock.wall)
+    saved, expiry_ms = decode_locks(encode_locks(before.snapshot(), before.expiry_ms))
+    after.restore(saved, earlier_expiry_ms=expiry_ms)
+    clock.advance(29.9)
+    assert after.lock(G, "c2", [Q0]) == []
+    clock.advance(0.2)
+    assert after.lock(G, "c2", [Q0]) != []
+
+
+def test_released_grants_come_back_as_history_for_the_epoch_rule():
+    clock = FakeClock()
+    before = manager(clock)
+    first = before.lock(G, "c1", [Q0, Q1])
+    before.unlock(G, "c1", [Q0])
+    after, _ = restarted(before)
+    assert after.holder(G, T, 0) is None and after.holder(G, T, 1) == "c1"
+    after.check_owner(G, "c1", T, 0, first[0].owner_epoch)  # still the owner until another takes it
+    again = after.lock(G, "c1", [Q0])[0]
+    assert again.owner_epoch == first[0].owner_epoch  # the same client again: the same epoch
+
+
+def test_grants_and_releases_are_changes_and_renewals_are_not():
+    locks = manager(FakeClock())
+    locks.lock(G, "c1", [Q0, Q1])
+    assert locks.changes == 2
+    locks.lock(G, "c1", [Q0, Q1], renew=True)
+    assert locks.changes == 2
+    locks.unlock(G, "c1", [Q0])
+    locks.release_client(G, "c1")
+    locks.unlock(G, "c1", [Q0])  # (nothing held: nothing changed)
+    assert locks.changes == 4
+
+
+class CountingWrites:
+    """Replaces the file's atomic_write: records each write and whether it was fsynced; fails while `fail`
+    is set (a full disk)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.writes: list[bytes] = []
+        self.syncs: list[bool] = []
+        self.fail = False
+        real = lock_file.atomic_write
+
+        def write(path, data, *, sync):
+            if self.fail:
+                raise OSError(28, "No space left on device")
+            self.writes.append(data)
+            self.syncs.append(sync)
+            real(path, data, sync=sync)
+        monkeypatch.setattr(lock_file, "atomic_write", write)
+
+
+def test_changes_of_one_moment_share_a_write_and_renewals_wait_for_none(tmp_path, monkeypatch):
+    async def scenario():
+        writes = CountingWrites(monkeypatch)
+        locks = manager(FakeClock())
+        saved = LockFile(tmp_path / "queueLocks.json", locks, fsync=True)
+        locks.lock(G, "c1", [Q0])
+        locks.lock(G, "c2", [Q1])
+        await asyncio.gather(saved.save(), saved.save())
+        assert len(writes.writes) == 1 and writes.syncs == [True]
+        locks.lock(G, "c1", [Q0], renew=True)
+        await saved.save()
+        assert len(writes.writes) == 1  # nothing new to write
+        locks.unlock(G, "c1", [Q0])
+        saved.save_soon()
+        await saved.close()
+        assert len(writes.writes) == 2
+        assert [lk.held for lk in decode_locks((tmp_path / "queueLocks.json").read_bytes())[0]] == [False, True]
+    asyncio.run(scenario())
+
+
+def test_a_failed_write_is_logged_answered_all_the_same_and_written_at_shutdown(tmp_path, monkeypatch, caplog):
+    async def scenario():
+        writes = CountingWrites(monkeypatch)
+        locks = manager(FakeClock())
+        saved = LockFile(tmp_path / "queueLocks.json", locks, fsync=False)
+        locks.lock(G, "c1", [Q0])
+        writes.fail = True
+        await asyncio.wait_for(saved.save(), 5)  # ends: the grant is answered
+        assert "lock_file_write_failed" in caplog.text and not (tmp_path / "queueLocks.json").exists()
+        writes.fail = False
+        await saved.close()  # the disk has room again: written once more
+        assert writes.syncs == [False]
+        assert decode_locks((tmp_path / "queueLocks.json").read_bytes())[0][0].client_id == "c1"
+    asyncio.run(scenario())
+
+
+def test_a_damaged_file_is_set_aside_and_the_broker_starts_with_no_locks(tmp_path, caplog):
+    path = tmp_path / "queueLocks.json"
+    path.write_text(json.dumps({"version": 1, "lockExpiryMs": 60_000, "locks": [{"group": G}]}))
+    locks = manager(FakeClock())
+    assert LockFile(path, locks, fsync=False).load() == 0
+    assert locks.snapshot() == [] and not path.exists()
+    assert (tmp_path / "queueLocks.json.damaged").exists() and "lock_file_damaged" in caplog.text
+
+
+def test_load_restores_what_was_saved(tmp_path):
+    async def scenario():
+        clock = FakeClock()
+        before = manager(clock)
+        before.lock(G, "c1", [Q0, Q1])
+        before.unlock(G, "c1", [Q1])
+        await LockFile(tmp_path / "queueLocks.json", before, fsync=False).save()
+        after = manager(FakeClock(), epochs=10**9)
+        assert LockFile(tmp_path / "queueLocks.json", after, fsync=False).load() == 1
+        assert after.snapshot() == before.snapshot()
+    asyncio.run(scenario())

@@ -24,6 +24,9 @@ What is counted:
 - order: for orderly groups, a message delivered for the first time after a
   later message of its queue was; for FIFO keys, a process's acknowledged
   sends of one key stored out of their acknowledgement order;
+- overlap: for orderly groups, two members' listener calls with messages of
+  one queue that ran at the same time (a call runs from its recorded start
+  to its last delivery);
 - undelivered: per draining group, stored values of its topics it never got (of those stored when
   the drain ended: a request the network held back can still be stored after it);
 - windows: the longest stretch without a successful send, and without a
@@ -89,12 +92,13 @@ class Report:
     misplaced: Count = field(default_factory=Count)
     offsets_backwards: Count = field(default_factory=Count)
     order: Count = field(default_factory=Count)
+    overlap: Count = field(default_factory=Count)
     undelivered: Count = field(default_factory=Count)
     send_gap_s: float = 0.0      # longest stretch without an acknowledged send
     delivery_gap_s: float = 0.0  # longest stretch without a delivery
 
     COUNTS = ("lost", "unexpected", "duplicated", "recovered", "refused_stored", "misplaced",
-              "offsets_backwards", "order", "undelivered")
+              "offsets_backwards", "order", "overlap", "undelivered")
 
     def violations(self, expect: Expect) -> list[str]:
         """What this run broke, given what its mode promises; empty when it kept every promise."""
@@ -105,6 +109,8 @@ class Report:
             broken.add("duplicated")
         if expect.orderly_groups or expect.fifo:
             broken.add("order")
+        if expect.orderly_groups:
+            broken.add("overlap")
         if expect.drained:
             broken.add("undelivered")
         return [f"{name}: {getattr(self, name)}" for name in self.COUNTS
@@ -176,7 +182,7 @@ def check(events: Iterable[Event], stored: Mapping[QueueKey, Sequence[tuple[int,
                 fail = next(e for e in outcome.values() if e.value == value and e.phase is Phase.FAIL)
                 report.refused_stored.add(f"{value} refused ({fail.error}) but stored at {_where(where[value])}")
 
-    deliveries = [e for e in events if e.kind is Kind.DELIVER]
+    deliveries = [e for e in events if e.kind is Kind.DELIVER and e.phase is not Phase.INVOKE]
     report.delivered = len(deliveries)
     for e in deliveries:
         if e.value not in invoked:
@@ -185,6 +191,7 @@ def check(events: Iterable[Event], stored: Mapping[QueueKey, Sequence[tuple[int,
     _offsets_backwards(events, report)
     _fifo_order(acked, report)
     _delivery_order([e for e in deliveries if e.group in expect.orderly_groups], report)
+    _overlaps([e for e in events if e.kind is Kind.DELIVER and e.group in expect.orderly_groups], report)
     for group, topics in expect.drained.items():
         got = {e.value for e in deliveries if e.group == group}
         topics = set(topics)
@@ -242,6 +249,32 @@ def _delivery_order(deliveries: Sequence[Event], report: Report) -> None:
                              f"{top.value}@{top.offset}")
         if top is None or e.offset > top.offset:
             highest[key] = e
+
+
+def _overlaps(events: Sequence[Event], report: Report) -> None:
+    """Per group and queue, no two processes' listener calls at once. A call starts at its INVOKE and ends
+    at the last delivery its process recorded of the queue before its next call (or the history's end)."""
+    calls: dict[tuple[str, QueueKey], list[tuple[float, float, str]]] = collections.defaultdict(list)
+    open_calls: dict[tuple[str, str, QueueKey], list[float]] = {}
+    for e in sorted(events, key=lambda e: e.time):
+        key = (e.group, e.process, e.queue)
+        if e.phase is Phase.INVOKE:
+            if key in open_calls:
+                start, end = open_calls[key]
+                calls[(e.group, e.queue)].append((start, end, e.process))
+            open_calls[key] = [e.time, e.time]
+        elif key in open_calls:
+            open_calls[key][1] = e.time
+    for (group, process, queue), (start, end) in open_calls.items():
+        calls[(group, queue)].append((start, end, process))
+    for (group, queue), spans in sorted(calls.items()):
+        last_end: dict[str, float] = {}  # process -> the latest end of its calls so far (by start)
+        for start, end, process in sorted(spans):
+            for other, other_end in last_end.items():
+                if other != process and other_end > start:
+                    report.overlap.add(f"{group} {_q(queue)}: {process}'s call at t={start:.3f} began before "
+                                       f"{other}'s ended (t={other_end:.3f})")
+            last_end[process] = max(end, last_end.get(process, end))
 
 
 def _span(events: Sequence[Event]) -> tuple[float, float]:

@@ -12,7 +12,9 @@ A send that never completes (the run ended first) counts as INFO.
 
 Deliveries (a consumer's listener got a message) and offset observations (a
 group's committed offset of a queue, as the broker answered it) are single
-events. Every message body carries a unique value, so reading the queues
+events; an orderly listener's call also records its start (a delivery's
+INVOKE, `call_started`), so that the checker can tell two members' calls of
+one queue that overlapped. Every message body carries a unique value, so reading the queues
 back at the end tells which sends were stored, where, and how often.
 
 Recording is thread-safe and cheap (a lock and an append); `dump`/`load`
@@ -113,6 +115,11 @@ class History:
 
     def delivered(self, process: str, group: str, value: str, queue: QueueKey, offset: int) -> None:
         self.add(Kind.DELIVER, Phase.OK, process, value=value, group=group, topic=queue[0], broker=queue[1],
+                 queue_id=queue[2], offset=offset)
+
+    def call_started(self, process: str, group: str, value: str, queue: QueueKey, offset: int) -> None:
+        """An orderly listener call begins with the message `value` (its deliveries, at its end, close it)."""
+        self.add(Kind.DELIVER, Phase.INVOKE, process, value=value, group=group, topic=queue[0], broker=queue[1],
                  queue_id=queue[2], offset=offset)
 
     def offset_seen(self, process: str, group: str, queue: QueueKey, offset: int) -> None:

@@ -30,7 +30,11 @@ Scenarios and their faults:
 - disk_full: the broker's data dir on a 48 MiB tmpfs that fills up and frees;
 - controller, takeover (controller.py): two brokers in controller mode on an etcd; the master killed with
   -9, paused (SIGSTOP), or cut from etcd, etcd paused; a replica takes over by itself, the old master
-  restarts and rejoins as a replica.
+  restarts and rejoins as a replica;
+- members: faults of one member of a group, not of the broker: an orderly group of two, each member
+  behind a proxy of its own, one cut off (longer than the broker's lock expiry, so that its queues pass
+  to the other) or reset, or cut off while the broker restarts (kill -9); the checker's `overlap` holds
+  the group to one member at a time calling a listener with a queue's messages.
 
 `mode` holds the choices that change what a run promises (flush,
 replication, idempotence); `modes_for(scenario, rng)` draws them from the
@@ -263,6 +267,46 @@ def disk_full(run: Run) -> Outcome:
     return _execute(run, clients, durable=True)
 
 
+def members(run: Run) -> Outcome:
+    # Short locks and member expiry: a member cut off loses its queues within seconds (its hold lapses
+    # after 1.5 s, the broker lets the lock go after 3 and forgets the member after 2); members renew and
+    # heartbeat twice a second. Listeners slower than the producer (20 ms a call, 250 messages/s over two
+    # queues): each member has seconds of messages fetched when it is cut off, more than the 3 s in which
+    # its queues pass on, so a member that went on consuming would do so beside their next owner.
+    node = run.broker(args=_broker_args(run, "--lock-expiry-ms", "3000", "--channel-expired-timeout-ms", "2000"),
+                      proxied=False)
+    links = [run.proxy(node.process.address, name=f"member-{i}") for i in range(2)]
+    proc = node.process
+
+    def cut(i: int) -> Callable[[], None]:
+        return lambda: links[i].blackhole(True)
+
+    def cut_and_restart() -> None:  # the member sees no broken stream: only its hold stops it
+        links[0].blackhole(True)
+        proc.kill()
+        proc.start()
+
+    run.faults += [
+        Fault("cut-member-0", cut(0), links[0].heal, hold=(3.5, 7.0)),
+        Fault("cut-member-1", cut(1), links[1].heal, hold=(3.5, 7.0)),
+        Fault("reset-member", lambda: links[run.rng.randrange(2)].reset()),
+        Fault("cut-member-0-and-restart", cut_and_restart, links[0].heal, hold=(3.5, 6.0)),
+    ]
+    clients = run.clients(brokers=[node], **CLIENT)
+    run.create_topics(clients, {"F": TOPICS["F"]})
+    run.workloads += [
+        # (8 keys: 4 on each queue of F; the first 4 keys all hash to one queue)
+        ProducerWorkload(clients, "fifo", "F", threads=1, rate=250, idempotence=run.mode.get("idempotence", True),
+                         fifo_keys=8),
+        PushGroup(clients, "orderly", GROUPS["orderly"], consumers=2, orderly=True, call_s=0.02,
+                  addresses=[link.address for link in links], lock_renew_interval_s=0.5,
+                  heartbeat_interval_s=0.5, rebalance_interval_s=1.0),
+    ]
+    # (the backlog left when the producer stops takes the two members a while: up to 60 s for 20 s of faults)
+    return run.execute(clients, _expect(run, durable=run.mode["flush"] == "sync"), topics=["F"],
+                       groups={"orderly": GROUPS["orderly"]}, drain_s=60.0)
+
+
 def _wait_replica_registered(clients: Clients, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     with Admin(**clients.options()) as admin:
@@ -278,7 +322,7 @@ KIT = Kit(broker_args=_broker_args, client_settings=CLIENT, wait_registered=_wai
 
 SCENARIOS: dict[str, Callable[[Run], Outcome]] = {
     "resets": resets, "partition": partition, "kill": kill, "failover": failover, "namesrv": namesrv,
-    "replica_link": replica_link, "disk_full": disk_full,
+    "replica_link": replica_link, "disk_full": disk_full, "members": members,
     "controller": lambda run: controller.controller(run, KIT), "takeover": lambda run: controller.takeover(run, KIT),
 }
 
@@ -293,11 +337,12 @@ MODES: dict[str, dict[str, tuple[Any, ...]]] = {
     "disk_full": {"idempotence": (True, False)},
     "controller": {"replication": ("sync", "async"), "idempotence": (True, False)},
     "takeover": {"fault": controller.TAKEOVER_FAULTS, "idempotence": (True,)},
+    "members": {"flush": ("sync", "async"), "idempotence": (True, False)},
 }
 
 # The short set in `make test`: one run of each scenario in its first mode, seconds of faults each (the
 # failover's pause holds 3.5 s at least, and the kill and promotion come after it).
-SHORT_SET = ("resets", "partition", "kill", "failover", "replica_link", "disk_full", "namesrv")
+SHORT_SET = ("resets", "partition", "kill", "failover", "replica_link", "disk_full", "namesrv", "members")
 SHORT_DURATION = {"failover": 15.0}
 
 

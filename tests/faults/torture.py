@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 COLUMNS = ("acknowledged", "lost", "unexpected", "duplicated", "recovered", "refused_stored", "misplaced",
-           "offsets_backwards", "order", "undelivered")
+           "offsets_backwards", "order", "overlap", "undelivered")
 
 
 def table(rows: list[dict]) -> str:

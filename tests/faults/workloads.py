@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -288,18 +288,24 @@ class TransactionalWorkload(Workload):
 
 
 class PushGroup(Workload):
-    """`consumers` PushConsumers of one group (concurrent or orderly listeners) recording deliveries."""
+    """`consumers` PushConsumers of one group (concurrent or orderly listeners) recording deliveries. An
+    orderly listener records its call's start too, and works `call_s` per call (so that two members
+    calling at once would overlap); `addresses[i]`, when given, is how consumer i reaches the brokers (a
+    proxy of its own: faults of one member)."""
 
     consumes = True
     starts_slowly = True
 
     def __init__(self, clients: Clients, group: str, topics: Iterable[str], *, consumers: int = 2,
-                 orderly: bool = False, **settings: Any) -> None:
+                 orderly: bool = False, call_s: float = 0.0, addresses: Sequence[str] = (),
+                 **settings: Any) -> None:
         super().__init__(clients, group)
         self.group = group
         self.topics = list(topics)
         self.count = consumers
         self.orderly = orderly
+        self.call_s = call_s
+        self.addresses = list(addresses)
         self.consumer_settings = {"consume_from_where": ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
                                   "persist_consumer_offset_interval_s": 1.0, "rebalance_interval_s": 2.0,
                                   **settings}
@@ -317,9 +323,10 @@ class PushGroup(Workload):
 
     def _start(self, index: int) -> PushConsumer:
         process = f"{self.group}/{index}"
-        history, group = self.history, self.group
+        history, group, call_s = self.history, self.group, self.call_s
+        where = {"brokers": self.addresses[index]} if self.addresses else {}
         consumer = PushConsumer(**self.clients.options(group=group, instance_name=f"{self.clients.run_id}-{index}",
-                                                       **self.consumer_settings))
+                                                       **where, **self.consumer_settings))
 
         def record(msgs) -> None:
             for m in msgs:
@@ -331,6 +338,11 @@ class PushGroup(Workload):
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 
         def orderly(msgs, ctx):
+            m = msgs[0]
+            history.call_started(process, group, m.body.decode("utf-8", "replace"),
+                                 (m.topic, m.broker_name, m.queue_id), m.queue_offset)
+            if call_s:
+                time.sleep(call_s)
             record(msgs)
             return ConsumeOrderlyStatus.SUCCESS
 

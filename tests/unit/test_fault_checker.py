@@ -18,7 +18,8 @@ def run(seed: int, sends: int, queues: int = 3):
 
     Every acknowledged send is stored once where its acknowledgement says; definite failures are not
     stored; unknown outcomes are stored or not; a consumer group delivers every stored value in queue
-    order (with some redeliveries) and its committed offsets only grow."""
+    order in listener calls that begin when the last one ended (with some redeliveries, by another
+    member after the first's call) and its committed offsets only grow."""
     rnd = random.Random(seed)
     h = History()
     stored: dict = {(TOPIC, BROKER, q): [] for q in range(queues)}
@@ -44,9 +45,11 @@ def run(seed: int, sends: int, queues: int = 3):
     for q, entries in stored.items():
         committed = 0
         for offset, value in entries:
+            h.call_started("c0", "g", value, q, offset)
             h.delivered("c0", "g", value, q, offset)
             if rnd.random() < 0.1:
-                h.delivered("c1", "g", value, q, offset)  # a redelivery
+                h.call_started("c1", "g", value, q, offset)  # a redelivery, once c0's call has ended
+                h.delivered("c1", "g", value, q, offset)
             if rnd.random() < 0.3:
                 committed = offset + 1
                 h.offset_seen("observer", "g", q, committed)
@@ -200,6 +203,31 @@ def test_orderly_first_deliveries_must_follow_queue_order():
         h2.delivered("c", "g", v, q, o)
     assert check(h2.events(), stored, Expect(orderly_groups=frozenset({"g"}))).order.n == 1
     assert check(h2.events(), stored, Expect()).order.n == 0  # a concurrent group promises no order
+
+
+def _calls(spans):
+    """Orderly listener calls of queue 0 of group g: (process, start, end) each, one message each."""
+    q = (TOPIC, BROKER, 0)
+    events = [Event(Kind.SEND, Phase.INVOKE, "p", value="a", topic=TOPIC),
+              Event(Kind.SEND, Phase.OK, "p", value="a", topic=TOPIC, broker=BROKER, queue_id=0, offset=0)]
+    for process, start, end in spans:
+        events += [Event(Kind.DELIVER, Phase.INVOKE, process, value="a", time=start, group="g", topic=TOPIC,
+                         broker=BROKER, queue_id=0, offset=0),
+                   Event(Kind.DELIVER, Phase.OK, process, value="a", time=end, group="g", topic=TOPIC,
+                         broker=BROKER, queue_id=0, offset=0)]
+    return events, {q: [(0, "a")]}
+
+
+def test_two_members_calling_a_listener_with_one_queue_at_once_is_an_overlap():
+    orderly = Expect(orderly_groups=frozenset({"g"}))
+    events, stored = _calls([("c0", 1.0, 1.2), ("c1", 1.1, 1.3), ("c0", 1.4, 1.5), ("c1", 1.5, 1.6)])
+    report = check(events, stored, orderly)
+    assert report.overlap.n == 1 and report.violations(orderly)  # (1.1 < 1.2; 1.5 is not before 1.5)
+    assert report.delivered == 4  # a call's start is no delivery
+    events, stored = _calls([("c0", 1.0, 1.2), ("c0", 1.2, 1.3), ("c1", 1.3, 1.4)])
+    assert check(events, stored, orderly).overlap.n == 0  # one member's calls after one another
+    events, stored = _calls([("c0", 1.0, 1.2), ("c1", 1.1, 1.3)])
+    assert check(events, stored, Expect()).overlap.n == 0  # a concurrent group promises no exclusivity
 
 
 def test_fifo_keys_are_stored_in_acknowledgement_order():

@@ -235,9 +235,9 @@ def test_an_orderly_holder_keeps_its_queue_across_a_broker_restart_and_hands_it_
     next member was granted them at once: the test below.)"""
     broker = broker_factory()
     create_topic(broker.address, TOPIC, 1)
-    ids = produce(broker.address, TOPIC, 1_500, batch=250)
+    ids = produce(broker.address, TOPIC, 600, batch=200)
     common = ("--brokers", broker.address, "--group", "restart", "--topic", TOPIC, "--orderly",
-              "--persist-interval", "0.3", "--delay-ms", "20")
+              "--persist-interval", "0.3", "--delay-ms", "10")
     a = ConsumerProcess(tmp_path / "a.txt", *common, "--instance", "z").start()
     b = None
     try:

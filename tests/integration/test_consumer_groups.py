@@ -145,6 +145,17 @@ def batches(consumer: ConsumerProcess) -> list[tuple[int, int, int]]:
             (line.split(" ") for line in consumer.out.read_text().splitlines())]
 
 
+def assert_stopped_before(a: ConsumerProcess, b: ConsumerProcess, cut: int, healed: int | None = None) -> None:
+    """a, cut off at `cut` (until `healed`), started no batch once b had started one, and went on for a while
+    after the cut (while the lock was surely its own: the stop is the lock's, not the partition's)."""
+    b_first = min(start for _, start, _ in batches(b))
+    a_after_cut = [start for _, start, _ in batches(a) if cut < start and (healed is None or start < healed)]
+    late = [start for start in a_after_cut if start >= b_first]
+    assert not late, (f"a started {len(late)} batches after b's first, up to {(max(late) - b_first) / 1e6:.0f} ms "
+                      f"after it; {len(a_after_cut)} after the cut")
+    assert a_after_cut, "a consumed nothing after the cut"
+
+
 def test_an_orderly_consumer_cut_off_from_the_broker_stops_before_its_lock_can_pass_on(broker_factory, tmp_path):
     """An orderly consumer keeps consuming what it fetched while the broker cannot reach it, but only for
     half the broker's lock expiry after its last renewal (lock_hold.py, RocketMQ's client-side lock
@@ -171,13 +182,7 @@ def test_an_orderly_consumer_cut_off_from_the_broker_stops_before_its_lock_can_p
             for c in (a, b):
                 if c is not None:
                     c.stop()
-    b_first = min(start for _, start, _ in batches(b))
-    a_after_cut = [start for _, start, _ in batches(a) if cut < start < healed]
-    late = [start for start in a_after_cut if start >= b_first]
-    assert not late, (f"a started {len(late)} batches after b's first, up to {(max(late) - b_first) / 1e6:.0f} ms "
-                      f"after it; {len(a_after_cut)} while cut off")
-    # It did go on while the lock was surely its own: the stop is the lock's, not the partition's.
-    assert a_after_cut, "a consumed nothing while cut off"
+    assert_stopped_before(a, b, cut, healed)
 
 
 def lapsed_behind(proxy: FaultProxy, tmp_path, *, delay_ms: int) -> ConsumerProcess:
@@ -292,12 +297,7 @@ def test_an_orderly_consumer_cut_off_when_its_broker_restarts_stops_before_the_q
             for c in (a, b):
                 if c is not None:
                     c.stop()
-    b_first = min(start for _, start, _ in batches(b))
-    a_after_cut = [start for _, start, _ in batches(a) if start > cut]
-    late = [start for start in a_after_cut if start >= b_first]
-    assert not late, (f"a started {len(late)} batches after b's first, up to {(max(late) - b_first) / 1e6:.0f} ms "
-                      f"after it; {len(a_after_cut)} after the cut")
-    assert a_after_cut, "a consumed nothing after the cut"  # (it went on while the lock was its own)
+    assert_stopped_before(a, b, cut)
 
 
 def test_an_orderly_queue_stays_with_its_member_until_a_listener_call_past_the_drain_timeout_returns(

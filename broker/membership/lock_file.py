@@ -152,9 +152,9 @@ class LockFile:
 
     async def _write(self) -> None:
         began = self._locks.changes
-        data = encode_locks(self._locks.snapshot(), self._locks.expiry_ms)
+        saved = self._locks.snapshot()  # (taken on the loop; encoded and written in the thread)
         try:
-            await asyncio.to_thread(atomic_write, self.path, data, sync=self._fsync)
+            await asyncio.to_thread(self._write_file, saved)
             self._written = began
         except OSError as e:
             log.warning("queue lock table not written: a restart before the next write forgets the locks "
@@ -163,3 +163,6 @@ class LockFile:
         finally:
             self._covered = max(self._covered, began)
             self._writing = None
+
+    def _write_file(self, saved: list[SavedLock]) -> None:
+        atomic_write(self.path, encode_locks(saved, self._locks.expiry_ms), sync=self._fsync)

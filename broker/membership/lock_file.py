@@ -13,12 +13,13 @@ no re-read, its commits not fenced.
 
 When it is written (QueueHandover):
 - a LockQueues call that made a new grant is answered once a table with that
-  grant is on disk (`save`; the calls of one moment share a write, in a
-  worker thread); renewals of a live grant change nothing here and wait for
-  nothing;
-- releases (unlocks, expiries, members gone) are written soon after, not
-  waited for (`save_soon`): one not yet on disk when the broker dies costs
-  its queue's next owner half an expiry after the restart, no more.
+  grant is on disk (`save`; the calls of one moment share a write, made on
+  the loop for a small table without fsync, else in a worker thread);
+  renewals of a live grant change nothing here and wait for nothing;
+- releases (unlocks, expiries, members gone) are written within 0.1 s, not
+  waited for (`save_soon`; a grant meanwhile writes them with it): one not
+  yet on disk when the broker dies costs its queue's next owner half an
+  expiry after the restart, no more.
 A write that fails (a full disk) is logged and the grant answered all the
 same: the broker is then as it was without the file, and the next change
 writes the whole table again.
@@ -39,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from tidemark.broker.membership.locks import QueueLockManager, SavedLock
@@ -49,6 +51,14 @@ from tidemark.common.scheduler import TaskSet
 log = get_logger("tidemark.broker")
 
 LOCK_FILE_NAME = "queueLocks.json"
+# Up to this many locks, a write without fsync is made on the broker's loop (about 0.1-0.5 ms): through a
+# worker thread it cost a join 4.5 ms between the grant and its answer on a busy broker (two writes in a
+# row, each waiting for the GIL behind the loop; `python -m bench.join_timeline`). Larger tables, and every
+# fsynced write, go to a thread.
+INLINE_MAX_LOCKS = 500
+# How long a release waits to be written (save_soon): in a handover the next owner's grant follows it at
+# once and writes both.
+SOON_S = 0.1
 VERSION = 1
 _FIELDS = (("group", str), ("topic", str), ("queueId", int), ("clientId", str), ("ownerEpoch", int),
            ("lockToken", int), ("held", bool))
@@ -103,6 +113,7 @@ class LockFile:
         self._covered = 0  # the changes counted when the last write ended began (written or failed)
         self._written = 0  # the changes counted when the last successful write began
         self._writing: asyncio.Task | None = None
+        self._soon_pending = False  # a save_soon() waits for its moment
         self._soon = TaskSet("lock_file_write_failed", "queue lock table write failed", log)
 
     def load(self) -> int:
@@ -132,17 +143,29 @@ class LockFile:
 
     async def save(self) -> None:
         """Until a write that began after the table's latest change has ended (written, or its failure
-        logged). Callers at one moment share one write; nothing to write returns at once."""
+        logged). A small table without fsync is written at once, on the loop; else callers at one moment
+        share one write, in a worker thread. Nothing to write returns at once."""
         wanted = self._locks.changes
         while self._covered < wanted:
             if self._writing is None:
+                if self._write_inline():
+                    continue
                 self._writing = asyncio.get_running_loop().create_task(self._write(), name="queue-lock-file")
             await asyncio.shield(self._writing)
 
     def save_soon(self) -> None:
-        """Write the table's latest changes in the background (releases: nobody waits for them)."""
-        if self._covered < self._locks.changes:
-            self._soon.spawn(self.save(), name="queue-lock-file-soon")
+        """Write the table's latest changes within SOON_S, not waited for (releases): a grant made meanwhile
+        (a handover's next owner, answered at the release) writes them with it, in one write."""
+        if self._covered < self._locks.changes and not self._soon_pending:
+            self._soon_pending = True
+            self._soon.spawn(self._save_later(), name="queue-lock-file-soon")
+
+    async def _save_later(self) -> None:
+        try:
+            await asyncio.sleep(SOON_S)
+        finally:
+            self._soon_pending = False
+        await self.save()
 
     async def close(self) -> None:
         """At shutdown: what is not on disk yet (a failed write included) is written once more."""
@@ -150,19 +173,39 @@ class LockFile:
         self._covered = self._written
         await self.save()
 
+    def _write_inline(self) -> bool:
+        """Write a small table at once, on the loop (no fsync); False when it must go to a thread."""
+        if self._fsync or self._locks.size > INLINE_MAX_LOCKS:
+            return False
+        began = self._locks.changes
+        self._done(began, self._attempt(lambda: self._write_file(self._locks.snapshot())))
+        return True
+
     async def _write(self) -> None:
         began = self._locks.changes
-        saved = self._locks.snapshot()  # (taken on the loop; encoded and written in the thread)
+        saved = self._locks.snapshot()
         try:
-            await asyncio.to_thread(self._write_file, saved)
-            self._written = began
+            error = await asyncio.to_thread(self._attempt, lambda: self._write_file(saved))
+        finally:
+            self._writing = None
+        self._done(began, error)
+
+    def _attempt(self, write: Callable[[], None]) -> OSError | None:
+        try:
+            write()
+            return None
         except OSError as e:
+            return e
+
+    def _done(self, began: int, error: OSError | None) -> None:
+        """A write that began at change `began` ended (`error`: it failed)."""
+        if error is None:
+            self._written = began
+        else:
             log.warning("queue lock table not written: a restart before the next write forgets the locks "
                         "granted since", event="lock_file_write_failed", path=str(self.path),
-                        error=e.strerror or str(e))
-        finally:
-            self._covered = max(self._covered, began)
-            self._writing = None
+                        error=error.strerror or str(error))
+        self._covered = max(self._covered, began)
 
     def _write_file(self, saved: list[SavedLock]) -> None:
         atomic_write(self.path, encode_locks(saved, self._locks.expiry_ms), sync=self._fsync)

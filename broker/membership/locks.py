@@ -244,6 +244,11 @@ class QueueLockManager:
 
     # -- kept across restarts (lock_file.py) ---------------------------------
 
+    @property
+    def size(self) -> int:
+        """Queues with a grant on record (held or history): the length of a snapshot."""
+        return sum(len(table) for table in self._groups.values())
+
     def snapshot(self) -> list[SavedLock]:
         """Every queue's last grant, held or not (the epoch history goes with it), sorted."""
         return [SavedLock(group, topic, queue_id, lk.client_id, lk.owner_epoch, lk.token, lk.held, lk.start_offset)

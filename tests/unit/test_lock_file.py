@@ -156,6 +156,33 @@ def test_changes_of_one_moment_share_a_write_and_renewals_wait_for_none(tmp_path
     asyncio.run(scenario())
 
 
+def test_a_release_is_written_soon_or_with_the_grant_that_follows_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(lock_file, "SOON_S", 0.01)
+
+    async def scenario():
+        writes = CountingWrites(monkeypatch)
+        locks = manager(FakeClock())
+        saved = LockFile(tmp_path / "queueLocks.json", locks, fsync=False)
+        locks.lock(G, "c1", [Q0])
+        await saved.save()
+        locks.unlock(G, "c1", [Q0])
+        saved.save_soon()
+        locks.lock(G, "c2", [Q0])  # the handover's next owner, granted at the release
+        await saved.save()
+        assert len(writes.writes) == 2  # the release went with the grant
+        await asyncio.sleep(0.05)
+        assert len(writes.writes) == 2  # and nothing was left for its own write
+        locks.unlock(G, "c2", [Q0])
+        saved.save_soon()
+        saved.save_soon()
+        assert len(writes.writes) == 2  # not at once...
+        await asyncio.sleep(0.05)
+        assert len(writes.writes) == 3  # ...but soon, once
+        assert not decode_locks((tmp_path / "queueLocks.json").read_bytes())[0][0].held
+        await saved.close()
+    asyncio.run(scenario())
+
+
 def test_a_failed_write_is_logged_answered_all_the_same_and_written_at_shutdown(tmp_path, monkeypatch, caplog):
     async def scenario():
         writes = CountingWrites(monkeypatch)

@@ -23,10 +23,9 @@ DATA_DIR ?= ./data
 PORT ?= 10911
 # The suite runs on pytest-xdist workers; tests/conftest.py keeps tests that share a heavy resource
 # (container engine, SparkSession, browser, benchmarks, fault scenarios) on one worker each.
-# Six on 2 cores: the suite waits on processes, brokers and Spark more than it computes (about 13
-# CPU-minutes in 9 minutes of wall time), so more workers than cores fill the waits (three -> four:
-# 584 s -> 481 s here; four -> six, a suite grown since: 540 s -> 529 s).
-PYTEST_WORKERS ?= 6
+# Four on 2 cores: the suite waits on processes, brokers and Spark more than it computes (about 12.5
+# CPU-minutes in 8-10 minutes of wall time), so a fourth worker fills the waits (584 s -> 481 s here).
+PYTEST_WORKERS ?= 4
 PYTEST_ARGS ?= --durations=30 -n $(PYTEST_WORKERS) --dist loadscope
 
 .PHONY: setup gen run test test-tools torture lint lock bench bench-client bench-rmq5 demo images docs clean

@@ -470,8 +470,7 @@ class QueueOwnership:
                 self._forget(oq)
             return
         drained = await self._drain(oq, lease)
-        if drained and lease.running and self._hooks.orderly and oq.state is QueueState.DRAINING \
-                and not self._stopping:
+        if drained and lease.running and self._hooks.orderly and oq.state is QueueState.DRAINING and not self._stopping:
             # RocketMQ's rule for orderly queues: kept while a listener call runs, or the next owner would
             # call its listener with the queue's messages beside it. The wait goes on outside this task, so
             # that the rebalance waiting for it goes on too (and renewals, which keep the lock, with it).
@@ -497,10 +496,8 @@ class QueueOwnership:
         self._hooks.queue_lost(oq.mq)
 
     async def _drain(self, oq: OwnedQueue, lease: QueueLease) -> bool:
-        """One drain (up to drain_timeout_s); False when the hook raised (a defect). That is taken as a drain
-        that timed out: what was consumed is committed and the lock let go all the same. Raising out of the
-        release left the queue DRAINING, its lock renewed for good (kept until it expired, at shutdown) and
-        nothing committed."""
+        """One drain (up to drain_timeout_s); False when the hook raised (a defect), taken as a drain that timed
+        out: raising out of the release left the queue DRAINING, its lock renewed for good, nothing committed."""
         try:
             await self._hooks.lease_draining(lease)
             return True

@@ -168,7 +168,8 @@ class BrokerController:
                                    broker_id=config.broker_id, segment_size=config.commitlog_segment_size,
                                    after_mirror=self.flush_configs, on_topic_gone=self._remove_topic_data,
                                    tls_ca_file=config.peer_tls_ca, credentials=self._peer_credentials(),
-                                   hand_back=not config.controller, on_connected=self.handover.master_reached) \
+                                   hand_back=not config.controller, on_connected=self.handover.master_reached,
+                                   on_master_locks=self.lock_file.keep_master) \
             if config.broker_id else None
         self.transactions = TransactionService(
             store=self.store, topics=self.topics, permission=self.permission, clock_ms=self.clock_ms,
@@ -459,6 +460,8 @@ class BrokerController:
             raise StoreError(f"cannot write {ROLE_FILE_NAME} ({e.strerror or e}); still a replica") from None
         replica, self.replica = self.replica, None
         await replica.stop()
+        self.lock_file.adopt_master()  # (before anything is served as master)
+        await self.lock_file.save()
         self.config = dataclasses.replace(self.config, broker_id=0, master="")
         self.epoch = epoch
         self.store.follower = False

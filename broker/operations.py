@@ -431,9 +431,11 @@ class Operations:
         return self.broker.commits.take_back(offsets.table, offsets.reset_generations)
 
     def replica_metadata(self):
-        """What a replica copies besides the log: topics, groups, offsets, delay and pop progress."""
+        """What a replica copies besides the log: topics, groups, offsets, delay and pop progress, queue locks."""
         b = self.broker
-        return b.replication.metadata(b.topics, b.groups, b.offsets, b.schedule, b.pop)
+        metadata = b.replication.metadata(b.topics, b.groups, b.offsets, b.schedule, b.pop)
+        metadata.queue_locks_json = b.lock_file.encoded()
+        return metadata
 
     # ---- storage --------------------------------------------------------------------------------------
 

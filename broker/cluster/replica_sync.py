@@ -126,6 +126,7 @@ class ReplicaSync:
                  on_topic_gone: Callable[[str], Awaitable[None]], tls_ca_file: str = "",
                  credentials: Credentials | None = None, clock_ms: Callable[[], int] = now_ms,
                  hand_back: bool = True, on_connected: Callable[[], None] = lambda: None,
+                 on_master_locks: Callable[[bytes], None] = lambda data: None,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.master = master
         self._store = store
@@ -136,6 +137,7 @@ class ReplicaSync:
         self._on_topic_gone = on_topic_gone
         self._hello = dict(broker_name=broker_name, broker_id=broker_id, segment_size=segment_size)
         self._after_mirror = after_mirror
+        self._on_master_locks = on_master_locks  # the master's lock table, as mirrored (kept for a promotion)
         self._tls_ca_file = tls_ca_file
         # A master with --auth takes replication from a user allowed Update on the cluster: each call is signed.
         self._credentials = credentials
@@ -350,7 +352,7 @@ class ReplicaSync:
                      entries=answer.advanced, master=self.master)
 
     async def mirror_metadata(self) -> None:
-        """Copy the master's topics, groups and consumer offsets (the 1 s timer's job)."""
+        """Copy the master's topics, groups, consumer offsets and queue locks (the 1 s timer's job)."""
         if self.state is not State.RUNNING:
             return
         try:
@@ -372,6 +374,8 @@ class ReplicaSync:
         offsets = decode_offsets(m.offsets_json)
         self._offsets.mirror(offsets.table, offsets.reset_generations)
         self.offsets_copied = True
+        if m.queue_locks_json:
+            self._on_master_locks(m.queue_locks_json)
         await self._after_mirror()
 
 

@@ -33,6 +33,10 @@ class EpochSequence:
         self._last += 1
         return self._last
 
+    def advance_past(self, value: int) -> None:
+        """Issue only values larger than `value` from now on (values another process issued, taken over)."""
+        self._last = max(self._last, int(value))
+
     @property
     def last(self) -> int:
         """The most recent value issued (the seed before the first call)."""

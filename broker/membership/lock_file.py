@@ -24,6 +24,11 @@ A write that fails (a full disk) is logged and the grant answered all the
 same: the broker is then as it was without the file, and the next change
 writes the whole table again.
 
+A replica keeps a copy of its master's table (masterQueueLocks.json, taken
+with the rest of the master's metadata once a second): promoted, it holds
+those locks in the same way (`adopt_master`), keeping any grant of its own
+still held; a grant the master made in the last second is not in the copy.
+
 The file is replaced atomically (a temp file renamed into place) and fsynced
 when the broker flushes messages synchronously (flush=sync), as its messages
 are: a machine that crashes with async flush loses what the page cache had,
@@ -51,6 +56,8 @@ from tidemark.common.scheduler import TaskSet
 log = get_logger("tidemark.broker")
 
 LOCK_FILE_NAME = "queueLocks.json"
+# A replica's copy of its master's table (ReplicaMetadata.queue_locks_json), for a promotion.
+MASTER_LOCK_FILE_NAME = "masterQueueLocks.json"
 # Up to this many locks, a write without fsync is made on the broker's loop (about 0.1-0.5 ms): through a
 # worker thread it cost a join 4.5 ms between the grant and its answer on a busy broker (two writes in a
 # row, each waiting for the GIL behind the loop; `python -m bench.join_timeline`). Larger tables, and every
@@ -114,6 +121,7 @@ class LockFile:
         self._written = 0  # the changes counted when the last successful write began
         self._writing: asyncio.Task | None = None
         self._soon_pending = False  # a save_soon() waits for its moment
+        self._master = b""  # a replica: its master's table as last kept (keep_master)
         self._soon = TaskSet("lock_file_write_failed", "queue lock table write failed", log)
 
     def load(self) -> int:
@@ -136,10 +144,42 @@ class LockFile:
                         event="lock_file_damaged", path=str(aside), error=str(e))
             return 0
         self._locks.restore(saved, earlier_expiry_ms=expiry_ms)
-        self._covered = self._written = self._locks.changes
+        self._covered = self._written = self._locks.changes  # (what is on disk already)
         held = sum(1 for lk in saved if lk.held)
         log.info("queue locks restored", event="locks_restored", held=held, history=len(saved) - held)
         return held
+
+    # -- a replica's copy of its master's table ----------------------------------------------------
+
+    def encoded(self) -> bytes:
+        """The table as the file holds it (what a master's replicas copy)."""
+        return encode_locks(self._locks.snapshot(), self._locks.expiry_ms)
+
+    def keep_master(self, data: bytes) -> None:
+        """A replica: keep its master's table, as copied (once a second), for a promotion; on disk, so that
+        a replica restarted just before it is promoted still has it."""
+        if data != self._master:
+            atomic_write(self.path.with_name(MASTER_LOCK_FILE_NAME), data, sync=False)
+            self._master = data
+
+    def adopt_master(self) -> int:
+        """A replica promoted: the locks its master held, as last copied, held here for half the expiry as
+        after a restart (QueueLockManager.restore; a queue granted here and still held keeps that grant).
+        The number of locks taken; none when no copy was kept or it is unreadable (logged). Not covered:
+        what the master granted in the last second before it went, not copied yet."""
+        path = self.path.with_name(MASTER_LOCK_FILE_NAME)
+        try:
+            saved, expiry_ms = decode_locks(path.read_bytes())
+        except FileNotFoundError:
+            return 0
+        except ValueError as e:
+            log.warning("the master's queue lock table is unreadable: promoted without its locks",
+                        event="master_locks_unreadable", path=str(path), error=str(e))
+            return 0
+        taken = self._locks.restore(saved, earlier_expiry_ms=expiry_ms, keep_live=True)
+        log.info("the master's queue locks taken over", event="master_locks_adopted",
+                 held=sum(1 for lk in saved if lk.held), taken=taken)
+        return taken
 
     async def save(self) -> None:
         """Until a write that began after the table's latest change has ended (written, or its failure

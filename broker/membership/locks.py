@@ -258,19 +258,32 @@ class QueueLockManager:
     def expiry_ms(self) -> int:
         return self._expiry_ms
 
-    def restore(self, saved: Iterable[SavedLock], *, earlier_expiry_ms: int = 0) -> None:
-        """Take back the table an earlier broker process saved (at start, before any request). A lock that
-        was held is held again for half the expiry from now (the earlier process's, if it was longer): a
-        client counts on a lock for at most half the expiry it was told after it asked for the last renewal
-        that process answered (client/consumer/lock_hold.py), so no queue goes to another client while a
-        grant of the earlier process may still be counted on; a holder still alive renews it meanwhile and
-        goes on under the same epoch and token. Released grants come back as history, for the epoch rule."""
+    def restore(self, saved: Iterable[SavedLock], *, earlier_expiry_ms: int = 0, keep_live: bool = False) -> int:
+        """Take back the table another broker process saved: this broker's earlier process (at start, before
+        any request), or the master a promoted replica copied (`keep_live`: a queue this broker holds a
+        live grant of keeps it). A lock that was held is held again for half the expiry from now (the
+        other process's, if it was longer): a client counts on a lock for at most half the expiry it was
+        told after it asked for the last renewal that process answered (client/consumer/lock_hold.py), so no
+        queue goes to another client while a grant of that process may still be counted on; a holder still
+        alive renews it meanwhile and goes on under the same epoch and token. Released grants come back as
+        history, for the epoch rule. Epochs and tokens issued from now on are larger than those taken back.
+        Returns how many entries were taken (each a change)."""
         now = self._clock()
         half_ms = max(self._expiry_ms, earlier_expiry_ms) // 2
         half_s, wall_ms = half_ms / 1000.0, self._wall_clock_ms() + half_ms
+        taken = 0
         for lk in saved:
-            self._groups.setdefault(lk.group, {})[(lk.topic, lk.queue_id)] = _QueueLock(
+            self._epochs.advance_past(lk.owner_epoch)
+            self._tokens.advance_past(lk.token)
+            table = self._groups.setdefault(lk.group, {})
+            own = table.get((lk.topic, lk.queue_id))
+            if keep_live and own is not None and own.is_live(now):
+                continue
+            table[(lk.topic, lk.queue_id)] = _QueueLock(
                 lk.client_id, lk.owner_epoch, lk.token, lk.held, now + half_s, wall_ms, lk.start_offset)
+            taken += 1
+        self.changes += taken
+        return taken
 
     # -- queries -----------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """Where a consumer resumes a queue it lost, not handed over.
 
-A broker that has none of the locks it granted (a replica that took over; a
-broker whose lock file, broker/membership/lock_file.py, was lost or damaged)
+A broker that has none of the locks it granted (a broker whose lock file,
+broker/membership/lock_file.py, was lost or damaged; a replica promoted before
+it copied its master's)
 makes every consumer lose its queues (the next fetch or lock renewal is
 fenced): each re-locks them under a new owner epoch and reads the group's
 committed offset again. That offset is

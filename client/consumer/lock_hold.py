@@ -16,12 +16,13 @@ whatever the request's delay, and a clock step cannot move it (monotonic).
                                          (no new orderly batch starts;   (the holder stopped half an expiry
                                           a renewal is asked at once)     before)
 
-A restarted broker keeps its locks (broker/membership/lock_file.py), but a
-replica that takes over has none of its master's, and grants them to whoever
-asks first. A holder whose fetch stream to the broker breaks (a restart or a
-failover breaks every connection) so stops counting on its locks there at
-once (`lapse`) until a renewal confirms them: after a restart the renewal
-keeps the lock; after a failover the queue is lost and locked again.
+A restarted broker keeps its locks (broker/membership/lock_file.py), and a
+promoted replica its master's as copied a second before; a grant not on disk
+or not copied yet is gone, and goes to whoever asks first. A holder whose
+fetch stream to the broker breaks (a restart or a failover breaks every
+connection) so stops counting on its locks there at once (`lapse`) until a
+renewal confirms them: the lock kept, it goes on; gone, the queue is lost
+and locked again.
 
 `lapsed()` is read by consume threads right before they call an orderly
 listener; everything else runs on the consumer's event loop. One hold

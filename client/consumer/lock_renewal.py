@@ -4,15 +4,15 @@ Every lock_renew_interval_s (20 s; a broker keeps a lock 60 s by default)
 the consumer renews the locks of the queues it reads or drains: one
 LockQueues(renew) per broker. A queue the broker does not renew for the same
 ownership (owner epoch) is lost; when the broker granted it anew instead (it
-has none of the locks granted before it, as a replica that took over, so the
-epoch is a new one) that grant is unlocked at once, for whoever the group
-gives the queue to next. Each
-answered renewal confirms the queue's LockHold from the moment it was asked
-(lock_hold.py). An orderly queue whose hold lapsed (a renewal late or
-unanswered, the process paused, its fetch stream broken) asks for a renewal
-at once (`lapsed`: a task of this object's, which QueueOwnership.stop
-cancels, so a consumer cut off from its broker still shuts down), and again
-every LOCK_RETRY_DELAY_S, until the lock is confirmed or the queue leaves.
+has none of the locks granted before it, its lock file lost, so the epoch is
+a new one) that grant is unlocked at once, for whoever the group gives the
+queue to next. Each answered renewal confirms the queue's LockHold from the
+moment it was asked (lock_hold.py). An orderly queue whose hold lapsed (a
+renewal late or unanswered, the process paused, its fetch stream broken)
+asks for a renewal at once (`lapsed`: a task of this object's, which
+QueueOwnership.stop cancels, so a consumer cut off from its broker still
+shuts down), and again every LOCK_RETRY_DELAY_S, until the lock is
+confirmed or the queue leaves.
 
 A renewal can lose queues, so it runs under QueueOwnership's lock, as
 rebalances and lock grants do; QueueOwnership hands over that lock, its

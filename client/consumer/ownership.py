@@ -19,8 +19,8 @@ A held lock is renewed every lock_renew_interval_s and counted on for half
 the broker's lock expiry after each answered request (lock_renewal.py,
 lock_hold.py): an orderly queue starts no batch past that.
 
-A broker restart keeps the locks (its lock file); a broker without them (a
-replica that took over) makes the queues LOST, locked again, and each resumes
+A broker restart or a failover keeps the locks (the lock file, a replica's
+copy); a broker without them (the file lost) makes the queues LOST, locked again, and each resumes
 from its own progress when that is further along than the broker's committed
 offset (the broker must have one) and no admin reset came in between
 (kept_progress.py).

@@ -25,7 +25,7 @@ from tidemark.client import (
     Producer,
     PushConsumer,
 )
-from tidemark.v1 import common_pb2, messaging_pb2
+from tidemark.v1 import common_pb2, membership_pb2, messaging_pb2
 
 
 class Collector:
@@ -198,3 +198,30 @@ def test_pop_deliveries_in_flight_survive_a_promotion(cluster):
         # The other ten are still in flight (60 s): nothing is handed out now, and the acked ones never again.
         again = [a.message for a in stub.ReceiveMessage(receive, timeout=10) if a.HasField("message")]
     assert again == []
+
+
+def _lock(address: str, client_id: str, *, renew: bool = False) -> list:
+    with BrokerStubs(address) as s:
+        return list(s.membership.LockQueues(membership_pb2.LockQueuesRequest(
+            group="locked", client_id=client_id, queues=[common_pb2.MessageQueue(topic="Failover", queue_id=0)],
+            renew=renew), timeout=15).locked)
+
+
+def test_a_promoted_replica_holds_its_master_s_queue_locks(cluster):
+    """A replica copies its master's lock table (once a second, with the rest of the metadata); promoted,
+    it holds each of those locks for half the lock expiry, as a restarted broker does: a member cut off
+    from both brokers may still be consuming under its grant, so no other member gets the queue
+    meanwhile, and the holder renews it and goes on under the same owner epoch and token. Before, the
+    promoted replica knew no lock and granted the queue to the first member that asked."""
+    ns, master, replica, other = cluster
+    (grant,) = _lock(master.address, "c1")
+    copy = replica.data_dir / "config" / "masterQueueLocks.json"
+    wait_until(lambda: copy.exists() and b'"c1"' in copy.read_bytes(), 20, "the replica to copy the master's locks")
+    master.kill()
+    promoted = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
+                               replica.address], capture_output=True, text=True, timeout=60)
+    assert promoted.returncode == 0, promoted.stderr
+    assert _lock(replica.address, "c2") == []  # held for c1
+    (renewal,) = _lock(replica.address, "c1", renew=True)
+    assert (renewal.owner_epoch, renewal.lock_token) == (grant.owner_epoch, grant.lock_token)
+

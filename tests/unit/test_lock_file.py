@@ -93,6 +93,28 @@ def test_a_broker_restarted_with_a_shorter_expiry_holds_a_lock_for_half_the_one_
     assert after.lock(G, "c2", [Q0]) != []
 
 
+def test_a_promoted_replica_takes_its_master_s_locks_but_keeps_the_ones_it_holds(tmp_path):
+    clock = FakeClock()
+    master = manager(clock, epochs=10**12, tokens=10**12)  # (the master's sequences run ahead of the replica's)
+    held = master.lock(G, "c1", [Q0, Q1])
+    replica_clock = FakeClock()
+    replica = manager(replica_clock)
+    stand_in = replica.lock(G, "c2", [Q1])[0]  # granted here while the master was away, still held
+    saved = LockFile(tmp_path / "queueLocks.json", replica, fsync=False)
+    saved.keep_master(encode_locks(master.snapshot(), master.expiry_ms))
+    assert saved.adopt_master() == 1
+    assert replica.holder(G, T, 0) == "c1" and replica.holder(G, T, 1) == "c2"
+    assert replica.lock(G, "c3", [Q0]) == []  # c1 may still count on the master's grant
+    renewal = replica.lock(G, "c1", [Q0], renew=True)[0]  # and goes on with it here
+    assert (renewal.owner_epoch, renewal.lock_token) == (held[0].owner_epoch, held[0].lock_token)
+    replica.unlock(G, "c2", [Q1])
+    fresh = replica.lock(G, "c3", [Q1])[0]
+    assert fresh.owner_epoch > held[1].owner_epoch and fresh.lock_token > held[1].lock_token  # never reused
+    assert stand_in.owner_epoch < held[0].owner_epoch
+    (tmp_path / "other").mkdir()
+    assert LockFile(tmp_path / "other" / "queueLocks.json", manager(FakeClock()), fsync=False).adopt_master() == 0
+
+
 def test_released_grants_come_back_as_history_for_the_epoch_rule():
     clock = FakeClock()
     before = manager(clock)

@@ -158,9 +158,15 @@ class LockFile:
     def keep_master(self, data: bytes) -> None:
         """A replica: keep its master's table, as copied (once a second), for a promotion; on disk, so that
         a replica restarted just before it is promoted still has it."""
-        if data != self._master:
+        if data == self._master:
+            return
+        try:
             atomic_write(self.path.with_name(MASTER_LOCK_FILE_NAME), data, sync=False)
-            self._master = data
+        except OSError as e:  # (a full disk: the rest of the copy goes on; asked again at the next copy)
+            log.warning("the master's queue lock table not kept: a promotion now would not hold its locks",
+                        event="master_locks_not_kept", error=e.strerror or str(e))
+            return
+        self._master = data
 
     def adopt_master(self) -> int:
         """A replica promoted: the locks its master held, as last copied, held here for half the expiry as

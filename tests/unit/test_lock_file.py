@@ -115,6 +115,21 @@ def test_a_promoted_replica_takes_its_master_s_locks_but_keeps_the_ones_it_holds
     assert LockFile(tmp_path / "other" / "queueLocks.json", manager(FakeClock()), fsync=False).adopt_master() == 0
 
 
+def test_a_copy_of_the_master_s_table_that_cannot_be_kept_is_logged_and_kept_at_the_next_copy(tmp_path, monkeypatch,
+                                                                                              caplog):
+    writes = CountingWrites(monkeypatch)
+    saved = LockFile(tmp_path / "queueLocks.json", manager(FakeClock()), fsync=False)
+    master = manager(FakeClock(), epochs=10**12)
+    master.lock(G, "c1", [Q0])
+    data = encode_locks(master.snapshot(), master.expiry_ms)
+    writes.fail = True
+    saved.keep_master(data)  # (the replica's copy goes on)
+    assert "master_locks_not_kept" in caplog.text and saved.adopt_master() == 0
+    writes.fail = False
+    saved.keep_master(data)
+    assert saved.adopt_master() == 1
+
+
 def test_released_grants_come_back_as_history_for_the_epoch_rule():
     clock = FakeClock()
     before = manager(clock)

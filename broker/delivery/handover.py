@@ -82,6 +82,7 @@ class QueueHandover:
         if self._popped(group):
             raise FailedPreconditionError(f"group {group!r} is consumed by pop (RocketMQ 5 clients); queue "
                                           f"owners need a group of their own")
+        changes = self._locks.changes
         grants = self._lock(group, client_id, queues, renew)
         granted = {(g.topic, g.queue_id) for g in grants}
         missing = [q for q in queues if q not in granted]
@@ -91,7 +92,7 @@ class QueueHandover:
             if remaining <= 0 or not await self._hold.wait_any(missing, remaining):
                 break
             grants = self._lock(group, client_id, missing, renew)
-        if self._saved is not None:
+        if self._saved is not None and self._locks.changes != changes:
             await self._saved.save()  # (a grant the broker would forget on a restart is not answered)
         return grants
 

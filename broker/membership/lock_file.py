@@ -45,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from tidemark.broker.membership.locks import QueueLockManager, SavedLock
@@ -122,6 +121,7 @@ class LockFile:
         self._writing: asyncio.Task | None = None
         self._soon_pending = False  # a save_soon() waits for its moment
         self._master = b""  # a replica: its master's table as last kept (keep_master)
+        self._encoded: tuple[int, bytes] = (-1, b"")  # (changes, the table's bytes then): encoded()
         self._soon = TaskSet("lock_file_write_failed", "queue lock table write failed", log)
 
     def load(self) -> int:
@@ -152,8 +152,11 @@ class LockFile:
     # -- a replica's copy of its master's table ----------------------------------------------------
 
     def encoded(self) -> bytes:
-        """The table as the file holds it (what a master's replicas copy)."""
-        return encode_locks(self._locks.snapshot(), self._locks.expiry_ms)
+        """The table as the file holds it (what a master's replicas copy, each once a second): encoded again
+        only when it changed."""
+        if self._encoded[0] != self._locks.changes:
+            self._encoded = (self._locks.changes, encode_locks(self._locks.snapshot(), self._locks.expiry_ms))
+        return self._encoded[1]
 
     def keep_master(self, data: bytes) -> None:
         """A replica: keep its master's table, as copied (once a second), for a promotion; on disk, so that
@@ -224,24 +227,17 @@ class LockFile:
         if self._fsync or self._locks.size > INLINE_MAX_LOCKS:
             return False
         began = self._locks.changes
-        self._done(began, self._attempt(lambda: self._write_file(self._locks.snapshot())))
+        self._done(began, self._write_file(self._locks.snapshot()))
         return True
 
     async def _write(self) -> None:
         began = self._locks.changes
         saved = self._locks.snapshot()
         try:
-            error = await asyncio.to_thread(self._attempt, lambda: self._write_file(saved))
+            error = await asyncio.to_thread(self._write_file, saved)
         finally:
             self._writing = None
         self._done(began, error)
-
-    def _attempt(self, write: Callable[[], None]) -> OSError | None:
-        try:
-            write()
-            return None
-        except OSError as e:
-            return e
 
     def _done(self, began: int, error: OSError | None) -> None:
         """A write that began at change `began` ended (`error`: it failed)."""
@@ -253,5 +249,10 @@ class LockFile:
                         error=error.strerror or str(error))
         self._covered = max(self._covered, began)
 
-    def _write_file(self, saved: list[SavedLock]) -> None:
-        atomic_write(self.path, encode_locks(saved, self._locks.expiry_ms), sync=self._fsync)
+    def _write_file(self, saved: list[SavedLock]) -> OSError | None:
+        """Write the table; the error when it could not be written."""
+        try:
+            atomic_write(self.path, encode_locks(saved, self._locks.expiry_ms), sync=self._fsync)
+        except OSError as e:
+            return e
+        return None

@@ -145,6 +145,19 @@ def batches(consumer: ConsumerProcess) -> list[tuple[int, int, int]]:
             (line.split(" ") for line in consumer.out.read_text().splitlines())]
 
 
+def stop_all(*consumers: ConsumerProcess | None) -> None:
+    """Stop the consumer processes a test started (None: not started)."""
+    for c in consumers:
+        if c is not None:
+            c.stop()
+
+
+def heal_until_lost(proxy: FaultProxy, a: ConsumerProcess) -> None:
+    """Let a, cut off behind `proxy`, reach the broker again, until it learns that its queue is gone."""
+    proxy.heal()
+    wait_until(lambda: "event=queue_lost" in a.log_tail(50_000), 30, "a learning that it lost the queue")
+
+
 def assert_stopped_before(a: ConsumerProcess, b: ConsumerProcess, cut: int, healed: int | None = None) -> None:
     """a, cut off at `cut` (until `healed`), started no batch once b had started one, and went on for a while
     after the cut (while the lock was surely its own: the stop is the lock's, not the partition's)."""
@@ -176,12 +189,9 @@ def test_an_orderly_consumer_cut_off_from_the_broker_stops_before_its_lock_can_p
             b = ConsumerProcess(tmp_path / "b.txt", "--brokers", broker.address, *common, "--instance", "b").start()
             wait_until(lambda: len(b.records()) >= 50, 60, "b taking the queue over and consuming")
             healed = time.monotonic_ns()  # (then a is back in the group, and the queue may pass back to it)
-            proxy.heal()
-            wait_until(lambda: "event=queue_lost" in a.log_tail(20_000), 30, "a learning that it lost the queue")
+            heal_until_lost(proxy, a)
         finally:
-            for c in (a, b):
-                if c is not None:
-                    c.stop()
+            stop_all(a, b)
     assert_stopped_before(a, b, cut, healed)
 
 
@@ -257,9 +267,7 @@ def test_an_orderly_holder_keeps_its_queue_across_a_broker_restart_and_hands_it_
         wait_until(lambda: len(b.records()) >= 20, 30, "b taking the queue over")
         wait_until(lambda: {r[0] for c in (a, b) for r in c.records()} >= set(ids), 60, "all consumed")
     finally:
-        for c in (a, b):
-            if c is not None:
-                c.stop()
+        stop_all(a, b)
     assert "event=queue_lost" not in a.log_tail(200_000), a.log_tail()
     assert "event=locks_restored held=2" in broker.log_text()  # (the queue and the group's retry queue)
     b_batches = batches(b)
@@ -291,12 +299,9 @@ def test_an_orderly_consumer_cut_off_when_its_broker_restarts_stops_before_the_q
             b = ConsumerProcess(tmp_path / "b.txt", "--brokers", broker.address, *common, "--heartbeat-interval",
                                 "0.5", "--rebalance-interval", "0.5", "--instance", "a").start()
             wait_until(lambda: len(b.records()) >= 20, 60, "b taking the queue after the restart")
-            proxy.heal()
-            wait_until(lambda: "event=queue_lost" in a.log_tail(50_000), 30, "a learning that it lost the queue")
+            heal_until_lost(proxy, a)
         finally:
-            for c in (a, b):
-                if c is not None:
-                    c.stop()
+            stop_all(a, b)
     assert_stopped_before(a, b, cut)
 
 
@@ -325,9 +330,7 @@ def test_an_orderly_queue_stays_with_its_member_until_a_listener_call_past_the_d
         hold.unlink()
         wait_until(lambda: {r[0] for c in (a, b) for r in c.records()} >= set(ids), 60, "b consuming the rest")
     finally:
-        for c in (a, b):
-            if c is not None:
-                c.stop()
+        stop_all(a, b)
     assert held == 0, f"b consumed {held} messages while a's listener call ran"
     assert "event=drain_kept" in a.log_tail(100_000)
     a_last_end = max(end for _, _, end in batches(a))

@@ -140,7 +140,8 @@ class BrokerController:
         self.handover = QueueHandover(locks=self.locks, offsets=self.offsets, commits=self.commits, hold=self.hold,
                                       popped=lambda group: self.pop.has_group(group),
                                       on_owners_changed=lambda group, n: self.metrics.ownership_changes.labels(
-                                          group).inc(n), saved=self.lock_file)
+                                          group).inc(n), saved=self.lock_file,
+                                      replicated=self._locks_replicated)
         self.puller = PullService(store=self.store, access=self.read_access, commits=self.commits, hold=self.hold,
                                   max_long_polling_ms=config.max_long_polling_ms)
         self.send_back = SendBackService(store=self.store, topics=self.topics, groups=self.groups,
@@ -416,8 +417,13 @@ class BrokerController:
                                    timeout_s=c.replication_timeout_ms / 1000,
                                    sync=c.replication is ReplicationMode.SYNC, min_replicas=c.min_sync_replicas,
                                    epoch=lambda: self.epoch, fenced=lambda: bool(self.permission.stale))
-        source.follow(self.producers, self.offsets)
+        source.follow(self.producers, self.offsets, self.lock_file)
         return source
+
+    async def _locks_replicated(self) -> None:
+        """A master: until its replicas in sync hold the lock table as it is now (QueueHandover.lock_queues)."""
+        if self.replication is not None:
+            await self.replication.wait_locks_replicated()
 
     def _sync_replication(self) -> ReplicationSource | None:
         """With sync replication, what a send checks before the store (a replica in sync) and waits for after

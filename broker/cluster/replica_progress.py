@@ -59,6 +59,22 @@ class _Replica:
     sent: int = field(default=0, kw_only=True)
     answered: int = field(default=0, kw_only=True)
     feed: _Feed | None = field(default=None, kw_only=True)
+    # The master's queue lock table: the changes count of the last one sent on the stream (-1: none yet),
+    # of the last one acknowledged, and of those sent and not acknowledged yet, by chunk number.
+    locks_sent: int = field(default=-1, kw_only=True)
+    locks_acked: int = field(default=-1, kw_only=True)
+    locks_in_flight: collections.deque[tuple[int, int]] = field(default_factory=collections.deque, kw_only=True)
+
+    def sending_locks(self, changes: int) -> None:
+        """The chunk about to go (number `sent + 1`) carries the lock table as of `changes`."""
+        self.locks_sent = changes
+        self.locks_in_flight.append((self.sent + 1, changes))
+
+    def answered_chunk(self) -> None:
+        """The replica answered its next chunk (one answer a chunk, in order)."""
+        self.answered += 1
+        while self.locks_in_flight and self.locks_in_flight[0][0] <= self.answered:
+            self.locks_acked = self.locks_in_flight.popleft()[1]
 
     def holds_all(self, master_end: int) -> bool:
         """Whether it acknowledged the log to `master_end` and every chunk sent, and is owed no state."""

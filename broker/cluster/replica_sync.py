@@ -137,7 +137,7 @@ class ReplicaSync:
         self._on_topic_gone = on_topic_gone
         self._hello = dict(broker_name=broker_name, broker_id=broker_id, segment_size=segment_size)
         self._after_mirror = after_mirror
-        self._on_master_locks = on_master_locks  # the master's lock table, as mirrored (kept for a promotion)
+        self._on_master_locks = on_master_locks  # the master's lock table, as copied (kept for a promotion)
         self._tls_ca_file = tls_ca_file
         # A master with --auth takes replication from a user allowed Update on the cluster: each call is signed.
         self._credentials = credentials
@@ -167,6 +167,9 @@ class ReplicaSync:
         # chunk does) and brings every change since. Not while the stream is down: the master, or the same
         # master restarted under a new epoch, may take commits this copy never sees.
         self.offsets_streamed = False
+        # Whether the running stream brings the master's queue lock table (a master older than that field
+        # sends it with the metadata only): the mirror's copy, taken a moment earlier, is then not kept.
+        self.locks_streamed = False
         self._monotonic = monotonic
         self._last_chunk_at = monotonic()  # when the master's last chunk came (offsets_current)
 
@@ -200,7 +203,7 @@ class ReplicaSync:
             return
         log.warning("following a new master: %s (was %s)", master, self.master, event="replica_follows",
                     master=master)
-        self.master, self.offsets_copied, self.offsets_streamed = master, False, False
+        self.master, self.offsets_copied, self.offsets_streamed, self.locks_streamed = master, False, False, False
         await cancel_and_wait(self._task)
         old, self._channel = self._channel, tls.peer_channel(master, self._tls_ca_file, _MASTER_CHANNEL_OPTIONS)
         self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
@@ -231,7 +234,7 @@ class ReplicaSync:
             except Exception:
                 log.exception("replication failed", event="replication_failed", master=self.master)
             retry_s = next_retry_s(retry_s, self.connected)
-            self.connected = self.offsets_streamed = False
+            self.connected = self.offsets_streamed = self.locks_streamed = False
             await asyncio.sleep(retry_s)
             await self._channel.channel_ready()  # the master reachable again (the channel's backoff paces it)
 
@@ -331,6 +334,9 @@ class ReplicaSync:
             self.offsets_streamed = True
         if chunk.offset_records:
             self._offsets.mirror_records(decode_records(chunk.offset_records).items)
+        if chunk.queue_locks:
+            self._on_master_locks(chunk.queue_locks)
+            self.locks_streamed = True
 
     def _signed(self):
         return signed_metadata(self._credentials) if self._credentials is not None else None
@@ -352,7 +358,8 @@ class ReplicaSync:
                      entries=answer.advanced, master=self.master)
 
     async def mirror_metadata(self) -> None:
-        """Copy the master's topics, groups, consumer offsets and queue locks (the 1 s timer's job)."""
+        """Copy the master's topics, groups, consumer offsets and (from a master that does not stream them)
+        queue locks: the 1 s timer's job."""
         if self.state is not State.RUNNING:
             return
         try:
@@ -374,7 +381,7 @@ class ReplicaSync:
         offsets = decode_offsets(m.offsets_json)
         self._offsets.mirror(offsets.table, offsets.reset_generations)
         self.offsets_copied = True
-        if m.queue_locks_json:
+        if m.queue_locks_json and not self.locks_streamed:
             self._on_master_locks(m.queue_locks_json)
         await self._after_mirror()
 

@@ -21,6 +21,10 @@ RocketMQ's master/slave HA, over one gRPC stream per replica
   start, then every commit, taken like the mirror takes them, milliseconds
   after the commit). A replica is in sync only once it acknowledged the
   first chunk: an elected one holds the master's offsets, not its own file's.
+  The queue lock table goes whole with the next chunk after each change, and
+  a grant is answered once the replicas in sync acknowledged it
+  (`wait_locks_replicated`, Kafka's group state written with acks=all): a
+  replica promoted after the answer holds the lock.
 - **ReplicationSource** (on a master) serves those streams, at most
   `window_bytes` ahead of what a replica acknowledged, and knows how far each
   replica is. With sync replication (RocketMQ's SYNC_MASTER) a send is
@@ -79,6 +83,7 @@ from tidemark.broker.errors import (
 )
 from tidemark.broker.ingest.delays import ScheduleMessageService
 from tidemark.broker.membership.groups import SubscriptionGroupManager
+from tidemark.broker.membership.lock_file import LockFile
 from tidemark.broker.offsets import ConsumerOffsetManager
 from tidemark.broker.offsets.persistence import (
     DecodeResult,
@@ -144,6 +149,7 @@ class ReplicationSource:
         self._acked: set[asyncio.Event] = set()  # set on every acknowledgement or change of replicas (_until_acked)
         self._producers: IdempotenceService | None = None
         self._offsets: ConsumerOffsetManager | None = None
+        self._lock_file: LockFile | None = None
         # What `min_replicas` replicas acknowledged, as _replicated_end says (None: no replica since start),
         # and the appends readers are not told of yet: (commit-log end after the append, queue).
         self.confirmed: int | None = None
@@ -162,10 +168,13 @@ class ReplicationSource:
             else:
                 self._unconfirmed.append((self._store.commit_log_max_offset, (topic, queue_id)))
 
-    def follow(self, producers: IdempotenceService, offsets: ConsumerOffsetManager) -> None:
-        """Send the producer table and the offset changes along with the records (the controller wires it)."""
+    def follow(self, producers: IdempotenceService, offsets: ConsumerOffsetManager,
+               locks: LockFile | None = None) -> None:
+        """Send the producer table, the offset changes and the queue lock table along with the records (the
+        controller wires it)."""
         self._producers = producers
         self._offsets = offsets
+        self._lock_file = locks
         producers.listeners.append(self._producer_events)
         offsets.listeners.append(self._offset_records)
 
@@ -193,6 +202,43 @@ class ReplicationSource:
 
     def _producer_state(self) -> bytes:
         return json.dumps(self._producers.snapshot(), separators=(",", ":")).encode() if self._producers else b""
+
+    def _locks_due(self, replica: _Replica) -> bytes:
+        """The lock table for the chunk about to go, when it changed since the stream last sent it."""
+        lock_file = self._lock_file
+        if lock_file is None or lock_file.changes == replica.locks_sent:
+            return b""
+        replica.sending_locks(lock_file.changes)
+        return lock_file.encoded()
+
+    def _holds_locks(self, replica: _Replica) -> bool:
+        return self._lock_file is None or replica.locks_acked >= self._lock_file.changes
+
+    async def wait_locks_replicated(self) -> None:
+        """Until every replica in sync acknowledged a chunk carrying the lock table as it is now: a grant is
+        answered after this, so that a replica promoted once the holder heard of its grant holds it too
+        (a promotion without it handed the queue to the next member that asked, while the holder went on).
+        A replica out of sync is not waited for, as a sync send does not wait for it; after `timeout_s`
+        the grant is answered all the same, logged (the lock holds on this master)."""
+        if self._lock_file is None:
+            return
+        changes = self._lock_file.changes
+
+        def held() -> bool:
+            end, now = self._store.commit_log_max_offset, self._clock()
+            return all(r.locks_acked >= changes for r in self._replicas.values()
+                       if r.in_sync(end, now, self._max_lag_s))
+
+        if held():
+            return
+        self._wake_streams()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._until_acked(held)
+        except TimeoutError:
+            log.warning("a queue lock grant is answered before every replica in sync acknowledged it: a "
+                        "promotion now may hand its queue to another member", event="locks_not_replicated",
+                        timeout_s=self._timeout_s)
 
     def _wake_streams(self) -> None:
         for event in self._appended:
@@ -291,7 +337,8 @@ class ReplicationSource:
         """Whether replica `broker_id` holds everything this master has: its whole log, acknowledged, and every
         producer and offset change (a master handing over with writes paused waits for this)."""
         end = self._store.commit_log_max_offset
-        return any(r.broker_id == broker_id and r.holds_all(end) for r in self._replicas.values())
+        return any(r.broker_id == broker_id and r.holds_all(end) and self._holds_locks(r)
+                   for r in self._replicas.values())
 
     async def wait_holds_all(self, broker_id: int, timeout_s: float) -> bool:
         """Until `holds_all(broker_id)`; False once `timeout_s` passed first."""
@@ -305,7 +352,7 @@ class ReplicationSource:
     async def wait_replicas_hold_all(self) -> None:
         """Until every connected replica holds everything this master has (a stop lets them copy the log's
         end); the caller bounds the wait."""
-        await self._until_acked(lambda: all(r.holds_all(self._store.commit_log_max_offset)
+        await self._until_acked(lambda: all(r.holds_all(self._store.commit_log_max_offset) and self._holds_locks(r)
                                             for r in self._replicas.values()))
 
     async def _until_acked(self, done: Callable[[], bool]) -> None:
@@ -472,7 +519,7 @@ class ReplicationSource:
         try:
             async for progress in requests:
                 replica.has_state = True  # each answers a chunk: the first carried the state whole
-                replica.answered += 1
+                replica.answered_chunk()
                 self._acknowledge(replica, progress.commit_log_end)
         finally:
             self._forget(replica)  # gone: sends are refused from now on, not stored and lost
@@ -494,6 +541,8 @@ class ReplicationSource:
                 appended.clear()
                 # The state changes first: a batch's producer event is published before its records are read.
                 state = feed.take() if feed.pending() else {}
+                if locks := self._locks_due(replica):
+                    state["queue_locks"] = locks
                 data = store.replication_chunk(offset, self._chunk_bytes)
                 if not (data or state) and await _wait(appended, HEARTBEAT_S):
                     continue  # appended meanwhile: read it

@@ -12,7 +12,9 @@ re-checks its owner and stops feeding one that lost it.
 
 The lock table is kept on disk across restarts (membership/lock_file.py): a
 LockQueues call that made a grant is answered once the table with it is
-saved; releases are saved soon after, unawaited.
+saved and, on a master, held by its replicas in sync (`replicated`); releases
+are saved soon after, unawaited, and reach the replicas with the next change
+or chunk.
 
 Apart from the controller because these rules are about one thing, who may
 read a queue and from where, and need only the locks, the commits, the
@@ -24,7 +26,7 @@ Runs on the broker's event-loop thread.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tidemark.broker.delivery.waiters import QueueWaiters
@@ -61,9 +63,11 @@ class RefusedOffset:
 class QueueHandover:
     def __init__(self, *, locks: QueueLockManager, offsets: ConsumerOffsetManager, commits: OffsetCommitService,
                  hold: QueueWaiters, popped: Callable[[str], bool],
-                 on_owners_changed: Callable[[str, int], None], saved: LockFile | None = None) -> None:
+                 on_owners_changed: Callable[[str, int], None], saved: LockFile | None = None,
+                 replicated: Callable[[], Awaitable[None]] | None = None) -> None:
         self._locks = locks
         self._saved = saved  # the lock table on disk (None: kept in memory only)
+        self._replicated = replicated  # until the replicas in sync hold the table as it is now
         self._offsets = offsets
         self._commits = commits
         self._hold = hold
@@ -92,8 +96,11 @@ class QueueHandover:
             if remaining <= 0 or not await self._hold.wait_any(missing, remaining):
                 break
             grants = self._lock(group, client_id, missing, renew)
-        if self._saved is not None and self._locks.changes != changes:
-            await self._saved.save()  # (a grant the broker would forget on a restart is not answered)
+        if self._locks.changes != changes:  # a grant the broker would forget on a restart or a failover is not answered
+            if self._saved is not None:
+                await self._saved.save()
+            if self._replicated is not None:
+                await self._replicated()
         return grants
 
     def held_queue(self, group: str, grant: LockGrant) -> HeldQueue:

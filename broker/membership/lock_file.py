@@ -24,10 +24,13 @@ A write that fails (a full disk) is logged and the grant answered all the
 same: the broker is then as it was without the file, and the next change
 writes the whole table again.
 
-A replica keeps a copy of its master's table (masterQueueLocks.json, taken
-with the rest of the master's metadata once a second): promoted, it holds
+A replica keeps a copy of its master's table, sent whole on the replication
+stream with each change (masterQueueLocks.json on disk; from a master older
+than that, with the rest of its metadata once a second): promoted, it holds
 those locks in the same way (`adopt_master`), keeping any grant of its own
-still held; a grant the master made in the last second is not in the copy.
+still held. A master answers a grant once its replicas in sync acknowledged
+the table holding it (ReplicationSource.wait_locks_replicated), so a replica
+promoted after the answer holds the lock.
 
 The file is replaced atomically (a temp file renamed into place) and fsynced
 when the broker flushes messages synchronously (flush=sync), as its messages
@@ -55,7 +58,7 @@ from tidemark.common.scheduler import TaskSet
 log = get_logger("tidemark.broker")
 
 LOCK_FILE_NAME = "queueLocks.json"
-# A replica's copy of its master's table (ReplicaMetadata.queue_locks_json), for a promotion.
+# A replica's copy of its master's table (ReplicationChunk.queue_locks), for a promotion.
 MASTER_LOCK_FILE_NAME = "masterQueueLocks.json"
 # Up to this many locks, a write without fsync is made on the broker's loop (about 0.1-0.5 ms): through a
 # worker thread it cost a join 4.5 ms between the grant and its answer on a busy broker (two writes in a
@@ -121,6 +124,7 @@ class LockFile:
         self._writing: asyncio.Task | None = None
         self._soon_pending = False  # a save_soon() waits for its moment
         self._master = b""  # a replica: its master's table as last kept (keep_master)
+        self._master_on_disk = b""  # ... and as last written to masterQueueLocks.json
         self._encoded: tuple[int, bytes] = (-1, b"")  # (changes, the table's bytes then): encoded()
         self._soon = TaskSet("lock_file_write_failed", "queue lock table write failed", log)
 
@@ -151,34 +155,41 @@ class LockFile:
 
     # -- a replica's copy of its master's table ----------------------------------------------------
 
+    @property
+    def changes(self) -> int:
+        """The table's changes so far (QueueLockManager.changes): what a copy of it follows."""
+        return self._locks.changes
+
     def encoded(self) -> bytes:
-        """The table as the file holds it (what a master's replicas copy, each once a second): encoded again
-        only when it changed."""
+        """The table as the file holds it (what a master's replicas copy): encoded again only when it
+        changed."""
         if self._encoded[0] != self._locks.changes:
             self._encoded = (self._locks.changes, encode_locks(self._locks.snapshot(), self._locks.expiry_ms))
         return self._encoded[1]
 
     def keep_master(self, data: bytes) -> None:
-        """A replica: keep its master's table, as copied (once a second), for a promotion; on disk, so that
-        a replica restarted just before it is promoted still has it."""
-        if data == self._master:
+        """A replica: keep its master's table, as copied, for a promotion: in memory, and on disk so that a
+        replica restarted just before it is promoted still has it. A copy that cannot be written (a full
+        disk) is logged and written at the next copy; the one in memory is kept all the same."""
+        self._master = data
+        if data == self._master_on_disk:
             return
         try:
             atomic_write(self.path.with_name(MASTER_LOCK_FILE_NAME), data, sync=False)
-        except OSError as e:  # (a full disk: the rest of the copy goes on; asked again at the next copy)
-            log.warning("the master's queue lock table not kept: a promotion now would not hold its locks",
-                        event="master_locks_not_kept", error=e.strerror or str(e))
+        except OSError as e:
+            log.warning("the master's queue lock table not written: a promotion after a restart would not hold "
+                        "its locks", event="master_locks_not_kept", error=e.strerror or str(e))
             return
-        self._master = data
+        self._master_on_disk = data
 
     def adopt_master(self) -> int:
-        """A replica promoted: the locks its master held, as last copied, held here for half the expiry as
-        after a restart (QueueLockManager.restore; a queue granted here and still held keeps that grant).
-        The number of locks taken; none when no copy was kept or it is unreadable (logged). Not covered:
-        what the master granted in the last second before it went, not copied yet."""
+        """A replica promoted: the locks its master held, as last copied (in this run, else from the file),
+        held here for half the expiry as after a restart (QueueLockManager.restore; a queue granted here and
+        still held keeps that grant). The number of locks taken; none when no copy was kept or it is
+        unreadable (logged)."""
         path = self.path.with_name(MASTER_LOCK_FILE_NAME)
         try:
-            saved, expiry_ms = decode_locks(path.read_bytes())
+            saved, expiry_ms = decode_locks(self._master or path.read_bytes())
         except FileNotFoundError:
             return 0
         except ValueError as e:

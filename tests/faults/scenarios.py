@@ -6,7 +6,7 @@ nemesis draws faults from its set:
 - producers: `prod` (4 threads of synchronous sends, 400/s, or 6 threads
   as fast as they go under resets; idempotence as the mode says) on topic T;
   under resets and kill also `burst` (send_async, bursts of 10 one-message
-  batches to one queue: several batches of a queue in flight) on T; `fifo` (keyed sends: 4 keys, each key one queue,
+  batches to one queue: several batches of a queue in flight) on T; `fifo` (keyed sends: 8 keys over every queue of F, each key one queue,
   sent one after another) on topic F; in some scenarios `txn`
   (transactional: commits 3 of 4) on topic X;
 - consumers: `push` (two concurrent PushConsumers) and `pull` (a lite
@@ -82,7 +82,7 @@ def _workload(run: Run, clients: Clients, *, transactions: bool = False, prod_th
     run.create_topics(clients, TOPICS)
     run.workloads += [
         ProducerWorkload(clients, "prod", "T", threads=prod_threads, rate=prod_rate, idempotence=idem),
-        ProducerWorkload(clients, "fifo", "F", threads=1, rate=40, idempotence=idem, fifo_keys=4),
+        ProducerWorkload(clients, "fifo", "F", threads=1, rate=40, idempotence=idem, fifo_keys=8),
         PushGroup(clients, "push", GROUPS["push"], consumers=2),
         PullGroup(clients, "pull", GROUPS["pull"]),
         PushGroup(clients, "orderly", GROUPS["orderly"], consumers=1, orderly=True),

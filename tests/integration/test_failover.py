@@ -208,15 +208,20 @@ def _lock(address: str, client_id: str, *, renew: bool = False) -> list:
 
 
 def test_a_promoted_replica_holds_its_master_s_queue_locks(cluster):
-    """A replica copies its master's lock table (once a second, with the rest of the metadata); promoted,
-    it holds each of those locks for half the lock expiry, as a restarted broker does: a member cut off
-    from both brokers may still be consuming under its grant, so no other member gets the queue
-    meanwhile, and the holder renews it and goes on under the same owner epoch and token. Before, the
-    promoted replica knew no lock and granted the queue to the first member that asked."""
+    """A master answers a grant once its replicas in sync acknowledged the lock table holding it (sent on the
+    replication stream); promoted, the replica holds each of those locks for half the lock expiry, as a
+    restarted broker does: a member cut off from both brokers may still be consuming under its grant, so no
+    other member gets the queue meanwhile, and the holder renews it and goes on under the same owner epoch
+    and token. The master is killed the moment the grant is answered. Before, the promoted replica knew no
+    lock and granted the queue to the first member that asked; then, copying the table once a second with
+    the master's metadata, it missed a grant made in the second before the kill."""
     ns, master, replica, other = cluster
+    with Admin(brokers=master.address) as admin:
+        wait_until(lambda: admin.broker_status_at(master.address).in_sync_replicas == (1,), 30,
+                   "the replica in sync with its master")
+    with Admin(brokers=replica.address) as admin:  # (topics are copied once a second, with the metadata)
+        wait_until(lambda: "Failover" in admin.list_topics(), 30, "the replica to copy the topic")
     (grant,) = _lock(master.address, "c1")
-    copy = replica.data_dir / "config" / "masterQueueLocks.json"
-    wait_until(lambda: copy.exists() and b'"c1"' in copy.read_bytes(), 20, "the replica to copy the master's locks")
     master.kill()
     promoted = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
                                replica.address], capture_output=True, text=True, timeout=60)

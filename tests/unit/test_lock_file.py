@@ -115,19 +115,34 @@ def test_a_promoted_replica_takes_its_master_s_locks_but_keeps_the_ones_it_holds
     assert LockFile(tmp_path / "other" / "queueLocks.json", manager(FakeClock()), fsync=False).adopt_master() == 0
 
 
-def test_a_copy_of_the_master_s_table_that_cannot_be_kept_is_logged_and_kept_at_the_next_copy(tmp_path, monkeypatch,
-                                                                                              caplog):
+def test_a_copy_of_the_master_s_table_that_cannot_be_written_is_logged_held_in_memory_and_written_at_the_next_copy(
+        tmp_path, monkeypatch, caplog):
     writes = CountingWrites(monkeypatch)
-    saved = LockFile(tmp_path / "queueLocks.json", manager(FakeClock()), fsync=False)
+    path = tmp_path / "queueLocks.json"
+    saved = LockFile(path, manager(FakeClock()), fsync=False)
     master = manager(FakeClock(), epochs=10**12)
     master.lock(G, "c1", [Q0])
     data = encode_locks(master.snapshot(), master.expiry_ms)
     writes.fail = True
     saved.keep_master(data)  # (the replica's copy goes on)
-    assert "master_locks_not_kept" in caplog.text and saved.adopt_master() == 0
+    assert "master_locks_not_kept" in caplog.text
+    assert LockFile(path, manager(FakeClock()), fsync=False).adopt_master() == 0  # a restart: no copy on disk
     writes.fail = False
-    saved.keep_master(data)
-    assert saved.adopt_master() == 1
+    saved.keep_master(data)  # the same table again: written now
+    assert LockFile(path, manager(FakeClock()), fsync=False).adopt_master() == 1
+    assert saved.adopt_master() == 1  # (promoted in this run: the copy in memory)
+
+
+def test_a_promoted_replica_takes_the_copy_it_got_last_even_when_the_file_holds_an_older_one(tmp_path, monkeypatch):
+    writes = CountingWrites(monkeypatch)
+    replica = manager(FakeClock())
+    saved = LockFile(tmp_path / "queueLocks.json", replica, fsync=False)
+    master = manager(FakeClock(), epochs=10**12)
+    saved.keep_master(encode_locks(master.snapshot(), master.expiry_ms))  # no lock yet: on disk
+    master.lock(G, "c1", [Q0])
+    writes.fail = True
+    saved.keep_master(encode_locks(master.snapshot(), master.expiry_ms))  # the grant: not on disk
+    assert saved.adopt_master() == 1 and replica.holder(G, T, 0) == "c1"
 
 
 def test_released_grants_come_back_as_history_for_the_epoch_rule():

@@ -64,15 +64,19 @@ class _Replica:
     locks_sent: int = field(default=-1, kw_only=True)
     locks_acked: int = field(default=-1, kw_only=True)
     locks_in_flight: collections.deque[tuple[int, int]] = field(default_factory=collections.deque, kw_only=True)
+    # When it last answered a chunk (or connected), on the master's clock: a replica silent for longer is not
+    # waited for by a grant (an idle master's log stays level with a replica that stopped answering).
+    answered_at: float = field(default=0.0, kw_only=True)
 
     def sending_locks(self, changes: int) -> None:
         """The chunk about to go (number `sent + 1`) carries the lock table as of `changes`."""
         self.locks_sent = changes
         self.locks_in_flight.append((self.sent + 1, changes))
 
-    def answered_chunk(self) -> None:
-        """The replica answered its next chunk (one answer a chunk, in order)."""
+    def answered_chunk(self, now: float) -> None:
+        """The replica answered its next chunk (one answer a chunk, in order) at `now`."""
         self.answered += 1
+        self.answered_at = now
         while self.locks_in_flight and self.locks_in_flight[0][0] <= self.answered:
             self.locks_acked = self.locks_in_flight.popleft()[1]
 

@@ -104,6 +104,11 @@ log = get_logger("tidemark.broker.cluster.replication")
 CHUNK_BYTES = 1 << 20
 WINDOW_BYTES = 8 << 20
 HEARTBEAT_S = 1.0
+# A queue lock grant waits at most this long for the replicas (below the client's 3 s deadline for the call), and
+# not for a replica that has answered nothing for LOCK_SILENCE_S; it looks again every LOCK_RECHECK_S.
+LOCK_WAIT_S = 2 * HEARTBEAT_S
+LOCK_SILENCE_S = 2 * HEARTBEAT_S
+LOCK_RECHECK_S = 0.25
 MAX_RECEIVE_BYTES = 256 << 20
 
 
@@ -175,6 +180,8 @@ class ReplicationSource:
         self._producers = producers
         self._offsets = offsets
         self._lock_file = locks
+        if locks is not None:
+            locks.on_change = self.locks_changed
         producers.listeners.append(self._producer_events)
         offsets.listeners.append(self._offset_records)
 
@@ -214,31 +221,46 @@ class ReplicationSource:
     def _holds_locks(self, replica: _Replica) -> bool:
         return self._lock_file is None or replica.locks_acked >= self._lock_file.changes
 
+    def locks_changed(self) -> None:
+        """The lock table changed (a grant, a release: LockFile.on_change): the streams send it now."""
+        self._wake_streams()
+
+    def _waits_for_locks(self, replica: _Replica, end: int, now: float) -> bool:
+        """Whether a grant waits for `replica`: one in sync, or just connected (its first chunk not answered yet:
+        answering it may make it in sync, and the grant must reach it first), that answered a chunk within
+        LOCK_SILENCE_S (a master whose log does not move keeps a replica that stopped answering in sync)."""
+        return (now - replica.answered_at <= LOCK_SILENCE_S
+                and (not replica.has_state or replica.in_sync(end, now, self._max_lag_s)))
+
     async def wait_locks_replicated(self) -> None:
-        """Until every replica in sync acknowledged a chunk carrying the lock table as it is now: a grant is
-        answered after this, so that a replica promoted once the holder heard of its grant holds it too
-        (a promotion without it handed the queue to the next member that asked, while the holder went on).
-        A replica out of sync is not waited for, as a sync send does not wait for it; after `timeout_s`
-        the grant is answered all the same, logged (the lock holds on this master)."""
+        """Until every replica a grant waits for (`_waits_for_locks`) acknowledged a chunk carrying the lock
+        table as it is now: a grant is answered after this, so that a replica promoted once the holder heard
+        of its grant holds it too (a promotion without it handed the queue to the next member that asked,
+        while the holder went on). A replica out of sync is not waited for, as a sync send does not wait for
+        it; after LOCK_WAIT_S at most (below a client's deadline for the call) the grant is answered all the
+        same, logged (the lock holds on this master)."""
         if self._lock_file is None:
             return
-        changes = self._lock_file.changes
+        changes, loop = self._lock_file.changes, asyncio.get_running_loop()
 
         def held() -> bool:
             end, now = self._store.commit_log_max_offset, self._clock()
-            return all(r.locks_acked >= changes for r in self._replicas.values()
-                       if r.in_sync(end, now, self._max_lag_s))
+            return all(r.locks_acked >= changes for r in self._replicas.values() if self._waits_for_locks(r, end, now))
 
-        if held():
-            return
         self._wake_streams()
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                await self._until_acked(held)
-        except TimeoutError:
-            log.warning("a queue lock grant is answered before every replica in sync acknowledged it: a "
-                        "promotion now may hand its queue to another member", event="locks_not_replicated",
-                        timeout_s=self._timeout_s)
+        deadline = loop.time() + min(self._timeout_s, LOCK_WAIT_S)
+        while not held():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                log.warning("a queue lock grant is answered before every replica in sync acknowledged it: a "
+                            "promotion now may hand its queue to another member", event="locks_not_replicated",
+                            waited_s=round(min(self._timeout_s, LOCK_WAIT_S), 3))
+                return
+            try:  # (woken by acknowledgements; asked again each slice: a replica may go silent meanwhile)
+                async with asyncio.timeout(min(remaining, LOCK_RECHECK_S)):
+                    await self._until_acked(held)
+            except TimeoutError:
+                pass
 
     def _wake_streams(self) -> None:
         for event in self._appended:
@@ -334,8 +356,9 @@ class ReplicationSource:
         return {r.broker_id: r.acked for r in self._replicas.values()}
 
     def holds_all(self, broker_id: int) -> bool:
-        """Whether replica `broker_id` holds everything this master has: its whole log, acknowledged, and every
-        producer and offset change (a master handing over with writes paused waits for this)."""
+        """Whether replica `broker_id` holds everything this master has: its whole log, acknowledged, every
+        producer and offset change, and the queue lock table (a master handing over with writes paused waits
+        for this)."""
         end = self._store.commit_log_max_offset
         return any(r.broker_id == broker_id and r.holds_all(end) and self._holds_locks(r)
                    for r in self._replicas.values())
@@ -481,7 +504,7 @@ class ReplicationSource:
         # Taken in the same step as the feed starts: every later change reaches the feed.
         feed = _Feed(producer_state=self._producer_state(), offset_table=self._offset_table())
         replica = _Replica(f"{hello.broker_name}/{hello.broker_id}@{peer}", start, asyncio.Event(),
-                           broker_id=hello.broker_id, feed=feed)
+                           broker_id=hello.broker_id, feed=feed, answered_at=self._clock())
         replica.catch_up.sent(start, store.commit_log_max_offset, self._clock())
         replica.catch_up.acknowledged(start)  # level already when it connects at the master's end
         appended = asyncio.Event()
@@ -519,7 +542,7 @@ class ReplicationSource:
         try:
             async for progress in requests:
                 replica.has_state = True  # each answers a chunk: the first carried the state whole
-                replica.answered_chunk()
+                replica.answered_chunk(self._clock())
                 self._acknowledge(replica, progress.commit_log_end)
         finally:
             self._forget(replica)  # gone: sends are refused from now on, not stored and lost

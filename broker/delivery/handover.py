@@ -13,8 +13,7 @@ re-checks its owner and stops feeding one that lost it.
 The lock table is kept on disk across restarts (membership/lock_file.py): a
 LockQueues call that made a grant is answered once the table with it is
 saved and, on a master, held by its replicas in sync (`replicated`); releases
-are saved soon after, unawaited, and reach the replicas with the next change
-or chunk.
+are saved soon after and sent to the replicas at once, neither awaited.
 
 Apart from the controller because these rules are about one thing, who may
 read a queue and from where, and need only the locks, the commits, the

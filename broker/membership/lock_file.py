@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from tidemark.broker.membership.locks import QueueLockManager, SavedLock
@@ -65,6 +66,8 @@ MASTER_LOCK_FILE_NAME = "masterQueueLocks.json"
 # row, each waiting for the GIL behind the loop; `python -m bench.join_timeline`). Larger tables, and every
 # fsynced write, go to a thread.
 INLINE_MAX_LOCKS = 500
+# A replica writes its copy of its master's table on the loop up to this size (about INLINE_MAX_LOCKS locks).
+INLINE_MAX_MASTER_BYTES = 64 << 10
 # How long a release waits to be written (save_soon): in a handover the next owner's grant follows it at
 # once and writes both.
 SOON_S = 0.1
@@ -127,6 +130,11 @@ class LockFile:
         self._master_on_disk = b""  # ... and as last written to masterQueueLocks.json
         self._encoded: tuple[int, bytes] = (-1, b"")  # (changes, the table's bytes then): encoded()
         self._soon = TaskSet("lock_file_write_failed", "queue lock table write failed", log)
+        # Told of each change about to be written (a master's replication streams send the table: replication.py).
+        self.on_change: Callable[[], None] = lambda: None
+        # A replica: a large copy of its master's table being written off the loop (waited for at close).
+        self._master_writing = False
+        self._master_writes = TaskSet("master_lock_file_write_failed", "master queue lock table write failed", log)
 
     def load(self) -> int:
         """Restore the saved table (QueueLockManager.restore); the number of locks held again. No file: none
@@ -169,18 +177,35 @@ class LockFile:
 
     def keep_master(self, data: bytes) -> None:
         """A replica: keep its master's table, as copied, for a promotion: in memory, and on disk so that a
-        replica restarted just before it is promoted still has it. A copy that cannot be written (a full
-        disk) is logged and written at the next copy; the one in memory is kept all the same."""
+        replica restarted just before it is promoted still has it (a small table at once, on the loop; a large
+        one in a worker thread, the latest copy when the previous write ends). A copy that cannot be written
+        (a full disk) is logged and written at the next copy; the one in memory is kept all the same."""
         self._master = data
-        if data == self._master_on_disk:
+        if data == self._master_on_disk or self._master_writing:
             return
+        if len(data) <= INLINE_MAX_MASTER_BYTES:
+            self._write_master(data)
+        else:
+            self._master_writing = True
+            self._master_writes.spawn(self._write_master_off_loop(), name="master-queue-lock-file")
+
+    async def _write_master_off_loop(self) -> None:
+        try:
+            while self._master != self._master_on_disk:
+                if not await asyncio.to_thread(self._write_master, self._master):
+                    return  # (logged; the next copy tries again)
+        finally:
+            self._master_writing = False
+
+    def _write_master(self, data: bytes) -> bool:
         try:
             atomic_write(self.path.with_name(MASTER_LOCK_FILE_NAME), data, sync=False)
         except OSError as e:
             log.warning("the master's queue lock table not written: a promotion after a restart would not hold "
                         "its locks", event="master_locks_not_kept", error=e.strerror or str(e))
-            return
+            return False
         self._master_on_disk = data
+        return True
 
     def adopt_master(self) -> int:
         """A replica promoted: the locks its master held, as last copied (in this run, else from the file),
@@ -206,6 +231,8 @@ class LockFile:
         logged). A small table without fsync is written at once, on the loop; else callers at one moment
         share one write, in a worker thread. Nothing to write returns at once."""
         wanted = self._locks.changes
+        if self._covered < wanted:
+            self.on_change()
         while self._covered < wanted:
             if self._writing is None:
                 if self._write_inline():
@@ -217,6 +244,7 @@ class LockFile:
         """Write the table's latest changes within SOON_S, not waited for (releases): a grant made meanwhile
         (a handover's next owner, answered at the release) writes them with it, in one write."""
         if self._covered < self._locks.changes and not self._soon_pending:
+            self.on_change()
             self._soon_pending = True
             self._soon.spawn(self._save_later(), name="queue-lock-file-soon")
 
@@ -228,10 +256,13 @@ class LockFile:
         await self.save()
 
     async def close(self) -> None:
-        """At shutdown: what is not on disk yet (a failed write included) is written once more."""
+        """At shutdown: what is not on disk yet (a failed write included) is written once more; a replica's
+        copy of its master's table being written is finished."""
         await self._soon.close()
         self._covered = self._written
         await self.save()
+        await self._master_writes.wait()
+        await self._master_writes.close()
 
     def _write_inline(self) -> bool:
         """Write a small table at once, on the loop (no fsync); False when it must go to a thread."""

@@ -271,3 +271,22 @@ def test_load_restores_what_was_saved(tmp_path):
         assert LockFile(tmp_path / "queueLocks.json", after, fsync=False).load() == 1
         assert after.snapshot() == before.snapshot()
     asyncio.run(scenario())
+
+
+def test_a_large_copy_of_the_master_s_table_is_written_off_the_loop_the_latest_copy_only(tmp_path, monkeypatch):
+    async def scenario():
+        writes = CountingWrites(monkeypatch)
+        path = tmp_path / "queueLocks.json"
+        saved = LockFile(path, manager(FakeClock()), fsync=False)
+        master = manager(FakeClock(), epochs=10**12)
+        copies = []
+        for client in range(3):
+            master.lock(G, f"c{client}", [(T, q) for q in range(client * 500, client * 500 + 500)])
+            copies.append(encode_locks(master.snapshot(), master.expiry_ms))
+            saved.keep_master(copies[-1])  # written in a thread, once the loop turns: the copies meanwhile coalesce
+        assert len(copies[0]) > lock_file.INLINE_MAX_MASTER_BYTES and writes.writes == []
+        await saved.close()  # (finishes the write)
+        assert writes.writes == [copies[2]]  # one write, of the latest copy
+        assert saved.adopt_master() == 1500
+        assert LockFile(path, manager(FakeClock()), fsync=False).adopt_master() == 1500
+    asyncio.run(scenario())

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 from test_lock_file import manager
 from test_locks import Q0, FakeClock, G
 
+from tidemark.broker.cluster import replication
 from tidemark.broker.cluster.replication import ReplicationSource
 from tidemark.broker.membership.lock_file import LockFile, decode_locks
 from tidemark.v1 import replication_pb2
@@ -56,7 +57,7 @@ def _master(tmp_path, timeout_s: float = 5.0):
     source = ReplicationSource(store, broker_name="b", segment_size=1 << 20, timeout_s=timeout_s)
     source.follow(SimpleNamespace(listeners=[], snapshot=dict), SimpleNamespace(listeners=[], table=lambda **kw: ({}, {})),
                   lock_file)
-    return locks, source
+    return locks, lock_file, source
 
 
 def _holders(chunk) -> list[str]:
@@ -65,7 +66,7 @@ def _holders(chunk) -> list[str]:
 
 def test_a_grant_waits_until_the_replica_acknowledged_the_chunk_carrying_it(tmp_path):
     async def scenario():
-        locks, source = _master(tmp_path)
+        locks, _, source = _master(tmp_path)
         replica = Replica(source)
         first = await replica.next_chunk()
         assert first.queue_locks and _holders(first) == []  # the table whole at the stream's start
@@ -89,24 +90,67 @@ def test_a_grant_waits_until_the_replica_acknowledged_the_chunk_carrying_it(tmp_
     asyncio.run(scenario())
 
 
-def test_without_a_replica_in_sync_a_grant_does_not_wait_and_an_unanswering_one_is_waited_for_until_the_timeout(
-        tmp_path, caplog):
+def test_a_grant_waits_for_a_replica_just_connected_but_not_for_one_that_went_silent(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(replication, "LOCK_SILENCE_S", 0.3)
+
     async def scenario():
-        locks, source = _master(tmp_path, timeout_s=0.2)
+        locks, _, source = _master(tmp_path)
         locks.lock(G, "c1", [Q0])
         await asyncio.wait_for(source.wait_locks_replicated(), 1)  # no replica at all
         replica = Replica(source)
-        await replica.next_chunk()  # the first chunk, not answered: not in sync yet (the master's state)
+        await replica.next_chunk()  # the first chunk, not answered yet: answering it may make the replica in sync
         locks.lock(G, "c2", [(Q0[0], 1)])
-        await asyncio.wait_for(source.wait_locks_replicated(), 1)
-        assert "locks_not_replicated" not in caplog.text
-        replica.answer()  # in sync now
+        granted = asyncio.get_running_loop().create_task(source.wait_locks_replicated())
+        replica.answer()
+        assert _holders(await replica.next_chunk()) == ["c1", "c2"]
+        assert not granted.done()
+        replica.answer()
+        await asyncio.wait_for(granted, 5)
+
+        locks.lock(G, "c3", [(Q0[0], 2)])  # never answered: the replica went silent, while the log stood still
+        started = asyncio.get_running_loop().time()
+        await asyncio.wait_for(source.wait_locks_replicated(), 5)
+        assert asyncio.get_running_loop().time() - started >= 0.2  # (silent since its last answer, above)
+        assert source.in_sync_replicas() == [1] and "locks_not_replicated" not in caplog.text
+        await replica.close()
+    asyncio.run(scenario())
+
+
+def test_a_grant_is_answered_after_the_wait_bound_when_a_replica_answers_too_slowly(tmp_path, caplog):
+    async def scenario():
+        locks, _, source = _master(tmp_path, timeout_s=0.2)
+        replica = Replica(source)
+        await replica.next_chunk()
+        replica.answer()
         while not source.in_sync_replicas():
             await asyncio.sleep(0.01)
-        locks.lock(G, "c3", [(Q0[0], 2)])
-        started = asyncio.get_running_loop().time()
-        await asyncio.wait_for(source.wait_locks_replicated(), 2)  # never answered: answered after the timeout
-        assert asyncio.get_running_loop().time() - started >= 0.2
+        locks.lock(G, "c1", [Q0])
+        await asyncio.wait_for(source.wait_locks_replicated(), 2)  # min(timeout_s, LOCK_WAIT_S)
         assert "locks_not_replicated" in caplog.text
         await replica.close()
+    asyncio.run(scenario())
+
+
+def test_a_release_goes_to_the_replicas_at_once_not_with_the_next_heartbeat(tmp_path, monkeypatch):
+    monkeypatch.setattr(replication, "HEARTBEAT_S", 30.0)
+
+    async def scenario():
+        locks, lock_file, source = _master(tmp_path)
+        replica = Replica(source)
+        await replica.next_chunk()
+        replica.answer()
+        locks.lock(G, "c1", [Q0])
+        granted = asyncio.get_running_loop().create_task(source.wait_locks_replicated())
+        assert _holders(await replica.next_chunk()) == ["c1"]
+        replica.answer()
+        await asyncio.wait_for(granted, 5)
+        locks.unlock(G, "c1", [Q0])
+        lock_file.save_soon()  # (as QueueHandover does on a release)
+        assert _holders(await replica.next_chunk()) == []
+        assert not source.holds_all(1)  # the release not acknowledged yet (a switchover waits for it)
+        replica.answer()
+        while not source.holds_all(1):
+            await asyncio.sleep(0.01)
+        await replica.close()
+        await lock_file.close()
     asyncio.run(scenario())

@@ -88,8 +88,8 @@ class BrokerConfig:
                                       "is stored (Kafka's min.insync.replicas, counting replicas only)")
     replication_timeout_ms: int = _setting(3000, "Sync replication: how long a stored send waits for a replica "
                                            "before its answer is an unknown outcome (DEADLINE_EXCEEDED); any "
-                                           "replication: how long a queue lock grant waits for the replicas in sync "
-                                           "(at most 2 s)")
+                                           "replication: how long a queue lock grant or a topic or group change waits "
+                                           "for the replicas in sync (at most 2 s)")
     register_interval_ms: int = _setting(5000, "How often the broker registers with the name servers (and at once "
                                          "after a topic or permission change)")
     flush: FlushDiskType = _setting(FlushDiskType.ASYNC, "async: fsync every flush interval; sync: ack after fsync")

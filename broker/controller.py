@@ -21,6 +21,7 @@ from tidemark.broker.cluster.offset_authority import OffsetAuthority
 from tidemark.broker.cluster.permission import BrokerPermission
 from tidemark.broker.cluster.registration import NameServerRegistrar, Registration
 from tidemark.broker.cluster.replica_sync import ReplicaSync
+from tidemark.broker.cluster.replicated_tables import CONFIG, LOCKS
 from tidemark.broker.cluster.replication import ReplicationSource
 from tidemark.broker.cluster.replication_checkpoint import ReplicationCheckpoint
 from tidemark.broker.cluster.roles import ROLE_FILE_NAME, Role, load_role, save_role
@@ -388,7 +389,8 @@ class BrokerController:
 
     async def flush_configs(self) -> None:
         """Wait until topics.json, subscriptionGroup.json, users.json and acls.json hold every change so far,
-        and the name servers know the topics as they are now.
+        the name servers know the topics as they are now and, on a master, its replicas in sync hold the
+        topics and groups as they are now.
 
         Every file is flushed even after one failed, so each rolls back what it could not write (a user
         deleted with its rules changes two files); then the first failure is raised."""
@@ -401,6 +403,8 @@ class BrokerController:
         if failed is not None:
             raise failed
         await self.registrar.sync_if_changed()
+        if self.replication is not None:
+            await self.replication.wait_table_replicated(CONFIG)
 
     def _peer_credentials(self) -> Credentials | None:
         """What a replica signs its calls to the master with, and the broker its registrations: peer_user, else
@@ -417,13 +421,13 @@ class BrokerController:
                                    timeout_s=c.replication_timeout_ms / 1000,
                                    sync=c.replication is ReplicationMode.SYNC, min_replicas=c.min_sync_replicas,
                                    epoch=lambda: self.epoch, fenced=lambda: bool(self.permission.stale))
-        source.follow(self.producers, self.offsets, self.lock_file)
+        source.follow(self.producers, self.offsets, self.lock_file, self.topics, self.groups)
         return source
 
     async def _locks_replicated(self) -> None:
         """A master: until its replicas in sync hold the lock table as it is now (QueueHandover.lock_queues)."""
         if self.replication is not None:
-            await self.replication.wait_locks_replicated()
+            await self.replication.wait_table_replicated(LOCKS)
 
     def _sync_replication(self) -> ReplicationSource | None:
         """With sync replication, what a send checks before the store (a replica in sync) and waits for after

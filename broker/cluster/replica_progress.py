@@ -59,26 +59,31 @@ class _Replica:
     sent: int = field(default=0, kw_only=True)
     answered: int = field(default=0, kw_only=True)
     feed: _Feed | None = field(default=None, kw_only=True)
-    # The master's queue lock table: the changes count of the last one sent on the stream (-1: none yet),
-    # of the last one acknowledged, and of those sent and not acknowledged yet, by chunk number.
-    locks_sent: int = field(default=-1, kw_only=True)
-    locks_acked: int = field(default=-1, kw_only=True)
-    locks_in_flight: collections.deque[tuple[int, int]] = field(default_factory=collections.deque, kw_only=True)
+    # The master's tables sent whole when they change (replicated_tables.py): per table, the version last sent
+    # on the stream and last acknowledged, and those sent and not acknowledged yet, by chunk number.
+    tables_sent: dict[str, int] = field(default_factory=dict, kw_only=True)
+    tables_acked: dict[str, int] = field(default_factory=dict, kw_only=True)
+    tables_in_flight: collections.deque[tuple[int, str, int]] = field(default_factory=collections.deque, kw_only=True)
     # When it last answered a chunk (or connected), on the master's clock: a replica silent for longer is not
-    # waited for by a grant (an idle master's log stays level with a replica that stopped answering).
+    # waited for (an idle master's log stays level with a replica that stopped answering).
     answered_at: float = field(default=0.0, kw_only=True)
 
-    def sending_locks(self, changes: int) -> None:
-        """The chunk about to go (number `sent + 1`) carries the lock table as of `changes`."""
-        self.locks_sent = changes
-        self.locks_in_flight.append((self.sent + 1, changes))
+    def sending(self, table: str, version: int) -> None:
+        """The chunk about to go (number `sent + 1`) carries `table` as of `version`."""
+        self.tables_sent[table] = version
+        self.tables_in_flight.append((self.sent + 1, table, version))
 
     def answered_chunk(self, now: float) -> None:
         """The replica answered its next chunk (one answer a chunk, in order) at `now`."""
         self.answered += 1
         self.answered_at = now
-        while self.locks_in_flight and self.locks_in_flight[0][0] <= self.answered:
-            self.locks_acked = self.locks_in_flight.popleft()[1]
+        while self.tables_in_flight and self.tables_in_flight[0][0] <= self.answered:
+            _, table, version = self.tables_in_flight.popleft()
+            self.tables_acked[table] = version
+
+    def table_acked(self, table: str) -> int:
+        """The version of `table` the replica acknowledged (-1: none)."""
+        return self.tables_acked.get(table, -1)
 
     def holds_all(self, master_end: int) -> bool:
         """Whether it acknowledged the log to `master_end` and every chunk sent, and is owed no state."""

@@ -160,16 +160,18 @@ class ReplicaSync:
         # Told on every (re)connection, as the hand-back is due: the queue locks granted here meanwhile go
         # (QueueHandover.master_reached).
         self._on_connected = on_connected
-        # Whether the offsets here are a copy of this master's: not until the first mirror after start or
-        # a follow (before, they are what this broker had: a restart's file, a replaced master's own).
+        # Whether the offsets here are a copy of this master's: not until the stream's first chunk (or the first
+        # mirror) after start or a follow (before, they are what this broker had: a restart's file, a replaced
+        # master's own).
         self.offsets_copied = False
         # Whether they are kept current now: the running stream brought the master's whole table (its first
         # chunk does) and brings every change since. Not while the stream is down: the master, or the same
         # master restarted under a new epoch, may take commits this copy never sees.
         self.offsets_streamed = False
-        # Whether the running stream brings the master's queue lock table (a master older than that field
-        # sends it with the metadata only): the mirror's copy, taken a moment earlier, is then not kept.
-        self.locks_streamed = False
+        # Whether the running stream brings the master's queue lock table, and its topics and groups (a master
+        # older than those fields sends them with the metadata only): the mirror's copy, taken a moment
+        # earlier, is then not kept.
+        self.locks_streamed = self.config_streamed = False
         self._monotonic = monotonic
         self._last_chunk_at = monotonic()  # when the master's last chunk came (offsets_current)
 
@@ -203,7 +205,8 @@ class ReplicaSync:
             return
         log.warning("following a new master: %s (was %s)", master, self.master, event="replica_follows",
                     master=master)
-        self.master, self.offsets_copied, self.offsets_streamed, self.locks_streamed = master, False, False, False
+        self.master, self.offsets_copied = master, False
+        self.offsets_streamed = self.locks_streamed = self.config_streamed = False
         await cancel_and_wait(self._task)
         old, self._channel = self._channel, tls.peer_channel(master, self._tls_ca_file, _MASTER_CHANNEL_OPTIONS)
         self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
@@ -234,7 +237,7 @@ class ReplicaSync:
             except Exception:
                 log.exception("replication failed", event="replication_failed", master=self.master)
             retry_s = next_retry_s(retry_s, self.connected)
-            self.connected = self.offsets_streamed = self.locks_streamed = False
+            self.connected = self.offsets_streamed = self.locks_streamed = self.config_streamed = False
             await asyncio.sleep(retry_s)
             await self._channel.channel_ready()  # the master reachable again (the channel's backoff paces it)
 
@@ -276,6 +279,11 @@ class ReplicaSync:
                 await store.truncate_to(chunk.truncate_to)
                 return  # and ask again from there
             self._follow_state(chunk)
+            if chunk.topics_json:
+                await self._follow_config(chunk.topics_json, chunk.groups_json)
+                self.config_streamed = True
+                # The first chunk brings the master's topics with its offset table: the offsets here are its.
+                self.offsets_copied = self.offsets_copied or self.offsets_streamed
             if chunk.data:
                 written = store.append_replicated(chunk.offset, chunk.data)
                 if any(self._topics.get(topic) is None for topic, _ in written):
@@ -328,7 +336,7 @@ class ReplicaSync:
                 self._producers.follow_events(decode_events(chunk.producer_events).items)
         except (ValueError, ProducerStateError) as e:
             log.warning("the master's producer state is unusable here: %s", e, event="producer_follow_failed")
-        if chunk.offset_table:  # (offsets_copied waits for the first mirror: it brings the topics too)
+        if chunk.offset_table:  # (offsets_copied waits for the topics too: the chunk's or the first mirror's)
             offsets = decode_offsets(chunk.offset_table)
             self._offsets.mirror(offsets.table, offsets.reset_generations)
             self.offsets_streamed = True
@@ -337,6 +345,14 @@ class ReplicaSync:
         if chunk.queue_locks:
             self._on_master_locks(chunk.queue_locks)
             self.locks_streamed = True
+
+    async def _follow_config(self, topics_json: bytes, groups_json: bytes) -> None:
+        """The master's topics and groups, whole: a topic it deleted goes here too, with its data."""
+        before = {t.name for t in self._topics.list(include_system=True)}
+        self._topics.mirror(json.loads(topics_json))
+        for name in sorted(before - {t.name for t in self._topics.list(include_system=True)}):
+            await self._on_topic_gone(name)
+        self._groups.mirror(json.loads(groups_json))
 
     def _signed(self):
         return signed_metadata(self._credentials) if self._credentials is not None else None
@@ -358,8 +374,8 @@ class ReplicaSync:
                      entries=answer.advanced, master=self.master)
 
     async def mirror_metadata(self) -> None:
-        """Copy the master's topics, groups, consumer offsets and (from a master that does not stream them)
-        queue locks: the 1 s timer's job."""
+        """Copy the master's consumer offsets, delay and pop progress and (from a master that does not stream
+        them) its topics, groups and queue locks: the 1 s timer's job."""
         if self.state is not State.RUNNING:
             return
         try:
@@ -367,11 +383,8 @@ class ReplicaSync:
             m = await self._stub.GetMetadata(replication_pb2.GetMetadataRequest(), timeout=5, metadata=self._signed())
         except grpc.RpcError:
             return  # the stream's log says the master is away
-        before = {t.name for t in self._topics.list(include_system=True)}
-        self._topics.mirror(json.loads(m.topics_json))
-        for name in sorted(before - {t.name for t in self._topics.list(include_system=True)}):
-            await self._on_topic_gone(name)
-        self._groups.mirror(json.loads(m.groups_json))
+        if not self.config_streamed:
+            await self._follow_config(m.topics_json, m.groups_json)
         self._schedule.mirror(dict(m.schedule_progress))
         if m.pop_state_json:
             try:

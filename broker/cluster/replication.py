@@ -21,10 +21,11 @@ RocketMQ's master/slave HA, over one gRPC stream per replica
   start, then every commit, taken like the mirror takes them, milliseconds
   after the commit). A replica is in sync only once it acknowledged the
   first chunk: an elected one holds the master's offsets, not its own file's.
-  The queue lock table goes whole with the next chunk after each change, and
-  a grant is answered once the replicas in sync acknowledged it
-  (`wait_locks_replicated`, Kafka's group state written with acks=all): a
-  replica promoted after the answer holds the lock.
+  The queue lock table and the topic and group configs go whole with the
+  next chunk after each change (replicated_tables.py), and a lock grant or an
+  admin change is answered once the replicas in sync acknowledged it
+  (`wait_table_replicated`; Kafka writes a group's state with acks=all, and its
+  topics live in a replicated log): a replica promoted after the answer holds it.
 - **ReplicationSource** (on a master) serves those streams, at most
   `window_bytes` ahead of what a replica acknowledged, and knows how far each
   replica is. With sync replication (RocketMQ's SYNC_MASTER) a send is
@@ -75,6 +76,7 @@ from tidemark.broker.cluster.replica_progress import (
     _Replica,
     nth_highest,
 )
+from tidemark.broker.cluster.replicated_tables import CONFIG, LOCKS, ReplicatedTables
 from tidemark.broker.errors import (
     FailedPreconditionError,
     InvalidArgumentError,
@@ -104,11 +106,12 @@ log = get_logger("tidemark.broker.cluster.replication")
 CHUNK_BYTES = 1 << 20
 WINDOW_BYTES = 8 << 20
 HEARTBEAT_S = 1.0
-# A queue lock grant waits at most this long for the replicas (below the client's 3 s deadline for the call), and
-# not for a replica that has answered nothing for LOCK_SILENCE_S; it looks again every LOCK_RECHECK_S.
-LOCK_WAIT_S = 2 * HEARTBEAT_S
-LOCK_SILENCE_S = 2 * HEARTBEAT_S
-LOCK_RECHECK_S = 0.25
+# A lock grant or an admin change waits at most this long for the replicas to hold it (below the client's 3 s
+# deadline for the call), and not for a replica that has answered nothing for TABLE_SILENCE_S; it looks again
+# every TABLE_RECHECK_S.
+TABLE_WAIT_S = 2 * HEARTBEAT_S
+TABLE_SILENCE_S = 2 * HEARTBEAT_S
+TABLE_RECHECK_S = 0.25
 MAX_RECEIVE_BYTES = 256 << 20
 
 
@@ -154,7 +157,10 @@ class ReplicationSource:
         self._acked: set[asyncio.Event] = set()  # set on every acknowledgement or change of replicas (_until_acked)
         self._producers: IdempotenceService | None = None
         self._offsets: ConsumerOffsetManager | None = None
-        self._lock_file: LockFile | None = None
+        # The tables sent whole when they change (replicated_tables.py), and the version of each that every
+        # replica waited for held when last asked (wait_table_replicated).
+        self.tables = ReplicatedTables()
+        self._held_versions: dict[str, int] = {}
         # What `min_replicas` replicas acknowledged, as _replicated_end says (None: no replica since start),
         # and the appends readers are not told of yet: (commit-log end after the append, queue).
         self.confirmed: int | None = None
@@ -173,17 +179,21 @@ class ReplicationSource:
             else:
                 self._unconfirmed.append((self._store.commit_log_max_offset, (topic, queue_id)))
 
-    def follow(self, producers: IdempotenceService, offsets: ConsumerOffsetManager,
-               locks: LockFile | None = None) -> None:
-        """Send the producer table, the offset changes and the queue lock table along with the records (the
-        controller wires it)."""
+    def follow(self, producers: IdempotenceService, offsets: ConsumerOffsetManager, locks: LockFile | None = None,
+               topics: TopicConfigManager | None = None, groups: SubscriptionGroupManager | None = None) -> None:
+        """Send the producer table, the offset changes, the queue lock table and the topic and group configs
+        along with the records (the controller wires it)."""
         self._producers = producers
         self._offsets = offsets
-        self._lock_file = locks
-        if locks is not None:
-            locks.on_change = self.locks_changed
         producers.listeners.append(self._producer_events)
         offsets.listeners.append(self._offset_records)
+        if locks is not None:
+            locks.on_change = self.tables_changed
+            self.tables.add(LOCKS, lambda: locks.changes, lambda: {"queue_locks": locks.encoded()})
+        if topics is not None and groups is not None:
+            self.tables.add(CONFIG, lambda: topics.version + groups.version, lambda: {
+                "topics_json": json.dumps(topics.document()).encode(),
+                "groups_json": json.dumps(groups.document()).encode()})
 
     def _producer_events(self, events) -> None:
         for feed in self._feeds:
@@ -210,57 +220,51 @@ class ReplicationSource:
     def _producer_state(self) -> bytes:
         return json.dumps(self._producers.snapshot(), separators=(",", ":")).encode() if self._producers else b""
 
-    def _locks_due(self, replica: _Replica) -> bytes:
-        """The lock table for the chunk about to go, when it changed since the stream last sent it."""
-        lock_file = self._lock_file
-        if lock_file is None or lock_file.changes == replica.locks_sent:
-            return b""
-        replica.sending_locks(lock_file.changes)
-        return lock_file.encoded()
-
-    def _holds_locks(self, replica: _Replica) -> bool:
-        return self._lock_file is None or replica.locks_acked >= self._lock_file.changes
-
-    def locks_changed(self) -> None:
-        """The lock table changed (a grant, a release: LockFile.on_change): the streams send it now."""
+    def tables_changed(self) -> None:
+        """A table of `tables` changed (a lock grant or release: LockFile.on_change): the streams send it now."""
         self._wake_streams()
 
-    def _waits_for_locks(self, replica: _Replica, end: int, now: float) -> bool:
-        """Whether a grant waits for `replica`: one in sync, or just connected (its first chunk not answered yet:
-        answering it may make it in sync, and the grant must reach it first), that answered a chunk within
-        LOCK_SILENCE_S (a master whose log does not move keeps a replica that stopped answering in sync)."""
-        return (now - replica.answered_at <= LOCK_SILENCE_S
+    def _waits_for(self, replica: _Replica, end: int, now: float) -> bool:
+        """Whether a grant or an admin change waits for `replica`: one in sync, or just connected (its first
+        chunk not answered yet: answering it may make it in sync, and the change must reach it first), that
+        answered a chunk within TABLE_SILENCE_S (a master whose log does not move keeps a replica that
+        stopped answering in sync)."""
+        return (now - replica.answered_at <= TABLE_SILENCE_S
                 and (not replica.has_state or replica.in_sync(end, now, self._max_lag_s)))
 
-    async def wait_locks_replicated(self) -> None:
-        """Until every replica a grant waits for (`_waits_for_locks`) acknowledged a chunk carrying the lock
-        table as it is now: a grant is answered after this, so that a replica promoted once the holder heard
-        of its grant holds it too (a promotion without it handed the queue to the next member that asked,
-        while the holder went on). A replica out of sync is not waited for, as a sync send does not wait for
-        it; after LOCK_WAIT_S at most (below a client's deadline for the call) the grant is answered all the
-        same, logged (the lock holds on this master)."""
-        if self._lock_file is None:
+    async def wait_table_replicated(self, table: str) -> None:
+        """Until every replica a change waits for (`_waits_for`) acknowledged a chunk carrying `table` (a name
+        of replicated_tables.py) as it is now: a queue lock grant, an admin change of a topic or a group, is
+        answered after this, so that a replica promoted once the client heard of it holds it too. A replica
+        out of sync is not waited for, as a sync send does not wait for it; after TABLE_WAIT_S at most (below
+        a client's deadline for the call) the change is answered all the same, logged (it holds on this
+        master). Called after every request (flush_configs): returns at once for a version already held."""
+        version = self.tables.version(table)
+        if version is None or self._held_versions.get(table) == version:
             return
-        changes, loop = self._lock_file.changes, asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
 
         def held() -> bool:
             end, now = self._store.commit_log_max_offset, self._clock()
-            return all(r.locks_acked >= changes for r in self._replicas.values() if self._waits_for_locks(r, end, now))
+            return all(r.table_acked(table) >= version for r in self._replicas.values() if self._waits_for(r, end, now))
 
-        self._wake_streams()
-        deadline = loop.time() + min(self._timeout_s, LOCK_WAIT_S)
-        while not held():
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                log.warning("a queue lock grant is answered before every replica in sync acknowledged it: a "
-                            "promotion now may hand its queue to another member", event="locks_not_replicated",
-                            waited_s=round(min(self._timeout_s, LOCK_WAIT_S), 3))
-                return
-            try:  # (woken by acknowledgements; asked again each slice: a replica may go silent meanwhile)
-                async with asyncio.timeout(min(remaining, LOCK_RECHECK_S)):
-                    await self._until_acked(held)
-            except TimeoutError:
-                pass
+        if not held():
+            self._wake_streams()
+            deadline = loop.time() + min(self._timeout_s, TABLE_WAIT_S)
+            while not held():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    log.warning("a change is answered before every replica in sync acknowledged it: a promotion now "
+                                "may lose it", event="table_not_replicated", table=table,
+                                waited_s=round(min(self._timeout_s, TABLE_WAIT_S), 3))
+                    return
+                try:  # (woken by acknowledgements; asked again each slice: a replica may go silent meanwhile)
+                    async with asyncio.timeout(min(remaining, TABLE_RECHECK_S)):
+                        await self._until_acked(held)
+                except TimeoutError:
+                    pass
+        # (a replica that connects later gets every table in its first chunk)
+        self._held_versions[table] = max(version, self._held_versions.get(table, -1))
 
     def _wake_streams(self) -> None:
         for event in self._appended:
@@ -360,7 +364,7 @@ class ReplicationSource:
         producer and offset change, and the queue lock table (a master handing over with writes paused waits
         for this)."""
         end = self._store.commit_log_max_offset
-        return any(r.broker_id == broker_id and r.holds_all(end) and self._holds_locks(r)
+        return any(r.broker_id == broker_id and r.holds_all(end) and self.tables.held_by(r)
                    for r in self._replicas.values())
 
     async def wait_holds_all(self, broker_id: int, timeout_s: float) -> bool:
@@ -375,7 +379,7 @@ class ReplicationSource:
     async def wait_replicas_hold_all(self) -> None:
         """Until every connected replica holds everything this master has (a stop lets them copy the log's
         end); the caller bounds the wait."""
-        await self._until_acked(lambda: all(r.holds_all(self._store.commit_log_max_offset) and self._holds_locks(r)
+        await self._until_acked(lambda: all(r.holds_all(self._store.commit_log_max_offset) and self.tables.held_by(r)
                                             for r in self._replicas.values()))
 
     async def _until_acked(self, done: Callable[[], bool]) -> None:
@@ -564,8 +568,7 @@ class ReplicationSource:
                 appended.clear()
                 # The state changes first: a batch's producer event is published before its records are read.
                 state = feed.take() if feed.pending() else {}
-                if locks := self._locks_due(replica):
-                    state["queue_locks"] = locks
+                state.update(self.tables.due(replica))
                 data = store.replication_chunk(offset, self._chunk_bytes)
                 if not (data or state) and await _wait(appended, HEARTBEAT_S):
                     continue  # appended meanwhile: read it

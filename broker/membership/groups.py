@@ -51,6 +51,7 @@ class SubscriptionGroupManager:
         self._defaults = GroupConfig(group="", retry_queue_nums=retry_queue_nums, retry_max_times=retry_max_times)
         self._groups: dict[str, GroupConfig] = {}
         self._mirror_skipped: frozenset[str] = frozenset()  # the master's groups with bad names
+        self.version = 0  # counts changes (a master sends the groups to its replicas when it moves)
 
     def load(self) -> int:
         self._groups = self._parse(load_json(self._path, log) or {})
@@ -90,10 +91,12 @@ class SubscriptionGroupManager:
         if after == before:
             return False
         self._groups = after
+        self.version += 1
 
         def undo() -> None:
             if self._groups is after:
                 self._groups = before
+                self.version += 1
 
         self.file.changed(undo)
         return True
@@ -101,6 +104,7 @@ class SubscriptionGroupManager:
     def _save(self, group: str, before: GroupConfig | None) -> None:
         """Persist; when subscriptionGroup.json cannot be written the change is undone (see MetadataFile)."""
         after = self._groups.get(group)
+        self.version += 1
 
         def undo() -> None:
             if self._groups.get(group) is after:
@@ -108,6 +112,7 @@ class SubscriptionGroupManager:
                     self._groups.pop(group, None)
                 else:
                     self._groups[group] = before
+                self.version += 1
 
         self.file.changed(undo)
 

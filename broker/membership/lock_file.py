@@ -29,7 +29,7 @@ stream with each change (masterQueueLocks.json on disk; from a master older
 than that, with the rest of its metadata once a second): promoted, it holds
 those locks in the same way (`adopt_master`), keeping any grant of its own
 still held. A master answers a grant once its replicas in sync acknowledged
-the table holding it (ReplicationSource.wait_locks_replicated), so a replica
+the table holding it (ReplicationSource.wait_table_replicated), so a replica
 promoted after the answer holds the lock.
 
 The file is replaced atomically (a temp file renamed into place) and fsynced

@@ -230,3 +230,21 @@ def test_a_promoted_replica_holds_its_master_s_queue_locks(cluster):
     (renewal,) = _lock(replica.address, "c1", renew=True)
     assert (renewal.owner_epoch, renewal.lock_token) == (grant.owner_epoch, grant.lock_token)
 
+
+
+def test_a_topic_created_the_moment_before_the_master_dies_is_on_the_promoted_replica(cluster):
+    """An admin change is answered once the master's replicas in sync acknowledged the topics and groups
+    carrying it (sent on the replication stream): the master is killed the moment CreateTopic is answered,
+    and the promoted replica has the topic, messages or none. Before, a replica copied the topics once a
+    second with the master's metadata, and a topic without messages created in that second was gone."""
+    ns, master, replica, other = cluster
+    with Admin(brokers=master.address) as admin:
+        wait_until(lambda: admin.broker_status_at(master.address).in_sync_replicas == (1,), 30,
+                   "the replica in sync with its master")
+        admin.create_topic("Fresh", 3, brokers=["broker-a"])
+    master.kill()
+    promoted = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
+                               replica.address], capture_output=True, text=True, timeout=60)
+    assert promoted.returncode == 0, promoted.stderr
+    with Admin(brokers=replica.address) as admin:
+        assert [(b, t.write_queue_nums) for b, t in admin.list_topics()["Fresh"]] == [("broker-a", 3)]

@@ -1,20 +1,25 @@
-"""A master's queue lock table on the replication stream (broker/cluster/replication.py): whole in the first
-chunk and in the next chunk after each change, and a grant waits until the replicas in sync acknowledged a
-chunk carrying it, so that a replica promoted after the grant's answer holds the lock. Before, a replica
-copied the table once a second with the master's metadata: a grant made in that second was not in a
-promoted replica's copy, which handed the queue to the next member that asked."""
+"""The master's tables on the replication stream (broker/cluster/replicated_tables.py, replication.py): the
+queue lock table and the topic and group configs, whole in the first chunk and in the next chunk after each
+change; a lock grant or an admin change waits until the replicas in sync acknowledged a chunk carrying it, so
+that a replica promoted after the answer holds it. Before, a replica copied these tables once a second with the
+master's metadata: a grant or a topic made in that second was not in a promoted replica's copy (the queue
+handed to the next member that asked; the topic gone)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from types import SimpleNamespace
 
 from test_lock_file import manager
 from test_locks import Q0, FakeClock, G
 
 from tidemark.broker.cluster import replication
+from tidemark.broker.cluster.replicated_tables import CONFIG, LOCKS
 from tidemark.broker.cluster.replication import ReplicationSource
+from tidemark.broker.membership.groups import SubscriptionGroupManager
 from tidemark.broker.membership.lock_file import LockFile, decode_locks
+from tidemark.broker.topics import TopicConfigManager
 from tidemark.v1 import replication_pb2
 
 
@@ -50,13 +55,13 @@ class Replica:
         await asyncio.gather(self._task, return_exceptions=True)
 
 
-def _master(tmp_path, timeout_s: float = 5.0):
+def _master(tmp_path, timeout_s: float = 5.0, config: tuple | None = None):
     locks = manager(FakeClock())
     lock_file = LockFile(tmp_path / "queueLocks.json", locks, fsync=False)
     store = SimpleNamespace(commit_log_max_offset=0, commit_log_min_offset=0, replication_chunk=lambda o, n: b"")
     source = ReplicationSource(store, broker_name="b", segment_size=1 << 20, timeout_s=timeout_s)
     source.follow(SimpleNamespace(listeners=[], snapshot=dict), SimpleNamespace(listeners=[], table=lambda **kw: ({}, {})),
-                  lock_file)
+                  lock_file, *(config or ()))
     return locks, lock_file, source
 
 
@@ -71,10 +76,10 @@ def test_a_grant_waits_until_the_replica_acknowledged_the_chunk_carrying_it(tmp_
         first = await replica.next_chunk()
         assert first.queue_locks and _holders(first) == []  # the table whole at the stream's start
         replica.answer()
-        await asyncio.wait_for(source.wait_locks_replicated(), 5)  # nothing changed since: no wait
+        await asyncio.wait_for(source.wait_table_replicated(LOCKS), 5)  # nothing changed since: no wait
 
         locks.lock(G, "c1", [Q0])
-        granted = asyncio.get_running_loop().create_task(source.wait_locks_replicated())
+        granted = asyncio.get_running_loop().create_task(source.wait_table_replicated(LOCKS))
         chunk = await replica.next_chunk()
         assert _holders(chunk) == ["c1"]
         await asyncio.sleep(0.05)
@@ -85,22 +90,22 @@ def test_a_grant_waits_until_the_replica_acknowledged_the_chunk_carrying_it(tmp_
         assert source.holds_all(1)
 
         locks.lock(G, "c1", [Q0], renew=True)  # a renewal changes nothing: no chunk owed, no wait
-        await asyncio.wait_for(source.wait_locks_replicated(), 5)
+        await asyncio.wait_for(source.wait_table_replicated(LOCKS), 5)
         await replica.close()
     asyncio.run(scenario())
 
 
 def test_a_grant_waits_for_a_replica_just_connected_but_not_for_one_that_went_silent(tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(replication, "LOCK_SILENCE_S", 0.3)
+    monkeypatch.setattr(replication, "TABLE_SILENCE_S", 0.3)
 
     async def scenario():
         locks, _, source = _master(tmp_path)
         locks.lock(G, "c1", [Q0])
-        await asyncio.wait_for(source.wait_locks_replicated(), 1)  # no replica at all
+        await asyncio.wait_for(source.wait_table_replicated(LOCKS), 1)  # no replica at all
         replica = Replica(source)
         await replica.next_chunk()  # the first chunk, not answered yet: answering it may make the replica in sync
         locks.lock(G, "c2", [(Q0[0], 1)])
-        granted = asyncio.get_running_loop().create_task(source.wait_locks_replicated())
+        granted = asyncio.get_running_loop().create_task(source.wait_table_replicated(LOCKS))
         replica.answer()
         assert _holders(await replica.next_chunk()) == ["c1", "c2"]
         assert not granted.done()
@@ -109,9 +114,9 @@ def test_a_grant_waits_for_a_replica_just_connected_but_not_for_one_that_went_si
 
         locks.lock(G, "c3", [(Q0[0], 2)])  # never answered: the replica went silent, while the log stood still
         started = asyncio.get_running_loop().time()
-        await asyncio.wait_for(source.wait_locks_replicated(), 5)
+        await asyncio.wait_for(source.wait_table_replicated(LOCKS), 5)
         assert asyncio.get_running_loop().time() - started >= 0.2  # (silent since its last answer, above)
-        assert source.in_sync_replicas() == [1] and "locks_not_replicated" not in caplog.text
+        assert source.in_sync_replicas() == [1] and "table_not_replicated" not in caplog.text
         await replica.close()
     asyncio.run(scenario())
 
@@ -125,8 +130,8 @@ def test_a_grant_is_answered_after_the_wait_bound_when_a_replica_answers_too_slo
         while not source.in_sync_replicas():
             await asyncio.sleep(0.01)
         locks.lock(G, "c1", [Q0])
-        await asyncio.wait_for(source.wait_locks_replicated(), 2)  # min(timeout_s, LOCK_WAIT_S)
-        assert "locks_not_replicated" in caplog.text
+        await asyncio.wait_for(source.wait_table_replicated(LOCKS), 2)  # min(timeout_s, TABLE_WAIT_S)
+        assert "table_not_replicated" in caplog.text
         await replica.close()
     asyncio.run(scenario())
 
@@ -140,7 +145,7 @@ def test_a_release_goes_to_the_replicas_at_once_not_with_the_next_heartbeat(tmp_
         await replica.next_chunk()
         replica.answer()
         locks.lock(G, "c1", [Q0])
-        granted = asyncio.get_running_loop().create_task(source.wait_locks_replicated())
+        granted = asyncio.get_running_loop().create_task(source.wait_table_replicated(LOCKS))
         assert _holders(await replica.next_chunk()) == ["c1"]
         replica.answer()
         await asyncio.wait_for(granted, 5)
@@ -153,4 +158,35 @@ def test_a_release_goes_to_the_replicas_at_once_not_with_the_next_heartbeat(tmp_
             await asyncio.sleep(0.01)
         await replica.close()
         await lock_file.close()
+    asyncio.run(scenario())
+
+
+def test_a_topic_or_group_change_waits_until_the_replica_acknowledged_the_chunk_carrying_both_documents(tmp_path):
+    async def scenario():
+        topics, groups = TopicConfigManager(tmp_path), SubscriptionGroupManager(tmp_path)
+        _, _, source = _master(tmp_path, config=(topics, groups))
+        replica = Replica(source)
+        first = await replica.next_chunk()
+        assert json.loads(first.topics_json) == {"topicConfigTable": {}}  # both documents at the stream's start
+        assert json.loads(first.groups_json) == {"subscriptionGroupTable": {}}
+        replica.answer()
+        await asyncio.wait_for(source.wait_table_replicated(CONFIG), 5)
+
+        topics.create("Fresh", 2)
+        created = asyncio.get_running_loop().create_task(source.wait_table_replicated(CONFIG))
+        chunk = await replica.next_chunk()
+        assert list(json.loads(chunk.topics_json)["topicConfigTable"]) == ["Fresh"] and chunk.groups_json
+        await asyncio.sleep(0.05)
+        assert not created.done()  # not acknowledged yet: the admin change is not answered
+        replica.answer()
+        await asyncio.wait_for(created, 5)
+
+        groups.ensure("g1")
+        ensured = asyncio.get_running_loop().create_task(source.wait_table_replicated(CONFIG))
+        chunk = await replica.next_chunk()
+        assert list(json.loads(chunk.groups_json)["subscriptionGroupTable"]) == ["g1"]
+        assert not chunk.queue_locks  # (the lock table did not change: not sent again)
+        replica.answer()
+        await asyncio.wait_for(ensured, 5)
+        await replica.close()
     asyncio.run(scenario())

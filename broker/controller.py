@@ -387,10 +387,10 @@ class BrokerController:
         for file in self._config_files():
             file.retry()
 
-    async def flush_configs(self) -> None:
+    async def flush_configs(self, *, replicated: bool = True) -> None:
         """Wait until topics.json, subscriptionGroup.json, users.json and acls.json hold every change so far,
-        the name servers know the topics as they are now and, on a master, its replicas in sync hold the
-        topics and groups as they are now.
+        the name servers know the topics as they are now and, on a master (`replicated`: not for its
+        replicas' own calls), its replicas in sync hold the topics and groups as they are now.
 
         Every file is flushed even after one failed, so each rolls back what it could not write (a user
         deleted with its rules changes two files); then the first failure is raised."""
@@ -403,7 +403,7 @@ class BrokerController:
         if failed is not None:
             raise failed
         await self.registrar.sync_if_changed()
-        if self.replication is not None:
+        if replicated and self.replication is not None:
             await self.replication.wait_table_replicated(CONFIG)
 
     def _peer_credentials(self) -> Credentials | None:

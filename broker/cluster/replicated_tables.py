@@ -37,6 +37,9 @@ class ReplicatedTables:
     def add(self, name: str, version: Callable[[], int], fields: Callable[[], dict[str, bytes]]) -> None:
         self._tables[name] = _Table(version, fields)
 
+    def versions(self) -> dict[str, int]:
+        return {name: table.version() for name, table in self._tables.items()}
+
     def version(self, name: str) -> int | None:
         """The table's version now; None when this master does not send it."""
         table = self._tables.get(name)

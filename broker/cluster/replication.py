@@ -194,6 +194,9 @@ class ReplicationSource:
             self.tables.add(CONFIG, lambda: topics.version + groups.version, lambda: {
                 "topics_json": json.dumps(topics.document()).encode(),
                 "groups_json": json.dumps(groups.document()).encode()})
+        # What the tables held before this master served (its start, its promotion) was answered by nobody
+        # waiting for replicas: a replica gets it with its first chunk.
+        self._held_versions = self.tables.versions()
 
     def _producer_events(self, events) -> None:
         for feed in self._feeds:

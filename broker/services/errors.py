@@ -57,6 +57,14 @@ def rpc(handler: H) -> H:
     return _wrap(handler, lambda servicer: servicer._b.flush_configs())
 
 
+def replica_rpc(handler: H) -> H:
+    """`rpc` for the replication service, whose callers are the master's replicas: its answer waits for the
+    config files but not for the replicas to hold the config (flush_configs(replicated=False)). A replica
+    makes these calls inside its copy of the stream (a hand-back as it connects), so waiting for it to
+    acknowledge the next chunk would wait for itself, until the bound."""
+    return _wrap(handler, lambda servicer: servicer._b.flush_configs(replicated=False))
+
+
 def stateless_rpc(handler: H) -> H:
     """`rpc` for a servicer with nothing to flush (the name server)."""
     return _wrap(handler, None)

@@ -8,7 +8,7 @@ import grpc
 
 from tidemark.broker.controller import BrokerController
 from tidemark.broker.errors import BrokerError, FailedPreconditionError
-from tidemark.broker.services.errors import rpc, status_for
+from tidemark.broker.services.errors import replica_rpc, status_for
 from tidemark.broker.services.streams import ends_last, write
 from tidemark.common.logs import get_logger
 from tidemark.v1 import replication_pb2, replication_pb2_grpc
@@ -43,12 +43,12 @@ class ReplicationServicer(replication_pb2_grpc.ReplicationServiceServicer):
             except BrokerError as e:
                 await context.abort(status_for(e), str(e))
 
-    @rpc
+    @replica_rpc
     async def GetMetadata(self, request, context: grpc.aio.ServicerContext):
         self._source()
         return self._b.operations.replica_metadata()
 
-    @rpc
+    @replica_rpc
     async def HandBackOffsets(self, request, context: grpc.aio.ServicerContext):
         self._source()
         moved = self._b.operations.take_back_offsets(request.offsets_json)

@@ -190,3 +190,42 @@ def test_a_topic_or_group_change_waits_until_the_replica_acknowledged_the_chunk_
         await asyncio.wait_for(ensured, 5)
         await replica.close()
     asyncio.run(scenario())
+
+
+def test_what_the_tables_held_before_the_master_served_waits_for_no_replica(tmp_path, monkeypatch):
+    monkeypatch.setattr(replication, "TABLE_SILENCE_S", 30.0)
+    monkeypatch.setattr(replication, "TABLE_WAIT_S", 30.0)
+
+    async def scenario():
+        locks = manager(FakeClock())
+        locks.lock(G, "c1", [Q0])  # (a restart's restored locks, a promoted replica's copy)
+        lock_file = LockFile(tmp_path / "queueLocks.json", locks, fsync=False)
+        store = SimpleNamespace(commit_log_max_offset=0, commit_log_min_offset=0, replication_chunk=lambda o, n: b"")
+        source = ReplicationSource(store, broker_name="b", segment_size=1 << 20, timeout_s=5.0)
+        source.follow(SimpleNamespace(listeners=[], snapshot=dict),
+                      SimpleNamespace(listeners=[], table=lambda **kw: ({}, {})), lock_file)
+        replica = Replica(source)
+        assert _holders(await replica.next_chunk()) == ["c1"]  # not answered: the replica is busy connecting
+        # A request answered now (a replica's own hand-back as it connects) changed nothing: it waits for nobody.
+        await asyncio.wait_for(source.wait_table_replicated(LOCKS), 5)
+        await replica.close()
+    asyncio.run(scenario())
+
+
+def test_the_replication_service_s_calls_do_not_wait_for_the_replicas_that_make_them():
+    from tidemark.broker.services.replication import ReplicationServicer
+
+    async def scenario():
+        flushes = []
+
+        async def flush_configs(*, replicated=True):
+            flushes.append(replicated)
+
+        broker = SimpleNamespace(replication=object(), flush_configs=flush_configs, operations=SimpleNamespace(
+            replica_metadata=replication_pb2.ReplicaMetadata, take_back_offsets=lambda data: 0))
+        servicer = ReplicationServicer(broker)
+        context = SimpleNamespace(peer=lambda: "ipv4:127.0.0.1:1")
+        await servicer.GetMetadata(replication_pb2.GetMetadataRequest(), context)
+        await servicer.HandBackOffsets(replication_pb2.ReplicaMetadata(), context)
+        assert flushes == [False, False]  # (the config files still flushed; the replicas not waited for)
+    asyncio.run(scenario())

@@ -364,8 +364,8 @@ class ReplicationSource:
 
     def holds_all(self, broker_id: int) -> bool:
         """Whether replica `broker_id` holds everything this master has: its whole log, acknowledged, every
-        producer and offset change, and the queue lock table (a master handing over with writes paused waits
-        for this)."""
+        producer and offset change, and its tables (queue locks, topics, groups) as they are now (a master
+        handing over with writes paused waits for this)."""
         end = self._store.commit_log_max_offset
         return any(r.broker_id == broker_id and r.holds_all(end) and self.tables.held_by(r)
                    for r in self._replicas.values())

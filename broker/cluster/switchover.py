@@ -10,7 +10,7 @@ a request into etcd, and its master (`serve`, while it is master):
 2. takes no writes from then on (BrokerPermission.handing_over: a send gets NotCurrentError, UNAVAILABLE
    and retriable, so clients ask the name servers again as after a failover; commits the same) and
    waits until the successor holds everything it has: its whole log, acknowledged, every producer
-   and offset change and its queue lock table (ReplicationSource.wait_holds_all);
+   and offset change, and its queue locks, topics and groups (ReplicationSource.wait_holds_all);
 3. then, in one etcd transaction (Election.hand_over), deletes its `master` key and writes `handover`
    naming the successor: while that key lives only the successor may take `master`, with the next
    epoch, so nobody else can be elected. This broker is fenced, and rejoins as the new master's replica
@@ -243,8 +243,8 @@ class Switchover:
                 held = source.replica_ends().get(request.successor, 0)
                 return await self._refuse(request, raw, lease, (
                     f"{who} did not catch up with broker {name}'s master within {self.timeout_s:g} s (it holds "
-                    f"{held} of {broker.store.commit_log_max_offset} bytes; the master's producer, offset and "
-                    f"queue lock changes count too): the master takes writes again, nothing changed"))
+                    f"{held} of {broker.store.commit_log_max_offset} bytes; the master's producer, offset, queue "
+                    f"lock, topic and group changes count too): the master takes writes again, nothing changed"))
             in_sync = frozenset({self._election.broker_id, request.successor})
             t = self._client.transactions
             try:

@@ -186,9 +186,7 @@ def test_pop_deliveries_in_flight_survive_a_promotion(cluster):
 
     wait_until(lambda: inflight_on_replica() == 20, 20, "the replica to persist the mirrored pop state")
     master.kill()
-    promoted = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
-                               replica.address], capture_output=True, text=True, timeout=60)
-    assert promoted.returncode == 0, promoted.stderr
+    promote(replica)
     with grpc.insecure_channel(replica.address) as channel:
         stub = Rmq5Stub(channel, client_id="127.0.0.1@popper")
         answer = stub.AckMessage(v2.AckMessageRequest(group=resource("popper"), topic=resource("Failover"), entries=[
@@ -198,6 +196,20 @@ def test_pop_deliveries_in_flight_survive_a_promotion(cluster):
         # The other ten are still in flight (60 s): nothing is handed out now, and the acked ones never again.
         again = [a.message for a in stub.ReceiveMessage(receive, timeout=10) if a.HasField("message")]
     assert again == []
+
+
+def promote(replica) -> None:
+    """`tidemark broker promote` on the replica, as an operator runs it."""
+    promoted = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
+                               replica.address], capture_output=True, text=True, timeout=60)
+    assert promoted.returncode == 0, promoted.stderr
+
+
+def wait_in_sync(master) -> None:
+    """Until the master counts its replica (id 1) in sync: the replica holds the master's tables then."""
+    with Admin(brokers=master.address) as admin:
+        wait_until(lambda: admin.broker_status_at(master.address).in_sync_replicas == (1,), 30,
+                   "the replica in sync with its master")
 
 
 def _lock(address: str, client_id: str, *, renew: bool = False) -> list:
@@ -216,20 +228,13 @@ def test_a_promoted_replica_holds_its_master_s_queue_locks(cluster):
     lock and granted the queue to the first member that asked; then, copying the table once a second with
     the master's metadata, it missed a grant made in the second before the kill."""
     ns, master, replica, other = cluster
-    with Admin(brokers=master.address) as admin:
-        wait_until(lambda: admin.broker_status_at(master.address).in_sync_replicas == (1,), 30,
-                   "the replica in sync with its master")
-    with Admin(brokers=replica.address) as admin:  # (topics are copied once a second, with the metadata)
-        wait_until(lambda: "Failover" in admin.list_topics(), 30, "the replica to copy the topic")
+    wait_in_sync(master)
     (grant,) = _lock(master.address, "c1")
     master.kill()
-    promoted = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
-                               replica.address], capture_output=True, text=True, timeout=60)
-    assert promoted.returncode == 0, promoted.stderr
+    promote(replica)
     assert _lock(replica.address, "c2") == []  # held for c1
     (renewal,) = _lock(replica.address, "c1", renew=True)
     assert (renewal.owner_epoch, renewal.lock_token) == (grant.owner_epoch, grant.lock_token)
-
 
 
 def test_a_topic_created_the_moment_before_the_master_dies_is_on_the_promoted_replica(cluster):
@@ -238,13 +243,10 @@ def test_a_topic_created_the_moment_before_the_master_dies_is_on_the_promoted_re
     and the promoted replica has the topic, messages or none. Before, a replica copied the topics once a
     second with the master's metadata, and a topic without messages created in that second was gone."""
     ns, master, replica, other = cluster
+    wait_in_sync(master)
     with Admin(brokers=master.address) as admin:
-        wait_until(lambda: admin.broker_status_at(master.address).in_sync_replicas == (1,), 30,
-                   "the replica in sync with its master")
         admin.create_topic("Fresh", 3, brokers=["broker-a"])
     master.kill()
-    promoted = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
-                               replica.address], capture_output=True, text=True, timeout=60)
-    assert promoted.returncode == 0, promoted.stderr
+    promote(replica)
     with Admin(brokers=replica.address) as admin:
         assert [(b, t.write_queue_nums) for b, t in admin.list_topics()["Fresh"]] == [("broker-a", 3)]

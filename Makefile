@@ -78,9 +78,13 @@ endef
 
 # The virtualenv and the system packages are set up side by side (pip and apt-get download and unpack
 # at once on a fresh machine; `setup` itself stays in order), then the suite runs.
+# The package and the tests' helpers are compiled first: these machines set PYTHONDONTWRITEBYTECODE and an
+# editable install compiles nothing, so every broker, client and CLI process the suite starts compiled the
+# modules again (importing the broker and the CLI: 0.45-0.7 s uncompiled, 0.31-0.33 s compiled, here).
 test:
 	@$(MAKE) --no-print-directory test-tools & tools=$$!; $(MAKE) --no-print-directory setup; \
 		setup=$$?; wait $$tools && [ $$setup = 0 ]
+	$(PY) -m compileall -q -j 0 build/__editable__.*/tidemark tests >/dev/null
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # System packages only tests use (the standard library's Python runs the engine's installer: the venv

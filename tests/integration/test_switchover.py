@@ -236,7 +236,11 @@ def test_a_successor_out_of_sync_is_refused_and_one_that_does_not_catch_up_in_ti
     second.pause()  # it acknowledges nothing from now on; the other replica keeps sends acknowledged
     try:
         # Still counted in sync for a while (it was level a moment ago), but it lacks the latest sends:
-        # the master stops writing, waits its 2 s switchover timeout, and takes writes again.
+        # the master stops writing, waits its 2 s switchover timeout, and takes writes again. (Sends
+        # acknowledged after the pause first: a replica paused while it held everything the master had,
+        # before the sender's first send, holds it all still, and the master hands over to it.)
+        acked = sender.count()
+        wait_until(lambda: sender.count() > acked + 5, 15, "sends the paused replica lacks")
         before = etcd_view(etcd)
         put_request(etcd, Request(lagging, second.address, before.epoch, "late"))
         wait_until(lambda: request_answer(etcd).refused, 20, "the master to give up")

@@ -188,7 +188,7 @@ class ReplicationSource:
         producers.listeners.append(self._producer_events)
         offsets.listeners.append(self._offset_records)
         if locks is not None:
-            locks.on_change = self.tables_changed
+            locks.on_change = self._wake_streams  # (a grant or a release: the streams send it now)
             self.tables.add(LOCKS, lambda: locks.changes, lambda: {"queue_locks": locks.encoded()})
         if topics is not None and groups is not None:
             self.tables.add(CONFIG, lambda: topics.version + groups.version, lambda: {
@@ -222,10 +222,6 @@ class ReplicationSource:
 
     def _producer_state(self) -> bytes:
         return json.dumps(self._producers.snapshot(), separators=(",", ":")).encode() if self._producers else b""
-
-    def tables_changed(self) -> None:
-        """A table of `tables` changed (a lock grant or release: LockFile.on_change): the streams send it now."""
-        self._wake_streams()
 
     def _waits_for(self, replica: _Replica, end: int, now: float) -> bool:
         """Whether a grant or an admin change waits for `replica`: one in sync, or just connected (its first

@@ -55,8 +55,11 @@ class Replica:
         await asyncio.gather(self._task, return_exceptions=True)
 
 
-def _master(tmp_path, timeout_s: float = 5.0, config: tuple | None = None):
+def _master(tmp_path, timeout_s: float = 5.0, config: tuple | None = None, held: tuple[str, ...] = ()):
+    """A master's source with its lock table (`held`: clients holding a queue each before it serves)."""
     locks = manager(FakeClock())
+    for queue_id, client in enumerate(held):
+        locks.lock(G, client, [(Q0[0], queue_id)])
     lock_file = LockFile(tmp_path / "queueLocks.json", locks, fsync=False)
     store = SimpleNamespace(commit_log_max_offset=0, commit_log_min_offset=0, replication_chunk=lambda o, n: b"")
     source = ReplicationSource(store, broker_name="b", segment_size=1 << 20, timeout_s=timeout_s)
@@ -197,13 +200,7 @@ def test_what_the_tables_held_before_the_master_served_waits_for_no_replica(tmp_
     monkeypatch.setattr(replication, "TABLE_WAIT_S", 30.0)
 
     async def scenario():
-        locks = manager(FakeClock())
-        locks.lock(G, "c1", [Q0])  # (a restart's restored locks, a promoted replica's copy)
-        lock_file = LockFile(tmp_path / "queueLocks.json", locks, fsync=False)
-        store = SimpleNamespace(commit_log_max_offset=0, commit_log_min_offset=0, replication_chunk=lambda o, n: b"")
-        source = ReplicationSource(store, broker_name="b", segment_size=1 << 20, timeout_s=5.0)
-        source.follow(SimpleNamespace(listeners=[], snapshot=dict),
-                      SimpleNamespace(listeners=[], table=lambda **kw: ({}, {})), lock_file)
+        _, _, source = _master(tmp_path, held=("c1",))  # (a restart's restored locks, a promoted replica's copy)
         replica = Replica(source)
         assert _holders(await replica.next_chunk()) == ["c1"]  # not answered: the replica is busy connecting
         # A request answered now (a replica's own hand-back as it connects) changed nothing: it waits for nobody.

@@ -82,7 +82,7 @@ endef
 # editable install compiles nothing, so every broker, client and CLI process the suite starts compiled the
 # modules again (importing the broker and the CLI: 0.45-0.7 s uncompiled, 0.31-0.33 s compiled, here).
 # For the same reason each pytest worker rewrote the asserts of every test module (tools/rewrite_cache.py
-# writes pytest's cache of them once: a worker's collection 8.4 s -> 3.2 s).
+# writes pytest's cache of them once: a worker's collection 8.4 s -> about 3 s).
 test:
 	@$(MAKE) --no-print-directory test-tools & tools=$$!; $(MAKE) --no-print-directory setup; \
 		setup=$$?; wait $$tools && [ $$setup = 0 ]

@@ -167,11 +167,10 @@ class ReplicaSync:
         # Whether they are kept current now: the running stream brought the master's whole table (its first
         # chunk does) and brings every change since. Not while the stream is down: the master, or the same
         # master restarted under a new epoch, may take commits this copy never sees.
-        self.offsets_streamed = False
         # Whether the running stream brings the master's queue lock table, and its topics and groups (a master
         # older than those fields sends them with the metadata only): the mirror's copy, taken a moment
         # earlier, is then not kept.
-        self.locks_streamed = self.config_streamed = False
+        self.offsets_streamed = self.locks_streamed = self.config_streamed = False
         self._monotonic = monotonic
         self._last_chunk_at = monotonic()  # when the master's last chunk came (offsets_current)
 
@@ -179,6 +178,10 @@ class ReplicaSync:
     def offsets_current(self) -> bool:
         """Whether the offsets here are the master's as of a few heartbeats ago at most (copy_is_current says why)."""
         return copy_is_current(self.offsets_streamed, self._last_chunk_at, self._monotonic())
+
+    def _stream_ended(self) -> None:
+        """No stream runs (it broke, or the master changed): nothing here is kept current by one."""
+        self.offsets_streamed = self.locks_streamed = self.config_streamed = False
 
     @property
     def lag_bytes(self) -> int:
@@ -206,7 +209,7 @@ class ReplicaSync:
         log.warning("following a new master: %s (was %s)", master, self.master, event="replica_follows",
                     master=master)
         self.master, self.offsets_copied = master, False
-        self.offsets_streamed = self.locks_streamed = self.config_streamed = False
+        self._stream_ended()
         await cancel_and_wait(self._task)
         old, self._channel = self._channel, tls.peer_channel(master, self._tls_ca_file, _MASTER_CHANNEL_OPTIONS)
         self._stub = replication_pb2_grpc.ReplicationServiceStub(self._channel)
@@ -237,7 +240,8 @@ class ReplicaSync:
             except Exception:
                 log.exception("replication failed", event="replication_failed", master=self.master)
             retry_s = next_retry_s(retry_s, self.connected)
-            self.connected = self.offsets_streamed = self.locks_streamed = self.config_streamed = False
+            self.connected = False
+            self._stream_ended()
             await asyncio.sleep(retry_s)
             await self._channel.channel_ready()  # the master reachable again (the channel's backoff paces it)
 

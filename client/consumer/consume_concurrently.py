@@ -130,6 +130,8 @@ class ConsumeMessageConcurrentlyService:
     # -- loop side ---------------------------------------------------------------------------
 
     def submit(self, lease: QueueLease, msgs: list[MessageExt]) -> None:
+        if not lease.active:
+            return  # draining or ended: left in the ProcessQueue, the final commit stops before them
         size = self._batch_size
         batches = [msgs[i:i + size] for i in range(0, len(msgs), size)] if size < len(msgs) else [msgs]
         lease.running += len(batches)
@@ -223,7 +225,12 @@ class ConsumeMessageConcurrentlyService:
     # -- consume threads ---------------------------------------------------------------------
 
     def _consume(self, lease: QueueLease, batch: list[MessageExt]):
-        if not lease.active or self._suspended():
+        # A draining lease still runs what was handed out before the drain: batches run concurrently, so one
+        # not started yet may lie before a later one already consumed, and skipping it left a gap: the final
+        # commit stops at the skipped message and the next owner consumed the later ones again (a thread that
+        # had taken a batch and lost the CPU before this check while another ran the rest of the frame:
+        # test_consumer_groups' handover, 12 duplicates once in a full suite). An ended lease counts nothing.
+        if not lease.counts or self._suspended():
             return partial(self._done, lease, batch, SKIPPED, None)
         context = ConsumeConcurrentlyContext(message_queue=lease.mq)
         view = [for_listener(m) for m in batch] if is_retry_topic(lease.mq.topic) else batch

@@ -8,7 +8,9 @@ immutable except for its status, which only moves forward:
        \\______________/
 
 ACTIVE: records are fetched and handed to the listener. DRAINING: the queue
-moves away; no new batch starts, batches already running finish and still
+moves away; nothing more is handed to the listener threads, and the batches
+handed to them already run (concurrent consumption: those not started too,
+or a skipped one could leave a gap below batches consumed after it) and still
 count. ENDED: nothing done under this lease counts any more (results of late
 batches are dropped: the next owner, or the next lease, reads them again).
 
@@ -65,7 +67,7 @@ class QueueLease:
 
     @property
     def active(self) -> bool:
-        """New batches may start (checked by consume threads right before calling the listener)."""
+        """New batches may be handed to the listener (an orderly queue's threads check it before each batch)."""
         return self.status is LeaseStatus.ACTIVE
 
     @property

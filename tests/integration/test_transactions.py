@@ -202,7 +202,9 @@ def test_a_half_retried_after_a_check_committed_its_first_copy_is_not_stored_aga
     checks = Checks(COMMIT)
     with producer(fast_broker, checks) as p:
         result = p.send_message_in_transaction(Message("Orders", b"once", keys="o-1"), lambda m, a: COMMIT)
-        assert result.local_transaction_state is COMMIT and len(calls) == 2 and checks.asked == ["o-1"]
+        # (Checked at least once, the first copy: a check whose answer takes longer than the 300 ms interval, on
+        # a loaded machine, is asked again, as RocketMQ asks about an open half every interval until it ends.)
+        assert result.local_transaction_state is COMMIT and len(calls) == 2 and set(checks.asked) == {"o-1"}
         assert not open_halves(fast_broker.address)
     assert visible(fast_broker.address, "Orders") == [b"once"]
     # A new transaction that reuses the message id (another body) is a new one, stored and committed.

@@ -140,8 +140,7 @@ class ConsumeMessageConcurrentlyService:
     def resume(self) -> None:
         held, self._held = self._held, []
         for lease, batch in held:
-            if lease.active:
-                self.submit(lease, batch)
+            self.submit(lease, batch)  # (one whose queue moved away meanwhile is left to its next owner)
 
     async def shutdown(self) -> None:
         self._held.clear()
@@ -219,8 +218,7 @@ class ConsumeMessageConcurrentlyService:
             self.apply_finished()
         if keep:
             await asyncio.sleep(self._local_retry_delay_s)
-            if lease.active:
-                self.submit(lease, keep)
+            self.submit(lease, keep)
 
     # -- consume threads ---------------------------------------------------------------------
 

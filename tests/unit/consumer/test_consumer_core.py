@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from consumer_testlib import MQ, FakeFetcher, FakeSendBack, FakeStore, lease, msg
 
 from tidemark.client.consumer import consume_pool
 from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
@@ -24,21 +25,9 @@ from tidemark.client.message import (
     ConsumeOrderlyStatus,
     MessageExt,
     MessageModel,
-    MessageQueue,
 )
 from tidemark.client.settings import PullConsumerSettings, PushConsumerSettings, build
 from tidemark.common.scheduler import Scheduler
-
-MQ = MessageQueue("T", "broker-a", 0)
-
-
-def msg(offset: int, body: bytes = b"x") -> MessageExt:
-    return MessageExt("T", "broker-a", 0, offset, f"id{offset}", body, store_size=10)
-
-
-def lease(start: int = 0, epoch: int | None = 7) -> QueueLease:
-    return QueueLease(MQ, client_id="c1", owner_epoch=epoch, reset_generation=0, start_offset=start)
-
 
 # -- queue states and leases ------------------------------------------------------------------
 
@@ -99,32 +88,6 @@ def test_wait_idle_keeps_waiting_when_a_batch_finishes_and_another_starts_in_one
 
 
 # -- listener results -------------------------------------------------------------------------
-
-
-class FakeFetcher:
-    def __init__(self) -> None:
-        self.granted: list[tuple[int, int]] = []
-
-    def grant(self, lease, messages: int, nbytes: int) -> None:
-        self.granted.append((messages, nbytes))
-
-
-class FakeSendBack:
-    def __init__(self, ok: bool = True) -> None:
-        self.ok = ok
-        self.sent: list[int] = []
-
-    async def send_back(self, m: MessageExt, delay_level: int = 0) -> bool:
-        self.sent.append(m.queue_offset)
-        return self.ok
-
-
-class FakeStore:
-    def __init__(self) -> None:
-        self.offsets: list[int] = []
-
-    def update_offset(self, mq, offset: int, increase_only: bool) -> None:
-        self.offsets.append(offset)
 
 
 def consume(listener, msgs: list[MessageExt], *, suspended=False, le: QueueLease | None = None,

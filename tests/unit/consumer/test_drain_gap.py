@@ -12,31 +12,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from consumer_testlib import FakeFetcher, FakeStore, lease, msg
 
 from tidemark.client.consumer.consume_concurrently import ConsumeMessageConcurrentlyService
 from tidemark.client.consumer.consume_pool import ConsumeThreadPool
-from tidemark.client.consumer.lease import QueueLease
-from tidemark.client.message import ConsumeConcurrentlyStatus, MessageExt, MessageQueue
+from tidemark.client.message import ConsumeConcurrentlyStatus
 from tidemark.client.settings import PushConsumerSettings
-
-MQ = MessageQueue("T", "broker-a", 0)
-
-
-class _Store:
-    def __init__(self) -> None:
-        self.offsets: list[int] = []
-
-    def update_offset(self, mq, offset: int, increase_only: bool) -> None:
-        self.offsets.append(offset)
-
-
-class _Fetcher:
-    def grant(self, lease, messages: int, nbytes: int) -> None:
-        pass
-
-
-def _msg(offset: int) -> MessageExt:
-    return MessageExt("T", "broker-a", 0, offset, f"id{offset}", b"x", store_size=10)
 
 
 @pytest.fixture
@@ -46,7 +27,7 @@ def loop():
     loop.close()
 
 
-def _service(consumed: list[int], store: _Store, loop) -> ConsumeMessageConcurrentlyService:
+def _service(consumed: list[int], store: FakeStore, loop) -> ConsumeMessageConcurrentlyService:
     def listener(msgs, ctx):
         consumed.extend(m.queue_offset for m in msgs)
         return ConsumeConcurrentlyStatus.CONSUME_SUCCESS
@@ -54,31 +35,31 @@ def _service(consumed: list[int], store: _Store, loop) -> ConsumeMessageConcurre
     pool = ConsumeThreadPool(max_threads=1, name="t", loop=loop)
     return ConsumeMessageConcurrentlyService(
         listener=listener, settings=PushConsumerSettings(group="g"), pool=pool, offset_store=store,
-        send_back=None, fetcher=_Fetcher(), clustering=True, suspended=lambda: False)
+        send_back=None, fetcher=FakeFetcher(), clustering=True, suspended=lambda: False)
 
 
 def test_a_batch_handed_out_before_the_drain_runs_even_if_it_starts_after_a_later_one_finished(loop):
-    consumed, store = [], _Store()
+    consumed, store = [], FakeStore()
     service = _service(consumed, store, loop)
-    lease = QueueLease(MQ, client_id="c1", owner_epoch=7, reset_generation=0, start_offset=0)
-    msgs = [_msg(0), _msg(1), _msg(2)]
-    lease.pq.put_messages(msgs)
-    lease.running += 3  # handed to the pool, a batch each (as submit does)
-    service._consume(lease, [msgs[0]])()  # (each returns its completion, which the loop runs)
-    service._consume(lease, [msgs[2]])()
-    lease.drain()  # the rebalance: the queue goes to another member
-    service._consume(lease, [msgs[1]])()  # the thread that took it before the drain gets the CPU back
+    le = lease()
+    msgs = [msg(0), msg(1), msg(2)]
+    le.pq.put_messages(msgs)
+    le.running += 3  # handed to the pool, a batch each (as submit does)
+    service._consume(le, [msgs[0]])()  # (each returns its completion, which the loop runs)
+    service._consume(le, [msgs[2]])()
+    le.drain()  # the rebalance: the queue goes to another member
+    service._consume(le, [msgs[1]])()  # the thread that took it before the drain gets the CPU back
     service.apply_finished()
     assert consumed == [0, 2, 1]
-    assert store.offsets[-1] == 3 and lease.running == 0  # the final commit covers all three: nothing read twice
+    assert store.offsets[-1] == 3 and le.running == 0  # the final commit covers all three: nothing read twice
 
 
 def test_a_frame_that_arrives_while_draining_is_left_to_the_next_owner(loop):
-    consumed, store = [], _Store()
+    consumed, store = [], FakeStore()
     service = _service(consumed, store, loop)
-    lease = QueueLease(MQ, client_id="c1", owner_epoch=7, reset_generation=0, start_offset=0)
-    lease.drain()
-    msgs = [_msg(0), _msg(1)]
-    lease.pq.put_messages(msgs)
-    service.submit(lease, msgs)  # (a frame already on its way when the fetcher stopped the queue)
-    assert lease.running == 0 and consumed == [] and lease.pq.msg_count == 2  # the final commit stops before it
+    le = lease()
+    le.drain()
+    msgs = [msg(0), msg(1)]
+    le.pq.put_messages(msgs)
+    service.submit(le, msgs)  # (a frame already on its way when the fetcher stopped the queue)
+    assert le.running == 0 and consumed == [] and le.pq.msg_count == 2  # the final commit stops before it

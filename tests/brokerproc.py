@@ -1,7 +1,9 @@
 """Start real Tidemark broker processes for tests: temp data dir, free port on 127.0.0.1.
 
 Children are started through bench.procs.orphan_safe (PR_SET_PDEATHSIG set in a launcher, never in
-a preexec_fn), so a broker never outlives the test run.
+a preexec_fn), so a broker never outlives the test run. A broker whose command is this Python running
+the broker module is forked from the worker's fork server instead (tests/forkserver.py: the same
+broker in a process of its own, without importing it again), unless its environment says otherwise.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import grpc
 from grpc_health.v1 import health_pb2_grpc
 
@@ -149,7 +152,7 @@ class BrokerProcess(ChildProcess):
         self.env = env or {}
         self.host = host
         self.launch = tuple(launch)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | forkserver.ForkedProcess | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-{broker_name}.log"
 
     @property
@@ -164,10 +167,13 @@ class BrokerProcess(ChildProcess):
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        log = open(self.log_path, "ab")
         env = {**os.environ, **self.env}
-        self.proc = subprocess.Popen(orphan_safe(self.command()), stdout=log, stderr=subprocess.STDOUT, env=env)
-        log.close()
+        command = self.command()
+        with open(self.log_path, "ab") as log:
+            if forkserver.forkable(command, env):
+                self.proc = forkserver.start(command, env=env, log=self.log_path)
+            else:
+                self.proc = subprocess.Popen(orphan_safe(command), stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_bytes()[offset:].decode("utf-8", "replace")

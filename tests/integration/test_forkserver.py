@@ -22,10 +22,13 @@ from workload import wait_until
 from tidemark.client import Admin
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the fork server needs pidfd_open (Linux)")
+forking = pytest.mark.skipif(os.environ.get("TIDEMARK_TEST_EXEC_BROKERS") == "1",
+                             reason="TIDEMARK_TEST_EXEC_BROKERS=1: every broker is exec'd")
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@forking
 def test_a_forked_broker_serves_stops_with_0_and_dies_by_sigkill_with_minus_9(tmp_path):
     broker = BrokerProcess(tmp_path / "data").start()
     assert isinstance(broker.proc, forkserver.ForkedProcess)
@@ -43,6 +46,7 @@ def test_a_forked_broker_serves_stops_with_0_and_dies_by_sigkill_with_minus_9(tm
         os.kill(proc.pid, 0)  # reaped by the server
 
 
+@forking
 def test_a_forked_broker_refuses_bad_arguments_and_environment_with_exit_2(tmp_path):
     broker = BrokerProcess(tmp_path / "data", args=("--flush", "sometimes"))
     with pytest.raises(RuntimeError, match="exited with 2") as refused:
@@ -56,6 +60,7 @@ def test_a_forked_broker_refuses_bad_arguments_and_environment_with_exit_2(tmp_p
     broker.start().stop()  # the next child has only the environment it is given
 
 
+@forking
 def test_a_broker_whose_environment_changes_the_interpreter_is_execd(tmp_path):
     broker = BrokerProcess(tmp_path / "data", env={"PYTHONFAULTHANDLER": "1"}).start()
     try:
@@ -65,6 +70,7 @@ def test_a_broker_whose_environment_changes_the_interpreter_is_execd(tmp_path):
         assert broker.stop() == 0
 
 
+@forking
 def test_forked_brokers_die_with_their_server(tmp_path):
     server = forkserver.ForkServer()  # a server of this test's own: the worker's serves other tests' brokers
     broker = BrokerProcess(tmp_path / "data")

@@ -21,6 +21,11 @@ as RocketMQ 5's controller (DLedger) and Kafka's KRaft decide for theirs. Under
   is acknowledged once `min_sync_replicas` replicas hold it, so with more replicas than that an in-sync
   one may lack the newest acknowledged records: of the live candidates, the one whose log goes furthest
   takes over (ties: the lowest id), and the others wait for it (at most a lease: it may have died).
+  A candidate also waits for every other broker of the in-sync set but the last master to stand (at most
+  a lease: it may be down with the master), so one that stands late, its process or etcd slow, is still
+  compared: a first look after a fixed window let a shorter log win on a loaded machine.
+- `last_master`: the id of the broker that last took `master` (a plain key), which the candidates do not
+  wait for: it is the one that went (or, fenced and back, lets the others go first: controller_mode.py).
 
 A master stops writing before etcd can let another take over: etcd expires a lease TTL after the last
 renewal it received, which is after the renewal was sent, so a master that has not had a renewal
@@ -103,6 +108,7 @@ class View:
     in_sync: frozenset[int]
     epoch_revision: int  # mod revision of the epoch key (0: absent), for the next compare-and-swap
     handover: Handover | None = None  # a planned switchover's successor, until it takes over
+    last_master: int | None = None  # who took `master` last (None: nobody yet, or written before the key was)
 
 
 def parse_controller(url: str) -> list[tuple[str, int]]:
@@ -131,8 +137,8 @@ class Election:
         prefix = f"/tidemark/{cluster}/{broker_name}/"
         self.prefix = prefix.encode()  # the broker name's keys (switchover.py keeps its request here too)
         self._candidates = (prefix + "candidates/").encode()
-        self._master_key, self._epoch_key, self._in_sync_key, self._handover_key = (
-            (prefix + name).encode() for name in ("master", "epoch", "in_sync", "handover"))
+        self._master_key, self._epoch_key, self._in_sync_key, self._handover_key, self._last_master_key = (
+            (prefix + name).encode() for name in ("master", "epoch", "in_sync", "handover", "last_master"))
         self.broker_id = broker_id
         self.address = address
         self.ttl_s = ttl_s
@@ -141,13 +147,14 @@ class Election:
         self.won: Master | None = None
 
     async def view(self) -> View:
-        keys = (self._master_key, self._epoch_key, self._in_sync_key, self._handover_key)
-        ok, (master, epoch, in_sync, handover) = await self._client.transaction(
+        keys = (self._master_key, self._epoch_key, self._in_sync_key, self._handover_key, self._last_master_key)
+        ok, (master, epoch, in_sync, handover, last_master) = await self._client.transaction(
             compare=[], success=[self._client.transactions.get(key) for key in keys], failure=[])
         epoch_value, epoch_revision = (int(epoch[0][0]), epoch[0][1].mod_revision) if epoch else (0, 0)
         return View(master=Master.decode(master[0][0]) if master else None, epoch=epoch_value,
                     in_sync=frozenset(json.loads(in_sync[0][0])) if in_sync else frozenset(),
-                    epoch_revision=epoch_revision, handover=Handover.decode(handover[0][0]) if handover else None)
+                    epoch_revision=epoch_revision, handover=Handover.decode(handover[0][0]) if handover else None,
+                    last_master=int(last_master[0][0]) if last_master else None)
 
     def eligible(self, view: View) -> bool:
         """Whether this broker may take over: in the last master's in-sync set, or no election yet."""
@@ -175,9 +182,10 @@ class Election:
         return await self._take(view, epoch_floor)
 
     async def _stand(self, log_end: int, window_s: float) -> View | None:
-        """As a candidate: the view to campaign on once this broker is the best live candidate (or the
-        better ones did not take over within a lease), None once someone took the key or this broker may
-        not (any more). The others have `window_s` to stand before the first look."""
+        """As a candidate: the view to campaign on once this broker is the best live candidate and every
+        other broker of the in-sync set but the last master stood (or, within a lease, the better ones did
+        not take over or the others did not stand), None once someone took the key or this broker may not
+        (any more). The others have `window_s` to stand before the first look."""
         lease = await self._client.lease(self.ttl_s)
         try:
             await self._client.put(self._candidates + str(self.broker_id).encode(),
@@ -189,27 +197,31 @@ class Election:
                 view = await self.view()
                 if view.master is not None or not self.eligible(view):
                     return None
-                ahead = [c for c in await self._rivals(view) if c > (log_end, -self.broker_id)]
-                if not ahead:
+                rivals = await self._rivals(view)
+                ahead = [i for i, end in rivals.items() if (end, -i) > (log_end, -self.broker_id)]
+                # Before the first election nobody knows who else there is: the window alone decides.
+                missing = view.in_sync - rivals.keys() - {self.broker_id, view.last_master} if view.epoch else ()
+                if not ahead and not missing:
                     return view
                 if self._clock() > deadline:
-                    log.warning("candidates with a longer log did not take over within a lease: campaigning",
-                                event="candidate_overdue", broker_id=self.broker_id)
+                    log.warning("candidates with a longer log did not take over, or brokers in sync did not "
+                                "stand, within a lease: campaigning", event="candidate_overdue",
+                                broker_id=self.broker_id, ahead=sorted(ahead), missing=sorted(missing))
                     return view
         finally:
             await self._revoke(lease.id)
 
-    async def _rivals(self, view: View) -> list[tuple[int, int]]:
-        """(log end, -id) of every live candidate that may take over."""
-        out = []
+    async def _rivals(self, view: View) -> dict[int, int]:
+        """Every other live candidate that may take over: broker id -> where its log ends."""
+        out = {}
         for kv in await self._client.get_prefix(self._candidates):
             try:
                 broker_id = int(kv.key[len(self._candidates):])
                 end = int(json.loads(kv.value)["log_end"])
             except (ValueError, KeyError, TypeError):
                 continue
-            if view.epoch == 0 or broker_id in view.in_sync:
-                out.append((end, -broker_id))
+            if broker_id != self.broker_id and (view.epoch == 0 or broker_id in view.in_sync):
+                out[broker_id] = end
         return out
 
     async def _take(self, view: View, epoch_floor: int) -> Master | None:
@@ -226,7 +238,8 @@ class Election:
             compare=[t.create(self._master_key) == 0, t.mod(self._epoch_key) == view.epoch_revision, *handover[0]],
             success=[t.put(self._epoch_key, str(me.epoch).encode()),
                      t.put(self._master_key, me.encode(), lease=lease.id),
-                     t.put(self._in_sync_key, json.dumps([self.broker_id]).encode()), *handover[1]], failure=[])
+                     t.put(self._in_sync_key, json.dumps([self.broker_id]).encode()),
+                     t.put(self._last_master_key, str(self.broker_id).encode()), *handover[1]], failure=[])
         if not won:
             await self._revoke(lease.id)
             return None

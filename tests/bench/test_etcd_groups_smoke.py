@@ -18,7 +18,7 @@ def test_smoke_run_counts_keys_watchers_renewals_and_takeovers(tmp_path, capsys)
                              "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result == json.loads(capsys.readouterr().out)
-    assert result["keys"] == 3 * 3  # master, epoch and in_sync per group
+    assert result["keys"] == 3 * 4  # master, epoch, in_sync and last_master per group
     assert result["watchers"] == 3 * 2  # one per replica
     assert result["per_second"]["renewals"] > 0 and result["per_second"]["puts"] == 0
     assert result["takeovers"] == 2 and 0 < result["all_taken_over_s"] < 10

@@ -17,7 +17,7 @@ again: the interpreter, its flags and the modules imported. So:
   linker, OpenBLAS) are exec'd as before (`forkable`); `TIDEMARK_TEST_EXEC_BROKERS=1` exec's every one;
 - variables the broker's imports set (setdefault) are set again in the child unless its environment has
   them, and modules that read the environment when imported (ENV_AT_IMPORT) are imported again there
-  (tests/unit/test_forkserver_env.py keeps that list complete);
+  (tests/integration/test_forkserver.py keeps that list complete);
 - the child dies with the server (PR_SET_PDEATHSIG), as the server dies with the worker (orphan_safe).
 
 Protocol: JSON lines; the worker writes {"id", "argv", "env", "cwd", "log"} to the server's stdin, the

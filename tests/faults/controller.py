@@ -244,8 +244,8 @@ def takeovers(fault: str, events: list[Event], nemesis_log: list[str], *, window
             worst.append(max(r for _, r in per_group if r is not None))
     seen: dict[str, set[str]] = {}
     redelivered: dict[str, int] = {}
-    for e in events:
-        if e.kind is Kind.DELIVER and e.group:
+    for e in events:  # (a listener call is recorded as its invoke and its end: one delivery, counted at its end)
+        if e.kind is Kind.DELIVER and e.group and e.phase is not Phase.INVOKE:
             got = seen.setdefault(e.group, set())
             if e.value in got:
                 redelivered[e.group] = redelivered.get(e.group, 0) + 1

@@ -42,6 +42,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from . import history
 from .history import Event, Kind, Phase, QueueKey
 
 __all__ = ["Expect", "Report", "check"]
@@ -182,7 +183,7 @@ def check(events: Iterable[Event], stored: Mapping[QueueKey, Sequence[tuple[int,
                 fail = next(e for e in outcome.values() if e.value == value and e.phase is Phase.FAIL)
                 report.refused_stored.add(f"{value} refused ({fail.error}) but stored at {_where(where[value])}")
 
-    deliveries = [e for e in events if e.kind is Kind.DELIVER and e.phase is not Phase.INVOKE]
+    deliveries = history.deliveries(events)
     report.delivered = len(deliveries)
     for e in deliveries:
         if e.value not in invoked:

@@ -32,6 +32,7 @@ from tidemark.broker.cluster.election import Election, parse_controller
 from tidemark.broker.cluster.etcd_members import EtcdMembers
 from tidemark.client import Admin, TidemarkError
 
+from . import history
 from .history import Event, Kind, Phase
 from .nemesis import Fault
 from .run import Node, Outcome, Run
@@ -244,8 +245,8 @@ def takeovers(fault: str, events: list[Event], nemesis_log: list[str], *, window
             worst.append(max(r for _, r in per_group if r is not None))
     seen: dict[str, set[str]] = {}
     redelivered: dict[str, int] = {}
-    for e in events:  # (a listener call is recorded as its invoke and its end: one delivery, counted at its end)
-        if e.kind is Kind.DELIVER and e.group and e.phase is not Phase.INVOKE:
+    for e in history.deliveries(events):
+        if e.group:
             got = seen.setdefault(e.group, set())
             if e.value in got:
                 redelivered[e.group] = redelivered.get(e.group, 0) + 1

@@ -82,6 +82,12 @@ class Event:
         return cls(**doc)
 
 
+def deliveries(events: list[Event]) -> list[Event]:
+    """One event per delivery: its end (OK, or FAIL when the listener failed). An orderly listener's call is
+    also recorded at its start (`History.call_started`, Phase.INVOKE), which is not another delivery."""
+    return [e for e in events if e.kind is Kind.DELIVER and e.phase is not Phase.INVOKE]
+
+
 class History:
     """An append-only, thread-safe list of events with times relative to its creation."""
 

@@ -83,8 +83,9 @@ endef
 # modules again (importing the broker and the CLI: 0.45-0.7 s uncompiled, 0.31-0.33 s compiled, here).
 # For the same reason each pytest worker rewrote the asserts of every test module (tools/rewrite_cache.py
 # writes pytest's cache of them once: a worker's collection 8.4 s -> about 3 s).
-# The brokers the tests start (about 550) are forked from one process per worker that imported the broker
-# once (tests/forkserver.py): 0.1 s of CPU a broker instead of 0.5; TIDEMARK_TEST_EXEC_BROKERS=1 exec's them.
+# The brokers the tests start (about 550) and their CLI runs (about 270) are forked from one process per
+# worker that imported the broker and the CLI once (tests/forkserver.py): 0.1 s of CPU a broker instead of
+# 0.5; TIDEMARK_TEST_EXEC=1 exec's them.
 test:
 	@$(MAKE) --no-print-directory test-tools & tools=$$!; $(MAKE) --no-print-directory setup; \
 		setup=$$?; wait $$tools && [ $$setup = 0 ]

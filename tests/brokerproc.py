@@ -204,7 +204,7 @@ class NamesrvProcess(ChildProcess):
         self.args = tuple(args)
         self.host = host
         self.launch = tuple(launch)
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen | forkserver.ForkedProcess | None = None
         self.log_path = Path(log_dir) / f"namesrv-{self.port}.log"
 
     @property
@@ -214,11 +214,14 @@ class NamesrvProcess(ChildProcess):
     def start(self, timeout: float = 30.0) -> NamesrvProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        host = ("--host", self.host) if self.host != "127.0.0.1" else ()
+        command = [*self.launch, sys.executable, "-m", "tidemark.broker.namesrv.server", "--port", str(self.port),
+                   *host, *self.args]
         with open(self.log_path, "ab") as log:
-            host = ("--host", self.host) if self.host != "127.0.0.1" else ()
-            self.proc = subprocess.Popen(orphan_safe([*self.launch, sys.executable, "-m", "tidemark.broker.namesrv.server",
-                                                      "--port", str(self.port), *host, *self.args]),
-                                         stdout=log, stderr=subprocess.STDOUT)
+            if forkserver.forkable(command):
+                self.proc = forkserver.start(command, env=dict(os.environ), log=self.log_path)
+            else:
+                self.proc = subprocess.Popen(orphan_safe(command), stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_bytes()[offset:].decode("utf-8", "replace")

@@ -1,27 +1,34 @@
-"""A fork server for the tests' brokers: one Python process per pytest worker that imports the broker
-once and forks each broker process the worker starts from there (BrokerProcess.start).
+"""A fork server for the tests' brokers and CLI runs: one Python process per pytest worker that imports the
+broker and the CLI once and forks from there each broker and name server the worker starts
+(BrokerProcess.start, NamesrvProcess.start) and each `python -m tidemark.client.cli.main` it runs to
+completion (`run`, for `subprocess.run`).
 
 Why. A broker started as `python -m tidemark.broker.app` spends most of its start importing: start to
 `broker ready` and a graceful stop took 501 ms of CPU (372 ms to ready) exec'd and 109 ms (64 ms to
 ready) forked from an interpreter that had imported the broker already (8 in a row on the 2-core
 machine). The suite starts about 550 brokers, and its wall time is its CPU: processes accounting of one
-run put a third of the suite's CPU on broker processes.
+run put a third of the suite's CPU on broker processes. A CLI run is the same story: about 330 ms of CPU
+exec'd, almost all of it imports, and the suite makes about 270 of them.
 
-What a forked broker is. The broker's own `main(argv)` in a process of its own, with the environment,
-working directory, log file and arguments the test gave it, signalled, paused and killed by its pid as
-an exec'd one is; its parent is this server, which reaps it and reports its exit code (`Popen`'s: a
-negative signal number for a signal). What it shares with the server is what exec would have made
-again: the interpreter, its flags and the modules imported. So:
-- a command that is not this Python running the broker module (a `launch` prefix, a wrapper) and an
-  environment that changes what the interpreter reads at its own start (PYTHON*, the allocator, the
-  linker, OpenBLAS) are exec'd as before (`forkable`); `TIDEMARK_TEST_EXEC_BROKERS=1` exec's every one;
-- variables the broker's imports set (setdefault) are set again in the child unless its environment has
+What a forked process is. The module's own `main(argv)` (the broker's, the name server's or the CLI's)
+in a process of its own, with the environment, working directory, standard streams and arguments the
+test gave it, signalled, paused and killed by its pid as an exec'd one is; its parent is this server,
+which reaps it and reports its exit code (`Popen`'s: a negative signal number for a signal). A CLI run's
+output goes to files the worker reads once it has exited (so `run` is `subprocess.run` with
+`capture_output`, not a `Popen` with pipes to read while it runs). What it shares with the server is what
+exec would have made again: the interpreter, its flags and the modules imported. So:
+- a command that is not this Python running one of MODULES (a `launch` prefix, a wrapper) and an
+  environment that changes what the interpreter reads at its own start (PYTHON*, the locale, the
+  allocator, the linker, OpenBLAS) are exec'd as before (`forkable`); `TIDEMARK_TEST_EXEC=1` exec's
+  every one;
+- variables the imports set (setdefault) are set again in the child unless its environment has
   them, and modules that read the environment when imported (ENV_AT_IMPORT) are imported again there
   (tests/integration/test_forkserver.py keeps that list complete);
 - the child dies with the server (PR_SET_PDEATHSIG), as the server dies with the worker (orphan_safe).
 
-Protocol: JSON lines; the worker writes {"id", "argv", "env", "cwd", "log"} to the server's stdin, the
-server answers {"id", "pid"} (or {"id", "error"}) and later {"exit": pid, "code": code} on its stdout.
+Protocol: JSON lines; the worker writes {"id", "module", "argv", "env", "cwd", "stdin", "stdout",
+"stderr"} (the streams as paths, the output ones appended to) to the server's stdin, the server answers
+{"id", "pid"} (or {"id", "error"}) and later {"exit": pid, "code": code} on its stdout.
 """
 
 from __future__ import annotations
@@ -31,21 +38,28 @@ import ctypes
 import importlib
 import itertools
 import json
+import locale
 import os
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import traceback
 from pathlib import Path
 
 BROKER_MODULE = "tidemark.broker.app"
+NAMESRV_MODULE = "tidemark.broker.namesrv.server"
+CLI_MODULE = "tidemark.client.cli.main"
+MODULES = (BROKER_MODULE, NAMESRV_MODULE, CLI_MODULE)  # the `python -m` modules forked; each has main(argv) -> exit code
+# What the server imports once: MODULES and what their commands import when they run.
+PRELOAD = (*MODULES, "tidemark.broker.server", "tidemark.client")
 # Modules whose top level reads the environment: imported again in each child, after its environment is set.
 ENV_AT_IMPORT = ("tidemark.broker.faults",)
-# What the interpreter, the C allocator, the dynamic linker or OpenBLAS read when the process starts: a
-# broker whose environment differs from the server's there is exec'd.
-STARTUP_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "GLIBC_", "OPENBLAS_")
+# What the interpreter, the locale, the C allocator, the dynamic linker or OpenBLAS read when the process
+# starts: a command whose environment differs from the server's there is exec'd.
+STARTUP_PREFIXES = ("PYTHON", "LANG", "LC_", "LD_", "MALLOC_", "GLIBC_", "OPENBLAS_")
 PR_SET_PDEATHSIG = 1
 
 
@@ -53,8 +67,8 @@ PR_SET_PDEATHSIG = 1
 
 def serve() -> None:
     before = dict(os.environ)
-    import tidemark.broker.app  # noqa: F401  the broker's modules, once
-    import tidemark.broker.server  # noqa: F401
+    for name in PRELOAD:
+        importlib.import_module(name)
     set_by_imports = {k: v for k, v in os.environ.items() if k not in before}
     waiting: dict[int, int] = {}  # pidfd -> pid of a child not yet reaped
     me = os.getpid()
@@ -95,7 +109,7 @@ def _send(message: dict) -> None:
 
 
 def _child(request: dict, set_by_imports: dict[str, str], *, server: int, close: list[int]) -> None:
-    """The forked broker: never returns."""
+    """The forked process: never returns."""
     code = 1
     try:
         ctypes.CDLL("libc.so.6").prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -103,13 +117,15 @@ def _child(request: dict, set_by_imports: dict[str, str], *, server: int, close:
             os._exit(1)  # the server died between the fork and the prctl
         for fd in close:
             os.close(fd)
-        null = os.open(os.devnull, os.O_RDONLY)
-        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.close(null)
-        os.close(log)
+        opened: dict[str, int] = {}
+        for fd, name in enumerate(("stdin", "stdout", "stderr")):
+            path = request[name]
+            if path not in opened:
+                flags = os.O_RDONLY if fd == 0 else os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                opened[path] = os.open(path, flags, 0o644)
+            os.dup2(opened[path], fd)
+        for fd in opened.values():
+            os.close(fd)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -118,9 +134,9 @@ def _child(request: dict, set_by_imports: dict[str, str], *, server: int, close:
         for name in ENV_AT_IMPORT:
             importlib.reload(sys.modules[name])
         sys.path[0] = os.getcwd()  # as `python -m` has it
-        app = sys.modules[BROKER_MODULE]
-        sys.argv = [app.__file__, *request["argv"]]
-        code = app.main(request["argv"])
+        module = sys.modules[request["module"]]
+        sys.argv = [module.__file__, *request["argv"]]
+        code = module.main(request["argv"])
     except SystemExit as e:  # argparse's refusals, sys.exit()
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if isinstance(e.code, str):
@@ -141,7 +157,7 @@ def _child(request: dict, set_by_imports: dict[str, str], *, server: int, close:
 # ---- the worker's side ----
 
 class ForkedProcess:
-    """A broker forked by the server, with the part of `subprocess.Popen` the tests use: pid, returncode,
+    """A process forked by the server, with the part of `subprocess.Popen` the tests use: pid, returncode,
     poll, wait, send_signal, terminate, kill."""
 
     def __init__(self, pid: int, args: list[str]) -> None:
@@ -203,20 +219,24 @@ class ForkServer:
                 server = cls._current = ForkServer()
             return server
 
-    def spawn(self, argv: list[str], *, env: dict[str, str], log: Path, args: list[str]) -> ForkedProcess:
+    def spawn(self, command: list[str], *, env: dict[str, str], cwd: str | Path | None = None,
+              stdin: Path | str = os.devnull, stdout: Path, stderr: Path) -> ForkedProcess:
+        """Fork `command` (`python -m` one of MODULES, its arguments)."""
         ask = next(self._ids)
         done, answer = threading.Event(), []
         self._answers[ask] = (done, answer)
-        line = json.dumps({"id": ask, "argv": argv, "env": env, "cwd": os.getcwd(), "log": str(log)})
+        line = json.dumps({"id": ask, "module": command[2], "argv": command[3:], "env": env,
+                           "cwd": str(cwd or os.getcwd()), "stdin": str(stdin), "stdout": str(stdout),
+                           "stderr": str(stderr)})
         with self._write:
             self._proc.stdin.write(line.encode() + b"\n")
             self._proc.stdin.flush()
         if not done.wait(30):
-            raise TimeoutError("the broker fork server did not answer in 30 s")
+            raise TimeoutError("the fork server did not answer in 30 s")
         reply, child = answer
         if child is None:
-            raise OSError(f"the broker fork server could not fork: {reply['error']}")
-        child.args = args
+            raise OSError(f"the fork server could not fork: {reply['error']}")
+        child.args = command
         return child
 
     def _read(self) -> None:
@@ -242,23 +262,59 @@ class ForkServer:
             done.set()
 
 
-def forkable(command: list[str], env: dict[str, str]) -> bool:
-    """Whether this broker command may be forked from the server rather than exec'd (module docstring)."""
-    if os.environ.get("TIDEMARK_TEST_EXEC_BROKERS") == "1" or not hasattr(os, "pidfd_open"):
+def forkable(command: list[str], env: dict[str, str] | None = None) -> bool:
+    """Whether this command may be forked from the server rather than exec'd (module docstring)."""
+    if os.environ.get("TIDEMARK_TEST_EXEC") == "1" or not hasattr(os, "pidfd_open"):
         return False
-    if command[:3] != [sys.executable, "-m", BROKER_MODULE]:
+    if len(command) < 3 or command[:2] != [sys.executable, "-m"] or command[2] not in MODULES:
         return False
     base = ForkServer._current.env if ForkServer._current is not None else os.environ
 
     def startup(e) -> dict[str, str]:
         return {k: v for k, v in e.items() if k.startswith(STARTUP_PREFIXES)}
 
-    return startup(env) == startup(base)
+    return startup(os.environ if env is None else env) == startup(base)
 
 
 def start(command: list[str], *, env: dict[str, str], log: Path) -> ForkedProcess:
-    """Fork the broker `command` (forkable) with this environment, its output appended to `log`."""
-    return ForkServer.get().spawn(command[3:], env=env, log=log, args=command)
+    """Fork the server `command` (a broker or a name server; forkable) with this environment, its output
+    appended to `log`."""
+    return ForkServer.get().spawn(command, env=env, stdout=log, stderr=log)
+
+
+def run(command: list[str], *, input: bytes | str | None = None, capture_output: bool = False,
+        text: bool = False, timeout: float | None = None, cwd: str | Path | None = None,
+        env: dict[str, str] | None = None, check: bool = False) -> subprocess.CompletedProcess:
+    """`subprocess.run` with these arguments, forked from the server when the command is forkable and its
+    output captured; otherwise `subprocess.run` itself."""
+    command = [str(a) for a in command]
+    if not capture_output or not forkable(command, env):
+        return subprocess.run(command, input=input, capture_output=capture_output, text=text, timeout=timeout,
+                              cwd=cwd, env=env, check=check)
+    with tempfile.TemporaryDirectory(prefix="tidemark-run-") as scratch:
+        stdin, stdout, stderr = (Path(scratch) / name for name in ("stdin", "stdout", "stderr"))
+        stdin.write_bytes(input.encode() if isinstance(input, str) else input or b"")
+        child = ForkServer.get().spawn(command, env=dict(os.environ if env is None else env), cwd=cwd,
+                                       stdin=stdin, stdout=stdout, stderr=stderr)
+        try:
+            code = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            raise subprocess.TimeoutExpired(command, timeout, output=_read(stdout, text),
+                                            stderr=_read(stderr, text)) from None
+        done = subprocess.CompletedProcess(command, code, _read(stdout, text), _read(stderr, text))
+    if check:
+        done.check_returncode()
+    return done
+
+
+def _read(path: Path, text: bool) -> bytes | str:
+    data = path.read_bytes() if path.exists() else b""
+    if not text:
+        return data
+    # as subprocess's text mode: the locale's encoding (the child's too: forkable), universal newlines
+    return data.decode(locale.getpreferredencoding(False)).replace("\r\n", "\n").replace("\r", "\n")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import grpc
 import pytest
 from brokerproc import BrokerProcess, BrokerStubs
@@ -202,7 +203,7 @@ def replace_file(path: Path, text: str) -> None:
 
 def tidemark(*args: str, broker: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
-    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", broker],
+    return forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", broker],
                           capture_output=True, text=True, timeout=60, cwd=REPO, env={**environ, **(env or {})})
 
 
@@ -320,7 +321,7 @@ def test_user_and_acl_rpcs_are_refused_on_a_broker_without_auth(broker):
     ("acl", "frob"),
 ], ids=lambda a: " ".join(a))
 def test_cli_bad_usage_exits_2_with_one_error_line(args):
-    out = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
+    out = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
                          timeout=60, cwd=REPO)
     assert out.returncode == 2
     assert len([line for line in out.stderr.splitlines() if "error" in line]) == 1, out.stderr

@@ -11,6 +11,7 @@ from collections import defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
+import forkserver
 import pytest
 from brokerproc import BrokerProcess, free_port
 
@@ -32,7 +33,7 @@ def tidemark(*args: str, broker: str | None, timeout: float = 60,
     if broker is not None:
         cmd += ["--broker", broker]
     environ = {k: v for k, v in os.environ.items() if k != "TIDEMARK_BROKER"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**environ, **(env or {})})
+    return forkserver.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env={**environ, **(env or {})})
 
 
 def ok(*args: str, broker: str) -> str:

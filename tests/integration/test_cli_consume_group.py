@@ -7,13 +7,14 @@ import signal
 import subprocess
 import sys
 
+import forkserver
 from workload import create_topic, produce, wait_until
 
 from tidemark.client import Admin
 
 
 def run_consume(address: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "consume", *args, "--broker", address],
+    return forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "consume", *args, "--broker", address],
                           capture_output=True, text=True, timeout=timeout)
 
 

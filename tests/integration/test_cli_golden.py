@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import pytest
 from workload import create_topic, wait_until
 
@@ -62,7 +62,7 @@ def normalise(text: str) -> str:
 
 
 def tidemark(address: str, *args: str, expect: int = 0, env: dict[str, str] | None = None) -> str:
-    out = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", address],
+    out = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", address],
                          capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})})
     assert out.returncode == expect, f"tidemark {' '.join(args)} exited {out.returncode}: {out.stderr}"
     return out.stdout
@@ -223,7 +223,7 @@ BAD_USAGE = [
 
 @pytest.mark.parametrize("args", BAD_USAGE, ids=[" ".join(a) for a in BAD_USAGE])
 def test_bad_usage_is_one_line_and_exit_2(args):
-    out = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True, timeout=60)
+    out = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2
     error_lines = [line for line in out.stderr.splitlines() if line.startswith("tidemark") and "error" in line]
     assert len(error_lines) == 1, out.stderr

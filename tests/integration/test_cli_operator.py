@@ -16,6 +16,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import forkserver
 import pytest
 from brokerproc import BrokerProcess
 from workload import produce, wait_until
@@ -83,7 +84,7 @@ def fails(run, code: int, *args: str, **kw) -> str:
 def process(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     """`tidemark ARGS` as a process (TimeoutExpired when it hangs)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
-    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
+    return forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=env)
 
 

@@ -17,6 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
+import forkserver
 import pytest
 from brokerproc import BrokerProcess, free_port
 from workload import create_topic, wait_until
@@ -47,7 +48,7 @@ def tidemark(*args: str, broker: str | None, stdin: bytes | None = None,
     if broker is not None:
         cmd += ["--broker", broker]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDEMARK_")}
-    out = subprocess.run(cmd, input=stdin, capture_output=True, timeout=timeout, cwd=REPO, env=env)
+    out = forkserver.run(cmd, input=stdin, capture_output=True, timeout=timeout, cwd=REPO, env=env)
     return subprocess.CompletedProcess(out.args, out.returncode, out.stdout.decode("utf-8", "replace"),
                                        out.stderr.decode("utf-8", "replace"))
 
@@ -302,7 +303,7 @@ def test_a_down_broker_in_the_list_is_named_once_and_the_others_serve(surface_br
 
 
 def _run_broker(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "--host", "127.0.0.1",
+    return forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "--host", "127.0.0.1",
                            "--data-dir", str(tmp_path / "data"), *args],
                           capture_output=True, text=True, timeout=120, cwd=REPO)
 

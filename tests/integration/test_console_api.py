@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 
+import forkserver
 import pytest
 from brokerproc import BrokerProcess
 from workload import create_topic, produce, stored_messages, wait_until
@@ -183,7 +184,7 @@ def test_console_command_serves_until_sigterm_and_a_taken_port_is_one_line(broke
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as resp:
             assert resp.status == 200 and b"<title>Tidemark console</title>" in resp.read()
 
-        taken = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "console", "--broker", broker.address,
+        taken = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "console", "--broker", broker.address,
                                 "--port", str(port)], capture_output=True, text=True, timeout=60)
         assert taken.returncode == 1
         assert taken.stderr.strip().splitlines()[-1] == \

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 
+import forkserver
 import grpc
 import pytest
 from brokerproc import BrokerStubs, orphan_safe
@@ -31,7 +32,7 @@ def lag(address: str, group: str, topic: str) -> tuple[int, int]:
 
 
 def cli(address: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", address],
+    return forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", address],
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 
+import forkserver
 import grpc
 import pytest
 from brokerproc import BrokerStubs
@@ -200,7 +201,7 @@ def test_pop_deliveries_in_flight_survive_a_promotion(cluster):
 
 def promote(replica) -> None:
     """`tidemark broker promote` on the replica, as an operator runs it."""
-    promoted = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
+    promoted = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
                                replica.address], capture_output=True, text=True, timeout=60)
     assert promoted.returncode == 0, promoted.stderr
 

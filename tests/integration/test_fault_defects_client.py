@@ -31,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+import forkserver
 import pytest
 from brokerproc import BrokerProcess
 from faults.proxy import FaultProxy
@@ -72,7 +73,7 @@ def _no_security_env(monkeypatch):
 
 def tidemark(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {k: v for k, v in without_security_env(os.environ).items() if k != "TIDEMARK_NAMESRV"}
-    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
+    return forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=env)
 
 

@@ -1,6 +1,7 @@
 """The tests' brokers forked from the worker's fork server (tests/forkserver.py) are brokers as exec'd ones
 are: their own pid, arguments, environment and exit codes, and they die with the server; a broker whose
-environment changes the interpreter's start is exec'd. (A crash point read from the environment when
+environment changes the interpreter's start is exec'd. A CLI run forked by `forkserver.run` gives what
+`subprocess.run` gives: output, exit code, its input, its timeout. (A crash point read from the environment when
 tidemark.broker.faults is imported: tests/integration/test_transactions.py, the kill between the op record
 and the message, which starts the same broker with and without it.)"""
 
@@ -22,8 +23,8 @@ from workload import wait_until
 from tidemark.client import Admin
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="the fork server needs pidfd_open (Linux)")
-forking = pytest.mark.skipif(os.environ.get("TIDEMARK_TEST_EXEC_BROKERS") == "1",
-                             reason="TIDEMARK_TEST_EXEC_BROKERS=1: every broker is exec'd")
+forking = pytest.mark.skipif(os.environ.get("TIDEMARK_TEST_EXEC") == "1",
+                             reason="TIDEMARK_TEST_EXEC=1: every broker and CLI run is exec'd")
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,11 +76,78 @@ def test_forked_brokers_die_with_their_server(tmp_path):
     server = forkserver.ForkServer()  # a server of this test's own: the worker's serves other tests' brokers
     broker = BrokerProcess(tmp_path / "data")
     broker.data_dir.mkdir(parents=True)
-    child = server.spawn(broker.command()[3:], env=dict(os.environ), log=broker.log_path, args=broker.command())
+    child = server.spawn(broker.command(), env=dict(os.environ), stdout=broker.log_path, stderr=broker.log_path)
     wait_until(lambda: "event=broker_ready" in broker.log_text(), 30, "the forked broker serves")
     server._proc.kill()
     assert child.wait(10) == -signal.SIGKILL
     wait_until(lambda: not Path(f"/proc/{child.pid}").exists(), 10, "the broker died with its server")
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", forkserver.CLI_MODULE, *args]
+
+
+@forking
+def test_a_forked_cli_run_gives_what_the_execd_one_gives(tmp_path, monkeypatch):
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        with Admin(brokers=broker.address) as admin:
+            admin.create_topic("Ran", 2)
+        runs = [_cli("topic", "list", "--broker", broker.address),                   # 0
+                _cli("topic", "describe", "Ran", "--json", "--broker", broker.address),  # 0, JSON
+                _cli("topic", "describe", "NoSuch", "--broker", broker.address),      # 1, one line
+                _cli("topic", "list", "--broker", "nohost"),                           # 2, argparse's error
+                _cli("--version")]
+        execd = [subprocess.run(c, capture_output=True, text=True, timeout=60) for c in runs]
+        assert [r.returncode for r in execd] == [0, 0, 1, 2, 0]
+
+        def no_exec(*a, **k):
+            raise AssertionError(f"exec'd, not forked: {a}")
+        monkeypatch.setattr(subprocess, "run", no_exec)
+        monkeypatch.setattr(subprocess, "Popen", no_exec)
+        forked = [forkserver.run(c, capture_output=True, text=True, timeout=60) for c in runs]
+        assert [(r.returncode, r.stdout, r.stderr) for r in forked] == \
+            [(r.returncode, r.stdout, r.stderr) for r in execd]
+        raw = forkserver.run(runs[1], capture_output=True, timeout=60)  # bytes without text=True
+        assert raw.stdout == execd[1].stdout.encode()
+        with pytest.raises(subprocess.CalledProcessError):
+            forkserver.run(runs[2], capture_output=True, check=True, timeout=60)
+
+        sent = forkserver.run(_cli("send", "Ran", "--body", "-", "--lines", "--json", "--broker", broker.address),
+                              input="one\ntwo\n", capture_output=True, text=True, timeout=60)
+        assert sent.returncode == 0, sent.stderr
+        assert len(json.loads(sent.stdout)) == 2  # a message for each line of its stdin
+        with Admin(brokers=broker.address) as admin:
+            assert sum(admin.max_offset(q) for q in admin.fetch_message_queues("Ran")) == 2
+    finally:
+        broker.kill()
+
+
+@forking
+def test_a_forked_cli_run_past_its_timeout_is_killed_and_reaped(tmp_path):
+    broker = BrokerProcess(tmp_path / "data").start()
+    try:
+        with Admin(brokers=broker.address) as admin:
+            admin.create_topic("Waits", 1)
+        server = forkserver.ForkServer.get()
+        before = set(server._children)
+        with pytest.raises(subprocess.TimeoutExpired):  # a consumer runs until it is stopped
+            forkserver.run(_cli("consume", "Waits", "--group", "g", "--broker", broker.address),
+                           capture_output=True, text=True, timeout=2)
+        assert set(server._children) == before  # its exit came back: killed and reaped
+    finally:
+        broker.kill()
+
+
+def test_a_cli_run_whose_environment_changes_the_interpreter_or_that_is_not_captured_is_execd(monkeypatch):
+    calls = []
+    real = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    out = forkserver.run(_cli("--version"), capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert out.returncode == 0 and calls == [_cli("--version")]
+    assert forkserver.run(_cli("--version"), timeout=60).returncode == 0  # output not captured: exec'd
+    assert len(calls) == 2
 
 
 def _reads_environment(node: ast.AST) -> bool:
@@ -114,10 +182,10 @@ def _import_time_statements(tree: ast.Module):
 
 
 def test_every_module_reading_the_environment_when_imported_is_imported_again_in_the_child():
-    """The broker's modules (as the fork server imports them) whose import reads the environment either only
+    """The modules the fork server imports (the broker's, the CLI's and the client's) whose import reads the environment either only
     set a default (set again in the child) or are in forkserver.ENV_AT_IMPORT."""
     listed = subprocess.run(
-        [sys.executable, "-c", "import json, sys, tidemark.broker.app, tidemark.broker.server; "
+        [sys.executable, "-c", f"import importlib, json, sys; [importlib.import_module(n) for n in {forkserver.PRELOAD!r}]; "
          "print(json.dumps({n: getattr(m, '__file__', None) for n, m in sys.modules.items() if n.startswith('tidemark')}))"],
         capture_output=True, text=True, check=True, cwd=ROOT)
     modules = {name: Path(path) for name, path in json.loads(listed.stdout).items() if path}

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import forkserver
 from test_sync_replication_refusal import QUEUES, TOPIC, History, stored, wait_in_sync
 from workload import wait_until
 
@@ -45,7 +46,7 @@ def test_two_replicas_required_refuse_with_one_store_with_two_and_show_the_in_sy
             {b: held[b] for b in history.ok}
 
     def in_sync() -> list | None:
-        out = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "cluster", "list", "--namesrv", ns.address,
+        out = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "cluster", "list", "--namesrv", ns.address,
                               "--json"], capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         return next(r["in_sync"] for r in json.loads(out.stdout) if r["id"] == 0)

@@ -4,9 +4,9 @@ and clients keep working when name servers die."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
+import forkserver
 import grpc
 import pytest
 from tlslib import SECURITY_ENV_KEYS
@@ -112,30 +112,30 @@ def test_the_cli_lists_the_cluster_and_routes_through_name_servers(two_by_two):
     ns, brokers = two_by_two
     cli = [sys.executable, "-m", "tidemark.client.cli.main"]
     csv = ",".join(n.address for n in ns)
-    created = subprocess.run([*cli, "topic", "create", "CliRouted", "--queues", "3", "--namesrv", csv],
+    created = forkserver.run([*cli, "topic", "create", "CliRouted", "--queues", "3", "--namesrv", csv],
                              capture_output=True, text=True, timeout=60)
     assert created.returncode == 0, created.stderr
-    listed = subprocess.run([*cli, "cluster", "list", "--json"], capture_output=True, text=True, timeout=60,
+    listed = forkserver.run([*cli, "cluster", "list", "--json"], capture_output=True, text=True, timeout=60,
                             env={**_env(), "TIDEMARK_NAMESRV": csv})
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     assert [(r["broker"], r["id"], r["role"], r["address"], r["topics"]) for r in rows] == [
         ("broker-a", 0, "master", brokers[0].address, 1), ("broker-b", 0, "master", brokers[1].address, 1)]
     assert all(r["cluster"] == "DefaultCluster" and r["registered_ago_s"] < 10 for r in rows)
-    route = subprocess.run([*cli, "topic", "route", "CliRouted", "--json", "--namesrv", csv],
+    route = forkserver.run([*cli, "topic", "route", "CliRouted", "--json", "--namesrv", csv],
                            capture_output=True, text=True, timeout=60)
     assert [(r["broker"], r["read_queues"], r["perm"]) for r in json.loads(route.stdout)] == [
         ("broker-a", 3, "RW"), ("broker-b", 3, "RW")]
     # Without name servers the same command lists the --broker list.
-    direct = subprocess.run([*cli, "cluster", "list", "--json", "--broker", brokers[0].address],
+    direct = forkserver.run([*cli, "cluster", "list", "--json", "--broker", brokers[0].address],
                             capture_output=True, text=True, timeout=60, env=_env())
     assert [(r["broker"], r["address"]) for r in json.loads(direct.stdout)] == [("broker-a", brokers[0].address)]
 
     for bad in ("nohost", "h:0", ","):
-        r = subprocess.run([*cli, "cluster", "list", "--namesrv", bad], capture_output=True, text=True, timeout=60)
+        r = forkserver.run([*cli, "cluster", "list", "--namesrv", bad], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert "name server address" in r.stderr.splitlines()[-1]
-    missing = subprocess.run([*cli, "topic", "route", "NoSuchTopic", "--namesrv", csv], capture_output=True,
+    missing = forkserver.run([*cli, "topic", "route", "NoSuchTopic", "--namesrv", csv], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 1 and missing.stderr.strip().splitlines() == [
         "tidemark: topic 'NoSuchTopic' is not served by any registered broker"]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import threading
 import time
 
+import forkserver
 from workload import create_topic, produce, queue, settled, wait_until
 
 from tidemark.client import (
@@ -111,7 +111,7 @@ def test_always_failing_message_lands_in_dlq_and_queue_moves_on(broker_factory, 
     assert len(deliveries.of(good)) == 1
 
     # dlq requeue sends it back to Jobs; a consumer that now accepts it gets it.
-    out = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "dlq", "requeue", "strict", "--all",
+    out = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "dlq", "requeue", "strict", "--all",
                           "--execute", "--broker", broker.address], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert poison in out.stdout

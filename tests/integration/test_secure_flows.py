@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import forkserver
 import pytest
 from brokerproc import BrokerProcess
 from tlslib import SECURITY_ENV_KEYS, Pki, without_security_env
@@ -293,7 +294,7 @@ def tidemark(broker: BrokerProcess, pki: Pki, *args: str, credentials: tuple[str
     env["TIDEMARK_TLS_CA_FILE"] = str(pki.ca)
     if credentials is not None:
         env["TIDEMARK_ACCESS_KEY"], env["TIDEMARK_SECRET_KEY"] = credentials
-    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", broker.address],
+    return forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", *args, "--broker", broker.address],
                           capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
 
 

@@ -10,13 +10,13 @@ The refusals each leave the master as it was and taking writes."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import sys
 import threading
 import time
 from types import SimpleNamespace
 
 import aetcd
+import forkserver
 import pytest
 from etcdproc import EtcdProcess
 from faults.controller import in_sync
@@ -196,7 +196,7 @@ def test_a_planned_switchover_loses_nothing_and_hands_the_mastership_to_the_name
 def test_a_switchover_naming_the_master_is_refused_by_the_cli_in_one_line(etcd, group):
     _, master, _ = group
     before = etcd_view(etcd)
-    done = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
+    done = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "promote", "--broker",
                            master.address], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done
     assert done.stderr.count("\n") == 1 and "is the master already" in done.stderr, done.stderr

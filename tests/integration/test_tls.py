@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import forkserver
 import pytest
 from brokerproc import BrokerProcess
 from tlslib import SECURITY_ENV_KEYS, Pki, without_security_env
@@ -180,7 +181,7 @@ def test_mutual_tls_needs_a_client_certificate(mtls_broker, pki):
 
 def tidemark(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     environ = without_security_env(os.environ)
-    return subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
+    return forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", *args], capture_output=True, text=True,
                           timeout=60, cwd=REPO, env={**environ, **(env or {})})
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import forkserver
 import pytest
 
 from tidemark.broker.config import BrokerConfig, FlushDiskType, load_config, render
@@ -67,18 +67,18 @@ def test_render_is_valid_toml_that_loads_back(tmp_path):
 
 
 def test_print_config_and_usage_errors_from_the_command_line():
-    out = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "--print-config", "--port", "1234"],
+    out = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "--print-config", "--port", "1234"],
                          capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
     assert tomllib.loads(out.stdout)["broker"]["port"] == 1234
-    bad = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "--port", "-1"],
+    bad = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "--port", "-1"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "port must be 0..65535" in bad.stderr
 
 
 def test_help_lists_every_setting():
-    out = subprocess.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "--help"], capture_output=True,
+    out = forkserver.run([sys.executable, "-m", "tidemark.client.cli.main", "broker", "--help"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "--retry-queue-nums" in out.stdout and "%RETRY%" in out.stdout

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import forkserver
 import pytest
 
 from tidemark.broker.config import reference_table as broker_reference
@@ -64,7 +63,8 @@ def test_quickstart_runs_in_order(broker, tmp_path):
         else:
             pytest.fail(f"quickstart line does not start with .venv/bin/...: {line}")
         argv = [broker.address if a == "127.0.0.1:10911" else a for a in argv]
-        out = forkserver.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        # exec'd, as a user runs them (not forked from the tests' fork server: tests/forkserver.py)
+        out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, f"{line}\nstdout: {out.stdout[-2000:]}\nstderr: {out.stderr[-3000:]}"
         outputs.append(out.stdout)
     consumed = [line for line in outputs[3].splitlines() if line.startswith("{")]

@@ -1,9 +1,10 @@
 """Start real Tidemark broker processes for tests: temp data dir, free port on 127.0.0.1.
 
 Children are started through bench.procs.orphan_safe (PR_SET_PDEATHSIG set in a launcher, never in
-a preexec_fn), so a broker never outlives the test run. A broker whose command is this Python running
-the broker module is forked from the worker's fork server instead (tests/forkserver.py: the same
-broker in a process of its own, without importing it again), unless its environment says otherwise.
+a preexec_fn), so a broker never outlives the test run. A broker or name server whose command is this
+Python running its module is forked from the worker's fork server instead (tests/forkserver.py `start`:
+the same server in a process of its own, without importing it again), unless its environment says
+otherwise.
 """
 
 from __future__ import annotations
@@ -167,13 +168,7 @@ class BrokerProcess(ChildProcess):
     def start(self, timeout: float = 30.0) -> BrokerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        env = {**os.environ, **self.env}
-        command = self.command()
-        with open(self.log_path, "ab") as log:
-            if forkserver.forkable(command, env):
-                self.proc = forkserver.start(command, env=env, log=self.log_path)
-            else:
-                self.proc = subprocess.Popen(orphan_safe(command), stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = forkserver.start(self.command(), env={**os.environ, **self.env}, log=self.log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_bytes()[offset:].decode("utf-8", "replace")
@@ -217,11 +212,7 @@ class NamesrvProcess(ChildProcess):
         host = ("--host", self.host) if self.host != "127.0.0.1" else ()
         command = [*self.launch, sys.executable, "-m", "tidemark.broker.namesrv.server", "--port", str(self.port),
                    *host, *self.args]
-        with open(self.log_path, "ab") as log:
-            if forkserver.forkable(command):
-                self.proc = forkserver.start(command, env=dict(os.environ), log=self.log_path)
-            else:
-                self.proc = subprocess.Popen(orphan_safe(command), stdout=log, stderr=subprocess.STDOUT)
+        self.proc = forkserver.start(command, env=dict(os.environ), log=self.log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log_path.read_bytes()[offset:].decode("utf-8", "replace")

@@ -277,9 +277,14 @@ def forkable(command: list[str], env: dict[str, str] | None = None) -> bool:
     return startup(os.environ if env is None else env) == startup(base)
 
 
-def start(command: list[str], *, env: dict[str, str], log: Path) -> ForkedProcess:
-    """Fork the server `command` (a broker or a name server; forkable) with this environment, its output
-    appended to `log`."""
+def start(command: list[str], *, env: dict[str, str], log: Path) -> ForkedProcess | subprocess.Popen:
+    """Start the server `command` (a broker or a name server) with this environment, its output appended to
+    `log` (created here): forked from the server when it is forkable, else exec'd through orphan_safe, so
+    that it dies with the tests either way."""
+    from bench.procs import orphan_safe
+    with open(log, "ab") as out:
+        if not forkable(command, env):
+            return subprocess.Popen(orphan_safe(command), stdout=out, stderr=subprocess.STDOUT, env=env)
     return ForkServer.get().spawn(command, env=env, stdout=log, stderr=log)
 
 
